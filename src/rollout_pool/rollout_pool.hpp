@@ -1,0 +1,207 @@
+// Episodes, their API keys, idle timeouts, finished-episode cache and batch readiness.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/clock.hpp"
+#include "rollout_pool/types.hpp"
+
+namespace swarm {
+
+struct PoolConfig {
+  int64_t max_parallel_episodes = 64;   // claimable slots
+  int64_t batch_size = 32;              // tasks (or episodes/num_repeat) per policy step
+  int64_t num_repeat = 4;               // episodes per task (GRPO group size)
+  CollectionMethod method = CollectionMethod::ENOUGH_TASKS;
+  int64_t max_cached_episodes = 512;    // safety valve threshold (finished train episodes)
+  int64_t max_llm_calls_per_episode = 256;  // bounded memory per episode
+  size_t reward_history = 256;          // recent rewards kept for the monitor
+};
+
+struct ClaimRequest {
+  std::string client_uuid;
+  EpisodeType episode_type = EpisodeType::TRAIN;
+  double discard_episode_timeout = 600.0;  // seconds of idleness before reclaim
+};
+
+struct ClaimedEpisode {
+  std::string episode_uuid;
+  std::string api_key;
+};
+
+/// Result of a claim attempt: either an episode or a reason why not (retryable).
+struct ClaimResult {
+  std::optional<ClaimedEpisode> episode;
+  std::string fail_cause;  // empty on success
+};
+
+/// Identity of the episode an API key belongs to (returned by begin_call).
+struct CallTicket {
+  std::string episode_uuid;
+  std::string client_uuid;
+  EpisodeType episode_type = EpisodeType::TRAIN;
+};
+
+/// What end_episode did.
+struct EndOutcome {
+  bool accepted = true;          // false when the reward was null and the episode dropped
+  std::string note;              // explanation when not accepted
+  bool batch_ready = false;      // the collection method's stop condition now holds
+};
+
+/// A running (claimed) episode, for the monitor.
+struct RunningEpisodeInfo {
+  std::string episode_uuid;
+  std::string client_uuid;
+  EpisodeType episode_type = EpisodeType::TRAIN;
+  int64_t llm_calls = 0;
+  int64_t in_flight_calls = 0;
+  double seconds_idle = 0.0;
+  double discard_episode_timeout = 0.0;
+  double seconds_since_claim = 0.0;
+};
+
+struct TaskGroupInfo {
+  std::string task_id;
+  int64_t episodes = 0;
+  double reward_mean = 0.0;
+  double reward_std = 0.0;
+  bool complete = false;   // episodes >= num_repeat
+  bool dummy = false;      // all rewards equal (only meaningful when complete)
+};
+
+/// Monotonic counters since the pool was created.
+struct PoolCounters {
+  int64_t claimed = 0;
+  int64_t ended = 0;              // accepted end_episode (train + eval)
+  int64_t ended_eval = 0;
+  int64_t ended_without_reward = 0;
+  int64_t aborted = 0;
+  int64_t timed_out = 0;
+  int64_t cancelled = 0;          // by cancel_all (stop_engine)
+  int64_t llm_calls = 0;
+  int64_t late_calls_dropped = 0; // calls finishing after their episode was gone
+  int64_t valve_dropped_groups = 0;
+  int64_t valve_dropped_episodes = 0;
+  int64_t batches_taken = 0;
+};
+
+/// Everything the monitor / metrics need, taken under one lock.
+struct PoolSnapshot {
+  PoolConfig config;
+  bool accepting_claims = false;
+  int64_t unclaimed = 0;           // registered, claimable slots
+  int64_t running = 0;             // claimed and not yet ended
+  int64_t finished_episodes = 0;   // cached finished train episodes
+  int64_t complete_tasks = 0;      // groups with >= num_repeat finished
+  int64_t complete_non_dummy_tasks = 0;
+  int64_t target_episodes = 0;     // batch_size * num_repeat
+  int64_t target_tasks = 0;        // batch_size
+  std::vector<RunningEpisodeInfo> running_episodes;
+  std::vector<TaskGroupInfo> tasks;
+  std::vector<double> recent_rewards;     // train rewards, oldest first
+  std::map<std::string, double> eval_metrics;  // eval reward mean etc. since last batch
+  PoolCounters counters;
+};
+
+/// The rollout pool. Thread-safe: every public method takes the pool's one mutex
+/// briefly (no I/O, no model calls under it). Time comes from the injected clock.
+///
+/// Slots: the pool keeps `max_parallel_episodes` registered episodes. Unclaimed ones
+/// sit in a FIFO; a claim takes the oldest. When a claimed episode ends, aborts or times
+/// out, a fresh episode (new uuid) is registered in its place while claims are
+/// accepted; otherwise the record is simply deleted.
+class RolloutPool {
+ public:
+  RolloutPool(PoolConfig config, std::shared_ptr<Clock> clock);
+
+  /// While false, claims fail with a cause and freed slots are not re-registered.
+  void set_accepting_claims(bool accepting);
+
+  /// Claims the oldest unclaimed episode. Never throws for "not now" conditions.
+  ClaimResult claim(const ClaimRequest& request);
+
+  /// Authenticates an OpenAI API key and marks the start of an LLM call: the episode
+  /// counts as active while a call is in flight. Throws SwarmError UNAUTHORIZED for an
+  /// unknown key, CONFLICT when the episode's call budget is exhausted.
+  CallTicket begin_call(const std::string& api_key);
+  /// Records a finished call. Returns false (and counts it) if the episode is gone.
+  bool finish_call(const std::string& episode_uuid, LlmCall call);
+  /// Ends an in-flight call that failed (nothing recorded).
+  void cancel_call(const std::string& episode_uuid);
+  /// Marks activity without a call (e.g. while a long generation is running).
+  void touch(const std::string& episode_uuid);
+
+  /// Finishes an episode with the client's verdict and turns its calls into samples.
+  /// Throws NOT_FOUND (unknown / timed out / aborted), FORBIDDEN (other client's),
+  /// INVALID_ARGUMENT (empty task_id).
+  EndOutcome end_episode(const std::string& client_uuid, const std::string& episode_uuid,
+                         const std::string& task_id, const WorkflowOutput& output);
+
+  /// Drops a claimed episode and its context. `delete_record` (ROLLING_POST) deletes it;
+  /// otherwise its slot is re-registered (if accepting). Throws NOT_FOUND / FORBIDDEN.
+  void abort_episode(const std::string& client_uuid, const std::string& episode_uuid,
+                     bool delete_record);
+
+  /// True while the episode is claimed by this client and not timed out.
+  bool can_continue(const std::string& client_uuid, const std::string& episode_uuid) const;
+
+  /// Reclaims episodes idle longer than their timeout. Returns their uuids.
+  std::vector<std::string> reap_idle();
+
+  /// The collection method's stop condition.
+  bool batch_ready() const;
+  /// Claimed episodes not yet ended/aborted/timed out.
+  int64_t running() const;
+
+  /// Removes and returns what the next policy update trains on: for the task methods
+  /// all complete groups (incomplete ones stay cached), for the episode method every
+  /// cached finished train episode. Eval metrics are reset.
+  TrainBatch take_batch();
+
+  /// Cancels every claimed and unclaimed episode and clears the cache (stop_engine).
+  void cancel_all();
+
+  PoolSnapshot snapshot() const;
+  PoolCounters counters() const;
+
+ private:
+  struct Episode;
+  struct Group;
+  // All private helpers assume mu_ is held.
+  void register_slots_locked();
+  void free_slot_locked(const std::string& episode_uuid, bool reregister);
+  bool batch_ready_locked() const;
+  void apply_safety_valve_locked();
+
+  PoolConfig config_;
+  std::shared_ptr<Clock> clock_;
+  mutable std::mutex mu_;
+  bool accepting_ = false;
+  std::unordered_map<std::string, std::unique_ptr<Episode>> episodes_;  // by uuid
+  std::unordered_map<std::string, std::string> key_to_episode_;
+  std::deque<std::string> unclaimed_;  // FIFO of episode uuids
+  std::map<std::string, std::unique_ptr<Group>> groups_;  // finished train episodes by task
+  std::vector<std::string> group_order_;                  // task ids, by first arrival
+  int64_t finished_cached_ = 0;
+  int64_t finish_seq_ = 0;
+  std::deque<double> recent_rewards_;
+  std::vector<double> eval_rewards_;
+  std::map<std::string, std::vector<double>> eval_log_metrics_;
+  PoolCounters counters_;
+};
+
+/// Unguessable identifiers from the OS CSPRNG (std::random_device), hex encoded.
+std::string random_hex(size_t bytes);
+/// A random RFC 4122 version-4 UUID string.
+std::string random_uuid();
+
+}  // namespace swarm

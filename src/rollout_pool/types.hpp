@@ -1,0 +1,80 @@
+// Data that flows from episodes to the trainer. No torch, no HTTP.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace swarm {
+
+using TokenId = int32_t;
+
+/// One LLM request of an episode exactly as the engine saw it: the prompt ids the chat
+/// template produced and the completion ids/log-probs the engine sampled.
+struct LlmCall {
+  std::vector<TokenId> prompt_ids;
+  std::vector<TokenId> completion_ids;
+  std::vector<float> completion_logprobs;  // same length as completion_ids
+  int64_t policy_version = 0;              // version of the weights that generated it
+  std::string finish_reason;               // "stop" / "length"
+};
+
+/// One training sequence (a timeline of an episode).
+struct Sample {
+  std::string task_id;
+  std::string episode_uuid;
+  double reward = 0.0;
+  std::vector<TokenId> token_ids;
+  std::vector<uint8_t> loss_mask;         // 1 on model-generated tokens, 0 elsewhere
+  std::vector<float> rollout_logprobs;    // log-prob at sampling time; 0 where mask is 0
+  std::vector<int64_t> policy_versions;   // per token; -1 where mask is 0
+  int num_calls = 0;                      // LLM calls merged into this timeline
+};
+
+/// The client's verdict on an episode (wire: workflow_output).
+struct WorkflowOutput {
+  std::optional<double> reward;
+  std::optional<bool> is_success;
+  std::string metadata_json = "{}";             // opaque JSON object, kept as text
+  std::map<std::string, double> log_metrics;
+};
+
+/// A finished episode waiting in the pool for a batch.
+struct FinishedEpisode {
+  std::string episode_uuid;
+  std::string client_uuid;
+  std::string task_id;
+  double reward = 0.0;
+  std::optional<bool> is_success;
+  std::map<std::string, double> log_metrics;
+  std::vector<Sample> samples;
+  int64_t finish_seq = 0;  // order of arrival, for the safety valve
+};
+
+/// What WEIGHT_SYNCING trains on.
+struct TrainBatch {
+  std::vector<FinishedEpisode> episodes;  // grouped by task_id in order of first arrival
+  int64_t num_tasks = 0;
+  int64_t num_samples() const {
+    int64_t n = 0;
+    for (const auto& e : episodes) n += static_cast<int64_t>(e.samples.size());
+    return n;
+  }
+};
+
+/// How the pool decides the batch is complete (DESIGN §4).
+enum class CollectionMethod {
+  ENOUGH_EPISODES,         // rollout_until_finish_enough_episodes
+  ENOUGH_TASKS,            // rollout_until_finish_enough_tasks (default)
+  ENOUGH_NON_DUMMY_TASKS,  // rollout_until_finish_enough_non_dummy_tasks
+};
+
+const char* collection_method_name(CollectionMethod m);
+/// Parses the wire/config name; returns false if unknown.
+bool parse_collection_method(const std::string& name, CollectionMethod* out);
+
+enum class EpisodeType { TRAIN, EVAL };
+
+}  // namespace swarm

@@ -1,0 +1,34 @@
+// Asynchronous HTTP/1.1 server on Boost.Beast (implementation hides Beast entirely).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "server/http_types.hpp"
+
+namespace swarm {
+
+/// An asynchronous HTTP/1.1 server: several I/O threads, keep-alive, per-connection
+/// read timeout, body size limit (413), bounded pipelining, chunked streaming.
+/// Thread-safe: start/stop may be called from any thread (stop is idempotent).
+class HttpServer {
+ public:
+  HttpServer(HttpServerOptions options, HttpHandler handler);
+  ~HttpServer();  // stops if running
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  /// Binds and starts the I/O threads. Throws std::runtime_error if the bind fails.
+  void start();
+  /// The bound port (useful with port 0).
+  uint16_t port() const;
+  /// Stops accepting, gives in-flight requests up to `grace_ms` to be answered,
+  /// closes all connections and joins the I/O threads.
+  void stop(int grace_ms = 2000);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace swarm

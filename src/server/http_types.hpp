@@ -1,0 +1,80 @@
+// Plain HTTP request/response types: the only thing routes see of the transport.
+// Beast types never leave src/server/http_transport.cpp.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace swarm {
+
+/// One parsed HTTP request. Header names are lower-cased by the transport.
+struct HttpRequest {
+  std::string method;  // "GET", "POST", ...
+  std::string target;  // path with query string, e.g. "/v1/models?x=1"
+  std::string path;    // target without the query string
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::string body;
+  std::string remote_address;  // peer IP, for logs
+
+  /// Value of a header (name must be lower-case), or empty if absent.
+  const std::string& header(const std::string& lower_name) const {
+    static const std::string kEmpty;
+    for (const auto& [k, v] : headers)
+      if (k == lower_name) return v;
+    return kEmpty;
+  }
+  bool has_header(const std::string& lower_name) const {
+    for (const auto& kv : headers)
+      if (kv.first == lower_name) return true;
+    return false;
+  }
+};
+
+/// A complete (non-streaming) HTTP response.
+struct HttpResponse {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::vector<std::pair<std::string, std::string>> headers;  // extra headers
+  std::string body;
+};
+
+/// Where a handler writes its answer. Exactly one of respond() or the
+/// start_stream()/write()/end_stream() sequence must be used, once.
+/// Thread-safe: may be called from any thread (e.g. the inference loop) after the
+/// handler returned. If the sink is destroyed without an answer, the transport sends
+/// a 500 so the client is never left hanging.
+class ResponseSink {
+ public:
+  virtual ~ResponseSink() = default;
+  /// Sends a complete response.
+  virtual void respond(HttpResponse response) = 0;
+  /// Starts a chunked streaming response (e.g. text/event-stream for SSE).
+  virtual void start_stream(int status, const std::string& content_type) = 0;
+  /// Sends one chunk of a streaming response. Returns false when the client is gone.
+  virtual bool write(std::string chunk) = 0;
+  /// Ends a streaming response.
+  virtual void end_stream() = 0;
+  /// False once the peer disconnected (lets long work be cancelled).
+  virtual bool client_connected() const = 0;
+};
+
+/// The application side of the server: called on an I/O thread for every request.
+/// Must not block for long: quick work inline, long work handed off with the sink.
+/// Must not throw (the transport answers 500 if it does).
+using HttpHandler = std::function<void(HttpRequest&& request, std::shared_ptr<ResponseSink> sink)>;
+
+/// Transport settings.
+struct HttpServerOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 10086;            // 0 = pick an ephemeral port
+  int io_threads = 2;
+  size_t max_body_bytes = 8 * 1024 * 1024;  // larger bodies get 413
+  int read_timeout_seconds = 60;   // idle keep-alive / slow request limit
+  int max_pipelined = 16;          // queued requests per connection before reading pauses
+};
+
+}  // namespace swarm
