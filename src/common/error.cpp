@@ -8,6 +8,7 @@ int http_status_for(ErrorKind kind) noexcept {
     case ErrorKind::UNAUTHORIZED: return 401;
     case ErrorKind::FORBIDDEN: return 403;
     case ErrorKind::NOT_FOUND: return 404;
+    case ErrorKind::METHOD_NOT_ALLOWED: return 405;
     case ErrorKind::CONFLICT: return 409;
     case ErrorKind::PAYLOAD_TOO_LARGE: return 413;
     case ErrorKind::UNAVAILABLE: return 503;
@@ -22,6 +23,7 @@ const char* error_type_for(ErrorKind kind) noexcept {
     case ErrorKind::UNAUTHORIZED: return "authentication_error";
     case ErrorKind::FORBIDDEN: return "permission_error";
     case ErrorKind::NOT_FOUND: return "not_found_error";
+    case ErrorKind::METHOD_NOT_ALLOWED: return "invalid_request_error";
     case ErrorKind::CONFLICT: return "conflict_error";
     case ErrorKind::PAYLOAD_TOO_LARGE: return "invalid_request_error";
     case ErrorKind::UNAVAILABLE: return "service_unavailable_error";

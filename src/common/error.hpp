@@ -14,6 +14,7 @@ enum class ErrorKind {
   UNAUTHORIZED,       // 401: missing or wrong API key
   FORBIDDEN,          // 403: the caller does not own the resource
   NOT_FOUND,          // 404: unknown episode, route, model
+  METHOD_NOT_ALLOWED, // 405: known route, wrong HTTP method
   CONFLICT,           // 409: request not valid in the current engine state
   PAYLOAD_TOO_LARGE,  // 413
   UNAVAILABLE,        // 503: temporarily cannot serve (shutting down, queue full)

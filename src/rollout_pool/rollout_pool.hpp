@@ -174,13 +174,39 @@ class RolloutPool {
   PoolCounters counters() const;
 
  private:
-  struct Episode;
-  struct Group;
+  // Defined here (not in the .cpp) so the implicit destructor sees complete types.
+  struct Episode {
+    std::string uuid;
+    bool claimed = false;
+    // end_episode has taken the calls and merges them outside the lock: the episode still
+    // counts as running (ROLLING_POST waits for it) but accepts nothing more.
+    bool ending = false;
+    std::string client_uuid;
+    EpisodeType type = EpisodeType::TRAIN;
+    std::string api_key;
+    double timeout_s = 0.0;
+    TimePoint claimed_at{};
+    TimePoint last_activity{};
+    int64_t claim_seq = 0;
+    int64_t in_flight = 0;
+    std::vector<LlmCall> calls;
+  };
+  struct Group {
+    std::vector<FinishedEpisode> episodes;  // in order of arrival
+  };
+  friend class RolloutPoolTestPeer;  // tests inspect the unclaimed FIFO
+
   // All private helpers assume mu_ is held.
   void register_slots_locked();
   void free_slot_locked(const std::string& episode_uuid, bool reregister);
   bool batch_ready_locked() const;
   void apply_safety_valve_locked();
+  void drop_group_locked(const std::string& task_id);
+  int64_t running_locked() const;
+  // The claimed, not-yet-ending episode owned by client_uuid; throws NOT_FOUND / FORBIDDEN.
+  Episode& owned_episode_locked(const std::string& client_uuid, const std::string& episode_uuid);
+  void cache_finished_locked(FinishedEpisode episode);
+  void record_eval_locked(const WorkflowOutput& output);
 
   PoolConfig config_;
   std::shared_ptr<Clock> clock_;
@@ -194,8 +220,15 @@ class RolloutPool {
   int64_t finished_cached_ = 0;
   int64_t finish_seq_ = 0;
   std::deque<double> recent_rewards_;
-  std::vector<double> eval_rewards_;
-  std::map<std::string, std::vector<double>> eval_log_metrics_;
+  // Eval stats since the last batch, as running sums so they stay bounded.
+  struct MeanAccumulator {
+    double sum = 0.0;
+    int64_t count = 0;
+  };
+  MeanAccumulator eval_reward_;
+  std::map<std::string, MeanAccumulator> eval_log_metrics_;
+  int64_t eval_episodes_ = 0;  // with or without a reward
+  int64_t claim_seq_ = 0;      // orders running episodes by claim time
   PoolCounters counters_;
 };
 

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "swarm/types.hpp"  // WorkflowOutput
+
 namespace swarm {
 
 using TokenId = int32_t;
@@ -31,14 +33,6 @@ struct Sample {
   std::vector<float> rollout_logprobs;    // log-prob at sampling time; 0 where mask is 0
   std::vector<int64_t> policy_versions;   // per token; -1 where mask is 0
   int num_calls = 0;                      // LLM calls merged into this timeline
-};
-
-/// The client's verdict on an episode (wire: workflow_output).
-struct WorkflowOutput {
-  std::optional<double> reward;
-  std::optional<bool> is_success;
-  std::string metadata_json = "{}";             // opaque JSON object, kept as text
-  std::map<std::string, double> log_metrics;
 };
 
 /// A finished episode waiting in the pool for a batch.

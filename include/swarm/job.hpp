@@ -1,0 +1,87 @@
+// The training job configuration: what a client syncs to the server as YAML.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace swarm {
+
+/// A training job (DESIGN §8). Field names are the YAML keys; every field has a default
+/// except `model`. Build one in code, dump it to YAML, or load it from YAML.
+/// Plain value type; not synchronised.
+struct Job {
+  // --- identity
+  std::string algorithm = "grpo";
+  std::string project_name = "swarm";
+  std::string experiment_name = "default";
+  std::string experiment_dir = "./experiments";
+  int64_t n_gpu = 1;
+  std::string model;  // HF model directory (any name with the mock engine)
+  // --- batch and rollout pool
+  int64_t batch_size = 32;
+  int64_t num_repeat = 4;
+  std::string sample_collection_method = "rollout_until_finish_enough_tasks";
+  int64_t max_parallel_episodes = 0;   // 0 = 2 × batch_size × num_repeat
+  int64_t max_cached_episodes = 0;     // 0 = 4 × batch_size × num_repeat
+  int64_t max_llm_calls_per_episode = 256;
+  // --- lengths and sampling defaults
+  int64_t max_prompt_length = 2048;
+  int64_t max_response_length = 1024;
+  double temperature = 1.0;
+  double top_p = 1.0;
+  int64_t top_k = -1;
+  // --- optimisation
+  double learning_rate = 1e-6;
+  std::string lr_schedule = "constant";
+  int64_t lr_warmup_steps = 0;
+  double weight_decay = 0.01;
+  double grad_clip = 1.0;
+  std::string advantage_estimator = "grpo";
+  double clip_ratio_low = 0.2;
+  double clip_ratio_high = 0.28;
+  std::string loss_agg_mode = "token-mean";
+  bool use_kl_loss = false;
+  double kl_coef = 0.001;
+  std::string kl_estimator = "k3";
+  int64_t ppo_epochs = 1;
+  int64_t ppo_mini_batch_size = 0;   // tasks per mini-batch; 0 = the whole batch
+  int64_t micro_batch_max_tokens = 8192;
+  std::string dtype = "fp32";
+  int64_t seed = 42;
+  int64_t total_training_steps = 0;  // 0 = until stopped
+  int64_t save_freq = 0;             // 0 = checkpoint only on stop
+  // --- mock engine (ignored by the torch engine)
+  double mock_boot_seconds = 0.0;
+  double mock_train_seconds = 0.0;
+
+  /// Loads a job from YAML text. Unknown keys, wrong types and invalid values throw
+  /// swarm::ConfigError naming the key. Missing keys keep their defaults.
+  static Job from_yaml(const std::string& yaml_text);
+  /// Loads from a YAML file (ConfigError if unreadable or invalid).
+  static Job load(const std::string& path);
+  /// Every key with its value, in a stable order.
+  std::string to_yaml() const;
+  /// Writes to_yaml() to a file (ConfigError on I/O failure).
+  void dump(const std::string& path) const;
+  /// Throws ConfigError naming the first invalid key.
+  void validate() const;
+
+  /// `max_parallel_episodes` with its default applied.
+  int64_t effective_max_parallel_episodes() const;
+  /// `max_cached_episodes` with its default applied.
+  int64_t effective_max_cached_episodes() const;
+
+  /// Description of one configuration key, for docs and `--help`.
+  struct FieldInfo {
+    std::string key;
+    std::string type;           // "int", "float", "string", "bool"
+    std::string default_value;  // as YAML text
+    std::string doc;
+  };
+  /// All keys, in the order to_yaml() writes them.
+  static std::vector<FieldInfo> fields();
+};
+
+}  // namespace swarm

@@ -1,0 +1,59 @@
+#include "engine/backend.hpp"
+
+#include <cmath>
+
+#include "engine/mock_backend.hpp"
+
+namespace swarm {
+
+void Backend::unsupported(const std::string& what) const {
+  throw SwarmError(ErrorKind::INTERNAL, "backend '" + name() + "' does not support " + what);
+}
+
+std::vector<TokenId> Backend::render_chat(const nlohmann::json&, const nlohmann::json&, bool) const {
+  unsupported("chat templates");
+}
+std::vector<TokenId> Backend::encode(const std::string&) const { unsupported("encode"); }
+std::string Backend::decode(const std::vector<TokenId>&) const { unsupported("decode"); }
+std::string Backend::token_text(TokenId) const { unsupported("token_text"); }
+void Backend::generate(GenerationRequest, std::shared_ptr<GenerationObserver> observer) {
+  observer->on_error(ErrorKind::INTERNAL, "backend '" + name() + "' does not support generation");
+}
+TrainStepReport Backend::train_step(const TrainBatch&, int64_t, std::stop_token) { unsupported("training"); }
+
+TrainStepReport summarize_batch(const TrainBatch& batch) {
+  TrainStepReport r;
+  r.episodes = static_cast<int64_t>(batch.episodes.size());
+  r.tasks = batch.num_tasks;
+  double sum = 0, sq = 0;
+  bool first = true;
+  for (const auto& ep : batch.episodes) {
+    sum += ep.reward;
+    sq += ep.reward * ep.reward;
+    if (first || ep.reward < r.reward_min) r.reward_min = ep.reward;
+    if (first || ep.reward > r.reward_max) r.reward_max = ep.reward;
+    first = false;
+    for (const auto& s : ep.samples) {
+      ++r.samples;
+      r.tokens += static_cast<int64_t>(s.token_ids.size());
+      for (uint8_t m : s.loss_mask) r.trained_tokens += m;
+    }
+  }
+  if (r.episodes > 0) {
+    r.reward_mean = sum / static_cast<double>(r.episodes);
+    r.reward_std = std::sqrt(std::max(0.0, sq / static_cast<double>(r.episodes) - r.reward_mean * r.reward_mean));
+  }
+  return r;
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& name) {
+  if (name == "mock") return std::make_unique<MockBackend>();
+  if (name == "torch")
+    throw SwarmError(ErrorKind::INVALID_ARGUMENT,
+                     "the torch engine is not available in this build yet; use --engine mock");
+  throw SwarmError(ErrorKind::INVALID_ARGUMENT, "unknown engine '" + name + "' (available: mock)");
+}
+
+std::vector<std::string> available_backends() { return {"mock"}; }
+
+}  // namespace swarm

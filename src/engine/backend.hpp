@@ -1,0 +1,145 @@
+// The inference + training backend behind the engine: `mock` (no torch) or `torch`.
+// Both are driven through the same engine, pool, HTTP layer and client.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "common/error.hpp"
+#include "rollout_pool/types.hpp"
+
+namespace swarm {
+
+struct Job;
+
+/// Per-request sampling settings (OpenAI parameters after validation).
+struct SamplingParams {
+  double temperature = 1.0;
+  double top_p = 1.0;
+  int64_t top_k = -1;                 // -1 = off
+  int64_t max_tokens = 256;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;      // stop strings (not included in the output)
+  std::vector<TokenId> stop_token_ids;
+  int64_t n = 1;
+  bool logprobs = false;
+  int64_t top_logprobs = 0;           // alternatives per position when logprobs
+};
+
+struct GenerationRequest {
+  std::vector<TokenId> prompt_ids;
+  SamplingParams params;
+};
+
+/// One alternative token at a position (top_logprobs).
+struct TokenAlternative {
+  TokenId id = 0;
+  float logprob = 0.f;
+};
+
+/// One sampled sequence.
+struct GenerationChoice {
+  std::vector<TokenId> ids;        // includes a generated stop token (e.g. <|im_end|>)
+  std::vector<float> logprobs;     // log-prob of each sampled id
+  std::vector<std::vector<TokenAlternative>> top;  // per position, when requested
+  std::string text;                // decoded text without stop token / stop string
+  std::string finish_reason;       // "stop" or "length"
+};
+
+struct GenerationResult {
+  std::vector<GenerationChoice> choices;
+  int64_t policy_version = 0;      // weights version that produced every token
+};
+
+/// Receives the progress of one generation. Called from the backend's thread (the mock
+/// calls it inline). Implementations must be thread-safe against the HTTP side.
+class GenerationObserver {
+ public:
+  virtual ~GenerationObserver() = default;
+  /// Text that became printable for `choice` (UTF-8 safe), for streaming.
+  virtual void on_text(int64_t choice, const std::string& text_delta) { (void)choice, (void)text_delta; }
+  /// Exactly one of on_complete / on_error is called, once.
+  virtual void on_complete(GenerationResult result) = 0;
+  virtual void on_error(ErrorKind kind, const std::string& message) = 0;
+  /// Polled by the backend: true when the client went away (frees the KV cache early).
+  virtual bool cancelled() const { return false; }
+};
+
+/// What a policy update did, computed from the real batch.
+struct TrainStepReport {
+  int64_t global_step = 0;  // step number after this update
+  int64_t episodes = 0;
+  int64_t samples = 0;
+  int64_t tokens = 0;           // all tokens in the batch
+  int64_t trained_tokens = 0;   // loss-mask-1 tokens
+  int64_t tasks = 0;
+  double reward_mean = 0.0;
+  double reward_std = 0.0;
+  double reward_min = 0.0;
+  double reward_max = 0.0;
+  double seconds = 0.0;
+  std::map<std::string, double> metrics;  // backend-specific (loss, kl, ...)
+};
+
+/// Fills the batch-derived fields of a report (counts and reward stats).
+TrainStepReport summarize_batch(const TrainBatch& batch);
+
+/// The pluggable backend. Thread-safety: boot/train_step/release are called from the
+/// engine's control thread only; tokenizer methods and generate() from any thread once
+/// booted. Default methods fail loudly ("backend X does not support Y").
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  /// Loads model, tokenizer, optimizer; allocates caches. Blocking; throws on failure;
+  /// returns early (throwing) if `stop` is requested.
+  virtual void boot(const Job& job, std::stop_token stop) = 0;
+
+  /// The served model's id for /v1/models.
+  virtual std::string model_id() const = 0;
+  /// Maximum prompt + completion length in tokens.
+  virtual int64_t max_context_length() const = 0;
+
+  /// Renders an OpenAI chat request's messages (and tools) with the chat template to
+  /// prompt token ids. Throws INVALID_ARGUMENT for malformed messages.
+  virtual std::vector<TokenId> render_chat(const nlohmann::json& messages, const nlohmann::json& tools,
+                                           bool add_generation_prompt) const;
+  /// Text → ids (no special tokens added).
+  virtual std::vector<TokenId> encode(const std::string& text) const;
+  /// Ids → text (special tokens skipped).
+  virtual std::string decode(const std::vector<TokenId>& ids) const;
+  /// The text of one token for logprobs output (may be a partial UTF-8 sequence's bytes).
+  virtual std::string token_text(TokenId id) const;
+
+  /// Starts generating; the observer is told of progress and the result. May call the
+  /// observer before returning. Never throws: errors go to observer->on_error.
+  virtual void generate(GenerationRequest request, std::shared_ptr<GenerationObserver> observer);
+
+  /// One policy update on the batch (blocking; control thread).
+  virtual TrainStepReport train_step(const TrainBatch& batch, int64_t next_global_step, std::stop_token stop);
+  /// Makes the inference side serve weights `version` (after train_step; in-process sync).
+  virtual void set_policy_version(int64_t version) = 0;
+
+  /// Releases the model and memory (stop_engine). The object is destroyed afterwards.
+  virtual void release() {}
+
+ protected:
+  [[noreturn]] void unsupported(const std::string& what) const;
+};
+
+/// Creates a backend by name ("mock", "torch"). Throws INVALID_ARGUMENT for an unknown
+/// name, and a clear error for "torch" in a build without libtorch.
+std::unique_ptr<Backend> make_backend(const std::string& name);
+/// Names make_backend accepts in this build.
+std::vector<std::string> available_backends();
+
+}  // namespace swarm

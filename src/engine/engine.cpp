@@ -1,0 +1,421 @@
+#include "engine/engine.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include "swarm/errors.hpp"
+
+namespace swarm {
+namespace {
+
+void add_counters(PoolCounters& a, const PoolCounters& b) {
+  a.claimed += b.claimed;
+  a.ended += b.ended;
+  a.ended_eval += b.ended_eval;
+  a.ended_without_reward += b.ended_without_reward;
+  a.aborted += b.aborted;
+  a.timed_out += b.timed_out;
+  a.cancelled += b.cancelled;
+  a.llm_calls += b.llm_calls;
+  a.late_calls_dropped += b.late_calls_dropped;
+  a.valve_dropped_groups += b.valve_dropped_groups;
+  a.valve_dropped_episodes += b.valve_dropped_episodes;
+  a.batches_taken += b.batches_taken;
+}
+
+const char* short_name(EngineState s) { return engine_state_wire(s) + 7; }  // after "ENGINE."
+
+PoolConfig pool_config_from(const Job& job) {
+  PoolConfig c;
+  c.max_parallel_episodes = job.effective_max_parallel_episodes();
+  c.batch_size = job.batch_size;
+  c.num_repeat = job.num_repeat;
+  c.max_cached_episodes = job.effective_max_cached_episodes();
+  c.max_llm_calls_per_episode = job.max_llm_calls_per_episode;
+  if (!parse_collection_method(job.sample_collection_method, &c.method))
+    throw SwarmError(ErrorKind::INVALID_ARGUMENT, "unknown sample_collection_method");
+  return c;
+}
+
+}  // namespace
+
+const char* engine_state_wire(EngineState s) {
+  switch (s) {
+    case EngineState::OFFLINE: return "ENGINE.OFFLINE";
+    case EngineState::BOOTING: return "ENGINE.BOOTING";
+    case EngineState::ROLLING: return "ENGINE.ROLLING";
+    case EngineState::ROLLING_POST: return "ENGINE.ROLLING_POST";
+    case EngineState::WEIGHT_SYNCING: return "ENGINE.WEIGHT_SYNCING";
+  }
+  return "ENGINE.UNKNOWN";
+}
+
+Engine::Engine(EngineOptions options) : options_(std::move(options)) {
+  clock_ = options_.clock ? options_.clock : SteadyClock::shared();
+  state_since_ = clock_->now();
+  if (!options_.factory) {
+    std::string name = options_.backend;
+    make_backend(name).reset();  // fail now, not at first boot, for an unknown engine name
+    options_.factory = [name] { return make_backend(name); };
+  }
+  control_thread_ = std::thread([this] { control_loop(); });
+  if (options_.janitor_interval_seconds > 0)
+    janitor_thread_ = std::jthread([this](std::stop_token st) { janitor_loop(st); });
+}
+
+Engine::~Engine() {
+  if (janitor_thread_.joinable()) {
+    janitor_thread_.request_stop();
+    janitor_thread_.join();
+  }
+  stop_engine("server shutting down");
+  {
+    std::lock_guard lk(task_mu_);
+    shutting_down_ = true;
+  }
+  task_cv_.notify_all();
+  if (control_thread_.joinable()) control_thread_.join();
+}
+
+// ------------------------------------------------------------------ state machine
+
+void Engine::enter_locked(EngineState next, const std::string& detail) {
+  const EngineState prev = state_;
+  const double seconds = seconds_between(state_since_, clock_->now());
+  state_ = next;
+  state_since_ = clock_->now();
+  detail_ = detail;
+  ++transitions_[std::string(short_name(prev)) + "->" + short_name(next)];
+  spdlog::info("engine: {} -> {} after {:.2f}s (step {}){}{}", short_name(prev), short_name(next), seconds,
+               global_step_, detail.empty() ? "" : ": ", detail);
+  state_cv_.notify_all();
+}
+
+// Applies the transitions that follow from the pool's state: batch complete → ROLLING_POST,
+// drained → WEIGHT_SYNCING (which hands the batch to the control thread).
+void Engine::maybe_advance_locked() {
+  if (!pool_) return;
+  if (state_ == EngineState::ROLLING && pool_->batch_ready()) {
+    pool_->set_accepting_claims(false);
+    enter_locked(EngineState::ROLLING_POST, "batch complete; waiting for " + std::to_string(pool_->running()) +
+                                                " in-flight episode(s)");
+  }
+  if (state_ == EngineState::ROLLING_POST && pool_->running() == 0) {
+    auto batch = std::make_shared<TrainBatch>(pool_->take_batch());
+    const int64_t next_step = global_step_ + 1;
+    enter_locked(EngineState::WEIGHT_SYNCING, "policy update for step " + std::to_string(next_step) + " on " +
+                                                  std::to_string(batch->episodes.size()) + " episodes");
+    const uint64_t epoch = epoch_;
+    std::stop_token stop = run_stop_.get_token();
+    post([this, epoch, batch, next_step, stop] { run_train(epoch, batch, next_step, stop); });
+  }
+}
+
+void Engine::sync_train_config(const std::string& yaml) {
+  Job job;
+  try {
+    job = Job::from_yaml(yaml);
+  } catch (const ConfigError& e) {
+    throw SwarmError(ErrorKind::INVALID_ARGUMENT, e.what());
+  }
+  std::lock_guard lk(mu_);
+  SWARM_REQUIRE(state_ == EngineState::OFFLINE, ErrorKind::CONFLICT,
+                std::string("sync_train_config is only allowed in ENGINE.OFFLINE (engine is ") +
+                    engine_state_wire(state_) + "); call stop_engine first");
+  config_ = std::move(job);
+  detail_ = "config synced (model " + config_->model + "); waiting for start_engine";
+  spdlog::info("engine: config synced (model={}, batch_size={}, num_repeat={}, method={})", config_->model,
+               config_->batch_size, config_->num_repeat, config_->sample_collection_method);
+}
+
+void Engine::start_engine() {
+  std::lock_guard lk(mu_);
+  SWARM_REQUIRE(state_ == EngineState::OFFLINE, ErrorKind::CONFLICT,
+                std::string("start_engine is only allowed in ENGINE.OFFLINE (engine is ") + engine_state_wire(state_) +
+                    ")");
+  SWARM_REQUIRE(config_.has_value(), ErrorKind::CONFLICT, "no config: call sync_train_config before start_engine");
+  ++epoch_;
+  run_stop_ = std::stop_source();
+  enter_locked(EngineState::BOOTING, "loading " + config_->model);
+  const uint64_t epoch = epoch_;
+  Job job = *config_;
+  std::stop_token stop = run_stop_.get_token();
+  post([this, epoch, job, stop] { run_boot(epoch, job, stop); });
+}
+
+void Engine::stop_engine(const std::string& reason) {
+  std::lock_guard lk(mu_);
+  end_run_locked(reason);
+}
+
+void Engine::end_run_locked(const std::string& reason) {
+  run_stop_.request_stop();
+  ++epoch_;
+  if (pool_) {
+    pool_->cancel_all();
+    accumulate_counters_locked();
+    pool_.reset();
+  }
+  if (state_ != EngineState::OFFLINE) enter_locked(EngineState::OFFLINE, reason);
+  if (backend_) {
+    // Released on the control thread, after any boot/train of the old run has returned;
+    // generations still in flight keep their own reference until they finish.
+    post([b = std::move(backend_)]() mutable {
+      b->release();
+      b.reset();
+    });
+  }
+}
+
+void Engine::accumulate_counters_locked() {
+  if (pool_) add_counters(past_counters_, pool_->counters());
+}
+
+// ------------------------------------------------------------------ control thread
+
+void Engine::post(std::function<void()> task) {
+  {
+    std::lock_guard lk(task_mu_);
+    tasks_.push_back(std::move(task));
+  }
+  task_cv_.notify_one();
+}
+
+void Engine::control_loop() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      std::unique_lock lk(task_mu_);
+      task_cv_.wait(lk, [&] { return shutting_down_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;  // shutting down and drained
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    try {
+      task();
+    } catch (const std::exception& e) {
+      spdlog::error("engine: control task failed: {}", e.what());
+    }
+  }
+}
+
+void Engine::run_boot(uint64_t epoch, Job job, std::stop_token stop) {
+  std::shared_ptr<Backend> backend;
+  std::string error;
+  try {
+    backend = std::shared_ptr<Backend>(options_.factory());
+    backend->boot(job, stop);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  {
+    std::lock_guard lk(mu_);
+    if (epoch == epoch_) {
+      if (!error.empty()) {
+        enter_locked(EngineState::OFFLINE, "boot failed: " + error);
+        return;
+      }
+      backend_ = std::move(backend);
+      global_step_ = 0;
+      policy_version_ = 0;
+      backend_->set_policy_version(0);
+      pool_ = std::make_shared<RolloutPool>(pool_config_from(job), clock_);
+      pool_->set_accepting_claims(true);
+      enter_locked(EngineState::ROLLING, "collecting episodes for step 1");
+      return;
+    }
+  }
+  // stop_engine came while booting: this backend belongs to a cancelled run.
+  if (backend) backend->release();
+}
+
+void Engine::run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_t next_step, std::stop_token stop) {
+  std::shared_ptr<Backend> backend;
+  {
+    std::lock_guard lk(mu_);
+    if (epoch != epoch_) return;
+    backend = backend_;
+  }
+  TrainStepReport report;
+  std::string error;
+  try {
+    report = backend->train_step(*batch, next_step, stop);
+    report.global_step = next_step;
+    backend->set_policy_version(next_step);  // in-process weight sync: new weights now serve
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  std::lock_guard lk(mu_);
+  if (epoch != epoch_) return;
+  if (!error.empty()) {
+    // A failed update leaves the weights in an unknown state: stop loudly.
+    end_run_locked("training step " + std::to_string(next_step) + " failed: " + error);
+    return;
+  }
+  global_step_ = next_step;
+  policy_version_ = next_step;
+  steps_.push_back(report);
+  while (steps_.size() > options_.step_history) steps_.pop_front();
+  spdlog::info("engine: step {} done in {:.2f}s: {} episodes, {} samples, {} tokens, reward mean {:.4f}",
+               next_step, report.seconds, report.episodes, report.samples, report.tokens, report.reward_mean);
+  if (config_ && config_->total_training_steps > 0 && global_step_ >= config_->total_training_steps) {
+    end_run_locked("finished: reached total_training_steps = " + std::to_string(config_->total_training_steps));
+    return;
+  }
+  pool_->set_accepting_claims(true);
+  enter_locked(EngineState::ROLLING, "collecting episodes for step " + std::to_string(global_step_ + 1));
+  maybe_advance_locked();
+}
+
+void Engine::janitor_loop(std::stop_token stop) {
+  const auto interval = std::chrono::duration<double>(options_.janitor_interval_seconds);
+  std::mutex m;
+  std::condition_variable_any cv;
+  while (!stop.stop_requested()) {
+    {
+      std::unique_lock lk(m);
+      cv.wait_for(lk, stop, interval, [] { return false; });
+    }
+    if (stop.stop_requested()) break;
+    try {
+      tick();
+    } catch (const std::exception& e) {
+      spdlog::error("engine: janitor failed: {}", e.what());
+    }
+  }
+}
+
+void Engine::tick() {
+  std::lock_guard lk(mu_);
+  if (!pool_) return;
+  auto reaped = pool_->reap_idle();
+  for (const auto& uuid : reaped) spdlog::warn("engine: episode {} timed out (idle); its slot was reclaimed", uuid);
+  maybe_advance_locked();
+}
+
+// ------------------------------------------------------------------ episodes
+
+ClaimResult Engine::claim_episode(const ClaimRequest& request) {
+  std::lock_guard lk(mu_);
+  if (state_ != EngineState::ROLLING || !pool_) {
+    ClaimResult r;
+    r.fail_cause = std::string("engine is ") + engine_state_wire(state_) + ", not ENGINE.ROLLING; retry later";
+    // Validate anyway so a bad request is reported as such in every state.
+    SWARM_REQUIRE(!request.client_uuid.empty(), ErrorKind::INVALID_ARGUMENT, "client_uuid must not be empty");
+    SWARM_REQUIRE(request.discard_episode_timeout > 0, ErrorKind::INVALID_ARGUMENT,
+                  "discard_episode_timeout must be > 0 seconds");
+    return r;
+  }
+  return pool_->claim(request);
+}
+
+EndOutcome Engine::end_episode(const std::string& client_uuid, const std::string& episode_uuid,
+                               const std::string& task_id, const WorkflowOutput& output) {
+  std::lock_guard lk(mu_);
+  SWARM_REQUIRE(pool_, ErrorKind::NOT_FOUND,
+                "episode " + episode_uuid + " not found: the engine is " + engine_state_wire(state_));
+  EndOutcome outcome = pool_->end_episode(client_uuid, episode_uuid, task_id, output);
+  maybe_advance_locked();
+  return outcome;
+}
+
+void Engine::abort_episode(const std::string& client_uuid, const std::string& episode_uuid) {
+  std::lock_guard lk(mu_);
+  SWARM_REQUIRE(pool_, ErrorKind::NOT_FOUND,
+                "episode " + episode_uuid + " not found: the engine is " + engine_state_wire(state_));
+  // In ROLLING the slot goes back to the pool; in ROLLING_POST the record is deleted so
+  // zombies never block weight sync.
+  pool_->abort_episode(client_uuid, episode_uuid, state_ != EngineState::ROLLING);
+  maybe_advance_locked();
+}
+
+bool Engine::can_continue_episode(const std::string& client_uuid, const std::string& episode_uuid) const {
+  std::lock_guard lk(mu_);
+  return pool_ && (state_ == EngineState::ROLLING || state_ == EngineState::ROLLING_POST) &&
+         pool_->can_continue(client_uuid, episode_uuid);
+}
+
+GenerationLease Engine::begin_generation(const std::string& api_key) {
+  std::shared_ptr<RolloutPool> pool;
+  GenerationLease lease;
+  {
+    std::lock_guard lk(mu_);
+    SWARM_REQUIRE(pool_ && backend_, ErrorKind::UNAUTHORIZED,
+                  std::string("invalid API key: no episodes are running (engine is ") + engine_state_wire(state_) + ")");
+    pool = pool_;
+    lease.backend = backend_;
+    lease.job = *config_;
+  }
+  lease.ticket = pool->begin_call(api_key);
+  lease.pool = std::move(pool);
+  return lease;
+}
+
+void Engine::finish_generation(const GenerationLease& lease, LlmCall call) {
+  lease.pool->finish_call(lease.ticket.episode_uuid, std::move(call));
+}
+
+void Engine::cancel_generation(const GenerationLease& lease) { lease.pool->cancel_call(lease.ticket.episode_uuid); }
+
+std::shared_ptr<Backend> Engine::backend() const {
+  std::lock_guard lk(mu_);
+  return backend_;
+}
+
+// ------------------------------------------------------------------ observation
+
+EngineStatus Engine::status() const {
+  std::lock_guard lk(mu_);
+  EngineStatus s;
+  s.state = state_;
+  s.detail = detail_;
+  s.global_step = global_step_;
+  s.policy_version = policy_version_;
+  s.seconds_in_state = seconds_between(state_since_, clock_->now());
+  s.config_synced = config_.has_value();
+  s.backend = backend_ ? backend_->name() : options_.backend;
+  s.model = config_ ? config_->model : "";
+  s.transitions = transitions_;
+  s.counters = past_counters_;
+  if (pool_) add_counters(s.counters, pool_->counters());
+  return s;
+}
+
+PoolSnapshot Engine::pool_snapshot() const {
+  std::shared_ptr<RolloutPool> pool;
+  PoolSnapshot empty;
+  {
+    std::lock_guard lk(mu_);
+    pool = pool_;
+    if (!pool && config_) {
+      try {
+        empty.config = pool_config_from(*config_);
+      } catch (const std::exception&) {
+      }
+      empty.target_tasks = empty.config.batch_size;
+      empty.target_episodes = empty.config.batch_size * empty.config.num_repeat;
+    }
+  }
+  return pool ? pool->snapshot() : empty;
+}
+
+std::vector<TrainStepReport> Engine::step_history() const {
+  std::lock_guard lk(mu_);
+  return {steps_.begin(), steps_.end()};
+}
+
+std::optional<Job> Engine::config() const {
+  std::lock_guard lk(mu_);
+  return config_;
+}
+
+bool Engine::wait_for_state(EngineState s, std::chrono::milliseconds timeout) const {
+  std::unique_lock lk(mu_);
+  return state_cv_.wait_for(lk, timeout, [&] { return state_ == s; });
+}
+
+bool Engine::wait_for_step(int64_t step, std::chrono::milliseconds timeout) const {
+  std::unique_lock lk(mu_);
+  return state_cv_.wait_for(lk, timeout, [&] { return global_step_ >= step; });
+}
+
+}  // namespace swarm

@@ -1,0 +1,154 @@
+// The engine: owns the backend and the rollout pool and drives the state machine
+// OFFLINE → BOOTING → ROLLING → ROLLING_POST → WEIGHT_SYNCING → ROLLING (DESIGN §3).
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/clock.hpp"
+#include "engine/backend.hpp"
+#include "rollout_pool/rollout_pool.hpp"
+#include "swarm/job.hpp"
+
+namespace swarm {
+
+enum class EngineState { OFFLINE, BOOTING, ROLLING, ROLLING_POST, WEIGHT_SYNCING };
+constexpr int kNumEngineStates = 5;
+
+/// Wire string, e.g. "ENGINE.ROLLING".
+const char* engine_state_wire(EngineState s);
+
+using BackendFactory = std::function<std::unique_ptr<Backend>()>;
+
+struct EngineOptions {
+  std::string backend = "mock";           // used when `factory` is empty
+  BackendFactory factory;                 // tests inject fakes here
+  std::shared_ptr<Clock> clock;           // default: steady clock
+  double janitor_interval_seconds = 0.25; // idle-timeout sweep; <= 0 disables the thread
+  size_t step_history = 512;              // step reports kept for the monitor
+};
+
+struct EngineStatus {
+  EngineState state = EngineState::OFFLINE;
+  std::string detail;
+  int64_t global_step = 0;
+  int64_t policy_version = 0;
+  double seconds_in_state = 0.0;
+  bool config_synced = false;
+  std::string backend;
+  std::string model;
+  std::map<std::string, int64_t> transitions;  // "FROM->TO" → count
+  PoolCounters counters;                       // cumulative over every run of this process
+};
+
+/// What an OpenAI request needs to generate for an episode (see begin_generation).
+struct GenerationLease {
+  CallTicket ticket;
+  std::shared_ptr<Backend> backend;
+  std::shared_ptr<RolloutPool> pool;
+  Job job;  // sampling defaults and limits
+};
+
+/// The engine. Thread-safe: HTTP threads call the commands concurrently; model work
+/// (boot, train) runs on the engine's own control thread, never on the caller's.
+/// One mutex guards state; it is never held across backend calls.
+class Engine {
+ public:
+  explicit Engine(EngineOptions options);
+  ~Engine();  // stops the engine and joins its threads
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // ---- command API (DESIGN §5). Errors are SwarmError with a fitting kind.
+  /// Validates and stores a config; only in OFFLINE (CONFLICT otherwise); last one wins.
+  void sync_train_config(const std::string& yaml);
+  /// OFFLINE → BOOTING; boot runs on the control thread. CONFLICT without a config or
+  /// when not OFFLINE.
+  void start_engine();
+  /// Any state → OFFLINE: in-flight episodes cancelled, backend released.
+  void stop_engine(const std::string& reason = "stopped by a client");
+
+  ClaimResult claim_episode(const ClaimRequest& request);
+  EndOutcome end_episode(const std::string& client_uuid, const std::string& episode_uuid,
+                         const std::string& task_id, const WorkflowOutput& output);
+  void abort_episode(const std::string& client_uuid, const std::string& episode_uuid);
+  bool can_continue_episode(const std::string& client_uuid, const std::string& episode_uuid) const;
+
+  // ---- OpenAI path
+  /// Authenticates `api_key`, marks a call in flight and returns what generation needs.
+  /// UNAUTHORIZED for an unknown key; CONFLICT when no model is loaded.
+  GenerationLease begin_generation(const std::string& api_key);
+  /// Records the finished call (or drops it if the episode is gone).
+  void finish_generation(const GenerationLease& lease, LlmCall call);
+  /// Ends a call that failed.
+  void cancel_generation(const GenerationLease& lease);
+  /// The loaded backend (for /v1/models), or null.
+  std::shared_ptr<Backend> backend() const;
+
+  // ---- observation
+  EngineStatus status() const;
+  /// Pool snapshot of the current run (empty pool when OFFLINE).
+  PoolSnapshot pool_snapshot() const;
+  /// Recent policy-step reports, oldest first.
+  std::vector<TrainStepReport> step_history() const;
+  /// The synced config, if any.
+  std::optional<Job> config() const;
+
+  /// Reaps idle episodes and applies the resulting transitions (the janitor calls this
+  /// periodically; tests call it directly with a fake clock).
+  void tick();
+  /// Blocks until the state is `s` or the timeout passes; returns whether it got there.
+  bool wait_for_state(EngineState s, std::chrono::milliseconds timeout) const;
+  /// Blocks until global_step >= step or the timeout passes.
+  bool wait_for_step(int64_t step, std::chrono::milliseconds timeout) const;
+
+ private:
+  void enter_locked(EngineState next, const std::string& detail);
+  void maybe_advance_locked();
+  void post(std::function<void()> task);
+  void control_loop();
+  void janitor_loop(std::stop_token stop);
+  void run_boot(uint64_t epoch, Job job, std::stop_token stop);
+  void run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_t next_step, std::stop_token stop);
+  void accumulate_counters_locked();
+  /// Ends the current run (any state → OFFLINE): cancels episodes, releases the backend.
+  void end_run_locked(const std::string& reason);
+
+  EngineOptions options_;
+  std::shared_ptr<Clock> clock_;
+
+  mutable std::mutex mu_;
+  mutable std::condition_variable state_cv_;
+  EngineState state_ = EngineState::OFFLINE;
+  TimePoint state_since_;
+  std::string detail_ = "waiting for a config (sync_train_config) and start_engine";
+  std::optional<Job> config_;
+  uint64_t epoch_ = 0;  // bumped by start/stop: work from an older epoch is discarded
+  std::stop_source run_stop_;
+  std::shared_ptr<Backend> backend_;
+  std::shared_ptr<RolloutPool> pool_;
+  int64_t global_step_ = 0;
+  int64_t policy_version_ = 0;
+  std::map<std::string, int64_t> transitions_;
+  PoolCounters past_counters_;  // from pools of earlier runs
+  std::deque<TrainStepReport> steps_;
+
+  // control thread: boot, train, release run here in order
+  std::mutex task_mu_;
+  std::condition_variable task_cv_;
+  std::deque<std::function<void()>> tasks_;
+  bool shutting_down_ = false;
+  std::thread control_thread_;
+  std::jthread janitor_thread_;
+};
+
+}  // namespace swarm

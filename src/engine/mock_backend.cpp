@@ -1,0 +1,259 @@
+#include "engine/mock_backend.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "common/utf8.hpp"
+#include "swarm/job.hpp"
+
+namespace swarm {
+namespace {
+
+// SplitMix64: tiny, fast, good enough for deterministic fake sampling.
+struct Rng {
+  uint64_t state;
+  uint64_t next() {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0); }
+};
+
+uint64_t hash_ids(const std::vector<TokenId>& ids, uint64_t h) {
+  for (TokenId id : ids) h = (h ^ static_cast<uint64_t>(id)) * 0x100000001B3ull;
+  return h;
+}
+
+// Interruptible sleep; returns false if stop was requested.
+bool sleep_for(double seconds, const std::stop_token& stop) {
+  auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < until) {
+    if (stop.stop_requested()) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return !stop.stop_requested();
+}
+
+void append_text(std::vector<TokenId>& ids, std::string_view text) {
+  for (unsigned char c : text) ids.push_back(static_cast<TokenId>(c));
+}
+
+std::string content_text(const nlohmann::json& content, size_t index) {
+  if (content.is_null()) return "";
+  if (content.is_string()) return content.get<std::string>();
+  if (content.is_array()) {
+    std::string out;
+    for (const auto& part : content) {
+      if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+        throw SwarmError(ErrorKind::INVALID_ARGUMENT,
+                         "messages[" + std::to_string(index) + "].content parts must be objects with a 'type'");
+      if (part["type"] == "text") {
+        if (!part.contains("text") || !part["text"].is_string())
+          throw SwarmError(ErrorKind::INVALID_ARGUMENT,
+                           "messages[" + std::to_string(index) + "].content text part needs a string 'text'");
+        out += part["text"].get<std::string>();
+      } else {
+        throw SwarmError(ErrorKind::INVALID_ARGUMENT, "messages[" + std::to_string(index) +
+                                                          "].content part type '" +
+                                                          part["type"].get<std::string>() + "' is not supported");
+      }
+    }
+    return out;
+  }
+  throw SwarmError(ErrorKind::INVALID_ARGUMENT,
+                   "messages[" + std::to_string(index) + "].content must be a string, an array of parts, or null");
+}
+
+// The last user turn (chat prompts) or the last line of a plain prompt.
+std::string echo_source(const std::vector<TokenId>& prompt) {
+  static const std::string kUser = "user\n";
+  for (size_t i = prompt.size(); i-- > 0;) {
+    if (prompt[i] != MockBackend::kImStart) continue;
+    size_t j = i + 1;
+    bool match = j + kUser.size() <= prompt.size();
+    for (size_t k = 0; match && k < kUser.size(); ++k)
+      match = prompt[j + k] == static_cast<unsigned char>(kUser[k]);
+    if (!match) continue;
+    std::string out;
+    for (size_t k = j + kUser.size(); k < prompt.size() && prompt[k] != MockBackend::kImEnd; ++k)
+      if (prompt[k] < 256) out += static_cast<char>(prompt[k]);
+    return out;
+  }
+  std::string text;
+  for (TokenId id : prompt)
+    if (id < 256) text += static_cast<char>(id);
+  size_t nl = text.find_last_of('\n', text.size() > 1 ? text.size() - 2 : 0);
+  if (nl != std::string::npos && nl + 1 < text.size()) text = text.substr(nl + 1);
+  if (text.size() > 256) text = text.substr(text.size() - 256);
+  return text;
+}
+
+bool prompt_is_chat(const std::vector<TokenId>& prompt) {
+  for (TokenId id : prompt)
+    if (id == MockBackend::kImStart) return true;
+  return false;
+}
+
+}  // namespace
+
+double MockBackend::corruption_rate(int64_t policy_version, double temperature) {
+  if (temperature <= 0) return 0.0;
+  double base = 0.6 * std::min(1.0, temperature);
+  return base * std::pow(0.7, static_cast<double>(std::max<int64_t>(0, policy_version)));
+}
+
+void MockBackend::boot(const Job& job, std::stop_token stop) {
+  if (!sleep_for(job.mock_boot_seconds, stop)) throw SwarmError(ErrorKind::CONFLICT, "boot cancelled");
+  model_id_ = job.model;
+  max_context_ = job.max_prompt_length + job.max_response_length;
+  train_seconds_ = job.mock_train_seconds;
+  policy_version_ = 0;
+}
+
+std::vector<TokenId> MockBackend::render_chat(const nlohmann::json& messages, const nlohmann::json& tools,
+                                              bool add_generation_prompt) const {
+  if (!messages.is_array() || messages.empty())
+    throw SwarmError(ErrorKind::INVALID_ARGUMENT, "'messages' must be a non-empty array");
+  std::vector<TokenId> ids;
+  if (tools.is_array() && !tools.empty()) {
+    ids.push_back(kImStart);
+    append_text(ids, "system\n# Tools\n" + tools.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    ids.push_back(kImEnd);
+    append_text(ids, "\n");
+  }
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const auto& m = messages[i];
+    if (!m.is_object())
+      throw SwarmError(ErrorKind::INVALID_ARGUMENT, "messages[" + std::to_string(i) + "] must be an object");
+    if (!m.contains("role") || !m["role"].is_string())
+      throw SwarmError(ErrorKind::INVALID_ARGUMENT, "messages[" + std::to_string(i) + "].role must be a string");
+    const std::string role = m["role"].get<std::string>();
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool" && role != "developer")
+      throw SwarmError(ErrorKind::INVALID_ARGUMENT,
+                       "messages[" + std::to_string(i) + "].role '" + role + "' is not one of system, user, assistant, tool, developer");
+    std::string text = content_text(m.contains("content") ? m["content"] : nlohmann::json(), i);
+    if (m.contains("tool_calls") && m["tool_calls"].is_array())
+      for (const auto& call : m["tool_calls"])
+        text += "<tool_call>" + call.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "</tool_call>";
+    ids.push_back(kImStart);
+    append_text(ids, role + "\n" + text);
+    ids.push_back(kImEnd);
+    append_text(ids, "\n");
+  }
+  if (add_generation_prompt) {
+    ids.push_back(kImStart);
+    append_text(ids, "assistant\n");
+  }
+  return ids;
+}
+
+std::vector<TokenId> MockBackend::encode(const std::string& text) const {
+  std::vector<TokenId> ids;
+  append_text(ids, text);
+  return ids;
+}
+
+std::string MockBackend::decode(const std::vector<TokenId>& ids) const {
+  std::string out;
+  for (TokenId id : ids)
+    if (id >= 0 && id < 256) out += static_cast<char>(id);
+  return out;
+}
+
+std::string MockBackend::token_text(TokenId id) const {
+  switch (id) {
+    case kEndOfText: return "<|endoftext|>";
+    case kImStart: return "<|im_start|>";
+    case kImEnd: return "<|im_end|>";
+    default: return id >= 0 && id < 256 ? std::string(1, static_cast<char>(id)) : std::string();
+  }
+}
+
+void MockBackend::generate(GenerationRequest request, std::shared_ptr<GenerationObserver> observer) {
+  try {
+    const auto& p = request.params;
+    const int64_t prompt_len = static_cast<int64_t>(request.prompt_ids.size());
+    if (prompt_len >= max_context_) {
+      observer->on_error(ErrorKind::INVALID_ARGUMENT,
+                         "prompt is " + std::to_string(prompt_len) + " tokens; the context length is " +
+                             std::to_string(max_context_));
+      return;
+    }
+    const int64_t max_new = std::min<int64_t>(p.max_tokens, max_context_ - prompt_len);
+    const std::string source = echo_source(request.prompt_ids);
+    const TokenId stop_token = prompt_is_chat(request.prompt_ids) ? kImEnd : kEndOfText;
+    const int64_t version = policy_version_.load();
+    const double rate = corruption_rate(version, p.temperature);
+
+    GenerationResult result;
+    result.policy_version = version;
+    for (int64_t c = 0; c < p.n; ++c) {
+      Rng rng{hash_ids(request.prompt_ids, 0xcbf29ce484222325ull ^ (p.seed.value_or(0) * 31 + c) ^
+                                               (static_cast<uint64_t>(version) << 40))};
+      std::string reply = source.empty() ? std::string("ok") : source;
+      for (char& ch : reply)
+        if (((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z')) && rng.uniform() < rate)
+          ch = static_cast<char>('a' + rng.next() % 26);
+
+      GenerationChoice choice;
+      choice.finish_reason = "stop";
+      bool cut_by_stop_string = false;
+      for (const auto& s : p.stop) {
+        size_t pos = s.empty() ? std::string::npos : reply.find(s);
+        if (pos != std::string::npos) {
+          reply.resize(pos);
+          cut_by_stop_string = true;
+        }
+      }
+      append_text(choice.ids, reply);
+      if (!cut_by_stop_string) choice.ids.push_back(stop_token);
+      if (static_cast<int64_t>(choice.ids.size()) > max_new) {
+        choice.ids.resize(static_cast<size_t>(max_new));
+        choice.finish_reason = "length";
+      }
+      std::string pending;
+      for (TokenId id : choice.ids) {
+        // Greedy (temperature 0) picks are confident; sampled ones less so.
+        float lp = static_cast<float>(-(p.temperature <= 0 ? 0.05 : 2.5) * rng.uniform()) - 0.001f;
+        choice.logprobs.push_back(lp);
+        if (p.logprobs && p.top_logprobs > 0) {
+          std::vector<TokenAlternative> alts{{id, lp}};
+          for (int64_t k = 1; k < p.top_logprobs; ++k)
+            alts.push_back({static_cast<TokenId>(rng.next() % 256), lp - 0.5f - static_cast<float>(k)});
+          choice.top.push_back(std::move(alts));
+        }
+        if (id < 256) {
+          pending += static_cast<char>(id);
+          size_t ready = utf8_complete_prefix(pending);
+          if (ready > 0) {
+            observer->on_text(c, pending.substr(0, ready));
+            pending.erase(0, ready);
+          }
+        }
+      }
+      if (!pending.empty()) observer->on_text(c, utf8_sanitize(pending));
+      choice.text = utf8_sanitize(decode(choice.ids));
+      result.choices.push_back(std::move(choice));
+    }
+    observer->on_complete(std::move(result));
+  } catch (const SwarmError& e) {
+    observer->on_error(e.kind(), e.what());
+  } catch (const std::exception& e) {
+    observer->on_error(ErrorKind::INTERNAL, e.what());
+  }
+}
+
+TrainStepReport MockBackend::train_step(const TrainBatch& batch, int64_t next_global_step, std::stop_token stop) {
+  auto start = std::chrono::steady_clock::now();
+  if (!sleep_for(train_seconds_, stop)) throw SwarmError(ErrorKind::CONFLICT, "training step cancelled");
+  TrainStepReport report = summarize_batch(batch);
+  report.global_step = next_global_step;
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return report;
+}
+
+}  // namespace swarm

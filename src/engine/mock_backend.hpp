@@ -1,0 +1,51 @@
+// The mock backend: deterministic fake generation and a fake training step, no torch.
+#pragma once
+
+#include <atomic>
+
+#include "engine/backend.hpp"
+
+namespace swarm {
+
+/// Deterministic stand-in for a model, used by CI, benchmarks and any build without
+/// libtorch. Tokenizer: ids 0–255 are bytes, 256 <|endoftext|>, 257 <|im_start|>,
+/// 258 <|im_end|>; chat template in the ChatML style.
+///
+/// Generation echoes the last user message with some letters replaced by random ones;
+/// the replacement rate falls with each policy version, so rewards that measure
+/// faithfulness rise across weight-sync cycles (a simulated learner, nothing more).
+/// Output depends only on (prompt ids, seed, choice index, policy version), so equal
+/// requests give equal completions. Thread-safe after boot.
+class MockBackend final : public Backend {
+ public:
+  static constexpr TokenId kEndOfText = 256;
+  static constexpr TokenId kImStart = 257;
+  static constexpr TokenId kImEnd = 258;
+  static constexpr TokenId kVocabSize = 259;
+
+  std::string name() const override { return "mock"; }
+  void boot(const Job& job, std::stop_token stop) override;
+  std::string model_id() const override { return model_id_; }
+  int64_t max_context_length() const override { return max_context_; }
+
+  std::vector<TokenId> render_chat(const nlohmann::json& messages, const nlohmann::json& tools,
+                                   bool add_generation_prompt) const override;
+  std::vector<TokenId> encode(const std::string& text) const override;
+  std::string decode(const std::vector<TokenId>& ids) const override;
+  std::string token_text(TokenId id) const override;
+
+  void generate(GenerationRequest request, std::shared_ptr<GenerationObserver> observer) override;
+  TrainStepReport train_step(const TrainBatch& batch, int64_t next_global_step, std::stop_token stop) override;
+  void set_policy_version(int64_t version) override { policy_version_ = version; }
+
+  /// Letter replacement probability at a policy version and temperature.
+  static double corruption_rate(int64_t policy_version, double temperature);
+
+ private:
+  std::string model_id_ = "mock";
+  int64_t max_context_ = 32768;
+  double train_seconds_ = 0.0;
+  std::atomic<int64_t> policy_version_{0};
+};
+
+}  // namespace swarm

@@ -1,0 +1,296 @@
+#include "swarm/job.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <sstream>
+
+#include "swarm/errors.hpp"
+
+namespace swarm {
+namespace {
+
+using Member = std::variant<std::string Job::*, int64_t Job::*, double Job::*, bool Job::*>;
+
+struct Field {
+  const char* key;
+  Member member;
+  const char* doc;
+};
+
+// The single source of truth for every key: load, dump, validation and docs use it.
+const std::vector<Field>& field_table() {
+  static const std::vector<Field> table = {
+      {"algorithm", &Job::algorithm, "RL algorithm. Only `grpo` is supported."},
+      {"project_name", &Job::project_name, "Project name (names the experiment directory)."},
+      {"experiment_name", &Job::experiment_name, "Experiment name (names the experiment directory)."},
+      {"experiment_dir", &Job::experiment_dir,
+       "Root directory for metrics, checkpoints and logs: <experiment_dir>/<project_name>/<experiment_name>."},
+      {"n_gpu", &Job::n_gpu, "Number of GPUs (ranks) to train on; 1 on CPU."},
+      {"model", &Job::model, "Hugging Face model directory (required; any name with the mock engine)."},
+      {"batch_size", &Job::batch_size, "Tasks per policy step."},
+      {"num_repeat", &Job::num_repeat, "Episodes per task: the GRPO group size."},
+      {"sample_collection_method", &Job::sample_collection_method,
+       "When the batch is complete: rollout_until_finish_enough_episodes, "
+       "rollout_until_finish_enough_tasks, rollout_until_finish_enough_non_dummy_tasks."},
+      {"max_parallel_episodes", &Job::max_parallel_episodes,
+       "Claimable episode slots; 0 means 2 x batch_size x num_repeat."},
+      {"max_cached_episodes", &Job::max_cached_episodes,
+       "Safety valve: finished episodes cached before the oldest incomplete task groups are "
+       "dropped; 0 means 4 x batch_size x num_repeat."},
+      {"max_llm_calls_per_episode", &Job::max_llm_calls_per_episode,
+       "LLM requests one episode may make (bounds memory)."},
+      {"max_prompt_length", &Job::max_prompt_length, "Longest prompt in tokens; longer requests get 400."},
+      {"max_response_length", &Job::max_response_length, "Default and maximum max_tokens of a completion."},
+      {"temperature", &Job::temperature, "Default sampling temperature when a request gives none."},
+      {"top_p", &Job::top_p, "Default nucleus sampling threshold."},
+      {"top_k", &Job::top_k, "Default top-k; -1 disables."},
+      {"learning_rate", &Job::learning_rate, "AdamW learning rate."},
+      {"lr_schedule", &Job::lr_schedule, "constant, or cosine (after lr_warmup_steps of linear warm-up)."},
+      {"lr_warmup_steps", &Job::lr_warmup_steps, "Linear warm-up steps."},
+      {"weight_decay", &Job::weight_decay, "AdamW weight decay."},
+      {"grad_clip", &Job::grad_clip, "Gradient norm clipping; 0 disables."},
+      {"advantage_estimator", &Job::advantage_estimator, "grpo, grpo_no_std (Dr.GRPO) or reinforce_baseline."},
+      {"clip_ratio_low", &Job::clip_ratio_low, "PPO clip epsilon below 1."},
+      {"clip_ratio_high", &Job::clip_ratio_high, "PPO clip epsilon above 1."},
+      {"loss_agg_mode", &Job::loss_agg_mode, "token-mean or seq-mean-token-mean."},
+      {"use_kl_loss", &Job::use_kl_loss, "Add a KL penalty to a frozen reference model."},
+      {"kl_coef", &Job::kl_coef, "KL penalty coefficient (when use_kl_loss)."},
+      {"kl_estimator", &Job::kl_estimator, "k1 or k3."},
+      {"ppo_epochs", &Job::ppo_epochs, "Passes over each batch."},
+      {"ppo_mini_batch_size", &Job::ppo_mini_batch_size,
+       "Tasks per optimizer step within a batch; 0 means the whole batch."},
+      {"micro_batch_max_tokens", &Job::micro_batch_max_tokens,
+       "Token budget of one forward/backward micro-batch (bounds memory)."},
+      {"dtype", &Job::dtype, "Compute precision: fp32 or bf16."},
+      {"seed", &Job::seed, "Random seed for sampling and initialisation."},
+      {"total_training_steps", &Job::total_training_steps, "Stop after this many policy steps; 0 = never."},
+      {"save_freq", &Job::save_freq, "Checkpoint every N steps; 0 = only on stop_engine."},
+      {"mock_boot_seconds", &Job::mock_boot_seconds, "Mock engine only: simulated boot time."},
+      {"mock_train_seconds", &Job::mock_train_seconds, "Mock engine only: simulated training step time."},
+  };
+  return table;
+}
+
+const char* type_name(const Member& m) {
+  switch (m.index()) {
+    case 0: return "string";
+    case 1: return "int";
+    case 2: return "float";
+    default: return "bool";
+  }
+}
+
+std::string format_double(double v) {
+  std::ostringstream os;
+  os.precision(17);
+  os << v;
+  std::string s = os.str();
+  // Keep floats recognisable as floats in YAML.
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::string value_text(const Job& job, const Member& m) {
+  return std::visit(
+      [&](auto ptr) -> std::string {
+        using T = std::decay_t<decltype(job.*ptr)>;
+        const T& v = job.*ptr;
+        if constexpr (std::is_same_v<T, std::string>) return v;
+        else if constexpr (std::is_same_v<T, bool>) return v ? "true" : "false";
+        else if constexpr (std::is_same_v<T, double>) return format_double(v);
+        else return std::to_string(v);
+      },
+      m);
+}
+
+[[noreturn]] void bad(const std::string& key, const std::string& why) {
+  throw ConfigError("config key '" + key + "': " + why);
+}
+
+void assign(Job& job, const Field& f, const YAML::Node& node) {
+  const std::string key = f.key;
+  if (!node.IsScalar()) bad(key, std::string("expected a ") + type_name(f.member) + " scalar");
+  const std::string text = node.Scalar();
+  std::visit(
+      [&](auto ptr) {
+        using T = std::decay_t<decltype(job.*ptr)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          job.*ptr = text;
+        } else if constexpr (std::is_same_v<T, bool>) {
+          if (text == "true" || text == "True" || text == "TRUE") job.*ptr = true;
+          else if (text == "false" || text == "False" || text == "FALSE") job.*ptr = false;
+          else bad(key, "expected true or false, got '" + text + "'");
+        } else if constexpr (std::is_same_v<T, int64_t>) {
+          size_t pos = 0;
+          long long v = 0;
+          try {
+            v = std::stoll(text, &pos);
+          } catch (const std::exception&) {
+            bad(key, "expected an integer, got '" + text + "'");
+          }
+          if (pos != text.size()) bad(key, "expected an integer, got '" + text + "'");
+          job.*ptr = v;
+        } else {
+          size_t pos = 0;
+          double v = 0;
+          try {
+            v = std::stod(text, &pos);
+          } catch (const std::exception&) {
+            bad(key, "expected a number, got '" + text + "'");
+          }
+          if (pos != text.size()) bad(key, "expected a number, got '" + text + "'");
+          if (!std::isfinite(v)) bad(key, "must be finite");
+          job.*ptr = v;
+        }
+      },
+      f.member);
+}
+
+void require_one_of(const std::string& key, const std::string& value, std::initializer_list<const char*> options) {
+  std::string list;
+  for (const char* o : options) {
+    if (value == o) return;
+    if (!list.empty()) list += ", ";
+    list += o;
+  }
+  bad(key, "'" + value + "' is not one of: " + list);
+}
+
+}  // namespace
+
+Job Job::from_yaml(const std::string& yaml_text) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(std::string("config is not valid YAML: ") + e.what());
+  }
+  Job job;
+  if (root.IsNull()) {
+    job.validate();  // reports the missing model
+    return job;
+  }
+  if (!root.IsMap()) throw ConfigError("config must be a YAML mapping of key: value");
+  const auto& table = field_table();
+  std::set<std::string> seen;
+  for (const auto& kv : root) {
+    std::string key;
+    try {
+      key = kv.first.as<std::string>();
+    } catch (const YAML::Exception&) {
+      throw ConfigError("config has a non-string key");
+    }
+    if (!seen.insert(key).second) bad(key, "appears twice");
+    auto it = std::find_if(table.begin(), table.end(), [&](const Field& f) { return key == f.key; });
+    if (it == table.end()) bad(key, "unknown key (see docs/configuration.md for the valid keys)");
+    assign(job, *it, kv.second);
+  }
+  job.validate();
+  return job;
+}
+
+Job Job::load(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError("cannot read config file '" + path + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    return from_yaml(ss.str());
+  } catch (const ConfigError& e) {
+    throw ConfigError(path + ": " + e.what());
+  }
+}
+
+std::string Job::to_yaml() const {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  for (const auto& f : field_table()) {
+    out << YAML::Key << f.key << YAML::Value;
+    if (std::holds_alternative<std::string Job::*>(f.member)) {
+      out << YAML::DoubleQuoted << value_text(*this, f.member);
+    } else {
+      out << value_text(*this, f.member);
+    }
+  }
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+void Job::dump(const std::string& path) const {
+  std::ofstream out(path);
+  if (!out) throw ConfigError("cannot write config file '" + path + "'");
+  out << to_yaml();
+  if (!out) throw ConfigError("failed writing config file '" + path + "'");
+}
+
+void Job::validate() const {
+  // A Job built in code can hold NaN/inf, which from_yaml() rejects and which every
+  // range check below would let through (comparisons with NaN are false).
+  for (const auto& f : field_table()) {
+    if (const auto* p = std::get_if<double Job::*>(&f.member); p && !std::isfinite(this->**p))
+      bad(f.key, "must be finite");
+  }
+  require_one_of("algorithm", algorithm, {"grpo"});
+  if (model.empty()) bad("model", "is required (a Hugging Face model directory)");
+  if (project_name.empty()) bad("project_name", "must not be empty");
+  if (experiment_name.empty()) bad("experiment_name", "must not be empty");
+  if (n_gpu < 1) bad("n_gpu", "must be >= 1");
+  if (batch_size < 1) bad("batch_size", "must be >= 1");
+  if (num_repeat < 1) bad("num_repeat", "must be >= 1");
+  require_one_of("sample_collection_method", sample_collection_method,
+                 {"rollout_until_finish_enough_episodes", "rollout_until_finish_enough_tasks",
+                  "rollout_until_finish_enough_non_dummy_tasks"});
+  if (max_parallel_episodes < 0) bad("max_parallel_episodes", "must be >= 0");
+  if (max_cached_episodes < 0) bad("max_cached_episodes", "must be >= 0");
+  if (max_cached_episodes > 0 && max_cached_episodes < batch_size * num_repeat)
+    bad("max_cached_episodes", "must be 0 or at least batch_size x num_repeat (" +
+                                   std::to_string(batch_size * num_repeat) + ")");
+  if (max_llm_calls_per_episode < 1) bad("max_llm_calls_per_episode", "must be >= 1");
+  if (max_prompt_length < 1) bad("max_prompt_length", "must be >= 1");
+  if (max_response_length < 1) bad("max_response_length", "must be >= 1");
+  if (temperature < 0) bad("temperature", "must be >= 0");
+  if (top_p <= 0 || top_p > 1) bad("top_p", "must be in (0, 1]");
+  if (top_k < -1 || top_k == 0) bad("top_k", "must be -1 (off) or >= 1");
+  if (learning_rate <= 0) bad("learning_rate", "must be > 0");
+  require_one_of("lr_schedule", lr_schedule, {"constant", "cosine"});
+  if (lr_warmup_steps < 0) bad("lr_warmup_steps", "must be >= 0");
+  if (weight_decay < 0) bad("weight_decay", "must be >= 0");
+  if (grad_clip < 0) bad("grad_clip", "must be >= 0");
+  require_one_of("advantage_estimator", advantage_estimator, {"grpo", "grpo_no_std", "reinforce_baseline"});
+  if (clip_ratio_low < 0 || clip_ratio_low >= 1) bad("clip_ratio_low", "must be in [0, 1)");
+  if (clip_ratio_high < 0) bad("clip_ratio_high", "must be >= 0");
+  require_one_of("loss_agg_mode", loss_agg_mode, {"token-mean", "seq-mean-token-mean"});
+  if (kl_coef < 0) bad("kl_coef", "must be >= 0");
+  require_one_of("kl_estimator", kl_estimator, {"k1", "k3"});
+  if (ppo_epochs < 1) bad("ppo_epochs", "must be >= 1");
+  if (ppo_mini_batch_size < 0) bad("ppo_mini_batch_size", "must be >= 0");
+  if (micro_batch_max_tokens < 1) bad("micro_batch_max_tokens", "must be >= 1");
+  require_one_of("dtype", dtype, {"fp32", "bf16"});
+  if (total_training_steps < 0) bad("total_training_steps", "must be >= 0");
+  if (save_freq < 0) bad("save_freq", "must be >= 0");
+  if (mock_boot_seconds < 0) bad("mock_boot_seconds", "must be >= 0");
+  if (mock_train_seconds < 0) bad("mock_train_seconds", "must be >= 0");
+}
+
+int64_t Job::effective_max_parallel_episodes() const {
+  return max_parallel_episodes > 0 ? max_parallel_episodes : 2 * batch_size * num_repeat;
+}
+
+int64_t Job::effective_max_cached_episodes() const {
+  return max_cached_episodes > 0 ? max_cached_episodes : 4 * batch_size * num_repeat;
+}
+
+std::vector<Job::FieldInfo> Job::fields() {
+  const Job defaults;
+  std::vector<FieldInfo> out;
+  for (const auto& f : field_table())
+    out.push_back({f.key, type_name(f.member), value_text(defaults, f.member), f.doc});
+  return out;
+}
+
+}  // namespace swarm

@@ -1,0 +1,579 @@
+#include "rollout_pool/rollout_pool.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <utility>
+
+#include "common/error.hpp"
+#include "rollout_pool/context_tracker.hpp"
+
+namespace swarm {
+
+namespace {
+
+constexpr double kRewardEpsilon = 1e-9;
+constexpr size_t kApiKeyRandomBytes = 24;  // 48 hex chars, 192 bits
+
+struct RewardStats {
+  double mean = 0.0;
+  double std = 0.0;  // population std
+  bool all_equal = true;
+};
+
+template <class Episodes>
+RewardStats reward_stats(const Episodes& episodes) {
+  RewardStats s;
+  if (episodes.empty()) return s;
+  double lo = episodes.front().reward, hi = lo, sum = 0.0;
+  for (const auto& e : episodes) {
+    lo = std::min(lo, e.reward);
+    hi = std::max(hi, e.reward);
+    sum += e.reward;
+  }
+  const double n = static_cast<double>(episodes.size());
+  s.mean = sum / n;
+  double var = 0.0;
+  for (const auto& e : episodes) var += (e.reward - s.mean) * (e.reward - s.mean);
+  s.std = std::sqrt(var / n);
+  s.all_equal = hi - lo <= kRewardEpsilon;
+  return s;
+}
+
+std::string not_found_message(const std::string& episode_uuid) {
+  return "episode " + episode_uuid +
+         " not found (it may have ended, been aborted, or timed out)";
+}
+
+void require_positive(int64_t value, const char* name) {
+  SWARM_REQUIRE(value > 0, ErrorKind::INVALID_ARGUMENT,
+                std::string("pool config: ") + name + " must be positive, got " +
+                    std::to_string(value));
+}
+
+}  // namespace
+
+RolloutPool::RolloutPool(PoolConfig config, std::shared_ptr<Clock> clock)
+    : config_(std::move(config)), clock_(std::move(clock)) {
+  SWARM_CHECK(clock_ != nullptr, "RolloutPool needs a clock");
+  require_positive(config_.max_parallel_episodes, "max_parallel_episodes");
+  require_positive(config_.batch_size, "batch_size");
+  require_positive(config_.num_repeat, "num_repeat");
+  require_positive(config_.max_cached_episodes, "max_cached_episodes");
+  require_positive(config_.max_llm_calls_per_episode, "max_llm_calls_per_episode");
+}
+
+void RolloutPool::set_accepting_claims(bool accepting) {
+  std::lock_guard lock(mu_);
+  accepting_ = accepting;
+  if (accepting) {
+    register_slots_locked();
+    return;
+  }
+  for (const std::string& uuid : unclaimed_) episodes_.erase(uuid);
+  unclaimed_.clear();
+}
+
+ClaimResult RolloutPool::claim(const ClaimRequest& request) {
+  SWARM_REQUIRE(!request.client_uuid.empty(), ErrorKind::INVALID_ARGUMENT,
+                "claim: client_uuid must not be empty");
+  SWARM_REQUIRE(std::isfinite(request.discard_episode_timeout) &&
+                    request.discard_episode_timeout > 0.0,
+                ErrorKind::INVALID_ARGUMENT,
+                "claim: discard_episode_timeout must be a positive number of seconds, got " +
+                    std::to_string(request.discard_episode_timeout));
+  // Generated before taking the lock: reading the OS CSPRNG is a syscall.
+  std::string api_key = "sk-swarm-" + random_hex(kApiKeyRandomBytes);
+
+  std::lock_guard lock(mu_);
+  ClaimResult result;
+  if (!accepting_) {
+    result.fail_cause =
+        "engine is not accepting new episodes (batch is complete; waiting for weight sync)";
+    return result;
+  }
+  if (unclaimed_.empty()) {
+    result.fail_cause = "no available episode to claim: all " +
+                        std::to_string(config_.max_parallel_episodes) + " slots are in use";
+    return result;
+  }
+  std::string uuid = std::move(unclaimed_.front());
+  unclaimed_.pop_front();
+  Episode& ep = *episodes_.at(uuid);
+  const TimePoint now = clock_->now();
+  ep.claimed = true;
+  ep.client_uuid = request.client_uuid;
+  ep.type = request.episode_type;
+  ep.api_key = api_key;
+  ep.timeout_s = request.discard_episode_timeout;
+  ep.claimed_at = now;
+  ep.last_activity = now;
+  ep.claim_seq = ++claim_seq_;
+  key_to_episode_[api_key] = uuid;
+  counters_.claimed++;
+  result.episode = ClaimedEpisode{std::move(uuid), std::move(api_key)};
+  return result;
+}
+
+CallTicket RolloutPool::begin_call(const std::string& api_key) {
+  std::lock_guard lock(mu_);
+  auto key_it = key_to_episode_.find(api_key);
+  // Never echo the key or hint at which keys exist.
+  SWARM_REQUIRE(key_it != key_to_episode_.end(), ErrorKind::UNAUTHORIZED,
+                "invalid API key (unknown, or its episode has ended, been aborted, or "
+                "timed out)");
+  Episode& ep = *episodes_.at(key_it->second);
+  ep.last_activity = clock_->now();
+  // Calls in flight count against the budget so concurrent requests cannot overshoot it.
+  const int64_t used = static_cast<int64_t>(ep.calls.size()) + ep.in_flight;
+  SWARM_REQUIRE(used < config_.max_llm_calls_per_episode, ErrorKind::CONFLICT,
+                "episode " + ep.uuid + " has used its budget of " +
+                    std::to_string(config_.max_llm_calls_per_episode) +
+                    " LLM calls (max_llm_calls_per_episode); end the episode");
+  ep.in_flight++;
+  return CallTicket{ep.uuid, ep.client_uuid, ep.type};
+}
+
+bool RolloutPool::finish_call(const std::string& episode_uuid, LlmCall call) {
+  std::lock_guard lock(mu_);
+  auto it = episodes_.find(episode_uuid);
+  if (it == episodes_.end() || !it->second->claimed || it->second->ending) {
+    counters_.late_calls_dropped++;
+    return false;
+  }
+  Episode& ep = *it->second;
+  ep.in_flight = std::max<int64_t>(0, ep.in_flight - 1);
+  ep.last_activity = clock_->now();
+  // The call has ended either way (in_flight released above); a mismatch is an engine bug.
+  SWARM_CHECK(call.completion_logprobs.size() == call.completion_ids.size(),
+              "episode " + episode_uuid + ": " +
+                  std::to_string(call.completion_logprobs.size()) + " logprobs for " +
+                  std::to_string(call.completion_ids.size()) + " completion tokens");
+  ep.calls.push_back(std::move(call));
+  counters_.llm_calls++;
+  return true;
+}
+
+void RolloutPool::cancel_call(const std::string& episode_uuid) {
+  std::lock_guard lock(mu_);
+  auto it = episodes_.find(episode_uuid);
+  if (it == episodes_.end()) return;
+  Episode& ep = *it->second;
+  ep.in_flight = std::max<int64_t>(0, ep.in_flight - 1);
+  ep.last_activity = clock_->now();
+}
+
+void RolloutPool::touch(const std::string& episode_uuid) {
+  std::lock_guard lock(mu_);
+  auto it = episodes_.find(episode_uuid);
+  if (it != episodes_.end() && it->second->claimed) it->second->last_activity = clock_->now();
+}
+
+EndOutcome RolloutPool::end_episode(const std::string& client_uuid,
+                                    const std::string& episode_uuid, const std::string& task_id,
+                                    const WorkflowOutput& output) {
+  std::vector<LlmCall> calls;
+  {
+    std::lock_guard lock(mu_);
+    Episode& ep = owned_episode_locked(client_uuid, episode_uuid);
+    SWARM_REQUIRE(!task_id.empty(), ErrorKind::INVALID_ARGUMENT,
+                  "end_episode: task_id must not be empty (episode " + episode_uuid + ")");
+    SWARM_REQUIRE(!output.reward || std::isfinite(*output.reward), ErrorKind::INVALID_ARGUMENT,
+                  "end_episode: reward must be a finite number (episode " + episode_uuid + ")");
+    EndOutcome outcome;
+    if (ep.type == EpisodeType::EVAL) {
+      record_eval_locked(output);
+      counters_.ended++;
+      counters_.ended_eval++;
+      if (!output.reward) {
+        outcome.note = "eval episode " + episode_uuid +
+                       " ended without a reward; it is not part of eval/reward_mean";
+      }
+      free_slot_locked(episode_uuid, true);
+      outcome.batch_ready = batch_ready_locked();
+      return outcome;
+    }
+    if (!output.reward) {
+      counters_.ended_without_reward++;
+      free_slot_locked(episode_uuid, true);
+      outcome.accepted = false;
+      outcome.note = "episode " + episode_uuid +
+                     " ended without a reward (null); it was dropped and will not be trained on";
+      outcome.batch_ready = batch_ready_locked();
+      return outcome;
+    }
+    // Merging can be long for big contexts: do it outside the lock. The episode stays
+    // registered (and running) meanwhile so the batch cannot be taken without it.
+    ep.ending = true;
+    ep.in_flight = 0;
+    calls = std::move(ep.calls);
+    ep.calls.clear();
+    key_to_episode_.erase(ep.api_key);
+  }
+
+  FinishedEpisode finished;
+  finished.episode_uuid = episode_uuid;
+  finished.client_uuid = client_uuid;
+  finished.task_id = task_id;
+  finished.reward = *output.reward;
+  finished.is_success = output.is_success;
+  finished.log_metrics = output.log_metrics;
+  try {
+    finished.samples = merge_calls_into_samples(calls);
+  } catch (...) {
+    // Never leave an "ending" episode behind: ROLLING_POST would wait for it forever.
+    std::lock_guard lock(mu_);
+    free_slot_locked(episode_uuid, true);
+    throw;
+  }
+  for (Sample& s : finished.samples) {
+    s.task_id = task_id;
+    s.episode_uuid = episode_uuid;
+    s.reward = finished.reward;
+  }
+
+  std::lock_guard lock(mu_);
+  EndOutcome outcome;
+  if (episodes_.find(episode_uuid) == episodes_.end()) {
+    // cancel_all (stop_engine) ran while we merged; it already counted the episode.
+    outcome.accepted = false;
+    outcome.note = "episode " + episode_uuid + " was cancelled (engine stopped) while ending";
+    return outcome;
+  }
+  counters_.ended++;
+  cache_finished_locked(std::move(finished));
+  free_slot_locked(episode_uuid, true);
+  outcome.batch_ready = batch_ready_locked();
+  return outcome;
+}
+
+void RolloutPool::abort_episode(const std::string& client_uuid, const std::string& episode_uuid,
+                                bool delete_record) {
+  std::lock_guard lock(mu_);
+  owned_episode_locked(client_uuid, episode_uuid);
+  counters_.aborted++;
+  free_slot_locked(episode_uuid, !delete_record);
+}
+
+bool RolloutPool::can_continue(const std::string& client_uuid,
+                               const std::string& episode_uuid) const {
+  std::lock_guard lock(mu_);
+  auto it = episodes_.find(episode_uuid);
+  return it != episodes_.end() && it->second->claimed && !it->second->ending &&
+         it->second->client_uuid == client_uuid;
+}
+
+std::vector<std::string> RolloutPool::reap_idle() {
+  std::lock_guard lock(mu_);
+  const TimePoint now = clock_->now();
+  std::vector<std::string> reaped;
+  for (auto& [uuid, ep] : episodes_) {
+    if (!ep->claimed || ep->ending) continue;
+    if (ep->in_flight > 0) {
+      // A generation in progress is activity even if it takes longer than the timeout.
+      ep->last_activity = now;
+      continue;
+    }
+    if (seconds_between(ep->last_activity, now) > ep->timeout_s) reaped.push_back(uuid);
+  }
+  for (const std::string& uuid : reaped) {
+    counters_.timed_out++;
+    free_slot_locked(uuid, true);
+  }
+  return reaped;
+}
+
+bool RolloutPool::batch_ready() const {
+  std::lock_guard lock(mu_);
+  return batch_ready_locked();
+}
+
+int64_t RolloutPool::running() const {
+  std::lock_guard lock(mu_);
+  return running_locked();
+}
+
+TrainBatch RolloutPool::take_batch() {
+  std::lock_guard lock(mu_);
+  TrainBatch batch;
+  const bool take_all = config_.method == CollectionMethod::ENOUGH_EPISODES;
+  std::vector<std::string> kept;
+  for (const std::string& task_id : group_order_) {
+    auto it = groups_.find(task_id);
+    Group& g = *it->second;
+    if (!take_all && static_cast<int64_t>(g.episodes.size()) < config_.num_repeat) {
+      kept.push_back(task_id);
+      continue;
+    }
+    finished_cached_ -= static_cast<int64_t>(g.episodes.size());
+    for (FinishedEpisode& e : g.episodes) batch.episodes.push_back(std::move(e));
+    batch.num_tasks++;
+    groups_.erase(it);
+  }
+  group_order_ = std::move(kept);
+  counters_.batches_taken++;
+  eval_reward_ = {};
+  eval_log_metrics_.clear();
+  eval_episodes_ = 0;
+  return batch;
+}
+
+void RolloutPool::cancel_all() {
+  std::lock_guard lock(mu_);
+  counters_.cancelled += running_locked();
+  accepting_ = false;
+  episodes_.clear();
+  key_to_episode_.clear();
+  unclaimed_.clear();
+  groups_.clear();
+  group_order_.clear();
+  finished_cached_ = 0;
+  eval_reward_ = {};
+  eval_log_metrics_.clear();
+  eval_episodes_ = 0;
+}
+
+PoolSnapshot RolloutPool::snapshot() const {
+  std::lock_guard lock(mu_);
+  PoolSnapshot snap;
+  const TimePoint now = clock_->now();
+  snap.config = config_;
+  snap.accepting_claims = accepting_;
+  snap.unclaimed = static_cast<int64_t>(unclaimed_.size());
+  snap.running = running_locked();
+  snap.finished_episodes = finished_cached_;
+  snap.target_episodes = config_.batch_size * config_.num_repeat;
+  snap.target_tasks = config_.batch_size;
+
+  std::vector<const Episode*> running;
+  for (const auto& [uuid, ep] : episodes_) {
+    if (ep->claimed) running.push_back(ep.get());
+  }
+  std::sort(running.begin(), running.end(),
+            [](const Episode* a, const Episode* b) { return a->claim_seq < b->claim_seq; });
+  for (const Episode* ep : running) {
+    RunningEpisodeInfo info;
+    info.episode_uuid = ep->uuid;
+    info.client_uuid = ep->client_uuid;
+    info.episode_type = ep->type;
+    info.llm_calls = static_cast<int64_t>(ep->calls.size());
+    info.in_flight_calls = ep->in_flight;
+    info.seconds_idle = seconds_between(ep->last_activity, now);
+    info.discard_episode_timeout = ep->timeout_s;
+    info.seconds_since_claim = seconds_between(ep->claimed_at, now);
+    snap.running_episodes.push_back(std::move(info));
+  }
+
+  for (const std::string& task_id : group_order_) {
+    const Group& g = *groups_.at(task_id);
+    const RewardStats stats = reward_stats(g.episodes);
+    TaskGroupInfo info;
+    info.task_id = task_id;
+    info.episodes = static_cast<int64_t>(g.episodes.size());
+    info.reward_mean = stats.mean;
+    info.reward_std = stats.std;
+    info.complete = info.episodes >= config_.num_repeat;
+    info.dummy = stats.all_equal;
+    if (info.complete) {
+      snap.complete_tasks++;
+      if (!info.dummy) snap.complete_non_dummy_tasks++;
+    }
+    snap.tasks.push_back(std::move(info));
+  }
+
+  snap.recent_rewards.assign(recent_rewards_.begin(), recent_rewards_.end());
+  snap.eval_metrics["eval/episodes"] = static_cast<double>(eval_episodes_);
+  if (eval_reward_.count > 0) {
+    snap.eval_metrics["eval/reward_mean"] =
+        eval_reward_.sum / static_cast<double>(eval_reward_.count);
+  }
+  for (const auto& [name, acc] : eval_log_metrics_) {
+    snap.eval_metrics["eval/" + name] = acc.sum / static_cast<double>(acc.count);
+  }
+  snap.counters = counters_;
+  return snap;
+}
+
+PoolCounters RolloutPool::counters() const {
+  std::lock_guard lock(mu_);
+  return counters_;
+}
+
+// ---------------------------------------------------------------- private helpers
+
+void RolloutPool::register_slots_locked() {
+  while (static_cast<int64_t>(unclaimed_.size()) + running_locked() <
+         config_.max_parallel_episodes) {
+    auto ep = std::make_unique<Episode>();
+    ep->uuid = random_uuid();
+    unclaimed_.push_back(ep->uuid);
+    episodes_.emplace(ep->uuid, std::move(ep));
+  }
+}
+
+void RolloutPool::free_slot_locked(const std::string& episode_uuid, bool reregister) {
+  auto it = episodes_.find(episode_uuid);
+  if (it != episodes_.end()) {
+    // Only revoke the key if it still points here (it always should; keys are unique).
+    auto key_it = key_to_episode_.find(it->second->api_key);
+    if (key_it != key_to_episode_.end() && key_it->second == episode_uuid) {
+      key_to_episode_.erase(key_it);
+    }
+    if (!it->second->claimed) {
+      unclaimed_.erase(std::remove(unclaimed_.begin(), unclaimed_.end(), episode_uuid),
+                       unclaimed_.end());
+    }
+    episodes_.erase(it);
+  }
+  if (reregister && accepting_) register_slots_locked();
+}
+
+int64_t RolloutPool::running_locked() const {
+  return static_cast<int64_t>(episodes_.size()) - static_cast<int64_t>(unclaimed_.size());
+}
+
+bool RolloutPool::batch_ready_locked() const {
+  if (config_.method == CollectionMethod::ENOUGH_EPISODES) {
+    return finished_cached_ >= config_.batch_size * config_.num_repeat;
+  }
+  int64_t complete = 0;
+  for (const auto& [task_id, g] : groups_) {
+    if (static_cast<int64_t>(g->episodes.size()) < config_.num_repeat) continue;
+    if (config_.method == CollectionMethod::ENOUGH_NON_DUMMY_TASKS &&
+        reward_stats(g->episodes).all_equal) {
+      continue;
+    }
+    complete++;
+  }
+  return complete >= config_.batch_size;
+}
+
+RolloutPool::Episode& RolloutPool::owned_episode_locked(const std::string& client_uuid,
+                                           const std::string& episode_uuid) {
+  auto it = episodes_.find(episode_uuid);
+  // An unclaimed slot's uuid was never handed out, and an ending one is already done.
+  SWARM_REQUIRE(it != episodes_.end() && it->second->claimed && !it->second->ending,
+                ErrorKind::NOT_FOUND, not_found_message(episode_uuid));
+  SWARM_REQUIRE(it->second->client_uuid == client_uuid, ErrorKind::FORBIDDEN,
+                "episode " + episode_uuid + " belongs to another client");
+  return *it->second;
+}
+
+void RolloutPool::cache_finished_locked(FinishedEpisode episode) {
+  recent_rewards_.push_back(episode.reward);
+  while (recent_rewards_.size() > config_.reward_history) recent_rewards_.pop_front();
+
+  episode.finish_seq = ++finish_seq_;
+  auto [it, inserted] = groups_.try_emplace(episode.task_id);
+  if (inserted) {
+    it->second = std::make_unique<Group>();
+    group_order_.push_back(episode.task_id);
+  }
+  it->second->episodes.push_back(std::move(episode));
+  finished_cached_++;
+  if (!batch_ready_locked()) apply_safety_valve_locked();
+}
+
+void RolloutPool::record_eval_locked(const WorkflowOutput& output) {
+  eval_episodes_++;
+  if (output.reward) {
+    eval_reward_.sum += *output.reward;
+    eval_reward_.count++;
+  }
+  for (const auto& [name, value] : output.log_metrics) {
+    if (!std::isfinite(value)) continue;  // one NaN would hide every other episode's value
+    MeanAccumulator& acc = eval_log_metrics_[name];
+    acc.sum += value;
+    acc.count++;
+  }
+}
+
+// Bounds the cache when episodes pile up without completing a batch (e.g. many tasks
+// started, few finished). Oldest incomplete groups go first: they are the least likely to
+// complete soon. Complete groups are never dropped, because they count toward the batch;
+// so if only complete groups are left the cache may stay above the threshold until the
+// batch is taken (it is then bounded by the batch target plus episodes in flight). With
+// the non-dummy method, complete dummy groups can never count, so they go next.
+// With the episode method every cached episode counts toward the target, so whenever the
+// batch is not ready the cache is already below the target and nothing is dropped.
+void RolloutPool::apply_safety_valve_locked() {
+  if (config_.method == CollectionMethod::ENOUGH_EPISODES) return;
+  auto pick = [&](bool dummies) -> const std::string* {
+    for (const std::string& task_id : group_order_) {
+      const Group& g = *groups_.at(task_id);
+      const bool complete = static_cast<int64_t>(g.episodes.size()) >= config_.num_repeat;
+      if (!dummies && !complete) return &task_id;
+      if (dummies && complete && reward_stats(g.episodes).all_equal) return &task_id;
+    }
+    return nullptr;
+  };
+  while (finished_cached_ > config_.max_cached_episodes) {
+    const std::string* victim = pick(false);
+    if (victim == nullptr && config_.method == CollectionMethod::ENOUGH_NON_DUMMY_TASKS) {
+      victim = pick(true);
+    }
+    if (victim == nullptr) break;
+    drop_group_locked(std::string(*victim));
+  }
+}
+
+void RolloutPool::drop_group_locked(const std::string& task_id) {
+  auto it = groups_.find(task_id);
+  if (it == groups_.end()) return;
+  const auto n = static_cast<int64_t>(it->second->episodes.size());
+  finished_cached_ -= n;
+  counters_.valve_dropped_groups++;
+  counters_.valve_dropped_episodes += n;
+  groups_.erase(it);
+  group_order_.erase(std::remove(group_order_.begin(), group_order_.end(), task_id),
+                     group_order_.end());
+}
+
+// ---------------------------------------------------------------- random identifiers
+
+namespace {
+
+// The OS CSPRNG, explicitly: libstdc++'s default token may pick a CPU instruction instead.
+// One shared device behind a mutex: concurrent operator() on one random_device is not
+// guaranteed safe, and one file descriptor per thread is not needed at this rate.
+void fill_random(uint8_t* out, size_t n) {
+  static std::mutex mu;
+  static std::random_device device("/dev/urandom");
+  std::lock_guard lock(mu);
+  size_t i = 0;
+  while (i < n) {
+    uint32_t v = device();
+    for (int b = 0; b < 4 && i < n; ++b, ++i) out[i] = static_cast<uint8_t>(v >> (8 * b));
+  }
+}
+
+std::string to_hex(const uint8_t* data, size_t n) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string s;
+  s.reserve(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    s.push_back(kDigits[data[i] >> 4]);
+    s.push_back(kDigits[data[i] & 0xf]);
+  }
+  return s;
+}
+
+}  // namespace
+
+std::string random_hex(size_t bytes) {
+  std::vector<uint8_t> buf(bytes);
+  fill_random(buf.data(), bytes);
+  return to_hex(buf.data(), bytes);
+}
+
+std::string random_uuid() {
+  uint8_t b[16];
+  fill_random(b, sizeof b);
+  b[6] = static_cast<uint8_t>((b[6] & 0x0f) | 0x40);  // version 4
+  b[8] = static_cast<uint8_t>((b[8] & 0x3f) | 0x80);  // RFC 4122 variant
+  const std::string h = to_hex(b, sizeof b);
+  return h.substr(0, 8) + "-" + h.substr(8, 4) + "-" + h.substr(12, 4) + "-" + h.substr(16, 4) +
+         "-" + h.substr(20, 12);
+}
+
+}  // namespace swarm

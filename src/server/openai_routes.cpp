@@ -1,0 +1,328 @@
+#include "server/openai_routes.hpp"
+
+#include <ctime>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "common/error.hpp"
+#include "server/error_mapping.hpp"
+#include "server/json_body.hpp"
+
+namespace swarm {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr int64_t kMaxChoices = 16;
+constexpr int64_t kMaxTopLogprobs = 20;
+constexpr size_t kMaxStopStrings = 4;
+
+std::string bearer_key(const HttpRequest& request) {
+  const std::string& auth = request.header("authorization");
+  SWARM_REQUIRE(!auth.empty(), ErrorKind::UNAUTHORIZED,
+                "missing API key: send 'Authorization: Bearer <openai_api_key>' as returned by claim_episode");
+  const std::string prefix = "bearer ";
+  SWARM_REQUIRE(auth.size() > prefix.size() &&
+                    std::equal(prefix.begin(), prefix.end(), auth.begin(),
+                               [](char a, char b) { return a == std::tolower(static_cast<unsigned char>(b)); }),
+                ErrorKind::UNAUTHORIZED, "malformed Authorization header: expected 'Bearer <openai_api_key>'");
+  return auth.substr(prefix.size());
+}
+
+struct RequestOptions {
+  SamplingParams params;
+  bool stream = false;
+  bool include_usage = false;
+  bool return_token_ids = false;
+};
+
+RequestOptions parse_options(const json& body, OpenAIKind kind, const Job& job) {
+  RequestOptions o;
+  SamplingParams& p = o.params;
+  p.temperature = optional_number(body, "temperature").value_or(job.temperature);
+  SWARM_REQUIRE(p.temperature >= 0 && p.temperature <= 2, ErrorKind::INVALID_ARGUMENT,
+                "field 'temperature' must be between 0 and 2");
+  p.top_p = optional_number(body, "top_p").value_or(job.top_p);
+  SWARM_REQUIRE(p.top_p > 0 && p.top_p <= 1, ErrorKind::INVALID_ARGUMENT, "field 'top_p' must be in (0, 1]");
+  p.top_k = optional_int(body, "top_k").value_or(job.top_k);
+  SWARM_REQUIRE(p.top_k == -1 || p.top_k >= 1, ErrorKind::INVALID_ARGUMENT, "field 'top_k' must be -1 or >= 1");
+  auto max_tokens = optional_int(body, "max_completion_tokens");
+  if (!max_tokens) max_tokens = optional_int(body, "max_tokens");
+  p.max_tokens = max_tokens.value_or(job.max_response_length);
+  SWARM_REQUIRE(p.max_tokens >= 1, ErrorKind::INVALID_ARGUMENT, "field 'max_tokens' must be >= 1");
+  p.max_tokens = std::min(p.max_tokens, job.max_response_length);
+  p.n = optional_int(body, "n").value_or(1);
+  SWARM_REQUIRE(p.n >= 1 && p.n <= kMaxChoices, ErrorKind::INVALID_ARGUMENT,
+                "field 'n' must be between 1 and " + std::to_string(kMaxChoices));
+  if (auto seed = optional_int(body, "seed")) p.seed = static_cast<uint64_t>(*seed);
+  if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
+    if (it->is_string()) {
+      p.stop.push_back(it->get<std::string>());
+    } else if (it->is_array()) {
+      SWARM_REQUIRE(it->size() <= kMaxStopStrings, ErrorKind::INVALID_ARGUMENT,
+                    "field 'stop' may hold at most " + std::to_string(kMaxStopStrings) + " strings");
+      for (const auto& s : *it) {
+        SWARM_REQUIRE(s.is_string(), ErrorKind::INVALID_ARGUMENT, "field 'stop' must be a string or an array of strings");
+        p.stop.push_back(s.get<std::string>());
+      }
+    } else {
+      throw SwarmError(ErrorKind::INVALID_ARGUMENT, "field 'stop' must be a string or an array of strings");
+    }
+  }
+  if (kind == OpenAIKind::CHAT) {
+    p.logprobs = optional_bool(body, "logprobs").value_or(false);
+    p.top_logprobs = optional_int(body, "top_logprobs").value_or(0);
+    SWARM_REQUIRE(p.top_logprobs >= 0 && p.top_logprobs <= kMaxTopLogprobs, ErrorKind::INVALID_ARGUMENT,
+                  "field 'top_logprobs' must be between 0 and " + std::to_string(kMaxTopLogprobs));
+    SWARM_REQUIRE(p.top_logprobs == 0 || p.logprobs, ErrorKind::INVALID_ARGUMENT,
+                  "field 'top_logprobs' requires 'logprobs': true");
+  } else {
+    auto lp = optional_int(body, "logprobs");
+    SWARM_REQUIRE(!lp || (*lp >= 0 && *lp <= 5), ErrorKind::INVALID_ARGUMENT,
+                  "field 'logprobs' must be an integer between 0 and 5");
+    p.logprobs = lp.has_value();
+    p.top_logprobs = lp.value_or(0);
+  }
+  o.stream = optional_bool(body, "stream").value_or(false);
+  if (const json* so = optional_object(body, "stream_options"))
+    o.include_usage = optional_bool(*so, "include_usage").value_or(false);
+  o.return_token_ids = optional_bool(body, "return_token_ids").value_or(false);
+  return o;
+}
+
+std::vector<TokenId> completion_prompt(const json& body, const Backend& backend) {
+  auto it = body.find("prompt");
+  SWARM_REQUIRE(it != body.end() && !it->is_null(), ErrorKind::INVALID_ARGUMENT, "missing required field 'prompt'");
+  if (it->is_string()) return backend.encode(it->get<std::string>());
+  if (it->is_array() && it->size() == 1 && (*it)[0].is_string()) return backend.encode((*it)[0].get<std::string>());
+  if (it->is_array() && !it->empty()) {
+    std::vector<TokenId> ids;
+    for (const auto& v : *it) {
+      SWARM_REQUIRE(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < (int64_t{1} << 31),
+                    ErrorKind::INVALID_ARGUMENT, "field 'prompt' must be a string or an array of token ids");
+      ids.push_back(static_cast<TokenId>(v.get<int64_t>()));
+    }
+    return ids;
+  }
+  throw SwarmError(ErrorKind::INVALID_ARGUMENT, "field 'prompt' must be a string or an array of token ids");
+}
+
+json bytes_of(const std::string& s) {
+  json a = json::array();
+  for (unsigned char c : s) a.push_back(static_cast<int>(c));
+  return a;
+}
+
+// Serves one request from the moment generation is handed to the backend.
+class GenerationHandler final : public GenerationObserver,
+                                public std::enable_shared_from_this<GenerationHandler> {
+ public:
+  GenerationHandler(Engine& engine, Metrics& metrics, OpenAIKind kind, GenerationLease lease, std::string api_key,
+                    std::shared_ptr<ResponseSink> sink, RequestOptions options, std::vector<TokenId> prompt)
+      : engine_(engine), metrics_(metrics), kind_(kind), lease_(std::move(lease)), api_key_(std::move(api_key)),
+        sink_(std::move(sink)), options_(std::move(options)), prompt_(std::move(prompt)),
+        id_((kind == OpenAIKind::CHAT ? "chatcmpl-" : "cmpl-") + random_hex(12)), created_(std::time(nullptr)),
+        model_(lease_.backend->model_id()) {}
+
+  void start() {
+    if (options_.stream) {
+      sink_->start_stream(200, "text/event-stream");
+      if (kind_ == OpenAIKind::CHAT)
+        for (int64_t c = 0; c < options_.params.n; ++c)
+          send_chunk(chunk_json(c, {{"role", "assistant"}, {"content", ""}}, nullptr));
+    }
+    GenerationRequest req{prompt_, options_.params};
+    lease_.backend->generate(std::move(req), shared_from_this());
+  }
+
+  void on_text(int64_t choice, const std::string& delta) override {
+    if (!options_.stream || delta.empty()) return;
+    lease_.pool->touch(lease_.ticket.episode_uuid);
+    send_chunk(kind_ == OpenAIKind::CHAT ? chunk_json(choice, {{"content", delta}}, nullptr)
+                                         : text_chunk_json(choice, delta, nullptr));
+  }
+
+  void on_complete(GenerationResult result) override {
+    // Record before answering, so the agent's next call (e.g. end_episode) sees it.
+    int64_t completion_tokens = 0;
+    for (auto& choice : result.choices) {
+      completion_tokens += static_cast<int64_t>(choice.ids.size());
+      LlmCall call;
+      call.prompt_ids = prompt_;
+      call.completion_ids = choice.ids;
+      call.completion_logprobs = choice.logprobs;
+      call.policy_version = result.policy_version;
+      call.finish_reason = choice.finish_reason;
+      engine_.finish_generation(lease_, std::move(call));
+    }
+    for (size_t i = result.choices.size(); i < static_cast<size_t>(options_.params.n); ++i)
+      engine_.cancel_generation(lease_);
+    const int64_t prompt_tokens = static_cast<int64_t>(prompt_.size()) * options_.params.n;
+    metrics_.observe_tokens(prompt_tokens, completion_tokens);
+    json usage = {{"prompt_tokens", static_cast<int64_t>(prompt_.size())},
+                  {"completion_tokens", completion_tokens},
+                  {"total_tokens", static_cast<int64_t>(prompt_.size()) + completion_tokens}};
+    if (options_.stream) {
+      for (size_t c = 0; c < result.choices.size(); ++c) {
+        const auto& ch = result.choices[c];
+        send_chunk(kind_ == OpenAIKind::CHAT ? chunk_json(c, json::object(), ch.finish_reason)
+                                             : text_chunk_json(c, "", ch.finish_reason));
+      }
+      if (options_.include_usage) {
+        json last = base_object(kind_ == OpenAIKind::CHAT ? "chat.completion.chunk" : "text_completion");
+        last["choices"] = json::array();
+        last["usage"] = usage;
+        send_chunk(last);
+      }
+      sink_->write("data: [DONE]\n\n");
+      sink_->end_stream();
+      return;
+    }
+    json body = base_object(kind_ == OpenAIKind::CHAT ? "chat.completion" : "text_completion");
+    json choices = json::array();
+    for (size_t c = 0; c < result.choices.size(); ++c) choices.push_back(choice_json(c, result.choices[c]));
+    body["choices"] = std::move(choices);
+    body["usage"] = usage;
+    body["swarm"] = {{"episode_uuid", lease_.ticket.episode_uuid}, {"policy_version", result.policy_version}};
+    if (options_.return_token_ids) body["prompt_token_ids"] = prompt_;
+    HttpResponse r;
+    r.body = dump_json(body);
+    sink_->respond(std::move(r));
+  }
+
+  void on_error(ErrorKind kind, const std::string& message) override {
+    for (int64_t i = 0; i < options_.params.n; ++i) engine_.cancel_generation(lease_);
+    HttpResponse err = error_response(ErrorStyle::OPENAI, http_status_for(kind), error_type_for(kind), message);
+    if (options_.stream) {
+      sink_->write("data: " + err.body + "\n\n");
+      sink_->write("data: [DONE]\n\n");
+      sink_->end_stream();
+    } else {
+      sink_->respond(std::move(err));
+    }
+  }
+
+  bool cancelled() const override { return !sink_->client_connected(); }
+
+ private:
+  json base_object(const char* object) const {
+    return {{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}};
+  }
+
+  json chunk_json(size_t choice, json delta, const json& finish_reason) const {
+    json j = base_object("chat.completion.chunk");
+    j["choices"] = json::array({{{"index", choice}, {"delta", std::move(delta)}, {"finish_reason", finish_reason}}});
+    return j;
+  }
+
+  json text_chunk_json(size_t choice, const std::string& text, const json& finish_reason) const {
+    json j = base_object("text_completion");
+    j["choices"] =
+        json::array({{{"index", choice}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", finish_reason}}});
+    return j;
+  }
+
+  json choice_json(size_t index, const GenerationChoice& ch) const {
+    const Backend& backend = *lease_.backend;
+    json logprobs = nullptr;
+    if (options_.params.logprobs) {
+      if (kind_ == OpenAIKind::CHAT) {
+        json content = json::array();
+        for (size_t i = 0; i < ch.ids.size(); ++i) {
+          const std::string tok = backend.token_text(ch.ids[i]);
+          json top = json::array();
+          if (i < ch.top.size())
+            for (const auto& alt : ch.top[i]) {
+              const std::string t = backend.token_text(alt.id);
+              top.push_back({{"token", t}, {"logprob", alt.logprob}, {"bytes", bytes_of(t)}});
+            }
+          content.push_back({{"token", tok}, {"logprob", ch.logprobs[i]}, {"bytes", bytes_of(tok)}, {"top_logprobs", top}});
+        }
+        logprobs = {{"content", content}};
+      } else {
+        json tokens = json::array(), token_logprobs = json::array(), top = json::array();
+        for (size_t i = 0; i < ch.ids.size(); ++i) {
+          tokens.push_back(backend.token_text(ch.ids[i]));
+          token_logprobs.push_back(ch.logprobs[i]);
+          json alts = json::object();
+          if (i < ch.top.size())
+            for (const auto& alt : ch.top[i]) alts[backend.token_text(alt.id)] = alt.logprob;
+          top.push_back(alts);
+        }
+        logprobs = {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}};
+      }
+    }
+    json j = {{"index", index}, {"logprobs", logprobs}, {"finish_reason", ch.finish_reason}};
+    if (kind_ == OpenAIKind::CHAT)
+      j["message"] = {{"role", "assistant"}, {"content", ch.text}};
+    else
+      j["text"] = ch.text;
+    if (options_.return_token_ids) j["token_ids"] = ch.ids;
+    return j;
+  }
+
+  void send_chunk(const json& j) {
+    std::lock_guard lk(write_mu_);  // backends may report from more than one thread
+    sink_->write("data: " + dump_json(j) + "\n\n");
+  }
+
+  Engine& engine_;
+  Metrics& metrics_;
+  OpenAIKind kind_;
+  GenerationLease lease_;
+  std::string api_key_;
+  std::shared_ptr<ResponseSink> sink_;
+  RequestOptions options_;
+  std::vector<TokenId> prompt_;
+  std::string id_;
+  int64_t created_;
+  std::string model_;
+  std::mutex write_mu_;
+};
+
+}  // namespace
+
+HttpResponse openai_models(Engine& engine) {
+  json data = json::array();
+  if (auto backend = engine.backend())
+    data.push_back({{"id", backend->model_id()}, {"object", "model"}, {"created", 0}, {"owned_by", "swarm"}});
+  HttpResponse r;
+  r.body = dump_json({{"object", "list"}, {"data", data}});
+  return r;
+}
+
+void serve_generation(Engine& engine, Metrics& metrics, OpenAIKind kind, const HttpRequest& request,
+                      std::shared_ptr<ResponseSink> sink) {
+  const std::string api_key = bearer_key(request);
+  GenerationLease lease = engine.begin_generation(api_key);
+  int64_t reserved = 1;
+  try {
+    const json body = parse_json_object(request.body);
+    RequestOptions options = parse_options(body, kind, lease.job);
+    std::vector<TokenId> prompt;
+    if (kind == OpenAIKind::CHAT) {
+      auto messages = body.find("messages");
+      SWARM_REQUIRE(messages != body.end() && messages->is_array(), ErrorKind::INVALID_ARGUMENT,
+                    messages == body.end() ? "missing required field 'messages'" : "field 'messages' must be an array");
+      json tools = body.contains("tools") ? body["tools"] : json();
+      SWARM_REQUIRE(tools.is_null() || tools.is_array(), ErrorKind::INVALID_ARGUMENT, "field 'tools' must be an array");
+      prompt = lease.backend->render_chat(*messages, tools, /*add_generation_prompt=*/true);
+    } else {
+      prompt = completion_prompt(body, *lease.backend);
+    }
+    SWARM_REQUIRE(static_cast<int64_t>(prompt.size()) <= lease.job.max_prompt_length, ErrorKind::INVALID_ARGUMENT,
+                  "prompt is " + std::to_string(prompt.size()) + " tokens; max_prompt_length is " +
+                      std::to_string(lease.job.max_prompt_length));
+    // Every choice is recorded as its own call: reserve the extra ones now.
+    for (; reserved < options.params.n; ++reserved) lease.pool->begin_call(api_key);
+    auto handler = std::make_shared<GenerationHandler>(engine, metrics, kind, lease, api_key, std::move(sink),
+                                                       std::move(options), std::move(prompt));
+    reserved = 0;  // the handler owns the reservations now
+    handler->start();
+  } catch (...) {
+    for (int64_t i = 0; i < reserved; ++i) engine.cancel_generation(lease);
+    throw;
+  }
+}
+
+}  // namespace swarm

@@ -1,0 +1,88 @@
+#include "server/pool_info.hpp"
+
+namespace swarm {
+
+nlohmann::json pool_information_json(const EngineStatus& st, const PoolSnapshot& pool,
+                                     const std::vector<TrainStepReport>& steps) {
+  using json = nlohmann::json;
+  json running = json::array();
+  for (const auto& e : pool.running_episodes)
+    running.push_back({{"episode_uuid", e.episode_uuid},
+                       {"client_uuid", e.client_uuid},
+                       {"episode_type", e.episode_type == EpisodeType::EVAL ? "eval" : "train"},
+                       {"llm_calls", e.llm_calls},
+                       {"in_flight_calls", e.in_flight_calls},
+                       {"seconds_idle", e.seconds_idle},
+                       {"discard_episode_timeout", e.discard_episode_timeout},
+                       {"seconds_since_claim", e.seconds_since_claim}});
+  json tasks = json::array();
+  for (const auto& t : pool.tasks)
+    tasks.push_back({{"task_id", t.task_id},
+                     {"episodes", t.episodes},
+                     {"reward_mean", t.reward_mean},
+                     {"reward_std", t.reward_std},
+                     {"complete", t.complete},
+                     {"dummy", t.dummy}});
+  json history = json::array();
+  const size_t first = steps.size() > 128 ? steps.size() - 128 : 0;
+  for (size_t i = first; i < steps.size(); ++i) {
+    const auto& s = steps[i];
+    json m = json::object();
+    for (const auto& [k, v] : s.metrics) m[k] = v;
+    history.push_back({{"global_step", s.global_step},
+                       {"reward_mean", s.reward_mean},
+                       {"reward_std", s.reward_std},
+                       {"reward_min", s.reward_min},
+                       {"reward_max", s.reward_max},
+                       {"episodes", s.episodes},
+                       {"tasks", s.tasks},
+                       {"samples", s.samples},
+                       {"tokens", s.tokens},
+                       {"seconds", s.seconds},
+                       {"metrics", m}});
+  }
+  const auto& c = st.counters;
+  json eval = json::object();
+  for (const auto& [k, v] : pool.eval_metrics) eval[k] = v;
+  return {
+      {"engine_status", engine_state_wire(st.state)},
+      {"engine_status_detail", st.detail},
+      {"seconds_in_state", st.seconds_in_state},
+      {"global_step", st.global_step},
+      {"policy_version", st.policy_version},
+      {"sample_collection_method", collection_method_name(pool.config.method)},
+      {"accepting_claims", pool.accepting_claims},
+      {"batch_size", pool.config.batch_size},
+      {"num_repeat", pool.config.num_repeat},
+      {"targets",
+       {{"episodes", pool.target_episodes}, {"tasks", pool.target_tasks}, {"non_dummy_tasks", pool.target_tasks}}},
+      {"progress",
+       {{"finished_episodes", pool.finished_episodes},
+        {"complete_tasks", pool.complete_tasks},
+        {"complete_non_dummy_tasks", pool.complete_non_dummy_tasks}}},
+      {"slots",
+       {{"max_parallel_episodes", pool.config.max_parallel_episodes},
+        {"unclaimed", pool.unclaimed},
+        {"running", pool.running}}},
+      {"running_episodes", running},
+      {"tasks", tasks},
+      {"recent_rewards", pool.recent_rewards},
+      {"step_history", history},
+      {"eval_metrics", eval},
+      {"counters",
+       {{"claimed", c.claimed},
+        {"ended", c.ended},
+        {"ended_eval", c.ended_eval},
+        {"ended_without_reward", c.ended_without_reward},
+        {"aborted", c.aborted},
+        {"timed_out", c.timed_out},
+        {"cancelled", c.cancelled},
+        {"llm_calls", c.llm_calls},
+        {"late_calls_dropped", c.late_calls_dropped},
+        {"valve_dropped_groups", c.valve_dropped_groups},
+        {"valve_dropped_episodes", c.valve_dropped_episodes},
+        {"batches_taken", c.batches_taken}}},
+  };
+}
+
+}  // namespace swarm

@@ -1,0 +1,15 @@
+// JSON of GET /get_current_batch_rollout_pool_information (what swarm-overwatch shows).
+#pragma once
+
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/engine.hpp"
+
+namespace swarm {
+
+nlohmann::json pool_information_json(const EngineStatus& status, const PoolSnapshot& pool,
+                                     const std::vector<TrainStepReport>& steps);
+
+}  // namespace swarm

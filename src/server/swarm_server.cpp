@@ -1,0 +1,70 @@
+#include "server/swarm_server.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+#include "server/http_transport.hpp"
+#include "server/metrics.hpp"
+#include "server/swarm_service.hpp"
+#include "swarm/errors.hpp"
+
+namespace swarm {
+
+struct SwarmServer::Impl {
+  SwarmServerOptions options;
+  Engine engine;
+  Metrics metrics;
+  std::unique_ptr<SwarmService> service;
+  std::unique_ptr<HttpServer> http;
+  std::mutex mu;
+  bool stopped = false;
+
+  explicit Impl(SwarmServerOptions o) : options(std::move(o)), engine(options.engine) {}
+};
+
+SwarmServer::SwarmServer(SwarmServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {
+  if (!impl_->options.config_path.empty()) {
+    std::ifstream in(impl_->options.config_path);
+    if (!in) throw ConfigError("cannot read config file '" + impl_->options.config_path + "'");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    try {
+      impl_->engine.sync_train_config(ss.str());
+    } catch (const SwarmError& e) {
+      throw ConfigError(impl_->options.config_path + ": " + e.what());
+    }
+  }
+}
+
+SwarmServer::~SwarmServer() { stop(); }
+
+void SwarmServer::start() {
+  std::lock_guard lk(impl_->mu);
+  auto& o = impl_->options;
+  impl_->http = std::make_unique<HttpServer>(o.http, [this](HttpRequest&& req, std::shared_ptr<ResponseSink> sink) {
+    impl_->service->handle(std::move(req), std::move(sink));
+  });
+  impl_->service = std::make_unique<SwarmService>(impl_->engine, impl_->metrics, [this] {
+    return impl_->options.http.host + ":" + std::to_string(impl_->http->port());
+  });
+  impl_->http->start();
+  spdlog::info("swarm-server listening on http://{}:{} (engine: {})", o.http.host, impl_->http->port(),
+               o.engine.backend);
+}
+
+void SwarmServer::stop() {
+  std::lock_guard lk(impl_->mu);
+  if (impl_->stopped) return;
+  impl_->stopped = true;
+  if (impl_->http) impl_->http->stop();
+  impl_->engine.stop_engine("server shutting down");
+}
+
+uint16_t SwarmServer::port() const { return impl_->http ? impl_->http->port() : 0; }
+
+Engine& SwarmServer::engine() { return impl_->engine; }
+
+}  // namespace swarm

@@ -1,0 +1,36 @@
+// swarm-server as a library: engine + routes + HTTP transport, started and stopped as one.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "engine/engine.hpp"
+#include "server/http_types.hpp"
+
+namespace swarm {
+
+struct SwarmServerOptions {
+  HttpServerOptions http;
+  EngineOptions engine;
+  std::string config_path;  // optional YAML synced at start (the engine stays OFFLINE)
+};
+
+/// Owns the engine, the metrics, the service and the HTTP server. start() binds and
+/// returns; stop() answers or closes open requests, stops the engine and joins threads.
+/// Thread-safe start/stop; stop is idempotent.
+class SwarmServer {
+ public:
+  explicit SwarmServer(SwarmServerOptions options);
+  ~SwarmServer();
+
+  void start();
+  void stop();
+  uint16_t port() const;
+  Engine& engine();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace swarm

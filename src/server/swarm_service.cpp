@@ -1,0 +1,247 @@
+#include "server/swarm_service.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "common/error.hpp"
+#include "server/error_mapping.hpp"
+#include "server/json_body.hpp"
+#include "server/openai_routes.hpp"
+#include "server/pool_info.hpp"
+
+namespace swarm {
+namespace {
+
+using json = nlohmann::json;
+
+struct Route {
+  const char* path;
+  const char* method;
+  bool openai;
+};
+
+constexpr Route kRoutes[] = {
+    {"/health", "GET", false},
+    {"/get_engine_status", "GET", false},
+    {"/sync_train_config", "POST", false},
+    {"/start_engine", "POST", false},
+    {"/stop_engine", "POST", false},
+    {"/claim_episode", "POST", false},
+    {"/end_episode", "POST", false},
+    {"/abort_episode", "POST", false},
+    {"/can_continue_episode", "POST", false},
+    {"/get_current_batch_rollout_pool_information", "GET", false},
+    {"/metrics", "GET", false},
+    {"/v1/chat/completions", "POST", true},
+    {"/v1/completions", "POST", true},
+    {"/v1/models", "GET", true},
+};
+
+// Records status and latency when the answer is handed to the transport.
+class MeteredSink final : public ResponseSink {
+ public:
+  MeteredSink(std::shared_ptr<ResponseSink> inner, Metrics& metrics, std::string route)
+      : inner_(std::move(inner)), metrics_(metrics), route_(std::move(route)),
+        start_(std::chrono::steady_clock::now()) {}
+
+  void respond(HttpResponse response) override {
+    observe(response.status);
+    inner_->respond(std::move(response));
+  }
+  void start_stream(int status, const std::string& content_type) override {
+    status_ = status;
+    inner_->start_stream(status, content_type);
+  }
+  bool write(std::string chunk) override { return inner_->write(std::move(chunk)); }
+  void end_stream() override {
+    observe(status_);
+    inner_->end_stream();
+  }
+  bool client_connected() const override { return inner_->client_connected(); }
+
+ private:
+  void observe(int status) {
+    metrics_.observe_request(route_, status,
+                             std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+  }
+  std::shared_ptr<ResponseSink> inner_;
+  Metrics& metrics_;
+  std::string route_;
+  std::chrono::steady_clock::time_point start_;
+  int status_ = 200;
+};
+
+HttpResponse json_response(const json& body, int status = 200) {
+  HttpResponse r;
+  r.status = status;
+  r.body = dump_json(body);
+  return r;
+}
+
+EpisodeType parse_episode_type(const json& body) {
+  auto t = optional_string(body, "episode_type").value_or("train");
+  if (t == "train") return EpisodeType::TRAIN;
+  if (t == "eval") return EpisodeType::EVAL;
+  throw SwarmError(ErrorKind::INVALID_ARGUMENT, "field 'episode_type' must be \"train\" or \"eval\", got \"" + t + "\"");
+}
+
+WorkflowOutput parse_workflow_output(const json& body) {
+  const json* wo = optional_object(body, "workflow_output");
+  if (!wo) throw SwarmError(ErrorKind::INVALID_ARGUMENT, "missing required field 'workflow_output'");
+  WorkflowOutput out;
+  out.reward = optional_number(*wo, "reward");
+  out.is_success = optional_bool(*wo, "is_success");
+  if (const json* md = optional_object(*wo, "metadata")) out.metadata_json = dump_json(*md);
+  if (const json* lm = optional_object(*wo, "log_metrics")) {
+    for (auto it = lm->begin(); it != lm->end(); ++it) {
+      if (!it.value().is_number())
+        throw SwarmError(ErrorKind::INVALID_ARGUMENT,
+                         "field 'workflow_output.log_metrics." + it.key() + "' must be a number");
+      out.log_metrics[it.key()] = it.value().get<double>();
+    }
+  }
+  return out;
+}
+
+// task_id comes from the top level (wire protocol) or from the task object.
+std::string parse_task_id(const json& body) {
+  if (auto id = optional_string(body, "task_id"); id && !id->empty()) return *id;
+  if (const json* task = optional_object(body, "task"))
+    if (auto id = optional_string(*task, "task_id"); id && !id->empty()) return *id;
+  throw SwarmError(ErrorKind::INVALID_ARGUMENT, "missing required field 'task_id'");
+}
+
+}  // namespace
+
+SwarmService::SwarmService(Engine& engine, Metrics& metrics, std::function<std::string()> fallback_authority)
+    : engine_(engine), metrics_(metrics), fallback_authority_(std::move(fallback_authority)) {}
+
+void SwarmService::handle(HttpRequest&& request, std::shared_ptr<ResponseSink> raw_sink) {
+  const Route* route = nullptr;
+  bool path_known = false;
+  for (const auto& r : kRoutes) {
+    if (request.path != r.path) continue;
+    path_known = true;
+    if (request.method == r.method) route = &r;
+  }
+  const std::string route_name = route ? route->path : (path_known ? request.path : "other");
+  auto sink = std::make_shared<MeteredSink>(std::move(raw_sink), metrics_, route_name);
+  const bool openai_path = request.path.rfind("/v1/", 0) == 0;
+  const ErrorStyle style = openai_path ? ErrorStyle::OPENAI : ErrorStyle::COMMAND;
+  if (!route) {
+    if (path_known)
+      sink->respond(error_response(style, 405, "invalid_request_error",
+                                   "method " + request.method + " is not allowed on " + request.path,
+                                   "method_not_allowed"));
+    else
+      sink->respond(error_response(style, 404, "not_found_error", "no route " + request.method + " " + request.path,
+                                   "not_found"));
+    return;
+  }
+  if (route->openai) {
+    try {
+      handle_openai(route_name, std::move(request), sink);
+    } catch (...) {
+      sink->respond(error_response_from_current_exception(ErrorStyle::OPENAI, route_name));
+    }
+    return;
+  }
+  HttpResponse response;
+  try {
+    response = handle_command(route_name, request);
+  } catch (...) {
+    response = error_response_from_current_exception(ErrorStyle::COMMAND, route_name);
+  }
+  sink->respond(std::move(response));
+}
+
+HttpResponse SwarmService::handle_command(const std::string& route, const HttpRequest& request) {
+  if (route == "/health") {
+    return json_response({{"status", "ok"}, {"engine_status", engine_state_wire(engine_.status().state)}});
+  }
+  if (route == "/get_engine_status") {
+    const EngineStatus st = engine_.status();
+    return json_response({{"engine_status", engine_state_wire(st.state)},
+                          {"engine_status_detail", st.detail},
+                          {"global_step", st.global_step},
+                          {"policy_version", st.policy_version},
+                          {"seconds_in_state", st.seconds_in_state},
+                          {"config_synced", st.config_synced},
+                          {"engine", st.backend},
+                          {"model", st.model}});
+  }
+  if (route == "/metrics") {
+    HttpResponse r;
+    r.content_type = "text/plain; version=0.0.4";
+    r.body = metrics_.render(engine_.status(), engine_.pool_snapshot(), engine_.step_history());
+    return r;
+  }
+  if (route == "/get_current_batch_rollout_pool_information") {
+    return json_response(pool_information_json(engine_.status(), engine_.pool_snapshot(), engine_.step_history()));
+  }
+
+  const json body = parse_json_object(request.body, /*allow_empty=*/route == "/start_engine" || route == "/stop_engine");
+  if (route == "/sync_train_config") {
+    engine_.sync_train_config(require_string(body, "yaml_as_string"));
+    return json_response({{"success", true}});
+  }
+  if (route == "/start_engine") {
+    engine_.start_engine();
+    return json_response({{"success", true}});
+  }
+  if (route == "/stop_engine") {
+    engine_.stop_engine();
+    return json_response({{"success", true}});
+  }
+  if (route == "/claim_episode") {
+    ClaimRequest req;
+    req.client_uuid = require_string(body, "client_uuid");
+    req.episode_type = parse_episode_type(body);
+    req.discard_episode_timeout = optional_number(body, "discard_episode_timeout").value_or(600.0);
+    ClaimResult result = engine_.claim_episode(req);
+    json out = {{"success", result.episode.has_value()},
+                {"client_uuid", req.client_uuid},
+                {"episode_uuid", result.episode ? result.episode->episode_uuid : ""},
+                {"openai_base_url", ""},
+                {"openai_api_key", result.episode ? result.episode->api_key : ""},
+                {"fail_cause", result.fail_cause}};
+    if (result.episode) {
+      std::string authority = request.header("host");
+      if (authority.empty()) authority = fallback_authority_();
+      out["openai_base_url"] = "http://" + authority + "/v1";
+    }
+    return json_response(out);
+  }
+  if (route == "/end_episode") {
+    const std::string client = require_string(body, "client_uuid");
+    const std::string episode = require_string(body, "episode_uuid");
+    const std::string task_id = parse_task_id(body);
+    EndOutcome outcome = engine_.end_episode(client, episode, task_id, parse_workflow_output(body));
+    json out = {{"success", true}, {"accepted", outcome.accepted}};
+    if (!outcome.note.empty()) out["note"] = outcome.note;
+    return json_response(out);
+  }
+  if (route == "/abort_episode") {
+    engine_.abort_episode(require_string(body, "client_uuid"), require_string(body, "episode_uuid"));
+    return json_response({{"success", true}});
+  }
+  if (route == "/can_continue_episode") {
+    bool ok = engine_.can_continue_episode(require_string(body, "client_uuid"), require_string(body, "episode_uuid"));
+    return json_response({{"can_continue", ok}});
+  }
+  throw SwarmError(ErrorKind::INTERNAL, "route " + route + " has no handler");
+}
+
+void SwarmService::handle_openai(const std::string& route, HttpRequest&& request,
+                                 std::shared_ptr<ResponseSink> sink) {
+  if (route == "/v1/models") {
+    sink->respond(openai_models(engine_));
+    return;
+  }
+  serve_generation(engine_, metrics_, route == "/v1/chat/completions" ? OpenAIKind::CHAT : OpenAIKind::COMPLETION,
+                   request, std::move(sink));
+}
+
+}  // namespace swarm

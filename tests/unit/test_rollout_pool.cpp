@@ -1,0 +1,942 @@
+#include "rollout_pool/rollout_pool.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <limits>
+#include <set>
+#include <thread>
+
+#include "common/error.hpp"
+
+namespace swarm {
+
+// Friend of RolloutPool: lets the tests see the FIFO of claimable episodes.
+class RolloutPoolTestPeer {
+ public:
+  static std::vector<std::string> unclaimed(const RolloutPool& pool) {
+    std::lock_guard lock(pool.mu_);
+    return {pool.unclaimed_.begin(), pool.unclaimed_.end()};
+  }
+};
+
+namespace {
+
+using namespace std::chrono_literals;
+
+ErrorKind kind_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const SwarmError& e) {
+    return e.kind();
+  }
+  ADD_FAILURE() << "expected a SwarmError";
+  return ErrorKind::INTERNAL;
+}
+
+std::string message_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const SwarmError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a SwarmError";
+  return "";
+}
+
+LlmCall make_call(std::vector<TokenId> prompt, std::vector<TokenId> completion,
+                  int64_t version = 0) {
+  LlmCall c;
+  c.prompt_ids = std::move(prompt);
+  c.completion_ids = std::move(completion);
+  c.completion_logprobs.assign(c.completion_ids.size(), -0.5f);
+  c.policy_version = version;
+  c.finish_reason = "stop";
+  return c;
+}
+
+WorkflowOutput reward_of(double r) {
+  WorkflowOutput out;
+  out.reward = r;
+  return out;
+}
+
+class RolloutPoolTest : public ::testing::Test {
+ protected:
+  std::shared_ptr<FakeClock> clock_ = std::make_shared<FakeClock>();
+
+  std::unique_ptr<RolloutPool> make_pool(PoolConfig config, bool accepting = true) {
+    auto pool = std::make_unique<RolloutPool>(config, clock_);
+    if (accepting) pool->set_accepting_claims(true);
+    return pool;
+  }
+
+  static ClaimedEpisode claim_ok(RolloutPool& pool, const std::string& client = "client-a",
+                                 EpisodeType type = EpisodeType::TRAIN, double timeout = 60.0) {
+    ClaimResult r = pool.claim(ClaimRequest{client, type, timeout});
+    EXPECT_TRUE(r.episode.has_value()) << r.fail_cause;
+    EXPECT_TRUE(r.fail_cause.empty());
+    return r.episode.value_or(ClaimedEpisode{});
+  }
+
+  static void call_ok(RolloutPool& pool, const ClaimedEpisode& ep,
+                      LlmCall call = make_call({1, 2}, {3})) {
+    CallTicket t = pool.begin_call(ep.api_key);
+    EXPECT_EQ(t.episode_uuid, ep.episode_uuid);
+    EXPECT_TRUE(pool.finish_call(t.episode_uuid, std::move(call)));
+  }
+
+  // Claims, makes one call, ends with the reward; returns the outcome.
+  static EndOutcome run_episode(RolloutPool& pool, const std::string& task, double reward,
+                                const std::string& client = "client-a") {
+    ClaimedEpisode ep = claim_ok(pool, client);
+    call_ok(pool, ep);
+    return pool.end_episode(client, ep.episode_uuid, task, reward_of(reward));
+  }
+
+  static PoolConfig small_config() {
+    PoolConfig c;
+    c.max_parallel_episodes = 4;
+    c.batch_size = 2;
+    c.num_repeat = 2;
+    c.max_cached_episodes = 100;
+    return c;
+  }
+};
+
+// ---------------------------------------------------------------- names, config
+
+TEST(CollectionMethod, WireNamesRoundTrip) {
+  for (CollectionMethod m : {CollectionMethod::ENOUGH_EPISODES, CollectionMethod::ENOUGH_TASKS,
+                             CollectionMethod::ENOUGH_NON_DUMMY_TASKS}) {
+    CollectionMethod parsed = CollectionMethod::ENOUGH_EPISODES;
+    ASSERT_TRUE(parse_collection_method(collection_method_name(m), &parsed));
+    EXPECT_EQ(parsed, m);
+  }
+  EXPECT_STREQ(collection_method_name(CollectionMethod::ENOUGH_TASKS),
+               "rollout_until_finish_enough_tasks");
+  EXPECT_STREQ(collection_method_name(CollectionMethod::ENOUGH_EPISODES),
+               "rollout_until_finish_enough_episodes");
+  EXPECT_STREQ(collection_method_name(CollectionMethod::ENOUGH_NON_DUMMY_TASKS),
+               "rollout_until_finish_enough_non_dummy_tasks");
+  CollectionMethod out = CollectionMethod::ENOUGH_TASKS;
+  EXPECT_FALSE(parse_collection_method("rollout_until_bored", &out));
+  EXPECT_EQ(out, CollectionMethod::ENOUGH_TASKS);
+}
+
+TEST_F(RolloutPoolTest, RejectsInvalidConfig) {
+  PoolConfig c = small_config();
+  c.num_repeat = 0;
+  EXPECT_EQ(kind_of([&] { RolloutPool p(c, clock_); }), ErrorKind::INVALID_ARGUMENT);
+  c = small_config();
+  c.max_parallel_episodes = -1;
+  EXPECT_EQ(kind_of([&] { RolloutPool p(c, clock_); }), ErrorKind::INVALID_ARGUMENT);
+}
+
+// ---------------------------------------------------------------- claims and slots
+
+TEST_F(RolloutPoolTest, NoClaimsUntilAccepting) {
+  auto pool = make_pool(small_config(), /*accepting=*/false);
+  ClaimResult r = pool->claim(ClaimRequest{"client-a", EpisodeType::TRAIN, 60});
+  EXPECT_FALSE(r.episode.has_value());
+  EXPECT_NE(r.fail_cause.find("not accepting new episodes"), std::string::npos) << r.fail_cause;
+  EXPECT_EQ(pool->snapshot().unclaimed, 0);
+}
+
+TEST_F(RolloutPoolTest, ClaimsAreFifoInRegistrationOrder) {
+  auto pool = make_pool(small_config());
+  std::vector<std::string> registered = RolloutPoolTestPeer::unclaimed(*pool);
+  ASSERT_EQ(registered.size(), 4u);
+  EXPECT_EQ(std::set<std::string>(registered.begin(), registered.end()).size(), 4u);
+
+  ClaimedEpisode a = claim_ok(*pool);
+  ClaimedEpisode b = claim_ok(*pool);
+  EXPECT_EQ(a.episode_uuid, registered[0]);
+  EXPECT_EQ(b.episode_uuid, registered[1]);
+
+  // Freeing a slot registers a brand-new episode at the back of the FIFO.
+  pool->abort_episode("client-a", a.episode_uuid, /*delete_record=*/false);
+  std::vector<std::string> now = RolloutPoolTestPeer::unclaimed(*pool);
+  ASSERT_EQ(now.size(), 3u);
+  EXPECT_EQ(now[0], registered[2]);
+  EXPECT_EQ(now[1], registered[3]);
+  EXPECT_NE(now[2], a.episode_uuid);
+  EXPECT_EQ(std::count(registered.begin(), registered.end(), now[2]), 0);
+
+  EXPECT_EQ(claim_ok(*pool).episode_uuid, registered[2]);
+  EXPECT_EQ(claim_ok(*pool).episode_uuid, registered[3]);
+  EXPECT_EQ(claim_ok(*pool).episode_uuid, now[2]);
+}
+
+TEST_F(RolloutPoolTest, SlotLimitAndFailCause) {
+  auto pool = make_pool(small_config());
+  std::vector<ClaimedEpisode> eps;
+  for (int i = 0; i < 4; ++i) eps.push_back(claim_ok(*pool));
+  ClaimResult r = pool->claim(ClaimRequest{"client-b", EpisodeType::TRAIN, 60});
+  EXPECT_FALSE(r.episode.has_value());
+  EXPECT_EQ(r.fail_cause, "no available episode to claim: all 4 slots are in use");
+  EXPECT_EQ(pool->running(), 4);
+  EXPECT_EQ(pool->snapshot().unclaimed, 0);
+
+  pool->end_episode("client-a", eps[0].episode_uuid, "t", reward_of(1.0));
+  EXPECT_EQ(pool->snapshot().unclaimed, 1);
+  claim_ok(*pool, "client-b");
+  EXPECT_EQ(pool->counters().claimed, 5);
+}
+
+TEST_F(RolloutPoolTest, ClaimValidatesRequest) {
+  auto pool = make_pool(small_config());
+  EXPECT_EQ(kind_of([&] { pool->claim(ClaimRequest{"", EpisodeType::TRAIN, 60}); }),
+            ErrorKind::INVALID_ARGUMENT);
+  EXPECT_EQ(kind_of([&] { pool->claim(ClaimRequest{"c", EpisodeType::TRAIN, 0}); }),
+            ErrorKind::INVALID_ARGUMENT);
+  EXPECT_EQ(kind_of([&] { pool->claim(ClaimRequest{"c", EpisodeType::TRAIN, -5}); }),
+            ErrorKind::INVALID_ARGUMENT);
+  EXPECT_EQ(pool->counters().claimed, 0);
+  EXPECT_EQ(pool->snapshot().unclaimed, 4);
+}
+
+TEST_F(RolloutPoolTest, KeysAndUuidsAreUniqueAndRandomLooking) {
+  PoolConfig c = small_config();
+  c.max_parallel_episodes = 300;
+  auto pool = make_pool(c);
+  std::set<std::string> keys, uuids;
+  for (int i = 0; i < 300; ++i) {
+    ClaimedEpisode ep = claim_ok(*pool);
+    ASSERT_EQ(ep.api_key.size(), 9u + 48u) << ep.api_key;
+    ASSERT_EQ(ep.api_key.rfind("sk-swarm-", 0), 0u);
+    for (char ch : ep.api_key.substr(9)) {
+      ASSERT_TRUE((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f')) << ep.api_key;
+    }
+    ASSERT_EQ(ep.episode_uuid.size(), 36u);
+    EXPECT_EQ(ep.episode_uuid[8], '-');
+    EXPECT_EQ(ep.episode_uuid[13], '-');
+    EXPECT_EQ(ep.episode_uuid[14], '4');  // version 4
+    EXPECT_NE(std::string("89ab").find(ep.episode_uuid[19]), std::string::npos);
+    keys.insert(ep.api_key);
+    uuids.insert(ep.episode_uuid);
+  }
+  EXPECT_EQ(keys.size(), 300u);
+  EXPECT_EQ(uuids.size(), 300u);
+  // Crude randomness check: every hex digit shows up in the key bodies.
+  std::set<char> digits;
+  for (const auto& k : keys) digits.insert(k.begin() + 9, k.end());
+  EXPECT_EQ(digits.size(), 16u);
+  EXPECT_EQ(random_hex(0), "");
+  EXPECT_EQ(random_hex(3).size(), 6u);
+}
+
+TEST_F(RolloutPoolTest, StopAcceptingDropsUnclaimedKeepsRunning) {
+  auto pool = make_pool(small_config());
+  ClaimedEpisode a = claim_ok(*pool);
+  ClaimedEpisode b = claim_ok(*pool);
+  pool->set_accepting_claims(false);
+  PoolSnapshot s = pool->snapshot();
+  EXPECT_FALSE(s.accepting_claims);
+  EXPECT_EQ(s.unclaimed, 0);
+  EXPECT_EQ(s.running, 2);
+  EXPECT_TRUE(RolloutPoolTestPeer::unclaimed(*pool).empty());
+
+  // Running episodes continue; their slots are not re-registered.
+  call_ok(*pool, a);
+  pool->end_episode("client-a", a.episode_uuid, "t", reward_of(1.0));
+  EXPECT_EQ(pool->snapshot().unclaimed, 0);
+  EXPECT_EQ(pool->running(), 1);
+
+  // Accepting again fills up to max_parallel_episodes including the running one.
+  pool->set_accepting_claims(true);
+  EXPECT_EQ(pool->snapshot().unclaimed, 3);
+  EXPECT_TRUE(pool->can_continue("client-a", b.episode_uuid));
+}
+
+// ---------------------------------------------------------------- calls and activity
+
+TEST_F(RolloutPoolTest, BeginCallWithBadKeyIsUnauthorized) {
+  auto pool = make_pool(small_config());
+  ClaimedEpisode ep = claim_ok(*pool);
+  std::string msg = message_of([&] { pool->begin_call("sk-swarm-nope"); });
+  EXPECT_EQ(kind_of([&] { pool->begin_call("sk-swarm-nope"); }), ErrorKind::UNAUTHORIZED);
+  EXPECT_EQ(kind_of([&] { pool->begin_call(""); }), ErrorKind::UNAUTHORIZED);
+  EXPECT_NE(msg.find("invalid API key"), std::string::npos);
+  EXPECT_EQ(msg.find(ep.api_key), std::string::npos);
+  EXPECT_EQ(msg.find(ep.episode_uuid), std::string::npos);
+
+  CallTicket t = pool->begin_call(ep.api_key);
+  EXPECT_EQ(t.episode_uuid, ep.episode_uuid);
+  EXPECT_EQ(t.client_uuid, "client-a");
+  EXPECT_EQ(t.episode_type, EpisodeType::TRAIN);
+}
+
+TEST_F(RolloutPoolTest, CallsAndTouchRefreshActivity) {
+  auto pool = make_pool(small_config());
+  ClaimedEpisode ep = claim_ok(*pool, "client-a", EpisodeType::TRAIN, 10.0);
+  clock_->advance(8s);
+  call_ok(*pool, ep);
+  clock_->advance(8s);
+  EXPECT_TRUE(pool->reap_idle().empty());
+  pool->touch(ep.episode_uuid);
+  clock_->advance(9s);
+  EXPECT_TRUE(pool->reap_idle().empty());
+  EXPECT_DOUBLE_EQ(pool->snapshot().running_episodes.at(0).seconds_idle, 9.0);
+  clock_->advance(2s);
+  EXPECT_EQ(pool->reap_idle(), std::vector<std::string>{ep.episode_uuid});
+  EXPECT_EQ(pool->counters().timed_out, 1);
+}
+
+TEST_F(RolloutPoolTest, ReapingHonoursPerEpisodeTimeoutAndFreesSlot) {
+  auto pool = make_pool(small_config());
+  ClaimedEpisode fast = claim_ok(*pool, "client-a", EpisodeType::TRAIN, 5.0);
+  ClaimedEpisode slow = claim_ok(*pool, "client-a", EpisodeType::TRAIN, 50.0);
+  call_ok(*pool, fast);
+  clock_->advance(6s);
+  EXPECT_EQ(pool->reap_idle(), std::vector<std::string>{fast.episode_uuid});
+
+  // Context discarded, key revoked, slot re-registered with a new uuid.
+  EXPECT_EQ(kind_of([&] { pool->begin_call(fast.api_key); }), ErrorKind::UNAUTHORIZED);
+  EXPECT_FALSE(pool->can_continue("client-a", fast.episode_uuid));
+  EXPECT_TRUE(pool->can_continue("client-a", slow.episode_uuid));
+  PoolSnapshot s = pool->snapshot();
+  EXPECT_EQ(s.running, 1);
+  EXPECT_EQ(s.unclaimed, 3);
+  auto unclaimed = RolloutPoolTestPeer::unclaimed(*pool);
+  EXPECT_EQ(std::count(unclaimed.begin(), unclaimed.end(), fast.episode_uuid), 0);
+
+  // A late end is rejected with a clear message.
+  std::string msg = message_of(
+      [&] { pool->end_episode("client-a", fast.episode_uuid, "t", reward_of(1.0)); });
+  EXPECT_NE(msg.find(fast.episode_uuid), std::string::npos);
+  EXPECT_NE(msg.find("not found"), std::string::npos);
+  EXPECT_NE(msg.find("timed out"), std::string::npos);
+  EXPECT_EQ(
+      kind_of([&] { pool->end_episode("client-a", fast.episode_uuid, "t", reward_of(1.0)); }),
+      ErrorKind::NOT_FOUND);
+}
+
+TEST_F(RolloutPoolTest, InFlightCallPreventsReapingAndLateFinishIsDropped) {
+  auto pool = make_pool(small_config());
+  ClaimedEpisode ep = claim_ok(*pool, "client-a", EpisodeType::TRAIN, 10.0);
+  CallTicket t = pool->begin_call(ep.api_key);
+  clock_->advance(100s);  // a very long generation
+  EXPECT_TRUE(pool->reap_idle().empty());
+  EXPECT_EQ(pool->snapshot().running_episodes.at(0).in_flight_calls, 1);
+  clock_->advance(100s);
+  EXPECT_TRUE(pool->reap_idle().empty());
+  EXPECT_TRUE(pool->finish_call(t.episode_uuid, make_call({1}, {2})));
+
+  // The idle clock starts when the call finishes.
+  clock_->advance(9s);
+  EXPECT_TRUE(pool->reap_idle().empty());
+  clock_->advance(2s);
+  EXPECT_EQ(pool->reap_idle().size(), 1u);
+
+  // A call that straggles in after the reap is dropped and counted.
+  EXPECT_FALSE(pool->finish_call(ep.episode_uuid, make_call({1}, {2})));
+  PoolCounters c = pool->counters();
+  EXPECT_EQ(c.late_calls_dropped, 1);
+  EXPECT_EQ(c.llm_calls, 1);
+  EXPECT_EQ(c.timed_out, 1);
+  EXPECT_EQ(
+      kind_of([&] { pool->end_episode("client-a", ep.episode_uuid, "t", reward_of(1.0)); }),
+      ErrorKind::NOT_FOUND);
+}
+
+TEST_F(RolloutPoolTest, CancelCallReleasesInFlight) {
+  auto pool = make_pool(small_config());
+  ClaimedEpisode ep = claim_ok(*pool, "client-a", EpisodeType::TRAIN, 10.0);
+  pool->begin_call(ep.api_key);
+  pool->cancel_call(ep.episode_uuid);
+  pool->cancel_call("no-such-episode");  // harmless
+  EXPECT_EQ(pool->snapshot().running_episodes.at(0).in_flight_calls, 0);
+  EXPECT_EQ(pool->snapshot().running_episodes.at(0).llm_calls, 0);
+  clock_->advance(11s);
+  EXPECT_EQ(pool->reap_idle().size(), 1u);
+}
+
+TEST_F(RolloutPoolTest, CallBudgetCountsInFlightCalls) {
+  PoolConfig c = small_config();
+  c.max_llm_calls_per_episode = 2;
+  auto pool = make_pool(c);
+  ClaimedEpisode ep = claim_ok(*pool);
+  call_ok(*pool, ep);
+  pool->begin_call(ep.api_key);  // second, in flight
+  EXPECT_EQ(kind_of([&] { pool->begin_call(ep.api_key); }), ErrorKind::CONFLICT);
+  std::string msg = message_of([&] { pool->begin_call(ep.api_key); });
+  EXPECT_NE(msg.find("max_llm_calls_per_episode"), std::string::npos) << msg;
+  // A failed call frees its budget; the rejected ones left nothing in flight.
+  pool->cancel_call(ep.episode_uuid);
+  EXPECT_EQ(pool->snapshot().running_episodes.at(0).in_flight_calls, 0);
+  call_ok(*pool, ep);
+  EXPECT_EQ(kind_of([&] { pool->begin_call(ep.api_key); }), ErrorKind::CONFLICT);
+  EXPECT_EQ(pool->counters().llm_calls, 2);
+}
+
+TEST_F(RolloutPoolTest, MismatchedLogprobsAreInternalAndReleaseTheCall) {
+  auto pool = make_pool(small_config());
+  ClaimedEpisode ep = claim_ok(*pool);
+  pool->begin_call(ep.api_key);
+  LlmCall bad = make_call({1}, {2, 3});
+  bad.completion_logprobs.pop_back();
+  EXPECT_EQ(kind_of([&] { pool->finish_call(ep.episode_uuid, bad); }), ErrorKind::INTERNAL);
+  auto info = pool->snapshot().running_episodes.at(0);
+  EXPECT_EQ(info.in_flight_calls, 0);
+  EXPECT_EQ(info.llm_calls, 0);
+}
+
+// ---------------------------------------------------------------- end, abort, ownership
+
+TEST_F(RolloutPoolTest, EndEpisodeBuildsStampedSamples) {
+  PoolConfig c = small_config();
+  c.method = CollectionMethod::ENOUGH_EPISODES;
+  c.batch_size = 1;
+  c.num_repeat = 1;
+  auto pool = make_pool(c);
+  ClaimedEpisode ep = claim_ok(*pool);
+  call_ok(*pool, ep, make_call({1, 2}, {10}, 3));
+  call_ok(*pool, ep, make_call({1, 2, 10, 4}, {11}, 3));
+  call_ok(*pool, ep, make_call({7}, {12}, 4));  // unrelated context: second sample
+  WorkflowOutput out = reward_of(0.75);
+  out.is_success = true;
+  out.log_metrics["turns"] = 3;
+  EndOutcome o = pool->end_episode("client-a", ep.episode_uuid, "task-1", out);
+  EXPECT_TRUE(o.accepted);
+  EXPECT_TRUE(o.batch_ready);
+
+  TrainBatch batch = pool->take_batch();
+  ASSERT_EQ(batch.episodes.size(), 1u);
+  const FinishedEpisode& fe = batch.episodes[0];
+  EXPECT_EQ(fe.episode_uuid, ep.episode_uuid);
+  EXPECT_EQ(fe.client_uuid, "client-a");
+  EXPECT_EQ(fe.task_id, "task-1");
+  EXPECT_DOUBLE_EQ(fe.reward, 0.75);
+  EXPECT_EQ(fe.is_success, std::optional<bool>(true));
+  EXPECT_DOUBLE_EQ(fe.log_metrics.at("turns"), 3.0);
+  ASSERT_EQ(fe.samples.size(), 2u);
+  EXPECT_EQ(batch.num_samples(), 2);
+  for (const Sample& s : fe.samples) {
+    EXPECT_EQ(s.task_id, "task-1");
+    EXPECT_EQ(s.episode_uuid, ep.episode_uuid);
+    EXPECT_DOUBLE_EQ(s.reward, 0.75);
+  }
+  EXPECT_EQ(fe.samples[0].token_ids, (std::vector<TokenId>{1, 2, 10, 4, 11}));
+  EXPECT_EQ(fe.samples[0].num_calls, 2);
+  EXPECT_EQ(fe.samples[1].policy_versions, (std::vector<int64_t>{-1, 4}));
+}
+
+TEST_F(RolloutPoolTest, EpisodeWithoutCallsEndsWithZeroSamples) {
+  PoolConfig c = small_config();
+  c.num_repeat = 1;
+  c.batch_size = 1;
+  auto pool = make_pool(c);
+  ClaimedEpisode ep = claim_ok(*pool);
+  EndOutcome o = pool->end_episode("client-a", ep.episode_uuid, "t", reward_of(0.0));
+  EXPECT_TRUE(o.accepted);
+  EXPECT_TRUE(o.batch_ready);
+  EXPECT_EQ(pool->snapshot().finished_episodes, 1);
+  TrainBatch b = pool->take_batch();
+  ASSERT_EQ(b.episodes.size(), 1u);
+  EXPECT_TRUE(b.episodes[0].samples.empty());
+}
+
+TEST_F(RolloutPoolTest, OwnershipAndValidationOnEnd) {
+  auto pool = make_pool(small_config());
+  ClaimedEpisode ep = claim_ok(*pool, "client-a");
+  auto end_as = [&](const std::string& client, const std::string& task) {
+    pool->end_episode(client, ep.episode_uuid, task, reward_of(1.0));
+  };
+  EXPECT_EQ(kind_of([&] { end_as("client-b", "t"); }), ErrorKind::FORBIDDEN);
+  std::string msg = message_of([&] { end_as("client-b", "t"); });
+  EXPECT_NE(msg.find("belongs to another client"), std::string::npos);
+  EXPECT_EQ(msg.find("client-a"), std::string::npos);  // don't reveal the owner
+  EXPECT_EQ(kind_of([&] {
+              pool->abort_episode("client-b", ep.episode_uuid, false);
+            }),
+            ErrorKind::FORBIDDEN);
+  EXPECT_EQ(kind_of([&] { end_as("client-a", ""); }), ErrorKind::INVALID_ARGUMENT);
+  EXPECT_EQ(kind_of([&] {
+              pool->end_episode("client-a", "no-such-uuid", "t", reward_of(1.0));
+            }),
+            ErrorKind::NOT_FOUND);
+  EXPECT_EQ(kind_of([&] { pool->abort_episode("client-a", "no-such-uuid", true); }),
+            ErrorKind::NOT_FOUND);
+  // An unclaimed slot's uuid cannot be ended either.
+  std::string unclaimed = RolloutPoolTestPeer::unclaimed(*pool).front();
+  EXPECT_EQ(kind_of([&] { pool->end_episode("client-a", unclaimed, "t", reward_of(1.0)); }),
+            ErrorKind::NOT_FOUND);
+  EXPECT_FALSE(pool->can_continue("client-b", ep.episode_uuid));
+
+  // None of that disturbed the episode.
+  EXPECT_TRUE(pool->can_continue("client-a", ep.episode_uuid));
+  end_as("client-a", "t");
+  EXPECT_FALSE(pool->can_continue("client-a", ep.episode_uuid));
+  EXPECT_EQ(kind_of([&] { end_as("client-a", "t"); }), ErrorKind::NOT_FOUND);
+  EXPECT_EQ(pool->counters().ended, 1);
+}
+
+TEST_F(RolloutPoolTest, AbortInRollingReregistersSlotAndRevokesKey) {
+  auto pool = make_pool(small_config());
+  ClaimedEpisode ep = claim_ok(*pool);
+  CallTicket t = pool->begin_call(ep.api_key);
+  pool->abort_episode("client-a", ep.episode_uuid, /*delete_record=*/false);
+
+  EXPECT_EQ(kind_of([&] { pool->begin_call(ep.api_key); }), ErrorKind::UNAUTHORIZED);
+  EXPECT_FALSE(pool->finish_call(t.episode_uuid, make_call({1}, {2})));
+  PoolSnapshot s = pool->snapshot();
+  EXPECT_EQ(s.running, 0);
+  EXPECT_EQ(s.unclaimed, 4);
+  EXPECT_EQ(s.finished_episodes, 0);
+  EXPECT_EQ(s.counters.aborted, 1);
+  EXPECT_EQ(s.counters.late_calls_dropped, 1);
+  auto unclaimed = RolloutPoolTestPeer::unclaimed(*pool);
+  EXPECT_EQ(std::count(unclaimed.begin(), unclaimed.end(), ep.episode_uuid), 0);
+  EXPECT_EQ(kind_of([&] { pool->abort_episode("client-a", ep.episode_uuid, false); }),
+            ErrorKind::NOT_FOUND);
+}
+
+TEST_F(RolloutPoolTest, AbortInRollingPostDeletesRecord) {
+  auto pool = make_pool(small_config());
+  ClaimedEpisode a = claim_ok(*pool);
+  ClaimedEpisode b = claim_ok(*pool);
+  pool->set_accepting_claims(false);  // ROLLING_POST
+  pool->abort_episode("client-a", a.episode_uuid, /*delete_record=*/true);
+  EXPECT_EQ(pool->running(), 1);
+  EXPECT_EQ(pool->snapshot().unclaimed, 0);
+  pool->abort_episode("client-a", b.episode_uuid, /*delete_record=*/true);
+  EXPECT_EQ(pool->running(), 0);  // weight sync can proceed
+  EXPECT_EQ(pool->counters().aborted, 2);
+}
+
+// ---------------------------------------------------------------- eval, null reward
+
+TEST_F(RolloutPoolTest, EvalEpisodesNeverEnterABatch) {
+  PoolConfig c = small_config();
+  c.method = CollectionMethod::ENOUGH_EPISODES;
+  c.batch_size = 1;
+  c.num_repeat = 1;
+  auto pool = make_pool(c);
+  for (double r : {1.0, 0.0}) {
+    ClaimedEpisode ep = claim_ok(*pool, "client-a", EpisodeType::EVAL);
+    EXPECT_EQ(pool->begin_call(ep.api_key).episode_type, EpisodeType::EVAL);
+    EXPECT_TRUE(pool->finish_call(ep.episode_uuid, make_call({1}, {2})));
+    WorkflowOutput out = reward_of(r);
+    out.log_metrics["accuracy"] = r * 0.5;
+    EndOutcome o = pool->end_episode("client-a", ep.episode_uuid, "eval-task", out);
+    EXPECT_TRUE(o.accepted);
+    EXPECT_FALSE(o.batch_ready);
+  }
+  PoolSnapshot s = pool->snapshot();
+  EXPECT_EQ(s.finished_episodes, 0);
+  EXPECT_TRUE(s.tasks.empty());
+  EXPECT_TRUE(s.recent_rewards.empty());
+  EXPECT_DOUBLE_EQ(s.eval_metrics.at("eval/reward_mean"), 0.5);
+  EXPECT_DOUBLE_EQ(s.eval_metrics.at("eval/episodes"), 2.0);
+  EXPECT_DOUBLE_EQ(s.eval_metrics.at("eval/accuracy"), 0.25);
+  EXPECT_EQ(s.counters.ended, 2);
+  EXPECT_EQ(s.counters.ended_eval, 2);
+  EXPECT_FALSE(pool->batch_ready());
+
+  // A train episode completes the batch; the eval ones are not in it.
+  EXPECT_TRUE(run_episode(*pool, "train-task", 1.0).batch_ready);
+  TrainBatch b = pool->take_batch();
+  ASSERT_EQ(b.episodes.size(), 1u);
+  EXPECT_EQ(b.episodes[0].task_id, "train-task");
+  // Eval stats restart with the next batch.
+  s = pool->snapshot();
+  EXPECT_EQ(s.eval_metrics.count("eval/reward_mean"), 0u);
+  EXPECT_DOUBLE_EQ(s.eval_metrics.at("eval/episodes"), 0.0);
+}
+
+TEST_F(RolloutPoolTest, NullRewardDropsTrainEpisode) {
+  auto pool = make_pool(small_config());
+  ClaimedEpisode ep = claim_ok(*pool);
+  call_ok(*pool, ep);
+  EndOutcome o = pool->end_episode("client-a", ep.episode_uuid, "t", WorkflowOutput{});
+  EXPECT_FALSE(o.accepted);
+  EXPECT_FALSE(o.note.empty());
+  PoolSnapshot s = pool->snapshot();
+  EXPECT_EQ(s.finished_episodes, 0);
+  EXPECT_TRUE(s.tasks.empty());
+  EXPECT_EQ(s.counters.ended_without_reward, 1);
+  EXPECT_EQ(s.counters.ended, 0);
+  EXPECT_EQ(s.running, 0);
+  EXPECT_EQ(s.unclaimed, 4);
+}
+
+TEST_F(RolloutPoolTest, NonFiniteRewardIsRejected) {
+  auto pool = make_pool(small_config());
+  ClaimedEpisode ep = claim_ok(*pool);
+  EXPECT_EQ(kind_of([&] {
+              pool->end_episode("client-a", ep.episode_uuid, "t",
+                                reward_of(std::numeric_limits<double>::quiet_NaN()));
+            }),
+            ErrorKind::INVALID_ARGUMENT);
+  EXPECT_TRUE(pool->can_continue("client-a", ep.episode_uuid));
+}
+
+// ---------------------------------------------------------------- collection methods
+
+TEST_F(RolloutPoolTest, EnoughEpisodesCountsEveryFinishedEpisode) {
+  PoolConfig c = small_config();
+  c.method = CollectionMethod::ENOUGH_EPISODES;  // target 2 * 2 = 4 episodes
+  auto pool = make_pool(c);
+  EXPECT_FALSE(run_episode(*pool, "a", 1).batch_ready);
+  EXPECT_FALSE(run_episode(*pool, "b", 1).batch_ready);
+  EXPECT_FALSE(run_episode(*pool, "c", 1).batch_ready);
+  EXPECT_TRUE(run_episode(*pool, "a", 0).batch_ready);
+  EXPECT_TRUE(pool->batch_ready());
+  EXPECT_EQ(pool->snapshot().target_episodes, 4);
+
+  TrainBatch b = pool->take_batch();
+  ASSERT_EQ(b.episodes.size(), 4u);
+  EXPECT_EQ(b.num_tasks, 3);
+  // Grouped by task in order of first arrival.
+  EXPECT_EQ(b.episodes[0].task_id, "a");
+  EXPECT_EQ(b.episodes[1].task_id, "a");
+  EXPECT_EQ(b.episodes[2].task_id, "b");
+  EXPECT_EQ(b.episodes[3].task_id, "c");
+  EXPECT_FALSE(pool->batch_ready());
+  EXPECT_EQ(pool->snapshot().finished_episodes, 0);
+  EXPECT_EQ(pool->counters().batches_taken, 1);
+}
+
+TEST_F(RolloutPoolTest, EnoughTasksNeedsCompleteGroupsAndLeavesIncompleteOnes) {
+  auto pool = make_pool(small_config());  // 2 tasks x 2 repeats
+  EXPECT_FALSE(run_episode(*pool, "a", 1).batch_ready);
+  EXPECT_FALSE(run_episode(*pool, "b", 1).batch_ready);
+  EXPECT_FALSE(run_episode(*pool, "a", 0).batch_ready);  // a complete
+  EXPECT_FALSE(run_episode(*pool, "c", 1).batch_ready);
+  EXPECT_TRUE(run_episode(*pool, "c", 1).batch_ready);  // c complete (dummy counts here)
+
+  PoolSnapshot s = pool->snapshot();
+  EXPECT_EQ(s.complete_tasks, 2);
+  EXPECT_EQ(s.finished_episodes, 5);
+
+  TrainBatch batch = pool->take_batch();
+  EXPECT_EQ(batch.num_tasks, 2);
+  ASSERT_EQ(batch.episodes.size(), 4u);
+  EXPECT_EQ(batch.episodes[0].task_id, "a");
+  EXPECT_EQ(batch.episodes[1].task_id, "a");
+  EXPECT_EQ(batch.episodes[2].task_id, "c");
+  EXPECT_EQ(batch.episodes[3].task_id, "c");
+
+  s = pool->snapshot();
+  EXPECT_EQ(s.finished_episodes, 1);
+  ASSERT_EQ(s.tasks.size(), 1u);
+  EXPECT_EQ(s.tasks[0].task_id, "b");
+  EXPECT_FALSE(s.tasks[0].complete);
+  EXPECT_FALSE(pool->batch_ready());
+
+  // The leftover group completes in the next round.
+  run_episode(*pool, "b", 0);
+  EXPECT_FALSE(pool->batch_ready());
+  EXPECT_EQ(pool->snapshot().complete_tasks, 1);
+}
+
+TEST_F(RolloutPoolTest, EnoughNonDummyTasksIgnoresGroupsWithEqualRewards) {
+  PoolConfig c = small_config();
+  c.method = CollectionMethod::ENOUGH_NON_DUMMY_TASKS;
+  c.batch_size = 2;
+  auto pool = make_pool(c);
+  run_episode(*pool, "same", 1);
+  EXPECT_FALSE(run_episode(*pool, "same", 1).batch_ready);
+  run_episode(*pool, "also-same", 0);
+  EXPECT_FALSE(run_episode(*pool, "also-same", 0).batch_ready);
+  run_episode(*pool, "diff", 1);
+  EXPECT_FALSE(run_episode(*pool, "diff", 0).batch_ready);
+  PoolSnapshot s = pool->snapshot();
+  EXPECT_EQ(s.complete_tasks, 3);
+  EXPECT_EQ(s.complete_non_dummy_tasks, 1);
+  run_episode(*pool, "diff2", 0.5);
+  EXPECT_TRUE(run_episode(*pool, "diff2", 0.25).batch_ready);
+  EXPECT_EQ(pool->snapshot().complete_non_dummy_tasks, 2);
+
+  // Every complete group is taken (dummy ones carry no signal but would never leave).
+  TrainBatch b = pool->take_batch();
+  EXPECT_EQ(b.num_tasks, 4);
+  EXPECT_EQ(b.episodes.size(), 8u);
+}
+
+TEST_F(RolloutPoolTest, EnoughNonDummyTasksToleratesRoundingNoise) {
+  PoolConfig c = small_config();
+  c.method = CollectionMethod::ENOUGH_NON_DUMMY_TASKS;
+  c.batch_size = 1;
+  auto pool = make_pool(c);
+  run_episode(*pool, "t", 0.1 + 0.2);
+  EXPECT_FALSE(run_episode(*pool, "t", 0.3).batch_ready);
+  EXPECT_TRUE(pool->snapshot().tasks.at(0).dummy);
+}
+
+// ---------------------------------------------------------------- safety valve
+
+TEST_F(RolloutPoolTest, SafetyValveDropsOldestIncompleteGroups) {
+  PoolConfig c = small_config();
+  c.max_parallel_episodes = 8;
+  c.batch_size = 10;  // never ready in this test
+  c.num_repeat = 4;
+  c.max_cached_episodes = 5;
+  auto pool = make_pool(c);
+  for (int i = 0; i < 4; ++i) run_episode(*pool, "t1", i);  // complete
+  run_episode(*pool, "t2", 1);                              // 5 cached
+  EXPECT_EQ(pool->counters().valve_dropped_groups, 0);
+  run_episode(*pool, "t3", 1);  // 6 > 5: drop t2 (t1 is complete, never dropped)
+  PoolSnapshot s = pool->snapshot();
+  EXPECT_EQ(s.finished_episodes, 5);
+  ASSERT_EQ(s.tasks.size(), 2u);
+  EXPECT_EQ(s.tasks[0].task_id, "t1");
+  EXPECT_EQ(s.tasks[1].task_id, "t3");
+  EXPECT_EQ(s.counters.valve_dropped_groups, 1);
+  EXPECT_EQ(s.counters.valve_dropped_episodes, 1);
+
+  run_episode(*pool, "t4", 1);  // 6 > 5: drop t3
+  run_episode(*pool, "t4", 1);  // 6 > 5: t4 itself is now the oldest incomplete group
+  s = pool->snapshot();
+  EXPECT_EQ(s.finished_episodes, 4);
+  ASSERT_EQ(s.tasks.size(), 1u);
+  EXPECT_EQ(s.tasks[0].task_id, "t1");
+  EXPECT_EQ(s.counters.valve_dropped_groups, 3);
+  EXPECT_EQ(s.counters.valve_dropped_episodes, 4);
+
+  // A dropped task may come back later as a new group.
+  run_episode(*pool, "t2", 1);
+  EXPECT_EQ(pool->snapshot().tasks.back().task_id, "t2");
+  EXPECT_EQ(pool->snapshot().tasks.back().episodes, 1);
+}
+
+TEST_F(RolloutPoolTest, SafetyValveNeverDropsCompleteGroups) {
+  PoolConfig c = small_config();
+  c.batch_size = 10;
+  c.num_repeat = 2;
+  c.max_cached_episodes = 3;
+  auto pool = make_pool(c);
+  for (const char* t : {"a", "a", "b", "b"}) run_episode(*pool, t, 1);
+  PoolSnapshot s = pool->snapshot();
+  EXPECT_EQ(s.finished_episodes, 4);  // over the threshold, but every group is complete
+  EXPECT_EQ(s.complete_tasks, 2);
+  EXPECT_EQ(s.counters.valve_dropped_groups, 0);
+  // While over the threshold a new incomplete group is the only candidate.
+  run_episode(*pool, "c", 1);
+  s = pool->snapshot();
+  EXPECT_EQ(s.finished_episodes, 4);
+  EXPECT_EQ(s.tasks.size(), 2u);
+  EXPECT_EQ(s.counters.valve_dropped_groups, 1);
+  EXPECT_EQ(s.counters.valve_dropped_episodes, 1);
+}
+
+TEST_F(RolloutPoolTest, SafetyValveDropsDummyGroupsForNonDummyMethod) {
+  PoolConfig c = small_config();
+  c.method = CollectionMethod::ENOUGH_NON_DUMMY_TASKS;
+  c.batch_size = 10;
+  c.num_repeat = 2;
+  c.max_cached_episodes = 3;
+  auto pool = make_pool(c);
+  run_episode(*pool, "dummy", 1);
+  run_episode(*pool, "dummy", 1);
+  run_episode(*pool, "useful", 0);
+  run_episode(*pool, "useful", 1);  // 4 > 3, no incomplete group: drop the dummy one
+  PoolSnapshot s = pool->snapshot();
+  EXPECT_EQ(s.finished_episodes, 2);
+  ASSERT_EQ(s.tasks.size(), 1u);
+  EXPECT_EQ(s.tasks[0].task_id, "useful");
+  EXPECT_EQ(s.counters.valve_dropped_groups, 1);
+  EXPECT_EQ(s.counters.valve_dropped_episodes, 2);
+}
+
+TEST_F(RolloutPoolTest, SafetyValveKeepsMemoryBoundedUnderManyTasks) {
+  PoolConfig c = small_config();
+  c.batch_size = 4;
+  c.num_repeat = 4;
+  c.max_cached_episodes = 16;
+  auto pool = make_pool(c);
+  // Every task gets a single episode: nothing ever completes.
+  for (int i = 0; i < 200; ++i) {
+    run_episode(*pool, "task-" + std::to_string(i), 1);
+    ASSERT_LE(pool->snapshot().finished_episodes, 16);
+  }
+  PoolSnapshot s = pool->snapshot();
+  EXPECT_EQ(s.finished_episodes, 16);
+  EXPECT_EQ(s.tasks.size(), 16u);
+  EXPECT_EQ(s.tasks.front().task_id, "task-184");  // the newest ones survive
+  EXPECT_EQ(s.counters.valve_dropped_groups, 184);
+  EXPECT_EQ(s.counters.valve_dropped_episodes, 184);
+}
+
+// ---------------------------------------------------------------- cancel, snapshot
+
+TEST_F(RolloutPoolTest, CancelAllClearsEverything) {
+  auto pool = make_pool(small_config());
+  run_episode(*pool, "a", 1);
+  ClaimedEpisode r1 = claim_ok(*pool);
+  ClaimedEpisode r2 = claim_ok(*pool);
+  pool->cancel_all();
+  PoolSnapshot s = pool->snapshot();
+  EXPECT_FALSE(s.accepting_claims);
+  EXPECT_EQ(s.running, 0);
+  EXPECT_EQ(s.unclaimed, 0);
+  EXPECT_EQ(s.finished_episodes, 0);
+  EXPECT_TRUE(s.tasks.empty());
+  EXPECT_EQ(s.counters.cancelled, 2);
+  EXPECT_EQ(kind_of([&] { pool->begin_call(r1.api_key); }), ErrorKind::UNAUTHORIZED);
+  EXPECT_EQ(
+      kind_of([&] { pool->end_episode("client-a", r2.episode_uuid, "a", reward_of(1)); }),
+      ErrorKind::NOT_FOUND);
+  ClaimResult cr = pool->claim(ClaimRequest{"client-a", EpisodeType::TRAIN, 60});
+  EXPECT_FALSE(cr.episode.has_value());
+  EXPECT_FALSE(cr.fail_cause.empty());
+  EXPECT_TRUE(pool->take_batch().episodes.empty());
+}
+
+TEST_F(RolloutPoolTest, SnapshotContents) {
+  PoolConfig c = small_config();
+  c.batch_size = 3;
+  c.num_repeat = 2;
+  c.reward_history = 3;
+  auto pool = make_pool(c);
+  run_episode(*pool, "a", 1.0);
+  run_episode(*pool, "a", 0.0);
+  run_episode(*pool, "b", 0.5);
+  run_episode(*pool, "c", 0.25);
+
+  ClaimedEpisode first = claim_ok(*pool, "client-x", EpisodeType::TRAIN, 30.0);
+  clock_->advance(2s);
+  ClaimedEpisode second = claim_ok(*pool, "client-y", EpisodeType::EVAL, 40.0);
+  call_ok(*pool, second);
+  pool->begin_call(second.api_key);
+  clock_->advance(3s);
+
+  PoolSnapshot s = pool->snapshot();
+  EXPECT_TRUE(s.accepting_claims);
+  EXPECT_EQ(s.config.batch_size, 3);
+  EXPECT_EQ(s.running, 2);
+  EXPECT_EQ(s.unclaimed, 2);
+  EXPECT_EQ(s.finished_episodes, 4);
+  EXPECT_EQ(s.complete_tasks, 1);
+  EXPECT_EQ(s.complete_non_dummy_tasks, 1);
+  EXPECT_EQ(s.target_episodes, 6);
+  EXPECT_EQ(s.target_tasks, 3);
+
+  ASSERT_EQ(s.running_episodes.size(), 2u);
+  const RunningEpisodeInfo& r0 = s.running_episodes[0];
+  const RunningEpisodeInfo& r1 = s.running_episodes[1];
+  EXPECT_EQ(r0.episode_uuid, first.episode_uuid);
+  EXPECT_EQ(r0.client_uuid, "client-x");
+  EXPECT_EQ(r0.episode_type, EpisodeType::TRAIN);
+  EXPECT_EQ(r0.llm_calls, 0);
+  EXPECT_DOUBLE_EQ(r0.seconds_idle, 5.0);
+  EXPECT_DOUBLE_EQ(r0.seconds_since_claim, 5.0);
+  EXPECT_DOUBLE_EQ(r0.discard_episode_timeout, 30.0);
+  EXPECT_EQ(r1.episode_uuid, second.episode_uuid);
+  EXPECT_EQ(r1.episode_type, EpisodeType::EVAL);
+  EXPECT_EQ(r1.llm_calls, 1);
+  EXPECT_EQ(r1.in_flight_calls, 1);
+  EXPECT_DOUBLE_EQ(r1.seconds_idle, 3.0);
+  EXPECT_DOUBLE_EQ(r1.seconds_since_claim, 3.0);
+
+  ASSERT_EQ(s.tasks.size(), 3u);
+  EXPECT_EQ(s.tasks[0].task_id, "a");
+  EXPECT_EQ(s.tasks[0].episodes, 2);
+  EXPECT_DOUBLE_EQ(s.tasks[0].reward_mean, 0.5);
+  EXPECT_DOUBLE_EQ(s.tasks[0].reward_std, 0.5);  // population std
+  EXPECT_TRUE(s.tasks[0].complete);
+  EXPECT_FALSE(s.tasks[0].dummy);
+  EXPECT_EQ(s.tasks[1].task_id, "b");
+  EXPECT_FALSE(s.tasks[1].complete);
+  EXPECT_DOUBLE_EQ(s.tasks[1].reward_std, 0.0);
+
+  // Bounded by reward_history, oldest first.
+  EXPECT_EQ(s.recent_rewards, (std::vector<double>{0.0, 0.5, 0.25}));
+
+  EXPECT_EQ(s.counters.claimed, 6);
+  EXPECT_EQ(s.counters.ended, 4);
+  EXPECT_EQ(s.counters.llm_calls, 5);
+  EXPECT_DOUBLE_EQ(s.eval_metrics.at("eval/episodes"), 0.0);
+}
+
+// ---------------------------------------------------------------- concurrency
+
+TEST_F(RolloutPoolTest, ConcurrentClientsKeepCountersConsistent) {
+  PoolConfig c;
+  c.max_parallel_episodes = 6;  // fewer slots than threads: claims contend
+  c.batch_size = 3;
+  c.num_repeat = 2;
+  c.max_cached_episodes = 24;
+  c.method = CollectionMethod::ENOUGH_TASKS;
+  auto pool = make_pool(c);
+
+  constexpr int kThreads = 8;
+  constexpr int kEpisodesPerThread = 400;
+  std::atomic<int64_t> ended_train{0}, ended_eval{0}, no_reward{0}, aborted{0}, failed_claims{0};
+  std::atomic<int64_t> taken{0};
+  std::atomic<bool> done{false};
+
+  std::thread trainer([&] {
+    while (!done.load()) {
+      if (pool->batch_ready()) taken += static_cast<int64_t>(pool->take_batch().episodes.size());
+      pool->reap_idle();  // the clock never moves: nothing is reaped
+      (void)pool->snapshot();
+      std::this_thread::yield();
+    }
+  });
+
+  std::vector<std::thread> workers;
+  for (int w = 0; w < kThreads; ++w) {
+    workers.emplace_back([&, w] {
+      const std::string client = "client-" + std::to_string(w);
+      for (int i = 0; i < kEpisodesPerThread; ++i) {
+        ClaimResult r;
+        while (!(r = pool->claim(ClaimRequest{client, i % 10 == 3 ? EpisodeType::EVAL
+                                                                  : EpisodeType::TRAIN,
+                                              600.0}))
+                    .episode) {
+          failed_claims++;
+          std::this_thread::yield();
+        }
+        const ClaimedEpisode& ep = *r.episode;
+        for (int k = 0; k < 2; ++k) {
+          CallTicket t = pool->begin_call(ep.api_key);
+          std::vector<TokenId> prompt = {1, 2, static_cast<TokenId>(k)};
+          pool->finish_call(t.episode_uuid, make_call(prompt, {static_cast<TokenId>(i)}));
+        }
+        const std::string task = "task-" + std::to_string((w * 7 + i) % 13);
+        if (i % 10 == 7) {
+          pool->abort_episode(client, ep.episode_uuid, false);
+          aborted++;
+        } else if (i % 10 == 3) {
+          pool->end_episode(client, ep.episode_uuid, task, reward_of(1.0));
+          ended_eval++;
+        } else if (i % 20 == 9) {
+          pool->end_episode(client, ep.episode_uuid, task, WorkflowOutput{});
+          no_reward++;
+        } else {
+          pool->end_episode(client, ep.episode_uuid, task, reward_of((i % 3) * 0.5));
+          ended_train++;
+        }
+      }
+    });
+  }
+  for (auto& t : workers) t.join();
+  done = true;
+  trainer.join();
+
+  PoolSnapshot s = pool->snapshot();
+  const int64_t total = int64_t{kThreads} * kEpisodesPerThread;
+  EXPECT_EQ(s.counters.claimed, total);
+  EXPECT_EQ(s.counters.ended, ended_train + ended_eval);
+  EXPECT_EQ(s.counters.ended_eval, ended_eval);
+  EXPECT_EQ(s.counters.ended_without_reward, no_reward);
+  EXPECT_EQ(s.counters.aborted, aborted);
+  EXPECT_EQ(s.counters.claimed, s.counters.ended + s.counters.ended_without_reward +
+                                    s.counters.aborted);
+  EXPECT_EQ(s.counters.llm_calls, 2 * total);
+  EXPECT_EQ(s.counters.timed_out, 0);
+  EXPECT_EQ(s.counters.late_calls_dropped, 0);
+  // Every rewarded train episode was taken, is still cached, or was dropped by the valve.
+  EXPECT_EQ(taken + s.finished_episodes + s.counters.valve_dropped_episodes, ended_train.load());
+  EXPECT_EQ(s.running, 0);
+  EXPECT_EQ(s.unclaimed, c.max_parallel_episodes);
+  EXPECT_GT(s.counters.batches_taken, 0);
+}
+
+}  // namespace
+}  // namespace swarm
