@@ -363,9 +363,9 @@ std::shared_ptr<Backend> Engine::backend() const {
 
 // ------------------------------------------------------------------ observation
 
-EngineStatus Engine::status() const {
+EngineSnapshot Engine::status() const {
   std::lock_guard lk(mu_);
-  EngineStatus s;
+  EngineSnapshot s;
   s.state = state_;
   s.detail = detail_;
   s.global_step = global_step_;

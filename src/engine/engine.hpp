@@ -37,7 +37,7 @@ struct EngineOptions {
   size_t step_history = 512;              // step reports kept for the monitor
 };
 
-struct EngineStatus {
+struct EngineSnapshot {
   EngineState state = EngineState::OFFLINE;
   std::string detail;
   int64_t global_step = 0;
@@ -95,7 +95,7 @@ class Engine {
   std::shared_ptr<Backend> backend() const;
 
   // ---- observation
-  EngineStatus status() const;
+  EngineSnapshot status() const;
   /// Pool snapshot of the current run (empty pool when OFFLINE).
   PoolSnapshot pool_snapshot() const;
   /// Recent policy-step reports, oldest first.

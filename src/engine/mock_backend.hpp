@@ -16,7 +16,7 @@ namespace swarm {
 /// faithfulness rise across weight-sync cycles (a simulated learner, nothing more).
 /// Output depends only on (prompt ids, seed, choice index, policy version), so equal
 /// requests give equal completions. Thread-safe after boot.
-class MockBackend final : public Backend {
+class MockBackend : public Backend {
  public:
   static constexpr TokenId kEndOfText = 256;
   static constexpr TokenId kImStart = 257;

@@ -19,11 +19,13 @@ class HttpServer {
   HttpServer& operator=(const HttpServer&) = delete;
 
   /// Binds and starts the I/O threads. Throws std::runtime_error if the bind fails.
+  /// A server starts at most once (std::logic_error otherwise).
   void start();
   /// The bound port (useful with port 0).
   uint16_t port() const;
   /// Stops accepting, gives in-flight requests up to `grace_ms` to be answered,
-  /// closes all connections and joins the I/O threads.
+  /// closes all connections and joins the I/O threads. Answers given after that are
+  /// dropped. Must not be called from a handler / I/O thread (std::logic_error).
   void stop(int grace_ms = 2000);
 
  private:

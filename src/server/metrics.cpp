@@ -19,7 +19,7 @@ void Metrics::observe_tokens(int64_t prompt_tokens, int64_t completion_tokens) {
   completion_tokens_ += completion_tokens;
 }
 
-std::string Metrics::render(const EngineStatus& st, const PoolSnapshot& pool,
+std::string Metrics::render(const EngineSnapshot& st, const PoolSnapshot& pool,
                             const std::vector<TrainStepReport>& steps) const {
   std::string out;
   auto header = [&](const char* name, const char* type, const char* help) {

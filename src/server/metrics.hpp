@@ -25,7 +25,7 @@ class Metrics {
   void observe_tokens(int64_t prompt_tokens, int64_t completion_tokens);
 
   /// Renders every metric, including the engine's state and counters.
-  std::string render(const EngineStatus& status, const PoolSnapshot& pool,
+  std::string render(const EngineSnapshot& status, const PoolSnapshot& pool,
                      const std::vector<TrainStepReport>& steps) const;
 
  private:

@@ -2,7 +2,7 @@
 
 namespace swarm {
 
-nlohmann::json pool_information_json(const EngineStatus& st, const PoolSnapshot& pool,
+nlohmann::json pool_information_json(const EngineSnapshot& st, const PoolSnapshot& pool,
                                      const std::vector<TrainStepReport>& steps) {
   using json = nlohmann::json;
   json running = json::array();

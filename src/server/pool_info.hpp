@@ -9,7 +9,7 @@
 
 namespace swarm {
 
-nlohmann::json pool_information_json(const EngineStatus& status, const PoolSnapshot& pool,
+nlohmann::json pool_information_json(const EngineSnapshot& status, const PoolSnapshot& pool,
                                      const std::vector<TrainStepReport>& steps);
 
 }  // namespace swarm

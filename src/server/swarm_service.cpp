@@ -162,7 +162,7 @@ HttpResponse SwarmService::handle_command(const std::string& route, const HttpRe
     return json_response({{"status", "ok"}, {"engine_status", engine_state_wire(engine_.status().state)}});
   }
   if (route == "/get_engine_status") {
-    const EngineStatus st = engine_.status();
+    const EngineSnapshot st = engine_.status();
     return json_response({{"engine_status", engine_state_wire(st.state)},
                           {"engine_status_detail", st.detail},
                           {"global_step", st.global_step},

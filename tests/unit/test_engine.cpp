@@ -1,0 +1,390 @@
+// Engine state machine: every row of DESIGN §3's table, the illegal transitions, and
+// the interplay with the pool (batch readiness, draining, aborts, timeouts).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "common/clock.hpp"
+#include "engine/engine.hpp"
+#include "engine/mock_backend.hpp"
+
+using namespace swarm;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Mock backend that records the batches it trains on and can be told to fail.
+struct Probe {
+  std::mutex mu;
+  std::vector<TrainBatch> batches;
+  std::atomic<bool> fail_boot{false};
+  std::atomic<bool> fail_train{false};
+  std::atomic<int> released{0};
+};
+
+class ProbeBackend : public MockBackend {
+ public:
+  explicit ProbeBackend(std::shared_ptr<Probe> probe) : probe_(std::move(probe)) {}
+  void boot(const Job& job, std::stop_token stop) override {
+    if (probe_->fail_boot) throw SwarmError(ErrorKind::INTERNAL, "weights file is corrupt");
+    MockBackend::boot(job, stop);
+  }
+  TrainStepReport train_step(const TrainBatch& batch, int64_t step, std::stop_token stop) override {
+    if (probe_->fail_train) throw SwarmError(ErrorKind::INTERNAL, "out of memory");
+    {
+      std::lock_guard lk(probe_->mu);
+      probe_->batches.push_back(batch);
+    }
+    return MockBackend::train_step(batch, step, stop);
+  }
+  void release() override { ++probe_->released; }
+
+ private:
+  std::shared_ptr<Probe> probe_;
+};
+
+std::string config_yaml(int batch_size, int num_repeat, const std::string& extra = "") {
+  return "algorithm: grpo\nmodel: mock\nbatch_size: " + std::to_string(batch_size) +
+         "\nnum_repeat: " + std::to_string(num_repeat) + "\n" + extra;
+}
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void make_engine() {
+    EngineOptions o;
+    o.clock = clock;
+    o.janitor_interval_seconds = 0;  // tests drive tick() by hand
+    o.factory = [p = probe] { return std::make_unique<ProbeBackend>(p); };
+    engine = std::make_unique<Engine>(o);
+  }
+  void SetUp() override { make_engine(); }
+
+  void boot(const std::string& yaml) {
+    engine->sync_train_config(yaml);
+    engine->start_engine();
+    ASSERT_TRUE(engine->wait_for_state(EngineState::ROLLING, 5s)) << engine->status().detail;
+  }
+  ClaimedEpisode claim(const std::string& client = "c1", EpisodeType type = EpisodeType::TRAIN,
+                       double timeout = 60) {
+    ClaimRequest r{client, type, timeout};
+    ClaimResult res = engine->claim_episode(r);
+    EXPECT_TRUE(res.episode.has_value()) << res.fail_cause;
+    return res.episode.value_or(ClaimedEpisode{});
+  }
+  // One chat-like call through the real generation path, recorded into the episode.
+  void call(const std::string& api_key, const std::string& text) {
+    GenerationLease lease = engine->begin_generation(api_key);
+    struct Obs : GenerationObserver {
+      std::optional<GenerationResult> result;
+      void on_complete(GenerationResult r) override { result = std::move(r); }
+      void on_error(ErrorKind, const std::string& m) override { ADD_FAILURE() << m; }
+    };
+    auto obs = std::make_shared<Obs>();
+    nlohmann::json messages = nlohmann::json::array({{{"role", "user"}, {"content", text}}});
+    GenerationRequest req{lease.backend->render_chat(messages, nullptr, true), {}};
+    auto prompt = req.prompt_ids;
+    lease.backend->generate(req, obs);
+    ASSERT_TRUE(obs->result.has_value());
+    auto& ch = obs->result->choices.at(0);
+    engine->finish_generation(lease, LlmCall{prompt, ch.ids, ch.logprobs, obs->result->policy_version, ch.finish_reason});
+  }
+  void end(const ClaimedEpisode& e, const std::string& task, double reward, const std::string& client = "c1") {
+    WorkflowOutput out;
+    out.reward = reward;
+    engine->end_episode(client, e.episode_uuid, task, out);
+  }
+
+  std::shared_ptr<FakeClock> clock = std::make_shared<FakeClock>();
+  std::shared_ptr<Probe> probe = std::make_shared<Probe>();
+  std::unique_ptr<Engine> engine;
+};
+
+TEST_F(EngineTest, StartsOfflineAndRefusesStartWithoutConfig) {
+  EXPECT_EQ(engine->status().state, EngineState::OFFLINE);
+  try {
+    engine->start_engine();
+    FAIL() << "start without config must fail";
+  } catch (const SwarmError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::CONFLICT);
+    EXPECT_NE(std::string(e.what()).find("sync_train_config"), std::string::npos);
+  }
+}
+
+TEST_F(EngineTest, InvalidConfigIsRejectedNamingTheKey) {
+  try {
+    engine->sync_train_config(config_yaml(2, 2, "learning_rat: 0.1\n"));
+    FAIL();
+  } catch (const SwarmError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::INVALID_ARGUMENT);
+    EXPECT_NE(std::string(e.what()).find("learning_rat"), std::string::npos);
+  }
+  EXPECT_FALSE(engine->status().config_synced);
+}
+
+TEST_F(EngineTest, LastSyncedConfigWins) {
+  engine->sync_train_config(config_yaml(2, 2));
+  engine->sync_train_config(config_yaml(3, 5));
+  ASSERT_TRUE(engine->config().has_value());
+  EXPECT_EQ(engine->config()->batch_size, 3);
+  EXPECT_EQ(engine->config()->num_repeat, 5);
+}
+
+TEST_F(EngineTest, OfflineBootingRolling) {
+  engine->sync_train_config(config_yaml(1, 1, "mock_boot_seconds: 0.3\n"));
+  engine->start_engine();
+  EXPECT_EQ(engine->status().state, EngineState::BOOTING);
+  // No claims while booting.
+  ClaimResult r = engine->claim_episode({"c1", EpisodeType::TRAIN, 60});
+  EXPECT_FALSE(r.episode.has_value());
+  EXPECT_NE(r.fail_cause.find("ENGINE.BOOTING"), std::string::npos);
+  ASSERT_TRUE(engine->wait_for_state(EngineState::ROLLING, 5s));
+  auto st = engine->status();
+  EXPECT_EQ(st.transitions["OFFLINE->BOOTING"], 1);
+  EXPECT_EQ(st.transitions["BOOTING->ROLLING"], 1);
+  EXPECT_EQ(st.global_step, 0);
+}
+
+TEST_F(EngineTest, BootFailureReturnsToOfflineWithDetail) {
+  probe->fail_boot = true;
+  engine->sync_train_config(config_yaml(1, 1));
+  engine->start_engine();
+  ASSERT_TRUE(engine->wait_for_state(EngineState::OFFLINE, 5s));
+  auto st = engine->status();
+  EXPECT_NE(st.detail.find("boot failed"), std::string::npos);
+  EXPECT_NE(st.detail.find("weights file is corrupt"), std::string::npos);
+  EXPECT_EQ(st.transitions["BOOTING->OFFLINE"], 1);
+  // And it can be started again once fixed.
+  probe->fail_boot = false;
+  engine->start_engine();
+  EXPECT_TRUE(engine->wait_for_state(EngineState::ROLLING, 5s));
+}
+
+TEST_F(EngineTest, IllegalCommandsInEachStateAreConflicts) {
+  boot(config_yaml(1, 2));
+  for (auto fn : {+[](Engine& e) { e.start_engine(); }, +[](Engine& e) { e.sync_train_config(config_yaml(1, 1)); }}) {
+    try {
+      fn(*engine);
+      FAIL() << "must be refused in ROLLING";
+    } catch (const SwarmError& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::CONFLICT);
+    }
+  }
+}
+
+TEST_F(EngineTest, FullCycleRollingPostWeightSyncingRolling) {
+  boot(config_yaml(1, 2));
+  auto a = claim();
+  auto b = claim();
+  auto c = claim();  // will still be running when the batch completes
+  call(a.api_key, "hello");
+  call(b.api_key, "hello");
+  end(a, "t1", 1.0);
+  EXPECT_EQ(engine->status().state, EngineState::ROLLING);
+  end(b, "t1", 0.0);
+  // Batch complete (1 task x 2 episodes) but c is in flight: ROLLING_POST, no new claims.
+  EXPECT_EQ(engine->status().state, EngineState::ROLLING_POST);
+  ClaimResult refused = engine->claim_episode({"c2", EpisodeType::TRAIN, 60});
+  EXPECT_FALSE(refused.episode.has_value());
+  EXPECT_FALSE(refused.fail_cause.empty());
+  EXPECT_TRUE(engine->can_continue_episode("c1", c.episode_uuid));
+  call(c.api_key, "still working");
+  end(c, "t2", 0.5);  // the in-flight episode may still finish
+  ASSERT_TRUE(engine->wait_for_step(1, 5s));
+  ASSERT_TRUE(engine->wait_for_state(EngineState::ROLLING, 5s));
+  auto st = engine->status();
+  EXPECT_EQ(st.global_step, 1);
+  EXPECT_EQ(st.policy_version, 1);
+  EXPECT_EQ(st.transitions["ROLLING->ROLLING_POST"], 1);
+  EXPECT_EQ(st.transitions["ROLLING_POST->WEIGHT_SYNCING"], 1);
+  EXPECT_EQ(st.transitions["WEIGHT_SYNCING->ROLLING"], 1);
+  std::lock_guard lk(probe->mu);
+  ASSERT_EQ(probe->batches.size(), 1u);
+  const TrainBatch& batch = probe->batches[0];
+  // The complete group t1 trains; the incomplete group t2 stays cached for later.
+  ASSERT_EQ(batch.episodes.size(), 2u);
+  EXPECT_EQ(batch.num_tasks, 1);
+  for (const auto& e : batch.episodes) {
+    EXPECT_EQ(e.task_id, "t1");
+    ASSERT_EQ(e.samples.size(), 1u);
+    EXPECT_FALSE(e.samples[0].token_ids.empty());
+  }
+  auto steps = engine->step_history();
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].episodes, 2);
+  EXPECT_DOUBLE_EQ(steps[0].reward_mean, 0.5);
+  EXPECT_EQ(engine->pool_snapshot().finished_episodes, 1);  // t2's episode
+}
+
+TEST_F(EngineTest, GeneratedTokensCarryThePolicyVersionAfterSync) {
+  boot(config_yaml(1, 1));
+  auto a = claim();
+  call(a.api_key, "x");
+  end(a, "t", 1.0);
+  ASSERT_TRUE(engine->wait_for_step(1, 5s));
+  ASSERT_TRUE(engine->wait_for_state(EngineState::ROLLING, 5s));
+  auto b = claim();
+  call(b.api_key, "y");
+  end(b, "t2", 1.0);
+  ASSERT_TRUE(engine->wait_for_step(2, 5s));
+  std::lock_guard lk(probe->mu);
+  ASSERT_EQ(probe->batches.size(), 2u);
+  for (int step = 0; step < 2; ++step) {
+    const Sample& s = probe->batches[step].episodes.at(0).samples.at(0);
+    for (size_t i = 0; i < s.loss_mask.size(); ++i)
+      if (s.loss_mask[i]) EXPECT_EQ(s.policy_versions[i], step) << "token " << i;
+  }
+}
+
+TEST_F(EngineTest, AbortInRollingReturnsSlotAndInRollingPostDeletes) {
+  boot(config_yaml(1, 1, "max_parallel_episodes: 2\n"));
+  auto a = claim();
+  auto b = claim();
+  EXPECT_FALSE(engine->claim_episode({"c1", EpisodeType::TRAIN, 60}).episode.has_value());  // full
+  engine->abort_episode("c1", a.episode_uuid);
+  EXPECT_EQ(engine->status().state, EngineState::ROLLING);
+  auto a2 = claim();  // the slot came back
+  EXPECT_NE(a2.episode_uuid, a.episode_uuid);
+  end(b, "t", 1.0);  // batch complete, a2 in flight
+  ASSERT_EQ(engine->status().state, EngineState::ROLLING_POST);
+  engine->abort_episode("c1", a2.episode_uuid);  // deleted: the sync is not blocked
+  ASSERT_TRUE(engine->wait_for_step(1, 5s));
+  EXPECT_EQ(engine->status().counters.aborted, 2);
+  EXPECT_EQ(engine->pool_snapshot().finished_episodes, 0);
+}
+
+TEST_F(EngineTest, IdleEpisodeIsReclaimedAfterTimeoutAndSyncProceeds) {
+  boot(config_yaml(1, 1));
+  auto a = claim("c1", EpisodeType::TRAIN, 10);
+  auto zombie = claim("c2", EpisodeType::TRAIN, 30);
+  end(a, "t", 1.0);
+  ASSERT_EQ(engine->status().state, EngineState::ROLLING_POST);
+  clock->advance(20s);
+  engine->tick();
+  EXPECT_EQ(engine->status().state, EngineState::ROLLING_POST);  // 20 s < 30 s
+  clock->advance(11s);
+  engine->tick();
+  ASSERT_TRUE(engine->wait_for_step(1, 5s));
+  EXPECT_EQ(engine->status().counters.timed_out, 1);
+  EXPECT_FALSE(engine->can_continue_episode("c2", zombie.episode_uuid));
+  WorkflowOutput out;
+  out.reward = 1.0;
+  try {
+    engine->end_episode("c2", zombie.episode_uuid, "t", out);
+    FAIL();
+  } catch (const SwarmError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::NOT_FOUND);
+  }
+}
+
+TEST_F(EngineTest, EvalEpisodesNeverEnterATrainingBatch) {
+  boot(config_yaml(1, 2));
+  auto ev = claim("c1", EpisodeType::EVAL);
+  call(ev.api_key, "eval question");
+  end(ev, "t", 1.0);
+  auto e1 = claim();
+  auto e2 = claim();
+  end(e1, "t", 1.0);
+  EXPECT_EQ(engine->status().state, EngineState::ROLLING);  // the eval episode did not count
+  end(e2, "t", 0.0);
+  ASSERT_TRUE(engine->wait_for_step(1, 5s));
+  std::lock_guard lk(probe->mu);
+  ASSERT_EQ(probe->batches.at(0).episodes.size(), 2u);
+  for (const auto& e : probe->batches[0].episodes) EXPECT_NE(e.episode_uuid, ev.episode_uuid);
+}
+
+TEST_F(EngineTest, StopEngineFromEveryStateGoesOffline) {
+  // BOOTING (a long boot is cancelled promptly)
+  engine->sync_train_config(config_yaml(1, 1, "mock_boot_seconds: 30\n"));
+  engine->start_engine();
+  engine->stop_engine();
+  EXPECT_EQ(engine->status().state, EngineState::OFFLINE);
+  // ROLLING
+  engine->sync_train_config(config_yaml(1, 1, "mock_train_seconds: 30\n"));
+  engine->start_engine();
+  ASSERT_TRUE(engine->wait_for_state(EngineState::ROLLING, 5s));
+  auto a = claim();
+  engine->stop_engine();
+  EXPECT_EQ(engine->status().state, EngineState::OFFLINE);
+  EXPECT_FALSE(engine->can_continue_episode("c1", a.episode_uuid));
+  EXPECT_THROW(engine->begin_generation(a.api_key), SwarmError);
+  // ROLLING_POST
+  engine->start_engine();
+  ASSERT_TRUE(engine->wait_for_state(EngineState::ROLLING, 5s));
+  auto b = claim();
+  auto c = claim();
+  end(b, "t", 1.0);
+  ASSERT_EQ(engine->status().state, EngineState::ROLLING_POST);
+  engine->stop_engine();
+  EXPECT_EQ(engine->status().state, EngineState::OFFLINE);
+  // WEIGHT_SYNCING (train step of 30 s is interrupted)
+  engine->start_engine();
+  ASSERT_TRUE(engine->wait_for_state(EngineState::ROLLING, 5s));
+  end(claim(), "t", 1.0);
+  ASSERT_TRUE(engine->wait_for_state(EngineState::WEIGHT_SYNCING, 5s));
+  engine->stop_engine();
+  EXPECT_EQ(engine->status().state, EngineState::OFFLINE);
+  auto st = engine->status();
+  EXPECT_EQ(st.transitions["BOOTING->OFFLINE"], 1);
+  EXPECT_EQ(st.transitions["ROLLING->OFFLINE"], 1);
+  EXPECT_EQ(st.transitions["ROLLING_POST->OFFLINE"], 1);
+  EXPECT_EQ(st.transitions["WEIGHT_SYNCING->OFFLINE"], 1);
+  EXPECT_GE(st.counters.cancelled, 2);  // a, c
+  (void)c;
+  // Restart after a stop works and begins a new run at step 0.
+  engine->sync_train_config(config_yaml(1, 1));
+  engine->start_engine();
+  ASSERT_TRUE(engine->wait_for_state(EngineState::ROLLING, 5s));
+  EXPECT_EQ(engine->status().global_step, 0);
+}
+
+TEST_F(EngineTest, TrainingFailureStopsLoudly) {
+  boot(config_yaml(1, 1));
+  probe->fail_train = true;
+  end(claim(), "t", 1.0);
+  ASSERT_TRUE(engine->wait_for_state(EngineState::OFFLINE, 5s));
+  EXPECT_NE(engine->status().detail.find("out of memory"), std::string::npos);
+  EXPECT_EQ(engine->status().global_step, 0);
+}
+
+TEST_F(EngineTest, TotalTrainingStepsEndsTheRun) {
+  boot(config_yaml(1, 1, "total_training_steps: 2\n"));
+  end(claim(), "a", 1.0);
+  ASSERT_TRUE(engine->wait_for_step(1, 5s));
+  ASSERT_TRUE(engine->wait_for_state(EngineState::ROLLING, 5s));
+  end(claim(), "b", 1.0);
+  ASSERT_TRUE(engine->wait_for_state(EngineState::OFFLINE, 5s));
+  EXPECT_EQ(engine->status().global_step, 2);
+  EXPECT_NE(engine->status().detail.find("total_training_steps"), std::string::npos);
+}
+
+TEST_F(EngineTest, BackendIsReleasedOnStop) {
+  boot(config_yaml(1, 1));
+  engine->stop_engine();
+  for (int i = 0; i < 200 && probe->released == 0; ++i) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(probe->released, 1);
+  EXPECT_EQ(engine->backend(), nullptr);
+}
+
+TEST_F(EngineTest, NonDummyMethodWaitsForRewardVariance) {
+  boot(config_yaml(1, 2, "sample_collection_method: rollout_until_finish_enough_non_dummy_tasks\n"));
+  end(claim(), "same", 1.0);
+  end(claim(), "same", 1.0);
+  EXPECT_EQ(engine->status().state, EngineState::ROLLING);  // complete, but no GRPO signal
+  end(claim(), "varied", 1.0);
+  end(claim(), "varied", 0.0);
+  ASSERT_TRUE(engine->wait_for_step(1, 5s));
+}
+
+TEST_F(EngineTest, EnoughEpisodesMethodIgnoresTasks) {
+  boot(config_yaml(2, 2, "sample_collection_method: rollout_until_finish_enough_episodes\n"));
+  for (int i = 0; i < 3; ++i) end(claim(), "t" + std::to_string(i), 1.0);
+  EXPECT_EQ(engine->status().state, EngineState::ROLLING);
+  end(claim(), "t9", 0.0);
+  ASSERT_TRUE(engine->wait_for_step(1, 5s));
+  std::lock_guard lk(probe->mu);
+  EXPECT_EQ(probe->batches.at(0).episodes.size(), 4u);
+}
+
+}  // namespace
