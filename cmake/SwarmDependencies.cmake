@@ -10,4 +10,4 @@ if(SWARM_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()
 # Boost.Asio/Beast are header-only here; keep the build lean.
-add_compile_definitions(BOOST_ASIO_NO_DEPRECATED BOOST_BEAST_USE_STD_STRING_VIEW)
+add_compile_definitions(BOOST_ASIO_NO_DEPRECATED)

@@ -40,7 +40,8 @@ class HttpClient {
 
   /// Streaming variant: the response body is delivered in pieces as they arrive
   /// (chunked transfer decoded). `on_data` returning false stops reading and closes the
-  /// connection. Returns status and headers (body left empty).
+  /// connection. Returns status and headers (body left empty). The timeout covers the
+  /// request up to the response headers, then applies to each wait for the next piece.
   HttpClientResponse request_stream(const std::string& method, const std::string& path,
                                     const std::string& body,
                                     const std::vector<std::pair<std::string, std::string>>& extra_headers,
