@@ -1,0 +1,264 @@
+// Job: the training configuration (DESIGN §8) — YAML load/dump and validation.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <string>
+
+#include "swarm/errors.hpp"
+#include "swarm/job.hpp"
+
+namespace swarm {
+namespace {
+
+const char* kMinimal = R"(
+algorithm: grpo
+model: /path/to/hf/model      # with the mock engine any name will do
+batch_size: 32                # tasks per policy step
+num_repeat: 4                 # episodes per task (the GRPO group size)
+)";
+
+// Expects `yaml` to be rejected with a ConfigError whose message contains every needle.
+void expect_config_error(const std::string& yaml, std::initializer_list<std::string> needles) {
+  try {
+    Job::from_yaml(yaml);
+    ADD_FAILURE() << "expected ConfigError for:\n" << yaml;
+  } catch (const ConfigError& e) {
+    for (const auto& n : needles)
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << "'" << n << "' not in: " << e.what();
+  }
+}
+
+Job non_default_job() {
+  Job j;
+  j.algorithm = "grpo";
+  j.project_name = "proj: with colon";
+  j.experiment_name = "exp #1 'quoted' \"double\"";
+  j.experiment_dir = "/tmp/some dir/x";
+  j.n_gpu = 8;
+  j.model = "/models/Qwen3-0.6B";
+  j.batch_size = 7;
+  j.num_repeat = 3;
+  j.sample_collection_method = "rollout_until_finish_enough_non_dummy_tasks";
+  j.max_parallel_episodes = 100;
+  j.max_cached_episodes = 500;
+  j.max_llm_calls_per_episode = 9;
+  j.max_prompt_length = 4096;
+  j.max_response_length = 333;
+  j.temperature = 0.7;
+  j.top_p = 0.95;
+  j.top_k = 50;
+  j.learning_rate = 3.5e-7;
+  j.lr_schedule = "cosine";
+  j.lr_warmup_steps = 10;
+  j.weight_decay = 0.0;
+  j.grad_clip = 0.5;
+  j.advantage_estimator = "grpo_no_std";
+  j.clip_ratio_low = 0.1;
+  j.clip_ratio_high = 0.3;
+  j.loss_agg_mode = "seq-mean-token-mean";
+  j.use_kl_loss = true;
+  j.kl_coef = 0.05;
+  j.kl_estimator = "k1";
+  j.ppo_epochs = 2;
+  j.ppo_mini_batch_size = 4;
+  j.micro_batch_max_tokens = 1234;
+  j.dtype = "bf16";
+  j.seed = -5;
+  j.total_training_steps = 100;
+  j.save_freq = 10;
+  j.mock_boot_seconds = 0.25;
+  j.mock_train_seconds = 1e-3;
+  return j;
+}
+
+void expect_equal(const Job& a, const Job& b) {
+  // Every key's YAML text must match: covers every field without listing them twice.
+  EXPECT_EQ(a.to_yaml(), b.to_yaml());
+  EXPECT_EQ(a.project_name, b.project_name);
+  EXPECT_EQ(a.experiment_name, b.experiment_name);
+  EXPECT_EQ(a.n_gpu, b.n_gpu);
+  EXPECT_EQ(a.use_kl_loss, b.use_kl_loss);
+  EXPECT_DOUBLE_EQ(a.learning_rate, b.learning_rate);
+  EXPECT_DOUBLE_EQ(a.temperature, b.temperature);
+  EXPECT_DOUBLE_EQ(a.mock_train_seconds, b.mock_train_seconds);
+  EXPECT_EQ(a.seed, b.seed);
+}
+
+TEST(JobTest, YamlRoundTripKeepsEveryValue) {
+  const Job original = non_default_job();
+  ASSERT_NO_THROW(original.validate());
+  const Job loaded = Job::from_yaml(original.to_yaml());
+  expect_equal(original, loaded);
+  EXPECT_EQ(loaded.experiment_name, "exp #1 'quoted' \"double\"");
+  EXPECT_EQ(loaded.experiment_dir, "/tmp/some dir/x");
+  EXPECT_EQ(loaded.top_k, 50);
+  EXPECT_EQ(loaded.dtype, "bf16");
+  EXPECT_TRUE(loaded.use_kl_loss);
+  EXPECT_EQ(loaded.learning_rate, 3.5e-7);  // exact: 17 significant digits
+  EXPECT_EQ(loaded.top_p, 0.95);
+}
+
+TEST(JobTest, DefaultsRoundTrip) {
+  Job j;
+  j.model = "m";
+  const Job loaded = Job::from_yaml(j.to_yaml());
+  expect_equal(j, loaded);
+  EXPECT_EQ(loaded.max_parallel_episodes, 0);
+  EXPECT_EQ(loaded.weight_decay, 0.01);
+}
+
+TEST(JobTest, MinimalConfigOfTheDesignLoads) {
+  const Job j = Job::from_yaml(kMinimal);
+  EXPECT_EQ(j.algorithm, "grpo");
+  EXPECT_EQ(j.model, "/path/to/hf/model");
+  EXPECT_EQ(j.batch_size, 32);
+  EXPECT_EQ(j.num_repeat, 4);
+  // Everything else keeps its documented default.
+  const Job d;
+  EXPECT_EQ(j.sample_collection_method, "rollout_until_finish_enough_tasks");
+  EXPECT_EQ(j.learning_rate, d.learning_rate);
+  EXPECT_EQ(j.clip_ratio_low, 0.2);
+  EXPECT_EQ(j.clip_ratio_high, 0.28);
+  EXPECT_FALSE(j.use_kl_loss);
+}
+
+TEST(JobTest, EffectiveDefaults) {
+  Job j = Job::from_yaml(kMinimal);
+  EXPECT_EQ(j.effective_max_parallel_episodes(), 2 * 32 * 4);
+  EXPECT_EQ(j.effective_max_cached_episodes(), 4 * 32 * 4);
+  j.max_parallel_episodes = 10;
+  j.max_cached_episodes = 200;
+  EXPECT_EQ(j.effective_max_parallel_episodes(), 10);
+  EXPECT_EQ(j.effective_max_cached_episodes(), 200);
+}
+
+TEST(JobTest, UnknownKeyIsNamed) {
+  expect_config_error(std::string(kMinimal) + "learning_rat: 0.1\n", {"learning_rat", "unknown"});
+}
+
+TEST(JobTest, WrongTypeNamesKey) {
+  expect_config_error("model: m\nbatch_size: lots\n", {"batch_size", "integer", "lots"});
+  expect_config_error("model: m\nbatch_size: 2.5\n", {"batch_size", "integer"});
+  expect_config_error("model: m\nlearning_rate: fast\n", {"learning_rate", "number"});
+  expect_config_error("model: m\nuse_kl_loss: maybe\n", {"use_kl_loss", "true or false"});
+  expect_config_error("model: m\nbatch_size: [1, 2]\n", {"batch_size"});
+  expect_config_error("model: m\nproject_name: {a: 1}\n", {"project_name"});
+  expect_config_error("model: m\ntemperature: .nan\n", {"temperature"});
+}
+
+TEST(JobTest, InvalidEnumNamesKeyAndOptions) {
+  expect_config_error("model: m\nsample_collection_method: whenever\n",
+                      {"sample_collection_method", "whenever", "rollout_until_finish_enough_episodes",
+                       "rollout_until_finish_enough_tasks", "rollout_until_finish_enough_non_dummy_tasks"});
+  expect_config_error("model: m\nalgorithm: ppo\n", {"algorithm", "ppo", "grpo"});
+  expect_config_error("model: m\ndtype: fp8\n", {"dtype", "fp32", "bf16"});
+}
+
+TEST(JobTest, InvalidRangesNameKey) {
+  expect_config_error("model: m\nbatch_size: 0\n", {"batch_size"});
+  expect_config_error("model: m\ntop_p: 1.5\n", {"top_p"});
+  expect_config_error("model: m\ntop_k: 0\n", {"top_k"});
+  expect_config_error("model: m\nbatch_size: 4\nnum_repeat: 4\nmax_cached_episodes: 3\n", {"max_cached_episodes"});
+}
+
+TEST(JobTest, NonFiniteValuesBuiltInCodeAreRejected) {
+  Job j;
+  j.model = "m";
+  j.temperature = std::numeric_limits<double>::quiet_NaN();
+  try {
+    j.validate();
+    FAIL() << "NaN temperature accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("temperature"), std::string::npos);
+  }
+  j.temperature = 1.0;
+  j.learning_rate = std::numeric_limits<double>::infinity();
+  EXPECT_THROW(j.validate(), ConfigError);
+}
+
+TEST(JobTest, MissingModel) {
+  expect_config_error("algorithm: grpo\nbatch_size: 4\n", {"model"});
+  expect_config_error("", {"model"});
+  Job j;
+  EXPECT_THROW(j.validate(), ConfigError);
+}
+
+TEST(JobTest, DuplicateKey) { expect_config_error("model: a\nbatch_size: 2\nmodel: b\n", {"model", "twice"}); }
+
+TEST(JobTest, NonMappingYaml) {
+  expect_config_error("- model\n- batch_size\n", {"mapping"});
+  expect_config_error("just a string", {"mapping"});
+  expect_config_error("model: [unclosed\n", {"YAML"});
+}
+
+TEST(JobTest, FieldsCoverEveryKey) {
+  const auto fields = Job::fields();
+  Job j;
+  j.model = "m";
+  const std::string yaml = j.to_yaml();
+  std::set<std::string> keys;
+  size_t pos = 0;
+  for (const auto& f : fields) {
+    EXPECT_TRUE(keys.insert(f.key).second) << "duplicate " << f.key;
+    EXPECT_FALSE(f.doc.empty()) << f.key;
+    EXPECT_TRUE(f.type == "int" || f.type == "float" || f.type == "string" || f.type == "bool") << f.type;
+    // to_yaml writes the keys in fields() order.
+    const auto at = yaml.find(f.key + ":", pos);
+    ASSERT_NE(at, std::string::npos) << f.key << " missing from to_yaml()";
+    pos = at;
+    // Each key alone loads (with the default value as YAML text).
+    if (f.key != "model") {
+      const std::string one = "model: m\n" + f.key + ": " + (f.default_value.empty() ? "\"\"" : f.default_value);
+      if (f.type != "string" || !f.default_value.empty()) {
+        EXPECT_NO_THROW(Job::from_yaml(one)) << one;
+      }
+    }
+  }
+  // Every line of to_yaml() is a key from fields().
+  size_t lines = 0;
+  for (size_t start = 0; start < yaml.size();) {
+    const auto end = yaml.find('\n', start);
+    const std::string line = yaml.substr(start, end - start);
+    if (!line.empty()) {
+      ++lines;
+      EXPECT_TRUE(keys.count(line.substr(0, line.find(':')))) << line;
+    }
+    start = end == std::string::npos ? yaml.size() : end + 1;
+  }
+  EXPECT_EQ(lines, fields.size());
+  EXPECT_TRUE(keys.count("algorithm") && keys.count("model") && keys.count("batch_size") &&
+              keys.count("num_repeat") && keys.count("n_gpu") && keys.count("experiment_name"));
+}
+
+TEST(JobTest, DumpAndLoadFile) {
+  const auto dir = std::filesystem::temp_directory_path() / ("swarm_test_job_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "job.yaml").string();
+  const Job original = non_default_job();
+  original.dump(path);
+  const Job loaded = Job::load(path);
+  expect_equal(original, loaded);
+
+  {
+    std::ofstream bad(dir / "bad.yaml");
+    bad << "model: m\nwhat: 1\n";
+  }
+  try {
+    Job::load((dir / "bad.yaml").string());
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.yaml"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("what"), std::string::npos);
+  }
+  EXPECT_THROW(Job::load((dir / "missing.yaml").string()), ConfigError);
+  EXPECT_THROW(original.dump((dir / "no/such/dir/x.yaml").string()), ConfigError);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace swarm
