@@ -1,0 +1,2 @@
+// Placeholder until the model I/O library lands.
+namespace swarm {}  // namespace swarm
