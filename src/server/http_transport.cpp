@@ -69,9 +69,13 @@ constexpr auto kLingerLimit = std::chrono::seconds(2);
 // The server whose I/O thread this is: stop() there would join the calling thread.
 thread_local const void* t_io_thread_of = nullptr;
 
+// Transport-level errors (413, 431, malformed HTTP) come before routing, so they carry
+// both shapes: the OpenAI error object and the command routes' "success": false
+// (OpenAI clients ignore the extra field).
 std::string error_json(std::string_view message, const char* type, std::string_view code) {
   nlohmann::json j;
   j["error"] = {{"message", message}, {"type", type}, {"code", code}};
+  j["success"] = false;
   return j.dump();
 }
 

@@ -24,8 +24,17 @@ nlohmann::json parse_json_object(const std::string& body, bool allow_empty) {
     if (allow_empty) return nlohmann::json::object();
     throw SwarmError(ErrorKind::INVALID_ARGUMENT, "request body is empty; expected a JSON object");
   }
-  nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) throw SwarmError(ErrorKind::INVALID_ARGUMENT, "request body is not valid JSON");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(body);
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for 1e400
+    // Say where and why (e.g. "ill-formed UTF-8 byte"), without the library's "[json.exception...]" tag.
+    std::string why = e.what();
+    if (auto tag_end = why.find("] "); why.rfind("[json.exception", 0) == 0 && tag_end != std::string::npos)
+      why.erase(0, tag_end + 2);
+    if (why.size() > 200) why = why.substr(0, 200) + "...";  // "last read" may quote a long token
+    throw SwarmError(ErrorKind::INVALID_ARGUMENT, "request body is not valid JSON: " + why);
+  }
   if (!j.is_object()) throw SwarmError(ErrorKind::INVALID_ARGUMENT, "request body must be a JSON object");
   return j;
 }

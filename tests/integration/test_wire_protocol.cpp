@@ -1,0 +1,428 @@
+// Wire compatibility (DESIGN §5): every route spoken with raw HTTP + JSON, exactly as a
+// client written for the peer system (AgentJet's Python swarm client) would speak it.
+// Deliberately does not use the SDK: exact paths, field names and shapes are the contract.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/http_client.hpp"
+#include "support/test_server.hpp"
+
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+using swarm::HttpClient;
+using swarm::HttpClientResponse;
+using swarm::testing::TestServer;
+
+namespace {
+
+using Headers = std::vector<std::pair<std::string, std::string>>;
+
+const char* kConfig =
+    "model: mock-model\n"
+    "batch_size: 1\n"
+    "num_repeat: 2\n"
+    "max_parallel_episodes: 4\n";
+
+std::string header_of(const HttpClientResponse& r, const std::string& name) {
+  for (const auto& [k, v] : r.headers)
+    if (k == name) return v;
+  return "";
+}
+
+json parse(const HttpClientResponse& r) {
+  json j = json::parse(r.body, nullptr, /*allow_exceptions=*/false);
+  EXPECT_FALSE(j.is_discarded()) << "not JSON: " << r.body;
+  return j;
+}
+
+json get_json(HttpClient& c, const std::string& path) {
+  auto r = c.request("GET", path);
+  EXPECT_EQ(r.status, 200) << path << ": " << r.body;
+  EXPECT_NE(header_of(r, "content-type").find("application/json"), std::string::npos) << path;
+  return parse(r);
+}
+
+json post_json(HttpClient& c, const std::string& path, const json& body, int expected_status = 200,
+               const Headers& headers = {}) {
+  auto r = c.request("POST", path, body.dump(), headers, "application/json");
+  EXPECT_EQ(r.status, expected_status) << path << ": " << r.body;
+  return parse(r);
+}
+
+// Polls GET /get_engine_status (as a Python client would) until `state` or a deadline.
+bool poll_engine_status(HttpClient& c, const std::string& state, std::chrono::seconds limit = 10s) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (get_json(c, "/get_engine_status")["engine_status"] == state) return true;
+    std::this_thread::sleep_for(2ms);
+  }
+  return false;
+}
+
+// The `data:` payloads of an SSE body, in order.
+std::vector<std::string> sse_events(const std::string& body) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    size_t end = body.find("\n\n", pos);
+    if (end == std::string::npos) end = body.size();
+    std::string event = body.substr(pos, end - pos);
+    pos = end + 2;
+    size_t line_start = 0;
+    while (line_start < event.size()) {
+      size_t nl = event.find('\n', line_start);
+      if (nl == std::string::npos) nl = event.size();
+      std::string line = event.substr(line_start, nl - line_start);
+      if (line.rfind("data: ", 0) == 0) out.push_back(line.substr(6));
+      line_start = nl + 1;
+    }
+  }
+  return out;
+}
+
+struct Claimed {
+  std::string episode_uuid;
+  std::string base_url;
+  std::string api_key;
+};
+
+// `host` is the authority the client reached the server by (the Host header).
+Claimed claim(HttpClient& c, const std::string& client_uuid, uint16_t port, const std::string& host = "127.0.0.1") {
+  json req = {{"client_uuid", client_uuid},
+              {"episode_type", "train"},
+              {"discard_episode_timeout", 120},
+              {"throttle_policy", nullptr}};
+  const std::string authority = host + ":" + std::to_string(port);
+  json r = post_json(c, "/claim_episode", req, 200, {{"Host", authority}});
+  EXPECT_EQ(r["success"], true) << r.dump();
+  EXPECT_EQ(r["client_uuid"], client_uuid);
+  EXPECT_TRUE(r["episode_uuid"].is_string());
+  EXPECT_FALSE(r["episode_uuid"].get<std::string>().empty());
+  EXPECT_EQ(r["openai_base_url"], "http://" + authority + "/v1");
+  EXPECT_TRUE(r["openai_api_key"].is_string());
+  EXPECT_GE(r["openai_api_key"].get<std::string>().size(), 16u);
+  EXPECT_EQ(r["fail_cause"], "");
+  return {r.value("episode_uuid", ""), r.value("openai_base_url", ""), r.value("openai_api_key", "")};
+}
+
+Headers bearer(const Claimed& e) { return {{"Authorization", "Bearer " + e.api_key}}; }
+
+void expect_usage(const json& usage) {
+  ASSERT_TRUE(usage.is_object()) << usage.dump();
+  EXPECT_GT(usage["prompt_tokens"].get<int64_t>(), 0);
+  EXPECT_GT(usage["completion_tokens"].get<int64_t>(), 0);
+  EXPECT_EQ(usage["total_tokens"].get<int64_t>(),
+            usage["prompt_tokens"].get<int64_t>() + usage["completion_tokens"].get<int64_t>());
+}
+
+TEST(WireProtocol, ClaimWhileOfflineIsHttp200WithSuccessFalseAndACause) {
+  TestServer server;
+  HttpClient c(server.url());
+  json r = post_json(c, "/claim_episode",
+                     {{"client_uuid", "c-offline"}, {"episode_type", "train"}, {"discard_episode_timeout", 60}});
+  EXPECT_EQ(r["success"], false);
+  EXPECT_EQ(r["client_uuid"], "c-offline");
+  ASSERT_TRUE(r["fail_cause"].is_string());
+  const std::string cause = r["fail_cause"];
+  EXPECT_FALSE(cause.empty());
+  EXPECT_NE(cause.find("ENGINE.OFFLINE"), std::string::npos) << cause;
+  EXPECT_EQ(r["openai_api_key"], "");
+}
+
+TEST(WireProtocol, WholeLifecycleWithRawJson) {
+  TestServer server;
+  HttpClient c(server.url());
+  const uint16_t port = server.port();
+
+  // ---- health and status while OFFLINE
+  json health = get_json(c, "/health");
+  EXPECT_EQ(health["status"], "ok");
+  EXPECT_EQ(health["engine_status"], "ENGINE.OFFLINE");
+  json st = get_json(c, "/get_engine_status");
+  EXPECT_EQ(st["engine_status"], "ENGINE.OFFLINE");
+  EXPECT_TRUE(st["engine_status_detail"].is_string());
+  EXPECT_EQ(st["global_step"], 0);
+  EXPECT_EQ(st["policy_version"], 0);
+
+  // ---- config, boot
+  EXPECT_EQ(post_json(c, "/sync_train_config", {{"yaml_as_string", kConfig}}), json({{"success", true}}));
+  EXPECT_EQ(post_json(c, "/start_engine", json::object())["success"], true);
+  ASSERT_TRUE(poll_engine_status(c, "ENGINE.ROLLING"));
+  EXPECT_EQ(get_json(c, "/health")["engine_status"], "ENGINE.ROLLING");
+
+  // ---- claim: two episodes of one task, plus one to abort
+  Claimed a = claim(c, "client-a", port);
+  Claimed b = claim(c, "client-b", port);
+  // A client that reached the server by another name gets a base URL with that name.
+  Claimed doomed = claim(c, "client-a", port, "localhost");
+  ASSERT_FALSE(a.api_key.empty());
+  EXPECT_NE(a.episode_uuid, b.episode_uuid);
+  EXPECT_NE(a.api_key, b.api_key);
+  ASSERT_EQ(a.base_url.substr(a.base_url.size() - 3), "/v1");
+
+  // The OpenAI SDK joins base_url + "/chat/completions": use the URL exactly as returned.
+  HttpClient llm_a(a.base_url);
+  HttpClient llm_b(b.base_url);
+
+  // ---- chat completion, plain
+  {
+    json req = {{"model", "mock-model"},
+                {"messages", {{{"role", "system"}, {"content", "be brief"}}, {{"role", "user"}, {"content", "hello"}}}},
+                {"max_tokens", 32}};
+    json r = post_json(llm_a, "/chat/completions", req, 200, bearer(a));
+    EXPECT_TRUE(r["id"].is_string());
+    EXPECT_FALSE(r["id"].get<std::string>().empty());
+    EXPECT_EQ(r["object"], "chat.completion");
+    EXPECT_TRUE(r["created"].is_number_integer());
+    EXPECT_EQ(r["model"], "mock-model");
+    ASSERT_TRUE(r["choices"].is_array());
+    ASSERT_EQ(r["choices"].size(), 1u);
+    const json& ch = r["choices"][0];
+    EXPECT_EQ(ch["index"], 0);
+    EXPECT_EQ(ch["message"]["role"], "assistant");
+    EXPECT_TRUE(ch["message"]["content"].is_string());
+    EXPECT_FALSE(ch["message"]["content"].get<std::string>().empty());
+    EXPECT_TRUE(ch["finish_reason"] == "stop" || ch["finish_reason"] == "length") << ch.dump();
+    EXPECT_TRUE(ch.contains("logprobs"));
+    expect_usage(r["usage"]);
+  }
+
+  // ---- chat completion with logprobs
+  {
+    json req = {{"model", "mock-model"},
+                {"messages", {{{"role", "user"}, {"content", "abc"}}}},
+                {"logprobs", true},
+                {"top_logprobs", 2}};
+    json r = post_json(llm_a, "/chat/completions", req, 200, bearer(a));
+    const json& content = r["choices"][0]["logprobs"]["content"];
+    ASSERT_TRUE(content.is_array()) << r.dump();
+    ASSERT_FALSE(content.empty());
+    for (const json& t : content) {
+      EXPECT_TRUE(t["token"].is_string());
+      EXPECT_TRUE(t["logprob"].is_number());
+      EXPECT_LE(t["logprob"].get<double>(), 0.0);
+      ASSERT_TRUE(t["bytes"].is_array());
+      std::string from_bytes;
+      for (const json& b : t["bytes"]) from_bytes += static_cast<char>(b.get<int>());
+      EXPECT_EQ(from_bytes, t["token"].get<std::string>());
+      ASSERT_TRUE(t["top_logprobs"].is_array());
+      EXPECT_EQ(t["top_logprobs"].size(), 2u);
+      for (const json& alt : t["top_logprobs"]) {
+        EXPECT_TRUE(alt["token"].is_string());
+        EXPECT_TRUE(alt["logprob"].is_number());
+        EXPECT_TRUE(alt["bytes"].is_array());
+      }
+    }
+  }
+
+  // ---- chat completion with token ids
+  {
+    json req = {{"model", "mock-model"}, {"messages", {{{"role", "user"}, {"content", "ids"}}}}, {"return_token_ids", true}};
+    json r = post_json(llm_a, "/chat/completions", req, 200, bearer(a));
+    ASSERT_TRUE(r["prompt_token_ids"].is_array()) << r.dump();
+    EXPECT_EQ(static_cast<int64_t>(r["prompt_token_ids"].size()), r["usage"]["prompt_tokens"].get<int64_t>());
+    ASSERT_TRUE(r["choices"][0]["token_ids"].is_array());
+    EXPECT_EQ(static_cast<int64_t>(r["choices"][0]["token_ids"].size()),
+              r["usage"]["completion_tokens"].get<int64_t>());
+    for (const json& id : r["prompt_token_ids"]) EXPECT_TRUE(id.is_number_integer());
+  }
+
+  // ---- streaming chat completion
+  {
+    json req = {{"model", "mock-model"},
+                {"messages", {{{"role", "user"}, {"content", "stream me"}}}},
+                {"stream", true},
+                {"stream_options", {{"include_usage", true}}}};
+    auto r = llm_b.request("POST", "/chat/completions", req.dump(), bearer(b));
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_NE(header_of(r, "content-type").find("text/event-stream"), std::string::npos);
+    auto events = sse_events(r.body);
+    ASSERT_GE(events.size(), 4u) << r.body;
+    EXPECT_EQ(events.back(), "[DONE]");
+    std::string text;
+    bool saw_finish = false, saw_usage = false;
+    for (size_t i = 0; i + 1 < events.size(); ++i) {
+      json ev = json::parse(events[i], nullptr, false);
+      ASSERT_FALSE(ev.is_discarded()) << events[i];
+      EXPECT_EQ(ev["object"], "chat.completion.chunk");
+      EXPECT_TRUE(ev["id"].is_string());
+      EXPECT_EQ(ev["model"], "mock-model");
+      if (i == 0) {
+        EXPECT_EQ(ev["choices"][0]["delta"]["role"], "assistant") << events[i];
+      }
+      if (ev.contains("usage") && ev["usage"].is_object()) {
+        saw_usage = true;
+        EXPECT_TRUE(ev["choices"].empty());
+        expect_usage(ev["usage"]);
+        EXPECT_EQ(i + 2, events.size()) << "the usage chunk comes last, before [DONE]";
+        continue;
+      }
+      ASSERT_EQ(ev["choices"].size(), 1u);
+      const json& ch = ev["choices"][0];
+      if (ch["delta"].contains("content")) text += ch["delta"]["content"].get<std::string>();
+      if (!ch["finish_reason"].is_null()) {
+        saw_finish = true;
+        EXPECT_EQ(ch["finish_reason"], "stop");
+      }
+    }
+    EXPECT_TRUE(saw_finish);
+    EXPECT_TRUE(saw_usage);
+    EXPECT_FALSE(text.empty());
+  }
+
+  // ---- legacy completions with a string prompt
+  {
+    json req = {{"model", "mock-model"}, {"prompt", "Once upon a time"}, {"max_tokens", 16}};
+    json r = post_json(llm_b, "/completions", req, 200, bearer(b));
+    EXPECT_EQ(r["object"], "text_completion");
+    EXPECT_TRUE(r["id"].is_string());
+    EXPECT_EQ(r["model"], "mock-model");
+    ASSERT_EQ(r["choices"].size(), 1u);
+    EXPECT_TRUE(r["choices"][0]["text"].is_string());
+    EXPECT_FALSE(r["choices"][0]["text"].get<std::string>().empty());
+    EXPECT_TRUE(r["choices"][0].contains("finish_reason"));
+    expect_usage(r["usage"]);
+  }
+
+  // ---- models
+  {
+    auto r = llm_a.request("GET", "/models", "", bearer(a));
+    ASSERT_EQ(r.status, 200) << r.body;
+    json m = parse(r);
+    EXPECT_EQ(m["object"], "list");
+    ASSERT_EQ(m["data"].size(), 1u);
+    EXPECT_EQ(m["data"][0]["id"], "mock-model");
+    EXPECT_EQ(m["data"][0]["object"], "model");
+  }
+
+  // ---- can_continue
+  EXPECT_EQ(post_json(c, "/can_continue_episode", {{"client_uuid", "client-a"}, {"episode_uuid", a.episode_uuid}}),
+            json({{"can_continue", true}}));
+
+  // ---- pool information while episodes run
+  {
+    json p = get_json(c, "/get_current_batch_rollout_pool_information");
+    EXPECT_EQ(p["engine_status"], "ENGINE.ROLLING");
+    EXPECT_EQ(p["global_step"], 0);
+    EXPECT_EQ(p["sample_collection_method"], "rollout_until_finish_enough_tasks");
+    EXPECT_TRUE(p["targets"].is_object());
+    EXPECT_EQ(p["targets"]["tasks"], 1);
+    EXPECT_EQ(p["targets"]["episodes"], 2);
+    EXPECT_TRUE(p["progress"].is_object());
+    ASSERT_TRUE(p["running_episodes"].is_array());
+    ASSERT_EQ(p["running_episodes"].size(), 3u) << p.dump();
+    bool saw_a = false;
+    for (const json& e : p["running_episodes"]) {
+      EXPECT_TRUE(e["client_uuid"].is_string());
+      EXPECT_TRUE(e["llm_calls"].is_number_integer());
+      EXPECT_TRUE(e["seconds_idle"].is_number());
+      EXPECT_EQ(e["discard_episode_timeout"], 120.0);
+      if (e["episode_uuid"] == a.episode_uuid) {
+        saw_a = true;
+        EXPECT_EQ(e["client_uuid"], "client-a");
+        EXPECT_EQ(e["llm_calls"], 3);
+      }
+    }
+    EXPECT_TRUE(saw_a);
+    EXPECT_TRUE(p["tasks"].is_array());
+    EXPECT_TRUE(p["recent_rewards"].is_array());
+    EXPECT_TRUE(p["counters"].is_object());
+    EXPECT_EQ(p["counters"]["claimed"], 3);
+  }
+
+  // ---- abort one, end one (top-level task_id)
+  EXPECT_EQ(post_json(c, "/abort_episode", {{"client_uuid", "client-a"}, {"episode_uuid", doomed.episode_uuid}})["success"],
+            true);
+  {
+    json req = {{"client_uuid", "client-a"},
+                {"episode_uuid", a.episode_uuid},
+                {"task_id", "task-1"},
+                {"workflow_output", {{"reward", 1.0}, {"is_success", true}, {"metadata", json::object()},
+                                     {"log_metrics", json::object()}}}};
+    EXPECT_EQ(post_json(c, "/end_episode", req)["success"], true);
+  }
+  {
+    json p = get_json(c, "/get_current_batch_rollout_pool_information");
+    ASSERT_EQ(p["tasks"].size(), 1u) << p.dump();
+    const json& t = p["tasks"][0];
+    EXPECT_EQ(t["task_id"], "task-1");
+    EXPECT_EQ(t["episodes"], 1);
+    EXPECT_DOUBLE_EQ(t["reward_mean"].get<double>(), 1.0);
+    EXPECT_TRUE(t["reward_std"].is_number());
+    ASSERT_EQ(p["recent_rewards"].size(), 1u);
+    EXPECT_EQ(p["running_episodes"].size(), 1u);
+    EXPECT_EQ(p["counters"]["aborted"], 1);
+    EXPECT_EQ(p["counters"]["ended"], 1);
+  }
+
+  // ---- metrics
+  {
+    auto r = c.request("GET", "/metrics");
+    ASSERT_EQ(r.status, 200);
+    EXPECT_NE(header_of(r, "content-type").find("text/plain"), std::string::npos);
+    for (const char* needle :
+         {"swarm_engine_state{state=\"ENGINE.ROLLING\"} 1", "swarm_global_step 0", "swarm_episodes_total{event=\"claimed\"} 3",
+          "swarm_http_requests_total{route=\"/claim_episode\",status=\"200\"}",
+          "swarm_http_request_duration_seconds_bucket{route=\"/v1/chat/completions\",le=\"+Inf\"}"})
+      EXPECT_NE(r.body.find(needle), std::string::npos) << "missing " << needle << " in\n" << r.body;
+  }
+
+  // ---- the second episode of the task ends with task_id only inside "task": batch complete
+  {
+    json req = {{"client_uuid", "client-b"},
+                {"episode_uuid", b.episode_uuid},
+                {"task", {{"task_id", "task-1"}, {"main_query", "q"}, {"init_messages", json::array()},
+                          {"env_type", "test"}, {"metadata", json::object()}}},
+                {"workflow_output", {{"reward", 0.0}, {"is_success", false}, {"metadata", {{"k", "v"}}},
+                                     {"log_metrics", {{"turns", 2}}}}}};
+    EXPECT_EQ(post_json(c, "/end_episode", req)["success"], true);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  json status;
+  do {
+    status = get_json(c, "/get_engine_status");
+    if (status["global_step"] == 1) break;
+    std::this_thread::sleep_for(2ms);
+  } while (std::chrono::steady_clock::now() < deadline);
+  EXPECT_EQ(status["global_step"], 1) << status.dump();
+  EXPECT_EQ(status["policy_version"], 1);
+  auto batches = server.batches->copy();
+  ASSERT_EQ(batches.size(), 1u);
+  ASSERT_EQ(batches[0].episodes.size(), 2u);
+  for (const auto& e : batches[0].episodes) {
+    EXPECT_EQ(e.task_id, "task-1");
+    EXPECT_TRUE(e.episode_uuid == a.episode_uuid || e.episode_uuid == b.episode_uuid);
+  }
+
+  // ---- the ended episodes' keys are revoked
+  {
+    json req = {{"model", "mock-model"}, {"messages", {{{"role", "user"}, {"content", "late"}}}}};
+    post_json(llm_a, "/chat/completions", req, 401, bearer(a));
+  }
+
+  // ---- stop
+  EXPECT_EQ(post_json(c, "/stop_engine", json::object())["success"], true);
+  EXPECT_EQ(get_json(c, "/get_engine_status")["engine_status"], "ENGINE.OFFLINE");
+  EXPECT_EQ(get_json(c, "/health")["engine_status"], "ENGINE.OFFLINE");
+}
+
+TEST(WireProtocol, StartAndStopAcceptAnEmptyBodyAsPythonRequestsSendsIt) {
+  TestServer server;
+  HttpClient c(server.url());
+  EXPECT_EQ(post_json(c, "/sync_train_config", {{"yaml_as_string", kConfig}})["success"], true);
+  auto r = c.request("POST", "/start_engine", "", {}, "application/json");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(parse(r)["success"], true);
+  ASSERT_TRUE(server.engine().wait_for_state(swarm::EngineState::ROLLING, 10s));
+  r = c.request("POST", "/stop_engine", "", {}, "application/json");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(parse(r)["success"], true);
+  EXPECT_EQ(get_json(c, "/get_engine_status")["engine_status"], "ENGINE.OFFLINE");
+}
+
+}  // namespace
