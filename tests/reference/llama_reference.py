@@ -155,7 +155,7 @@ def main():
         for _ in range(req.get("greedy_tokens", 0)):
             seq.append(int(forward(cfg, w, seq, dtype)[-1].argmax()))
         out["greedy"].append(seq[len(ids):])
-    json.dump(out, sys.stdout)
+    sys.stdout.write(json.dumps(out))
 
 
 if __name__ == "__main__":
