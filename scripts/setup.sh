@@ -3,6 +3,17 @@
 # Usage: scripts/setup.sh            (as root, or with sudo available)
 set -euo pipefail
 
+# The JS reference tokenizer of the tokenizer parity test (tests/js, pinned by its
+# package-lock.json), installed once npm is there: when this script exits successfully.
+install_js_reference() {
+  local js_dir
+  js_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/js"
+  if [ ! -d "$js_dir/node_modules" ] && command -v npm >/dev/null 2>&1; then
+    npm ci --prefix "$js_dir" --silent --no-audit --no-fund
+  fi
+}
+trap 'status=$?; if [ "$status" -eq 0 ]; then install_js_reference || status=$?; fi; exit "$status"' EXIT
+
 PACKAGES=(
   # toolchain
   build-essential cmake ninja-build ccache pkg-config git
@@ -15,6 +26,8 @@ PACKAGES=(
   python3-torch python3-numpy python3-jinja2
   # tools used by tests and benchmarks
   nodejs npm tmux procps curl
+  # libFuzzer targets (tests/fuzz): clang >= 15, whose std::source_location works with libstdc++ 12
+  clang-16 libclang-rt-16-dev
 )
 
 missing=()
