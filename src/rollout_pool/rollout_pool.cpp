@@ -1,5 +1,10 @@
 #include "rollout_pool/rollout_pool.hpp"
 
+#include <sys/random.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -536,14 +541,17 @@ namespace {
 // The OS CSPRNG, explicitly: libstdc++'s default token may pick a CPU instruction instead.
 // One shared device behind a mutex: concurrent operator() on one random_device is not
 // guaranteed safe, and one file descriptor per thread is not needed at this rate.
+// Keys must be unguessable, so they come from the kernel CSPRNG: one getrandom(2) call
+// per buffer (no lock, no file descriptor), retried on EINTR / short reads.
 void fill_random(uint8_t* out, size_t n) {
-  static std::mutex mu;
-  static std::random_device device("/dev/urandom");
-  std::lock_guard lock(mu);
-  size_t i = 0;
-  while (i < n) {
-    uint32_t v = device();
-    for (int b = 0; b < 4 && i < n; ++b, ++i) out[i] = static_cast<uint8_t>(v >> (8 * b));
+  size_t done = 0;
+  while (done < n) {
+    ssize_t got = getrandom(out + done, n - done, 0);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      throw SwarmError(ErrorKind::INTERNAL, std::string("getrandom failed: ") + std::strerror(errno));
+    }
+    done += static_cast<size_t>(got);
   }
 }
 

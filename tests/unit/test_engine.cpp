@@ -232,8 +232,11 @@ TEST_F(EngineTest, GeneratedTokensCarryThePolicyVersionAfterSync) {
   ASSERT_EQ(probe->batches.size(), 2u);
   for (int step = 0; step < 2; ++step) {
     const Sample& s = probe->batches[step].episodes.at(0).samples.at(0);
-    for (size_t i = 0; i < s.loss_mask.size(); ++i)
-      if (s.loss_mask[i]) EXPECT_EQ(s.policy_versions[i], step) << "token " << i;
+    for (size_t i = 0; i < s.loss_mask.size(); ++i) {
+      if (s.loss_mask[i]) {
+        EXPECT_EQ(s.policy_versions[i], step) << "token " << i;
+      }
+    }
   }
 }
 

@@ -1,2 +1,0 @@
-// Placeholder until the model I/O library lands.
-namespace swarm {}  // namespace swarm
