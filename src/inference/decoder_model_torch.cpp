@@ -1,0 +1,431 @@
+#include "inference/decoder_model_torch.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+
+#include <cmath>
+#include <limits>
+#include <numbers>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "common/error.hpp"
+#include "inference/kv_cache_torch.hpp"
+#include "inference/safetensors_torch.hpp"
+
+namespace swarm {
+
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// x * cos + rotate_half(x) * sin, with rotate_half(x) = [-x2, x1] (Hugging Face layout).
+torch::Tensor rotate_half(const torch::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+std::string shape_str(at::IntArrayRef shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// One batched attention call of forward_step: either all single-token (decode) sequences,
+// padded to the longest context, or one multi-token (prefill) sequence alone, so a long prefill
+// never pads a batch of decodes. Built once per step, shared by every layer.
+struct AttentionGroup {
+  int64_t row_begin = 0;  // the group's rows in the (reordered) packed activation
+  int64_t batch = 0;      // sequences
+  int64_t queries = 0;    // new tokens per sequence (1 for decode)
+  int64_t keys = 0;       // context length L (padded for decode groups)
+  torch::Tensor gather;   // [batch * keys] rows of the flattened cache to read K/V from
+  torch::Tensor blocked;  // [batch, queries, keys] bool, true where attention is not allowed
+};
+
+}  // namespace
+
+void set_compute_threads(int n) {
+  SWARM_REQUIRE(n >= 1, ErrorKind::INVALID_ARGUMENT, "compute threads must be >= 1, got " + std::to_string(n));
+  at::set_num_threads(n);
+}
+
+c10::ScalarType compute_scalar_type(DType compute) {
+  switch (compute) {
+    case DType::F32: return torch::kFloat;
+    case DType::BF16: return torch::kBFloat16;
+    default: break;
+  }
+  throw SwarmError(ErrorKind::INVALID_ARGUMENT,
+                   std::string("unsupported compute dtype ") + dtype_name(compute) + " (supported: F32, BF16)");
+}
+
+// ---------------------------------------------------------------- loading
+
+DecoderModel::DecoderModel(Private, ModelConfig config, DType compute, torch::Device device)
+    : config_(std::move(config)), compute_(compute), scalar_type_(compute_scalar_type(compute)), device_(device) {}
+
+std::shared_ptr<DecoderModel> DecoderModel::load(const std::filesystem::path& dir, DType compute,
+                                                 torch::Device device) {
+  ModelConfig config = ModelConfig::from_directory(dir);
+  SafetensorsModel weights = SafetensorsModel::open(dir);
+  weights.validate_against(config);
+  return from_state_dict(config, load_state_dict(weights), compute, device);
+}
+
+std::shared_ptr<DecoderModel> DecoderModel::from_state_dict(const ModelConfig& config,
+                                                            const std::map<std::string, torch::Tensor>& state,
+                                                            DType compute, torch::Device device) {
+  SWARM_REQUIRE(config.rope_scaling.type != RopeScalingType::DYNAMIC, ErrorKind::INVALID_ARGUMENT,
+                "rope_scaling type 'dynamic' is not supported yet");
+  SWARM_REQUIRE(config.head_dim % 2 == 0, ErrorKind::INVALID_ARGUMENT,
+                "head_dim must be even for RoPE, got " + std::to_string(config.head_dim));
+  SWARM_REQUIRE(config.num_key_value_heads > 0 && config.num_attention_heads % config.num_key_value_heads == 0,
+                ErrorKind::INVALID_ARGUMENT, "num_attention_heads must be a multiple of num_key_value_heads");
+  SWARM_REQUIRE(config.max_position_embeddings > 0, ErrorKind::INVALID_ARGUMENT,
+                "max_position_embeddings must be positive");
+  auto model = std::make_shared<DecoderModel>(Private{}, config, compute, device);
+  const auto options = torch::TensorOptions().dtype(model->scalar_type_).device(device);
+
+  std::unordered_map<std::string, int> index;
+  for (const TensorSpec& spec : config.expected_tensors()) {
+    auto it = state.find(spec.name);
+    // Tied embeddings may be stored once, as lm_head.weight (TinyStories does).
+    if (it == state.end() && spec.name == "model.embed_tokens.weight" && config.tie_word_embeddings) {
+      it = state.find("lm_head.weight");
+    }
+    SWARM_REQUIRE(it != state.end(), ErrorKind::INVALID_ARGUMENT, "missing tensor '" + spec.name + "'");
+    const torch::Tensor& t = it->second;
+    SWARM_REQUIRE(t.sizes().vec() == spec.shape, ErrorKind::INVALID_ARGUMENT,
+                  "tensor '" + spec.name + "' has shape " + shape_str(t.sizes()) + ", expected " +
+                      shape_str(spec.shape));
+    SWARM_REQUIRE(t.is_floating_point(), ErrorKind::INVALID_ARGUMENT,
+                  "tensor '" + spec.name + "' is not floating-point");
+    // An owned, contiguous copy: the state dict may alias a read-only file mapping.
+    index[spec.name] = static_cast<int>(model->params_.size());
+    model->params_.emplace_back(spec.name, t.to(options, /*non_blocking=*/false, /*copy=*/true).contiguous());
+  }
+
+  auto find = [&](const std::string& name) {
+    auto it = index.find(name);
+    return it == index.end() ? -1 : it->second;
+  };
+  auto need = [&](const std::string& name) {
+    const int i = find(name);
+    SWARM_CHECK(i >= 0, "parameter '" + name + "' not loaded");
+    return i;
+  };
+  model->embed_ = need("model.embed_tokens.weight");
+  model->final_norm_ = need("model.norm.weight");
+  model->head_ = config.tie_word_embeddings ? model->embed_ : need("lm_head.weight");
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    const std::string pre = "model.layers." + std::to_string(l) + ".";
+    LayerParams lp;
+    lp.q_w = need(pre + "self_attn.q_proj.weight");
+    lp.q_b = find(pre + "self_attn.q_proj.bias");
+    lp.k_w = need(pre + "self_attn.k_proj.weight");
+    lp.k_b = find(pre + "self_attn.k_proj.bias");
+    lp.v_w = need(pre + "self_attn.v_proj.weight");
+    lp.v_b = find(pre + "self_attn.v_proj.bias");
+    lp.o_w = need(pre + "self_attn.o_proj.weight");
+    lp.o_b = find(pre + "self_attn.o_proj.bias");
+    lp.q_norm = find(pre + "self_attn.q_norm.weight");
+    lp.k_norm = find(pre + "self_attn.k_norm.weight");
+    lp.gate_w = need(pre + "mlp.gate_proj.weight");
+    lp.gate_b = find(pre + "mlp.gate_proj.bias");
+    lp.up_w = need(pre + "mlp.up_proj.weight");
+    lp.up_b = find(pre + "mlp.up_proj.bias");
+    lp.down_w = need(pre + "mlp.down_proj.weight");
+    lp.down_b = find(pre + "mlp.down_proj.bias");
+    lp.in_norm = need(pre + "input_layernorm.weight");
+    lp.post_norm = need(pre + "post_attention_layernorm.weight");
+    model->layers_.push_back(lp);
+  }
+  model->build_rope_tables();
+  return model;
+}
+
+const torch::Tensor& DecoderModel::parameter(const std::string& name) const {
+  for (const auto& [n, t] : params_) {
+    if (n == name) return t;
+  }
+  throw SwarmError(ErrorKind::NOT_FOUND, "model has no parameter '" + name + "'");
+}
+
+void DecoderModel::build_rope_tables() {
+  // In double, as Hugging Face (and our reference) compute inv_freq and the angles, then fp32.
+  const int64_t hd = config_.head_dim;
+  const auto f64 = torch::TensorOptions().dtype(torch::kDouble);
+  torch::Tensor inv = 1.0 / at::pow(config_.rope_theta, torch::arange(0, hd, 2, f64) / static_cast<double>(hd));
+  const RopeScaling& rs = config_.rope_scaling;
+  switch (rs.type) {
+    case RopeScalingType::NONE: break;
+    case RopeScalingType::LINEAR: inv = inv / rs.factor; break;
+    case RopeScalingType::LLAMA3: {
+      const double old = static_cast<double>(rs.original_max_position_embeddings);
+      const double lo_wavelen = old / rs.low_freq_factor;
+      const double hi_wavelen = old / rs.high_freq_factor;
+      const torch::Tensor wavelen = 2 * std::numbers::pi / inv;
+      // Long wavelengths are slowed down by `factor`, short ones kept, the band between blended.
+      const torch::Tensor scaled = at::where(wavelen > lo_wavelen, inv / rs.factor, inv);
+      const torch::Tensor smooth = (old / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
+      const torch::Tensor mid = (1 - smooth) * scaled / rs.factor + smooth * scaled;
+      const torch::Tensor is_mid = (wavelen >= hi_wavelen).logical_and(wavelen <= lo_wavelen);
+      inv = at::where(is_mid, mid, scaled);
+      break;
+    }
+    case RopeScalingType::DYNAMIC:
+      throw SwarmError(ErrorKind::INVALID_ARGUMENT, "rope_scaling type 'dynamic' is not supported yet");
+  }
+  const torch::Tensor angle =
+      torch::arange(config_.max_position_embeddings, f64).unsqueeze(1) * inv.unsqueeze(0);  // [P, hd/2]
+  const torch::Tensor full = at::cat({angle, angle}, -1);
+  cos_f32_ = at::cos(full).to(torch::kFloat);
+  sin_f32_ = at::sin(full).to(torch::kFloat);
+  cos_ = cos_f32_.to(torch::TensorOptions().dtype(scalar_type_).device(device_));
+  sin_ = sin_f32_.to(torch::TensorOptions().dtype(scalar_type_).device(device_));
+}
+
+// ---------------------------------------------------------------- building blocks
+
+torch::Tensor DecoderModel::rms_norm(const torch::Tensor& x, const torch::Tensor& weight) const {
+  // The statistics in fp32 whatever the compute dtype; the scale in the compute dtype.
+  const torch::Tensor xf = x.to(torch::kFloat);
+  const torch::Tensor y = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + config_.rms_norm_eps);
+  return y.to(x.scalar_type()) * weight;
+}
+
+torch::Tensor DecoderModel::apply_rope(const torch::Tensor& x, const torch::Tensor& cos,
+                                       const torch::Tensor& sin) const {
+  return x * cos + rotate_half(x) * sin;
+}
+
+// q [b, nq, heads, hd], k/v [b, L, kv_heads, hd], blocked [b, nq, L] -> [b, nq, heads * hd].
+// GQA without copying K/V: query head h uses kv head h / rep, so the query heads of one kv head
+// are folded into the query dimension and the matmul broadcasts over them.
+torch::Tensor DecoderModel::attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                   const torch::Tensor& blocked) const {
+  const int64_t b = q.size(0), nq = q.size(1), hd = config_.head_dim;
+  const int64_t kvh = config_.num_key_value_heads, rep = config_.num_attention_heads / kvh, L = k.size(1);
+  const torch::Tensor qg = q.reshape({b, nq, kvh, rep, hd}).permute({0, 2, 3, 1, 4}).reshape({b, kvh, rep * nq, hd});
+  const torch::Tensor kt = k.permute({0, 2, 3, 1});  // [b, kv, hd, L]
+  // Scores and softmax in fp32 (a no-op cast in fp32 mode).
+  torch::Tensor scores = at::matmul(qg.to(torch::kFloat), kt.to(torch::kFloat)) / std::sqrt(static_cast<double>(hd));
+  scores = scores.view({b, kvh, rep, nq, L}).masked_fill(blocked.reshape({b, 1, 1, nq, L}), kNegInf);
+  const torch::Tensor probs = at::softmax(scores, -1).to(q.scalar_type()).view({b, kvh, rep * nq, L});
+  const torch::Tensor out = at::matmul(probs, v.permute({0, 2, 1, 3}));  // [b, kv, rep*nq, hd]
+  return out.view({b, kvh, rep, nq, hd}).permute({0, 3, 1, 2, 4}).reshape({b, nq, kvh * rep * hd});
+}
+
+torch::Tensor DecoderModel::mlp(const LayerParams& layer, const torch::Tensor& x) const {
+  const torch::Tensor gate = at::linear(x, p(layer.gate_w), bias(layer.gate_b));
+  const torch::Tensor up = at::linear(x, p(layer.up_w), bias(layer.up_b));
+  return at::linear(at::silu(gate) * up, p(layer.down_w), bias(layer.down_b));
+}
+
+torch::Tensor DecoderModel::logits(const torch::Tensor& x) const {
+  return at::linear(rms_norm(x, p(final_norm_)), p(head_)).to(torch::kFloat);
+}
+
+// ---------------------------------------------------------------- full forward (training)
+
+torch::Tensor DecoderModel::forward_full(const torch::Tensor& input_ids, const torch::Tensor& lengths) const {
+  SWARM_REQUIRE(input_ids.dim() == 2, ErrorKind::INVALID_ARGUMENT,
+                "forward_full: input_ids must be [B, T], got " + shape_str(input_ids.sizes()));
+  const int64_t B = input_ids.size(0), T = input_ids.size(1);
+  SWARM_REQUIRE(lengths.dim() == 1 && lengths.size(0) == B, ErrorKind::INVALID_ARGUMENT,
+                "forward_full: lengths must be [B], got " + shape_str(lengths.sizes()));
+  SWARM_REQUIRE(T <= config_.max_position_embeddings, ErrorKind::INVALID_ARGUMENT,
+                "forward_full: " + std::to_string(T) + " positions exceed max_position_embeddings " +
+                    std::to_string(config_.max_position_embeddings));
+  const int64_t nh = config_.num_attention_heads, kvh = config_.num_key_value_heads, hd = config_.head_dim;
+
+  const torch::Tensor ids = input_ids.to(device_, torch::kLong);
+  const torch::Tensor lens = lengths.to(device_, torch::kLong);
+  // blocked[b, i, j]: key j is in the future, or is padding. A padded query may always see
+  // itself, so no softmax row is empty (finite logits, clean gradients); real queries never see
+  // padding because it only follows them.
+  const auto long_opts = torch::TensorOptions().dtype(torch::kLong).device(device_);
+  const torch::Tensor i = torch::arange(T, long_opts).view({1, T, 1});
+  const torch::Tensor j = torch::arange(T, long_opts).view({1, 1, T});
+  torch::Tensor allowed = (j <= i).logical_and((j < lens.view({B, 1, 1})).logical_or(j == i));
+  if (config_.sliding_window) allowed = allowed.logical_and((i - j) < *config_.sliding_window);
+  const torch::Tensor blocked = allowed.logical_not().expand({B, T, T});
+
+  const torch::Tensor cos = cos_.narrow(0, 0, T).view({1, T, 1, hd});
+  const torch::Tensor sin = sin_.narrow(0, 0, T).view({1, T, 1, hd});
+
+  torch::Tensor x = at::embedding(p(embed_), ids);  // [B, T, H]
+  for (const LayerParams& layer : layers_) {
+    const torch::Tensor h = rms_norm(x, p(layer.in_norm));
+    torch::Tensor q = at::linear(h, p(layer.q_w), bias(layer.q_b)).view({B, T, nh, hd});
+    torch::Tensor k = at::linear(h, p(layer.k_w), bias(layer.k_b)).view({B, T, kvh, hd});
+    const torch::Tensor v = at::linear(h, p(layer.v_w), bias(layer.v_b)).view({B, T, kvh, hd});
+    if (layer.q_norm >= 0) {
+      q = rms_norm(q, p(layer.q_norm));
+      k = rms_norm(k, p(layer.k_norm));
+    }
+    q = apply_rope(q, cos, sin);
+    k = apply_rope(k, cos, sin);
+    const torch::Tensor o = attend(q, k, v, blocked);
+    x = x + at::linear(o, p(layer.o_w), bias(layer.o_b));
+    x = x + mlp(layer, rms_norm(x, p(layer.post_norm)));
+  }
+  return logits(x);
+}
+
+// ---------------------------------------------------------------- packed step (serving)
+
+torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvCache& cache, bool all_logits) const {
+  c10::InferenceMode inference_mode;
+  SWARM_REQUIRE(!seqs.empty(), ErrorKind::INVALID_ARGUMENT, "forward_step: no sequences");
+  SWARM_CHECK(cache.num_layers() == config_.num_hidden_layers && cache.num_kv_heads() == config_.num_key_value_heads &&
+                  cache.head_dim() == config_.head_dim,
+              "forward_step: the KV cache is shaped for another model");
+  SWARM_CHECK(cache.dtype() == scalar_type_ && cache.device() == device_,
+              "forward_step: the KV cache's dtype/device differ from the model's");
+  const int64_t nh = config_.num_attention_heads, kvh = config_.num_key_value_heads, hd = config_.head_dim;
+  const int64_t window = config_.sliding_window.value_or(std::numeric_limits<int64_t>::max());
+  const BlockAllocator& blocks = cache.allocator();
+
+  // Decode sequences first (one padded group), then each prefill sequence as its own group;
+  // `order` maps packed position -> index in `seqs`.
+  std::vector<size_t> order;
+  order.reserve(seqs.size());
+  std::unordered_set<int64_t> slots_seen;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const StepInput& in = seqs[s];
+    const int64_t n = static_cast<int64_t>(in.tokens.size());
+    SWARM_REQUIRE(n > 0, ErrorKind::INVALID_ARGUMENT, "forward_step: sequence with no new tokens");
+    SWARM_REQUIRE(in.start_pos >= 0, ErrorKind::INVALID_ARGUMENT, "forward_step: negative start_pos");
+    SWARM_REQUIRE(in.start_pos + n <= config_.max_position_embeddings, ErrorKind::INVALID_ARGUMENT,
+                  "forward_step: " + std::to_string(in.start_pos + n) + " positions exceed max_position_embeddings " +
+                      std::to_string(config_.max_position_embeddings));
+    SWARM_CHECK(in.start_pos + n <= blocks.capacity(in.seq_slot),
+                "forward_step: sequence " + std::to_string(in.seq_slot) + " needs " +
+                    std::to_string(in.start_pos + n) + " cached tokens but holds " +
+                    std::to_string(blocks.capacity(in.seq_slot)) + " (call ensure_capacity first)");
+    SWARM_CHECK(slots_seen.insert(in.seq_slot).second,
+                "forward_step: sequence slot " + std::to_string(in.seq_slot) + " appears twice");
+    for (int32_t t : in.tokens) {
+      SWARM_REQUIRE(t >= 0 && t < config_.vocab_size, ErrorKind::INVALID_ARGUMENT,
+                    "forward_step: token id " + std::to_string(t) + " out of range [0, " +
+                        std::to_string(config_.vocab_size) + ")");
+    }
+    if (n == 1) order.push_back(s);
+  }
+  const size_t num_decode = order.size();
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    if (seqs[s].tokens.size() > 1) order.push_back(s);
+  }
+
+  std::vector<int64_t> ids, positions, write_rows;
+  std::vector<int64_t> row_of_seq(seqs.size());  // first packed row of each sequence
+  for (size_t s : order) {
+    const StepInput& in = seqs[s];
+    row_of_seq[s] = static_cast<int64_t>(ids.size());
+    for (size_t t = 0; t < in.tokens.size(); ++t) {
+      const int64_t pos = in.start_pos + static_cast<int64_t>(t);
+      ids.push_back(in.tokens[t]);
+      positions.push_back(pos);
+      write_rows.push_back(blocks.slot_of(in.seq_slot, pos));
+    }
+  }
+  const int64_t N = static_cast<int64_t>(ids.size());
+  auto to_device = [&](std::vector<int64_t>& v) {
+    return torch::from_blob(v.data(), {static_cast<int64_t>(v.size())}, torch::kLong)
+        .to(device_, torch::kLong, /*non_blocking=*/false, /*copy=*/true);
+  };
+
+  // Attention groups: which cache rows each attends over, and its mask.
+  std::vector<AttentionGroup> groups;
+  auto make_group = [&](size_t first, size_t last) {  // packed sequences [first, last)
+    AttentionGroup g;
+    g.row_begin = row_of_seq[order[first]];
+    g.batch = static_cast<int64_t>(last - first);
+    g.queries = static_cast<int64_t>(seqs[order[first]].tokens.size());
+    for (size_t k = first; k < last; ++k) {
+      const StepInput& in = seqs[order[k]];
+      g.keys = std::max(g.keys, in.start_pos + static_cast<int64_t>(in.tokens.size()));
+    }
+    std::vector<int64_t> gather(static_cast<size_t>(g.batch * g.keys));
+    std::vector<uint8_t> blocked(static_cast<size_t>(g.batch * g.queries * g.keys), 1);
+    for (size_t k = first; k < last; ++k) {
+      const StepInput& in = seqs[order[k]];
+      const int64_t b = static_cast<int64_t>(k - first);
+      const int64_t len = in.start_pos + static_cast<int64_t>(in.tokens.size());
+      // Padding keys read the sequence's own first row (written, finite) and are masked.
+      for (int64_t j = 0; j < g.keys; ++j) {
+        gather[static_cast<size_t>(b * g.keys + j)] = blocks.slot_of(in.seq_slot, j < len ? j : 0);
+      }
+      for (int64_t qi = 0; qi < g.queries; ++qi) {
+        const int64_t qpos = in.start_pos + qi;
+        for (int64_t j = 0; j <= qpos; ++j) {
+          if (qpos - j < window) blocked[static_cast<size_t>((b * g.queries + qi) * g.keys + j)] = 0;
+        }
+      }
+    }
+    g.gather = to_device(gather);
+    g.blocked = torch::from_blob(blocked.data(), {g.batch, g.queries, g.keys}, torch::kByte)
+                    .to(device_, torch::kBool, /*non_blocking=*/false, /*copy=*/true);
+    groups.push_back(std::move(g));
+  };
+  if (num_decode > 0) make_group(0, num_decode);
+  for (size_t k = num_decode; k < order.size(); ++k) make_group(k, k + 1);
+
+  const torch::Tensor ids_t = to_device(ids);
+  const torch::Tensor pos_t = to_device(positions);
+  const torch::Tensor write_t = to_device(write_rows);
+  const torch::Tensor cos = cos_.index_select(0, pos_t).view({N, 1, hd});
+  const torch::Tensor sin = sin_.index_select(0, pos_t).view({N, 1, hd});
+
+  torch::Tensor x = at::embedding(p(embed_), ids_t);  // [N, H]
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const LayerParams& layer = layers_[l];
+    const torch::Tensor h = rms_norm(x, p(layer.in_norm));
+    torch::Tensor q = at::linear(h, p(layer.q_w), bias(layer.q_b)).view({N, nh, hd});
+    torch::Tensor k = at::linear(h, p(layer.k_w), bias(layer.k_b)).view({N, kvh, hd});
+    const torch::Tensor v = at::linear(h, p(layer.v_w), bias(layer.v_b)).view({N, kvh, hd});
+    if (layer.q_norm >= 0) {
+      q = rms_norm(q, p(layer.q_norm));
+      k = rms_norm(k, p(layer.k_norm));
+    }
+    q = apply_rope(q, cos, sin);
+    k = apply_rope(k, cos, sin);
+    // New K/V into the cache first, so each group reads its whole context from one place.
+    const int64_t l64 = static_cast<int64_t>(l);
+    const torch::Tensor k_rows = cache.keys(l64).view({-1, kvh, hd});
+    const torch::Tensor v_rows = cache.values(l64).view({-1, kvh, hd});
+    k_rows.index_copy_(0, write_t, k);
+    v_rows.index_copy_(0, write_t, v);
+
+    std::vector<torch::Tensor> outs;
+    outs.reserve(groups.size());
+    for (const AttentionGroup& g : groups) {
+      const torch::Tensor qg = q.narrow(0, g.row_begin, g.batch * g.queries).view({g.batch, g.queries, nh, hd});
+      const torch::Tensor kg = k_rows.index_select(0, g.gather).view({g.batch, g.keys, kvh, hd});
+      const torch::Tensor vg = v_rows.index_select(0, g.gather).view({g.batch, g.keys, kvh, hd});
+      outs.push_back(attend(qg, kg, vg, g.blocked).view({g.batch * g.queries, nh * hd}));
+    }
+    const torch::Tensor o = outs.size() == 1 ? outs[0] : at::cat(outs, 0);
+    x = x + at::linear(o, p(layer.o_w), bias(layer.o_b));
+    x = x + mlp(layer, rms_norm(x, p(layer.post_norm)));
+  }
+
+  // Back to the caller's order: every new token, or the last one of each sequence.
+  std::vector<int64_t> rows;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const int64_t n = static_cast<int64_t>(seqs[s].tokens.size());
+    if (all_logits) {
+      for (int64_t t = 0; t < n; ++t) rows.push_back(row_of_seq[s] + t);
+    } else {
+      rows.push_back(row_of_seq[s] + n - 1);
+    }
+  }
+  bool identity = static_cast<int64_t>(rows.size()) == N;
+  for (size_t r = 0; identity && r < rows.size(); ++r) identity = rows[r] == static_cast<int64_t>(r);
+  return logits(identity ? x : x.index_select(0, to_device(rows)));
+}
+
+}  // namespace swarm

@@ -1,0 +1,133 @@
+// The decoder-only transformer swarm runs (Llama / Qwen2 / Qwen3 / Mistral blocks) on libtorch:
+// embeddings, RMSNorm, RoPE (with scaling), GQA attention, SwiGLU MLP, tied or separate LM head.
+// One implementation of the math serves both the trainer (forward_full: padded batch, no cache,
+// autograd) and the engine (forward_step: packed sequences over a paged KV cache).
+// Device-agnostic torch ops only, so the same code runs on CPU and CUDA.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "inference/model_config.hpp"
+#include "inference/safetensors.hpp"
+
+namespace swarm {
+
+class KvCache;
+
+/// Sets the number of intra-op threads libtorch uses for the model's ops (at::set_num_threads).
+/// libtorch defaults to 1 on this machine: the engine sets it deliberately at start-up.
+void set_compute_threads(int n);
+
+/// The compute dtype for a DType (F32 -> kFloat, BF16 -> kBFloat16; anything else throws).
+c10::ScalarType compute_scalar_type(DType compute);
+
+/// The new tokens of one sequence in a forward_step.
+struct StepInput {
+  int64_t seq_slot = 0;          // the sequence's key in the KvCache
+  std::vector<int32_t> tokens;   // a prefill chunk, or the one token to decode
+  int64_t start_pos = 0;         // tokens of this sequence already in the cache
+};
+
+/// A loaded decoder model. Its weights are owned tensors in the compute dtype on its device.
+/// Math as Hugging Face: RMSNorm statistics in fp32, rotate-half RoPE from fp32 tables, GQA,
+/// attention scores and softmax in fp32, SwiGLU. A config's sliding_window (Mistral; Qwen with
+/// use_sliding_window) limits every layer's attention to the last `window` positions
+/// (i - j < window); Qwen2's per-layer max_window_layers split is not modelled.
+///
+/// Thread-compatible: const methods may run concurrently only while nobody replaces or writes
+/// the parameters; the engine calls it from its one scheduling thread, the trainer from its.
+class DecoderModel {
+  struct Private {};
+
+ public:
+  /// Loads DIR (config.json + safetensors), checking the tensors against the config, and casts
+  /// every weight to `compute` (F32 or BF16) on `device`. Tied embeddings may be stored under
+  /// either name. Throws SwarmError(INVALID_ARGUMENT) on a bad directory or an unsupported
+  /// config (dynamic RoPE scaling is not supported yet).
+  static std::shared_ptr<DecoderModel> load(const std::filesystem::path& dir, DType compute = DType::F32,
+                                            torch::Device device = torch::kCPU);
+  /// A model from a config and a state dict (Hugging Face names); the tensors are copied.
+  static std::shared_ptr<DecoderModel> from_state_dict(const ModelConfig& config,
+                                                       const std::map<std::string, torch::Tensor>& state,
+                                                       DType compute = DType::F32,
+                                                       torch::Device device = torch::kCPU);
+
+  DecoderModel(Private, ModelConfig config, DType compute, torch::Device device);
+
+  const ModelConfig& config() const noexcept { return config_; }
+  DType compute_dtype() const noexcept { return compute_; }
+  c10::ScalarType scalar_type() const noexcept { return scalar_type_; }
+  torch::Device device() const noexcept { return device_; }
+
+  /// The weights by Hugging Face name, in checkpoint order. With tied embeddings the head is
+  /// model.embed_tokens.weight (there is no separate lm_head.weight entry). The forward pass reads
+  /// the tensors from this list on every call, so a caller may replace one (same shape, dtype and
+  /// device), flip requires_grad on it, or copy_ new values into it in place (weight sync).
+  std::vector<std::pair<std::string, torch::Tensor>>& parameters() noexcept { return params_; }
+  const std::vector<std::pair<std::string, torch::Tensor>>& parameters() const noexcept { return params_; }
+  /// The parameter called `name`; throws SwarmError(NOT_FOUND) when there is none.
+  const torch::Tensor& parameter(const std::string& name) const;
+
+  /// Logits [B, T, vocab] (fp32) of a right-padded batch `input_ids` [B, T] (int64) whose rows
+  /// hold lengths[b] real tokens (`lengths` [B], int64, each in [0, T]). Attention is causal and
+  /// ignores padding; the logits at padded positions are finite but meaningless. No cache; runs
+  /// under whatever grad mode the caller has (the trainer calls it with grad enabled), and never
+  /// modifies the weights in place.
+  torch::Tensor forward_full(const torch::Tensor& input_ids, const torch::Tensor& lengths) const;
+
+  /// One serving step over several sequences, packed: every sequence's new tokens go through the
+  /// projections and MLP together as one [N, hidden] activation; attention runs per sequence over
+  /// its cached K/V plus the new tokens (causal). The new tokens' K/V are written into `cache`,
+  /// which must already have capacity for start_pos + tokens.size() of each sequence
+  /// (KvCache::ensure_capacity). Slots must be distinct within a step. Returns fp32 logits of the
+  /// last new token of each sequence [B, vocab], or of every new token [N, vocab] in input order
+  /// when `all_logits`. Runs in inference mode (no autograd): the result is an inference tensor,
+  /// so sample from it with out-of-place ops or inside c10::InferenceMode.
+  torch::Tensor forward_step(const std::vector<StepInput>& seqs, KvCache& cache, bool all_logits = false) const;
+
+  /// The RoPE tables [max_position_embeddings, head_dim], fp32 (cos and sin of the angle,
+  /// computed in double, repeated over both halves like Hugging Face's rotate-half layout).
+  const torch::Tensor& rope_cos() const noexcept { return cos_f32_; }
+  const torch::Tensor& rope_sin() const noexcept { return sin_f32_; }
+
+ private:
+  struct LayerParams {  // indices into params_, -1 when absent
+    int q_w = -1, q_b = -1, k_w = -1, k_b = -1, v_w = -1, v_b = -1, o_w = -1, o_b = -1;
+    int q_norm = -1, k_norm = -1;
+    int gate_w = -1, gate_b = -1, up_w = -1, up_b = -1, down_w = -1, down_b = -1;
+    int in_norm = -1, post_norm = -1;
+  };
+
+  const torch::Tensor& p(int index) const { return params_[static_cast<size_t>(index)].second; }
+  /// An optional parameter (a bias), as at::linear takes it.
+  c10::optional<torch::Tensor> bias(int index) const {
+    return index < 0 ? c10::optional<torch::Tensor>() : c10::optional<torch::Tensor>(p(index));
+  }
+  void build_rope_tables();
+  torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight) const;
+  torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) const;
+  torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                       const torch::Tensor& allowed) const;
+  torch::Tensor mlp(const LayerParams& layer, const torch::Tensor& x) const;
+  torch::Tensor logits(const torch::Tensor& x) const;
+
+  ModelConfig config_;
+  DType compute_;
+  c10::ScalarType scalar_type_;
+  torch::Device device_;
+  std::vector<std::pair<std::string, torch::Tensor>> params_;
+  std::vector<LayerParams> layers_;
+  int embed_ = -1, final_norm_ = -1, head_ = -1;
+  torch::Tensor cos_f32_, sin_f32_;  // [max_pos, head_dim] fp32
+  torch::Tensor cos_, sin_;          // the same in the compute dtype, on the device
+};
+
+}  // namespace swarm

@@ -1,0 +1,106 @@
+// Paged KV cache: a fixed pool of blocks allocated up front, handed to sequences block by
+// block, so the memory the cache uses is known when the engine starts and a request that does
+// not fit waits instead of failing.
+#pragma once
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include <torch/types.h>
+
+namespace swarm {
+
+struct ModelConfig;
+
+/// The block bookkeeping of a paged cache, without any tensors: a free list of block ids and a
+/// block table per sequence slot. Thread-compatible (no internal locking): one owner at a time.
+class BlockAllocator {
+ public:
+  BlockAllocator(int64_t num_blocks, int64_t block_size);
+
+  int64_t num_blocks() const noexcept { return num_blocks_; }
+  int64_t block_size() const noexcept { return block_size_; }
+  int64_t free_blocks() const noexcept { return static_cast<int64_t>(free_.size()); }
+  /// Blocks needed to hold `tokens` tokens.
+  int64_t blocks_for(int64_t tokens) const noexcept { return (tokens + block_size_ - 1) / block_size_; }
+
+  /// Grows `seq_slot`'s block table so that it holds at least `total_tokens` tokens. Returns
+  /// false, changing nothing, when the pool has too few free blocks (the caller waits for other
+  /// sequences to finish). Never shrinks a table. A new slot is registered on first success.
+  bool ensure_capacity(int64_t seq_slot, int64_t total_tokens);
+  /// True when ensure_capacity(seq_slot, total_tokens) would succeed now.
+  bool can_fit(int64_t seq_slot, int64_t total_tokens) const noexcept;
+  /// Returns every block of `seq_slot` to the pool and forgets the slot (no-op when unknown).
+  void release(int64_t seq_slot);
+
+  bool has_sequence(int64_t seq_slot) const noexcept { return tables_.count(seq_slot) != 0; }
+  int64_t num_sequences() const noexcept { return static_cast<int64_t>(tables_.size()); }
+  /// Tokens `seq_slot`'s blocks can hold (0 when unknown).
+  int64_t capacity(int64_t seq_slot) const noexcept;
+  /// The block ids of `seq_slot`, in position order (empty when unknown).
+  const std::vector<int64_t>& block_table(int64_t seq_slot) const noexcept;
+  /// Row of token `pos` of `seq_slot` in a [num_blocks * block_size, ...] view of the pool.
+  /// `pos` must be below capacity(seq_slot).
+  int64_t slot_of(int64_t seq_slot, int64_t pos) const;
+
+ private:
+  int64_t num_blocks_;
+  int64_t block_size_;
+  std::vector<int64_t> free_;  // a stack: the most recently freed block is reused first
+  std::unordered_map<int64_t, std::vector<int64_t>> tables_;
+};
+
+/// The K and V of every layer for every cached token, stored in `num_blocks` blocks of
+/// `block_size` tokens: per layer, K and V are [num_blocks, block_size, kv_heads, head_dim] in
+/// the compute dtype, all carved out of one allocation made (and zeroed) by the constructor.
+///
+/// Thread-compatible, not thread-safe: it is owned and used by the inference engine's single
+/// scheduling thread (the one that runs DecoderModel::forward_step), which needs no locking.
+class KvCache {
+ public:
+  KvCache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks, int64_t block_size,
+          c10::ScalarType dtype, torch::Device device = torch::kCPU);
+  /// A cache shaped for `config` (layers, kv heads, head_dim).
+  static KvCache for_model(const ModelConfig& config, int64_t num_blocks, int64_t block_size,
+                           c10::ScalarType dtype, torch::Device device = torch::kCPU);
+  /// Bytes one block takes across all layers (K and V), to size a pool from a memory budget.
+  static int64_t bytes_per_block(const ModelConfig& config, int64_t block_size, c10::ScalarType dtype);
+
+  KvCache(KvCache&&) = default;
+  KvCache& operator=(KvCache&&) = default;
+
+  // ---- block accounting (see BlockAllocator)
+  bool ensure_capacity(int64_t seq_slot, int64_t total_tokens) { return blocks_.ensure_capacity(seq_slot, total_tokens); }
+  bool can_fit(int64_t seq_slot, int64_t total_tokens) const noexcept { return blocks_.can_fit(seq_slot, total_tokens); }
+  void release(int64_t seq_slot) { blocks_.release(seq_slot); }
+  int64_t free_blocks() const noexcept { return blocks_.free_blocks(); }
+  int64_t num_blocks() const noexcept { return blocks_.num_blocks(); }
+  int64_t block_size() const noexcept { return blocks_.block_size(); }
+  int64_t capacity(int64_t seq_slot) const noexcept { return blocks_.capacity(seq_slot); }
+  const std::vector<int64_t>& block_table(int64_t seq_slot) const noexcept { return blocks_.block_table(seq_slot); }
+  const BlockAllocator& allocator() const noexcept { return blocks_; }
+
+  // ---- storage
+  int64_t num_layers() const noexcept { return num_layers_; }
+  int64_t num_kv_heads() const noexcept { return num_kv_heads_; }
+  int64_t head_dim() const noexcept { return head_dim_; }
+  c10::ScalarType dtype() const noexcept { return storage_.scalar_type(); }
+  torch::Device device() const noexcept { return storage_.device(); }
+  /// Bytes of the pool (all layers, K and V).
+  int64_t bytes() const noexcept { return storage_.numel() * static_cast<int64_t>(storage_.element_size()); }
+  /// Layer `layer`'s K or V, [num_blocks, block_size, kv_heads, head_dim] (views of the pool).
+  const torch::Tensor& keys(int64_t layer) const { return keys_.at(static_cast<size_t>(layer)); }
+  const torch::Tensor& values(int64_t layer) const { return values_.at(static_cast<size_t>(layer)); }
+
+ private:
+  int64_t num_layers_;
+  int64_t num_kv_heads_;
+  int64_t head_dim_;
+  BlockAllocator blocks_;
+  torch::Tensor storage_;  // [layers, 2, num_blocks, block_size, kv_heads, head_dim]
+  std::vector<torch::Tensor> keys_;
+  std::vector<torch::Tensor> values_;
+};
+
+}  // namespace swarm

@@ -1,0 +1,44 @@
+// Whole-model-directory operations behind the swarm-model tool: inspect a Hugging Face model
+// directory, and create one with deterministic random weights (benchmarks, tests).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "inference/model_config.hpp"
+#include "inference/safetensors.hpp"
+
+namespace swarm {
+
+/// Random weights for every tensor of `config`, generated while writing: matrices (and the
+/// embedding) ~ normal(0, config.initializer_range), norm weights = 1, biases = 0. Each tensor
+/// has its own stream seeded from (seed, tensor name), so the bytes do not depend on order
+/// or sharding: the same seed gives identical files. `dtype` must be floating-point.
+std::vector<TensorSource> random_init_tensors(const ModelConfig& config, uint64_t seed, DType dtype);
+
+/// The tokenizer / chat-template files a model directory may carry (copied by init).
+const std::vector<std::string>& tokenizer_file_names();
+
+struct InitModelOptions {
+  std::filesystem::path from;  // a directory with config.json (weights not needed)
+  std::filesystem::path out;   // created if needed; must differ from `from`
+  uint64_t seed = 0;
+  DType dtype = DType::BF16;
+  uint64_t max_shard_bytes = kDefaultMaxShardBytes;
+};
+
+/// Writes a loadable Hugging Face model directory: config.json (from's, with torch_dtype set
+/// to `dtype`), generation_config.json (copied, or derived from config.json), the tokenizer
+/// files `from` has, and random weights (sharded above max_shard_bytes). Validates the result
+/// against the config before returning.
+ModelWriteResult init_random_model(const InitModelOptions& options);
+
+/// A human-readable JSON summary of a model directory: architecture and sizes, parameter
+/// count from the config and from the stored tensors, dtypes, bytes on disk, memory
+/// estimates, tokenizer files, and whether the tensors match the config (with the problems).
+/// Works without weights too (then reports that none were found).
+std::string inspect_model(const std::filesystem::path& dir);
+
+}  // namespace swarm
