@@ -1,0 +1,203 @@
+// Token sampling: see sampler_torch.hpp for the rules. The [B, V] work (temperature scaling,
+// log_softmax, greedy argmax) runs once for the whole batch on the logits' device; the per-row
+// truncation and the inverse-CDF draw run on the CPU over the row's log-probabilities, sorting
+// only as much of the row as the draw needs.
+#include "inference/sampler_torch.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+
+#include <c10/core/InferenceMode.h>
+
+#include "common/error.hpp"
+
+namespace swarm {
+
+namespace {
+
+uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+// The (id, logprob) of the `count` most probable finite tokens of `row`, descending.
+std::vector<std::pair<int32_t, float>> top_of(const float* row, const std::vector<int32_t>& finite,
+                                              int64_t count) {
+  std::vector<std::pair<int32_t, float>> out;
+  const int64_t t = std::min<int64_t>(count, static_cast<int64_t>(finite.size()));
+  if (t <= 0) return out;
+  std::vector<int32_t> ids(static_cast<size_t>(t));
+  std::partial_sort_copy(finite.begin(), finite.end(), ids.begin(), ids.end(),
+                         [row](int32_t a, int32_t b) {
+                           return row[a] > row[b] || (row[a] == row[b] && a < b);
+                         });
+  out.reserve(ids.size());
+  for (int32_t id : ids) out.emplace_back(id, row[id]);
+  return out;
+}
+
+// Non-greedy draw over one row of scaled log-probabilities; `finite` = ids with finite logprob.
+int32_t draw_row(const float* row, std::vector<int32_t> idx, const SamplingConfig& cfg,
+                 SamplerRng& rng) {
+  const auto cmp = [row](int32_t a, int32_t b) {
+    return row[a] > row[b] || (row[a] == row[b] && a < b);
+  };
+  // One draw per sampled row, whatever the truncation turns out to be.
+  const double u = rng.uniform();
+
+  int64_t n = static_cast<int64_t>(idx.size());
+  if (cfg.top_k > 0 && cfg.top_k < n) {
+    std::nth_element(idx.begin(), idx.begin() + cfg.top_k, idx.end(), cmp);
+    idx.resize(static_cast<size_t>(cfg.top_k));
+    n = cfg.top_k;
+  }
+  double total = 0.0;  // mass left after top-k (before renormalisation)
+  for (int32_t id : idx) total += std::exp(static_cast<double>(row[id]));
+
+  // Sorted prefix of idx (descending) and its cumulative masses, grown on demand.
+  std::vector<double> cum;
+  cum.reserve(static_cast<size_t>(std::min<int64_t>(n, 256)));
+  int64_t sorted = 0;
+  const auto ensure = [&](int64_t want) {  // makes idx[0, want) sorted, cum filled for it
+    want = std::min(want, n);
+    if (want <= sorted) return;
+    int64_t grow = std::max<int64_t>(want, std::min<int64_t>(n, std::max<int64_t>(64, sorted * 8)));
+    std::partial_sort(idx.begin() + sorted, idx.begin() + grow, idx.end(), cmp);
+    double c = cum.empty() ? 0.0 : cum.back();
+    for (int64_t j = sorted; j < grow; ++j) {
+      c += std::exp(static_cast<double>(row[idx[static_cast<size_t>(j)]]));
+      cum.push_back(c);
+    }
+    sorted = grow;
+  };
+
+  // Nucleus: smallest prefix whose cumulative (renormalised) probability reaches top_p.
+  int64_t kept = n;
+  double kept_mass = total;
+  if (cfg.top_p < 1.0) {
+    const double threshold = cfg.top_p * total;
+    int64_t j = 0;
+    kept = 0;
+    while (kept == 0) {
+      ensure(j + 1);
+      for (; j < sorted; ++j) {
+        if (cum[static_cast<size_t>(j)] >= threshold) {
+          kept = j + 1;
+          break;
+        }
+      }
+      if (kept == 0 && sorted == n) kept = n;  // rounding: keep everything
+    }
+    kept_mass = cum[static_cast<size_t>(kept - 1)];
+  }
+
+  // Inverse CDF over the kept tokens, descending.
+  const double target = u * kept_mass;
+  int64_t j = 0;
+  for (;;) {
+    ensure(j + 1);
+    const int64_t end = std::min(sorted, kept);
+    for (; j < end; ++j)
+      if (cum[static_cast<size_t>(j)] > target) return idx[static_cast<size_t>(j)];
+    if (end == kept) return idx[static_cast<size_t>(kept - 1)];  // rounding at the very top
+  }
+}
+
+}  // namespace
+
+SamplerRng::SamplerRng(uint64_t seed) {
+  uint64_t x = seed;
+  for (auto& s : s_) s = splitmix64(x);
+}
+
+SamplerRng SamplerRng::from_random_seed() {
+  std::random_device rd;
+  const uint64_t seed = (static_cast<uint64_t>(rd()) << 32) ^ static_cast<uint64_t>(rd());
+  return SamplerRng(seed);
+}
+
+uint64_t SamplerRng::next_u64() {
+  const uint64_t result = rotl(s_[1] * 5, 7) * 9;
+  const uint64_t t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = rotl(s_[3], 45);
+  return result;
+}
+
+double SamplerRng::uniform() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
+
+std::vector<SampledToken> sample_tokens(const at::Tensor& logits,
+                                        const std::vector<SamplingConfig>& configs,
+                                        std::vector<SamplerRng*>& rngs) {
+  SWARM_REQUIRE(logits.defined() && logits.dim() == 2, ErrorKind::INVALID_ARGUMENT,
+                "sample_tokens: logits must be a 2-D [B, V] tensor");
+  SWARM_REQUIRE(logits.is_floating_point(), ErrorKind::INVALID_ARGUMENT,
+                "sample_tokens: logits must be floating point");
+  const int64_t B = logits.size(0);
+  const int64_t V = logits.size(1);
+  SWARM_REQUIRE(static_cast<int64_t>(configs.size()) == B && static_cast<int64_t>(rngs.size()) == B,
+                ErrorKind::INVALID_ARGUMENT,
+                "sample_tokens: " + std::to_string(B) + " rows but " +
+                    std::to_string(configs.size()) + " configs and " + std::to_string(rngs.size()) +
+                    " rngs");
+  std::vector<SampledToken> out(static_cast<size_t>(B));
+  if (B == 0) return out;
+  SWARM_REQUIRE(V > 0 && V <= std::numeric_limits<int32_t>::max(), ErrorKind::INVALID_ARGUMENT,
+                "sample_tokens: bad vocabulary size " + std::to_string(V));
+
+  at::Tensor logp_cpu, argmax_cpu;
+  {
+    c10::InferenceMode guard;
+    const at::Tensor x = logits.to(at::kFloat);  // never modified in place
+    std::vector<float> temps(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b) {
+      const double t = configs[static_cast<size_t>(b)].temperature;
+      temps[static_cast<size_t>(b)] = t > 0.0 ? static_cast<float>(t) : 1.0f;  // greedy: T = 1
+    }
+    const at::Tensor t = at::tensor(temps, at::TensorOptions().dtype(at::kFloat))
+                             .to(x.device())
+                             .view({B, 1});
+    logp_cpu = at::log_softmax(x / t, 1).to(at::kCPU).contiguous();
+    argmax_cpu = at::argmax(x, 1).to(at::kCPU, at::kLong).contiguous();
+  }
+  const float* lp = logp_cpu.data_ptr<float>();
+  const int64_t* am = argmax_cpu.data_ptr<int64_t>();
+
+  std::vector<int32_t> finite;
+  finite.reserve(static_cast<size_t>(V));
+  for (int64_t b = 0; b < B; ++b) {
+    const SamplingConfig& cfg = configs[static_cast<size_t>(b)];
+    const float* row = lp + b * V;
+    finite.clear();
+    for (int32_t i = 0; i < static_cast<int32_t>(V); ++i)
+      if (row[i] > -std::numeric_limits<float>::infinity()) finite.push_back(i);
+    SWARM_REQUIRE(!finite.empty(), ErrorKind::INVALID_ARGUMENT,
+                  "sample_tokens: row " + std::to_string(b) + " has no finite logit");
+
+    SampledToken& tok = out[static_cast<size_t>(b)];
+    if (cfg.temperature <= 0.0) {
+      tok.id = static_cast<int32_t>(am[b]);
+    } else {
+      SamplerRng* rng = rngs[static_cast<size_t>(b)];
+      SWARM_REQUIRE(rng != nullptr, ErrorKind::INVALID_ARGUMENT,
+                    "sample_tokens: row " + std::to_string(b) + " has no rng");
+      tok.id = draw_row(row, finite, cfg, *rng);
+    }
+    tok.logprob = row[tok.id];
+    tok.top = top_of(row, finite, cfg.top_logprobs);
+  }
+  return out;
+}
+
+}  // namespace swarm
