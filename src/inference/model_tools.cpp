@@ -1,5 +1,7 @@
 #include "inference/model_tools.hpp"
 
+#include "common/random.hpp"
+
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -15,43 +17,22 @@ namespace {
 
 using ordered_json = nlohmann::ordered_json;
 
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 uint64_t fnv1a(const std::string& s) {
   uint64_t h = 0xcbf29ce484222325ull;
   for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
   return h;
 }
 
-// xoshiro256**: fast, good quality, and fully specified (std::normal_distribution is not
-// reproducible across standard libraries).
+// xoshiro256** (src/common/random.hpp): std::normal_distribution is not reproducible
+// across standard libraries.
 class Rng {
  public:
-  explicit Rng(uint64_t seed) {
-    for (auto& w : s_) w = splitmix64(seed);
-  }
-  uint64_t next() {
-    const uint64_t result = rotl(s_[1] * 5, 7) * 9;
-    const uint64_t t = s_[1] << 17;
-    s_[2] ^= s_[0];
-    s_[3] ^= s_[1];
-    s_[1] ^= s_[2];
-    s_[0] ^= s_[3];
-    s_[2] ^= t;
-    s_[3] = rotl(s_[3], 45);
-    return result;
-  }
+  explicit Rng(uint64_t seed) : gen_(seed) {}
   // Uniform in (0, 1].
-  double uniform() { return static_cast<double>((next() >> 11) + 1) * 0x1.0p-53; }
+  double uniform() { return static_cast<double>((gen_.next() >> 11) + 1) * 0x1.0p-53; }
 
  private:
-  static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-  uint64_t s_[4];
+  Xoshiro256 gen_;
 };
 
 // Box-Muller, both outputs used.

@@ -18,15 +18,6 @@ namespace swarm {
 
 namespace {
 
-uint64_t splitmix64(uint64_t& x) {
-  uint64_t z = (x += 0x9E3779B97F4A7C15ULL);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
-inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
 // The (id, logprob) of the `count` most probable finite tokens of `row`, descending.
 std::vector<std::pair<int32_t, float>> top_of(const float* row, const std::vector<int32_t>& finite,
                                               int64_t count) {
@@ -112,10 +103,7 @@ int32_t draw_row(const float* row, std::vector<int32_t> idx, const SamplingConfi
 
 }  // namespace
 
-SamplerRng::SamplerRng(uint64_t seed) {
-  uint64_t x = seed;
-  for (auto& s : s_) s = splitmix64(x);
-}
+SamplerRng::SamplerRng(uint64_t seed) : gen_(seed) {}
 
 SamplerRng SamplerRng::from_random_seed() {
   std::random_device rd;
@@ -123,17 +111,7 @@ SamplerRng SamplerRng::from_random_seed() {
   return SamplerRng(seed);
 }
 
-uint64_t SamplerRng::next_u64() {
-  const uint64_t result = rotl(s_[1] * 5, 7) * 9;
-  const uint64_t t = s_[1] << 17;
-  s_[2] ^= s_[0];
-  s_[3] ^= s_[1];
-  s_[1] ^= s_[2];
-  s_[0] ^= s_[3];
-  s_[2] ^= t;
-  s_[3] = rotl(s_[3], 45);
-  return result;
-}
+uint64_t SamplerRng::next_u64() { return gen_.next(); }
 
 double SamplerRng::uniform() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
 

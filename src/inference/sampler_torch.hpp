@@ -36,6 +36,8 @@
 
 #include <ATen/ATen.h>
 
+#include "common/random.hpp"
+
 namespace swarm {
 
 /// One request's sampling settings (validated upstream).
@@ -60,7 +62,7 @@ class SamplerRng {
   double uniform();
 
  private:
-  uint64_t s_[4];
+  Xoshiro256 gen_;
 };
 
 /// One sampled position.
