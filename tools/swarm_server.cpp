@@ -2,11 +2,15 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
 
 #include "server/swarm_server.hpp"
+#ifdef SWARM_WITH_TORCH
+#include "engine/torch_backend.hpp"
+#endif
 #include "swarm/errors.hpp"
 #include "swarm/job.hpp"
 
@@ -35,6 +39,17 @@ int run_start(const std::string& host, int port, const std::string& engine, cons
   options.http.port = static_cast<uint16_t>(port);
   options.http.io_threads = io_threads;
   options.http.max_body_bytes = max_body_mb * 1024 * 1024;
+#ifdef SWARM_WITH_TORCH
+  swarm::register_torch_backend();
+#endif
+  const auto engines = swarm::available_backends();
+  if (std::find(engines.begin(), engines.end(), engine) == engines.end()) {
+    std::string names;
+    for (const auto& n : engines) names += (names.empty() ? "" : ", ") + n;
+    std::cerr << "swarm-server: engine '" << engine << "' is not available in this build (available: " << names
+              << ")\n";
+    return 2;
+  }
   options.engine.backend = engine;
   options.config_path = config;
   try {

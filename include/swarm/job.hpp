@@ -52,6 +52,12 @@ struct Job {
   int64_t seed = 42;
   int64_t total_training_steps = 0;  // 0 = until stopped
   int64_t save_freq = 0;             // 0 = checkpoint only on stop
+  // --- torch inference engine (ignored by the mock engine)
+  int64_t engine_threads = 0;        // intra-op compute threads; 0 = every online CPU
+  int64_t kv_cache_tokens = 0;       // KV cache size in tokens; 0 = automatic
+  int64_t kv_block_size = 16;        // tokens per KV cache block
+  int64_t max_batch_sequences = 64;  // sequences in one forward step
+  int64_t max_step_tokens = 512;     // tokens in one forward step (decode + prefill chunks)
   // --- mock engine (ignored by the torch engine)
   double mock_boot_seconds = 0.0;
   double mock_train_seconds = 0.0;

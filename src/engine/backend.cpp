@@ -1,6 +1,7 @@
 #include "engine/backend.hpp"
 
 #include <cmath>
+#include <mutex>
 
 #include "engine/mock_backend.hpp"
 
@@ -10,7 +11,7 @@ void Backend::unsupported(const std::string& what) const {
   throw SwarmError(ErrorKind::INTERNAL, "backend '" + name() + "' does not support " + what);
 }
 
-std::vector<TokenId> Backend::render_chat(const nlohmann::json&, const nlohmann::json&, bool) const {
+std::vector<TokenId> Backend::render_chat(const nlohmann::ordered_json&, const nlohmann::ordered_json&, bool) const {
   unsupported("chat templates");
 }
 std::vector<TokenId> Backend::encode(const std::string&) const { unsupported("encode"); }
@@ -46,14 +47,43 @@ TrainStepReport summarize_batch(const TrainBatch& batch) {
   return r;
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& name) {
-  if (name == "mock") return std::make_unique<MockBackend>();
-  if (name == "torch")
-    throw SwarmError(ErrorKind::INVALID_ARGUMENT,
-                     "the torch engine is not available in this build yet; use --engine mock");
-  throw SwarmError(ErrorKind::INVALID_ARGUMENT, "unknown engine '" + name + "' (available: mock)");
+namespace {
+struct Registry {
+  std::mutex mu;
+  std::map<std::string, std::function<std::unique_ptr<Backend>()>> factories;
+};
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+}  // namespace
+
+void register_backend(const std::string& name, std::function<std::unique_ptr<Backend>()> factory) {
+  std::lock_guard lk(registry().mu);
+  registry().factories[name] = std::move(factory);
 }
 
-std::vector<std::string> available_backends() { return {"mock"}; }
+std::unique_ptr<Backend> make_backend(const std::string& name) {
+  if (name == "mock") return std::make_unique<MockBackend>();
+  {
+    std::lock_guard lk(registry().mu);
+    auto it = registry().factories.find(name);
+    if (it != registry().factories.end()) return it->second();
+  }
+  std::string names;
+  for (const auto& n : available_backends()) names += (names.empty() ? "" : ", ") + n;
+  if (name == "torch")
+    throw SwarmError(ErrorKind::INVALID_ARGUMENT,
+                     "the torch engine is not available: this build has no libtorch (available: " + names + ")");
+  throw SwarmError(ErrorKind::INVALID_ARGUMENT, "unknown engine '" + name + "' (available: " + names + ")");
+}
+
+std::vector<std::string> available_backends() {
+  std::vector<std::string> names{"mock"};
+  std::lock_guard lk(registry().mu);
+  for (const auto& [name, factory] : registry().factories)
+    if (name != "mock") names.push_back(name);
+  return names;
+}
 
 }  // namespace swarm

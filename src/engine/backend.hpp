@@ -110,10 +110,12 @@ class Backend {
   virtual int64_t max_context_length() const = 0;
 
   /// Renders an OpenAI chat request's messages (and tools) with the chat template to
-  /// prompt token ids. Throws INVALID_ARGUMENT for malformed messages.
-  virtual std::vector<TokenId> render_chat(const nlohmann::json& messages, const nlohmann::json& tools,
+  /// prompt token ids. Throws INVALID_ARGUMENT for malformed messages. Ordered JSON keeps the
+  /// request's key order, so `tojson` in a template prints what the agent sent.
+  virtual std::vector<TokenId> render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                                            bool add_generation_prompt) const;
-  /// Text → ids (no special tokens added).
+  /// A plain-text prompt → ids, as the model's tokenizer encodes a prompt (the torch engine
+  /// adds BOS when the tokenizer config says so; the mock adds nothing).
   virtual std::vector<TokenId> encode(const std::string& text) const;
   /// Ids → text (special tokens skipped).
   virtual std::string decode(const std::vector<TokenId>& ids) const;
@@ -137,9 +139,13 @@ class Backend {
 };
 
 /// Creates a backend by name ("mock", "torch"). Throws INVALID_ARGUMENT for an unknown
-/// name, and a clear error for "torch" in a build without libtorch.
+/// name, and a clear error for "torch" when it was not registered (a build without libtorch).
 std::unique_ptr<Backend> make_backend(const std::string& name);
-/// Names make_backend accepts in this build.
+/// Names make_backend accepts in this process.
 std::vector<std::string> available_backends();
+/// Makes `name` available to make_backend (the torch backend lives in a library the engine
+/// does not link: programs that link it call register_torch_backend() at start-up).
+/// Thread-safe; a later registration of the same name replaces the earlier one.
+void register_backend(const std::string& name, std::function<std::unique_ptr<Backend>()> factory);
 
 }  // namespace swarm

@@ -38,7 +38,7 @@ void append_text(std::vector<TokenId>& ids, std::string_view text) {
   for (unsigned char c : text) ids.push_back(static_cast<TokenId>(c));
 }
 
-std::string content_text(const nlohmann::json& content, size_t index) {
+std::string content_text(const nlohmann::ordered_json& content, size_t index) {
   if (content.is_null()) return "";
   if (content.is_string()) return content.get<std::string>();
   if (content.is_array()) {
@@ -110,7 +110,7 @@ void MockBackend::boot(const Job& job, std::stop_token stop) {
   policy_version_ = 0;
 }
 
-std::vector<TokenId> MockBackend::render_chat(const nlohmann::json& messages, const nlohmann::json& tools,
+std::vector<TokenId> MockBackend::render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                                               bool add_generation_prompt) const {
   if (!messages.is_array() || messages.empty())
     throw SwarmError(ErrorKind::INVALID_ARGUMENT, "'messages' must be a non-empty array");
@@ -131,7 +131,7 @@ std::vector<TokenId> MockBackend::render_chat(const nlohmann::json& messages, co
     if (role != "system" && role != "user" && role != "assistant" && role != "tool" && role != "developer")
       throw SwarmError(ErrorKind::INVALID_ARGUMENT,
                        "messages[" + std::to_string(i) + "].role '" + role + "' is not one of system, user, assistant, tool, developer");
-    std::string text = content_text(m.contains("content") ? m["content"] : nlohmann::json(), i);
+    std::string text = content_text(m.contains("content") ? m["content"] : nlohmann::ordered_json(), i);
     if (m.contains("tool_calls") && m["tool_calls"].is_array())
       for (const auto& call : m["tool_calls"])
         text += "<tool_call>" + call.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "</tool_call>";

@@ -28,7 +28,7 @@ class MockBackend : public Backend {
   std::string model_id() const override { return model_id_; }
   int64_t max_context_length() const override { return max_context_; }
 
-  std::vector<TokenId> render_chat(const nlohmann::json& messages, const nlohmann::json& tools,
+  std::vector<TokenId> render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                                    bool add_generation_prompt) const override;
   std::vector<TokenId> encode(const std::string& text) const override;
   std::string decode(const std::vector<TokenId>& ids) const override;

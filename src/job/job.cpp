@@ -70,6 +70,18 @@ const std::vector<Field>& field_table() {
       {"seed", &Job::seed, "Random seed for sampling and initialisation."},
       {"total_training_steps", &Job::total_training_steps, "Stop after this many policy steps; 0 = never."},
       {"save_freq", &Job::save_freq, "Checkpoint every N steps; 0 = only on stop_engine."},
+      {"engine_threads", &Job::engine_threads,
+       "Torch engine: compute threads for inference and training; 0 means every online CPU."},
+      {"kv_cache_tokens", &Job::kv_cache_tokens,
+       "Torch engine: KV cache capacity in tokens, allocated at boot; 0 means enough for "
+       "min(max_batch_sequences, max_parallel_episodes) full contexts, capped at 4 GiB "
+       "(never below one full context). A request that does not fit waits."},
+      {"kv_block_size", &Job::kv_block_size, "Torch engine: tokens per KV cache block."},
+      {"max_batch_sequences", &Job::max_batch_sequences,
+       "Torch engine: most sequences decoded together in one forward step."},
+      {"max_step_tokens", &Job::max_step_tokens,
+       "Torch engine: most tokens in one forward step; long prompts are prefilled in chunks "
+       "of what is left after the decoding sequences, so they never stall the others."},
       {"mock_boot_seconds", &Job::mock_boot_seconds, "Mock engine only: simulated boot time."},
       {"mock_train_seconds", &Job::mock_train_seconds, "Mock engine only: simulated training step time."},
   };
@@ -273,6 +285,11 @@ void Job::validate() const {
   require_one_of("dtype", dtype, {"fp32", "bf16"});
   if (total_training_steps < 0) bad("total_training_steps", "must be >= 0");
   if (save_freq < 0) bad("save_freq", "must be >= 0");
+  if (engine_threads < 0) bad("engine_threads", "must be >= 0");
+  if (kv_cache_tokens < 0) bad("kv_cache_tokens", "must be >= 0");
+  if (kv_block_size < 1 || kv_block_size > 1024) bad("kv_block_size", "must be in [1, 1024]");
+  if (max_batch_sequences < 1) bad("max_batch_sequences", "must be >= 1");
+  if (max_step_tokens < 1) bad("max_step_tokens", "must be >= 1");
   if (mock_boot_seconds < 0) bad("mock_boot_seconds", "must be >= 0");
   if (mock_train_seconds < 0) bad("mock_train_seconds", "must be >= 0");
 }

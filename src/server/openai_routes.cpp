@@ -202,7 +202,12 @@ class GenerationHandler final : public GenerationObserver,
     }
   }
 
-  bool cancelled() const override { return !sink_->client_connected(); }
+  // The client hung up, or its episode was aborted / timed out / ended meanwhile: the engine
+  // then stops generating and frees the KV cache.
+  bool cancelled() const override {
+    return !sink_->client_connected() ||
+           !lease_.pool->can_continue(lease_.ticket.client_uuid, lease_.ticket.episode_uuid);
+  }
 
  private:
   json base_object(const char* object) const {
@@ -304,9 +309,13 @@ void serve_generation(Engine& engine, Metrics& metrics, OpenAIKind kind, const H
       auto messages = body.find("messages");
       SWARM_REQUIRE(messages != body.end() && messages->is_array(), ErrorKind::INVALID_ARGUMENT,
                     messages == body.end() ? "missing required field 'messages'" : "field 'messages' must be an array");
-      json tools = body.contains("tools") ? body["tools"] : json();
-      SWARM_REQUIRE(tools.is_null() || tools.is_array(), ErrorKind::INVALID_ARGUMENT, "field 'tools' must be an array");
-      prompt = lease.backend->render_chat(*messages, tools, /*add_generation_prompt=*/true);
+      SWARM_REQUIRE(!body.contains("tools") || body["tools"].is_null() || body["tools"].is_array(),
+                    ErrorKind::INVALID_ARGUMENT, "field 'tools' must be an array");
+      // Parsed again keeping key order: templates print tools / tool-call arguments with
+      // `tojson`, and Python keeps the order the agent sent.
+      const auto ordered = nlohmann::ordered_json::parse(request.body);
+      const nlohmann::ordered_json tools = ordered.contains("tools") ? ordered["tools"] : nlohmann::ordered_json();
+      prompt = lease.backend->render_chat(ordered["messages"], tools, /*add_generation_prompt=*/true);
     } else {
       prompt = completion_prompt(body, *lease.backend);
     }

@@ -1,0 +1,160 @@
+// The torch backend: loads a Hugging Face model directory and serves it through the
+// ServingEngine. Training (the GRPO update) is the trainer's job (issue 5).
+#include "engine/torch_backend.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <optional>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+#include <torch/cuda.h>
+
+#include "inference/chat_template.hpp"
+#include "inference/decoder_model_torch.hpp"
+#include "inference/kv_cache_torch.hpp"
+#include "inference/serving_engine.hpp"
+#include "inference/tokenizer.hpp"
+#include "swarm/job.hpp"
+
+namespace swarm {
+namespace {
+
+constexpr int64_t kAutoKvCacheBytes = int64_t{4} << 30;
+
+class TorchBackend final : public Backend {
+ public:
+  std::string name() const override { return "torch"; }
+
+  void boot(const Job& job, std::stop_token stop) override {
+    const auto cancelled = [&] {
+      if (stop.stop_requested()) throw SwarmError(ErrorKind::CONFLICT, "boot cancelled");
+    };
+    const std::filesystem::path dir = job.model;
+    SWARM_REQUIRE(std::filesystem::is_directory(dir), ErrorKind::INVALID_ARGUMENT,
+                  "model '" + job.model + "' is not a directory (the torch engine needs a Hugging Face model directory)");
+    SWARM_REQUIRE(std::filesystem::is_regular_file(dir / "config.json"), ErrorKind::INVALID_ARGUMENT,
+                  "model directory '" + job.model + "' has no config.json");
+    job_ = job;
+    const int threads = job.engine_threads > 0 ? static_cast<int>(job.engine_threads)
+                                               : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    set_compute_threads(threads);
+
+    tokenizer_ = Tokenizer::from_directory(dir.string());
+    try {
+      chat_template_.emplace(ChatTemplate::from_directory(dir.string()));
+    } catch (const SwarmError& e) {
+      chat_template_error_ = e.what();  // completions still work; chat requests get this error
+    }
+    cancelled();
+
+    const DType dtype = job.dtype == "bf16" ? DType::BF16 : DType::F32;
+    const torch::Device device = torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+    model_ = DecoderModel::load(dir, dtype, device);
+    cancelled();
+    const ModelConfig& cfg = model_->config();
+    if (tokenizer_->vocab_size() > cfg.vocab_size)
+      spdlog::warn("torch engine: the tokenizer has {} ids but the model only {}; ids beyond it are rejected",
+                   tokenizer_->vocab_size(), cfg.vocab_size);
+
+    max_context_ = std::min(job.max_prompt_length + job.max_response_length, cfg.max_position_embeddings);
+    ServingConfig sc;
+    sc.block_size = job.kv_block_size;
+    sc.max_batch_sequences = job.max_batch_sequences;
+    sc.max_step_tokens = job.max_step_tokens;
+    sc.max_context = max_context_;
+    for (int64_t id : cfg.stop_token_ids()) sc.eos_token_ids.push_back(static_cast<TokenId>(id));
+    if (auto eos = tokenizer_->eos_id())
+      if (std::find(sc.eos_token_ids.begin(), sc.eos_token_ids.end(), *eos) == sc.eos_token_ids.end())
+        sc.eos_token_ids.push_back(*eos);
+    const int64_t bytes_per_token = KvCache::bytes_per_block(cfg, 1, model_->scalar_type());
+    if (job.kv_cache_tokens > 0) {
+      sc.kv_cache_tokens = job.kv_cache_tokens;
+    } else {
+      const int64_t seqs = std::min(job.max_batch_sequences, job.effective_max_parallel_episodes());
+      sc.kv_cache_tokens = std::max(max_context_, std::min(seqs * max_context_, kAutoKvCacheBytes / bytes_per_token));
+    }
+    engine_ = std::make_unique<ServingEngine>(model_, tokenizer_, sc);
+    engine_->set_policy_version(0);
+    spdlog::info(
+        "torch engine: {} ({}, {} parameters, {}) on {} with {} threads; context {} tokens; KV cache {} tokens "
+        "({:.1f} MiB); batch {} sequences / {} tokens per step",
+        job.model, cfg.architecture_name, cfg.parameter_count(), job.dtype, device.str(), threads, max_context_,
+        sc.kv_cache_tokens, static_cast<double>(engine_->kv_cache_bytes()) / (1 << 20), sc.max_batch_sequences,
+        sc.max_step_tokens);
+  }
+
+  std::string model_id() const override { return job_.model; }
+  int64_t max_context_length() const override { return max_context_; }
+
+  std::vector<TokenId> render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                                   bool add_generation_prompt) const override {
+    SWARM_REQUIRE(chat_template_.has_value(), ErrorKind::INVALID_ARGUMENT,
+                  "this model has no chat template (" + chat_template_error_ + "); use /v1/completions");
+    SWARM_REQUIRE(messages.is_array() && !messages.empty(), ErrorKind::INVALID_ARGUMENT,
+                  "'messages' must be a non-empty array");
+    for (size_t i = 0; i < messages.size(); ++i) {
+      const auto& m = messages[i];
+      SWARM_REQUIRE(m.is_object() && m.contains("role") && m["role"].is_string(), ErrorKind::INVALID_ARGUMENT,
+                    "messages[" + std::to_string(i) + "] must be an object with a string 'role'");
+    }
+    const std::string text = chat_template_->render(messages, tools, add_generation_prompt);
+    // As Hugging Face's apply_chat_template(tokenize=True): the template already wrote any BOS.
+    return tokenizer_->encode(text, /*add_special_tokens=*/false);
+  }
+
+  std::vector<TokenId> encode(const std::string& text) const override {
+    return tokenizer_->encode(text, /*add_special_tokens=*/true);
+  }
+  std::string decode(const std::vector<TokenId>& ids) const override { return tokenizer_->decode(ids, true); }
+  std::string token_text(TokenId id) const override {
+    if (id < 0 || id >= tokenizer_->vocab_size()) return std::string();
+    return tokenizer_->token_bytes(id);
+  }
+
+  void generate(GenerationRequest request, std::shared_ptr<GenerationObserver> observer) override {
+    if (!engine_) return observer->on_error(ErrorKind::CONFLICT, "no model is loaded");
+    engine_->submit(std::move(request), std::move(observer));
+  }
+
+  TrainStepReport train_step(const TrainBatch& batch, int64_t next_global_step, std::stop_token) override {
+    // The GRPO trainer is not part of this backend yet: the weights stay as they are.
+    if (!warned_no_trainer_) {
+      spdlog::warn("torch engine: the GRPO trainer is not implemented yet; policy steps keep the weights unchanged");
+      warned_no_trainer_ = true;
+    }
+    TrainStepReport report = summarize_batch(batch);
+    report.global_step = next_global_step;
+    report.metrics["weights_updated"] = 0.0;
+    return report;
+  }
+
+  void set_policy_version(int64_t version) override {
+    if (engine_) engine_->set_policy_version(version);
+  }
+
+  void release() override {
+    if (engine_) engine_->shutdown("the engine was stopped");
+    engine_.reset();
+    model_.reset();
+  }
+
+ private:
+  Job job_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  std::optional<ChatTemplate> chat_template_;
+  std::string chat_template_error_;
+  std::shared_ptr<DecoderModel> model_;
+  std::unique_ptr<ServingEngine> engine_;
+  int64_t max_context_ = 0;
+  bool warned_no_trainer_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_torch_backend() { return std::make_unique<TorchBackend>(); }
+
+void register_torch_backend() { register_backend("torch", [] { return make_torch_backend(); }); }
+
+}  // namespace swarm

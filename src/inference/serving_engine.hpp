@@ -1,0 +1,101 @@
+// The serving engine: one scheduling thread owns a DecoderModel and its paged KV cache and
+// runs continuous batching over every request the HTTP side submits (DESIGN §2, issue 4 §2).
+//
+// Every step the loop
+//   1. takes new requests (each choice of an `n` > 1 request is its own sequence),
+//   2. drops requests whose observer reports cancelled() (client gone, episode aborted) and
+//      frees their KV blocks,
+//   3. packs one forward step under a token budget (max_step_tokens): every decoding sequence
+//      contributes its one new token, then prefilling sequences contribute chunks of their
+//      prompt from what is left of the budget, so a long prompt never stalls the others,
+//   4. admits waiting sequences while the batch, the budget and the KV cache allow (a request
+//      that does not fit waits; when a decoding sequence cannot grow, the most recently
+//      admitted one is preempted: its blocks are freed and it is recomputed later from its
+//      tokens so far — nothing sampled is lost or changed),
+//   5. samples the sequences whose prompt is complete, applies stop ids / stop strings /
+//      max_tokens, streams UTF-8-safe text deltas, and completes finished requests.
+//
+// The header is free of torch so the backend that owns it can be compiled without torch
+// headers; the implementation is serving_engine_torch.cpp.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/backend.hpp"
+
+namespace swarm {
+
+class DecoderModel;
+class Tokenizer;
+
+struct ServingConfig {
+  int64_t kv_cache_tokens = 4096;      // KV capacity (rounded up to whole blocks)
+  int64_t block_size = 16;             // tokens per KV block
+  int64_t max_batch_sequences = 64;    // sequences in one forward step
+  int64_t max_step_tokens = 512;       // tokens in one forward step
+  int64_t max_waiting_sequences = 4096;// beyond this, submit fails with UNAVAILABLE
+  int64_t max_context = 0;             // prompt + completion limit; 0 = max_position_embeddings
+  std::vector<TokenId> eos_token_ids;  // always end a sequence (besides per-request stop ids)
+};
+
+/// Counters for /metrics and benchmarks (cumulative unless noted).
+struct ServingStats {
+  int64_t running = 0;           // now: sequences admitted (holding KV blocks)
+  int64_t waiting = 0;           // now: sequences queued for admission
+  int64_t kv_blocks_total = 0;
+  int64_t kv_blocks_free = 0;    // now
+  int64_t steps = 0;
+  int64_t prefill_tokens = 0;
+  int64_t decode_tokens = 0;
+  int64_t preemptions = 0;
+  int64_t cancelled_requests = 0;
+  int64_t completed_requests = 0;
+  int64_t failed_requests = 0;
+  double busy_seconds = 0.0;     // time spent in forward + sampling
+};
+
+/// Thread-safe: submit / set_policy_version / stats / run_exclusive from any thread.
+/// Observers are called on the scheduling thread (on_text, then on_complete or on_error).
+class ServingEngine {
+ public:
+  /// Allocates the KV cache (memory known up front) and starts the scheduling thread.
+  ServingEngine(std::shared_ptr<DecoderModel> model, std::shared_ptr<const Tokenizer> tokenizer,
+                ServingConfig config);
+  /// Fails whatever is still pending (UNAVAILABLE) and joins the thread.
+  ~ServingEngine();
+  ServingEngine(const ServingEngine&) = delete;
+  ServingEngine& operator=(const ServingEngine&) = delete;
+
+  /// Queues a request. Bad requests (empty prompt, ids outside the vocabulary, prompt longer
+  /// than the context or the whole KV cache) and a full queue are reported through
+  /// observer->on_error before this returns; never throws.
+  void submit(GenerationRequest request, std::shared_ptr<GenerationObserver> observer);
+
+  /// The version stamped on results completed from now on.
+  void set_policy_version(int64_t version);
+  int64_t policy_version() const;
+
+  /// Runs `fn` on the scheduling thread between two steps (no forward pass in flight; the
+  /// KV cache and sequences stay as they are) and waits for it; rethrows what `fn` throws.
+  /// For weight sync: the model's parameters may be written inside `fn`.
+  void run_exclusive(std::function<void()> fn);
+
+  /// Fails every pending and running request with UNAVAILABLE(`reason`), frees the cache and
+  /// refuses new submissions. Idempotent; the destructor calls it.
+  void shutdown(const std::string& reason);
+
+  ServingStats stats() const;
+  const ServingConfig& config() const;
+  /// Bytes of the KV cache pool.
+  int64_t kv_cache_bytes() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace swarm

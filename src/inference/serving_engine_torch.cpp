@@ -1,0 +1,569 @@
+// The serving engine's scheduling loop (see serving_engine.hpp for the policy).
+#include "inference/serving_engine.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_set>
+
+#include <spdlog/spdlog.h>
+
+#include "inference/decoder_model_torch.hpp"
+#include "inference/kv_cache_torch.hpp"
+#include "inference/sampler_torch.hpp"
+#include "inference/tokenizer.hpp"
+
+namespace swarm {
+namespace {
+
+struct Request;
+
+// One sampled sequence (one choice of a request).
+struct Sequence {
+  std::shared_ptr<Request> request;
+  int64_t choice = 0;
+  int64_t slot = 0;                // key in the KV cache (unique per sequence)
+  std::vector<int32_t> tokens;     // prompt + generated so far
+  int64_t prompt_len = 0;
+  int64_t computed = 0;            // tokens whose K/V are in the cache
+  int64_t max_new = 0;
+  SamplingConfig sampling;
+  SamplerRng rng{0};
+  std::optional<Tokenizer::IncrementalDecoder> decoder;
+  std::string text;                // decoded completion (stop string cut off once found)
+  size_t streamed = 0;             // bytes of `text` already sent through on_text
+  GenerationChoice out;
+};
+
+struct Request {
+  GenerationRequest request;
+  std::shared_ptr<GenerationObserver> observer;
+  std::unordered_set<TokenId> stop_ids;
+  size_t hold_back = 0;            // longest stop string - 1: text kept back while streaming
+  int64_t unfinished = 0;
+  bool ended = false;              // completed, failed or cancelled
+  GenerationResult result;
+};
+
+using SeqPtr = std::unique_ptr<Sequence>;
+
+}  // namespace
+
+struct ServingEngine::Impl {
+  Impl(std::shared_ptr<DecoderModel> m, std::shared_ptr<const Tokenizer> t, ServingConfig c)
+      : model(std::move(m)), tokenizer(std::move(t)), config(std::move(c)),
+        cache(KvCache::for_model(model->config(), (config.kv_cache_tokens + config.block_size - 1) / config.block_size,
+                                 config.block_size, model->scalar_type(), model->device())) {
+    if (config.max_context <= 0) config.max_context = model->config().max_position_embeddings;
+    config.max_context = std::min(config.max_context, model->config().max_position_embeddings);
+    eos.insert(config.eos_token_ids.begin(), config.eos_token_ids.end());
+    stats.kv_blocks_total = cache.num_blocks();
+    stats.kv_blocks_free = cache.free_blocks();
+    thread = std::thread([this] { loop(); });
+  }
+
+  // ---- shared with other threads (under mu)
+  std::shared_ptr<DecoderModel> model;
+  std::shared_ptr<const Tokenizer> tokenizer;
+  ServingConfig config;
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  std::deque<SeqPtr> incoming;
+  int64_t queued = 0;              // sequences incoming + waiting (admission bound)
+  std::deque<std::packaged_task<void()>> exclusive;
+  bool stopping = false;
+  std::string stop_reason;
+  std::atomic<int64_t> policy_version{0};
+  mutable std::mutex stats_mu;
+  ServingStats stats;
+  std::thread thread;
+
+  // ---- scheduling thread only
+  KvCache cache;
+  std::unordered_set<TokenId> eos;
+  std::deque<SeqPtr> waiting;       // admission order (preempted ones go back to the front)
+  std::vector<SeqPtr> running;      // admission order
+  std::vector<std::shared_ptr<Request>> active;  // requests not ended
+
+  // ------------------------------------------------------------------ submission
+  void submit(GenerationRequest req, std::shared_ptr<GenerationObserver> observer) {
+    const auto fail = [&](ErrorKind kind, const std::string& message) { observer->on_error(kind, message); };
+    try {
+      const int64_t prompt_len = static_cast<int64_t>(req.prompt_ids.size());
+      const int64_t vocab = model->config().vocab_size;
+      const SamplingParams& p = req.params;
+      if (prompt_len == 0) return fail(ErrorKind::INVALID_ARGUMENT, "the prompt is empty");
+      for (TokenId id : req.prompt_ids)
+        if (id < 0 || id >= vocab)
+          return fail(ErrorKind::INVALID_ARGUMENT, "prompt token id " + std::to_string(id) +
+                                                       " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+      for (TokenId id : p.stop_token_ids)
+        if (id < 0 || id >= vocab)
+          return fail(ErrorKind::INVALID_ARGUMENT,
+                      "stop token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+      if (prompt_len >= config.max_context)
+        return fail(ErrorKind::INVALID_ARGUMENT, "prompt is " + std::to_string(prompt_len) +
+                                                     " tokens; the context length is " + std::to_string(config.max_context));
+      const int64_t kv_tokens = cache.num_blocks() * cache.block_size();
+      if (prompt_len + 1 > kv_tokens)
+        return fail(ErrorKind::INVALID_ARGUMENT, "prompt is " + std::to_string(prompt_len) +
+                                                     " tokens; the KV cache holds " + std::to_string(kv_tokens) +
+                                                     " (raise kv_cache_tokens)");
+      if (p.n < 1) return fail(ErrorKind::INVALID_ARGUMENT, "n must be >= 1");
+      if (p.max_tokens < 1) return fail(ErrorKind::INVALID_ARGUMENT, "max_tokens must be >= 1");
+
+      auto request = std::make_shared<Request>();
+      request->observer = std::move(observer);
+      request->stop_ids.insert(p.stop_token_ids.begin(), p.stop_token_ids.end());
+      for (const auto& s : p.stop) request->hold_back = std::max(request->hold_back, s.empty() ? 0 : s.size() - 1);
+      request->unfinished = p.n;
+      request->result.choices.resize(static_cast<size_t>(p.n));
+
+      SamplingConfig sc;
+      sc.temperature = p.temperature;
+      sc.top_p = p.top_p;
+      sc.top_k = p.top_k;
+      sc.top_logprobs = p.logprobs ? p.top_logprobs : 0;
+      const int64_t max_new = std::min(p.max_tokens, config.max_context - prompt_len);
+
+      std::vector<SeqPtr> seqs;
+      for (int64_t c = 0; c < p.n; ++c) {
+        auto s = std::make_unique<Sequence>();
+        s->request = request;
+        s->choice = c;
+        s->tokens.assign(req.prompt_ids.begin(), req.prompt_ids.end());
+        s->prompt_len = prompt_len;
+        s->max_new = max_new;
+        s->sampling = sc;
+        s->rng = p.seed ? SamplerRng(*p.seed + static_cast<uint64_t>(c) * 0x9E3779B97F4A7C15ull)
+                        : SamplerRng::from_random_seed();
+        s->decoder.emplace(tokenizer->incremental_decoder(/*skip_special_tokens=*/true));
+        seqs.push_back(std::move(s));
+      }
+      request->request = std::move(req);
+      {
+        std::lock_guard lk(mu);
+        if (stopping) return fail(ErrorKind::UNAVAILABLE, "the inference engine is shutting down: " + stop_reason);
+        if (queued + p.n > config.max_waiting_sequences)
+          return fail(ErrorKind::UNAVAILABLE, "the inference engine's queue is full (" +
+                                                  std::to_string(config.max_waiting_sequences) +
+                                                  " sequences waiting); retry later");
+        queued += p.n;
+        for (auto& s : seqs) {
+          s->slot = next_slot_locked++;
+          incoming.push_back(std::move(s));
+        }
+      }
+      cv.notify_one();
+    } catch (const SwarmError& e) {
+      fail(e.kind(), e.what());
+    } catch (const std::exception& e) {
+      fail(ErrorKind::INTERNAL, e.what());
+    }
+  }
+  int64_t next_slot_locked = 0;
+
+  // ------------------------------------------------------------------ loop
+  void loop() {
+    for (;;) {
+      std::deque<std::packaged_task<void()>> tasks;
+      {
+        std::unique_lock lk(mu);
+        cv.wait(lk, [&] { return stopping || !incoming.empty() || !exclusive.empty() || !waiting.empty() || !running.empty(); });
+        if (stopping) break;
+        while (!incoming.empty()) {
+          SeqPtr s = std::move(incoming.front());
+          incoming.pop_front();
+          if (s->choice == 0) active.push_back(s->request);
+          waiting.push_back(std::move(s));
+        }
+        tasks.swap(exclusive);
+      }
+      for (auto& task : tasks) task();  // exceptions land in the caller's future
+      drop_cancelled();
+      if (!waiting.empty() || !running.empty()) {
+        try {
+          step();
+        } catch (const std::exception& e) {
+          // A failing step (a bug, out of memory) fails what it touched, never the server.
+          spdlog::error("inference engine: step failed: {}", e.what());
+          fail_all(ErrorKind::INTERNAL, std::string("inference step failed: ") + e.what());
+        }
+      }
+      publish_stats();
+    }
+    // Shutting down.
+    std::deque<std::packaged_task<void()>> tasks;
+    {
+      std::lock_guard lk(mu);
+      while (!incoming.empty()) {
+        SeqPtr s = std::move(incoming.front());
+        incoming.pop_front();
+        if (s->choice == 0) active.push_back(s->request);
+        waiting.push_back(std::move(s));
+      }
+      tasks.swap(exclusive);
+    }
+    for (auto& task : tasks) task();
+    fail_all(ErrorKind::UNAVAILABLE, "the inference engine stopped: " + stop_reason);
+    publish_stats();
+  }
+
+  // Removes every sequence of `r` from the queues (freeing its KV blocks) and ends it.
+  void end_request(const std::shared_ptr<Request>& r, ErrorKind kind, const std::string& message) {
+    if (r->ended) return;
+    r->ended = true;
+    int64_t dropped_waiting = 0;
+    for (auto it = waiting.begin(); it != waiting.end();) {
+      if ((*it)->request == r) {
+        it = waiting.erase(it);
+        ++dropped_waiting;
+      } else {
+        ++it;
+      }
+    }
+    for (auto it = running.begin(); it != running.end();) {
+      if ((*it)->request == r) {
+        cache.release((*it)->slot);
+        it = running.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (dropped_waiting > 0) {
+      std::lock_guard lk(mu);
+      queued -= dropped_waiting;
+    }
+    std::erase(active, r);
+    try {
+      r->observer->on_error(kind, message);
+    } catch (const std::exception& e) {
+      spdlog::warn("inference engine: observer on_error threw: {}", e.what());
+    }
+  }
+
+  void fail_all(ErrorKind kind, const std::string& message) {
+    std::vector<std::shared_ptr<Request>> all = active;
+    for (const auto& r : all) end_request(r, kind, message);
+    std::lock_guard lk(stats_mu);
+    stats.failed_requests += static_cast<int64_t>(all.size());
+  }
+
+  void drop_cancelled() {
+    std::vector<std::shared_ptr<Request>> gone;
+    for (const auto& r : active) {
+      bool cancelled = false;
+      try {
+        cancelled = r->observer->cancelled();
+      } catch (const std::exception&) {
+        cancelled = true;
+      }
+      if (cancelled) gone.push_back(r);
+    }
+    for (const auto& r : gone)
+      end_request(r, ErrorKind::CONFLICT, "generation cancelled: the client went away or the episode ended");
+    if (!gone.empty()) {
+      std::lock_guard lk(stats_mu);
+      stats.cancelled_requests += static_cast<int64_t>(gone.size());
+    }
+  }
+
+  // Frees the KV blocks of the most recently admitted running sequence and puts it back at
+  // the front of the waiting queue; it will be recomputed from its tokens so far.
+  void preempt_last() {
+    SeqPtr victim = std::move(running.back());
+    running.pop_back();
+    cache.release(victim->slot);
+    victim->computed = 0;
+    waiting.push_front(std::move(victim));
+    {
+      std::lock_guard lk(mu);
+      ++queued;
+    }
+    std::lock_guard lk(stats_mu);
+    ++stats.preemptions;
+  }
+
+  struct Planned {
+    Sequence* seq;
+    int64_t count;  // new tokens fed this step
+  };
+
+  void step() {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<Planned> plan;
+    int64_t budget = config.max_step_tokens;
+    int64_t decode_tokens = 0, prefill_tokens = 0;
+
+    // 1. Decoding sequences: one token each. A sequence that cannot grow preempts the most
+    //    recently admitted one (possibly itself).
+    for (size_t i = 0; i < running.size();) {
+      Sequence& s = *running[i];
+      const int64_t remaining = static_cast<int64_t>(s.tokens.size()) - s.computed;
+      if (remaining != 1) {
+        ++i;
+        continue;
+      }
+      if (!cache.ensure_capacity(s.slot, s.computed + 1)) {
+        if (running.size() == 1) {
+          // Alone and still out of blocks: the cache cannot hold this sequence any longer.
+          finish(s, "length", /*flush=*/true);
+          continue;  // finish() removed it from `running`
+        }
+        preempt_last();
+        continue;  // retry the same index (it may have been the victim)
+      }
+      plan.push_back({&s, 1});
+      --budget;
+      ++decode_tokens;
+      ++i;
+    }
+    // 2. Running sequences still in their prompt: a chunk each from what is left.
+    for (auto& sp : running) {
+      Sequence& s = *sp;
+      const int64_t remaining = static_cast<int64_t>(s.tokens.size()) - s.computed;
+      if (remaining <= 1 || budget <= 0) continue;
+      const int64_t chunk = std::min(remaining, budget);
+      SWARM_CHECK(cache.capacity(s.slot) >= s.computed + chunk, "serving engine: prefill without reserved blocks");
+      plan.push_back({&s, chunk});
+      budget -= chunk;
+      prefill_tokens += chunk;
+    }
+    // 3. Admission in FIFO order while the batch, the budget and the cache allow. A new
+    //    sequence needs room for its whole prompt plus one token, and leaves one free block
+    //    per running sequence so those can keep growing.
+    while (!waiting.empty() && budget > 0 && static_cast<int64_t>(running.size()) < config.max_batch_sequences) {
+      Sequence& s = *waiting.front();
+      const int64_t need = static_cast<int64_t>(s.tokens.size()) + 1;
+      const int64_t need_blocks = cache.allocator().blocks_for(need);
+      if (!running.empty() && cache.free_blocks() - need_blocks < static_cast<int64_t>(running.size())) break;
+      // The whole context is reserved now, so prefill chunks never wait for blocks.
+      if (!cache.ensure_capacity(s.slot, need)) {
+        if (!running.empty()) break;
+        // Nothing else holds blocks and it still does not fit (a preempted sequence that grew
+        // to the whole cache): it ends here.
+        running.push_back(std::move(waiting.front()));
+        waiting.pop_front();
+        {
+          std::lock_guard lk(mu);
+          --queued;
+        }
+        finish(*running.back(), "length", /*flush=*/true);
+        continue;
+      }
+      const int64_t chunk = std::min(static_cast<int64_t>(s.tokens.size()), budget);
+      running.push_back(std::move(waiting.front()));
+      waiting.pop_front();
+      {
+        std::lock_guard lk(mu);
+        --queued;
+      }
+      plan.push_back({running.back().get(), chunk});
+      budget -= chunk;
+      if (chunk == 1 && s.tokens.size() == 1) {
+        ++decode_tokens;
+      } else {
+        prefill_tokens += chunk;
+      }
+    }
+    if (plan.empty()) return;
+
+    // 4. One packed forward pass.
+    std::vector<StepInput> inputs;
+    inputs.reserve(plan.size());
+    for (const Planned& pl : plan) {
+      StepInput in;
+      in.seq_slot = pl.seq->slot;
+      in.start_pos = pl.seq->computed;
+      in.tokens.assign(pl.seq->tokens.begin() + pl.seq->computed, pl.seq->tokens.begin() + pl.seq->computed + pl.count);
+      inputs.push_back(std::move(in));
+    }
+    torch::Tensor logits = model->forward_step(inputs, cache);
+
+    // 5. Sample where the whole context is now cached.
+    std::vector<int64_t> rows;
+    std::vector<Sequence*> sampled;
+    std::vector<SamplingConfig> configs;
+    std::vector<SamplerRng*> rngs;
+    for (size_t r = 0; r < plan.size(); ++r) {
+      Sequence* s = plan[r].seq;
+      s->computed += plan[r].count;
+      if (s->computed == static_cast<int64_t>(s->tokens.size())) {
+        rows.push_back(static_cast<int64_t>(r));
+        sampled.push_back(s);
+        configs.push_back(s->sampling);
+        rngs.push_back(&s->rng);
+      }
+    }
+    if (!sampled.empty()) {
+      torch::Tensor chosen = logits;
+      if (rows.size() != plan.size())
+        chosen = logits.index_select(0, torch::tensor(rows, torch::TensorOptions().dtype(torch::kLong)).to(logits.device()));
+      std::vector<SampledToken> tokens = sample_tokens(chosen, configs, rngs);
+      for (size_t i = 0; i < sampled.size(); ++i) accept(*sampled[i], tokens[i]);
+    }
+
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::lock_guard lk(stats_mu);
+    ++stats.steps;
+    stats.decode_tokens += decode_tokens;
+    stats.prefill_tokens += prefill_tokens;
+    stats.busy_seconds += seconds;
+  }
+
+  // Records a sampled token and applies the stop rules.
+  void accept(Sequence& s, const SampledToken& t) {
+    Request& r = *s.request;
+    s.tokens.push_back(t.id);
+    s.out.ids.push_back(t.id);
+    s.out.logprobs.push_back(t.logprob);
+    if (s.sampling.top_logprobs > 0) {
+      std::vector<TokenAlternative> alts;
+      alts.reserve(t.top.size());
+      for (const auto& [id, lp] : t.top) alts.push_back({id, lp});
+      s.out.top.push_back(std::move(alts));
+    }
+    if (eos.count(t.id) || r.stop_ids.count(t.id)) return finish(s, "stop", /*flush=*/true);
+    const size_t before = s.text.size();
+    s.text += s.decoder->push(t.id);
+    if (s.text.size() > before && cut_at_stop_string(s, before)) return finish(s, "stop", /*flush=*/false);
+    if (static_cast<int64_t>(s.out.ids.size()) >= s.max_new) return finish(s, "length", /*flush=*/true);
+    stream(s, /*final=*/false);
+  }
+
+  // Looks for a stop string that ends in the text added after `before`; cuts the text there.
+  bool cut_at_stop_string(Sequence& s, size_t before) {
+    const auto& stops = s.request->request.params.stop;
+    size_t best = std::string::npos;
+    for (const auto& stop : stops) {
+      if (stop.empty()) continue;
+      const size_t from = before >= stop.size() - 1 ? before - (stop.size() - 1) : 0;
+      const size_t pos = s.text.find(stop, from);
+      if (pos != std::string::npos) best = std::min(best, pos);
+    }
+    if (best == std::string::npos) return false;
+    s.text.resize(best);
+    if (s.streamed > best) s.streamed = best;  // cannot happen: hold-back keeps stops unsent
+    return true;
+  }
+
+  void stream(Sequence& s, bool final) {
+    size_t safe = s.text.size();
+    if (!final) {
+      const size_t hold = s.request->hold_back;
+      safe = safe > hold ? safe - hold : 0;
+      while (safe > s.streamed && (static_cast<unsigned char>(s.text[safe]) & 0xC0) == 0x80) --safe;
+    }
+    if (safe <= s.streamed) return;
+    const std::string delta = s.text.substr(s.streamed, safe - s.streamed);
+    s.streamed = safe;
+    try {
+      s.request->observer->on_text(s.choice, delta);
+    } catch (const std::exception& e) {
+      spdlog::warn("inference engine: observer on_text threw: {}", e.what());
+    }
+  }
+
+  // Ends one sequence: final text, KV freed, and the request completed when it was the last.
+  void finish(Sequence& s, const char* reason, bool flush) {
+    if (flush) {
+      const size_t before = s.text.size();
+      s.text += s.decoder->flush();
+      if (s.text.size() > before) cut_at_stop_string(s, before);
+    }
+    stream(s, /*final=*/true);
+    std::shared_ptr<Request> r = s.request;
+    s.out.text = std::move(s.text);
+    s.out.finish_reason = reason;
+    r->result.choices[static_cast<size_t>(s.choice)] = std::move(s.out);
+    cache.release(s.slot);
+    const Sequence* ptr = &s;
+    std::erase_if(running, [ptr](const SeqPtr& p) { return p.get() == ptr; });  // destroys s
+    if (--r->unfinished > 0) return;
+    r->ended = true;
+    std::erase(active, r);
+    r->result.policy_version = policy_version.load();
+    {
+      std::lock_guard lk(stats_mu);
+      ++stats.completed_requests;
+    }
+    try {
+      r->observer->on_complete(std::move(r->result));
+    } catch (const std::exception& e) {
+      spdlog::warn("inference engine: observer on_complete threw: {}", e.what());
+    }
+  }
+
+  void publish_stats() {
+    int64_t q;
+    {
+      std::lock_guard lk(mu);
+      q = queued;
+    }
+    std::lock_guard lk(stats_mu);
+    stats.running = static_cast<int64_t>(running.size());
+    stats.waiting = q;
+    stats.kv_blocks_free = cache.free_blocks();
+  }
+
+  void shutdown(const std::string& reason) {
+    {
+      std::lock_guard lk(mu);
+      if (!stopping) {
+        stopping = true;
+        stop_reason = reason;
+      }
+    }
+    cv.notify_all();
+    if (thread.joinable() && thread.get_id() != std::this_thread::get_id()) thread.join();
+  }
+};
+
+ServingEngine::ServingEngine(std::shared_ptr<DecoderModel> model, std::shared_ptr<const Tokenizer> tokenizer,
+                             ServingConfig config) {
+  SWARM_REQUIRE(model && tokenizer, ErrorKind::INVALID_ARGUMENT, "serving engine: model and tokenizer are required");
+  SWARM_REQUIRE(config.block_size >= 1, ErrorKind::INVALID_ARGUMENT, "serving engine: block_size must be >= 1");
+  SWARM_REQUIRE(config.kv_cache_tokens >= 1, ErrorKind::INVALID_ARGUMENT, "serving engine: kv_cache_tokens must be >= 1");
+  SWARM_REQUIRE(config.max_batch_sequences >= 1 && config.max_step_tokens >= 1 && config.max_waiting_sequences >= 1,
+                ErrorKind::INVALID_ARGUMENT, "serving engine: batch, step and queue limits must be >= 1");
+  impl_ = std::make_unique<Impl>(std::move(model), std::move(tokenizer), std::move(config));
+}
+
+ServingEngine::~ServingEngine() { impl_->shutdown("the engine was released"); }
+
+void ServingEngine::submit(GenerationRequest request, std::shared_ptr<GenerationObserver> observer) {
+  impl_->submit(std::move(request), std::move(observer));
+}
+
+void ServingEngine::set_policy_version(int64_t version) { impl_->policy_version = version; }
+int64_t ServingEngine::policy_version() const { return impl_->policy_version.load(); }
+
+void ServingEngine::run_exclusive(std::function<void()> fn) {
+  std::packaged_task<void()> task(std::move(fn));
+  std::future<void> done = task.get_future();
+  {
+    std::lock_guard lk(impl_->mu);
+    SWARM_REQUIRE(!impl_->stopping, ErrorKind::UNAVAILABLE, "the inference engine is shutting down");
+    impl_->exclusive.push_back(std::move(task));
+  }
+  impl_->cv.notify_one();
+  done.get();
+}
+
+void ServingEngine::shutdown(const std::string& reason) { impl_->shutdown(reason); }
+
+ServingStats ServingEngine::stats() const {
+  std::lock_guard lk(impl_->stats_mu);
+  return impl_->stats;
+}
+
+const ServingConfig& ServingEngine::config() const { return impl_->config; }
+int64_t ServingEngine::kv_cache_bytes() const { return impl_->cache.bytes(); }
+
+}  // namespace swarm
