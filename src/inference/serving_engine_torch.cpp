@@ -119,7 +119,7 @@ struct ServingEngine::Impl {
       if (p.max_tokens < 1) return fail(ErrorKind::INVALID_ARGUMENT, "max_tokens must be >= 1");
 
       auto request = std::make_shared<Request>();
-      request->observer = std::move(observer);
+      request->observer = observer;  // `fail` still uses `observer`
       request->stop_ids.insert(p.stop_token_ids.begin(), p.stop_token_ids.end());
       for (const auto& s : p.stop) request->hold_back = std::max(request->hold_back, s.empty() ? 0 : s.size() - 1);
       request->unfinished = p.n;
@@ -250,9 +250,11 @@ struct ServingEngine::Impl {
 
   void fail_all(ErrorKind kind, const std::string& message) {
     std::vector<std::shared_ptr<Request>> all = active;
+    {
+      std::lock_guard lk(stats_mu);
+      stats.failed_requests += static_cast<int64_t>(all.size());
+    }
     for (const auto& r : all) end_request(r, kind, message);
-    std::lock_guard lk(stats_mu);
-    stats.failed_requests += static_cast<int64_t>(all.size());
   }
 
   void drop_cancelled() {
@@ -266,12 +268,13 @@ struct ServingEngine::Impl {
       }
       if (cancelled) gone.push_back(r);
     }
-    for (const auto& r : gone)
-      end_request(r, ErrorKind::CONFLICT, "generation cancelled: the client went away or the episode ended");
-    if (!gone.empty()) {
+    if (gone.empty()) return;
+    {
       std::lock_guard lk(stats_mu);
       stats.cancelled_requests += static_cast<int64_t>(gone.size());
     }
+    for (const auto& r : gone)
+      end_request(r, ErrorKind::CONFLICT, "generation cancelled: the client went away or the episode ended");
   }
 
   // Frees the KV blocks of the most recently admitted running sequence and puts it back at
