@@ -1,10 +1,13 @@
 // A real swarm-server on an ephemeral loopback port, for integration tests.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "engine/mock_backend.hpp"
 #include "server/swarm_server.hpp"
@@ -36,9 +39,56 @@ class RecordingMockBackend : public MockBackend {
   std::shared_ptr<BatchLog> log_;
 };
 
+/// Wraps any backend and captures every batch it trains on (e.g. the torch backend).
+class RecordingBackend : public Backend {
+ public:
+  RecordingBackend(std::unique_ptr<Backend> inner, std::shared_ptr<BatchLog> log)
+      : inner_(std::move(inner)), log_(std::move(log)) {}
+  std::string name() const override { return inner_->name(); }
+  void boot(const Job& job, std::stop_token stop) override { inner_->boot(job, stop); }
+  std::string model_id() const override { return inner_->model_id(); }
+  int64_t max_context_length() const override { return inner_->max_context_length(); }
+  std::vector<TokenId> render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                                   bool add_generation_prompt) const override {
+    return inner_->render_chat(messages, tools, add_generation_prompt);
+  }
+  std::vector<TokenId> encode(const std::string& text) const override { return inner_->encode(text); }
+  std::string decode(const std::vector<TokenId>& ids) const override { return inner_->decode(ids); }
+  std::string token_text(TokenId id) const override { return inner_->token_text(id); }
+  void generate(GenerationRequest request, std::shared_ptr<GenerationObserver> observer) override {
+    inner_->generate(std::move(request), std::move(observer));
+  }
+  TrainStepReport train_step(const TrainBatch& batch, int64_t step, std::stop_token stop) override {
+    {
+      std::lock_guard lk(log_->mu);
+      log_->batches.push_back(batch);
+    }
+    return inner_->train_step(batch, step, stop);
+  }
+  void set_policy_version(int64_t version) override { inner_->set_policy_version(version); }
+  void release() override { inner_->release(); }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+  std::shared_ptr<BatchLog> log_;
+};
+
 /// Starts on construction, stops on destruction.
 class TestServer {
  public:
+  /// A server whose engine runs `inner()` (any backend), recording its training batches.
+  explicit TestServer(std::function<std::unique_ptr<Backend>()> inner, double janitor_interval_seconds = 0.05) {
+    SwarmServerOptions o;
+    o.http.host = "127.0.0.1";
+    o.http.port = 0;
+    o.http.io_threads = 2;
+    o.engine.janitor_interval_seconds = janitor_interval_seconds;
+    o.engine.factory = [log = batches, inner = std::move(inner)] {
+      return std::make_unique<RecordingBackend>(inner(), log);
+    };
+    server = std::make_unique<SwarmServer>(o);
+    server->start();
+  }
   explicit TestServer(double janitor_interval_seconds = 0.05, size_t max_body_bytes = 1 << 20) {
     SwarmServerOptions o;
     o.http.host = "127.0.0.1";

@@ -1,0 +1,287 @@
+// The torch engine behind the real HTTP server, driven by the real client SDK: a small
+// random-weight model with SmolLM2's real tokenizer and chat template (created once per run
+// with init_random_model, like `swarm-model init`).
+//
+// The multi-turn test is the context tracker's contract on the real engine: the ids the
+// server records are exactly the template's prompt ids and the sampled completion ids (no
+// re-tokenization), and a conversation whose later prompts extend the earlier ones becomes
+// one sample whose loss mask is 1 exactly on the sampled tokens.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "engine/torch_backend.hpp"
+#include "inference/chat_template.hpp"
+#include "inference/model_tools.hpp"
+#include "inference/tokenizer.hpp"
+#include "support/test_server.hpp"
+#include "swarm/swarm.hpp"
+
+using namespace swarm;
+using namespace std::chrono_literals;
+using json = nlohmann::json;
+using swarm::testing::TestServer;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// A SmolLM2-tokenizer model small enough to run fast: hidden 64, 2 layers, GQA 4/2.
+class TinyChatModel : public ::testing::Environment {
+ public:
+  static fs::path dir() { return root() / "model"; }
+  static fs::path root() { return fs::temp_directory_path() / ("swarm-torch-server-" + std::to_string(::getpid())); }
+
+  void SetUp() override {
+    const fs::path src = fs::path(SWARM_SHARED_DIR) / "models" / "smollm2-135m-instruct-noweights";
+    const fs::path cfg_dir = root() / "config";
+    fs::remove_all(root());
+    fs::create_directories(cfg_dir);
+    for (const auto& entry : fs::directory_iterator(src)) fs::copy_file(entry.path(), cfg_dir / entry.path().filename());
+    json config = json::parse(std::ifstream(cfg_dir / "config.json"));
+    config["hidden_size"] = 64;
+    config["intermediate_size"] = 128;
+    config["num_hidden_layers"] = 2;
+    config["num_attention_heads"] = 4;
+    config["num_key_value_heads"] = 2;
+    config["max_position_embeddings"] = 1024;
+    config.erase("head_dim");
+    std::ofstream(cfg_dir / "config.json") << config.dump(2);
+    InitModelOptions o;
+    o.from = cfg_dir;
+    o.out = dir();
+    o.seed = 7;
+    o.dtype = DType::F32;
+    init_random_model(o);
+  }
+  void TearDown() override { fs::remove_all(root()); }
+};
+
+const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new TinyChatModel);
+
+SwarmClientOptions fast_client() {
+  SwarmClientOptions o;
+  o.backoff_initial = 5ms;
+  o.backoff_max = 50ms;
+  return o;
+}
+
+Job tiny_job() {
+  Job job;
+  job.model = TinyChatModel::dir().string();
+  job.batch_size = 1;
+  job.num_repeat = 1;
+  job.max_prompt_length = 512;
+  job.max_response_length = 24;
+  job.engine_threads = 2;
+  return job;
+}
+
+WorkflowOutput reward(double r) {
+  WorkflowOutput out;
+  out.reward = r;
+  return out;
+}
+
+std::unique_ptr<Backend> torch_backend() { return make_torch_backend(); }
+
+std::vector<TokenId> ids_of(const json& a) { return a.get<std::vector<TokenId>>(); }
+
+TEST(TorchServer, ThreeTurnConversationIsRecordedExactlyAndMergedIntoOneSample) {
+  TestServer server(torch_backend);
+  SwarmClient client(server.url(), fast_client());
+  client.auto_sync_train_config_and_start_engine(tiny_job());
+  OpenAIEndpoint ep = client.begin_episode(120, "train", 60s);
+  OpenAIClient llm(ep);
+
+  ChatParams params;
+  params.temperature = 0.0;
+  params.max_tokens = 6;
+  params.logprobs = true;
+  params.extra = {{"return_token_ids", true}};
+
+  struct Turn {
+    std::vector<TokenId> prompt, completion;
+    std::vector<float> logprobs;
+  };
+  std::vector<Turn> turns;
+  json messages = json::array({{{"role", "system"}, {"content", "You are a terse assistant."}}});
+  const std::vector<std::string> user_says = {"Name a colour.", "Another one?", "And a third, please."};
+  for (const auto& say : user_says) {
+    messages.push_back({{"role", "user"}, {"content", say}});
+    ChatResult r = llm.chat(messages, params);
+    const json& choice = r.raw["choices"][0];
+    Turn t;
+    t.prompt = ids_of(r.raw["prompt_token_ids"]);
+    t.completion = ids_of(choice["token_ids"]);
+    for (const auto& lp : choice["logprobs"]["content"]) t.logprobs.push_back(lp["logprob"].get<float>());
+    ASSERT_EQ(t.logprobs.size(), t.completion.size());
+    EXPECT_EQ(r.usage.prompt_tokens, static_cast<int>(t.prompt.size()));
+    EXPECT_EQ(r.usage.completion_tokens, static_cast<int>(t.completion.size()));
+    turns.push_back(t);
+    // The agent sends the assistant's reply back as text, as any OpenAI agent does.
+    messages.push_back({{"role", "assistant"}, {"content", r.content}});
+  }
+
+  // The recorded prompt is exactly the template's rendering, tokenized once.
+  auto tokenizer = Tokenizer::from_directory(TinyChatModel::dir().string());
+  ChatTemplate tmpl = ChatTemplate::from_directory(TinyChatModel::dir().string());
+  json first = json::array({messages[0], messages[1]});
+  EXPECT_EQ(turns[0].prompt, tokenizer->encode(tmpl.render(first, nullptr, true), false));
+
+  ASSERT_TRUE(client.end_episode(Task{"colours"}, ep.episode_uuid, reward(0.5)));
+  ASSERT_TRUE(server.engine().wait_for_step(1, 60s));
+  auto batches = server.batches->copy();
+  ASSERT_EQ(batches.size(), 1u);
+  ASSERT_EQ(batches[0].episodes.size(), 1u);
+  const auto& samples = batches[0].episodes[0].samples;
+
+  // Build the expected timelines from what the API returned, by the DESIGN §4 rule.
+  struct Timeline {
+    std::vector<TokenId> ids;
+    std::vector<uint8_t> mask;
+    std::vector<float> logprobs;
+    int calls = 0;
+  };
+  std::vector<Timeline> expected;
+  for (const Turn& t : turns) {
+    Timeline* into = nullptr;
+    for (auto& tl : expected)
+      if (t.prompt.size() >= tl.ids.size() && std::equal(tl.ids.begin(), tl.ids.end(), t.prompt.begin()) &&
+          (!into || tl.ids.size() >= into->ids.size()))
+        into = &tl;
+    if (!into) into = &expected.emplace_back();
+    for (size_t i = into->ids.size(); i < t.prompt.size(); ++i) {
+      into->ids.push_back(t.prompt[i]);
+      into->mask.push_back(0);
+      into->logprobs.push_back(0.f);
+    }
+    for (size_t i = 0; i < t.completion.size(); ++i) {
+      into->ids.push_back(t.completion[i]);
+      into->mask.push_back(1);
+      into->logprobs.push_back(t.logprobs[i]);
+    }
+    ++into->calls;
+  }
+  // With this model, seed and conversation, every later prompt extends the earlier timeline
+  // (the reply's text re-renders to the sampled ids): one sample of three calls. If a change
+  // in tokenizer/template/sampling breaks that, the comparison below still checks the split.
+  EXPECT_EQ(expected.size(), 1u) << "the turns did not chain; expected one merged timeline";
+  ASSERT_EQ(samples.size(), expected.size());
+  for (size_t s = 0; s < samples.size(); ++s) {
+    const Sample& got = samples[s];
+    const Timeline& want = expected[s];
+    ASSERT_EQ(got.token_ids.size(), want.ids.size());
+    for (size_t i = 0; i < want.ids.size(); ++i) {
+      ASSERT_EQ(got.token_ids[i], want.ids[i]) << "token " << i;
+      ASSERT_EQ(got.loss_mask[i], want.mask[i]) << "mask at token " << i;
+      EXPECT_NEAR(got.rollout_logprobs[i], want.logprobs[i], 1e-6) << "logprob at token " << i;
+      EXPECT_EQ(got.policy_versions[i], want.mask[i] ? 0 : -1) << "policy version at token " << i;
+    }
+    EXPECT_EQ(got.num_calls, want.calls);
+    EXPECT_EQ(got.task_id, "colours");
+    EXPECT_DOUBLE_EQ(got.reward, 0.5);
+  }
+}
+
+TEST(TorchServer, OpenAIRoutesServeTheModel) {
+  TestServer server(torch_backend);
+  SwarmClient client(server.url(), fast_client());
+  client.auto_sync_train_config_and_start_engine(tiny_job());
+  OpenAIEndpoint ep = client.begin_episode(120, "train", 60s);
+  OpenAIClient llm(ep);
+  EXPECT_EQ(llm.models(), std::vector<std::string>{TinyChatModel::dir().string()});
+
+  ChatParams greedy;
+  greedy.temperature = 0.0;
+  greedy.max_tokens = 10;
+  ChatResult plain = llm.chat({{"user", "Say something."}}, greedy);
+  EXPECT_TRUE(plain.finish_reason == "stop" || plain.finish_reason == "length");
+  EXPECT_GT(plain.usage.completion_tokens, 0);
+  EXPECT_LE(plain.usage.completion_tokens, 10);
+  EXPECT_EQ(plain.usage.total_tokens, plain.usage.prompt_tokens + plain.usage.completion_tokens);
+
+  // Streaming gives the same text (greedy) in pieces.
+  std::string streamed;
+  ChatResult s = llm.chat_stream(json::array({{{"role", "user"}, {"content", "Say something."}}}),
+                                 [&](std::string_view d) { streamed += d; }, greedy);
+  EXPECT_EQ(s.content, plain.content);
+  EXPECT_EQ(streamed, plain.content);
+  EXPECT_EQ(s.finish_reason, plain.finish_reason);
+
+  // Same seed, same tokens; n > 1 gives n choices.
+  ChatParams sampled;
+  sampled.temperature = 1.0;
+  sampled.max_tokens = 12;
+  sampled.seed = 42;
+  sampled.n = 3;
+  sampled.extra = {{"return_token_ids", true}};
+  ChatResult a = llm.chat({{"user", "Tell me a word."}}, sampled);
+  ChatResult b = llm.chat({{"user", "Tell me a word."}}, sampled);
+  ASSERT_EQ(a.raw["choices"].size(), 3u);
+  for (size_t c = 0; c < 3; ++c) EXPECT_EQ(a.raw["choices"][c]["token_ids"], b.raw["choices"][c]["token_ids"]);
+
+  // Completions: a raw prompt, max_tokens respected.
+  ChatResult comp = llm.complete("The weather today is", greedy);
+  EXPECT_LE(comp.usage.completion_tokens, 10);
+
+  // Bad parameters are OpenAI-style 400s and the server keeps serving.
+  ChatParams bad;
+  bad.temperature = -1.0;
+  try {
+    llm.chat({{"user", "hi"}}, bad);
+    ADD_FAILURE() << "negative temperature accepted";
+  } catch (const ServerError& e) {
+    EXPECT_EQ(e.status(), 400);
+  }
+  try {
+    llm.chat({{"user", std::string(4000, 'x') + " long"}}, greedy);
+    ADD_FAILURE() << "over-long prompt accepted";
+  } catch (const ServerError& e) {
+    EXPECT_EQ(e.status(), 400);
+    EXPECT_NE(std::string(e.what()).find("max_prompt_length"), std::string::npos) << e.what();
+  }
+  ChatResult after = llm.chat({{"user", "Still there?"}}, greedy);
+  EXPECT_GT(after.usage.completion_tokens, 0);
+  client.abort_episode(ep.episode_uuid);
+}
+
+TEST(TorchServer, ManyConcurrentEpisodesAllComplete) {
+  TestServer server(torch_backend);
+  SwarmClient admin(server.url(), fast_client());
+  Job job = tiny_job();
+  job.batch_size = 4;
+  job.num_repeat = 4;
+  admin.auto_sync_train_config_and_start_engine(job);
+  std::atomic<int> errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 16; ++t) {
+    threads.emplace_back([&, t] {
+      try {
+        SwarmClient c(server.url(), fast_client());
+        OpenAIEndpoint ep = c.begin_episode(120, "train", 60s);
+        ChatParams p;
+        p.max_tokens = 16;
+        ChatResult r = OpenAIClient(ep).chat({{"user", "Count to " + std::to_string(t)}}, p);
+        if (r.usage.completion_tokens <= 0) ++errors;
+        c.end_episode(Task{"t" + std::to_string(t / 4)}, ep.episode_uuid, reward(double(t % 4)));
+      } catch (const std::exception& e) {
+        ++errors;
+        ADD_FAILURE() << e.what();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(errors, 0);
+  ASSERT_TRUE(server.engine().wait_for_step(1, 60s));
+  auto batches = server.batches->copy();
+  ASSERT_FALSE(batches.empty());
+  EXPECT_EQ(batches[0].num_tasks, 4);
+}
+
+}  // namespace
