@@ -1,6 +1,6 @@
 // swarm-model: inspect and create Hugging Face model directories.
 //   swarm-model inspect DIR
-//   swarm-model init --from DIR_WITH_CONFIG --out DIR [--seed N] [--dtype bf16|f32]
+//   swarm-model init --from DIR_WITH_CONFIG --out DIR [--seed N] [--dtype bf16|f32] [--set KEY=VALUE ...]
 //   swarm-model tokenize --model DIR [--text T] [--no-special]     (text on stdin otherwise)
 //   swarm-model detokenize --model DIR [--skip-special]            (JSON ids on stdin)
 //   swarm-model render-chat --model DIR FILE.json
@@ -47,6 +47,10 @@ void add_init_command(CLI::App& app, Action& action) {
   cmd->add_option("--dtype", *dtype, "Weight dtype")
       ->check(CLI::IsMember({"bf16", "f32", "f16"}))
       ->capture_default_str();
+  auto sets = std::make_shared<std::vector<std::string>>();
+  cmd->add_option("--set", *sets,
+                  "Override a config.json key, KEY=VALUE (VALUE is JSON, else a string); repeatable, "
+                  "e.g. --set hidden_size=64 --set num_hidden_layers=2");
   cmd->add_option("--max-shard-gb", *shard_gb, "Shard the weights above this size (GB)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -58,6 +62,13 @@ void add_init_command(CLI::App& app, Action& action) {
                     : *dtype == "f16" ? swarm::DType::F16
                                       : swarm::DType::BF16;
       opts->max_shard_bytes = static_cast<uint64_t>(*shard_gb * 1e9);
+      opts->config_overrides.clear();
+      for (const auto& kv : *sets) {
+        const size_t eq = kv.find('=');
+        if (eq == std::string::npos || eq == 0)
+          throw swarm::SwarmError(swarm::ErrorKind::INVALID_ARGUMENT, "--set expects KEY=VALUE, got '" + kv + "'");
+        opts->config_overrides.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+      }
       swarm::ModelWriteResult r = swarm::init_random_model(*opts);
       std::cout << "wrote " << opts->out.string() << ": " << r.files.size() << " weight file"
                 << (r.files.size() == 1 ? "" : "s") << (r.sharded ? " + model.safetensors.index.json" : "")

@@ -1,1 +1,1065 @@
-int main() { return 0; }
+// bench_inference: the libtorch inference engine on CPU (issue 4 §3). For each model
+// (SmolLM2-135M shape with random weights, TinyStories-656K) and compute dtype (fp32, bf16):
+//
+//  * prefill tokens/s: one 512-token prompt, and a batch of 8 x 128-token prompts, packed into
+//    forward_step calls of at most 512 tokens (chunked prefill, as the serving engine does),
+//    each finished prompt's first token sampled;
+//  * decode tokens/s at batch 1, 8, 32, 64: every sequence starts with a 128-token prompt in
+//    the paged KV cache (random K/V: prefill is measured on its own), then each step is one
+//    forward_step over the batch + greedy sample_tokens;
+//  * memory: weight bytes, KV pool bytes, RSS after load and the VmHWM peak of the case.
+//
+// In the same run: a python3-torch eager reference (python_reference.py, a child process, the
+// same weights, workload and thread count), a copy-bandwidth probe (roofline of batch-1 decode)
+// and a matmul-peak probe (compute roofline of batched decode). Prints tables; progress goes to
+// stderr. Never a timed assertion. Results and the exact command are recorded in
+// docs/benchmarks.md.
+#include <dlfcn.h>
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
+#include <torch/version.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "inference/decoder_model_torch.hpp"
+#include "inference/kv_cache_torch.hpp"
+#include "inference/model_config.hpp"
+#include "inference/model_tools.hpp"
+#include "inference/safetensors.hpp"
+#include "inference/sampler_torch.hpp"
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+constexpr double kMiB = 1024.0 * 1024.0;
+constexpr int64_t kBlockSize = 16;  // KV cache block, tokens
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+template <typename... Args>
+void progress(const char* fmt, Args... args) {
+  std::fprintf(stderr, "[bench_inference] ");
+  std::fprintf(stderr, fmt, args...);
+  std::fprintf(stderr, "\n");
+  std::fflush(stderr);
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+// ------------------------------------------------------------------ machine and process
+
+/// A field of /proc/self/status in KiB (VmRSS, VmHWM), or -1.
+int64_t proc_status_kib(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1));
+  }
+  return -1;
+}
+
+/// Resets VmHWM to the current RSS (Linux: "5" into clear_refs). False when not allowed.
+bool reset_peak_rss() {
+  std::ofstream out("/proc/self/clear_refs");
+  if (!out) return false;
+  out << "5";
+  out.flush();
+  return static_cast<bool>(out);
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      auto colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(colon + 2);
+    }
+  }
+  return "unknown";
+}
+
+std::string read_first_line(const fs::path& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+/// The checked-out commit, read from .git without running git; "unknown" when not found.
+std::string git_commit(const fs::path& source) {
+  fs::path git = source / ".git";
+  std::error_code ec;
+  if (fs::is_regular_file(git, ec)) {  // a worktree: "gitdir: PATH"
+    std::string line = read_first_line(git);
+    if (line.rfind("gitdir: ", 0) != 0) return "unknown";
+    git = fs::path(line.substr(8));
+    if (git.is_relative()) git = source / git;
+  }
+  std::string head = read_first_line(git / "HEAD");
+  if (head.rfind("ref: ", 0) != 0) return head.empty() ? "unknown" : head.substr(0, 12);
+  const std::string ref = head.substr(5);
+  for (const fs::path& dir : {git, fs::path(read_first_line(git / "commondir")).empty()
+                                       ? git
+                                       : git / read_first_line(git / "commondir")}) {
+    std::string sha = read_first_line(dir / ref);
+    if (!sha.empty()) return sha.substr(0, 12) + " (" + ref + ")";
+    std::ifstream packed(dir / "packed-refs");
+    std::string line;
+    while (std::getline(packed, line)) {
+      if (line.size() > 41 && line.compare(41, std::string::npos, ref) == 0) {
+        return line.substr(0, 12) + " (" + ref + ")";
+      }
+    }
+  }
+  return "unknown";
+}
+
+std::string utc_now() {
+  std::time_t t = std::time(nullptr);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", std::gmtime(&t));
+  return buf;
+}
+
+/// libtorch's fp32 GEMMs go to the system BLAS; on Debian that is OpenBLAS with its own
+/// pthread pool, sized independently of at::set_num_threads. Looked up at run time.
+struct OpenBlas {
+  int (*get_threads)() = nullptr;
+  void (*set_threads)(int) = nullptr;
+  char* (*get_config)() = nullptr;
+  char* (*get_corename)() = nullptr;
+
+  static OpenBlas find() {
+    OpenBlas o;
+    o.get_threads = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+    o.set_threads = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+    o.get_config = reinterpret_cast<char* (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_config"));
+    o.get_corename = reinterpret_cast<char* (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+    return o;
+  }
+  std::string describe() const {
+    if (!get_threads) return "not loaded (fp32 GEMM elsewhere)";
+    std::string s = get_config ? get_config() : "OpenBLAS";
+    if (get_corename) s += ", kernels " + std::string(get_corename());
+    return s + ", " + std::to_string(get_threads()) + " threads";
+  }
+};
+
+/// CPU time of this process (and its reaped children) against the whole machine's, so the
+/// tables can say how busy other processes kept the cores during a measurement.
+struct CpuSample {
+  Clock::time_point wall;
+  double machine_busy_s = 0;  // all CPUs, from /proc/stat
+  double ours_s = 0;          // self + children, from getrusage
+};
+
+CpuSample cpu_sample() {
+  CpuSample s;
+  s.wall = Clock::now();
+  std::ifstream in("/proc/stat");
+  std::string cpu;
+  uint64_t user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+  in >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
+  const double tick = static_cast<double>(sysconf(_SC_CLK_TCK));
+  s.machine_busy_s = static_cast<double>(user + nice + system + irq + softirq) / tick;
+  auto tv = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6; };
+  rusage self{}, kids{};
+  getrusage(RUSAGE_SELF, &self);
+  getrusage(RUSAGE_CHILDREN, &kids);
+  s.ours_s = tv(self.ru_utime) + tv(self.ru_stime) + tv(kids.ru_utime) + tv(kids.ru_stime);
+  return s;
+}
+
+/// Cores kept busy between two samples: {ours, everybody else's}.
+std::pair<double, double> cores_busy(const CpuSample& a, const CpuSample& b) {
+  const double wall = std::chrono::duration<double>(b.wall - a.wall).count();
+  if (wall <= 0) return {0, 0};
+  const double ours = (b.ours_s - a.ours_s) / wall;
+  const double all = (b.machine_busy_s - a.machine_busy_s) / wall;
+  return {ours, std::max(0.0, all - ours)};
+}
+
+// ------------------------------------------------------------------ probes
+
+struct Probes {
+  double copy_gbs = 0;          // best, read + write bytes counted
+  std::vector<double> copy_runs;
+  int64_t copy_bytes = 0;
+  int64_t gemm_n = 0;
+  double peak_f32 = 0, peak_bf16 = 0;        // FLOP/s with the bench's thread count
+  double peak_f32_1t = 0, peak_bf16_1t = 0;  // with one intra-op thread, for context
+
+  double peak(c10::ScalarType t) const { return t == at::kBFloat16 ? peak_bf16 : peak_f32; }
+};
+
+/// Best GB/s of `reps` copies of a `bytes` buffer (at::Tensor::copy_, the intra-op threads).
+double copy_bandwidth(int64_t bytes, int reps, std::vector<double>& runs) {
+  at::Tensor src = at::empty({bytes / 4}, at::kFloat).fill_(1.0f);
+  at::Tensor dst = at::empty_like(src).fill_(0.0f);  // touch every page before timing
+  double best = 0;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = Clock::now();
+    dst.copy_(src);
+    const double gbs = 2.0 * static_cast<double>(bytes) / seconds_since(t0) / 1e9;
+    runs.push_back(gbs);
+    best = std::max(best, gbs);
+  }
+  return best;
+}
+
+/// Best FLOP/s of at::matmul on n x n matrices of `type`.
+double matmul_peak(c10::ScalarType type, int64_t n, int reps) {
+  at::Tensor a = at::randn({n, n}).to(type);
+  at::Tensor b = at::randn({n, n}).to(type);
+  at::Tensor c = at::matmul(a, b);  // warm-up (primitive creation, page faults)
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = Clock::now();
+    c = at::matmul(a, b);
+    best = std::min(best, seconds_since(t0));
+  }
+  return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / best;
+}
+
+Probes run_probes(int threads, bool quick) {
+  Probes p;
+  p.copy_bytes = (quick ? 256 : 512) * 1024 * 1024LL;
+  p.copy_gbs = copy_bandwidth(p.copy_bytes, quick ? 3 : 6, p.copy_runs);
+  progress("copy bandwidth %.1f GB/s (read+write, %d threads)", p.copy_gbs, threads);
+  p.gemm_n = quick ? 1024 : 2048;
+  const int reps = quick ? 2 : 4;
+  p.peak_f32 = matmul_peak(at::kFloat, p.gemm_n, reps);
+  p.peak_bf16 = matmul_peak(at::kBFloat16, p.gemm_n, reps);
+  at::set_num_threads(1);
+  p.peak_f32_1t = matmul_peak(at::kFloat, p.gemm_n, reps);
+  p.peak_bf16_1t = matmul_peak(at::kBFloat16, p.gemm_n, reps);
+  swarm::set_compute_threads(threads);
+  progress("matmul peak fp32 %.1f GFLOP/s, bf16 %.1f GFLOP/s", p.peak_f32 / 1e9, p.peak_bf16 / 1e9);
+  return p;
+}
+
+// ------------------------------------------------------------------ workload
+
+struct PrefillSpec {
+  std::string name;
+  int64_t batch = 1;   // prompts
+  int64_t tokens = 0;  // tokens per prompt
+};
+
+struct DecodeSpec {
+  int64_t batch = 1;
+  int64_t warmup = 2;  // untimed steps
+  int64_t steps = 16;  // timed steps
+};
+
+/// The same workload runs in C++ and in Python.
+struct Workload {
+  std::vector<PrefillSpec> prefill;
+  int64_t prefill_reps = 2;   // best of
+  int64_t chunk_tokens = 512;  // prefill tokens per forward_step (C++ only)
+  int64_t prompt_tokens = 128;  // already in the cache when decode starts
+  std::vector<DecodeSpec> decode;
+
+  /// KV blocks the largest phase needs (a prefill or a decode batch, including the warm-up).
+  int64_t blocks_needed() const {
+    auto blocks = [](int64_t tokens) { return (tokens + kBlockSize - 1) / kBlockSize; };
+    int64_t need = blocks(64 + 8);  // warm-up
+    for (const auto& p : prefill) need = std::max(need, p.batch * blocks(p.tokens));
+    for (const auto& d : decode) need = std::max(need, d.batch * blocks(prompt_tokens + d.warmup + d.steps));
+    return need;
+  }
+};
+
+Workload make_workload(bool quick, int64_t max_positions) {
+  Workload w;
+  w.prefill = {{"1x512", 1, std::min<int64_t>(512, max_positions)}, {"8x128", 8, 128}};
+  w.prefill_reps = quick ? 1 : 2;
+  for (int64_t b : {1, 8, 32, 64}) {
+    DecodeSpec d;
+    d.batch = b;
+    d.warmup = quick ? 1 : 2;
+    // Smaller batches are cheap per step: more steps for a steadier figure.
+    d.steps = quick ? (b == 1 ? 8 : 4) : (b == 1 ? 48 : b == 8 ? 24 : 12);
+    w.decode.push_back(d);
+  }
+  return w;
+}
+
+// ------------------------------------------------------------------ model arithmetic
+
+/// Sizes the rooflines need, from the loaded parameters.
+struct ModelShape {
+  int64_t weight_bytes = 0;   // every parameter once (tied head = embedding)
+  int64_t linear_params = 0;  // matrices a token multiplies with: projections, MLP, LM head
+  int64_t head_params = 0;    // the LM head alone
+  int64_t kv_bytes_per_token = 0;
+  int64_t layers = 0, heads = 0, head_dim = 0;
+  int64_t element_size = 4;
+};
+
+ModelShape model_shape(const swarm::DecoderModel& model) {
+  const swarm::ModelConfig& c = model.config();
+  ModelShape s;
+  s.layers = c.num_hidden_layers;
+  s.heads = c.num_attention_heads;
+  s.head_dim = c.head_dim;
+  s.element_size = model.scalar_type() == at::kBFloat16 ? 2 : 4;
+  for (const auto& [name, t] : model.parameters()) {
+    s.weight_bytes += t.numel() * static_cast<int64_t>(t.element_size());
+    const bool embedding = name == "model.embed_tokens.weight";
+    if (t.dim() == 2 && (!embedding || c.tie_word_embeddings)) s.linear_params += t.numel();
+    if (name == "lm_head.weight" || (embedding && c.tie_word_embeddings)) s.head_params = t.numel();
+  }
+  s.kv_bytes_per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * s.element_size;
+  return s;
+}
+
+/// FLOPs of one decode step of `batch` sequences at context length `ctx`: every linear weight
+/// once per token (2 FLOP per multiply-add), plus attention (q.k and p.v over ctx keys).
+double decode_flops(const ModelShape& s, int64_t batch, double ctx) {
+  const double attention = 4.0 * static_cast<double>(s.layers * s.heads * s.head_dim) * ctx;
+  return static_cast<double>(batch) * (2.0 * static_cast<double>(s.linear_params) + attention);
+}
+
+/// Bytes one decode step must read at least: every weight once, plus each sequence's K and V.
+double decode_bytes(const ModelShape& s, int64_t batch, double ctx) {
+  return static_cast<double>(s.weight_bytes) + static_cast<double>(batch) * ctx * static_cast<double>(s.kv_bytes_per_token);
+}
+
+/// FLOPs of prefilling `batch` prompts of `tokens`: the LM head runs on each prompt's last token
+/// only; causal attention over tokens*(tokens+1)/2 pairs.
+double prefill_flops(const ModelShape& s, int64_t batch, int64_t tokens) {
+  const double body = 2.0 * static_cast<double>(s.linear_params - s.head_params) * static_cast<double>(tokens);
+  const double head = 2.0 * static_cast<double>(s.head_params);
+  const double pairs = static_cast<double>(tokens) * static_cast<double>(tokens + 1) / 2.0;
+  const double attention = 4.0 * static_cast<double>(s.layers * s.heads * s.head_dim) * pairs;
+  return static_cast<double>(batch) * (body + head + attention);
+}
+
+// ------------------------------------------------------------------ engine runs
+
+struct PrefillResult {
+  PrefillSpec spec;
+  double seconds = 0;  // best of the reps
+  int64_t steps = 0;   // forward_step calls per rep
+};
+
+struct DecodeResult {
+  DecodeSpec spec;
+  double seconds = 0;    // the timed steps, forward + sample
+  double forward_s = 0;  // of which forward_step
+  double sample_s = 0;   // of which sample_tokens
+  double ctx = 0;        // mean context length over the timed steps
+};
+
+struct OpCost {
+  std::string name;
+  double self_us = 0;  // per decode step
+  int64_t calls = 0;   // per decode step
+};
+
+struct EngineResult {
+  double load_s = 0;
+  ModelShape shape;
+  int64_t kv_pool_bytes = 0;
+  int64_t kv_blocks = 0;
+  int64_t rss_start_kib = 0, rss_loaded_kib = 0, rss_end_kib = 0, peak_kib = 0;
+  bool peak_reset = false;
+  std::vector<PrefillResult> prefill;
+  std::vector<DecodeResult> decode;
+  std::pair<double, double> cores;  // ours / others during the case
+  std::map<int64_t, std::vector<OpCost>> profile;  // batch -> top ops
+};
+
+std::vector<swarm::SamplingConfig> greedy_configs(size_t n) {
+  swarm::SamplingConfig greedy;
+  greedy.temperature = 0.0;
+  return std::vector<swarm::SamplingConfig>(n, greedy);
+}
+
+/// Prefills `prompts` (slots first_slot..) in forward_step calls of at most `chunk` tokens,
+/// packing several prompts into one call and splitting a prompt across calls where needed, and
+/// samples the first token of each prompt as it completes. Returns the number of calls.
+int64_t prefill(const swarm::DecoderModel& model, swarm::KvCache& cache, const std::vector<std::vector<int32_t>>& prompts,
+                int64_t first_slot, int64_t chunk) {
+  std::vector<int64_t> done(prompts.size(), 0);
+  size_t next = 0;  // the first prompt not fully prefilled
+  int64_t calls = 0;
+  swarm::SamplerRng rng(1);
+  while (next < prompts.size()) {
+    std::vector<swarm::StepInput> step;
+    std::vector<size_t> owner;
+    int64_t budget = chunk;
+    for (size_t p = next; p < prompts.size() && budget > 0; ++p) {
+      const int64_t left = static_cast<int64_t>(prompts[p].size()) - done[p];
+      const int64_t take = std::min(budget, left);
+      swarm::StepInput in;
+      in.seq_slot = first_slot + static_cast<int64_t>(p);
+      in.start_pos = done[p];
+      in.tokens.assign(prompts[p].begin() + done[p], prompts[p].begin() + done[p] + take);
+      if (!cache.ensure_capacity(in.seq_slot, in.start_pos + take)) throw std::runtime_error("KV pool too small for prefill");
+      step.push_back(std::move(in));
+      owner.push_back(p);
+      budget -= take;
+    }
+    at::Tensor logits = model.forward_step(step, cache);
+    ++calls;
+    std::vector<int64_t> finished;
+    for (size_t i = 0; i < step.size(); ++i) {
+      done[owner[i]] += static_cast<int64_t>(step[i].tokens.size());
+      if (done[owner[i]] == static_cast<int64_t>(prompts[owner[i]].size())) finished.push_back(static_cast<int64_t>(i));
+    }
+    if (!finished.empty()) {  // the first generated token of each completed prompt
+      at::Tensor rows = logits.index_select(0, at::tensor(finished, at::kLong));
+      std::vector<swarm::SamplerRng*> rngs(finished.size(), &rng);
+      swarm::sample_tokens(rows, greedy_configs(finished.size()), rngs);
+    }
+    while (next < prompts.size() && done[next] == static_cast<int64_t>(prompts[next].size())) ++next;
+  }
+  return calls;
+}
+
+std::vector<std::vector<int32_t>> random_prompts(int64_t batch, int64_t tokens, int64_t vocab, std::mt19937& rng) {
+  std::uniform_int_distribution<int32_t> dist(0, static_cast<int32_t>(vocab - 1));
+  std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(batch));
+  for (auto& p : prompts) {
+    p.resize(static_cast<size_t>(tokens));
+    for (auto& t : p) t = dist(rng);
+  }
+  return prompts;
+}
+
+/// `spec.batch` sequences, each with `prompt` tokens already cached, decoded greedily.
+DecodeResult decode(const swarm::DecoderModel& model, swarm::KvCache& cache, const DecodeSpec& spec, int64_t prompt,
+                    std::mt19937& gen) {
+  const size_t B = static_cast<size_t>(spec.batch);
+  std::uniform_int_distribution<int32_t> dist(0, static_cast<int32_t>(model.config().vocab_size - 1));
+  std::vector<int32_t> tokens(B);
+  for (auto& t : tokens) t = dist(gen);
+  for (size_t b = 0; b < B; ++b) {
+    if (!cache.ensure_capacity(static_cast<int64_t>(b), prompt + spec.warmup + spec.steps))
+      throw std::runtime_error("KV pool too small for decode batch " + std::to_string(B));
+  }
+  const auto configs = greedy_configs(B);
+  std::vector<swarm::SamplerRng> rng_store;
+  for (size_t b = 0; b < B; ++b) rng_store.emplace_back(b);
+  std::vector<swarm::SamplerRng*> rngs;
+  for (auto& r : rng_store) rngs.push_back(&r);
+
+  DecodeResult r;
+  r.spec = spec;
+  int64_t pos = prompt;
+  auto step = [&](bool timed) {
+    std::vector<swarm::StepInput> inputs(B);
+    for (size_t b = 0; b < B; ++b) {
+      inputs[b].seq_slot = static_cast<int64_t>(b);
+      inputs[b].tokens = {tokens[b]};
+      inputs[b].start_pos = pos;
+    }
+    auto t0 = Clock::now();
+    at::Tensor logits = model.forward_step(inputs, cache);
+    auto t1 = Clock::now();
+    std::vector<swarm::SampledToken> sampled = swarm::sample_tokens(logits, configs, rngs);
+    for (size_t b = 0; b < B; ++b) tokens[b] = sampled[b].id;
+    if (timed) {
+      r.forward_s += std::chrono::duration<double>(t1 - t0).count();
+      r.sample_s += seconds_since(t1);
+    }
+    ++pos;
+  };
+  for (int64_t i = 0; i < spec.warmup; ++i) step(false);
+  auto t0 = Clock::now();
+  for (int64_t i = 0; i < spec.steps; ++i) step(true);
+  r.seconds = seconds_since(t0);
+  r.ctx = static_cast<double>(prompt + spec.warmup) + static_cast<double>(spec.steps + 1) / 2.0;
+  for (size_t b = 0; b < B; ++b) cache.release(static_cast<int64_t>(b));
+  return r;
+}
+
+/// Self CPU time per op (main thread; intra-op workers are not seen) over `steps` decode steps,
+/// the top `top` by time, per step.
+std::vector<OpCost> profile_decode(const swarm::DecoderModel& model, swarm::KvCache& cache, const DecodeSpec& spec,
+                                   int64_t prompt, std::mt19937& gen, size_t top) {
+  using namespace torch::autograd::profiler;
+  std::map<std::string, OpCost> by_name;
+  {
+    TLSLegacyProfilerGuard guard(
+        torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::CPU),
+        [&](const thread_event_lists& lists) {
+          for (const auto& list : lists) {
+            struct Open {
+              const LegacyEvent* push;
+              double child_us;
+            };
+            std::vector<Open> stack;
+            for (const LegacyEvent& e : list) {
+              if (e.kind() == EventKind::PushRange) {
+                stack.push_back({&e, 0.0});
+              } else if (e.kind() == EventKind::PopRange && !stack.empty()) {
+                Open open = stack.back();
+                stack.pop_back();
+                const double total = open.push->cpuElapsedUs(e);
+                OpCost& c = by_name[open.push->name()];
+                c.name = open.push->name();
+                c.self_us += total - open.child_us;
+                c.calls += 1;
+                if (!stack.empty()) stack.back().child_us += total;
+              }
+            }
+          }
+        });
+    decode(model, cache, spec, prompt, gen);
+  }
+  const double steps = static_cast<double>(spec.warmup + spec.steps);
+  std::vector<OpCost> ops;
+  for (auto& [name, c] : by_name) {
+    c.self_us /= steps;
+    c.calls = static_cast<int64_t>(std::lround(static_cast<double>(c.calls) / steps));
+    ops.push_back(c);
+  }
+  std::sort(ops.begin(), ops.end(), [](const OpCost& a, const OpCost& b) { return a.self_us > b.self_us; });
+  if (ops.size() > top) ops.resize(top);
+  return ops;
+}
+
+EngineResult run_engine(const fs::path& dir, swarm::DType dtype, const Workload& w, bool profile_ops) {
+  EngineResult r;
+  r.peak_reset = reset_peak_rss();
+  r.rss_start_kib = proc_status_kib("VmRSS");
+  const CpuSample cpu0 = cpu_sample();
+
+  auto t0 = Clock::now();
+  std::shared_ptr<swarm::DecoderModel> model = swarm::DecoderModel::load(dir, dtype);
+  r.load_s = seconds_since(t0);
+  r.rss_loaded_kib = proc_status_kib("VmRSS");
+  r.shape = model_shape(*model);
+  const swarm::ModelConfig& config = model->config();
+
+  r.kv_blocks = w.blocks_needed();
+  swarm::KvCache cache = swarm::KvCache::for_model(config, r.kv_blocks, kBlockSize, model->scalar_type());
+  r.kv_pool_bytes = cache.bytes();
+  {
+    // Finite, non-trivial K/V everywhere (the "prompt already in the cache" of decode): one
+    // random block broadcast over the pool.
+    c10::InferenceMode guard;
+    at::Tensor pattern = at::randn({1, kBlockSize, config.num_key_value_heads, config.head_dim}).to(model->scalar_type());
+    for (int64_t l = 0; l < cache.num_layers(); ++l) {
+      cache.keys(l).copy_(pattern);
+      cache.values(l).copy_(pattern * 0.5);
+    }
+  }
+
+  std::mt19937 gen(1234);
+  const int64_t vocab = config.vocab_size;
+  // Warm-up: a short prefill and a few decode steps (allocator, oneDNN primitives).
+  prefill(*model, cache, random_prompts(1, 64, vocab, gen), 0, w.chunk_tokens);
+  cache.release(0);
+  decode(*model, cache, DecodeSpec{1, 0, 4}, 64, gen);
+
+  for (const PrefillSpec& p : w.prefill) {
+    PrefillResult pr;
+    pr.spec = p;
+    pr.seconds = 1e30;
+    for (int64_t rep = 0; rep < w.prefill_reps; ++rep) {
+      auto prompts = random_prompts(p.batch, p.tokens, vocab, gen);
+      auto t = Clock::now();
+      pr.steps = prefill(*model, cache, prompts, 0, w.chunk_tokens);
+      pr.seconds = std::min(pr.seconds, seconds_since(t));
+      for (int64_t s = 0; s < p.batch; ++s) cache.release(s);
+    }
+    progress("  C++ prefill %s: %.1f tok/s (%lld forward_step calls)", p.name.c_str(),
+             static_cast<double>(p.batch * p.tokens) / pr.seconds, static_cast<long long>(pr.steps));
+    r.prefill.push_back(pr);
+  }
+  for (const DecodeSpec& d : w.decode) {
+    DecodeResult dr = decode(*model, cache, d, w.prompt_tokens, gen);
+    progress("  C++ decode batch %lld: %.1f tok/s (%.2f ms/step, sample %.2f ms)", static_cast<long long>(d.batch),
+             static_cast<double>(d.batch * d.steps) / dr.seconds, dr.seconds / static_cast<double>(d.steps) * 1e3,
+             dr.sample_s / static_cast<double>(d.steps) * 1e3);
+    r.decode.push_back(dr);
+  }
+  r.peak_kib = proc_status_kib("VmHWM");
+  r.rss_end_kib = proc_status_kib("VmRSS");
+  r.cores = cores_busy(cpu0, cpu_sample());
+  if (profile_ops) {
+    for (int64_t b : {int64_t{1}, int64_t{32}}) {
+      r.profile[b] = profile_decode(*model, cache, DecodeSpec{b, 1, 4}, w.prompt_tokens, gen, 14);
+    }
+  }
+  return r;
+}
+
+// ------------------------------------------------------------------ python reference
+
+struct PythonResult {
+  bool ok = false;
+  std::string error;
+  json out;
+  std::pair<double, double> cores;
+
+  double prefill_tok_s(const std::string& name) const {
+    if (!ok) return 0;
+    for (const auto& p : out.at("prefill")) {
+      if (p.at("name") == name) return p.at("tok_s").get<double>();
+    }
+    return 0;
+  }
+  double decode_tok_s(int64_t batch) const {
+    if (!ok) return 0;
+    for (const auto& d : out.at("decode")) {
+      if (d.at("batch").get<int64_t>() == batch) return d.at("tok_s").get<double>();
+    }
+    return 0;
+  }
+};
+
+/// Runs `argv` with stdout captured (stderr passes through); returns {exit status, stdout}.
+std::pair<int, std::string> run_capture(std::vector<std::string> argv) {
+  int fds[2];
+  if (pipe(fds) != 0) throw std::runtime_error("pipe failed");
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addclose(&actions, fds[0]);
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(fds[1]);
+  if (rc != 0) {
+    close(fds[0]);
+    throw std::runtime_error("cannot start " + argv[0] + ": " + std::strerror(rc));
+  }
+  std::string out;
+  char buf[65536];
+  ssize_t n;
+  while ((n = read(fds[0], buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+PythonResult run_python(const std::string& python, const fs::path& script, const fs::path& dir, const char* dtype,
+                        int threads, const Workload& w) {
+  json spec = {{"model_dir", dir.string()}, {"dtype", dtype}, {"threads", threads}, {"seed", 0}};
+  spec["prefill"] = json::array();
+  for (const auto& p : w.prefill)
+    spec["prefill"].push_back({{"name", p.name}, {"batch", p.batch}, {"tokens", p.tokens}, {"reps", w.prefill_reps}});
+  spec["decode"] = json::array();
+  for (const auto& d : w.decode)
+    spec["decode"].push_back({{"batch", d.batch}, {"prompt", w.prompt_tokens}, {"warmup", d.warmup}, {"steps", d.steps}});
+  PythonResult r;
+  const CpuSample cpu0 = cpu_sample();
+  try {
+    auto [status, out] = run_capture({python, script.string(), spec.dump()});
+    r.cores = cores_busy(cpu0, cpu_sample());
+    if (status != 0) {
+      r.error = python + " exited with status " + std::to_string(status);
+      return r;
+    }
+    // The last non-empty line is the result.
+    auto end = out.find_last_not_of("\n");
+    auto begin = out.rfind('\n', end);
+    r.out = json::parse(out.substr(begin == std::string::npos ? 0 : begin + 1));
+    r.ok = true;
+  } catch (const std::exception& e) {
+    r.error = e.what();
+  }
+  return r;
+}
+
+// ------------------------------------------------------------------ models
+
+struct ModelEntry {
+  std::string key;    // --models name
+  std::string label;  // table label
+  fs::path dir;       // loadable directory
+};
+
+/// SmolLM2-135M's config with deterministic random fp32 weights, created once in the cache.
+fs::path prepare_random_model(const fs::path& config_dir, const fs::path& cache_dir, const std::string& name) {
+  const fs::path out = cache_dir / name;
+  std::error_code ec;
+  if (fs::exists(out / "config.json", ec)) {
+    try {
+      swarm::SafetensorsModel::open(out).validate_against(swarm::ModelConfig::from_directory(out));
+      return out;
+    } catch (const std::exception& e) {
+      progress("cached %s is unusable (%s): recreating", out.c_str(), e.what());
+      fs::remove_all(out);
+    }
+  }
+  progress("writing random weights for %s into %s (once)", config_dir.c_str(), out.c_str());
+  fs::create_directories(cache_dir);
+  swarm::InitModelOptions opts;
+  opts.from = config_dir;
+  opts.out = out;
+  opts.seed = 0;
+  opts.dtype = swarm::DType::F32;
+  swarm::init_random_model(opts);
+  return out;
+}
+
+// ------------------------------------------------------------------ report
+
+struct CaseResult {
+  ModelEntry model;
+  std::string dtype;  // "fp32" / "bf16"
+  c10::ScalarType scalar = at::kFloat;
+  EngineResult engine;
+  PythonResult python;
+  bool ran_python = false;
+};
+
+const PrefillResult* find_prefill(const EngineResult& e, const std::string& name) {
+  for (const auto& p : e.prefill) {
+    if (p.spec.name == name) return &p;
+  }
+  return nullptr;
+}
+
+const DecodeResult* find_decode(const EngineResult& e, int64_t batch) {
+  for (const auto& d : e.decode) {
+    if (d.spec.batch == batch) return &d;
+  }
+  return nullptr;
+}
+
+double tok_s(const DecodeResult& d) { return static_cast<double>(d.spec.batch * d.spec.steps) / d.seconds; }
+double tok_s(const PrefillResult& p) { return static_cast<double>(p.spec.batch * p.spec.tokens) / p.seconds; }
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string ratio_str(double a, double b) { return b > 0 && a > 0 ? fmt("%.2fx", a / b) : "-"; }
+
+void print_rule(size_t width) { std::printf("%s\n", std::string(width, '-').c_str()); }
+
+void print_throughput(const std::vector<CaseResult>& cases, const Workload& w, bool python) {
+  std::printf("%-22s %-5s", "model", "dtype");
+  for (const auto& p : w.prefill) std::printf(" %12s", ("pre " + p.name).c_str());
+  for (const auto& d : w.decode) std::printf(" %10s", ("dec b" + std::to_string(d.batch)).c_str());
+  std::printf("   cores us/oth\n");
+  for (const CaseResult& c : cases) {
+    if (python && !c.ran_python) continue;
+    std::printf("%-22s %-5s", c.model.label.c_str(), c.dtype.c_str());
+    for (const auto& p : w.prefill) {
+      double v = python ? c.python.prefill_tok_s(p.name) : (find_prefill(c.engine, p.name) ? tok_s(*find_prefill(c.engine, p.name)) : 0);
+      std::printf(" %12s", v > 0 ? fmt("%.1f", v).c_str() : "-");
+    }
+    for (const auto& d : w.decode) {
+      double v = python ? c.python.decode_tok_s(d.batch) : (find_decode(c.engine, d.batch) ? tok_s(*find_decode(c.engine, d.batch)) : 0);
+      std::printf(" %10s", v > 0 ? fmt("%.1f", v).c_str() : "-");
+    }
+    auto cores = python ? c.python.cores : c.engine.cores;
+    std::printf("   %.2f/%.2f", cores.first, cores.second);
+    if (python && !c.python.ok) std::printf("   FAILED: %s", c.python.error.c_str());
+    std::printf("\n");
+  }
+}
+
+void print_report(const std::vector<CaseResult>& cases, const Workload& w, const Probes& probes) {
+  std::printf("\n== C++ engine: tokens/s (DecodeModel::forward_step over a paged KV cache, block %lld; "
+              "prefill in <= %lld-token forward_step calls; decode = forward_step + greedy sample_tokens)\n",
+              static_cast<long long>(kBlockSize), static_cast<long long>(w.chunk_tokens));
+  print_throughput(cases, w, false);
+
+  std::printf("\n== C++ decode: ms per step (forward_step / sample_tokens), mean context\n");
+  std::printf("%-22s %-5s", "model", "dtype");
+  for (const auto& d : w.decode) std::printf(" %19s", ("b" + std::to_string(d.batch) + " fwd/sample").c_str());
+  std::printf("  prefill calls\n");
+  for (const CaseResult& c : cases) {
+    std::printf("%-22s %-5s", c.model.label.c_str(), c.dtype.c_str());
+    for (const auto& dr : c.engine.decode) {
+      const double n = static_cast<double>(dr.spec.steps);
+      std::printf(" %19s", (fmt("%.2f", dr.forward_s / n * 1e3) + " / " + fmt("%.2f", dr.sample_s / n * 1e3)).c_str());
+    }
+    std::printf("  ");
+    for (const auto& p : c.engine.prefill) std::printf(" %s:%lld", p.spec.name.c_str(), static_cast<long long>(p.steps));
+    std::printf("\n");
+  }
+  std::printf("(mean context of the timed decode steps: %.1f tokens at batch 1)\n",
+              cases.empty() || cases[0].engine.decode.empty() ? 0.0 : cases[0].engine.decode[0].ctx);
+
+  bool any_python = std::any_of(cases.begin(), cases.end(), [](const CaseResult& c) { return c.ran_python; });
+  if (any_python) {
+    std::printf("\n== Python reference (python3-torch eager, same weights / workload / threads): tokens/s\n");
+    print_throughput(cases, w, true);
+    std::printf("\n== C++ / Python\n");
+    std::printf("%-22s %-5s", "model", "dtype");
+    for (const auto& p : w.prefill) std::printf(" %12s", ("pre " + p.name).c_str());
+    for (const auto& d : w.decode) std::printf(" %10s", ("dec b" + std::to_string(d.batch)).c_str());
+    std::printf("\n");
+    for (const CaseResult& c : cases) {
+      if (!c.ran_python) continue;
+      std::printf("%-22s %-5s", c.model.label.c_str(), c.dtype.c_str());
+      for (const auto& p : w.prefill) {
+        const PrefillResult* e = find_prefill(c.engine, p.name);
+        std::printf(" %12s", ratio_str(e ? tok_s(*e) : 0, c.python.prefill_tok_s(p.name)).c_str());
+      }
+      for (const auto& d : w.decode) {
+        const DecodeResult* e = find_decode(c.engine, d.batch);
+        std::printf(" %10s", ratio_str(e ? tok_s(*e) : 0, c.python.decode_tok_s(d.batch)).c_str());
+      }
+      std::printf("\n");
+    }
+  }
+
+  std::printf("\n== Memory (MiB). RSS peak = VmHWM of the case (reset at its start%s); KV pool sized for the "
+              "largest phase (decode b%lld: %lld prompt + steps tokens per sequence)\n",
+              cases.empty() || cases[0].engine.peak_reset ? "" : " FAILED: peak is process-wide",
+              static_cast<long long>(w.decode.back().batch),
+              static_cast<long long>(w.prompt_tokens + w.decode.back().warmup + w.decode.back().steps));
+  std::printf("%-22s %-5s %9s %12s %9s %10s %10s %9s %9s %11s %9s\n", "model", "dtype", "weights", "KV MiB/1k tok",
+              "KV pool", "RSS start", "RSS loaded", "RSS peak", "RSS end", "py loaded", "py peak");
+  for (const CaseResult& c : cases) {
+    const EngineResult& e = c.engine;
+    std::printf("%-22s %-5s %9.1f %12.1f %9.1f %10.1f %10.1f %9.1f %9.1f", c.model.label.c_str(), c.dtype.c_str(),
+                static_cast<double>(e.shape.weight_bytes) / kMiB,
+                static_cast<double>(e.shape.kv_bytes_per_token) * 1000 / kMiB, static_cast<double>(e.kv_pool_bytes) / kMiB,
+                static_cast<double>(e.rss_start_kib) / 1024, static_cast<double>(e.rss_loaded_kib) / 1024,
+                static_cast<double>(e.peak_kib) / 1024, static_cast<double>(e.rss_end_kib) / 1024);
+    if (c.ran_python && c.python.ok) {
+      std::printf(" %11.1f %9.1f", c.python.out.at("rss_after_load_kib").get<double>() / 1024,
+                  c.python.out.at("peak_rss_kib").get<double>() / 1024);
+    } else {
+      std::printf(" %11s %9s", "-", "-");
+    }
+    std::printf("\n");
+  }
+
+  std::printf("\n== Roofline, batch-1 decode vs memory bandwidth (%.1f GB/s copy probe): bytes/step = weights + "
+              "K/V read at the mean context\n",
+              probes.copy_gbs);
+  std::printf("%-22s %-5s %13s %15s %13s %10s\n", "model", "dtype", "MiB/step", "roofline tok/s", "achieved", "% roof");
+  for (const CaseResult& c : cases) {
+    const DecodeResult* d = find_decode(c.engine, 1);
+    if (!d) continue;
+    const double bytes = decode_bytes(c.engine.shape, 1, d->ctx);
+    const double roof = probes.copy_gbs * 1e9 / bytes;
+    std::printf("%-22s %-5s %13.2f %15.1f %13.1f %9.1f%%\n", c.model.label.c_str(), c.dtype.c_str(), bytes / kMiB,
+                roof, tok_s(*d), 100.0 * tok_s(*d) / roof);
+  }
+
+  std::printf("\n== Roofline, decode vs compute (matmul peak %lld^3: fp32 %.1f, bf16 %.1f GFLOP/s with the bench's "
+              "threads; 1 thread: %.1f / %.1f). FLOP/step = 2 x linear params (incl. LM head) x batch + attention. "
+              "attainable = batch / max(bytes/BW, FLOP/peak)\n",
+              static_cast<long long>(probes.gemm_n), probes.peak_f32 / 1e9, probes.peak_bf16 / 1e9,
+              probes.peak_f32_1t / 1e9, probes.peak_bf16_1t / 1e9);
+  std::printf("%-22s %-5s %6s %11s %13s %9s %12s %13s %10s\n", "model", "dtype", "batch", "GFLOP/step", "GFLOP/s",
+              "% peak", "compute tok/s", "attainable", "% attain");
+  for (const CaseResult& c : cases) {
+    const double peak = probes.peak(c.scalar);
+    for (const DecodeResult& d : c.engine.decode) {
+      const int64_t b = d.spec.batch;
+      const double flops = decode_flops(c.engine.shape, b, d.ctx);
+      const double achieved = flops * static_cast<double>(d.spec.steps) / d.seconds;
+      const double compute_roof = peak * static_cast<double>(b) / flops;
+      const double step_floor = std::max(decode_bytes(c.engine.shape, b, d.ctx) / (probes.copy_gbs * 1e9), flops / peak);
+      const double attainable = static_cast<double>(b) / step_floor;
+      std::printf("%-22s %-5s %6lld %11.3f %13.2f %8.1f%% %12.1f %13.1f %9.1f%%\n", c.model.label.c_str(),
+                  c.dtype.c_str(), static_cast<long long>(b), flops / 1e9, achieved / 1e9, 100.0 * achieved / peak,
+                  compute_roof, attainable, 100.0 * tok_s(d) / attainable);
+    }
+    for (const PrefillResult& p : c.engine.prefill) {
+      const double flops = prefill_flops(c.engine.shape, p.spec.batch, p.spec.tokens);
+      std::printf("%-22s %-5s %6s %11.3f %13.2f %8.1f%%   (prefill)\n", c.model.label.c_str(), c.dtype.c_str(),
+                  p.spec.name.c_str(), flops / 1e9, flops / p.seconds / 1e9, 100.0 * flops / p.seconds / peak);
+    }
+  }
+
+  std::printf("\n== Targets (issue 4 §3; reported, not asserted)\n");
+  std::printf("%-22s %-5s %-28s %-28s %-28s %-28s\n", "model", "dtype", "b1 >= 50% BW roofline", "b1 >= 2x Python",
+              "b32 >= 40% compute peak", "b32 >= 1.2x Python");
+  auto verdict = [](bool known, double value, double target, const char* unit) {
+    if (!known) return std::string("-");
+    return std::string(value >= target ? "PASS " : "MISS ") + fmt(unit, value);
+  };
+  for (const CaseResult& c : cases) {
+    const DecodeResult* d1 = find_decode(c.engine, 1);
+    const DecodeResult* d32 = find_decode(c.engine, 32);
+    std::string a = "-", b = "-", cc = "-", dd = "-";
+    if (d1) {
+      const double roof = probes.copy_gbs * 1e9 / decode_bytes(c.engine.shape, 1, d1->ctx);
+      a = verdict(true, 100.0 * tok_s(*d1) / roof, 50.0, "(%.1f%%)");
+      const double py = c.python.decode_tok_s(1);
+      b = verdict(py > 0, py > 0 ? tok_s(*d1) / py : 0, 2.0, "(%.2fx)");
+    }
+    if (d32) {
+      const double flops = decode_flops(c.engine.shape, 32, d32->ctx);
+      const double achieved = flops * static_cast<double>(d32->spec.steps) / d32->seconds;
+      cc = verdict(true, 100.0 * achieved / probes.peak(c.scalar), 40.0, "(%.1f%%)");
+      const double py = c.python.decode_tok_s(32);
+      dd = verdict(py > 0, py > 0 ? tok_s(*d32) / py : 0, 1.2, "(%.2fx)");
+    }
+    std::printf("%-22s %-5s %-28s %-28s %-28s %-28s\n", c.model.label.c_str(), c.dtype.c_str(), a.c_str(), b.c_str(),
+                cc.c_str(), dd.c_str());
+  }
+
+  for (const CaseResult& c : cases) {
+    for (const auto& [batch, ops] : c.engine.profile) {
+      std::printf("\n== Op profile: %s %s, decode batch %lld, self CPU us per step (main thread)\n",
+                  c.model.label.c_str(), c.dtype.c_str(), static_cast<long long>(batch));
+      double total = 0;
+      for (const auto& op : ops) total += op.self_us;
+      for (const auto& op : ops)
+        std::printf("  %-34s %10.1f us %6lld calls\n", op.name.c_str(), op.self_us, static_cast<long long>(op.calls));
+      std::printf("  %-34s %10.1f us\n", "(top ops total)", total);
+    }
+  }
+}
+
+struct Options {
+  bool quick = false;
+  int threads = 0;
+  std::string models = "smollm2,tinystories";
+  std::string dtypes = "fp32,bf16";
+  bool skip_python = false;
+  bool profile_ops = false;
+  int openblas_threads = 0;  // 0 = leave as loaded
+  std::string shared = SWARM_DEFAULT_SHARED_DIR;
+  std::string model_cache = SWARM_BENCH_MODEL_CACHE;
+  std::string python = "/usr/bin/python3";
+  std::string python_script = SWARM_BENCH_PYTHON_SCRIPT;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  opt.threads = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  CLI::App app{"bench_inference: libtorch engine prefill/decode tokens/s vs python3-torch and rooflines"};
+  app.add_flag("--quick", opt.quick, "Small step counts (smoke run, about a minute)");
+  app.add_option("--threads", opt.threads, "libtorch intra-op threads (C++ and Python)")->capture_default_str();
+  app.add_option("--models", opt.models, "Comma list: smollm2, tinystories")->capture_default_str();
+  app.add_option("--dtypes", opt.dtypes, "Comma list: fp32, bf16")->capture_default_str();
+  app.add_flag("--skip-python", opt.skip_python, "Do not run the python3-torch reference");
+  app.add_flag("--profile-ops", opt.profile_ops, "Also print per-op self time of decode steps (batch 1 and 32)");
+  app.add_option("--openblas-threads", opt.openblas_threads,
+                 "Set OpenBLAS's pool (fp32 GEMM) to N threads in both processes; 0 = leave the default")
+      ->capture_default_str();
+  app.add_option("--shared", opt.shared, "The shared/ directory with models/")->capture_default_str();
+  app.add_option("--model-cache", opt.model_cache, "Where random-weight models are written once")->capture_default_str();
+  app.add_option("--python", opt.python, "Python with torch")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const auto bench_start = Clock::now();
+    // Phases run in order; a new phase (e.g. the server's TTFT) is one more function called here.
+    // ---- 1. set-up and machine description
+    swarm::set_compute_threads(opt.threads);
+    OpenBlas blas = OpenBlas::find();
+    if (opt.openblas_threads > 0) {
+      if (blas.set_threads) blas.set_threads(opt.openblas_threads);
+      setenv("OPENBLAS_NUM_THREADS", std::to_string(opt.openblas_threads).c_str(), 1);  // the Python child
+    }
+    std::printf("machine: %s, %ld online CPUs; %s\n", cpu_model().c_str(), sysconf(_SC_NPROCESSORS_ONLN),
+                utc_now().c_str());
+    std::printf("torch %s (libtorch C++), intra-op threads %d, inter-op threads %d; OpenBLAS: %s\n", TORCH_VERSION,
+                at::get_num_threads(), at::get_num_interop_threads(), blas.describe().c_str());
+    std::printf("commit %s; %s run\n", git_commit(SWARM_SOURCE_DIR).c_str(), opt.quick ? "quick" : "full");
+    std::fflush(stdout);
+
+    // ---- 2. machine ceilings
+    progress("probes: copy bandwidth and matmul peak");
+    const Probes probes = run_probes(opt.threads, opt.quick);
+
+    // ---- 3. models x dtypes: the engine, then the Python reference on the same case
+    std::vector<ModelEntry> models;
+    for (const std::string& key : split_list(opt.models)) {
+      if (key == "smollm2") {
+        models.push_back({key, "smollm2-135m (random)",
+                          prepare_random_model(fs::path(opt.shared) / "models/smollm2-135m-instruct-noweights",
+                                               opt.model_cache, "smollm2-135m-random-f32-seed0")});
+      } else if (key == "tinystories") {
+        models.push_back({key, "tinystories-656k", fs::path(opt.shared) / "models/tinystories-656k"});
+      } else {
+        throw std::invalid_argument("unknown model '" + key + "' (smollm2, tinystories)");
+      }
+    }
+    std::vector<std::pair<std::string, swarm::DType>> dtypes;
+    for (const std::string& d : split_list(opt.dtypes)) {
+      if (d == "fp32") dtypes.emplace_back(d, swarm::DType::F32);
+      else if (d == "bf16") dtypes.emplace_back(d, swarm::DType::BF16);
+      else throw std::invalid_argument("unknown dtype '" + d + "' (fp32, bf16)");
+    }
+
+    std::vector<CaseResult> cases;
+    Workload report_workload;
+    for (const ModelEntry& m : models) {
+      const Workload w = make_workload(opt.quick, swarm::ModelConfig::from_directory(m.dir).max_position_embeddings);
+      report_workload = w;
+      for (const auto& [name, dtype] : dtypes) {
+        CaseResult c;
+        c.model = m;
+        c.dtype = name;
+        c.scalar = swarm::compute_scalar_type(dtype);
+        progress("%s %s: C++ engine", m.label.c_str(), name.c_str());
+        c.engine = run_engine(m.dir, dtype, w, opt.profile_ops);
+        if (!opt.skip_python) {
+          progress("%s %s: python reference", m.label.c_str(), name.c_str());
+          c.python = run_python(opt.python, opt.python_script, m.dir, name.c_str(), opt.threads, w);
+          c.ran_python = true;
+          if (!c.python.ok) progress("python reference failed: %s", c.python.error.c_str());
+        }
+        cases.push_back(std::move(c));
+      }
+    }
+
+    // ---- 4. report
+    std::printf("\nprobes: copy %.1f GB/s best of", probes.copy_gbs);
+    for (double g : probes.copy_runs) std::printf(" %.1f", g);
+    std::printf(" (%lld MiB buffer, read+write counted)\n", static_cast<long long>(probes.copy_bytes >> 20));
+    print_report(cases, report_workload, probes);
+    std::printf("\ntotal %.1f s\n", seconds_since(bench_start));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_inference: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -2,6 +2,7 @@
 
 #include "common/random.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -149,7 +150,24 @@ const std::vector<std::string>& tokenizer_file_names() {
 }
 
 ModelWriteResult init_random_model(const InitModelOptions& options) {
-  const ModelConfig config = ModelConfig::from_directory(options.from);
+  ordered_json raw = ordered_json::parse(read_text_file(options.from / "config.json"), nullptr, false);
+  if (raw.is_discarded() || !raw.is_object())
+    throw SwarmError(ErrorKind::INVALID_ARGUMENT, "init: " + (options.from / "config.json").string() +
+                                                      " is not a JSON object");
+  for (const auto& [key, value] : options.config_overrides) {
+    ordered_json v = ordered_json::parse(value, nullptr, false);
+    if (v.is_discarded()) v = value;  // not JSON: a plain string
+    raw[key] = std::move(v);
+  }
+  // Overriding the width without head_dim would keep a stale head_dim: derive it again.
+  if (raw.contains("head_dim") &&
+      std::none_of(options.config_overrides.begin(), options.config_overrides.end(),
+                   [](const auto& kv) { return kv.first == "head_dim"; }) &&
+      std::any_of(options.config_overrides.begin(), options.config_overrides.end(), [](const auto& kv) {
+        return kv.first == "hidden_size" || kv.first == "num_attention_heads";
+      }))
+    raw.erase("head_dim");
+  const ModelConfig config = ModelConfig::from_json(raw.dump(), (options.from / "config.json").string());
   std::error_code ec;
   if (std::filesystem::exists(options.out) && std::filesystem::equivalent(options.from, options.out, ec)) {
     throw SwarmError(ErrorKind::INVALID_ARGUMENT,
@@ -161,8 +179,8 @@ ModelWriteResult init_random_model(const InitModelOptions& options) {
                      "init: cannot create " + options.out.string() + ": " + ec.message());
   }
 
-  // config.json as shipped (unknown keys kept), with torch_dtype saying what the weights are.
-  ordered_json raw = ordered_json::parse(read_text_file(options.from / "config.json"));
+  // config.json as shipped (unknown keys kept) plus the overrides, with torch_dtype saying
+  // what the weights are.
   raw["torch_dtype"] = torch_dtype_name(options.dtype);
   write_text_file_atomic(options.out / "config.json", raw.dump(2) + "\n");
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "inference/model_config.hpp"
@@ -27,6 +28,9 @@ struct InitModelOptions {
   uint64_t seed = 0;
   DType dtype = DType::BF16;
   uint64_t max_shard_bytes = kDefaultMaxShardBytes;
+  /// config.json keys to replace (or add) before anything is derived from it, e.g.
+  /// {"hidden_size": 64, "num_hidden_layers": 2}: a small model of a real family's layout.
+  std::vector<std::pair<std::string, std::string>> config_overrides;  // key, JSON value
 };
 
 /// Writes a loadable Hugging Face model directory: config.json (from's, with torch_dtype set

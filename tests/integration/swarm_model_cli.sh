@@ -25,6 +25,20 @@ PY
 cmp -s "$work/a/model.safetensors" "$work/b/model.safetensors" || fail "same seed gave different weights"
 "$bin" inspect "$work/a" >/dev/null || fail "inspect of an init'd model"
 
+# --set: a small model of SmolLM2's layout (head_dim re-derived from the new width).
+"$bin" init --from "$smol" --out "$work/small" --dtype f32 --set hidden_size=64 --set intermediate_size=128 \
+  --set num_hidden_layers=2 --set num_attention_heads=4 --set num_key_value_heads=2 >/dev/null || fail "init --set"
+"$bin" inspect "$work/small" >"$work/small.json" || fail "inspect of a --set model"
+$py - "$work/small.json" <<'PY' || fail "--set content"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["layers"] == 2 and d["hidden_size"] == 64 and d["head_dim"] == 16, d
+assert d["parameters_from_config"] == d["parameters_from_tensors"], d
+PY
+[ -f "$work/small/chat_template.jinja" ] || fail "--set model lost the tokenizer files"
+if "$bin" init --from "$smol" --out "$work/bad" --set novalue 2>"$work/err.txt"; then fail "--set without = accepted"; fi
+grep -q "KEY=VALUE" "$work/err.txt" || fail "--set error message: $(cat "$work/err.txt")"
+
 text="Once upon a time, a little dog found a big red ball."
 for dir in "$tiny" "$smol" "$qwen"; do
   ids="$("$bin" tokenize --model "$dir" --no-special --text "$text")"
