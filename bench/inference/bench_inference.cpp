@@ -265,7 +265,7 @@ Probes run_probes(int threads, bool quick) {
   p.copy_bytes = (quick ? 256 : 512) * 1024 * 1024LL;
   p.copy_gbs = copy_bandwidth(p.copy_bytes, quick ? 3 : 6, p.copy_runs);
   progress("copy bandwidth %.1f GB/s (read+write, %d threads)", p.copy_gbs, threads);
-  p.gemm_n = quick ? 1024 : 2048;
+  p.gemm_n = 2048;
   const int reps = quick ? 2 : 4;
   p.peak_f32 = matmul_peak(at::kFloat, p.gemm_n, reps);
   p.peak_bf16 = matmul_peak(at::kBFloat16, p.gemm_n, reps);
@@ -311,14 +311,20 @@ struct Workload {
 
 Workload make_workload(bool quick, int64_t max_positions) {
   Workload w;
-  w.prefill = {{"1x512", 1, std::min<int64_t>(512, max_positions)}, {"8x128", 8, 128}};
+  // The quick run shrinks the prefill prompts too: a 512-token prompt of the 135M model takes
+  // seconds per rep on a 2-core machine.
+  if (quick) {
+    w.prefill = {{"1x128", 1, 128}, {"4x32", 4, 32}};
+  } else {
+    w.prefill = {{"1x512", 1, std::min<int64_t>(512, max_positions)}, {"8x128", 8, 128}};
+  }
   w.prefill_reps = quick ? 1 : 2;
   for (int64_t b : {1, 8, 32, 64}) {
     DecodeSpec d;
     d.batch = b;
     d.warmup = quick ? 1 : 2;
     // Smaller batches are cheap per step: more steps for a steadier figure.
-    d.steps = quick ? (b == 1 ? 8 : 4) : (b == 1 ? 48 : b == 8 ? 24 : 12);
+    d.steps = quick ? (b == 1 ? 4 : 2) : (b == 1 ? 32 : b == 8 ? 16 : 8);
     w.decode.push_back(d);
   }
   return w;
@@ -407,7 +413,7 @@ struct EngineResult {
   std::vector<PrefillResult> prefill;
   std::vector<DecodeResult> decode;
   std::pair<double, double> cores;  // ours / others during the case
-  std::map<int64_t, std::vector<OpCost>> profile;  // batch -> top ops
+  std::map<std::string, std::vector<OpCost>> profile;  // what was profiled -> top ops
 };
 
 std::vector<swarm::SamplingConfig> greedy_configs(size_t n) {
@@ -515,10 +521,9 @@ DecodeResult decode(const swarm::DecoderModel& model, swarm::KvCache& cache, con
   return r;
 }
 
-/// Self CPU time per op (main thread; intra-op workers are not seen) over `steps` decode steps,
-/// the top `top` by time, per step.
-std::vector<OpCost> profile_decode(const swarm::DecoderModel& model, swarm::KvCache& cache, const DecodeSpec& spec,
-                                   int64_t prompt, std::mt19937& gen, size_t top) {
+/// Self CPU time per op on this thread (intra-op workers are not seen) while `fn` runs, divided
+/// by `per` (e.g. the number of steps), the top `top` by time.
+std::vector<OpCost> profile_ops(const std::function<void()>& fn, double per, size_t top) {
   using namespace torch::autograd::profiler;
   std::map<std::string, OpCost> by_name;
   {
@@ -547,13 +552,12 @@ std::vector<OpCost> profile_decode(const swarm::DecoderModel& model, swarm::KvCa
             }
           }
         });
-    decode(model, cache, spec, prompt, gen);
+    fn();
   }
-  const double steps = static_cast<double>(spec.warmup + spec.steps);
   std::vector<OpCost> ops;
   for (auto& [name, c] : by_name) {
-    c.self_us /= steps;
-    c.calls = static_cast<int64_t>(std::lround(static_cast<double>(c.calls) / steps));
+    c.self_us /= per;
+    c.calls = static_cast<int64_t>(std::lround(static_cast<double>(c.calls) / per));
     ops.push_back(c);
   }
   std::sort(ops.begin(), ops.end(), [](const OpCost& a, const OpCost& b) { return a.self_us > b.self_us; });
@@ -561,7 +565,7 @@ std::vector<OpCost> profile_decode(const swarm::DecoderModel& model, swarm::KvCa
   return ops;
 }
 
-EngineResult run_engine(const fs::path& dir, swarm::DType dtype, const Workload& w, bool profile_ops) {
+EngineResult run_engine(const fs::path& dir, swarm::DType dtype, const Workload& w, bool profile) {
   EngineResult r;
   r.peak_reset = reset_peak_rss();
   r.rss_start_kib = proc_status_kib("VmRSS");
@@ -620,10 +624,20 @@ EngineResult run_engine(const fs::path& dir, swarm::DType dtype, const Workload&
   r.peak_kib = proc_status_kib("VmHWM");
   r.rss_end_kib = proc_status_kib("VmRSS");
   r.cores = cores_busy(cpu0, cpu_sample());
-  if (profile_ops) {
+  if (profile) {
+    constexpr size_t kTop = 14;
     for (int64_t b : {int64_t{1}, int64_t{32}}) {
-      r.profile[b] = profile_decode(*model, cache, DecodeSpec{b, 1, 4}, w.prompt_tokens, gen, 14);
+      const DecodeSpec d{b, 0, 4};
+      r.profile["decode b" + std::to_string(b) + ", per step"] = profile_ops(
+          [&] { decode(*model, cache, d, w.prompt_tokens, gen); }, static_cast<double>(d.steps), kTop);
     }
+    const PrefillSpec& p = w.prefill.front();
+    r.profile["prefill " + p.name + ", per prompt"] = profile_ops(
+        [&] {
+          prefill(*model, cache, random_prompts(p.batch, p.tokens, vocab, gen), 0, w.chunk_tokens);
+          for (int64_t s = 0; s < p.batch; ++s) cache.release(s);
+        },
+        static_cast<double>(p.batch), kTop);
   }
   return r;
 }
@@ -777,8 +791,6 @@ std::string fmt(const char* f, double v) {
 }
 
 std::string ratio_str(double a, double b) { return b > 0 && a > 0 ? fmt("%.2fx", a / b) : "-"; }
-
-void print_rule(size_t width) { std::printf("%s\n", std::string(width, '-').c_str()); }
 
 void print_throughput(const std::vector<CaseResult>& cases, const Workload& w, bool python) {
   std::printf("%-22s %-5s", "model", "dtype");
@@ -942,9 +954,9 @@ void print_report(const std::vector<CaseResult>& cases, const Workload& w, const
   }
 
   for (const CaseResult& c : cases) {
-    for (const auto& [batch, ops] : c.engine.profile) {
-      std::printf("\n== Op profile: %s %s, decode batch %lld, self CPU us per step (main thread)\n",
-                  c.model.label.c_str(), c.dtype.c_str(), static_cast<long long>(batch));
+    for (const auto& [what, ops] : c.engine.profile) {
+      std::printf("\n== Op profile: %s %s, %s: self CPU us (calling thread; legacy profiler overhead included)\n",
+                  c.model.label.c_str(), c.dtype.c_str(), what.c_str());
       double total = 0;
       for (const auto& op : ops) total += op.self_us;
       for (const auto& op : ops)
@@ -979,7 +991,7 @@ int main(int argc, char** argv) {
   app.add_option("--models", opt.models, "Comma list: smollm2, tinystories")->capture_default_str();
   app.add_option("--dtypes", opt.dtypes, "Comma list: fp32, bf16")->capture_default_str();
   app.add_flag("--skip-python", opt.skip_python, "Do not run the python3-torch reference");
-  app.add_flag("--profile-ops", opt.profile_ops, "Also print per-op self time of decode steps (batch 1 and 32)");
+  app.add_flag("--profile-ops", opt.profile_ops, "Also print per-op self time of decode steps (batch 1, 32) and of one prefill");
   app.add_option("--openblas-threads", opt.openblas_threads,
                  "Set OpenBLAS's pool (fp32 GEMM) to N threads in both processes; 0 = leave the default")
       ->capture_default_str();

@@ -131,6 +131,10 @@ class Backend {
   /// Makes the inference side serve weights `version` (after train_step; in-process sync).
   virtual void set_policy_version(int64_t version) = 0;
 
+  /// Live figures of the inference engine for /metrics (name → value; e.g. running
+  /// sequences, free KV blocks, generated tokens). Thread-safe; empty by default.
+  virtual std::map<std::string, double> inference_metrics() const { return {}; }
+
   /// Releases the model and memory (stop_engine). The object is destroyed afterwards.
   virtual void release() {}
 

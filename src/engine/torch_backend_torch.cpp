@@ -3,6 +3,8 @@
 #include "engine/torch_backend.hpp"
 
 #include <algorithm>
+#include <mutex>
+#include <map>
 #include <filesystem>
 #include <optional>
 #include <thread>
@@ -75,13 +77,17 @@ class TorchBackend final : public Backend {
       const int64_t seqs = std::min(job.max_batch_sequences, job.effective_max_parallel_episodes());
       sc.kv_cache_tokens = std::max(max_context_, std::min(seqs * max_context_, kAutoKvCacheBytes / bytes_per_token));
     }
-    engine_ = std::make_unique<ServingEngine>(model_, tokenizer_, sc);
-    engine_->set_policy_version(0);
+    auto engine = std::make_shared<ServingEngine>(model_, tokenizer_, sc);
+    engine->set_policy_version(0);
+    {
+      std::lock_guard lk(engine_mu_);
+      engine_ = engine;
+    }
     spdlog::info(
         "torch engine: {} ({}, {} parameters, {}) on {} with {} threads; context {} tokens; KV cache {} tokens "
         "({:.1f} MiB); batch {} sequences / {} tokens per step",
         job.model, cfg.architecture_name, cfg.parameter_count(), job.dtype, device.str(), threads, max_context_,
-        sc.kv_cache_tokens, static_cast<double>(engine_->kv_cache_bytes()) / (1 << 20), sc.max_batch_sequences,
+        sc.kv_cache_tokens, static_cast<double>(engine->kv_cache_bytes()) / (1 << 20), sc.max_batch_sequences,
         sc.max_step_tokens);
   }
 
@@ -114,8 +120,9 @@ class TorchBackend final : public Backend {
   }
 
   void generate(GenerationRequest request, std::shared_ptr<GenerationObserver> observer) override {
-    if (!engine_) return observer->on_error(ErrorKind::CONFLICT, "no model is loaded");
-    engine_->submit(std::move(request), std::move(observer));
+    std::shared_ptr<ServingEngine> engine = serving();
+    if (!engine) return observer->on_error(ErrorKind::CONFLICT, "no model is loaded");
+    engine->submit(std::move(request), std::move(observer));
   }
 
   TrainStepReport train_step(const TrainBatch& batch, int64_t next_global_step, std::stop_token) override {
@@ -131,22 +138,51 @@ class TorchBackend final : public Backend {
   }
 
   void set_policy_version(int64_t version) override {
-    if (engine_) engine_->set_policy_version(version);
+    if (auto engine = serving()) engine->set_policy_version(version);
+  }
+
+  std::map<std::string, double> inference_metrics() const override {
+    std::shared_ptr<ServingEngine> engine = serving();
+    if (!engine) return {};
+    const ServingStats s = engine->stats();
+    return {{"running_sequences", double(s.running)},
+            {"waiting_sequences", double(s.waiting)},
+            {"kv_blocks_total", double(s.kv_blocks_total)},
+            {"kv_blocks_free", double(s.kv_blocks_free)},
+            {"steps_total", double(s.steps)},
+            {"prefill_tokens_total", double(s.prefill_tokens)},
+            {"decode_tokens_total", double(s.decode_tokens)},
+            {"preemptions_total", double(s.preemptions)},
+            {"cancelled_requests_total", double(s.cancelled_requests)},
+            {"completed_requests_total", double(s.completed_requests)},
+            {"failed_requests_total", double(s.failed_requests)},
+            {"busy_seconds_total", s.busy_seconds}};
   }
 
   void release() override {
-    if (engine_) engine_->shutdown("the engine was stopped");
-    engine_.reset();
+    std::shared_ptr<ServingEngine> engine;
+    {
+      std::lock_guard lk(engine_mu_);
+      engine.swap(engine_);
+    }
+    if (engine) engine->shutdown("the engine was stopped");
+    engine.reset();
     model_.reset();
   }
 
  private:
+  std::shared_ptr<ServingEngine> serving() const {
+    std::lock_guard lk(engine_mu_);
+    return engine_;
+  }
+
   Job job_;
   std::shared_ptr<const Tokenizer> tokenizer_;
   std::optional<ChatTemplate> chat_template_;
   std::string chat_template_error_;
   std::shared_ptr<DecoderModel> model_;
-  std::unique_ptr<ServingEngine> engine_;
+  mutable std::mutex engine_mu_;  // guards engine_ (HTTP threads and /metrics read it)
+  std::shared_ptr<ServingEngine> engine_;
   int64_t max_context_ = 0;
   bool warned_no_trainer_ = false;
 };

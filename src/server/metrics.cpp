@@ -20,7 +20,8 @@ void Metrics::observe_tokens(int64_t prompt_tokens, int64_t completion_tokens) {
 }
 
 std::string Metrics::render(const EngineSnapshot& st, const PoolSnapshot& pool,
-                            const std::vector<TrainStepReport>& steps) const {
+                            const std::vector<TrainStepReport>& steps,
+                            const std::map<std::string, double>& inference) const {
   std::string out;
   auto header = [&](const char* name, const char* type, const char* help) {
     out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
@@ -88,6 +89,12 @@ std::string Metrics::render(const EngineSnapshot& st, const PoolSnapshot& pool,
       out += fmt::format("swarm_train_last_step{{field=\"{}\"}} {}\n", name, v);
     for (const auto& [k, v] : last.metrics)
       out += fmt::format("swarm_train_last_step{{field=\"{}\"}} {}\n", k, v);
+  }
+
+  if (!inference.empty()) {
+    header("swarm_inference", "gauge",
+           "The inference engine: sequences running/waiting, KV blocks, steps and tokens (cumulative ones end in _total).");
+    for (const auto& [k, v] : inference) out += fmt::format("swarm_inference{{field=\"{}\"}} {}\n", k, v);
   }
 
   std::lock_guard lk(mu_);

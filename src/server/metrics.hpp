@@ -26,7 +26,8 @@ class Metrics {
 
   /// Renders every metric, including the engine's state and counters.
   std::string render(const EngineSnapshot& status, const PoolSnapshot& pool,
-                     const std::vector<TrainStepReport>& steps) const;
+                     const std::vector<TrainStepReport>& steps,
+                     const std::map<std::string, double>& inference = {}) const;
 
  private:
   struct Histogram {

@@ -175,7 +175,9 @@ HttpResponse SwarmService::handle_command(const std::string& route, const HttpRe
   if (route == "/metrics") {
     HttpResponse r;
     r.content_type = "text/plain; version=0.0.4";
-    r.body = metrics_.render(engine_.status(), engine_.pool_snapshot(), engine_.step_history());
+    const auto backend = engine_.backend();
+    r.body = metrics_.render(engine_.status(), engine_.pool_snapshot(), engine_.step_history(),
+                             backend ? backend->inference_metrics() : std::map<std::string, double>{});
     return r;
   }
   if (route == "/get_current_batch_rollout_pool_information") {

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "client/http_client.hpp"
 #include "engine/torch_backend.hpp"
 #include "inference/chat_template.hpp"
 #include "inference/model_tools.hpp"
@@ -88,6 +89,12 @@ WorkflowOutput reward(double r) {
   return out;
 }
 
+Task task(const std::string& id) {
+  Task t;
+  t.task_id = id;
+  return t;
+}
+
 std::unique_ptr<Backend> torch_backend() { return make_torch_backend(); }
 
 std::vector<TokenId> ids_of(const json& a) { return a.get<std::vector<TokenId>>(); }
@@ -134,7 +141,7 @@ TEST(TorchServer, ThreeTurnConversationIsRecordedExactlyAndMergedIntoOneSample) 
   json first = json::array({messages[0], messages[1]});
   EXPECT_EQ(turns[0].prompt, tokenizer->encode(tmpl.render(first, nullptr, true), false));
 
-  ASSERT_TRUE(client.end_episode(Task{"colours"}, ep.episode_uuid, reward(0.5)));
+  ASSERT_TRUE(client.end_episode(task("colours"), ep.episode_uuid, reward(0.5)));
   ASSERT_TRUE(server.engine().wait_for_step(1, 60s));
   auto batches = server.batches->copy();
   ASSERT_EQ(batches.size(), 1u);
@@ -248,6 +255,12 @@ TEST(TorchServer, OpenAIRoutesServeTheModel) {
   }
   ChatResult after = llm.chat({{"user", "Still there?"}}, greedy);
   EXPECT_GT(after.usage.completion_tokens, 0);
+
+  // The engine's live figures are in /metrics.
+  HttpClient http(server.url());
+  const std::string metrics = http.request("GET", "/metrics").body;
+  EXPECT_NE(metrics.find("swarm_inference{field=\"decode_tokens_total\"}"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("swarm_inference{field=\"kv_blocks_free\"}"), std::string::npos);
   client.abort_episode(ep.episode_uuid);
 }
 
@@ -269,7 +282,7 @@ TEST(TorchServer, ManyConcurrentEpisodesAllComplete) {
         p.max_tokens = 16;
         ChatResult r = OpenAIClient(ep).chat({{"user", "Count to " + std::to_string(t)}}, p);
         if (r.usage.completion_tokens <= 0) ++errors;
-        c.end_episode(Task{"t" + std::to_string(t / 4)}, ep.episode_uuid, reward(double(t % 4)));
+        c.end_episode(task("t" + std::to_string(t / 4)), ep.episode_uuid, reward(double(t % 4)));
       } catch (const std::exception& e) {
         ++errors;
         ADD_FAILURE() << e.what();

@@ -66,6 +66,7 @@ class RecordingBackend : public Backend {
     return inner_->train_step(batch, step, stop);
   }
   void set_policy_version(int64_t version) override { inner_->set_policy_version(version); }
+  std::map<std::string, double> inference_metrics() const override { return inner_->inference_metrics(); }
   void release() override { inner_->release(); }
 
  private:

@@ -1,0 +1,172 @@
+// bench_ttft: time to first token of swarm-server on the torch engine, one chat client
+// against 64 concurrent chat clients (issue 4 §3: "with 64 concurrent chat clients the
+// server's p99 time-to-first-token stays within 2x of a single client's").
+//
+// swarm-server runs as a child process (--engine torch). Every client claims an episode and
+// sends streaming chat completions back to back through the SDK's OpenAIClient; TTFT is the
+// time from sending the request to the first streamed content delta. Prints a table; never
+// a timed assertion.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/child_process.hpp"
+#include "swarm/swarm.hpp"
+
+namespace {
+
+using namespace swarm::bench;
+using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
+
+struct Latencies {
+  std::mutex mu;
+  std::vector<double> ttft_ms;
+  int64_t completion_tokens = 0;
+  int64_t errors = 0;
+  std::string first_error;
+};
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p / 100.0 * static_cast<double>(v.size())));
+  return v[i];
+}
+
+// A user message of about `words` words (SmolLM2's tokenizer: ~1.3 tokens per word).
+std::string prompt_text(int client, int request, int words) {
+  static const char* kWords[] = {"agent", "reward", "policy", "token", "server", "batch", "episode", "model",
+                                 "learn", "step",   "train",  "sample", "group", "value", "update", "weight"};
+  std::string s = "Client " + std::to_string(client) + " request " + std::to_string(request) + ":";
+  for (int i = 0; i < words; ++i) s += std::string(" ") + kWords[(client * 7 + request * 3 + i) % 16];
+  return s + ". Summarise.";
+}
+
+// `clients` threads, each with its own episode, sending streaming chats until `until`
+// (at least `min_requests` each).
+void run_clients(const std::string& url, int clients, Clock::time_point until, int min_requests, int prompt_words,
+                 int max_tokens, Latencies& out) {
+  std::vector<std::thread> threads;
+  for (int c = 0; c < clients; ++c) {
+    threads.emplace_back([&, c] {
+      try {
+        swarm::SwarmClient client(url);
+        swarm::OpenAIEndpoint ep = client.begin_episode(3600, "train", std::chrono::seconds(120));
+        swarm::OpenAIClient llm(ep, std::chrono::seconds(600));
+        swarm::ChatParams params;
+        params.max_tokens = max_tokens;
+        params.temperature = 1.0;
+        params.extra = {{"stream_options", {{"include_usage", true}}}};
+        for (int r = 0; Clock::now() < until || r < min_requests; ++r) {
+          const nlohmann::json messages =
+              nlohmann::json::array({{{"role", "user"}, {"content", prompt_text(c, r, prompt_words)}}});
+          const auto t0 = Clock::now();
+          std::optional<Clock::time_point> first;
+          swarm::ChatResult res = llm.chat_stream(
+              messages,
+              [&](std::string_view d) {
+                if (!first && !d.empty()) first = Clock::now();
+              },
+              params);
+          const auto t1 = first.value_or(Clock::now());
+          std::lock_guard lk(out.mu);
+          out.ttft_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+          out.completion_tokens += res.usage.completion_tokens;
+        }
+        client.abort_episode(ep.episode_uuid);
+      } catch (const std::exception& e) {
+        std::lock_guard lk(out.mu);
+        if (out.errors++ == 0) out.first_error = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"bench_ttft: time to first token, 1 vs 64 concurrent chat clients (torch engine)"};
+  std::string server_bin = SWARM_SERVER_BIN, model;
+  std::string dtype = "bf16";
+  int clients = 64, seconds = 20, prompt_words = 48, max_tokens = 32, single_requests = 30;
+  int64_t max_step_tokens = 512;
+  app.add_option("--server-bin", server_bin, "swarm-server binary")->capture_default_str();
+  app.add_option("--model", model, "Hugging Face model directory with a chat template")->required();
+  app.add_option("--dtype", dtype, "fp32 or bf16")->capture_default_str();
+  app.add_option("--clients", clients, "Concurrent clients in the loaded phase")->capture_default_str();
+  app.add_option("--seconds", seconds, "Duration of the loaded phase")->capture_default_str();
+  app.add_option("--single-requests", single_requests, "Requests in the single-client phase")->capture_default_str();
+  app.add_option("--prompt-words", prompt_words, "Words in each user message")->capture_default_str();
+  app.add_option("--max-tokens", max_tokens, "max_tokens of each completion")->capture_default_str();
+  app.add_option("--max-step-tokens", max_step_tokens, "The engine's max_step_tokens")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const uint16_t port = pick_free_port();
+    const std::string url = "http://127.0.0.1:" + std::to_string(port);
+    ChildProcess server("swarm-server", {server_bin, "start", "--host", "127.0.0.1", "--port", std::to_string(port),
+                                         "--engine", "torch", "--log-level", "warn", "--io-threads", "2"});
+    wait_until_answering(url, server, std::chrono::seconds(30));
+
+    swarm::Job job;
+    job.model = fs::absolute(model).string();
+    job.batch_size = 100000;  // no policy step during the measurement
+    job.num_repeat = 1;
+    job.max_parallel_episodes = clients + 8;
+    job.max_prompt_length = 1024;
+    job.max_response_length = max_tokens;
+    job.dtype = dtype;
+    job.max_batch_sequences = std::max(64, clients);
+    job.max_step_tokens = max_step_tokens;
+    swarm::SwarmClient admin(url);
+    std::fprintf(stderr, "bench_ttft: booting %s (%s)...\n", model.c_str(), dtype.c_str());
+    admin.auto_sync_train_config_and_start_engine(job);
+
+    // Warm-up: a few requests so one-time allocations are out of the way.
+    Latencies warm;
+    run_clients(url, 2, Clock::now(), 3, prompt_words, max_tokens, warm);
+
+    std::fprintf(stderr, "bench_ttft: 1 client, %d requests...\n", single_requests);
+    Latencies one;
+    auto t0 = Clock::now();
+    run_clients(url, 1, Clock::now(), single_requests, prompt_words, max_tokens, one);
+    const double one_s = std::chrono::duration<double>(Clock::now() - t0).count();
+
+    std::fprintf(stderr, "bench_ttft: %d clients for %d s...\n", clients, seconds);
+    Latencies many;
+    t0 = Clock::now();
+    run_clients(url, clients, Clock::now() + std::chrono::seconds(seconds), 1, prompt_words, max_tokens, many);
+    const double many_s = std::chrono::duration<double>(Clock::now() - t0).count();
+
+    std::printf("\nmodel %s  dtype %s  prompt ~%d words  max_tokens %d  max_step_tokens %lld\n", model.c_str(),
+                dtype.c_str(), prompt_words, max_tokens, static_cast<long long>(max_step_tokens));
+    std::printf("%8s %9s %12s %12s %12s %14s %7s\n", "clients", "requests", "TTFT p50 ms", "TTFT p99 ms",
+                "TTFT max ms", "gen tokens/s", "errors");
+    for (auto* row : {&one, &many}) {
+      const int n = row == &one ? 1 : clients;
+      const double secs = row == &one ? one_s : many_s;
+      std::printf("%8d %9zu %12.1f %12.1f %12.1f %14.1f %7lld\n", n, row->ttft_ms.size(),
+                  percentile(row->ttft_ms, 50), percentile(row->ttft_ms, 99), percentile(row->ttft_ms, 100),
+                  static_cast<double>(row->completion_tokens) / secs, static_cast<long long>(row->errors));
+      if (row->errors) std::printf("    first error: %s\n", row->first_error.c_str());
+    }
+    const double ratio = percentile(many.ttft_ms, 99) / std::max(1e-9, percentile(one.ttft_ms, 99));
+    std::printf("p99 TTFT ratio (%d clients / 1 client): %.2f   target <= 2.0: %s\n", clients, ratio,
+                ratio <= 2.0 ? "PASS" : "MISS");
+    server.stop();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_ttft: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
