@@ -16,6 +16,7 @@ using json = nlohmann::json;
 constexpr int64_t kMaxChoices = 16;
 constexpr int64_t kMaxTopLogprobs = 20;
 constexpr size_t kMaxStopStrings = 4;
+constexpr size_t kMaxStopTokenIds = 64;
 
 std::string bearer_key(const HttpRequest& request) {
   const std::string& auth = request.header("authorization");
@@ -67,6 +68,16 @@ RequestOptions parse_options(const json& body, OpenAIKind kind, const Job& job) 
       }
     } else {
       throw SwarmError(ErrorKind::INVALID_ARGUMENT, "field 'stop' must be a string or an array of strings");
+    }
+  }
+  if (auto it = body.find("stop_token_ids"); it != body.end() && !it->is_null()) {
+    SWARM_REQUIRE(it->is_array() && it->size() <= kMaxStopTokenIds, ErrorKind::INVALID_ARGUMENT,
+                  "field 'stop_token_ids' must be an array of at most " + std::to_string(kMaxStopTokenIds) +
+                      " token ids");
+    for (const auto& id : *it) {
+      SWARM_REQUIRE(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < (int64_t{1} << 31),
+                    ErrorKind::INVALID_ARGUMENT, "field 'stop_token_ids' must hold non-negative token ids");
+      p.stop_token_ids.push_back(static_cast<TokenId>(id.get<int64_t>()));
     }
   }
   if (kind == OpenAIKind::CHAT) {

@@ -233,6 +233,28 @@ TEST(TorchServer, OpenAIRoutesServeTheModel) {
   ASSERT_EQ(a.raw["choices"].size(), 3u);
   for (size_t c = 0; c < 3; ++c) EXPECT_EQ(a.raw["choices"][c]["token_ids"], b.raw["choices"][c]["token_ids"]);
 
+  // stop_token_ids: the greedy continuation cut at its third token, which is kept in the ids.
+  ChatParams ids_params = greedy;
+  ids_params.extra = {{"return_token_ids", true}};
+  const json full_ids = llm.chat({{"user", "Say something."}}, ids_params).raw["choices"][0]["token_ids"];
+  ASSERT_GE(full_ids.size(), 3u);
+  size_t at = 2;
+  while (at < full_ids.size() && std::find(full_ids.begin(), full_ids.begin() + static_cast<long>(at), full_ids[at]) !=
+                                     full_ids.begin() + static_cast<long>(at))
+    ++at;
+  if (at < full_ids.size()) {
+    ChatParams stop_params = ids_params;
+    stop_params.extra["stop_token_ids"] = json::array({full_ids[at]});
+    ChatResult cut = llm.chat({{"user", "Say something."}}, stop_params);
+    const json& cut_ids = cut.raw["choices"][0]["token_ids"];
+    EXPECT_EQ(cut_ids.size(), at + 1);
+    EXPECT_EQ(cut_ids.back(), full_ids[at]);
+    EXPECT_EQ(cut.finish_reason, "stop");
+  }
+  ChatParams bad_ids = greedy;
+  bad_ids.extra = {{"stop_token_ids", json::array({"x"})}};
+  EXPECT_THROW(llm.chat({{"user", "hi"}}, bad_ids), ServerError);
+
   // Completions: a raw prompt, max_tokens respected.
   ChatResult comp = llm.complete("The weather today is", greedy);
   EXPECT_LE(comp.usage.completion_tokens, 10);
