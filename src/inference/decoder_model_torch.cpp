@@ -4,7 +4,10 @@
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 
+#include <malloc.h>
+
 #include <cmath>
+#include <mutex>
 #include <limits>
 #include <numbers>
 #include <unordered_map>
@@ -12,6 +15,7 @@
 
 #include "common/error.hpp"
 #include "inference/kv_cache_torch.hpp"
+#include "inference/paged_attention_torch.hpp"
 #include "inference/safetensors_torch.hpp"
 
 namespace swarm {
@@ -42,6 +46,9 @@ struct AttentionGroup {
   int64_t keys = 0;       // context length L (padded for decode groups)
   torch::Tensor gather;   // [batch * keys] rows of the flattened cache to read K/V from
   torch::Tensor blocked;  // [batch, queries, keys] bool, true where attention is not allowed
+  // CPU decode groups read the cache in place through the block tables instead.
+  bool paged = false;
+  PagedContext context;
 };
 
 }  // namespace
@@ -49,6 +56,16 @@ struct AttentionGroup {
 void set_compute_threads(int n) {
   SWARM_REQUIRE(n >= 1, ErrorKind::INVALID_ARGUMENT, "compute threads must be >= 1, got " + std::to_string(n));
   at::set_num_threads(n);
+}
+
+void tune_memory_allocator() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // 32 MiB is the largest mmap threshold glibc accepts on 64-bit; freed memory above the
+    // top of the heap is only returned to the system beyond 256 MiB.
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  });
 }
 
 c10::ScalarType compute_scalar_type(DType compute) {
@@ -85,6 +102,7 @@ std::shared_ptr<DecoderModel> DecoderModel::from_state_dict(const ModelConfig& c
                 ErrorKind::INVALID_ARGUMENT, "num_attention_heads must be a multiple of num_key_value_heads");
   SWARM_REQUIRE(config.max_position_embeddings > 0, ErrorKind::INVALID_ARGUMENT,
                 "max_position_embeddings must be positive");
+  tune_memory_allocator();
   auto model = std::make_shared<DecoderModel>(Private{}, config, compute, device);
   const auto options = torch::TensorOptions().dtype(model->scalar_type_).device(device);
 
@@ -349,6 +367,19 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
       const StepInput& in = seqs[order[k]];
       g.keys = std::max(g.keys, in.start_pos + static_cast<int64_t>(in.tokens.size()));
     }
+    if (g.queries == 1 && device_.is_cpu()) {
+      g.paged = true;
+      g.context.table_offset.push_back(0);
+      for (size_t k = first; k < last; ++k) {
+        const StepInput& in = seqs[order[k]];
+        const std::vector<int64_t>& table = blocks.block_table(in.seq_slot);
+        g.context.block_ids.insert(g.context.block_ids.end(), table.begin(), table.end());
+        g.context.table_offset.push_back(static_cast<int64_t>(g.context.block_ids.size()));
+        g.context.lengths.push_back(in.start_pos + 1);
+      }
+      groups.push_back(std::move(g));
+      return;
+    }
     std::vector<int64_t> gather(static_cast<size_t>(g.batch * g.keys));
     std::vector<uint8_t> blocked(static_cast<size_t>(g.batch * g.queries * g.keys), 1);
     for (size_t k = first; k < last; ++k) {
@@ -403,6 +434,12 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
     std::vector<torch::Tensor> outs;
     outs.reserve(groups.size());
     for (const AttentionGroup& g : groups) {
+      if (g.paged) {
+        outs.push_back(paged_decode_attention(q.narrow(0, g.row_begin, g.batch).contiguous(), cache.keys(l64),
+                                              cache.values(l64), g.context, window,
+                                              1.0 / std::sqrt(static_cast<double>(hd))));
+        continue;
+      }
       const torch::Tensor qg = q.narrow(0, g.row_begin, g.batch * g.queries).view({g.batch, g.queries, nh, hd});
       const torch::Tensor kg = k_rows.index_select(0, g.gather).view({g.batch, g.keys, kvh, hd});
       const torch::Tensor vg = v_rows.index_select(0, g.gather).view({g.batch, g.keys, kvh, hd});

@@ -26,6 +26,12 @@ class KvCache;
 /// libtorch defaults to 1 on this machine: the engine sets it deliberately at start-up.
 void set_compute_threads(int n);
 
+/// Keeps the large, short-lived activation buffers of a forward pass in the malloc heap
+/// instead of fresh mmap'ed pages every step (glibc maps blocks above a threshold and unmaps
+/// them on free; the page faults of re-mapping cost more than the arithmetic at decode sizes).
+/// Process-wide, idempotent; loading a model calls it.
+void tune_memory_allocator();
+
 /// The compute dtype for a DType (F32 -> kFloat, BF16 -> kBFloat16; anything else throws).
 c10::ScalarType compute_scalar_type(DType compute);
 
