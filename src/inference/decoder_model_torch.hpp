@@ -122,8 +122,10 @@ class DecoderModel {
   torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) const;
   torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                        const torch::Tensor& allowed) const;
-  torch::Tensor mlp(const LayerParams& layer, const torch::Tensor& x) const;
-  torch::Tensor logits(const torch::Tensor& x) const;
+  /// x · Wᵀ + b; `serving` (forward_step, no autograd) may use the small-row CPU kernel.
+  torch::Tensor proj(const torch::Tensor& x, int w, int b, bool serving) const;
+  torch::Tensor mlp(const LayerParams& layer, const torch::Tensor& x, bool serving = false) const;
+  torch::Tensor logits(const torch::Tensor& x, bool serving = false) const;
 
   ModelConfig config_;
   DType compute_;

@@ -1,0 +1,122 @@
+#include "inference/small_linear_torch.hpp"
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <vector>
+
+#include "common/error.hpp"
+
+namespace swarm {
+namespace {
+
+#define SWARM_INLINE inline __attribute__((always_inline))
+
+struct Args {
+  const float* x;      // [M, in], fp32 copy of the input
+  const void* w;       // [out, in]
+  const void* bias;    // [out] or null
+  void* y;             // [M, out]
+  int64_t m, in, out;
+};
+
+SWARM_INLINE float to_float(float v) { return v; }
+SWARM_INLINE float to_float(c10::BFloat16 v) { return static_cast<float>(v); }
+
+// M input rows against one weight row with M x L independent fp32 lanes (L = 64 / M, at least
+// 16): the weight row is loaded once per L elements, and with few rows there are still several
+// FMA chains in flight instead of one latency-bound chain.
+template <int M>
+SWARM_INLINE void dot_rows(const float* w, const float* x, int64_t in, float* out) {
+  constexpr int L = M >= 4 ? 16 : 64 / M;
+  float acc[M][L] = {};
+  int64_t i = 0;
+  for (; i + L <= in; i += L) {
+    for (int m = 0; m < M; ++m) {
+      const float* xm = x + m * in + i;
+#pragma omp simd
+      for (int l = 0; l < L; ++l) acc[m][l] += w[i + l] * xm[l];
+    }
+  }
+  for (int m = 0; m < M; ++m) {
+    float s = 0.f;
+    for (int l = 0; l < L; ++l) s += acc[m][l];
+    for (int64_t j = i; j < in; ++j) s += w[j] * x[m * in + j];
+    out[m] = s;
+  }
+}
+
+template <class T, int M>
+SWARM_INLINE void rows(const Args& a, int64_t begin, int64_t end) {
+  std::vector<float> row_buf(static_cast<size_t>(a.in));
+  float* row = row_buf.data();
+  const T* w = static_cast<const T*>(a.w);
+  const T* bias = static_cast<const T*>(a.bias);
+  T* y = static_cast<T*>(a.y);
+  float dots[M];
+  for (int64_t o = begin; o < end; ++o) {
+    const T* wr = w + o * a.in;
+    const float* wf;
+    if constexpr (std::is_same_v<T, float>) {
+      wf = wr;
+    } else {
+#pragma omp simd
+      for (int64_t i = 0; i < a.in; ++i) row[i] = to_float(wr[i]);
+      wf = row;
+    }
+    dot_rows<M>(wf, a.x, a.in, dots);
+    const float b = bias ? to_float(bias[o]) : 0.f;
+    for (int m = 0; m < M; ++m) y[m * a.out + o] = static_cast<T>(dots[m] + b);
+  }
+}
+
+template <class T>
+SWARM_INLINE void rows_any(const Args& a, int64_t begin, int64_t end) {
+  switch (a.m) {
+    case 1: return rows<T, 1>(a, begin, end);
+    case 2: return rows<T, 2>(a, begin, end);
+    case 3: return rows<T, 3>(a, begin, end);
+    case 4: return rows<T, 4>(a, begin, end);
+    default: return rows<T, 4>(a, begin, end);  // a.m <= kSmallLinearMaxRows == 4
+  }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define SWARM_CPU_CLONES __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+#else
+#define SWARM_CPU_CLONES
+#endif
+
+SWARM_CPU_CLONES void rows_f32(const Args& a, int64_t begin, int64_t end) { rows_any<float>(a, begin, end); }
+SWARM_CPU_CLONES void rows_bf16(const Args& a, int64_t begin, int64_t end) {
+  rows_any<c10::BFloat16>(a, begin, end);
+}
+
+}  // namespace
+
+at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+  SWARM_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "small_linear: shapes [M, in] x [out, in]");
+  SWARM_CHECK(x.size(0) >= 1 && x.size(0) <= kSmallLinearMaxRows, "small_linear: 1..4 rows");
+  SWARM_CHECK(x.device().is_cpu() && w.device().is_cpu(), "small_linear: CPU tensors only");
+  SWARM_CHECK(x.scalar_type() == w.scalar_type() && (!bias || bias->scalar_type() == w.scalar_type()),
+              "small_linear: x, w and bias must share a dtype");
+  SWARM_CHECK(w.is_contiguous() && (!bias || bias->is_contiguous()), "small_linear: contiguous weights only");
+  const bool bf16 = w.scalar_type() == at::kBFloat16;
+  SWARM_CHECK(bf16 || w.scalar_type() == at::kFloat, "small_linear: fp32 or bf16 only");
+  const int64_t m = x.size(0), in = x.size(1), out = w.size(0);
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  at::Tensor y = at::empty({m, out}, x.options());
+  Args a{xf.data_ptr<float>(), w.data_ptr(), bias ? bias->data_ptr() : nullptr, y.data_ptr(), m, in, out};
+  // Chunks of output rows big enough that scheduling does not show.
+  const int64_t grain = std::max<int64_t>(16, 32768 / std::max<int64_t>(1, in));
+  at::parallel_for(0, out, grain, [&](int64_t begin, int64_t end) {
+    if (bf16) {
+      rows_bf16(a, begin, end);
+    } else {
+      rows_f32(a, begin, end);
+    }
+  });
+  return y;
+}
+
+}  // namespace swarm

@@ -1,0 +1,112 @@
+// The hand-written CPU kernels against plain libtorch ops on random data: small_linear vs
+// at::linear, paged_decode_attention vs softmax(q·Kᵀ)·V over the gathered context (with GQA,
+// sliding window, scattered blocks), in fp32 and bf16.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+#include "inference/paged_attention_torch.hpp"
+#include "inference/small_linear_torch.hpp"
+
+namespace swarm {
+namespace {
+
+double max_rel(const at::Tensor& got, const at::Tensor& want) {
+  const at::Tensor g = got.to(at::kFloat), w = want.to(at::kFloat);
+  return ((g - w).abs().max() / w.abs().max().clamp_min(1e-6)).item<double>();
+}
+
+TEST(SmallLinear, MatchesLinearForEveryRowCountWithAndWithoutBias) {
+  at::manual_seed(1);
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (int64_t m = 1; m <= kSmallLinearMaxRows; ++m) {
+      for (int64_t in : {64, 100, 576}) {  // 100: a tail beyond the vector width
+        const at::Tensor x = at::randn({m, in}).to(dtype), w = at::randn({37, in}).to(dtype);
+        const at::Tensor b = at::randn({37}).to(dtype);
+        const at::Tensor want = at::linear(x.to(at::kFloat), w.to(at::kFloat), b.to(at::kFloat));
+        const at::Tensor got = small_linear(x, w, b);
+        EXPECT_EQ(got.scalar_type(), dtype);
+        EXPECT_EQ(got.sizes(), (std::vector<int64_t>{m, 37}));
+        EXPECT_LT(max_rel(got, want), dtype == at::kFloat ? 1e-5 : 1e-2) << "m=" << m << " in=" << in;
+        EXPECT_LT(max_rel(small_linear(x, w, c10::nullopt), at::linear(x.to(at::kFloat), w.to(at::kFloat))),
+                  dtype == at::kFloat ? 1e-5 : 1e-2);
+      }
+    }
+  }
+}
+
+TEST(SmallLinear, RejectsWhatItIsNotFor) {
+  EXPECT_ANY_THROW(small_linear(at::randn({kSmallLinearMaxRows + 1, 8}), at::randn({4, 8}), c10::nullopt));
+  EXPECT_ANY_THROW(small_linear(at::randn({1, 8}), at::randn({4, 9}), c10::nullopt));
+  EXPECT_ANY_THROW(small_linear(at::randn({1, 8}).to(at::kDouble), at::randn({4, 8}).to(at::kDouble), c10::nullopt));
+}
+
+// Reference: gather each sequence's keys, plain softmax attention in fp32.
+at::Tensor reference_attention(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc,
+                               const PagedContext& ctx, int64_t window, double scale) {
+  const int64_t B = q.size(0), H = q.size(1), hd = q.size(2), kvh = kc.size(2), bs = kc.size(1);
+  std::vector<at::Tensor> outs;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t len = ctx.lengths[static_cast<size_t>(b)];
+    std::vector<int64_t> rows;
+    for (int64_t j = std::max<int64_t>(0, len - window); j < len; ++j)
+      rows.push_back(ctx.block_ids[static_cast<size_t>(ctx.table_offset[static_cast<size_t>(b)] + j / bs)] * bs + j % bs);
+    const at::Tensor idx = at::tensor(rows, at::kLong);
+    const at::Tensor k = kc.view({-1, kvh, hd}).index_select(0, idx).to(at::kFloat);  // [n, kvh, hd]
+    const at::Tensor v = vc.view({-1, kvh, hd}).index_select(0, idx).to(at::kFloat);
+    std::vector<at::Tensor> heads;
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h / (H / kvh);
+      const at::Tensor s = at::matmul(k.select(1, g), q[b][h].to(at::kFloat)) * scale;  // [n]
+      heads.push_back(at::matmul(at::softmax(s, 0), v.select(1, g)));                     // [hd]
+    }
+    outs.push_back(at::cat(heads, 0));
+  }
+  return at::stack(outs, 0);
+}
+
+TEST(PagedDecodeAttention, MatchesGatheredSoftmaxAttention) {
+  at::manual_seed(2);
+  std::mt19937 rng(3);
+  const int64_t heads = 8, kvh = 2, hd = 32, bs = 4, blocks = 40;
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (int64_t window : {int64_t{1} << 40, int64_t{5}}) {
+      const at::Tensor kc = at::randn({blocks, bs, kvh, hd}).to(dtype);
+      const at::Tensor vc = at::randn({blocks, bs, kvh, hd}).to(dtype);
+      // Three sequences with scattered, disjoint blocks.
+      std::vector<int64_t> free(blocks);
+      std::iota(free.begin(), free.end(), 0);
+      std::shuffle(free.begin(), free.end(), rng);
+      PagedContext ctx;
+      ctx.table_offset.push_back(0);
+      for (int64_t len : {1, 9, 23}) {
+        const int64_t n = (len + bs - 1) / bs;
+        for (int64_t i = 0; i < n; ++i) {
+          ctx.block_ids.push_back(free.back());
+          free.pop_back();
+        }
+        ctx.table_offset.push_back(static_cast<int64_t>(ctx.block_ids.size()));
+        ctx.lengths.push_back(len);
+      }
+      const at::Tensor q = at::randn({3, heads, hd}).to(dtype);
+      const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+      const at::Tensor got = paged_decode_attention(q, kc, vc, ctx, window, scale);
+      const at::Tensor want = reference_attention(q, kc, vc, ctx, window, scale).to(dtype);
+      EXPECT_EQ(got.sizes(), (std::vector<int64_t>{3, heads * hd}));
+      EXPECT_LT(max_rel(got, want), dtype == at::kFloat ? 1e-5 : 2e-2) << "window " << window;
+    }
+  }
+}
+
+TEST(PagedDecodeAttention, RejectsALengthBeyondItsBlocks) {
+  const at::Tensor kc = at::zeros({4, 4, 1, 8}), q = at::zeros({1, 1, 8});
+  PagedContext ctx{{0}, {0, 1}, {5}};  // 5 keys in one block of 4
+  EXPECT_ANY_THROW(paged_decode_attention(q, kc, kc, ctx, 1 << 20, 1.0));
+}
+
+}  // namespace
+}  // namespace swarm
