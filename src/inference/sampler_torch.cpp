@@ -35,13 +35,28 @@ std::vector<std::pair<int32_t, float>> top_of(const float* row, const std::vecto
 }
 
 // Non-greedy draw over one row of scaled log-probabilities; `finite` = ids with finite logprob.
-int32_t draw_row(const float* row, std::vector<int32_t> idx, const SamplingConfig& cfg,
+int32_t draw_row(const float* row, const std::vector<int32_t>& finite, const SamplingConfig& cfg,
                  SamplerRng& rng) {
   const auto cmp = [row](int32_t a, int32_t b) {
     return row[a] > row[b] || (row[a] == row[b] && a < b);
   };
   // One draw per sampled row, whatever the truncation turns out to be.
   const double u = rng.uniform();
+
+  // Nothing truncated: the inverse CDF in id order needs no sorting (a nearly flat
+  // distribution would otherwise sort most of a large vocabulary for every token).
+  if (!(cfg.top_k > 0 && cfg.top_k < static_cast<int64_t>(finite.size())) && cfg.top_p >= 1.0) {
+    double total = 0.0;
+    for (int32_t id : finite) total += std::exp(static_cast<double>(row[id]));
+    const double target = u * total;
+    double c = 0.0;
+    for (int32_t id : finite) {
+      c += std::exp(static_cast<double>(row[id]));
+      if (c > target) return id;
+    }
+    return finite.back();  // rounding at the very top
+  }
+  std::vector<int32_t> idx = finite;
 
   int64_t n = static_cast<int64_t>(idx.size());
   if (cfg.top_k > 0 && cfg.top_k < n) {

@@ -15,7 +15,10 @@
 //         is >= top_p; at least one token is always kept.
 //    Exactly one rng.uniform() u in [0, 1) is drawn, and the token is chosen by inverse CDF
 //    over the kept tokens in descending-probability order (ties: lower id first), i.e. the
-//    first kept token whose cumulative (renormalised) probability exceeds u. Given the logits
+//    first kept token whose cumulative (renormalised) probability exceeds u — except when
+//    neither rule truncates anything (top-k off, top_p == 1): then the inverse CDF runs over
+//    the tokens in id order, which draws from the same distribution without sorting the
+//    vocabulary. Given the logits
 //    and the rng state, the result is deterministic, and it does not depend on the other
 //    rows of the batch.
 //  * Reported `logprob` is the log-probability of the chosen token under the temperature-scaled

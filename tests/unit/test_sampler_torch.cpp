@@ -162,7 +162,8 @@ void expect_matches_softmax(double T, int64_t top_k) {
 }
 
 // A straightforward reference of the documented rule: full sort (descending, ties by lower
-// id), top-k, renormalise, top-p nucleus, inverse CDF with one uniform draw.
+// id), top-k, renormalise, top-p nucleus, inverse CDF with one uniform draw; in id order when
+// nothing is truncated.
 int32_t reference_draw(const at::Tensor& row_logits_1v, const SamplingConfig& cfg, double u) {
   const at::Tensor lp = at::log_softmax(row_logits_1v / cfg.temperature, 1).contiguous();
   const float* row = lp.data_ptr<float>();
@@ -170,9 +171,11 @@ int32_t reference_draw(const at::Tensor& row_logits_1v, const SamplingConfig& cf
   std::vector<int32_t> ids;
   for (int32_t i = 0; i < V; ++i)
     if (std::isfinite(row[i])) ids.push_back(i);
-  std::sort(ids.begin(), ids.end(), [row](int32_t a, int32_t b) {
-    return row[a] > row[b] || (row[a] == row[b] && a < b);
-  });
+  const bool truncates = (cfg.top_k > 0 && cfg.top_k < static_cast<int64_t>(ids.size())) || cfg.top_p < 1.0;
+  if (truncates)
+    std::sort(ids.begin(), ids.end(), [row](int32_t a, int32_t b) {
+      return row[a] > row[b] || (row[a] == row[b] && a < b);
+    });
   if (cfg.top_k > 0 && cfg.top_k < static_cast<int64_t>(ids.size())) ids.resize(cfg.top_k);
   std::vector<double> p;
   double total = 0;
