@@ -34,6 +34,25 @@ std::vector<std::pair<int32_t, float>> top_of(const float* row, const std::vecto
   return out;
 }
 
+// Nothing truncated: the inverse CDF over the probabilities in id order, so no sorting (a
+// nearly flat distribution would otherwise sort most of a large vocabulary for every token).
+// Masked tokens have probability 0 and can never be chosen.
+int32_t draw_untruncated(const float* probs, int64_t V, SamplerRng& rng) {
+  const double u = rng.uniform();
+  double total = 0.0;
+  for (int64_t i = 0; i < V; ++i) total += probs[i];
+  const double target = u * total;
+  double c = 0.0;
+  int32_t last = 0;
+  for (int64_t i = 0; i < V; ++i) {
+    if (probs[i] <= 0.f) continue;
+    c += probs[i];
+    last = static_cast<int32_t>(i);
+    if (c > target) return last;
+  }
+  return last;  // rounding at the very top
+}
+
 // Non-greedy draw over one row of scaled log-probabilities; `finite` = ids with finite logprob.
 int32_t draw_row(const float* row, const std::vector<int32_t>& finite, const SamplingConfig& cfg,
                  SamplerRng& rng) {
@@ -43,19 +62,6 @@ int32_t draw_row(const float* row, const std::vector<int32_t>& finite, const Sam
   // One draw per sampled row, whatever the truncation turns out to be.
   const double u = rng.uniform();
 
-  // Nothing truncated: the inverse CDF in id order needs no sorting (a nearly flat
-  // distribution would otherwise sort most of a large vocabulary for every token).
-  if (!(cfg.top_k > 0 && cfg.top_k < static_cast<int64_t>(finite.size())) && cfg.top_p >= 1.0) {
-    double total = 0.0;
-    for (int32_t id : finite) total += std::exp(static_cast<double>(row[id]));
-    const double target = u * total;
-    double c = 0.0;
-    for (int32_t id : finite) {
-      c += std::exp(static_cast<double>(row[id]));
-      if (c > target) return id;
-    }
-    return finite.back();  // rounding at the very top
-  }
   std::vector<int32_t> idx = finite;
 
   int64_t n = static_cast<int64_t>(idx.size());
@@ -149,7 +155,7 @@ std::vector<SampledToken> sample_tokens(const at::Tensor& logits,
   SWARM_REQUIRE(V > 0 && V <= std::numeric_limits<int32_t>::max(), ErrorKind::INVALID_ARGUMENT,
                 "sample_tokens: bad vocabulary size " + std::to_string(V));
 
-  at::Tensor logp_cpu, argmax_cpu;
+  at::Tensor logp_cpu, argmax_cpu, probs_cpu;
   {
     c10::InferenceMode guard;
     const at::Tensor x = logits.to(at::kFloat);  // never modified in place
@@ -163,8 +169,10 @@ std::vector<SampledToken> sample_tokens(const at::Tensor& logits,
                              .view({B, 1});
     logp_cpu = at::log_softmax(x / t, 1).to(at::kCPU).contiguous();
     argmax_cpu = at::argmax(x, 1).to(at::kCPU, at::kLong).contiguous();
+    probs_cpu = logp_cpu.exp();  // vectorised once for the untruncated draws
   }
   const float* lp = logp_cpu.data_ptr<float>();
+  const float* pr = probs_cpu.data_ptr<float>();
   const int64_t* am = argmax_cpu.data_ptr<int64_t>();
 
   std::vector<int32_t> finite;
@@ -172,11 +180,15 @@ std::vector<SampledToken> sample_tokens(const at::Tensor& logits,
   for (int64_t b = 0; b < B; ++b) {
     const SamplingConfig& cfg = configs[static_cast<size_t>(b)];
     const float* row = lp + b * V;
-    finite.clear();
-    for (int32_t i = 0; i < static_cast<int32_t>(V); ++i)
-      if (row[i] > -std::numeric_limits<float>::infinity()) finite.push_back(i);
-    SWARM_REQUIRE(!finite.empty(), ErrorKind::INVALID_ARGUMENT,
+    // The argmax is finite unless the whole row is masked (or NaN).
+    SWARM_REQUIRE(std::isfinite(row[am[b]]), ErrorKind::INVALID_ARGUMENT,
                   "sample_tokens: row " + std::to_string(b) + " has no finite logit");
+    const bool truncates = cfg.top_k > 0 || cfg.top_p < 1.0;
+    const bool need_finite = cfg.top_logprobs > 0 || (cfg.temperature > 0.0 && truncates);
+    finite.clear();
+    if (need_finite)
+      for (int32_t i = 0; i < static_cast<int32_t>(V); ++i)
+        if (row[i] > -std::numeric_limits<float>::infinity()) finite.push_back(i);
 
     SampledToken& tok = out[static_cast<size_t>(b)];
     if (cfg.temperature <= 0.0) {
@@ -185,7 +197,9 @@ std::vector<SampledToken> sample_tokens(const at::Tensor& logits,
       SamplerRng* rng = rngs[static_cast<size_t>(b)];
       SWARM_REQUIRE(rng != nullptr, ErrorKind::INVALID_ARGUMENT,
                     "sample_tokens: row " + std::to_string(b) + " has no rng");
-      tok.id = draw_row(row, finite, cfg, *rng);
+      const bool top_k_cuts = cfg.top_k > 0 && cfg.top_k < static_cast<int64_t>(finite.size());
+      tok.id = (truncates && (top_k_cuts || cfg.top_p < 1.0)) ? draw_row(row, finite, cfg, *rng)
+                                                              : draw_untruncated(pr + b * V, V, *rng);
     }
     tok.logprob = row[tok.id];
     tok.top = top_of(row, finite, cfg.top_logprobs);
