@@ -14,17 +14,23 @@
 // and a matmul-peak probe (compute roofline of batched decode). Prints tables; progress goes to
 // stderr. Never a timed assertion. Results and the exact command are recorded in
 // docs/benchmarks.md.
-#include <dlfcn.h>
-#include <spawn.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
+//
+//   bench_inference [--quick] [--threads N] [--models smollm2,tinystories] [--dtypes fp32,bf16]
+//                   [--skip-python] [--profile-ops] [--openblas-threads N]
+//
+// The SmolLM2 weights are written once (swarm::init_random_model, fp32, seed 0) into
+// <build>/bench-models/ and reused; TinyStories comes from shared/models/.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
+#include <dlfcn.h>
+#include <malloc.h>
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/version.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -137,9 +143,8 @@ std::string git_commit(const fs::path& source) {
   std::string head = read_first_line(git / "HEAD");
   if (head.rfind("ref: ", 0) != 0) return head.empty() ? "unknown" : head.substr(0, 12);
   const std::string ref = head.substr(5);
-  for (const fs::path& dir : {git, fs::path(read_first_line(git / "commondir")).empty()
-                                       ? git
-                                       : git / read_first_line(git / "commondir")}) {
+  for (const fs::path& dir :
+       {git, fs::path(read_first_line(git / "commondir")).empty() ? git : git / read_first_line(git / "commondir")}) {
     std::string sha = read_first_line(dir / ref);
     if (!sha.empty()) return sha.substr(0, 12) + " (" + ref + ")";
     std::ifstream packed(dir / "packed-refs");
@@ -221,14 +226,18 @@ std::pair<double, double> cores_busy(const CpuSample& a, const CpuSample& b) {
 // ------------------------------------------------------------------ probes
 
 struct Probes {
-  double copy_gbs = 0;          // best, read + write bytes counted
+  double copy_gbs = 0;  // best, read + write bytes counted
   std::vector<double> copy_runs;
   int64_t copy_bytes = 0;
   int64_t gemm_n = 0;
   double peak_f32 = 0, peak_bf16 = 0;        // FLOP/s with the bench's thread count
   double peak_f32_1t = 0, peak_bf16_1t = 0;  // with one intra-op thread, for context
 
-  double peak(c10::ScalarType t) const { return t == at::kBFloat16 ? peak_bf16 : peak_f32; }
+  /// The compute ceiling of `t`: the better of the two probes (the engine could always run on
+  /// one thread, so a 1-thread figure above the N-thread one means the N-thread probe is low).
+  double peak(c10::ScalarType t) const {
+    return t == at::kBFloat16 ? std::max(peak_bf16, peak_bf16_1t) : std::max(peak_f32, peak_f32_1t);
+  }
 };
 
 /// Best GB/s of `reps` copies of a `bytes` buffer (at::Tensor::copy_, the intra-op threads).
@@ -246,16 +255,19 @@ double copy_bandwidth(int64_t bytes, int reps, std::vector<double>& runs) {
   return best;
 }
 
-/// Best FLOP/s of at::matmul on n x n matrices of `type`.
-double matmul_peak(c10::ScalarType type, int64_t n, int reps) {
+/// Best FLOP/s of at::matmul on n x n matrices of `type`: at least `min_reps` timed reps and
+/// at least `min_seconds` of them (the first reps on this VM are often slow).
+double matmul_peak(c10::ScalarType type, int64_t n, int min_reps, double min_seconds) {
   at::Tensor a = at::randn({n, n}).to(type);
   at::Tensor b = at::randn({n, n}).to(type);
   at::Tensor c = at::matmul(a, b);  // warm-up (primitive creation, page faults)
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
+  double best = 1e30, total = 0;
+  for (int r = 0; r < min_reps || total < min_seconds; ++r) {
     auto t0 = Clock::now();
     c = at::matmul(a, b);
-    best = std::min(best, seconds_since(t0));
+    const double t = seconds_since(t0);
+    best = std::min(best, t);
+    total += t;
   }
   return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / best;
 }
@@ -263,17 +275,19 @@ double matmul_peak(c10::ScalarType type, int64_t n, int reps) {
 Probes run_probes(int threads, bool quick) {
   Probes p;
   p.copy_bytes = (quick ? 256 : 512) * 1024 * 1024LL;
-  p.copy_gbs = copy_bandwidth(p.copy_bytes, quick ? 3 : 6, p.copy_runs);
+  p.copy_gbs = copy_bandwidth(p.copy_bytes, quick ? 3 : 8, p.copy_runs);
   progress("copy bandwidth %.1f GB/s (read+write, %d threads)", p.copy_gbs, threads);
   p.gemm_n = 2048;
   const int reps = quick ? 2 : 4;
-  p.peak_f32 = matmul_peak(at::kFloat, p.gemm_n, reps);
-  p.peak_bf16 = matmul_peak(at::kBFloat16, p.gemm_n, reps);
+  const double seconds = quick ? 0.3 : 1.0;
+  p.peak_f32 = matmul_peak(at::kFloat, p.gemm_n, reps, seconds);
+  p.peak_bf16 = matmul_peak(at::kBFloat16, p.gemm_n, reps, seconds);
   at::set_num_threads(1);
-  p.peak_f32_1t = matmul_peak(at::kFloat, p.gemm_n, reps);
-  p.peak_bf16_1t = matmul_peak(at::kBFloat16, p.gemm_n, reps);
+  p.peak_f32_1t = matmul_peak(at::kFloat, p.gemm_n, reps, seconds);
+  p.peak_bf16_1t = matmul_peak(at::kBFloat16, p.gemm_n, reps, seconds);
   swarm::set_compute_threads(threads);
-  progress("matmul peak fp32 %.1f GFLOP/s, bf16 %.1f GFLOP/s", p.peak_f32 / 1e9, p.peak_bf16 / 1e9);
+  progress("matmul peak fp32 %.1f GFLOP/s, bf16 %.1f GFLOP/s (1 thread: %.1f / %.1f)", p.peak_f32 / 1e9,
+           p.peak_bf16 / 1e9, p.peak_f32_1t / 1e9, p.peak_bf16_1t / 1e9);
   return p;
 }
 
@@ -294,8 +308,8 @@ struct DecodeSpec {
 /// The same workload runs in C++ and in Python.
 struct Workload {
   std::vector<PrefillSpec> prefill;
-  int64_t prefill_reps = 2;   // best of
-  int64_t chunk_tokens = 512;  // prefill tokens per forward_step (C++ only)
+  int64_t prefill_reps = 2;     // best of
+  int64_t chunk_tokens = 512;   // prefill tokens per forward_step (C++ only)
   int64_t prompt_tokens = 128;  // already in the cache when decode starts
   std::vector<DecodeSpec> decode;
 
@@ -324,7 +338,7 @@ Workload make_workload(bool quick, int64_t max_positions) {
     d.batch = b;
     d.warmup = quick ? 1 : 2;
     // Smaller batches are cheap per step: more steps for a steadier figure.
-    d.steps = quick ? (b == 1 ? 4 : 2) : (b == 1 ? 32 : b == 8 ? 16 : 8);
+    d.steps = quick ? (b == 1 ? 4 : 2) : (b == 1 ? 48 : b == 8 ? 24 : 12);
     w.decode.push_back(d);
   }
   return w;
@@ -368,7 +382,8 @@ double decode_flops(const ModelShape& s, int64_t batch, double ctx) {
 
 /// Bytes one decode step must read at least: every weight once, plus each sequence's K and V.
 double decode_bytes(const ModelShape& s, int64_t batch, double ctx) {
-  return static_cast<double>(s.weight_bytes) + static_cast<double>(batch) * ctx * static_cast<double>(s.kv_bytes_per_token);
+  return static_cast<double>(s.weight_bytes) +
+         static_cast<double>(batch) * ctx * static_cast<double>(s.kv_bytes_per_token);
 }
 
 /// FLOPs of prefilling `batch` prompts of `tokens`: the LM head runs on each prompt's last token
@@ -412,7 +427,7 @@ struct EngineResult {
   bool peak_reset = false;
   std::vector<PrefillResult> prefill;
   std::vector<DecodeResult> decode;
-  std::pair<double, double> cores;  // ours / others during the case
+  std::pair<double, double> cores;                     // ours / others during the case
   std::map<std::string, std::vector<OpCost>> profile;  // what was profiled -> top ops
 };
 
@@ -425,8 +440,8 @@ std::vector<swarm::SamplingConfig> greedy_configs(size_t n) {
 /// Prefills `prompts` (slots first_slot..) in forward_step calls of at most `chunk` tokens,
 /// packing several prompts into one call and splitting a prompt across calls where needed, and
 /// samples the first token of each prompt as it completes. Returns the number of calls.
-int64_t prefill(const swarm::DecoderModel& model, swarm::KvCache& cache, const std::vector<std::vector<int32_t>>& prompts,
-                int64_t first_slot, int64_t chunk) {
+int64_t prefill(const swarm::DecoderModel& model, swarm::KvCache& cache,
+                const std::vector<std::vector<int32_t>>& prompts, int64_t first_slot, int64_t chunk) {
   std::vector<int64_t> done(prompts.size(), 0);
   size_t next = 0;  // the first prompt not fully prefilled
   int64_t calls = 0;
@@ -442,7 +457,8 @@ int64_t prefill(const swarm::DecoderModel& model, swarm::KvCache& cache, const s
       in.seq_slot = first_slot + static_cast<int64_t>(p);
       in.start_pos = done[p];
       in.tokens.assign(prompts[p].begin() + done[p], prompts[p].begin() + done[p] + take);
-      if (!cache.ensure_capacity(in.seq_slot, in.start_pos + take)) throw std::runtime_error("KV pool too small for prefill");
+      if (!cache.ensure_capacity(in.seq_slot, in.start_pos + take))
+        throw std::runtime_error("KV pool too small for prefill");
       step.push_back(std::move(in));
       owner.push_back(p);
       budget -= take;
@@ -527,31 +543,30 @@ std::vector<OpCost> profile_ops(const std::function<void()>& fn, double per, siz
   using namespace torch::autograd::profiler;
   std::map<std::string, OpCost> by_name;
   {
-    TLSLegacyProfilerGuard guard(
-        torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::CPU),
-        [&](const thread_event_lists& lists) {
-          for (const auto& list : lists) {
-            struct Open {
-              const LegacyEvent* push;
-              double child_us;
-            };
-            std::vector<Open> stack;
-            for (const LegacyEvent& e : list) {
-              if (e.kind() == EventKind::PushRange) {
-                stack.push_back({&e, 0.0});
-              } else if (e.kind() == EventKind::PopRange && !stack.empty()) {
-                Open open = stack.back();
-                stack.pop_back();
-                const double total = open.push->cpuElapsedUs(e);
-                OpCost& c = by_name[open.push->name()];
-                c.name = open.push->name();
-                c.self_us += total - open.child_us;
-                c.calls += 1;
-                if (!stack.empty()) stack.back().child_us += total;
-              }
-            }
-          }
-        });
+    TLSLegacyProfilerGuard guard(torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::CPU),
+                                 [&](const thread_event_lists& lists) {
+                                   for (const auto& list : lists) {
+                                     struct Open {
+                                       const LegacyEvent* push;
+                                       double child_us;
+                                     };
+                                     std::vector<Open> stack;
+                                     for (const LegacyEvent& e : list) {
+                                       if (e.kind() == EventKind::PushRange) {
+                                         stack.push_back({&e, 0.0});
+                                       } else if (e.kind() == EventKind::PopRange && !stack.empty()) {
+                                         Open open = stack.back();
+                                         stack.pop_back();
+                                         const double total = open.push->cpuElapsedUs(e);
+                                         OpCost& c = by_name[open.push->name()];
+                                         c.name = open.push->name();
+                                         c.self_us += total - open.child_us;
+                                         c.calls += 1;
+                                         if (!stack.empty()) stack.back().child_us += total;
+                                       }
+                                     }
+                                   }
+                                 });
     fn();
   }
   std::vector<OpCost> ops;
@@ -567,6 +582,7 @@ std::vector<OpCost> profile_ops(const std::function<void()>& fn, double per, siz
 
 EngineResult run_engine(const fs::path& dir, swarm::DType dtype, const Workload& w, bool profile) {
   EngineResult r;
+  malloc_trim(0);  // hand the previous case's freed heap back, so RSS start means this case
   r.peak_reset = reset_peak_rss();
   r.rss_start_kib = proc_status_kib("VmRSS");
   const CpuSample cpu0 = cpu_sample();
@@ -585,7 +601,8 @@ EngineResult run_engine(const fs::path& dir, swarm::DType dtype, const Workload&
     // Finite, non-trivial K/V everywhere (the "prompt already in the cache" of decode): one
     // random block broadcast over the pool.
     c10::InferenceMode guard;
-    at::Tensor pattern = at::randn({1, kBlockSize, config.num_key_value_heads, config.head_dim}).to(model->scalar_type());
+    at::Tensor pattern =
+        at::randn({1, kBlockSize, config.num_key_value_heads, config.head_dim}).to(model->scalar_type());
     for (int64_t l = 0; l < cache.num_layers(); ++l) {
       cache.keys(l).copy_(pattern);
       cache.values(l).copy_(pattern * 0.5);
@@ -626,10 +643,10 @@ EngineResult run_engine(const fs::path& dir, swarm::DType dtype, const Workload&
   r.cores = cores_busy(cpu0, cpu_sample());
   if (profile) {
     constexpr size_t kTop = 14;
-    for (int64_t b : {int64_t{1}, int64_t{32}}) {
+    for (int64_t b : {int64_t{1}, int64_t{32}, int64_t{64}}) {
       const DecodeSpec d{b, 0, 4};
-      r.profile["decode b" + std::to_string(b) + ", per step"] = profile_ops(
-          [&] { decode(*model, cache, d, w.prompt_tokens, gen); }, static_cast<double>(d.steps), kTop);
+      r.profile["decode b" + std::to_string(b) + ", per step"] =
+          profile_ops([&] { decode(*model, cache, d, w.prompt_tokens, gen); }, static_cast<double>(d.steps), kTop);
     }
     const PrefillSpec& p = w.prefill.front();
     r.profile["prefill " + p.name + ", per prompt"] = profile_ops(
@@ -703,7 +720,8 @@ PythonResult run_python(const std::string& python, const fs::path& script, const
     spec["prefill"].push_back({{"name", p.name}, {"batch", p.batch}, {"tokens", p.tokens}, {"reps", w.prefill_reps}});
   spec["decode"] = json::array();
   for (const auto& d : w.decode)
-    spec["decode"].push_back({{"batch", d.batch}, {"prompt", w.prompt_tokens}, {"warmup", d.warmup}, {"steps", d.steps}});
+    spec["decode"].push_back(
+        {{"batch", d.batch}, {"prompt", w.prompt_tokens}, {"warmup", d.warmup}, {"steps", d.steps}});
   PythonResult r;
   const CpuSample cpu0 = cpu_sample();
   try {
@@ -801,11 +819,13 @@ void print_throughput(const std::vector<CaseResult>& cases, const Workload& w, b
     if (python && !c.ran_python) continue;
     std::printf("%-22s %-5s", c.model.label.c_str(), c.dtype.c_str());
     for (const auto& p : w.prefill) {
-      double v = python ? c.python.prefill_tok_s(p.name) : (find_prefill(c.engine, p.name) ? tok_s(*find_prefill(c.engine, p.name)) : 0);
+      double v = python ? c.python.prefill_tok_s(p.name)
+                        : (find_prefill(c.engine, p.name) ? tok_s(*find_prefill(c.engine, p.name)) : 0);
       std::printf(" %12s", v > 0 ? fmt("%.1f", v).c_str() : "-");
     }
     for (const auto& d : w.decode) {
-      double v = python ? c.python.decode_tok_s(d.batch) : (find_decode(c.engine, d.batch) ? tok_s(*find_decode(c.engine, d.batch)) : 0);
+      double v = python ? c.python.decode_tok_s(d.batch)
+                        : (find_decode(c.engine, d.batch) ? tok_s(*find_decode(c.engine, d.batch)) : 0);
       std::printf(" %10s", v > 0 ? fmt("%.1f", v).c_str() : "-");
     }
     auto cores = python ? c.python.cores : c.engine.cores;
@@ -816,9 +836,10 @@ void print_throughput(const std::vector<CaseResult>& cases, const Workload& w, b
 }
 
 void print_report(const std::vector<CaseResult>& cases, const Workload& w, const Probes& probes) {
-  std::printf("\n== C++ engine: tokens/s (DecodeModel::forward_step over a paged KV cache, block %lld; "
-              "prefill in <= %lld-token forward_step calls; decode = forward_step + greedy sample_tokens)\n",
-              static_cast<long long>(kBlockSize), static_cast<long long>(w.chunk_tokens));
+  std::printf(
+      "\n== C++ engine: tokens/s (DecoderModel::forward_step over a paged KV cache, block %lld; "
+      "prefill in <= %lld-token forward_step calls; decode = forward_step + greedy sample_tokens)\n",
+      static_cast<long long>(kBlockSize), static_cast<long long>(w.chunk_tokens));
   print_throughput(cases, w, false);
 
   std::printf("\n== C++ decode: ms per step (forward_step / sample_tokens), mean context\n");
@@ -832,7 +853,8 @@ void print_report(const std::vector<CaseResult>& cases, const Workload& w, const
       std::printf(" %19s", (fmt("%.2f", dr.forward_s / n * 1e3) + " / " + fmt("%.2f", dr.sample_s / n * 1e3)).c_str());
     }
     std::printf("  ");
-    for (const auto& p : c.engine.prefill) std::printf(" %s:%lld", p.spec.name.c_str(), static_cast<long long>(p.steps));
+    for (const auto& p : c.engine.prefill)
+      std::printf(" %s:%lld", p.spec.name.c_str(), static_cast<long long>(p.steps));
     std::printf("\n");
   }
   std::printf("(mean context of the timed decode steps: %.1f tokens at batch 1)\n",
@@ -862,20 +884,22 @@ void print_report(const std::vector<CaseResult>& cases, const Workload& w, const
     }
   }
 
-  std::printf("\n== Memory (MiB). RSS peak = VmHWM of the case (reset at its start%s); KV pool sized for the "
-              "largest phase (decode b%lld: %lld prompt + steps tokens per sequence)\n",
-              cases.empty() || cases[0].engine.peak_reset ? "" : " FAILED: peak is process-wide",
-              static_cast<long long>(w.decode.back().batch),
-              static_cast<long long>(w.prompt_tokens + w.decode.back().warmup + w.decode.back().steps));
+  std::printf(
+      "\n== Memory (MiB). RSS peak = VmHWM of the case (reset at its start%s); KV pool sized for the "
+      "largest phase (decode b%lld: %lld prompt + steps tokens per sequence)\n",
+      cases.empty() || cases[0].engine.peak_reset ? "" : " FAILED: peak is process-wide",
+      static_cast<long long>(w.decode.back().batch),
+      static_cast<long long>(w.prompt_tokens + w.decode.back().warmup + w.decode.back().steps));
   std::printf("%-22s %-5s %9s %12s %9s %10s %10s %9s %9s %11s %9s\n", "model", "dtype", "weights", "KV MiB/1k tok",
               "KV pool", "RSS start", "RSS loaded", "RSS peak", "RSS end", "py loaded", "py peak");
   for (const CaseResult& c : cases) {
     const EngineResult& e = c.engine;
     std::printf("%-22s %-5s %9.1f %12.1f %9.1f %10.1f %10.1f %9.1f %9.1f", c.model.label.c_str(), c.dtype.c_str(),
                 static_cast<double>(e.shape.weight_bytes) / kMiB,
-                static_cast<double>(e.shape.kv_bytes_per_token) * 1000 / kMiB, static_cast<double>(e.kv_pool_bytes) / kMiB,
-                static_cast<double>(e.rss_start_kib) / 1024, static_cast<double>(e.rss_loaded_kib) / 1024,
-                static_cast<double>(e.peak_kib) / 1024, static_cast<double>(e.rss_end_kib) / 1024);
+                static_cast<double>(e.shape.kv_bytes_per_token) * 1000 / kMiB,
+                static_cast<double>(e.kv_pool_bytes) / kMiB, static_cast<double>(e.rss_start_kib) / 1024,
+                static_cast<double>(e.rss_loaded_kib) / 1024, static_cast<double>(e.peak_kib) / 1024,
+                static_cast<double>(e.rss_end_kib) / 1024);
     if (c.ran_python && c.python.ok) {
       std::printf(" %11.1f %9.1f", c.python.out.at("rss_after_load_kib").get<double>() / 1024,
                   c.python.out.at("peak_rss_kib").get<double>() / 1024);
@@ -885,24 +909,26 @@ void print_report(const std::vector<CaseResult>& cases, const Workload& w, const
     std::printf("\n");
   }
 
-  std::printf("\n== Roofline, batch-1 decode vs memory bandwidth (%.1f GB/s copy probe): bytes/step = weights + "
-              "K/V read at the mean context\n",
-              probes.copy_gbs);
+  std::printf(
+      "\n== Roofline, batch-1 decode vs memory bandwidth (%.1f GB/s copy probe): bytes/step = weights + "
+      "K/V read at the mean context\n",
+      probes.copy_gbs);
   std::printf("%-22s %-5s %13s %15s %13s %10s\n", "model", "dtype", "MiB/step", "roofline tok/s", "achieved", "% roof");
   for (const CaseResult& c : cases) {
     const DecodeResult* d = find_decode(c.engine, 1);
     if (!d) continue;
     const double bytes = decode_bytes(c.engine.shape, 1, d->ctx);
     const double roof = probes.copy_gbs * 1e9 / bytes;
-    std::printf("%-22s %-5s %13.2f %15.1f %13.1f %9.1f%%\n", c.model.label.c_str(), c.dtype.c_str(), bytes / kMiB,
-                roof, tok_s(*d), 100.0 * tok_s(*d) / roof);
+    std::printf("%-22s %-5s %13.2f %15.1f %13.1f %9.1f%%\n", c.model.label.c_str(), c.dtype.c_str(), bytes / kMiB, roof,
+                tok_s(*d), 100.0 * tok_s(*d) / roof);
   }
 
-  std::printf("\n== Roofline, decode vs compute (matmul peak %lld^3: fp32 %.1f, bf16 %.1f GFLOP/s with the bench's "
-              "threads; 1 thread: %.1f / %.1f). FLOP/step = 2 x linear params (incl. LM head) x batch + attention. "
-              "attainable = batch / max(bytes/BW, FLOP/peak)\n",
-              static_cast<long long>(probes.gemm_n), probes.peak_f32 / 1e9, probes.peak_bf16 / 1e9,
-              probes.peak_f32_1t / 1e9, probes.peak_bf16_1t / 1e9);
+  std::printf(
+      "\n== Roofline, decode vs compute (matmul %lld^3 with the bench's threads: fp32 %.1f, bf16 %.1f GFLOP/s; "
+      "1 thread: %.1f / %.1f; peak = the better of the two). FLOP/step = 2 x linear params (incl. LM head) x "
+      "batch + attention. attainable = batch / max(bytes/BW, FLOP/peak)\n",
+      static_cast<long long>(probes.gemm_n), probes.peak_f32 / 1e9, probes.peak_bf16 / 1e9, probes.peak_f32_1t / 1e9,
+      probes.peak_bf16_1t / 1e9);
   std::printf("%-22s %-5s %6s %11s %13s %9s %12s %13s %10s\n", "model", "dtype", "batch", "GFLOP/step", "GFLOP/s",
               "% peak", "compute tok/s", "attainable", "% attain");
   for (const CaseResult& c : cases) {
@@ -912,7 +938,8 @@ void print_report(const std::vector<CaseResult>& cases, const Workload& w, const
       const double flops = decode_flops(c.engine.shape, b, d.ctx);
       const double achieved = flops * static_cast<double>(d.spec.steps) / d.seconds;
       const double compute_roof = peak * static_cast<double>(b) / flops;
-      const double step_floor = std::max(decode_bytes(c.engine.shape, b, d.ctx) / (probes.copy_gbs * 1e9), flops / peak);
+      const double step_floor =
+          std::max(decode_bytes(c.engine.shape, b, d.ctx) / (probes.copy_gbs * 1e9), flops / peak);
       const double attainable = static_cast<double>(b) / step_floor;
       std::printf("%-22s %-5s %6lld %11.3f %13.2f %8.1f%% %12.1f %13.1f %9.1f%%\n", c.model.label.c_str(),
                   c.dtype.c_str(), static_cast<long long>(b), flops / 1e9, achieved / 1e9, 100.0 * achieved / peak,
@@ -974,6 +1001,7 @@ struct Options {
   bool skip_python = false;
   bool profile_ops = false;
   int openblas_threads = 0;  // 0 = leave as loaded
+  bool fixed_threads = false;  // true: --threads / --openblas-threads for every case, no engine plan
   std::string shared = SWARM_DEFAULT_SHARED_DIR;
   std::string model_cache = SWARM_BENCH_MODEL_CACHE;
   std::string python = "/usr/bin/python3";
@@ -991,12 +1019,17 @@ int main(int argc, char** argv) {
   app.add_option("--models", opt.models, "Comma list: smollm2, tinystories")->capture_default_str();
   app.add_option("--dtypes", opt.dtypes, "Comma list: fp32, bf16")->capture_default_str();
   app.add_flag("--skip-python", opt.skip_python, "Do not run the python3-torch reference");
-  app.add_flag("--profile-ops", opt.profile_ops, "Also print per-op self time of decode steps (batch 1, 32) and of one prefill");
+  app.add_flag("--profile-ops", opt.profile_ops,
+               "Also print per-op self time of decode steps (batch 1, 32, 64) and of one prefill");
+  app.add_flag("--fixed-threads", opt.fixed_threads,
+               "Use --threads / --openblas-threads as given for every case instead of the engine's per-dtype "
+               "thread plan (swarm::configure_compute_threads with --threads cores)");
   app.add_option("--openblas-threads", opt.openblas_threads,
                  "Set OpenBLAS's pool (fp32 GEMM) to N threads in both processes; 0 = leave the default")
       ->capture_default_str();
   app.add_option("--shared", opt.shared, "The shared/ directory with models/")->capture_default_str();
-  app.add_option("--model-cache", opt.model_cache, "Where random-weight models are written once")->capture_default_str();
+  app.add_option("--model-cache", opt.model_cache, "Where random-weight models are written once")
+      ->capture_default_str();
   app.add_option("--python", opt.python, "Python with torch")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
@@ -1036,9 +1069,12 @@ int main(int argc, char** argv) {
     }
     std::vector<std::pair<std::string, swarm::DType>> dtypes;
     for (const std::string& d : split_list(opt.dtypes)) {
-      if (d == "fp32") dtypes.emplace_back(d, swarm::DType::F32);
-      else if (d == "bf16") dtypes.emplace_back(d, swarm::DType::BF16);
-      else throw std::invalid_argument("unknown dtype '" + d + "' (fp32, bf16)");
+      if (d == "fp32")
+        dtypes.emplace_back(d, swarm::DType::F32);
+      else if (d == "bf16")
+        dtypes.emplace_back(d, swarm::DType::BF16);
+      else
+        throw std::invalid_argument("unknown dtype '" + d + "' (fp32, bf16)");
     }
 
     std::vector<CaseResult> cases;
@@ -1051,11 +1087,21 @@ int main(int argc, char** argv) {
         c.model = m;
         c.dtype = name;
         c.scalar = swarm::compute_scalar_type(dtype);
+        // The engine's thread plan for this dtype (libtorch vs OpenBLAS pools), given to both sides.
+        int py_threads = opt.threads;
+        if (!opt.fixed_threads) {
+          const swarm::ThreadPlan plan = swarm::configure_compute_threads(opt.threads, dtype);
+          py_threads = plan.torch_threads;
+          if (plan.openblas_threads > 0)
+            setenv("OPENBLAS_NUM_THREADS", std::to_string(plan.openblas_threads).c_str(), 1);
+          progress("%s %s: thread plan: libtorch %d, OpenBLAS %d", m.label.c_str(), name.c_str(), plan.torch_threads,
+                   plan.openblas_threads);
+        }
         progress("%s %s: C++ engine", m.label.c_str(), name.c_str());
         c.engine = run_engine(m.dir, dtype, w, opt.profile_ops);
         if (!opt.skip_python) {
           progress("%s %s: python reference", m.label.c_str(), name.c_str());
-          c.python = run_python(opt.python, opt.python_script, m.dir, name.c_str(), opt.threads, w);
+          c.python = run_python(opt.python, opt.python_script, m.dir, name.c_str(), py_threads, w);
           c.ran_python = true;
           if (!c.python.ok) progress("python reference failed: %s", c.python.error.c_str());
         }

@@ -41,7 +41,8 @@ class TorchBackend final : public Backend {
     job_ = job;
     const int threads = job.engine_threads > 0 ? static_cast<int>(job.engine_threads)
                                                : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    set_compute_threads(threads);
+    const DType dtype = job.dtype == "bf16" ? DType::BF16 : DType::F32;
+    const ThreadPlan plan = configure_compute_threads(threads, dtype);
 
     tokenizer_ = Tokenizer::from_directory(dir.string());
     try {
@@ -51,7 +52,6 @@ class TorchBackend final : public Backend {
     }
     cancelled();
 
-    const DType dtype = job.dtype == "bf16" ? DType::BF16 : DType::F32;
     const torch::Device device = torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
     model_ = DecoderModel::load(dir, dtype, device);
     cancelled();
@@ -84,9 +84,10 @@ class TorchBackend final : public Backend {
       engine_ = engine;
     }
     spdlog::info(
-        "torch engine: {} ({}, {} parameters, {}) on {} with {} threads; context {} tokens; KV cache {} tokens "
-        "({:.1f} MiB); batch {} sequences / {} tokens per step",
-        job.model, cfg.architecture_name, cfg.parameter_count(), job.dtype, device.str(), threads, max_context_,
+        "torch engine: {} ({}, {} parameters, {}) on {} with {} threads (libtorch {}, OpenBLAS {}); context {} "
+        "tokens; KV cache {} tokens ({:.1f} MiB); batch {} sequences / {} tokens per step",
+        job.model, cfg.architecture_name, cfg.parameter_count(), job.dtype, device.str(), threads,
+        plan.torch_threads, plan.openblas_threads, max_context_,
         sc.kv_cache_tokens, static_cast<double>(engine->kv_cache_bytes()) / (1 << 20), sc.max_batch_sequences,
         sc.max_step_tokens);
   }

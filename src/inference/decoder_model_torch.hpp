@@ -26,6 +26,19 @@ class KvCache;
 /// libtorch defaults to 1 on this machine: the engine sets it deliberately at start-up.
 void set_compute_threads(int n);
 
+/// What configure_compute_threads chose.
+struct ThreadPlan {
+  int torch_threads = 1;     // at::set_num_threads (OpenMP: oneDNN bf16 GEMM, elementwise ops, our kernels)
+  int openblas_threads = 0;  // OpenBLAS's own pool (fp32 GEMM); 0 = not found / left alone
+};
+
+/// Threads for a model computing in `compute` on the CPU with `n` threads in all. libtorch's
+/// OpenMP pool and OpenBLAS's pthread pool are separate, and both busy-wait: giving both `n`
+/// threads oversubscribes the cores (measured here: fp32 decode at batch 32 fell from ~250 to
+/// ~80 tokens/s). So fp32 (whose time is in OpenBLAS GEMM) gets OpenBLAS n threads and libtorch 1;
+/// bf16 (oneDNN on libtorch's pool) gets libtorch n threads and OpenBLAS 1.
+ThreadPlan configure_compute_threads(int n, DType compute);
+
 /// Keeps the large, short-lived activation buffers of a forward pass in the malloc heap
 /// instead of fresh mmap'ed pages every step (glibc maps blocks above a threshold and unmaps
 /// them on free; the page faults of re-mapping cost more than the arithmetic at decode sizes).
