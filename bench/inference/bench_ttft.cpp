@@ -30,6 +30,7 @@ namespace fs = std::filesystem;
 struct Latencies {
   std::mutex mu;
   std::vector<double> ttft_ms;
+  std::vector<double> steady_ms;  // without each client's first request (the arrival burst)
   int64_t completion_tokens = 0;
   int64_t errors = 0;
   std::string first_error;
@@ -79,7 +80,9 @@ void run_clients(const std::string& url, int clients, Clock::time_point until, i
               params);
           const auto t1 = first.value_or(Clock::now());
           std::lock_guard lk(out.mu);
-          out.ttft_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+          const double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+          out.ttft_ms.push_back(ms);
+          if (r > 0) out.steady_ms.push_back(ms);
           out.completion_tokens += res.usage.completion_tokens;
         }
         client.abort_episode(ep.episode_uuid);
@@ -150,19 +153,21 @@ int main(int argc, char** argv) {
 
     std::printf("\nmodel %s  dtype %s  prompt ~%d words  max_tokens %d  max_step_tokens %lld\n", model.c_str(),
                 dtype.c_str(), prompt_words, max_tokens, static_cast<long long>(max_step_tokens));
-    std::printf("%8s %9s %12s %12s %12s %14s %7s\n", "clients", "requests", "TTFT p50 ms", "TTFT p99 ms",
-                "TTFT max ms", "gen tokens/s", "errors");
+    std::printf("%8s %9s %12s %12s %12s %18s %14s %7s\n", "clients", "requests", "TTFT p50 ms", "TTFT p99 ms",
+                "TTFT max ms", "p99 w/o 1st req ms", "gen tokens/s", "errors");
     for (auto* row : {&one, &many}) {
       const int n = row == &one ? 1 : clients;
       const double secs = row == &one ? one_s : many_s;
-      std::printf("%8d %9zu %12.1f %12.1f %12.1f %14.1f %7lld\n", n, row->ttft_ms.size(),
+      std::printf("%8d %9zu %12.1f %12.1f %12.1f %18.1f %14.1f %7lld\n", n, row->ttft_ms.size(),
                   percentile(row->ttft_ms, 50), percentile(row->ttft_ms, 99), percentile(row->ttft_ms, 100),
-                  static_cast<double>(row->completion_tokens) / secs, static_cast<long long>(row->errors));
+                  percentile(row->steady_ms, 99), static_cast<double>(row->completion_tokens) / secs,
+                  static_cast<long long>(row->errors));
       if (row->errors) std::printf("    first error: %s\n", row->first_error.c_str());
     }
     const double ratio = percentile(many.ttft_ms, 99) / std::max(1e-9, percentile(one.ttft_ms, 99));
-    std::printf("p99 TTFT ratio (%d clients / 1 client): %.2f   target <= 2.0: %s\n", clients, ratio,
-                ratio <= 2.0 ? "PASS" : "MISS");
+    const double steady = percentile(many.steady_ms, 99) / std::max(1e-9, percentile(one.ttft_ms, 99));
+    std::printf("p99 TTFT ratio (%d clients / 1 client): %.2f (without the arrival burst: %.2f)   target <= 2.0: %s\n",
+                clients, ratio, steady, ratio <= 2.0 ? "PASS" : "MISS");
     server.stop();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_ttft: %s\n", e.what());
