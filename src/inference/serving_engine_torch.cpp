@@ -170,6 +170,19 @@ struct ServingEngine::Impl {
   int64_t next_slot_locked = 0;
 
   // ------------------------------------------------------------------ loop
+  // Moves submitted sequences into the waiting queue and hands back the exclusive tasks.
+  std::deque<std::packaged_task<void()>> take_new_work_locked() {
+    while (!incoming.empty()) {
+      SeqPtr s = std::move(incoming.front());
+      incoming.pop_front();
+      if (s->choice == 0) active.push_back(s->request);
+      waiting.push_back(std::move(s));
+    }
+    std::deque<std::packaged_task<void()>> tasks;
+    tasks.swap(exclusive);
+    return tasks;
+  }
+
   void loop() {
     for (;;) {
       std::deque<std::packaged_task<void()>> tasks;
@@ -177,13 +190,7 @@ struct ServingEngine::Impl {
         std::unique_lock lk(mu);
         cv.wait(lk, [&] { return stopping || !incoming.empty() || !exclusive.empty() || !waiting.empty() || !running.empty(); });
         if (stopping) break;
-        while (!incoming.empty()) {
-          SeqPtr s = std::move(incoming.front());
-          incoming.pop_front();
-          if (s->choice == 0) active.push_back(s->request);
-          waiting.push_back(std::move(s));
-        }
-        tasks.swap(exclusive);
+        tasks = take_new_work_locked();
       }
       for (auto& task : tasks) task();  // exceptions land in the caller's future
       drop_cancelled();
@@ -191,7 +198,8 @@ struct ServingEngine::Impl {
         try {
           step();
         } catch (const std::exception& e) {
-          // A failing step (a bug, out of memory) fails what it touched, never the server.
+          // A failing step (a bug, out of memory) fails every request in flight (their cache
+          // state is unknown), never the server.
           spdlog::error("inference engine: step failed: {}", e.what());
           fail_all(ErrorKind::INTERNAL, std::string("inference step failed: ") + e.what());
         }
@@ -202,13 +210,7 @@ struct ServingEngine::Impl {
     std::deque<std::packaged_task<void()>> tasks;
     {
       std::lock_guard lk(mu);
-      while (!incoming.empty()) {
-        SeqPtr s = std::move(incoming.front());
-        incoming.pop_front();
-        if (s->choice == 0) active.push_back(s->request);
-        waiting.push_back(std::move(s));
-      }
-      tasks.swap(exclusive);
+      tasks = take_new_work_locked();
     }
     for (auto& task : tasks) task();
     fail_all(ErrorKind::UNAVAILABLE, "the inference engine stopped: " + stop_reason);

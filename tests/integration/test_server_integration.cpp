@@ -4,12 +4,16 @@
 #include <atomic>
 #include <thread>
 
+#include "support/client_helpers.hpp"
 #include "support/test_server.hpp"
 #include "swarm/swarm.hpp"
 
 using namespace swarm;
 using namespace std::chrono_literals;
 using swarm::testing::TestServer;
+using swarm::testing::fast_client;
+using swarm::testing::reward;
+using swarm::testing::task;
 
 namespace {
 
@@ -19,26 +23,6 @@ Job small_job(int batch_size, int num_repeat) {
   job.batch_size = batch_size;
   job.num_repeat = num_repeat;
   return job;
-}
-
-WorkflowOutput reward(double r) {
-  WorkflowOutput out;
-  out.reward = r;
-  return out;
-}
-
-Task task(const std::string& id) {
-  Task t;
-  t.task_id = id;
-  t.main_query = "say " + id;
-  return t;
-}
-
-SwarmClientOptions fast_client() {
-  SwarmClientOptions o;
-  o.backoff_initial = 5ms;
-  o.backoff_max = 50ms;
-  return o;
 }
 
 TEST(ServerIntegration, ThirtyTwoConcurrentClientsThroughSeveralCycles) {

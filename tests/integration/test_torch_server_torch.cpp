@@ -20,6 +20,7 @@
 #include "inference/chat_template.hpp"
 #include "inference/model_tools.hpp"
 #include "inference/tokenizer.hpp"
+#include "support/client_helpers.hpp"
 #include "support/test_server.hpp"
 #include "swarm/swarm.hpp"
 
@@ -27,6 +28,9 @@ using namespace swarm;
 using namespace std::chrono_literals;
 using json = nlohmann::json;
 using swarm::testing::TestServer;
+using swarm::testing::fast_client;
+using swarm::testing::reward;
+using swarm::testing::task;
 
 namespace {
 
@@ -65,13 +69,6 @@ class TinyChatModel : public ::testing::Environment {
 
 const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new TinyChatModel);
 
-SwarmClientOptions fast_client() {
-  SwarmClientOptions o;
-  o.backoff_initial = 5ms;
-  o.backoff_max = 50ms;
-  return o;
-}
-
 Job tiny_job() {
   Job job;
   job.model = TinyChatModel::dir().string();
@@ -81,18 +78,6 @@ Job tiny_job() {
   job.max_response_length = 24;
   job.engine_threads = 2;
   return job;
-}
-
-WorkflowOutput reward(double r) {
-  WorkflowOutput out;
-  out.reward = r;
-  return out;
-}
-
-Task task(const std::string& id) {
-  Task t;
-  t.task_id = id;
-  return t;
 }
 
 std::unique_ptr<Backend> torch_backend() { return make_torch_backend(); }
