@@ -249,7 +249,9 @@ TEST_F(HttpTransportTest, KeepAliveReusesOneConnection) {
   for (int i = 0; i < 100; ++i) ASSERT_EQ(client.request("GET", "/x").status, 200);
   EXPECT_EQ(served.load(), 100);
   // One connection = its two ends; a reconnect per request would leave ~100 TIME_WAITs.
-  EXPECT_LE(tcp_sockets_on_port(port()) - before, 2);
+  // /proc/net/tcp is machine-wide, and tests running in parallel can hold sockets whose
+  // ephemeral port number equals ours (seen once in CI: 4 instead of 2), so allow a few.
+  EXPECT_LE(tcp_sockets_on_port(port()) - before, 10);
 }
 
 TEST_F(HttpTransportTest, Http10WithoutKeepAliveCloses) {
