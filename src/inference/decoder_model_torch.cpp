@@ -194,6 +194,32 @@ const torch::Tensor& DecoderModel::parameter(const std::string& name) const {
   throw SwarmError(ErrorKind::NOT_FOUND, "model has no parameter '" + name + "'");
 }
 
+std::shared_ptr<DecoderModel> DecoderModel::with_parameters(std::vector<torch::Tensor> tensors) const {
+  SWARM_REQUIRE(tensors.size() == params_.size(), ErrorKind::INVALID_ARGUMENT,
+                "with_parameters: " + std::to_string(tensors.size()) + " tensors for " +
+                    std::to_string(params_.size()) + " parameters");
+  auto model = std::make_shared<DecoderModel>(Private{}, config_, compute_, device_);
+  model->params_.reserve(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto& [name, mine] = params_[i];
+    const torch::Tensor& t = tensors[i];
+    SWARM_REQUIRE(t.defined() && t.sizes() == mine.sizes() && t.scalar_type() == mine.scalar_type() &&
+                      t.device() == mine.device(),
+                  ErrorKind::INVALID_ARGUMENT,
+                  "with_parameters: tensor for '" + name + "' does not match the parameter's shape, dtype or device");
+    model->params_.emplace_back(name, t);
+  }
+  model->layers_ = layers_;
+  model->embed_ = embed_;
+  model->final_norm_ = final_norm_;
+  model->head_ = head_;
+  model->cos_f32_ = cos_f32_;
+  model->sin_f32_ = sin_f32_;
+  model->cos_ = cos_;
+  model->sin_ = sin_;
+  return model;
+}
+
 void DecoderModel::build_rope_tables() {
   // In double, as Hugging Face (and our reference) compute inv_freq and the angles, then fp32.
   const int64_t hd = config_.head_dim;
@@ -281,6 +307,12 @@ torch::Tensor DecoderModel::logits(const torch::Tensor& x, bool serving) const {
 // ---------------------------------------------------------------- full forward (training)
 
 torch::Tensor DecoderModel::forward_full(const torch::Tensor& input_ids, const torch::Tensor& lengths) const {
+  return logits(final_hidden(input_ids, lengths));
+}
+
+torch::Tensor DecoderModel::head_logits(const torch::Tensor& hidden) const { return logits(hidden); }
+
+torch::Tensor DecoderModel::final_hidden(const torch::Tensor& input_ids, const torch::Tensor& lengths) const {
   SWARM_REQUIRE(input_ids.dim() == 2, ErrorKind::INVALID_ARGUMENT,
                 "forward_full: input_ids must be [B, T], got " + shape_str(input_ids.sizes()));
   const int64_t B = input_ids.size(0), T = input_ids.size(1);
@@ -322,7 +354,7 @@ torch::Tensor DecoderModel::forward_full(const torch::Tensor& input_ids, const t
     x = x + at::linear(o, p(layer.o_w), bias(layer.o_b));
     x = x + mlp(layer, rms_norm(x, p(layer.post_norm)));
   }
-  return logits(x);
+  return x;
 }
 
 // ---------------------------------------------------------------- packed step (serving)

@@ -95,12 +95,26 @@ class DecoderModel {
   /// The parameter called `name`; throws SwarmError(NOT_FOUND) when there is none.
   const torch::Tensor& parameter(const std::string& name) const;
 
+  /// A model with the same config and layout whose weights are `tensors` (one per entry of
+  /// parameters(), same order, shapes and device; any floating dtype equal to this model's).
+  /// The tensors are used as given, not copied: the trainer passes views of its flat weight
+  /// buffer with requires_grad set, so autograd sees them as leaves. Throws INVALID_ARGUMENT on
+  /// a count, shape, dtype or device mismatch.
+  std::shared_ptr<DecoderModel> with_parameters(std::vector<torch::Tensor> tensors) const;
+
   /// Logits [B, T, vocab] (fp32) of a right-padded batch `input_ids` [B, T] (int64) whose rows
   /// hold lengths[b] real tokens (`lengths` [B], int64, each in [0, T]). Attention is causal and
   /// ignores padding; the logits at padded positions are finite but meaningless. No cache; runs
   /// under whatever grad mode the caller has (the trainer calls it with grad enabled), and never
   /// modifies the weights in place.
   torch::Tensor forward_full(const torch::Tensor& input_ids, const torch::Tensor& lengths) const;
+  /// forward_full in two halves, so a caller can apply the LM head to selected positions only
+  /// (the trainer needs logits at response tokens, not at the prompt): final_hidden returns the
+  /// residual stream after the last layer [B, T, hidden] (compute dtype), head_logits applies the
+  /// final norm and the LM head to any [..., hidden] tensor and returns fp32 logits.
+  /// forward_full(ids, lengths) == head_logits(final_hidden(ids, lengths)).
+  torch::Tensor final_hidden(const torch::Tensor& input_ids, const torch::Tensor& lengths) const;
+  torch::Tensor head_logits(const torch::Tensor& hidden) const;
 
   /// One serving step over several sequences, packed: every sequence's new tokens go through the
   /// projections and MLP together as one [N, hidden] activation; attention runs per sequence over

@@ -285,6 +285,8 @@ void Job::validate() const {
   require_one_of("dtype", dtype, {"fp32", "bf16"});
   if (total_training_steps < 0) bad("total_training_steps", "must be >= 0");
   if (save_freq < 0) bad("save_freq", "must be >= 0");
+  if (lr_schedule == "cosine" && total_training_steps <= lr_warmup_steps)
+    bad("lr_schedule", "cosine needs total_training_steps > lr_warmup_steps (the decay ends at the last step)");
   if (engine_threads < 0) bad("engine_threads", "must be >= 0");
   if (kv_cache_tokens < 0) bad("kv_cache_tokens", "must be >= 0");
   if (kv_block_size < 1 || kv_block_size > 1024) bad("kv_block_size", "must be in [1, 1024]");

@@ -1,0 +1,81 @@
+// From a TrainBatch to what the GRPO update iterates over: task groups, advantages,
+// mini-batches and token-budgeted micro-batches, the learning-rate schedule. No torch.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "rollout_pool/types.hpp"
+
+namespace swarm {
+
+struct Job;
+
+enum class AdvantageEstimator {
+  GRPO,                // (r - mean) / (std + eps) within the task group
+  GRPO_NO_STD,         // r - mean within the task group (Dr.GRPO)
+  REINFORCE_BASELINE,  // r - mean of the whole batch (one global baseline)
+};
+enum class LossAggregation { TOKEN_MEAN, SEQ_MEAN_TOKEN_MEAN };
+enum class KlEstimator { K1, K3 };
+
+/// Job names → enums; INVALID_ARGUMENT naming the value for anything else.
+AdvantageEstimator parse_advantage_estimator(const std::string& name);
+LossAggregation parse_loss_aggregation(const std::string& name);
+KlEstimator parse_kl_estimator(const std::string& name);
+
+/// One training sequence (a Sample of the batch) with its advantage. Points into the batch,
+/// which must outlive it.
+struct TrainSequence {
+  const Sample* sample = nullptr;
+  int64_t group = 0;           // index into PreparedBatch::groups
+  double advantage = 0.0;
+  int64_t length = 0;          // tokens
+  int64_t trained_tokens = 0;  // loss-mask-1 tokens at positions >= 1 (position 0 has no prediction)
+};
+
+struct AdvantageStats {
+  int64_t groups = 0;
+  int64_t zero_variance_groups = 0;  // every sample got the same reward: no signal, left out
+  int64_t skipped_samples = 0;       // samples of those groups
+  double mean = 0.0, std = 0.0, min = 0.0, max = 0.0;  // over the kept sequences
+};
+
+/// The batch, grouped by task_id in arrival order, with advantages.
+struct PreparedBatch {
+  std::vector<TrainSequence> sequences;      // kept sequences, grouped, in batch order
+  std::vector<std::vector<size_t>> groups;   // per kept group: indices into `sequences`
+  AdvantageStats stats;
+  int64_t trained_tokens() const;
+};
+
+/// Groups the samples by task (all samples of all episodes of a task form one group, as
+/// DESIGN §6), computes every sample's advantage from its reward, and leaves out the groups
+/// whose rewards are all equal (they would only add zero-advantage tokens to the loss's
+/// denominator; counted in stats). Group std is the unbiased sample std (as torch.std); a group
+/// of one sample has zero variance. Samples without trained tokens are dropped too.
+PreparedBatch prepare_batch(const TrainBatch& batch, AdvantageEstimator estimator, double eps = 1e-6);
+
+/// Mini-batches (one optimizer step each): consecutive groups, `tasks_per_mini_batch` groups
+/// each (0 = all groups in one). Returns indices into `batch.sequences`.
+std::vector<std::vector<size_t>> split_mini_batches(const PreparedBatch& batch, int64_t tasks_per_mini_batch);
+
+/// The share of a mini-batch one rank computes: sequences dealt longest-first to the rank with
+/// the fewest tokens so far, so ranks get about the same work. Every rank computes the same plan.
+std::vector<size_t> shard_for_rank(const PreparedBatch& batch, const std::vector<size_t>& mini_batch, int rank,
+                                   int world_size);
+
+/// Micro-batches of `seqs` for padded forward passes: sorted longest first, each micro-batch's
+/// padded size (rows × longest row) stays within `max_tokens`; a sequence longer than the budget
+/// gets a micro-batch of its own. Deterministic.
+std::vector<std::vector<size_t>> plan_micro_batches(const PreparedBatch& batch, const std::vector<size_t>& seqs,
+                                                    int64_t max_tokens);
+
+/// Learning rate of policy step `step` (0-based): linear warm-up over `warmup_steps`
+/// (lr × (step+1)/warmup), then constant or cosine decay to 0 at `total_steps`.
+/// Cosine needs total_steps > warmup_steps (INVALID_ARGUMENT otherwise).
+double learning_rate_at(double base_lr, const std::string& schedule, int64_t warmup_steps, int64_t total_steps,
+                        int64_t step);
+
+}  // namespace swarm

@@ -1,0 +1,486 @@
+#include "trainer/grpo_trainer_torch.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include "common/error.hpp"
+#include "inference/decoder_model_torch.hpp"
+#include "swarm/job.hpp"
+
+namespace swarm {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+TrainerOptions TrainerOptions::from_job(const Job& job) {
+  TrainerOptions o;
+  o.learning_rate = job.learning_rate;
+  o.lr_schedule = job.lr_schedule;
+  o.lr_warmup_steps = job.lr_warmup_steps;
+  o.total_training_steps = job.total_training_steps;
+  o.weight_decay = job.weight_decay;
+  o.grad_clip = job.grad_clip;
+  o.advantage_estimator = parse_advantage_estimator(job.advantage_estimator);
+  o.clip_ratio_low = job.clip_ratio_low;
+  o.clip_ratio_high = job.clip_ratio_high;
+  o.loss_aggregation = parse_loss_aggregation(job.loss_agg_mode);
+  o.use_kl_loss = job.use_kl_loss;
+  o.kl_coef = job.kl_coef;
+  o.kl_estimator = parse_kl_estimator(job.kl_estimator);
+  o.ppo_epochs = job.ppo_epochs;
+  o.ppo_mini_batch_size = job.ppo_mini_batch_size;
+  o.micro_batch_max_tokens = job.micro_batch_max_tokens;
+  return o;
+}
+
+void LossSums::add(const LossSums& o) {
+  loss += o.loss;
+  pg_loss += o.pg_loss;
+  kl += o.kl;
+  entropy += o.entropy;
+  clipped_low += o.clipped_low;
+  clipped_high += o.clipped_high;
+  mismatch_sum += o.mismatch_sum;
+  mismatch_max = std::max(mismatch_max, o.mismatch_max);
+  tokens += o.tokens;
+}
+
+// The tensors of one padded micro-batch, and where its trained tokens are.
+struct GrpoTrainer::MicroBatchInputs {
+  torch::Tensor ids;        // [B, T] int64, right-padded with 0
+  torch::Tensor lengths;    // [B] int64
+  torch::Tensor positions;  // [N] int64: b*T + t-1, the position whose logits predict trained token t of row b
+  torch::Tensor targets;    // [N] int64: the trained tokens
+  torch::Tensor advantage;  // [N] fp32
+  torch::Tensor rollout;    // [N] fp32: log-probs at sampling time
+  torch::Tensor weight;     // [N] fp32: 1 (token-mean) or 1/tokens of its sequence (seq-mean-token-mean)
+  std::vector<int64_t> counts;  // trained tokens per row
+  int64_t tokens = 0;           // real (unpadded) tokens
+};
+
+GrpoTrainer::GrpoTrainer(std::shared_ptr<DecoderModel> serving_model, TrainerOptions options,
+                         std::shared_ptr<Collectives> comm, const DecoderModel* master_source)
+    : serving_(std::move(serving_model)), options_(std::move(options)), comm_(std::move(comm)) {
+  SWARM_CHECK(serving_ != nullptr, "GrpoTrainer needs a model");
+  if (!comm_) comm_ = make_single_process_collectives();
+  SWARM_REQUIRE(options_.micro_batch_max_tokens >= 1 && options_.ppo_epochs >= 1, ErrorKind::INVALID_ARGUMENT,
+                "micro_batch_max_tokens and ppo_epochs must be >= 1");
+  torch::NoGradGuard no_grad;
+  const auto& params = serving_->parameters();
+  for (const auto& [name, t] : params) {
+    offsets_.push_back(numel_);
+    numel_ += t.numel();
+  }
+  const int64_t world = comm_->world_size();
+  shard_ = (numel_ + world - 1) / world;
+  const auto dev = serving_->device();
+  const auto compute = torch::TensorOptions().dtype(serving_->scalar_type()).device(dev);
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat).device(dev);
+
+  weights_ = torch::zeros({shard_ * world}, compute);
+  std::vector<torch::Tensor> views;
+  views.reserve(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const torch::Tensor& t = params[i].second;
+    torch::Tensor flat = weights_.narrow(0, offsets_[i], t.numel());
+    flat.copy_(t.reshape(-1));
+    views.push_back(flat.view(t.sizes()).detach().requires_grad_(true));
+  }
+  train_model_ = serving_->with_parameters(std::move(views));
+  grad_ = torch::zeros({shard_ * world}, f32);
+
+  const int64_t begin = comm_->rank() * shard_;
+  if (world == 1 && serving_->scalar_type() == torch::kFloat) {
+    master_ = weights_;  // the fp32 weights are their own master copy
+  } else if (master_source != nullptr) {
+    torch::Tensor full = torch::zeros({shard_ * world}, f32);
+    const auto& src = master_source->parameters();
+    SWARM_REQUIRE(src.size() == params.size(), ErrorKind::INVALID_ARGUMENT,
+                  "master_source has a different parameter list");
+    for (size_t i = 0; i < src.size(); ++i) {
+      SWARM_REQUIRE(src[i].first == params[i].first && src[i].second.numel() == params[i].second.numel(),
+                    ErrorKind::INVALID_ARGUMENT, "master_source parameter '" + src[i].first + "' does not match");
+      full.narrow(0, offsets_[i], src[i].second.numel()).copy_(src[i].second.reshape(-1));
+    }
+    master_ = full.narrow(0, begin, shard_).clone();
+  } else {
+    master_ = weights_.narrow(0, begin, shard_).to(torch::kFloat).clone();
+  }
+  exp_avg_ = torch::zeros({shard_}, f32);
+  exp_avg_sq_ = torch::zeros({shard_}, f32);
+
+  if (options_.use_kl_loss) {
+    ref_weights_ = weights_.clone();
+    std::vector<torch::Tensor> ref_views;
+    for (size_t i = 0; i < params.size(); ++i)
+      ref_views.push_back(ref_weights_.narrow(0, offsets_[i], params[i].second.numel()).view(params[i].second.sizes()));
+    ref_model_ = serving_->with_parameters(std::move(ref_views));
+  }
+}
+
+GrpoTrainer::~GrpoTrainer() = default;
+
+GrpoTrainer::MicroBatchInputs GrpoTrainer::build_inputs(const PreparedBatch& batch,
+                                                        const std::vector<size_t>& micro) const {
+  MicroBatchInputs in;
+  const auto B = static_cast<int64_t>(micro.size());
+  int64_t T = 0;
+  for (size_t idx : micro) T = std::max(T, batch.sequences[idx].length);
+  std::vector<int64_t> ids(static_cast<size_t>(B * T), 0), lengths, positions, targets;
+  std::vector<float> adv, rollout, weight;
+  for (int64_t b = 0; b < B; ++b) {
+    const TrainSequence& seq = batch.sequences[micro[static_cast<size_t>(b)]];
+    const Sample& s = *seq.sample;
+    lengths.push_back(seq.length);
+    in.tokens += seq.length;
+    for (int64_t t = 0; t < seq.length; ++t) ids[static_cast<size_t>(b * T + t)] = s.token_ids[static_cast<size_t>(t)];
+    const float w = options_.loss_aggregation == LossAggregation::TOKEN_MEAN
+                        ? 1.0f
+                        : static_cast<float>(1.0 / static_cast<double>(seq.trained_tokens));
+    int64_t count = 0;
+    for (int64_t t = 1; t < seq.length; ++t) {
+      if (!s.loss_mask[static_cast<size_t>(t)]) continue;
+      positions.push_back(b * T + t - 1);
+      targets.push_back(s.token_ids[static_cast<size_t>(t)]);
+      adv.push_back(static_cast<float>(seq.advantage));
+      rollout.push_back(t < static_cast<int64_t>(s.rollout_logprobs.size()) ? s.rollout_logprobs[static_cast<size_t>(t)]
+                                                                             : 0.0f);
+      weight.push_back(w);
+      ++count;
+    }
+    in.counts.push_back(count);
+  }
+  const auto dev = serving_->device();
+  const auto i64 = torch::TensorOptions().dtype(torch::kLong);
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat);
+  const auto N = static_cast<int64_t>(positions.size());
+  in.ids = torch::from_blob(ids.data(), {B, T}, i64).to(dev, /*non_blocking=*/false, /*copy=*/true);
+  in.lengths = torch::from_blob(lengths.data(), {B}, i64).to(dev, false, true);
+  in.positions = torch::from_blob(positions.data(), {N}, i64).to(dev, false, true);
+  in.targets = torch::from_blob(targets.data(), {N}, i64).to(dev, false, true);
+  in.advantage = torch::from_blob(adv.data(), {N}, f32).to(dev, false, true);
+  in.rollout = torch::from_blob(rollout.data(), {N}, f32).to(dev, false, true);
+  in.weight = torch::from_blob(weight.data(), {N}, f32).to(dev, false, true);
+  return in;
+}
+
+torch::Tensor GrpoTrainer::selected_logprobs(const DecoderModel& model, const MicroBatchInputs& in,
+                                             torch::Tensor* entropy) {
+  const torch::Tensor hidden = model.final_hidden(in.ids, in.lengths);  // [B, T, H]
+  // The LM head only where a trained token is predicted: prompts can be most of the tokens.
+  const torch::Tensor h = hidden.reshape({-1, hidden.size(-1)}).index_select(0, in.positions);
+  const torch::Tensor logp_all = torch::log_softmax(model.head_logits(h), -1);  // [N, V] fp32
+  if (entropy != nullptr) {
+    torch::NoGradGuard no_grad;
+    const torch::Tensor lp = logp_all.detach();
+    *entropy = -(lp.exp() * lp).sum(-1);
+  }
+  return logp_all.gather(1, in.targets.unsqueeze(1)).squeeze(1);
+}
+
+std::vector<torch::Tensor> GrpoTrainer::token_logprobs(const PreparedBatch& batch,
+                                                       const std::vector<size_t>& seq_indices) {
+  torch::NoGradGuard no_grad;
+  const MicroBatchInputs in = build_inputs(batch, seq_indices);
+  const torch::Tensor lp = selected_logprobs(*train_model_, in, nullptr);
+  std::vector<torch::Tensor> out;
+  int64_t at = 0;
+  for (int64_t c : in.counts) {
+    out.push_back(lp.narrow(0, at, c).clone());
+    at += c;
+  }
+  return out;
+}
+
+LossSums GrpoTrainer::accumulate_gradients(const PreparedBatch& batch, const std::vector<size_t>& micro,
+                                           const std::vector<torch::Tensor>& old_logprobs, double norm) {
+  SWARM_REQUIRE(norm > 0, ErrorKind::INVALID_ARGUMENT, "loss normaliser must be > 0");
+  const MicroBatchInputs in = build_inputs(batch, micro);
+  torch::Tensor entropy;
+  const torch::Tensor lp = selected_logprobs(*train_model_, in, &entropy);
+  const torch::Tensor old = old_logprobs.empty() ? lp.detach() : torch::cat(old_logprobs).to(lp.device());
+  SWARM_CHECK(old.numel() == lp.numel(), "old log-probs do not match the micro-batch's trained tokens");
+
+  const torch::Tensor ratio = torch::exp(lp - old);
+  const torch::Tensor pg_unclipped = -in.advantage * ratio;
+  const torch::Tensor pg_clipped =
+      -in.advantage * torch::clamp(ratio, 1.0 - options_.clip_ratio_low, 1.0 + options_.clip_ratio_high);
+  const torch::Tensor pg = torch::maximum(pg_unclipped, pg_clipped);
+  const torch::Tensor w = in.weight / norm;
+  const torch::Tensor pg_loss = (pg * w).sum();
+  torch::Tensor loss = pg_loss;
+  torch::Tensor kl;
+  if (options_.use_kl_loss) {
+    torch::Tensor ref;
+    {
+      torch::NoGradGuard no_grad;
+      ref = selected_logprobs(*ref_model_, in, nullptr);
+    }
+    if (options_.kl_estimator == KlEstimator::K1) {
+      kl = lp - ref;
+    } else {
+      const torch::Tensor d = ref - lp;
+      kl = torch::exp(d) - d - 1.0;
+    }
+    loss = loss + options_.kl_coef * (kl * w).sum();
+  }
+  loss.backward();
+
+  {
+    torch::NoGradGuard no_grad;
+    auto& params = train_model_->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      torch::Tensor& leaf = params[i].second;
+      if (!leaf.grad().defined()) continue;
+      grad_.narrow(0, offsets_[i], leaf.numel()).add_(leaf.grad().reshape(-1).to(torch::kFloat));
+      leaf.mutable_grad().reset();
+    }
+  }
+
+  torch::NoGradGuard no_grad;
+  LossSums s;
+  s.loss = loss.item<double>();
+  s.pg_loss = pg_loss.item<double>();
+  if (kl.defined()) s.kl = kl.detach().sum().item<double>();
+  s.entropy = entropy.sum().item<double>();
+  const torch::Tensor clipped = pg_clipped.detach() > pg_unclipped.detach();
+  s.clipped_low = (clipped & (ratio.detach() < 1.0)).sum().item<double>();
+  s.clipped_high = (clipped & (ratio.detach() > 1.0)).sum().item<double>();
+  const torch::Tensor mismatch = (old - in.rollout).abs();
+  if (mismatch.numel() > 0) {
+    s.mismatch_sum = mismatch.sum().item<double>();
+    s.mismatch_max = mismatch.max().item<double>();
+  }
+  s.tokens = static_cast<double>(lp.numel());
+  return s;
+}
+
+void GrpoTrainer::zero_gradients() { grad_.zero_(); }
+
+std::map<std::string, torch::Tensor> GrpoTrainer::gradients() const {
+  std::map<std::string, torch::Tensor> out;
+  const auto& params = serving_->parameters();
+  for (size_t i = 0; i < params.size(); ++i)
+    out[params[i].first] = grad_.narrow(0, offsets_[i], params[i].second.numel()).view(params[i].second.sizes()).clone();
+  return out;
+}
+
+std::map<std::string, torch::Tensor> GrpoTrainer::weights() const {
+  std::map<std::string, torch::Tensor> out;
+  const auto& params = serving_->parameters();
+  for (size_t i = 0; i < params.size(); ++i)
+    out[params[i].first] = weights_.narrow(0, offsets_[i], params[i].second.numel()).view(params[i].second.sizes());
+  return out;
+}
+
+double GrpoTrainer::optimizer_step(double lr) {
+  torch::NoGradGuard no_grad;
+  const int world = comm_->world_size();
+  torch::Tensor g = grad_;
+  if (world > 1) {
+    g = torch::empty({shard_}, grad_.options());
+    comm_->reduce_scatter_sum(grad_, g);
+  }
+  torch::Tensor sq = g.square().sum().to(torch::kDouble).reshape({1});
+  if (world > 1) comm_->all_reduce_sum(sq);
+  const double norm = std::sqrt(sq.item<double>());
+  if (!std::isfinite(norm)) {
+    // A non-finite gradient would poison the weights and both moments: skip this update.
+    spdlog::warn("trainer: gradient norm is {}; optimizer step skipped (weights unchanged)", norm);
+    return norm;
+  }
+  if (options_.grad_clip > 0) {
+    const double coef = options_.grad_clip / (norm + 1e-6);  // as torch.nn.utils.clip_grad_norm_
+    if (coef < 1.0) g.mul_(coef);
+  }
+  ++adam_steps_;
+  const double b1 = options_.adam_beta1, b2 = options_.adam_beta2;
+  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(adam_steps_));
+  const double bc2 = 1.0 - std::pow(b2, static_cast<double>(adam_steps_));
+  // AdamW with decoupled weight decay, the same arithmetic as torch.optim.AdamW (single-tensor).
+  master_.mul_(1.0 - lr * options_.weight_decay);
+  exp_avg_.lerp_(g, 1.0 - b1);
+  exp_avg_sq_.mul_(b2).addcmul_(g, g, 1.0 - b2);
+  const torch::Tensor denom = (exp_avg_sq_.sqrt() / std::sqrt(bc2)).add_(options_.adam_eps);
+  master_.addcdiv_(exp_avg_, denom, -lr / bc1);
+  refresh_weights_from_master();
+  return norm;
+}
+
+void GrpoTrainer::refresh_weights_from_master() {
+  torch::NoGradGuard no_grad;
+  if (comm_->world_size() == 1) {
+    if (!master_.is_same(weights_)) weights_.copy_(master_);
+    return;
+  }
+  const torch::Tensor mine = master_.to(weights_.scalar_type());
+  comm_->all_gather(mine, weights_);
+}
+
+double GrpoTrainer::sync_to_serving(const ExclusiveRunner& exclusive) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto copy = [&] {
+    torch::NoGradGuard no_grad;
+    auto& params = serving_->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      torch::Tensor& dst = params[i].second;
+      dst.copy_(weights_.narrow(0, offsets_[i], dst.numel()).view(dst.sizes()));
+    }
+  };
+  if (exclusive) {
+    exclusive(copy);
+  } else {
+    copy();
+  }
+  return seconds_since(t0);
+}
+
+std::map<std::string, torch::Tensor> GrpoTrainer::optimizer_state() const {
+  const auto f64 = torch::TensorOptions().dtype(torch::kDouble);
+  return {{"master", master_.detach().to(torch::kCPU, torch::kFloat, false, true)},
+          {"exp_avg", exp_avg_.to(torch::kCPU, false, true)},
+          {"exp_avg_sq", exp_avg_sq_.to(torch::kCPU, false, true)},
+          {"step", torch::tensor({static_cast<double>(adam_steps_)}, f64)},
+          {"layout", torch::tensor({static_cast<double>(numel_), static_cast<double>(comm_->world_size()),
+                                    static_cast<double>(comm_->rank())},
+                                   f64)}};
+}
+
+void GrpoTrainer::load_optimizer_state(const std::map<std::string, torch::Tensor>& state) {
+  torch::NoGradGuard no_grad;
+  for (const char* key : {"master", "exp_avg", "exp_avg_sq", "step", "layout"})
+    SWARM_REQUIRE(state.count(key) != 0, ErrorKind::INVALID_ARGUMENT,
+                  std::string("optimizer state has no '") + key + "'");
+  const torch::Tensor layout = state.at("layout").to(torch::kDouble);
+  SWARM_REQUIRE(layout.numel() == 3 && static_cast<int64_t>(layout[0].item<double>()) == numel_ &&
+                    static_cast<int>(layout[1].item<double>()) == comm_->world_size() &&
+                    static_cast<int>(layout[2].item<double>()) == comm_->rank(),
+                ErrorKind::INVALID_ARGUMENT,
+                "optimizer state was saved for another model or rank layout (parameters, world size, rank)");
+  for (const char* key : {"master", "exp_avg", "exp_avg_sq"})
+    SWARM_REQUIRE(state.at(key).numel() == shard_, ErrorKind::INVALID_ARGUMENT,
+                  std::string("optimizer state '") + key + "' has the wrong size");
+  master_.copy_(state.at("master").reshape(-1));
+  exp_avg_.copy_(state.at("exp_avg").reshape(-1));
+  exp_avg_sq_.copy_(state.at("exp_avg_sq").reshape(-1));
+  adam_steps_ = static_cast<int64_t>(state.at("step").to(torch::kDouble).item<double>());
+  refresh_weights_from_master();
+}
+
+std::map<std::string, double> GrpoTrainer::train(const TrainBatch& batch, int64_t step,
+                                                 const ExclusiveRunner& exclusive, std::stop_token stop) {
+  const auto t_start = std::chrono::steady_clock::now();
+  std::map<std::string, double> m;
+  const PreparedBatch prepared = prepare_batch(batch, options_.advantage_estimator);
+  const double lr = learning_rate_at(options_.learning_rate, options_.lr_schedule, options_.lr_warmup_steps,
+                                     options_.total_training_steps, step - 1);
+  m["lr"] = lr;
+  m["groups"] = static_cast<double>(prepared.stats.groups);
+  m["groups_zero_variance"] = static_cast<double>(prepared.stats.zero_variance_groups);
+  m["samples_skipped"] = static_cast<double>(prepared.stats.skipped_samples);
+  m["sequences_trained"] = static_cast<double>(prepared.sequences.size());
+  m["advantage_mean"] = prepared.stats.mean;
+  m["advantage_std"] = prepared.stats.std;
+  m["advantage_min"] = prepared.stats.min;
+  m["advantage_max"] = prepared.stats.max;
+  if (prepared.sequences.empty()) {
+    m["optimizer_steps"] = 0;
+    m["weights_updated"] = 0;
+    m["weight_sync_seconds"] = 0;
+    return m;
+  }
+
+  const auto minis = split_mini_batches(prepared, options_.ppo_mini_batch_size);
+  const int rank = comm_->rank(), world = comm_->world_size();
+  // With one epoch over one mini-batch the weights cannot change before a token's loss is
+  // computed, so the old log-probs are the current ones: take them (detached) from the update's
+  // own forward pass instead of a second pass.
+  const bool on_policy = options_.ppo_epochs == 1 && minis.size() == 1;
+  std::vector<torch::Tensor> old(prepared.sequences.size());
+  double old_seconds = 0.0;
+  if (!on_policy) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (const auto& mb : minis)
+      for (const auto& micro : plan_micro_batches(prepared, shard_for_rank(prepared, mb, rank, world),
+                                                  options_.micro_batch_max_tokens)) {
+        auto lps = token_logprobs(prepared, micro);
+        for (size_t k = 0; k < micro.size(); ++k) old[micro[k]] = std::move(lps[k]);
+      }
+    old_seconds = seconds_since(t0);
+  }
+
+  const auto t_update = std::chrono::steady_clock::now();
+  LossSums sums;
+  double grad_norm_sum = 0.0, grad_norm_max = 0.0, tokens_processed = 0.0;
+  int64_t opt_steps = 0;
+  for (int64_t epoch = 0; epoch < options_.ppo_epochs; ++epoch) {
+    for (const auto& mb : minis) {
+      if (stop.stop_requested()) throw SwarmError(ErrorKind::CONFLICT, "training step cancelled");
+      double norm = 0.0;
+      for (size_t idx : mb)
+        norm += options_.loss_aggregation == LossAggregation::TOKEN_MEAN
+                    ? static_cast<double>(prepared.sequences[idx].trained_tokens)
+                    : 1.0;
+      zero_gradients();
+      for (const auto& micro :
+           plan_micro_batches(prepared, shard_for_rank(prepared, mb, rank, world), options_.micro_batch_max_tokens)) {
+        std::vector<torch::Tensor> olds;
+        if (!on_policy)
+          for (size_t idx : micro) olds.push_back(old[idx]);
+        sums.add(accumulate_gradients(prepared, micro, olds, norm));
+        for (size_t idx : micro) tokens_processed += static_cast<double>(prepared.sequences[idx].length);
+      }
+      const double gn = optimizer_step(lr);
+      grad_norm_sum += gn;
+      grad_norm_max = std::max(grad_norm_max, gn);
+      ++opt_steps;
+    }
+  }
+  const double update_seconds = seconds_since(t_update);
+
+  if (world > 1) {  // every rank computed a share: sum the sums, max the maxima
+    torch::Tensor v = torch::tensor({sums.loss, sums.pg_loss, sums.kl, sums.entropy, sums.clipped_low,
+                                     sums.clipped_high, sums.mismatch_sum, sums.tokens, tokens_processed},
+                                    torch::TensorOptions().dtype(torch::kDouble));
+    comm_->all_reduce_sum(v);
+    sums.loss = v[0].item<double>(), sums.pg_loss = v[1].item<double>(), sums.kl = v[2].item<double>();
+    sums.entropy = v[3].item<double>(), sums.clipped_low = v[4].item<double>(), sums.clipped_high = v[5].item<double>();
+    sums.mismatch_sum = v[6].item<double>(), sums.tokens = v[7].item<double>(), tokens_processed = v[8].item<double>();
+    torch::Tensor mx = torch::tensor({sums.mismatch_max}, torch::TensorOptions().dtype(torch::kDouble));
+    torch::Tensor all = torch::empty({world}, mx.options());
+    comm_->all_gather(mx, all);
+    sums.mismatch_max = all.max().item<double>();
+  }
+
+  const double sync_seconds = sync_to_serving(exclusive);
+  const double tokens = std::max(1.0, sums.tokens);
+  m["loss"] = sums.loss / static_cast<double>(opt_steps);
+  m["pg_loss"] = sums.pg_loss / static_cast<double>(opt_steps);
+  m["kl"] = sums.kl / tokens;
+  m["entropy"] = sums.entropy / tokens;
+  m["clip_frac_low"] = sums.clipped_low / tokens;
+  m["clip_frac_high"] = sums.clipped_high / tokens;
+  m["logprob_mismatch_mean"] = sums.mismatch_sum / tokens;
+  m["logprob_mismatch_max"] = sums.mismatch_max;
+  m["grad_norm"] = grad_norm_sum / static_cast<double>(opt_steps);
+  m["grad_norm_max"] = grad_norm_max;
+  m["optimizer_steps"] = static_cast<double>(opt_steps);
+  m["weights_updated"] = 1;
+  m["trained_tokens"] = static_cast<double>(prepared.trained_tokens());
+  m["old_logprob_seconds"] = old_seconds;
+  m["update_seconds"] = update_seconds;
+  m["weight_sync_seconds"] = sync_seconds;
+  m["trainer_tokens_per_second"] = update_seconds > 0 ? tokens_processed / update_seconds : 0.0;
+  m["trainer_seconds"] = seconds_since(t_start);
+  return m;
+}
+
+}  // namespace swarm

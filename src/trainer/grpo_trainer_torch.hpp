@@ -1,0 +1,156 @@
+// The GRPO trainer: policy updates of a DecoderModel from collected episodes (DESIGN §6).
+//
+// Memory layout. Every parameter lives in one flat buffer in the compute dtype (`weights`);
+// the training model's parameters are views into it, so autograd sees them as leaves and the
+// optimizer updates them with one pass over a flat vector. fp32 master weights and the AdamW
+// moments are kept for this rank's shard of that vector only (the whole vector on one rank);
+// gradients are accumulated into a flat fp32 buffer over micro-batches, reduce-scattered to the
+// shards, clipped by the global norm, applied, and the updated shards all-gathered back into
+// `weights` (in fp32 on one rank the master weights *are* `weights`).
+//
+// The serving model keeps its own parameter tensors: weight sync copies `weights` into them
+// while the serving engine is paused between steps (the caller's `exclusive` runner), so the
+// engine never samples from half-updated weights and no file is written.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <stop_token>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "trainer/collectives_torch.hpp"
+#include "trainer/grpo_batch.hpp"
+
+namespace swarm {
+
+class DecoderModel;
+struct Job;
+
+struct TrainerOptions {
+  double learning_rate = 1e-6;
+  std::string lr_schedule = "constant";
+  int64_t lr_warmup_steps = 0;
+  int64_t total_training_steps = 0;
+  double weight_decay = 0.01;
+  double grad_clip = 1.0;  // max global gradient norm; 0 = no clipping
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_eps = 1e-8;
+  AdvantageEstimator advantage_estimator = AdvantageEstimator::GRPO;
+  double clip_ratio_low = 0.2;
+  double clip_ratio_high = 0.28;
+  LossAggregation loss_aggregation = LossAggregation::TOKEN_MEAN;
+  bool use_kl_loss = false;
+  double kl_coef = 0.001;
+  KlEstimator kl_estimator = KlEstimator::K3;
+  int64_t ppo_epochs = 1;
+  int64_t ppo_mini_batch_size = 0;  // task groups per optimizer step; 0 = all
+  int64_t micro_batch_max_tokens = 8192;
+
+  static TrainerOptions from_job(const Job& job);
+};
+
+/// What one micro-batch's loss pass computed (sums over its tokens, for the step's metrics).
+struct LossSums {
+  double loss = 0.0;          // the micro-batch's share of the aggregated loss (what backward saw)
+  double pg_loss = 0.0;       // same, policy-gradient part only
+  double kl = 0.0;            // sum over tokens of the KL estimate (0 without KL loss)
+  double entropy = 0.0;       // sum over tokens of the policy entropy
+  double clipped_low = 0.0;   // tokens clipped at 1 - clip_ratio_low (negative advantage)
+  double clipped_high = 0.0;  // tokens clipped at 1 + clip_ratio_high (positive advantage)
+  double mismatch_sum = 0.0;  // sum |trainer old log-prob - rollout log-prob|
+  double mismatch_max = 0.0;
+  double tokens = 0.0;
+  void add(const LossSums& o);
+};
+
+/// Thread-compatible: one thread (the engine's control thread) drives it.
+class GrpoTrainer {
+ public:
+  /// Runs `fn` while nothing generates with the serving model's weights (the serving engine's
+  /// run_exclusive), or inline when there is no engine.
+  using ExclusiveRunner = std::function<void(const std::function<void()>&)>;
+
+  /// Trains the weights of `serving_model`, which keeps serving (its parameters are only written
+  /// during sync). `master_source`, when given, supplies the initial fp32 master weights (a copy
+  /// of the checkpoint loaded in fp32, so bf16 training does not start from rounded weights).
+  /// `comm` defaults to a single process.
+  GrpoTrainer(std::shared_ptr<DecoderModel> serving_model, TrainerOptions options,
+              std::shared_ptr<Collectives> comm = nullptr, const DecoderModel* master_source = nullptr);
+  ~GrpoTrainer();
+  GrpoTrainer(const GrpoTrainer&) = delete;
+  GrpoTrainer& operator=(const GrpoTrainer&) = delete;
+
+  /// One policy step on `batch` (policy step `step`, 1-based): advantages, old log-probs,
+  /// `ppo_epochs` × mini-batches of optimizer steps over token-budgeted micro-batches, then
+  /// weight sync into the serving model through `exclusive`. Returns the step's metrics
+  /// (loss, clip fractions, KL, entropy, grad norm, lr, log-prob mismatch, time split, ...).
+  /// A batch without signal (every group zero-variance) skips the optimizer but still counts.
+  std::map<std::string, double> train(const TrainBatch& batch, int64_t step, const ExclusiveRunner& exclusive,
+                                      std::stop_token stop = {});
+
+  // ---- lower-level pieces (parity tests and benchmarks)
+
+  /// The trainer's log-prob of every trained token of `seq_indices` (one 1-D fp32 tensor per
+  /// sequence, positions 1.. with loss mask 1, in order), without gradients.
+  std::vector<torch::Tensor> token_logprobs(const PreparedBatch& batch, const std::vector<size_t>& seq_indices);
+  /// Forward + backward of one micro-batch: adds its gradient into the flat gradient buffer.
+  /// `old_logprobs` (per sequence of `micro`, as token_logprobs returns; empty = use the current
+  /// log-probs, detached: the on-policy case) and `norm` (the mini-batch's token count for
+  /// token-mean, sequence count for seq-mean-token-mean) as the update uses them.
+  LossSums accumulate_gradients(const PreparedBatch& batch, const std::vector<size_t>& micro,
+                                const std::vector<torch::Tensor>& old_logprobs, double norm);
+  /// Zeroes the flat gradient buffer.
+  void zero_gradients();
+  /// The accumulated gradient of every parameter, by Hugging Face name (fp32 copies).
+  std::map<std::string, torch::Tensor> gradients() const;
+  /// Reduce-scatter, clip, AdamW on this rank's shard at learning rate `lr`, all-gather back.
+  /// Returns the global gradient norm before clipping.
+  double optimizer_step(double lr);
+  /// The current trained weights by name (views into the flat buffer, compute dtype).
+  std::map<std::string, torch::Tensor> weights() const;
+  /// Copies the trained weights into the serving model (the weight sync); returns its seconds.
+  double sync_to_serving(const ExclusiveRunner& exclusive);
+
+  // ---- state (checkpoints)
+  int64_t optimizer_steps() const noexcept { return adam_steps_; }
+  int64_t parameter_count() const noexcept { return numel_; }
+  /// This rank's optimizer state (master shard, moments, step counter) as named fp32 tensors.
+  std::map<std::string, torch::Tensor> optimizer_state() const;
+  /// Restores what optimizer_state returned (same world size and model); also refreshes the
+  /// compute-dtype weights from the master shard. INVALID_ARGUMENT on a mismatch.
+  void load_optimizer_state(const std::map<std::string, torch::Tensor>& state);
+
+  const TrainerOptions& options() const noexcept { return options_; }
+  Collectives& collectives() noexcept { return *comm_; }
+
+ private:
+  struct MicroBatchInputs;
+  MicroBatchInputs build_inputs(const PreparedBatch& batch, const std::vector<size_t>& micro) const;
+  torch::Tensor selected_logprobs(const DecoderModel& model, const MicroBatchInputs& in, torch::Tensor* entropy);
+  void refresh_weights_from_master();
+
+  std::shared_ptr<DecoderModel> serving_;
+  std::shared_ptr<DecoderModel> train_model_;  // parameters are views into weights_
+  std::shared_ptr<DecoderModel> ref_model_;    // frozen initial weights (KL loss only)
+  TrainerOptions options_;
+  std::shared_ptr<Collectives> comm_;
+
+  std::vector<int64_t> offsets_;  // per parameter, into the flat buffers
+  int64_t numel_ = 0;             // parameters in all
+  int64_t shard_ = 0;             // elements per rank (flat buffers are padded to shard_ × world)
+  torch::Tensor weights_;         // [shard_ × world] compute dtype
+  torch::Tensor ref_weights_;     // copy of the initial weights_ (KL loss only)
+  torch::Tensor grad_;            // [shard_ × world] fp32
+  torch::Tensor master_;          // [shard_] fp32 (aliases weights_ in fp32 on one rank)
+  torch::Tensor exp_avg_, exp_avg_sq_;  // [shard_] fp32
+  int64_t adam_steps_ = 0;
+};
+
+}  // namespace swarm

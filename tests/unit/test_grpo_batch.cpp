@@ -1,0 +1,185 @@
+// Advantages, grouping, mini/micro-batch planning and the learning-rate schedule (no torch).
+#include "trainer/grpo_batch.hpp"
+
+#include <cmath>
+#include <numeric>
+#include <set>
+
+#include <gtest/gtest.h>
+
+#include "common/error.hpp"
+
+namespace swarm {
+namespace {
+
+Sample make_sample(const std::string& task, double reward, int prompt, int response) {
+  Sample s;
+  s.task_id = task;
+  s.reward = reward;
+  for (int i = 0; i < prompt + response; ++i) {
+    s.token_ids.push_back(i + 1);
+    s.loss_mask.push_back(i >= prompt ? 1 : 0);
+    s.rollout_logprobs.push_back(i >= prompt ? -0.5f : 0.f);
+    s.policy_versions.push_back(i >= prompt ? 0 : -1);
+  }
+  return s;
+}
+
+FinishedEpisode episode(const std::string& task, double reward, int prompt = 3, int response = 2) {
+  FinishedEpisode e;
+  e.task_id = task;
+  e.reward = reward;
+  e.samples.push_back(make_sample(task, reward, prompt, response));
+  return e;
+}
+
+TEST(GrpoBatch, GrpoAdvantageIsGroupZScoreWithUnbiasedStd) {
+  TrainBatch b;
+  for (double r : {1.0, 0.0, 0.0, 1.0}) b.episodes.push_back(episode("a", r));
+  for (double r : {0.5, 0.25}) b.episodes.push_back(episode("b", r));
+  const PreparedBatch p = prepare_batch(b, AdvantageEstimator::GRPO, 0.0);
+  ASSERT_EQ(p.sequences.size(), 6u);
+  ASSERT_EQ(p.groups.size(), 2u);
+  const double std_a = std::sqrt(1.0 / 3.0);  // values 1,0,0,1: mean .5, unbiased var 1/3
+  EXPECT_NEAR(p.sequences[0].advantage, 0.5 / std_a, 1e-12);
+  EXPECT_NEAR(p.sequences[1].advantage, -0.5 / std_a, 1e-12);
+  const double std_b = std::sqrt(2 * 0.125 * 0.125);
+  EXPECT_NEAR(p.sequences[4].advantage, 0.125 / std_b, 1e-12);
+  EXPECT_NEAR(p.sequences[5].advantage, -0.125 / std_b, 1e-12);
+  EXPECT_EQ(p.sequences[4].group, 1);
+  EXPECT_EQ(p.stats.groups, 2);
+  EXPECT_EQ(p.stats.zero_variance_groups, 0);
+}
+
+TEST(GrpoBatch, NoStdAndReinforceBaseline) {
+  TrainBatch b;
+  for (double r : {1.0, 0.0}) b.episodes.push_back(episode("a", r));
+  for (double r : {0.5, 0.0}) b.episodes.push_back(episode("b", r));
+  const PreparedBatch ns = prepare_batch(b, AdvantageEstimator::GRPO_NO_STD);
+  EXPECT_DOUBLE_EQ(ns.sequences[0].advantage, 0.5);
+  EXPECT_DOUBLE_EQ(ns.sequences[3].advantage, -0.25);
+  const PreparedBatch rb = prepare_batch(b, AdvantageEstimator::REINFORCE_BASELINE);
+  EXPECT_DOUBLE_EQ(rb.sequences[0].advantage, 1.0 - 0.375);  // batch mean 0.375
+  EXPECT_DOUBLE_EQ(rb.sequences[3].advantage, -0.375);
+}
+
+TEST(GrpoBatch, ZeroVarianceGroupsAreCountedAndLeftOut) {
+  TrainBatch b;
+  for (double r : {1.0, 1.0, 1.0}) b.episodes.push_back(episode("same", r));
+  b.episodes.push_back(episode("alone", 0.3));
+  for (double r : {1.0, 0.0}) b.episodes.push_back(episode("mixed", r));
+  const PreparedBatch p = prepare_batch(b, AdvantageEstimator::GRPO);
+  EXPECT_EQ(p.stats.groups, 3);
+  EXPECT_EQ(p.stats.zero_variance_groups, 2);
+  EXPECT_EQ(p.stats.skipped_samples, 4);
+  ASSERT_EQ(p.sequences.size(), 2u);
+  EXPECT_EQ(p.sequences[0].sample->task_id, "mixed");
+  EXPECT_EQ(p.groups.size(), 1u);
+}
+
+TEST(GrpoBatch, GroupIsTheTaskAcrossEpisodesAndSamples) {
+  TrainBatch b;
+  FinishedEpisode e = episode("t", 1.0);
+  e.samples.push_back(make_sample("t", 1.0, 4, 1));  // a second timeline of the same episode
+  b.episodes.push_back(e);
+  b.episodes.push_back(episode("t", 0.0));
+  const PreparedBatch p = prepare_batch(b, AdvantageEstimator::GRPO_NO_STD);
+  ASSERT_EQ(p.sequences.size(), 3u);
+  EXPECT_NEAR(p.sequences[0].advantage, 1.0 - 2.0 / 3.0, 1e-12);
+  EXPECT_NEAR(p.sequences[2].advantage, -2.0 / 3.0, 1e-12);
+}
+
+TEST(GrpoBatch, TrainedTokensSkipPositionZeroAndPrompt) {
+  TrainBatch b;
+  b.episodes.push_back(episode("t", 1.0, 3, 4));
+  b.episodes.push_back(episode("t", 0.0, 3, 2));
+  const PreparedBatch p = prepare_batch(b, AdvantageEstimator::GRPO);
+  EXPECT_EQ(p.sequences[0].trained_tokens, 4);
+  EXPECT_EQ(p.sequences[0].length, 7);
+  EXPECT_EQ(p.trained_tokens(), 6);
+  // A mask bit on position 0 cannot be trained (nothing predicts the first token).
+  TrainBatch c;
+  FinishedEpisode e = episode("u", 1.0, 0, 3);
+  c.episodes.push_back(e);
+  c.episodes.push_back(episode("u", 0.0, 1, 2));
+  const PreparedBatch q = prepare_batch(c, AdvantageEstimator::GRPO);
+  EXPECT_EQ(q.sequences[0].trained_tokens, 2);
+}
+
+TEST(GrpoBatch, MiniBatchesAreConsecutiveTaskGroups) {
+  TrainBatch b;
+  for (const char* t : {"a", "b", "c"})
+    for (double r : {1.0, 0.0}) b.episodes.push_back(episode(t, r));
+  const PreparedBatch p = prepare_batch(b, AdvantageEstimator::GRPO);
+  const auto all = split_mini_batches(p, 0);
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].size(), 6u);
+  const auto two = split_mini_batches(p, 2);
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_EQ(two[0], (std::vector<size_t>{0, 1, 2, 3}));
+  EXPECT_EQ(two[1], (std::vector<size_t>{4, 5}));
+}
+
+TEST(GrpoBatch, MicroBatchesRespectTheTokenBudget) {
+  TrainBatch b;
+  const int lens[] = {10, 3, 7, 7, 2, 30};
+  for (int i = 0; i < 6; ++i) b.episodes.push_back(episode("t", i % 2, 1, lens[i] - 1));
+  const PreparedBatch p = prepare_batch(b, AdvantageEstimator::GRPO);
+  std::vector<size_t> all(p.sequences.size());
+  std::iota(all.begin(), all.end(), 0);
+  const auto micro = plan_micro_batches(p, all, 20);
+  std::multiset<size_t> seen;
+  for (const auto& mb : micro) {
+    int64_t longest = 0;
+    for (size_t i : mb) longest = std::max(longest, p.sequences[i].length), seen.insert(i);
+    // Over budget only for a sequence alone in its micro-batch.
+    if (mb.size() > 1) {
+      EXPECT_LE(static_cast<int64_t>(mb.size()) * longest, 20);
+    }
+  }
+  EXPECT_EQ(seen, std::multiset<size_t>(all.begin(), all.end()));
+  EXPECT_EQ(micro[0], std::vector<size_t>{5});  // 30 tokens: alone
+  EXPECT_THROW(plan_micro_batches(p, all, 0), SwarmError);
+}
+
+TEST(GrpoBatch, RankSharesCoverTheMiniBatchOnceAndBalanceTokens) {
+  TrainBatch b;
+  for (int i = 0; i < 9; ++i) b.episodes.push_back(episode("t", i % 2, 2, 1 + 3 * i));
+  const PreparedBatch p = prepare_batch(b, AdvantageEstimator::GRPO);
+  std::vector<size_t> all(p.sequences.size());
+  std::iota(all.begin(), all.end(), 0);
+  std::multiset<size_t> seen;
+  int64_t tokens[2] = {0, 0};
+  for (int r = 0; r < 2; ++r)
+    for (size_t i : shard_for_rank(p, all, r, 2)) seen.insert(i), tokens[r] += p.sequences[i].length;
+  EXPECT_EQ(seen, std::multiset<size_t>(all.begin(), all.end()));
+  EXPECT_LE(std::abs(tokens[0] - tokens[1]), 27);  // at most the longest sequence apart
+  EXPECT_EQ(shard_for_rank(p, all, 0, 1), all);
+  EXPECT_THROW(shard_for_rank(p, all, 2, 2), SwarmError);
+}
+
+TEST(GrpoBatch, LearningRateSchedules) {
+  EXPECT_DOUBLE_EQ(learning_rate_at(1e-3, "constant", 0, 0, 0), 1e-3);
+  EXPECT_DOUBLE_EQ(learning_rate_at(1e-3, "constant", 4, 0, 0), 0.25e-3);
+  EXPECT_DOUBLE_EQ(learning_rate_at(1e-3, "constant", 4, 0, 3), 1e-3);
+  EXPECT_DOUBLE_EQ(learning_rate_at(1e-3, "constant", 4, 0, 100), 1e-3);
+  EXPECT_DOUBLE_EQ(learning_rate_at(1.0, "cosine", 2, 12, 1), 1.0);
+  EXPECT_DOUBLE_EQ(learning_rate_at(1.0, "cosine", 2, 12, 2), 1.0);
+  EXPECT_NEAR(learning_rate_at(1.0, "cosine", 2, 12, 7), 0.5, 1e-12);
+  EXPECT_NEAR(learning_rate_at(1.0, "cosine", 2, 12, 12), 0.0, 1e-12);
+  EXPECT_NEAR(learning_rate_at(1.0, "cosine", 2, 12, 50), 0.0, 1e-12);
+  EXPECT_THROW(learning_rate_at(1.0, "cosine", 2, 2, 0), SwarmError);
+  EXPECT_THROW(learning_rate_at(1.0, "linear", 0, 0, 0), SwarmError);
+}
+
+TEST(GrpoBatch, ParsesJobNames) {
+  EXPECT_EQ(parse_advantage_estimator("grpo_no_std"), AdvantageEstimator::GRPO_NO_STD);
+  EXPECT_EQ(parse_loss_aggregation("seq-mean-token-mean"), LossAggregation::SEQ_MEAN_TOKEN_MEAN);
+  EXPECT_EQ(parse_kl_estimator("k1"), KlEstimator::K1);
+  EXPECT_THROW(parse_advantage_estimator("ppo"), SwarmError);
+  EXPECT_THROW(parse_loss_aggregation("sum"), SwarmError);
+  EXPECT_THROW(parse_kl_estimator("k2"), SwarmError);
+}
+
+}  // namespace
+}  // namespace swarm
