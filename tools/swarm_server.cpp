@@ -17,7 +17,7 @@
 namespace {
 
 int run_start(const std::string& host, int port, const std::string& engine, const std::string& config,
-              const std::string& log_level, int io_threads, size_t max_body_mb) {
+              const std::string& log_level, int io_threads, size_t max_body_mb, const std::string& resume) {
   auto level = spdlog::level::from_str(log_level);
   if (level == spdlog::level::off && log_level != "off") {
     std::cerr << "swarm-server: unknown --log-level '" << log_level
@@ -51,6 +51,7 @@ int run_start(const std::string& host, int port, const std::string& engine, cons
     return 2;
   }
   options.engine.backend = engine;
+  options.engine.resume_from = resume;
   options.config_path = config;
   try {
     swarm::SwarmServer server(options);
@@ -91,7 +92,7 @@ std::string config_reference_markdown() {
 int main(int argc, char** argv) {
   CLI::App app{"swarm-server: RL post-training server (OpenAI-compatible endpoint + swarm command API)"};
   app.require_subcommand(1);
-  std::string host = "127.0.0.1", engine = "mock", config, log_level = "info";
+  std::string host = "127.0.0.1", engine = "mock", config, log_level = "info", resume;
   int port = 10086, io_threads = 2;
   size_t max_body_mb = 8;
   auto* start = app.add_subcommand("start", "Start the server (engine OFFLINE until a client starts it)");
@@ -107,10 +108,15 @@ int main(int argc, char** argv) {
   start->add_option("--max-body-mb", max_body_mb, "Largest request body in MiB (larger get 413)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
+  start->add_option("--resume", resume,
+                    "Continue a run from a checkpoint: a checkpoint directory (step-N), or a checkpoints/ or "
+                    "experiment directory (its latest checkpoint). Weights, optimizer, step and counters are "
+                    "restored at the first start_engine.")
+      ->check(CLI::ExistingDirectory);
   auto* reference = app.add_subcommand("config-reference", "Print the configuration reference (Markdown)");
   auto* defaults = app.add_subcommand("default-config", "Print a YAML config with every key at its default");
   CLI11_PARSE(app, argc, argv);
-  if (*start) return run_start(host, port, engine, config, log_level, io_threads, max_body_mb);
+  if (*start) return run_start(host, port, engine, config, log_level, io_threads, max_body_mb, resume);
   if (*reference) {
     std::cout << config_reference_markdown();
     return 0;

@@ -21,6 +21,7 @@ void Backend::generate(GenerationRequest, std::shared_ptr<GenerationObserver> ob
   observer->on_error(ErrorKind::INTERNAL, "backend '" + name() + "' does not support generation");
 }
 TrainStepReport Backend::train_step(const TrainBatch&, int64_t, std::stop_token) { unsupported("training"); }
+void Backend::save_checkpoint(const std::filesystem::path&) { unsupported("checkpoints"); }
 
 TrainStepReport summarize_batch(const TrainBatch& batch) {
   TrainStepReport r;

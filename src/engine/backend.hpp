@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -138,8 +139,18 @@ class Backend {
   /// Releases the model and memory (stop_engine). The object is destroyed afterwards.
   virtual void release() {}
 
+  /// Writes what resuming needs into the fresh directory `dir` (control thread, between steps):
+  /// the torch backend writes a Hugging Face model directory (config.json, safetensors,
+  /// tokenizer files) plus trainer_state/ (optimizer). Throws when the weights are not in a
+  /// consistent state (e.g. a policy step was interrupted).
+  virtual void save_checkpoint(const std::filesystem::path& dir);
+  /// Makes the next boot() load the weights and trainer state from `checkpoint` (a directory
+  /// save_checkpoint wrote) instead of job.model. Called before boot.
+  void set_resume_checkpoint(std::filesystem::path checkpoint) { resume_checkpoint_ = std::move(checkpoint); }
+
  protected:
   [[noreturn]] void unsupported(const std::string& what) const;
+  std::filesystem::path resume_checkpoint_;  // empty: start from job.model
 };
 
 /// Creates a backend by name ("mock", "torch"). Throws INVALID_ARGUMENT for an unknown

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "engine/run_files.hpp"
 #include "swarm/errors.hpp"
 
 namespace swarm {
@@ -83,6 +84,7 @@ void Engine::enter_locked(EngineState next, const std::string& detail) {
   const double seconds = seconds_between(state_since_, clock_->now());
   state_ = next;
   state_since_ = clock_->now();
+  if (next == EngineState::ROLLING) rolling_since_ = state_since_;
   detail_ = detail;
   ++transitions_[std::string(short_name(prev)) + "->" + short_name(next)];
   spdlog::info("engine: {} -> {} after {:.2f}s (step {}){}{}", short_name(prev), short_name(next), seconds,
@@ -106,7 +108,10 @@ void Engine::maybe_advance_locked() {
                                                   std::to_string(batch->episodes.size()) + " episodes");
     const uint64_t epoch = epoch_;
     std::stop_token stop = run_stop_.get_token();
-    post([this, epoch, batch, next_step, stop] { run_train(epoch, batch, next_step, stop); });
+    const double rollout_seconds = seconds_between(rolling_since_, clock_->now());
+    post([this, epoch, batch, next_step, rollout_seconds, stop] {
+      run_train(epoch, batch, next_step, rollout_seconds, stop);
+    });
   }
 }
 
@@ -139,7 +144,7 @@ void Engine::start_engine() {
   const uint64_t epoch = epoch_;
   Job job = *config_;
   std::stop_token stop = run_stop_.get_token();
-  post([this, epoch, job, stop] { run_boot(epoch, job, stop); });
+  post([this, epoch, job, resume = options_.resume_from, stop] { run_boot(epoch, job, resume, stop); });
 }
 
 void Engine::stop_engine(const std::string& reason) {
@@ -147,7 +152,7 @@ void Engine::stop_engine(const std::string& reason) {
   end_run_locked(reason);
 }
 
-void Engine::end_run_locked(const std::string& reason) {
+void Engine::end_run_locked(const std::string& reason, bool save) {
   run_stop_.request_stop();
   ++epoch_;
   if (pool_) {
@@ -158,12 +163,37 @@ void Engine::end_run_locked(const std::string& reason) {
   if (state_ != EngineState::OFFLINE) enter_locked(EngineState::OFFLINE, reason);
   if (backend_) {
     // Released on the control thread, after any boot/train of the old run has returned;
-    // generations still in flight keep their own reference until they finish.
-    post([b = std::move(backend_)]() mutable {
+    // generations still in flight keep their own reference until they finish. Steps trained
+    // since the last checkpoint are saved first (backend_step_ is read there, after any
+    // policy step still running has finished).
+    std::optional<Job> job = save && options_.write_run_files ? config_ : std::nullopt;
+    post([this, b = std::move(backend_), job, counters = past_counters_]() mutable {
+      if (job && backend_step_ > checkpointed_step_) {
+        try {
+          checkpoint(*b, *job, backend_step_, counters);
+        } catch (const std::exception& e) {
+          spdlog::error("engine: no checkpoint on stop: {}", e.what());
+        }
+      }
       b->release();
       b.reset();
     });
   }
+}
+
+double Engine::checkpoint(Backend& backend, const Job& job, int64_t step, const PoolCounters& counters) {
+  const auto t0 = std::chrono::steady_clock::now();
+  EngineCheckpointState st;
+  st.global_step = step;
+  st.policy_version = step;
+  st.counters = counters;
+  st.job_yaml = job.to_yaml();
+  const auto dir = write_checkpoint(experiment_path(job) / "checkpoints", st,
+                                    [&](const std::filesystem::path& tmp) { backend.save_checkpoint(tmp); });
+  checkpointed_step_ = step;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  spdlog::info("engine: checkpoint of step {} written to {} in {:.2f}s", step, dir.string(), seconds);
+  return seconds;
 }
 
 void Engine::accumulate_counters_locked() {
@@ -198,11 +228,18 @@ void Engine::control_loop() {
   }
 }
 
-void Engine::run_boot(uint64_t epoch, Job job, std::stop_token stop) {
+void Engine::run_boot(uint64_t epoch, Job job, std::string resume_from, std::stop_token stop) {
   std::shared_ptr<Backend> backend;
+  std::optional<EngineCheckpointState> resumed;
   std::string error;
   try {
     backend = std::shared_ptr<Backend>(options_.factory());
+    if (!resume_from.empty()) {
+      const auto cp = resolve_checkpoint(resume_from);
+      resumed = read_checkpoint_state(cp);
+      backend->set_resume_checkpoint(cp);
+      spdlog::info("engine: resuming from {} (step {})", cp.string(), resumed->global_step);
+    }
     backend->boot(job, stop);
   } catch (const std::exception& e) {
     error = e.what();
@@ -215,12 +252,17 @@ void Engine::run_boot(uint64_t epoch, Job job, std::stop_token stop) {
         return;
       }
       backend_ = std::move(backend);
-      global_step_ = 0;
-      policy_version_ = 0;
-      backend_->set_policy_version(0);
+      global_step_ = resumed ? resumed->global_step : 0;
+      policy_version_ = resumed ? resumed->policy_version : 0;
+      backend_step_ = checkpointed_step_ = global_step_;
+      backend_->set_policy_version(policy_version_);
+      if (resumed) {
+        add_counters(past_counters_, resumed->counters);
+        options_.resume_from.clear();  // later runs of this process start from their job's model
+      }
       pool_ = std::make_shared<RolloutPool>(pool_config_from(job), clock_);
       pool_->set_accepting_claims(true);
-      enter_locked(EngineState::ROLLING, "collecting episodes for step 1");
+      enter_locked(EngineState::ROLLING, "collecting episodes for step " + std::to_string(global_step_ + 1));
       return;
     }
   }
@@ -228,12 +270,16 @@ void Engine::run_boot(uint64_t epoch, Job job, std::stop_token stop) {
   if (backend) backend->release();
 }
 
-void Engine::run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_t next_step, std::stop_token stop) {
+void Engine::run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_t next_step, double rollout_seconds,
+                       std::stop_token stop) {
   std::shared_ptr<Backend> backend;
+  std::optional<Job> job;
+  PoolCounters counters;
   {
     std::lock_guard lk(mu_);
     if (epoch != epoch_) return;
     backend = backend_;
+    job = config_;
   }
   TrainStepReport report;
   std::string error;
@@ -241,14 +287,37 @@ void Engine::run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_
     report = backend->train_step(*batch, next_step, stop);
     report.global_step = next_step;
     backend->set_policy_version(next_step);  // in-process weight sync: new weights now serve
+    backend_step_ = next_step;
   } catch (const std::exception& e) {
     error = e.what();
+  }
+  if (error.empty() && job) {
+    report.metrics["rollout_seconds"] = rollout_seconds;
+    if (options_.write_run_files && job->save_freq > 0 && next_step % job->save_freq == 0) {
+      {
+        std::lock_guard lk(mu_);
+        counters = past_counters_;
+        if (pool_) add_counters(counters, pool_->counters());
+      }
+      try {
+        report.metrics["checkpoint_seconds"] = checkpoint(*backend, *job, next_step, counters);
+      } catch (const std::exception& e) {
+        spdlog::error("engine: checkpoint of step {} failed: {}", next_step, e.what());
+      }
+    }
+    if (options_.write_run_files) {
+      try {
+        append_step_metrics(experiment_path(*job) / "metrics.jsonl", report, next_step);
+      } catch (const std::exception& e) {
+        spdlog::error("engine: {}", e.what());
+      }
+    }
   }
   std::lock_guard lk(mu_);
   if (epoch != epoch_) return;
   if (!error.empty()) {
-    // A failed update leaves the weights in an unknown state: stop loudly.
-    end_run_locked("training step " + std::to_string(next_step) + " failed: " + error);
+    // A failed update leaves the weights in an unknown state: stop loudly, and no checkpoint.
+    end_run_locked("training step " + std::to_string(next_step) + " failed: " + error, /*checkpoint=*/false);
     return;
   }
   global_step_ = next_step;

@@ -35,6 +35,12 @@ struct EngineOptions {
   std::shared_ptr<Clock> clock;           // default: steady clock
   double janitor_interval_seconds = 0.25; // idle-timeout sweep; <= 0 disables the thread
   size_t step_history = 512;              // step reports kept for the monitor
+  /// A checkpoint to resume from at the first start_engine (`swarm-server start --resume`): a
+  /// checkpoint directory, or one holding `latest` (checkpoints/ or the experiment directory).
+  std::string resume_from;
+  /// Write metrics.jsonl and checkpoints under the job's experiment directory (tests of the
+  /// state machine alone may turn this off).
+  bool write_run_files = true;
 };
 
 struct EngineSnapshot {
@@ -117,11 +123,15 @@ class Engine {
   void post(std::function<void()> task);
   void control_loop();
   void janitor_loop(std::stop_token stop);
-  void run_boot(uint64_t epoch, Job job, std::stop_token stop);
-  void run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_t next_step, std::stop_token stop);
+  void run_boot(uint64_t epoch, Job job, std::string resume_from, std::stop_token stop);
+  void run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_t next_step, double rollout_seconds,
+                 std::stop_token stop);
+  /// Control thread: writes checkpoint step-<step> of `backend` (atomically) and returns its seconds.
+  double checkpoint(Backend& backend, const Job& job, int64_t step, const PoolCounters& counters);
   void accumulate_counters_locked();
-  /// Ends the current run (any state → OFFLINE): cancels episodes, releases the backend.
-  void end_run_locked(const std::string& reason);
+  /// Ends the current run (any state → OFFLINE): cancels episodes, releases the backend, and
+  /// (when `save`) first saves a checkpoint of steps trained since the last one.
+  void end_run_locked(const std::string& reason, bool save = true);
 
   EngineOptions options_;
   std::shared_ptr<Clock> clock_;
@@ -130,6 +140,7 @@ class Engine {
   mutable std::condition_variable state_cv_;
   EngineState state_ = EngineState::OFFLINE;
   TimePoint state_since_;
+  TimePoint rolling_since_;  // when collection for the current step began
   std::string detail_ = "waiting for a config (sync_train_config) and start_engine";
   std::optional<Job> config_;
   uint64_t epoch_ = 0;  // bumped by start/stop: work from an older epoch is discarded
@@ -141,6 +152,10 @@ class Engine {
   std::map<std::string, int64_t> transitions_;
   PoolCounters past_counters_;  // from pools of earlier runs
   std::deque<TrainStepReport> steps_;
+  // Written by the control thread only: the step the backend's weights are at (also when a stop
+  // made run_train discard the result), and the last step checkpointed.
+  int64_t backend_step_ = 0;
+  int64_t checkpointed_step_ = 0;
 
   // control thread: boot, train, release run here in order
   std::mutex task_mu_;

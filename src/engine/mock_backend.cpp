@@ -2,6 +2,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -108,6 +110,15 @@ void MockBackend::boot(const Job& job, std::stop_token stop) {
   max_context_ = job.max_prompt_length + job.max_response_length;
   train_seconds_ = job.mock_train_seconds;
   policy_version_ = 0;
+  if (!resume_checkpoint_.empty())
+    SWARM_REQUIRE(std::filesystem::exists(resume_checkpoint_ / "mock_checkpoint.json"), ErrorKind::INVALID_ARGUMENT,
+                  "'" + resume_checkpoint_.string() + "' was not written by the mock engine (no mock_checkpoint.json)");
+}
+
+void MockBackend::save_checkpoint(const std::filesystem::path& dir) {
+  // No weights: a marker that says which engine wrote it (the engine adds its own state).
+  std::ofstream(dir / "mock_checkpoint.json")
+      << nlohmann::json{{"backend", "mock"}, {"model", model_id_}, {"policy_version", policy_version_.load()}}.dump() << '\n';
 }
 
 std::vector<TokenId> MockBackend::render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,

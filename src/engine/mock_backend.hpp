@@ -36,6 +36,7 @@ class MockBackend : public Backend {
 
   void generate(GenerationRequest request, std::shared_ptr<GenerationObserver> observer) override;
   TrainStepReport train_step(const TrainBatch& batch, int64_t next_global_step, std::stop_token stop) override;
+  void save_checkpoint(const std::filesystem::path& dir) override;
   void set_policy_version(int64_t version) override { policy_version_ = version; }
 
   /// Letter replacement probability at a policy version and temperature.

@@ -1,8 +1,9 @@
-// The torch backend: loads a Hugging Face model directory and serves it through the
-// ServingEngine. Training (the GRPO update) is the trainer's job (issue 5).
+// The torch backend: loads a Hugging Face model directory, serves it through the ServingEngine
+// and trains it with the GrpoTrainer; weight sync is an in-process copy between the two.
 #include "engine/torch_backend.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <mutex>
 #include <map>
 #include <filesystem>
@@ -19,6 +20,8 @@
 #include "inference/serving_engine.hpp"
 #include "inference/tokenizer.hpp"
 #include "swarm/job.hpp"
+#include "trainer/checkpoint_torch.hpp"
+#include "trainer/grpo_trainer_torch.hpp"
 
 namespace swarm {
 namespace {
@@ -33,11 +36,14 @@ class TorchBackend final : public Backend {
     const auto cancelled = [&] {
       if (stop.stop_requested()) throw SwarmError(ErrorKind::CONFLICT, "boot cancelled");
     };
-    const std::filesystem::path dir = job.model;
+    // A resumed run loads the checkpoint's model directory (same files, trained weights).
+    const bool resuming = !resume_checkpoint_.empty();
+    const std::filesystem::path dir = resuming ? resume_checkpoint_ : std::filesystem::path(job.model);
     SWARM_REQUIRE(std::filesystem::is_directory(dir), ErrorKind::INVALID_ARGUMENT,
-                  "model '" + job.model + "' is not a directory (the torch engine needs a Hugging Face model directory)");
+                  "model '" + dir.string() + "' is not a directory (the torch engine needs a Hugging Face model directory)");
     SWARM_REQUIRE(std::filesystem::is_regular_file(dir / "config.json"), ErrorKind::INVALID_ARGUMENT,
-                  "model directory '" + job.model + "' has no config.json");
+                  "model directory '" + dir.string() + "' has no config.json");
+    model_dir_ = dir;
     job_ = job;
     const int threads = job.engine_threads > 0 ? static_cast<int>(job.engine_threads)
                                                : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -77,6 +83,15 @@ class TorchBackend final : public Backend {
       const int64_t seqs = std::min(job.max_batch_sequences, job.effective_max_parallel_episodes());
       sc.kv_cache_tokens = std::max(max_context_, std::min(seqs * max_context_, kAutoKvCacheBytes / bytes_per_token));
     }
+    {
+      // bf16 computes in bf16 but keeps fp32 master weights: seed them from the checkpoint's
+      // own precision, not from the rounded bf16 copy.
+      std::shared_ptr<DecoderModel> master;
+      if (dtype != DType::F32 && !resuming) master = DecoderModel::load(dir, DType::F32, device);
+      trainer_ = std::make_unique<GrpoTrainer>(model_, TrainerOptions::from_job(job), nullptr, master.get());
+      if (resuming) load_trainer_state(dir / "trainer_state", *trainer_);
+    }
+    cancelled();
     auto engine = std::make_shared<ServingEngine>(model_, tokenizer_, sc);
     engine->set_policy_version(0);
     {
@@ -126,16 +141,40 @@ class TorchBackend final : public Backend {
     engine->submit(std::move(request), std::move(observer));
   }
 
-  TrainStepReport train_step(const TrainBatch& batch, int64_t next_global_step, std::stop_token) override {
-    // The GRPO trainer is not part of this backend yet: the weights stay as they are.
-    if (!warned_no_trainer_) {
-      spdlog::warn("torch engine: the GRPO trainer is not implemented yet; policy steps keep the weights unchanged");
-      warned_no_trainer_ = true;
-    }
+  TrainStepReport train_step(const TrainBatch& batch, int64_t next_global_step, std::stop_token stop) override {
+    SWARM_REQUIRE(trainer_ != nullptr, ErrorKind::CONFLICT, "no model is loaded");
+    const auto t0 = std::chrono::steady_clock::now();
+    std::shared_ptr<ServingEngine> engine = serving();
+    // The copy into the serving weights and the new version happen together between two
+    // generation steps, so every token sampled afterwards is stamped with the version it came from.
+    auto exclusive = [&](const std::function<void()>& sync) {
+      auto sync_and_stamp = [&] {
+        sync();
+        if (engine) engine->set_policy_version(next_global_step);
+      };
+      if (engine) {
+        engine->run_exclusive(sync_and_stamp);
+      } else {
+        sync_and_stamp();
+      }
+    };
     TrainStepReport report = summarize_batch(batch);
     report.global_step = next_global_step;
-    report.metrics["weights_updated"] = 0.0;
+    trainer_dirty_ = true;  // until the step completes, the weights may be half-updated
+    report.metrics = trainer_->train(batch, next_global_step, exclusive, stop);
+    trainer_dirty_ = false;
+    report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return report;
+  }
+
+  void save_checkpoint(const std::filesystem::path& dir) override {
+    SWARM_REQUIRE(trainer_ != nullptr, ErrorKind::CONFLICT, "no model is loaded");
+    SWARM_REQUIRE(!trainer_dirty_, ErrorKind::CONFLICT,
+                  "the last policy step did not complete, so the weights are not those of any step");
+    // The serving model holds the synced weights of the last step. Only weight sync writes them,
+    // and it runs on this (control) thread, so reading them here races with nothing.
+    save_hf_model(dir, *model_, model_dir_);
+    save_trainer_state(dir / "trainer_state", *trainer_);
   }
 
   void set_policy_version(int64_t version) override {
@@ -168,6 +207,7 @@ class TorchBackend final : public Backend {
     }
     if (engine) engine->shutdown("the engine was stopped");
     engine.reset();
+    trainer_.reset();
     model_.reset();
   }
 
@@ -182,10 +222,12 @@ class TorchBackend final : public Backend {
   std::optional<ChatTemplate> chat_template_;
   std::string chat_template_error_;
   std::shared_ptr<DecoderModel> model_;
+  std::unique_ptr<GrpoTrainer> trainer_;  // control thread only
+  bool trainer_dirty_ = false;
+  std::filesystem::path model_dir_;       // where the model was loaded from
   mutable std::mutex engine_mu_;  // guards engine_ (HTTP threads and /metrics read it)
   std::shared_ptr<ServingEngine> engine_;
   int64_t max_context_ = 0;
-  bool warned_no_trainer_ = false;
 };
 
 }  // namespace

@@ -345,30 +345,40 @@ double GrpoTrainer::sync_to_serving(const ExclusiveRunner& exclusive) {
 
 std::map<std::string, torch::Tensor> GrpoTrainer::optimizer_state() const {
   const auto f64 = torch::TensorOptions().dtype(torch::kDouble);
-  return {{"master", master_.detach().to(torch::kCPU, torch::kFloat, false, true)},
+  std::map<std::string, torch::Tensor> out = {
           {"exp_avg", exp_avg_.to(torch::kCPU, false, true)},
           {"exp_avg_sq", exp_avg_sq_.to(torch::kCPU, false, true)},
           {"step", torch::tensor({static_cast<double>(adam_steps_)}, f64)},
           {"layout", torch::tensor({static_cast<double>(numel_), static_cast<double>(comm_->world_size()),
                                     static_cast<double>(comm_->rank())},
                                    f64)}};
+  // fp32 on one rank: the master weights are the model weights, which a checkpoint stores anyway.
+  if (!master_.is_same(weights_)) out["master"] = master_.detach().to(torch::kCPU, torch::kFloat, false, true);
+  return out;
 }
 
 void GrpoTrainer::load_optimizer_state(const std::map<std::string, torch::Tensor>& state) {
   torch::NoGradGuard no_grad;
-  for (const char* key : {"master", "exp_avg", "exp_avg_sq", "step", "layout"})
+  for (const char* key : {"exp_avg", "exp_avg_sq", "step", "layout"})
     SWARM_REQUIRE(state.count(key) != 0, ErrorKind::INVALID_ARGUMENT,
                   std::string("optimizer state has no '") + key + "'");
+  const bool own_master = !master_.is_same(weights_);
+  SWARM_REQUIRE(!own_master || state.count("master") != 0, ErrorKind::INVALID_ARGUMENT,
+                "optimizer state has no 'master' weights (saved in fp32 on one rank, loaded otherwise?)");
   const torch::Tensor layout = state.at("layout").to(torch::kDouble);
   SWARM_REQUIRE(layout.numel() == 3 && static_cast<int64_t>(layout[0].item<double>()) == numel_ &&
                     static_cast<int>(layout[1].item<double>()) == comm_->world_size() &&
                     static_cast<int>(layout[2].item<double>()) == comm_->rank(),
                 ErrorKind::INVALID_ARGUMENT,
                 "optimizer state was saved for another model or rank layout (parameters, world size, rank)");
-  for (const char* key : {"master", "exp_avg", "exp_avg_sq"})
+  for (const char* key : {"exp_avg", "exp_avg_sq"})
     SWARM_REQUIRE(state.at(key).numel() == shard_, ErrorKind::INVALID_ARGUMENT,
                   std::string("optimizer state '") + key + "' has the wrong size");
-  master_.copy_(state.at("master").reshape(-1));
+  if (own_master) {
+    SWARM_REQUIRE(state.at("master").numel() == shard_, ErrorKind::INVALID_ARGUMENT,
+                  "optimizer state 'master' has the wrong size");
+    master_.copy_(state.at("master").reshape(-1));
+  }
   exp_avg_.copy_(state.at("exp_avg").reshape(-1));
   exp_avg_sq_.copy_(state.at("exp_avg_sq").reshape(-1));
   adam_steps_ = static_cast<int64_t>(state.at("step").to(torch::kDouble).item<double>());

@@ -2,7 +2,11 @@
 // the interplay with the pool (batch readiness, draining, aborts, timeouts).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 
@@ -45,9 +49,35 @@ class ProbeBackend : public MockBackend {
   std::shared_ptr<Probe> probe_;
 };
 
+namespace fs = std::filesystem;
+
+// Every test's run files (metrics.jsonl, checkpoints) go under this directory, one per test.
+fs::path scratch_root() { return fs::temp_directory_path() / ("swarm-engine-test-" + std::to_string(::getpid())); }
+fs::path experiment_root() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  return scratch_root() / (info ? info->name() : "none");
+}
+// <experiment_dir>/<project_name>/<experiment_name> with the defaults "swarm" / "default".
+fs::path experiment_dir() { return experiment_root() / "swarm" / "default"; }
+
 std::string config_yaml(int batch_size, int num_repeat, const std::string& extra = "") {
   return "algorithm: grpo\nmodel: mock\nbatch_size: " + std::to_string(batch_size) +
-         "\nnum_repeat: " + std::to_string(num_repeat) + "\n" + extra;
+         "\nnum_repeat: " + std::to_string(num_repeat) + "\nexperiment_dir: " + experiment_root().string() + "\n" +
+         extra;
+}
+
+// Removes the scratch root when the test program ends.
+class ScratchCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override { fs::remove_all(scratch_root()); }
+};
+const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new ScratchCleanup);
+
+std::vector<nlohmann::json> read_jsonl(const fs::path& p) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(p);
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
 }
 
 class EngineTest : public ::testing::Test {
@@ -60,6 +90,10 @@ class EngineTest : public ::testing::Test {
     engine = std::make_unique<Engine>(o);
   }
   void SetUp() override { make_engine(); }
+  void TearDown() override {
+    engine.reset();
+    fs::remove_all(experiment_root());
+  }
 
   void boot(const std::string& yaml) {
     engine->sync_train_config(yaml);
@@ -388,6 +422,103 @@ TEST_F(EngineTest, EnoughEpisodesMethodIgnoresTasks) {
   ASSERT_TRUE(engine->wait_for_step(1, 5s));
   std::lock_guard lk(probe->mu);
   EXPECT_EQ(probe->batches.at(0).episodes.size(), 4u);
+}
+
+}  // namespace
+
+namespace {
+
+// Waits for the control thread to finish what stop_engine posted (checkpoint, then release).
+void wait_released(const std::shared_ptr<Probe>& probe, int n = 1) {
+  for (int i = 0; i < 400 && probe->released < n; ++i) std::this_thread::sleep_for(5ms);
+}
+
+TEST_F(EngineTest, EveryStepAppendsMetricsAndSaveFreqWritesCheckpoints) {
+  boot(config_yaml(1, 1, "save_freq: 2\n"));
+  for (int step = 1; step <= 3; ++step) {
+    end(claim(), "t" + std::to_string(step), 0.25 * step);
+    ASSERT_TRUE(engine->wait_for_step(step, 5s));
+    ASSERT_TRUE(engine->wait_for_state(EngineState::ROLLING, 5s));
+  }
+  const auto lines = read_jsonl(experiment_dir() / "metrics.jsonl");
+  ASSERT_EQ(lines.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(lines[i]["step"], i + 1);
+    EXPECT_EQ(lines[i]["policy_version"], i + 1);
+    EXPECT_DOUBLE_EQ(lines[i]["reward_mean"].get<double>(), 0.25 * (i + 1));
+    EXPECT_TRUE(lines[i].contains("rollout_seconds"));
+    EXPECT_EQ(lines[i]["episodes"], 1);
+  }
+  EXPECT_TRUE(lines[1].contains("checkpoint_seconds"));  // step 2: save_freq
+  EXPECT_FALSE(lines[2].contains("checkpoint_seconds"));
+  const fs::path cps = experiment_dir() / "checkpoints";
+  EXPECT_TRUE(fs::exists(cps / "step-2" / "engine_state.json"));
+  EXPECT_TRUE(fs::exists(cps / "step-2" / "mock_checkpoint.json"));
+  EXPECT_FALSE(fs::exists(cps / "step-1"));
+  std::ifstream latest(cps / "latest");
+  std::string name;
+  std::getline(latest, name);
+  EXPECT_EQ(name, "step-2");
+  // No temporary directories are left behind.
+  for (const auto& e : fs::directory_iterator(cps)) EXPECT_NE(e.path().filename().string()[0], '.') << e.path();
+}
+
+TEST_F(EngineTest, StopCheckpointsUnsavedStepsAndResumeContinuesFromThem) {
+  boot(config_yaml(1, 1));
+  end(claim(), "a", 1.0);
+  ASSERT_TRUE(engine->wait_for_step(1, 5s));
+  ASSERT_TRUE(engine->wait_for_state(EngineState::ROLLING, 5s));
+  end(claim(), "b", 0.5);
+  ASSERT_TRUE(engine->wait_for_step(2, 5s));
+  ASSERT_TRUE(engine->wait_for_state(EngineState::ROLLING, 5s));
+  const auto claimed_before = engine->status().counters.claimed;
+  engine->stop_engine();
+  wait_released(probe);
+  const fs::path cp = experiment_dir() / "checkpoints" / "step-2";
+  ASSERT_TRUE(fs::exists(cp / "engine_state.json"));
+
+  // A new process (engine) resumes from the experiment directory: step, version and counters.
+  EngineOptions o;
+  o.clock = clock;
+  o.janitor_interval_seconds = 0;
+  o.factory = [p = probe] { return std::make_unique<ProbeBackend>(p); };
+  o.resume_from = experiment_dir().string();
+  engine = std::make_unique<Engine>(o);
+  boot(config_yaml(1, 1));
+  EXPECT_EQ(engine->status().global_step, 2);
+  EXPECT_EQ(engine->status().policy_version, 2);
+  EXPECT_EQ(engine->status().counters.claimed, claimed_before);
+  EXPECT_NE(engine->status().detail.find("step 3"), std::string::npos) << engine->status().detail;
+  end(claim(), "c", 1.0);
+  ASSERT_TRUE(engine->wait_for_step(3, 5s));
+  EXPECT_EQ(read_jsonl(experiment_dir() / "metrics.jsonl").back()["step"], 3);
+}
+
+TEST_F(EngineTest, NoCheckpointAfterAFailedStepOrWithoutTraining) {
+  boot(config_yaml(1, 1));
+  engine->stop_engine();
+  wait_released(probe);
+  EXPECT_FALSE(fs::exists(experiment_dir() / "checkpoints"));  // nothing trained
+  boot(config_yaml(1, 1));
+  probe->fail_train = true;
+  end(claim(), "t", 1.0);
+  ASSERT_TRUE(engine->wait_for_state(EngineState::OFFLINE, 5s));
+  wait_released(probe, 2);
+  EXPECT_FALSE(fs::exists(experiment_dir() / "checkpoints"));
+}
+
+TEST_F(EngineTest, ResumeFromANonCheckpointFailsTheBootClearly) {
+  EngineOptions o;
+  o.clock = clock;
+  o.janitor_interval_seconds = 0;
+  o.factory = [p = probe] { return std::make_unique<ProbeBackend>(p); };
+  fs::create_directories(experiment_root() / "empty");
+  o.resume_from = (experiment_root() / "empty").string();
+  engine = std::make_unique<Engine>(o);
+  engine->sync_train_config(config_yaml(1, 1));
+  engine->start_engine();
+  ASSERT_TRUE(engine->wait_for_state(EngineState::OFFLINE, 5s));
+  EXPECT_NE(engine->status().detail.find("neither a checkpoint"), std::string::npos) << engine->status().detail;
 }
 
 }  // namespace

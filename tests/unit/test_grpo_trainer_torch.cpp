@@ -17,6 +17,7 @@
 
 #include "common/error.hpp"
 #include "inference/decoder_model_torch.hpp"
+#include "support/train_batches.hpp"
 
 namespace swarm {
 namespace {
@@ -89,37 +90,7 @@ double rel_error(const torch::Tensor& ours, const torch::Tensor& ref) {
   return denom == 0 ? diff : diff / denom;
 }
 
-// A batch of `tasks` task groups with `per_task` episodes each: random prompt and response
-// tokens, rewards that differ within a group, rollout log-probs near a plausible value.
-TrainBatch random_batch(int tasks, int per_task, uint32_t seed, int vocab = 2048) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> tok(3, vocab - 1), plen(3, 12), rlen(2, 10);
-  std::uniform_real_distribution<float> lp(-6.f, -1.f);
-  TrainBatch b;
-  for (int t = 0; t < tasks; ++t) {
-    for (int e = 0; e < per_task; ++e) {
-      FinishedEpisode ep;
-      ep.task_id = "task-" + std::to_string(t);
-      ep.episode_uuid = ep.task_id + "-" + std::to_string(e);
-      ep.reward = (e * 7 + t) % 3 * 0.5;
-      Sample s;
-      s.task_id = ep.task_id;
-      s.reward = ep.reward;
-      const int p = plen(rng), r = rlen(rng);
-      for (int i = 0; i < p + r; ++i) {
-        s.token_ids.push_back(tok(rng));
-        const bool gen = i >= p;
-        s.loss_mask.push_back(gen ? 1 : 0);
-        s.rollout_logprobs.push_back(gen ? lp(rng) : 0.f);
-        s.policy_versions.push_back(gen ? 0 : -1);
-      }
-      ep.samples.push_back(std::move(s));
-      b.episodes.push_back(std::move(ep));
-    }
-  }
-  b.num_tasks = tasks;
-  return b;
-}
+using swarm::testing::random_batch;
 
 std::vector<size_t> all_indices(const PreparedBatch& p) {
   std::vector<size_t> v(p.sequences.size());
@@ -360,8 +331,9 @@ TEST(GrpoTrainer, OptimizerStateRoundTripContinuesBitExactly) {
   b.train(b3, 3, nullptr);
   for (const auto& [name, w] : a.weights()) EXPECT_TRUE(torch::equal(b.weights().at(name), w)) << name;
 
+  EXPECT_EQ(state.count("master"), 0u);  // fp32 on one rank: the model weights are the master
   auto bad = state;
-  bad["master"] = bad["master"].narrow(0, 0, 10);
+  bad["exp_avg"] = bad["exp_avg"].narrow(0, 0, 10);
   GrpoTrainer c(DecoderModel::load(tinystories(), DType::F32), o);
   EXPECT_THROW(c.load_optimizer_state(bad), SwarmError);
 }
