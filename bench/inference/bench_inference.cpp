@@ -57,6 +57,7 @@
 #include "inference/model_config.hpp"
 #include "inference/model_tools.hpp"
 #include "inference/safetensors.hpp"
+#include "common/torch_bench.hpp"
 #include "inference/sampler_torch.hpp"
 
 extern char** environ;
@@ -65,12 +66,10 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
+using namespace swarm::bench;  // machine probes, matmul peak, Python child, model cache, op profile
 
 constexpr double kMiB = 1024.0 * 1024.0;
 constexpr int64_t kBlockSize = 16;  // KV cache block, tokens
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 template <typename... Args>
 void progress(const char* fmt, Args... args) {
@@ -80,148 +79,7 @@ void progress(const char* fmt, Args... args) {
   std::fflush(stderr);
 }
 
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
 // ------------------------------------------------------------------ machine and process
-
-/// A field of /proc/self/status in KiB (VmRSS, VmHWM), or -1.
-int64_t proc_status_kib(const std::string& field) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1));
-  }
-  return -1;
-}
-
-/// Resets VmHWM to the current RSS (Linux: "5" into clear_refs). False when not allowed.
-bool reset_peak_rss() {
-  std::ofstream out("/proc/self/clear_refs");
-  if (!out) return false;
-  out << "5";
-  out.flush();
-  return static_cast<bool>(out);
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      auto colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(colon + 2);
-    }
-  }
-  return "unknown";
-}
-
-std::string read_first_line(const fs::path& path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
-
-/// The checked-out commit, read from .git without running git; "unknown" when not found.
-std::string git_commit(const fs::path& source) {
-  fs::path git = source / ".git";
-  std::error_code ec;
-  if (fs::is_regular_file(git, ec)) {  // a worktree: "gitdir: PATH"
-    std::string line = read_first_line(git);
-    if (line.rfind("gitdir: ", 0) != 0) return "unknown";
-    git = fs::path(line.substr(8));
-    if (git.is_relative()) git = source / git;
-  }
-  std::string head = read_first_line(git / "HEAD");
-  if (head.rfind("ref: ", 0) != 0) return head.empty() ? "unknown" : head.substr(0, 12);
-  const std::string ref = head.substr(5);
-  for (const fs::path& dir :
-       {git, fs::path(read_first_line(git / "commondir")).empty() ? git : git / read_first_line(git / "commondir")}) {
-    std::string sha = read_first_line(dir / ref);
-    if (!sha.empty()) return sha.substr(0, 12) + " (" + ref + ")";
-    std::ifstream packed(dir / "packed-refs");
-    std::string line;
-    while (std::getline(packed, line)) {
-      if (line.size() > 41 && line.compare(41, std::string::npos, ref) == 0) {
-        return line.substr(0, 12) + " (" + ref + ")";
-      }
-    }
-  }
-  return "unknown";
-}
-
-std::string utc_now() {
-  std::time_t t = std::time(nullptr);
-  char buf[64];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", std::gmtime(&t));
-  return buf;
-}
-
-/// libtorch's fp32 GEMMs go to the system BLAS; on Debian that is OpenBLAS with its own
-/// pthread pool, sized independently of at::set_num_threads. Looked up at run time.
-struct OpenBlas {
-  int (*get_threads)() = nullptr;
-  void (*set_threads)(int) = nullptr;
-  char* (*get_config)() = nullptr;
-  char* (*get_corename)() = nullptr;
-
-  static OpenBlas find() {
-    OpenBlas o;
-    o.get_threads = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-    o.set_threads = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-    o.get_config = reinterpret_cast<char* (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_config"));
-    o.get_corename = reinterpret_cast<char* (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
-    return o;
-  }
-  std::string describe() const {
-    if (!get_threads) return "not loaded (fp32 GEMM elsewhere)";
-    std::string s = get_config ? get_config() : "OpenBLAS";
-    if (get_corename) s += ", kernels " + std::string(get_corename());
-    return s + ", " + std::to_string(get_threads()) + " threads";
-  }
-};
-
-/// CPU time of this process (and its reaped children) against the whole machine's, so the
-/// tables can say how busy other processes kept the cores during a measurement.
-struct CpuSample {
-  Clock::time_point wall;
-  double machine_busy_s = 0;  // all CPUs, from /proc/stat
-  double ours_s = 0;          // self + children, from getrusage
-};
-
-CpuSample cpu_sample() {
-  CpuSample s;
-  s.wall = Clock::now();
-  std::ifstream in("/proc/stat");
-  std::string cpu;
-  uint64_t user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
-  in >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
-  const double tick = static_cast<double>(sysconf(_SC_CLK_TCK));
-  s.machine_busy_s = static_cast<double>(user + nice + system + irq + softirq) / tick;
-  auto tv = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6; };
-  rusage self{}, kids{};
-  getrusage(RUSAGE_SELF, &self);
-  getrusage(RUSAGE_CHILDREN, &kids);
-  s.ours_s = tv(self.ru_utime) + tv(self.ru_stime) + tv(kids.ru_utime) + tv(kids.ru_stime);
-  return s;
-}
-
-/// Cores kept busy between two samples: {ours, everybody else's}.
-std::pair<double, double> cores_busy(const CpuSample& a, const CpuSample& b) {
-  const double wall = std::chrono::duration<double>(b.wall - a.wall).count();
-  if (wall <= 0) return {0, 0};
-  const double ours = (b.ours_s - a.ours_s) / wall;
-  const double all = (b.machine_busy_s - a.machine_busy_s) / wall;
-  return {ours, std::max(0.0, all - ours)};
-}
 
 // ------------------------------------------------------------------ probes
 
@@ -253,23 +111,6 @@ double copy_bandwidth(int64_t bytes, int reps, std::vector<double>& runs) {
     best = std::max(best, gbs);
   }
   return best;
-}
-
-/// Best FLOP/s of at::matmul on n x n matrices of `type`: at least `min_reps` timed reps and
-/// at least `min_seconds` of them (the first reps on this VM are often slow).
-double matmul_peak(c10::ScalarType type, int64_t n, int min_reps, double min_seconds) {
-  at::Tensor a = at::randn({n, n}).to(type);
-  at::Tensor b = at::randn({n, n}).to(type);
-  at::Tensor c = at::matmul(a, b);  // warm-up (primitive creation, page faults)
-  double best = 1e30, total = 0;
-  for (int r = 0; r < min_reps || total < min_seconds; ++r) {
-    auto t0 = Clock::now();
-    c = at::matmul(a, b);
-    const double t = seconds_since(t0);
-    best = std::min(best, t);
-    total += t;
-  }
-  return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / best;
 }
 
 Probes run_probes(int threads, bool quick) {
@@ -412,12 +253,6 @@ struct DecodeResult {
   double ctx = 0;        // mean context length over the timed steps
 };
 
-struct OpCost {
-  std::string name;
-  double self_us = 0;  // per decode step
-  int64_t calls = 0;   // per decode step
-};
-
 struct EngineResult {
   double load_s = 0;
   ModelShape shape;
@@ -537,49 +372,6 @@ DecodeResult decode(const swarm::DecoderModel& model, swarm::KvCache& cache, con
   return r;
 }
 
-/// Self CPU time per op on this thread (intra-op workers are not seen) while `fn` runs, divided
-/// by `per` (e.g. the number of steps), the top `top` by time.
-std::vector<OpCost> profile_ops(const std::function<void()>& fn, double per, size_t top) {
-  using namespace torch::autograd::profiler;
-  std::map<std::string, OpCost> by_name;
-  {
-    TLSLegacyProfilerGuard guard(torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::CPU),
-                                 [&](const thread_event_lists& lists) {
-                                   for (const auto& list : lists) {
-                                     struct Open {
-                                       const LegacyEvent* push;
-                                       double child_us;
-                                     };
-                                     std::vector<Open> stack;
-                                     for (const LegacyEvent& e : list) {
-                                       if (e.kind() == EventKind::PushRange) {
-                                         stack.push_back({&e, 0.0});
-                                       } else if (e.kind() == EventKind::PopRange && !stack.empty()) {
-                                         Open open = stack.back();
-                                         stack.pop_back();
-                                         const double total = open.push->cpuElapsedUs(e);
-                                         OpCost& c = by_name[open.push->name()];
-                                         c.name = open.push->name();
-                                         c.self_us += total - open.child_us;
-                                         c.calls += 1;
-                                         if (!stack.empty()) stack.back().child_us += total;
-                                       }
-                                     }
-                                   }
-                                 });
-    fn();
-  }
-  std::vector<OpCost> ops;
-  for (auto& [name, c] : by_name) {
-    c.self_us /= per;
-    c.calls = static_cast<int64_t>(std::lround(static_cast<double>(c.calls) / per));
-    ops.push_back(c);
-  }
-  std::sort(ops.begin(), ops.end(), [](const OpCost& a, const OpCost& b) { return a.self_us > b.self_us; });
-  if (ops.size() > top) ops.resize(top);
-  return ops;
-}
-
 EngineResult run_engine(const fs::path& dir, swarm::DType dtype, const Workload& w, bool profile) {
   EngineResult r;
   malloc_trim(0);  // hand the previous case's freed heap back, so RSS start means this case
@@ -683,35 +475,6 @@ struct PythonResult {
   }
 };
 
-/// Runs `argv` with stdout captured (stderr passes through); returns {exit status, stdout}.
-std::pair<int, std::string> run_capture(std::vector<std::string> argv) {
-  int fds[2];
-  if (pipe(fds) != 0) throw std::runtime_error("pipe failed");
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-  posix_spawn_file_actions_addclose(&actions, fds[0]);
-  std::vector<char*> args;
-  for (auto& a : argv) args.push_back(a.data());
-  args.push_back(nullptr);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  close(fds[1]);
-  if (rc != 0) {
-    close(fds[0]);
-    throw std::runtime_error("cannot start " + argv[0] + ": " + std::strerror(rc));
-  }
-  std::string out;
-  char buf[65536];
-  ssize_t n;
-  while ((n = read(fds[0], buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
-}
-
 PythonResult run_python(const std::string& python, const fs::path& script, const fs::path& dir, const char* dtype,
                         int threads, const Workload& w) {
   json spec = {{"model_dir", dir.string()}, {"dtype", dtype}, {"threads", threads}, {"seed", 0}};
@@ -749,30 +512,6 @@ struct ModelEntry {
   std::string label;  // table label
   fs::path dir;       // loadable directory
 };
-
-/// SmolLM2-135M's config with deterministic random fp32 weights, created once in the cache.
-fs::path prepare_random_model(const fs::path& config_dir, const fs::path& cache_dir, const std::string& name) {
-  const fs::path out = cache_dir / name;
-  std::error_code ec;
-  if (fs::exists(out / "config.json", ec)) {
-    try {
-      swarm::SafetensorsModel::open(out).validate_against(swarm::ModelConfig::from_directory(out));
-      return out;
-    } catch (const std::exception& e) {
-      progress("cached %s is unusable (%s): recreating", out.c_str(), e.what());
-      fs::remove_all(out);
-    }
-  }
-  progress("writing random weights for %s into %s (once)", config_dir.c_str(), out.c_str());
-  fs::create_directories(cache_dir);
-  swarm::InitModelOptions opts;
-  opts.from = config_dir;
-  opts.out = out;
-  opts.seed = 0;
-  opts.dtype = swarm::DType::F32;
-  swarm::init_random_model(opts);
-  return out;
-}
 
 // ------------------------------------------------------------------ report
 

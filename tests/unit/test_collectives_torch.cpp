@@ -7,11 +7,6 @@
 
 #include <ATen/ATen.h>
 
-#include <netinet/in.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -25,9 +20,9 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "support/rank_job.hpp"
 #include "trainer/collectives_torch.hpp"
 
-extern char** environ;
 
 namespace swarm {
 namespace {
@@ -166,65 +161,22 @@ TEST(DistConfigFromEnv, RejectsBadValuesNamingTheVariable) {
 
 // ---------------------------------------------------------------- multi-rank jobs
 
-int free_loopback_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  ::close(fd);
-  return ok ? ntohs(addr.sin_port) : -1;
-}
+using swarm::testing::free_loopback_port;
 
 // Runs this binary as every rank of a job, each running CollectivesRank.<role>, and returns
 // each rank's exit code; a rank still running after `limit` is killed (code -1).
 std::vector<int> run_job(const std::string& role, int world_size, std::chrono::seconds limit) {
   const int port = free_loopback_port();
   EXPECT_GT(port, 0);
-  std::vector<pid_t> pids;
-  for (int rank = 0; rank < world_size; ++rank) {
-    const std::map<std::string, std::string> overrides = {
-        {kRoleVar, role},
-        {"RANK", std::to_string(rank)},
-        {"WORLD_SIZE", std::to_string(world_size)},
-        {"MASTER_ADDR", "127.0.0.1"},
-        {"MASTER_PORT", std::to_string(port)},
-        {"SWARM_DIST_TIMEOUT_SECONDS", "3"}};
-    std::vector<std::string> env;
-    for (const auto& [name, value] : overrides) env.push_back(name + "=" + value);
-    for (char** e = environ; *e != nullptr; ++e) {
-      const std::string entry = *e;
-      if (!overrides.contains(entry.substr(0, entry.find('=')))) env.push_back(entry);
-    }
-    std::vector<std::string> args = {"/proc/self/exe", "--gtest_filter=CollectivesRank." + role};
-    std::vector<char*> argv, envp;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    for (auto& v : env) envp.push_back(v.data());
-    envp.push_back(nullptr);
-    pid_t pid = -1;
-    EXPECT_EQ(::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), envp.data()), 0);
-    pids.push_back(pid);
-  }
-  std::vector<int> codes(pids.size(), -1);
-  const auto deadline = Clock::now() + limit;
-  for (size_t i = 0; i < pids.size(); ++i) {
-    int status = 0;
-    while (::waitpid(pids[i], &status, WNOHANG) == 0) {
-      if (Clock::now() > deadline) {
-        ::kill(pids[i], SIGKILL);
-        ::waitpid(pids[i], &status, 0);
-        status = -1;
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    if (status != -1 && WIFEXITED(status)) codes[i] = WEXITSTATUS(status);
-  }
-  return codes;
+  swarm::testing::RankJob job(world_size, "CollectivesRank." + role, [&](int rank) {
+    return std::map<std::string, std::string>{{kRoleVar, role},
+                                              {"RANK", std::to_string(rank)},
+                                              {"WORLD_SIZE", std::to_string(world_size)},
+                                              {"MASTER_ADDR", "127.0.0.1"},
+                                              {"MASTER_PORT", std::to_string(port)},
+                                              {"SWARM_DIST_TIMEOUT_SECONDS", "3"}};
+  });
+  return job.wait(limit);
 }
 
 TEST(MakeCollectives, RendezvousWithoutPeersFailsAfterTheTimeout) {
@@ -352,28 +304,10 @@ void silent_peer_rank() {
   EXPECT_LT(elapsed, std::chrono::seconds(10));         // ...but only about the timeout
 }
 
-class RankTest : public testing::Test {
- public:
-  explicit RankTest(void (*body)()) : body_(body) {}
-  void TestBody() override { body_(); }
-
- private:
-  void (*body_)();
-};
 
 // In a spawned rank only: registers CollectivesRank.<role>.
-[[maybe_unused]] const bool kRankTestRegistered = [] {
-  const char* role = std::getenv(kRoleVar);
-  if (role == nullptr) return false;
-  const std::map<std::string, void (*)()> bodies = {
-      {"Ops", ops_rank}, {"DeadPeer", dead_peer_rank}, {"SilentPeer", silent_peer_rank}};
-  const auto it = bodies.find(role);
-  if (it == bodies.end()) return false;
-  void (*body)() = it->second;
-  testing::RegisterTest("CollectivesRank", role, nullptr, nullptr, __FILE__, __LINE__,
-                        [body]() -> testing::Test* { return new RankTest(body); });
-  return true;
-}();
+[[maybe_unused]] const bool kRankTestRegistered = swarm::testing::register_rank_test(
+    kRoleVar, "CollectivesRank", {{"Ops", ops_rank}, {"DeadPeer", dead_peer_rank}, {"SilentPeer", silent_peer_rank}});
 
 }  // namespace
 }  // namespace swarm

@@ -31,6 +31,7 @@
 #include "inference/kv_cache_torch.hpp"
 #include "inference/model_config.hpp"
 #include "inference/safetensors.hpp"
+#include "support/scratch_dir.hpp"
 
 namespace swarm {
 namespace {
@@ -42,46 +43,13 @@ fs::path tinystories() { return fs::path(SWARM_SHARED_DIR) / "models" / "tinysto
 fs::path reference_script() { return fs::path(SWARM_SOURCE_DIR) / "tests" / "reference" / "llama_reference.py"; }
 
 // A fresh scratch directory per test, removed afterwards.
-class ScratchDir {
- public:
-  ScratchDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() /
-            ("swarm-decoder-" + std::to_string(::getpid()) + "-" + (info ? info->name() : "x"));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~ScratchDir() { fs::remove_all(path_); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
+struct ScratchDir : swarm::testing::ScratchDir {
+  ScratchDir() : swarm::testing::ScratchDir("swarm-decoder") {}
 };
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream out;
-  out << in.rdbuf();
-  return std::move(out).str();
-}
 
 // Runs the python reference on `request`; throws (failing the test) with its stderr on error.
 json run_reference(const json& request, const fs::path& scratch) {
-  if (!fs::exists("/usr/bin/python3")) throw std::runtime_error("needs Debian's python3-torch at /usr/bin/python3");
-  if (!fs::exists(reference_script())) throw std::runtime_error("missing " + reference_script().string());
-  const fs::path req = scratch / "request.json", err = scratch / "reference.stderr";
-  std::ofstream(req) << request.dump();
-  const std::string cmd = "/usr/bin/python3 '" + reference_script().string() + "' < '" + req.string() + "' 2> '" +
-                          err.string() + "'";
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (!pipe) throw std::runtime_error("popen failed: " + cmd);
-  std::string out;
-  char buf[1 << 16];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
-  const int rc = ::pclose(pipe);
-  if (rc != 0) throw std::runtime_error("reference failed (" + std::to_string(rc) + "): " + read_text(err));
-  return json::parse(out);
+  return swarm::testing::run_python_reference(reference_script(), request, scratch);
 }
 
 // The reference's logits of sequence b as a [T, V] tensor.

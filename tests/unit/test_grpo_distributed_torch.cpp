@@ -8,11 +8,6 @@
 // write what they computed into a scratch directory (torch pickles) for the parent to compare.
 #include "trainer/grpo_trainer_torch.hpp"
 
-#include <netinet/in.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,9 +27,10 @@
 
 #include "common/error.hpp"
 #include "inference/decoder_model_torch.hpp"
+#include "support/rank_job.hpp"
+#include "support/scratch_dir.hpp"
 #include "support/train_batches.hpp"
 
-extern char** environ;
 
 namespace swarm {
 namespace {
@@ -165,105 +161,19 @@ torch::Tensor flatten(const Tensors& weights, const std::vector<std::string>& or
 
 // ---------------------------------------------------------------- spawning ranks
 
-int free_loopback_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  ::close(fd);
-  return ok ? ntohs(addr.sin_port) : -1;
-}
-
-class ScratchDir {
- public:
-  ScratchDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() /
-            ("swarm-grpo-dist-" + std::to_string(::getpid()) + "-" + (info ? info->name() : "x"));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
+struct ScratchDir : swarm::testing::ScratchDir {
+  ScratchDir() : swarm::testing::ScratchDir("swarm-grpo-dist") {}
 };
 
-// The ranks of one job. Every rank still running when this goes out of scope (a failed
-// ASSERT, an exception in the parent) is killed and reaped.
-class RankJob {
+// The 2 ranks of a job running GrpoDistRank.<role>, writing into `dir`.
+class RankJob : public swarm::testing::RankJob {
  public:
-  RankJob(const std::string& role, const fs::path& dir) {
-    const int port = free_loopback_port();
-    SWARM_CHECK(port > 0, "no free loopback port");
-    for (int rank = 0; rank < kWorld; ++rank) {
-      const std::map<std::string, std::string> overrides = {
-          {kRoleVar, role}, {kDirVar, dir.string()}, {kPortVar, std::to_string(port)}, {kRankVar, std::to_string(rank)}};
-      std::vector<std::string> env;
-      for (const auto& [name, value] : overrides) env.push_back(name + "=" + value);
-      for (char** e = environ; *e != nullptr; ++e) {
-        const std::string entry = *e;
-        if (!overrides.contains(entry.substr(0, entry.find('=')))) env.push_back(entry);
-      }
-      std::vector<std::string> args = {"/proc/self/exe", "--gtest_filter=GrpoDistRank." + role};
-      std::vector<char*> argv, envp;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      for (auto& v : env) envp.push_back(v.data());
-      envp.push_back(nullptr);
-      pid_t pid = -1;
-      const int rc = ::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), envp.data());
-      SWARM_CHECK(rc == 0, "posix_spawn failed: " + std::to_string(rc));
-      pids_.push_back(pid);
-    }
-  }
-  ~RankJob() {
-    for (pid_t& pid : pids_) kill_and_reap(pid);
-  }
-  RankJob(const RankJob&) = delete;
-  RankJob& operator=(const RankJob&) = delete;
-
-  // Each rank's exit code; -1 for a rank killed at `limit` (or by a signal). Once a rank fails,
-  // the others cannot finish their collectives: they are killed instead of waited for.
-  std::vector<int> wait(std::chrono::seconds limit) {
-    std::vector<int> codes(pids_.size(), -1);
-    const auto deadline = Clock::now() + limit;
-    size_t running = pids_.size();
-    bool failed = false;
-    while (running > 0 && !failed && Clock::now() < deadline) {
-      for (size_t i = 0; i < pids_.size(); ++i) {
-        if (pids_[i] <= 0) continue;
-        int status = 0;
-        if (::waitpid(pids_[i], &status, WNOHANG) != pids_[i]) continue;
-        pids_[i] = -1;
-        --running;
-        if (WIFEXITED(status)) codes[i] = WEXITSTATUS(status);
-        failed = failed || codes[i] != 0;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    for (pid_t& pid : pids_) kill_and_reap(pid);
-    return codes;
-  }
-
- private:
-  static void kill_and_reap(pid_t& pid) {
-    if (pid <= 0) return;
-    ::kill(pid, SIGKILL);
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    pid = -1;
-  }
-  std::vector<pid_t> pids_;
+  RankJob(const std::string& role, const fs::path& dir, int port = swarm::testing::free_loopback_port())
+      : swarm::testing::RankJob(kWorld, "GrpoDistRank." + role, [&](int rank) {
+          SWARM_CHECK(port > 0, "no free loopback port");
+          return std::map<std::string, std::string>{
+              {kRoleVar, role}, {kDirVar, dir.string()}, {kPortVar, std::to_string(port)}, {kRankVar, std::to_string(rank)}};
+        }) {}
 };
 
 // ---------------------------------------------------------------- comparisons
@@ -590,27 +500,10 @@ void dead_rank() {
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(30));
 }
 
-class RankTest : public ::testing::Test {
- public:
-  explicit RankTest(void (*body)()) : body_(body) {}
-  void TestBody() override { body_(); }
-
- private:
-  void (*body_)();
-};
 
 // In a spawned rank only: registers GrpoDistRank.<role>.
-[[maybe_unused]] const bool kRankTestRegistered = [] {
-  const char* role = std::getenv(kRoleVar);
-  if (role == nullptr) return false;
-  const std::map<std::string, void (*)()> bodies = {{"Fp32", fp32_rank}, {"Bf16", bf16_rank}, {"DeadRank", dead_rank}};
-  const auto it = bodies.find(role);
-  if (it == bodies.end()) return false;
-  void (*body)() = it->second;
-  ::testing::RegisterTest("GrpoDistRank", role, nullptr, nullptr, __FILE__, __LINE__,
-                          [body]() -> ::testing::Test* { return new RankTest(body); });
-  return true;
-}();
+[[maybe_unused]] const bool kRankTestRegistered = swarm::testing::register_rank_test(
+    kRoleVar, "GrpoDistRank", {{"Fp32", fp32_rank}, {"Bf16", bf16_rank}, {"DeadRank", dead_rank}});
 
 }  // namespace
 }  // namespace swarm

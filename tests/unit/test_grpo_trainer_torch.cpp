@@ -17,6 +17,7 @@
 
 #include "common/error.hpp"
 #include "inference/decoder_model_torch.hpp"
+#include "support/scratch_dir.hpp"
 #include "support/train_batches.hpp"
 
 namespace swarm {
@@ -28,49 +29,19 @@ using json = nlohmann::json;
 fs::path tinystories() { return fs::path(SWARM_SHARED_DIR) / "models" / "tinystories-656k"; }
 fs::path reference_script() { return fs::path(SWARM_SOURCE_DIR) / "tests" / "reference" / "grpo_reference.py"; }
 
-class ScratchDir {
- public:
-  ScratchDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() /
-            ("swarm-grpo-" + std::to_string(::getpid()) + "-" + (info ? info->name() : "x"));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~ScratchDir() { fs::remove_all(path_); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
+struct ScratchDir : swarm::testing::ScratchDir {
+  ScratchDir() : swarm::testing::ScratchDir("swarm-grpo") {}
 };
 
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream out;
-  out << in.rdbuf();
-  return std::move(out).str();
-}
+using swarm::testing::read_file;
 
 json run_reference(const json& request, const fs::path& scratch) {
-  if (!fs::exists("/usr/bin/python3")) throw std::runtime_error("needs Debian's python3-torch at /usr/bin/python3");
-  const fs::path req = scratch / "request.json", err = scratch / "reference.stderr";
-  std::ofstream(req) << request.dump();
-  const std::string cmd = "/usr/bin/python3 '" + reference_script().string() + "' < '" + req.string() + "' 2> '" +
-                          err.string() + "'";
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (!pipe) throw std::runtime_error("popen failed: " + cmd);
-  std::string out;
-  char buf[1 << 16];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
-  const int rc = ::pclose(pipe);
-  if (rc != 0) throw std::runtime_error("reference failed (" + std::to_string(rc) + "): " + read_text(err));
-  return json::parse(out);
+  return swarm::testing::run_python_reference(reference_script(), request, scratch);
 }
 
 // Reads raw float32 tensors written back to back, shaped like `like` (in order).
 std::vector<torch::Tensor> read_raw(const fs::path& path, const std::vector<torch::Tensor>& like) {
-  const std::string bytes = read_text(path);
+  const std::string bytes = read_file(path);
   std::vector<torch::Tensor> out;
   size_t at = 0;
   for (const auto& t : like) {

@@ -15,6 +15,7 @@
 #include "engine/torch_backend.hpp"
 #include "inference/decoder_model_torch.hpp"
 #include "inference/tokenizer.hpp"
+#include "support/scratch_dir.hpp"
 #include "support/train_batches.hpp"
 #include "swarm/job.hpp"
 
@@ -26,28 +27,11 @@ using swarm::testing::random_batch;
 
 fs::path tinystories() { return fs::path(SWARM_SHARED_DIR) / "models" / "tinystories-656k"; }
 
-class ScratchDir {
- public:
-  ScratchDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() /
-            ("swarm-torch-backend-" + std::to_string(::getpid()) + "-" + (info ? info->name() : "x"));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~ScratchDir() { fs::remove_all(path_); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
+struct ScratchDir : swarm::testing::ScratchDir {
+  ScratchDir() : swarm::testing::ScratchDir("swarm-torch-backend") {}
 };
 
-std::string read_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream out;
-  out << in.rdbuf();
-  return std::move(out).str();
-}
+using swarm::testing::read_file;
 
 Job tiny_job(const std::string& dtype = "fp32") {
   Job job;
@@ -118,7 +102,7 @@ TEST(TorchBackend, CheckpointIsALoadableHuggingFaceDirectory) {
                         "generation_config.json", "trainer_state/trainer_state.json",
                         "trainer_state/optimizer-rank0-of-1.safetensors"})
     EXPECT_TRUE(fs::exists(cp / f)) << f;
-  const auto config = nlohmann::json::parse(read_bytes(cp / "config.json"));
+  const auto config = nlohmann::json::parse(read_file(cp / "config.json"));
   EXPECT_EQ(config["torch_dtype"], "float32");
   auto saved = DecoderModel::load(cp, DType::F32);
   auto original = DecoderModel::load(tinystories(), DType::F32);
@@ -155,10 +139,10 @@ void check_exact_resume(const std::string& dtype) {
     c->save_checkpoint(resumed);
     c->release();
   }
-  EXPECT_EQ(read_bytes(straight / "model.safetensors"), read_bytes(resumed / "model.safetensors"));
-  EXPECT_EQ(read_bytes(straight / "trainer_state/optimizer-rank0-of-1.safetensors"),
-            read_bytes(resumed / "trainer_state/optimizer-rank0-of-1.safetensors"));
-  EXPECT_NE(read_bytes(at2 / "model.safetensors"), read_bytes(straight / "model.safetensors"));
+  EXPECT_EQ(read_file(straight / "model.safetensors"), read_file(resumed / "model.safetensors"));
+  EXPECT_EQ(read_file(straight / "trainer_state/optimizer-rank0-of-1.safetensors"),
+            read_file(resumed / "trainer_state/optimizer-rank0-of-1.safetensors"));
+  EXPECT_NE(read_file(at2 / "model.safetensors"), read_file(straight / "model.safetensors"));
 }
 
 TEST(TorchBackend, ResumeContinuesBitExactlyFp32) { check_exact_resume("fp32"); }
