@@ -8,21 +8,6 @@
 namespace swarm {
 namespace {
 
-void add_counters(PoolCounters& a, const PoolCounters& b) {
-  a.claimed += b.claimed;
-  a.ended += b.ended;
-  a.ended_eval += b.ended_eval;
-  a.ended_without_reward += b.ended_without_reward;
-  a.aborted += b.aborted;
-  a.timed_out += b.timed_out;
-  a.cancelled += b.cancelled;
-  a.llm_calls += b.llm_calls;
-  a.late_calls_dropped += b.late_calls_dropped;
-  a.valve_dropped_groups += b.valve_dropped_groups;
-  a.valve_dropped_episodes += b.valve_dropped_episodes;
-  a.batches_taken += b.batches_taken;
-}
-
 const char* short_name(EngineState s) { return engine_state_wire(s) + 7; }  // after "ENGINE."
 
 PoolConfig pool_config_from(const Job& job) {
@@ -197,7 +182,7 @@ double Engine::checkpoint(Backend& backend, const Job& job, int64_t step, const 
 }
 
 void Engine::accumulate_counters_locked() {
-  if (pool_) add_counters(past_counters_, pool_->counters());
+  if (pool_) past_counters_ += pool_->counters();
 }
 
 // ------------------------------------------------------------------ control thread
@@ -257,7 +242,7 @@ void Engine::run_boot(uint64_t epoch, Job job, std::string resume_from, std::sto
       backend_step_ = checkpointed_step_ = global_step_;
       backend_->set_policy_version(policy_version_);
       if (resumed) {
-        add_counters(past_counters_, resumed->counters);
+        past_counters_ += resumed->counters;
         options_.resume_from.clear();  // later runs of this process start from their job's model
       }
       pool_ = std::make_shared<RolloutPool>(pool_config_from(job), clock_);
@@ -297,7 +282,7 @@ void Engine::run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_
       {
         std::lock_guard lk(mu_);
         counters = past_counters_;
-        if (pool_) add_counters(counters, pool_->counters());
+        if (pool_) counters += pool_->counters();
       }
       try {
         report.metrics["checkpoint_seconds"] = checkpoint(*backend, *job, next_step, counters);
@@ -445,7 +430,7 @@ EngineSnapshot Engine::status() const {
   s.model = config_ ? config_->model : "";
   s.transitions = transitions_;
   s.counters = past_counters_;
-  if (pool_) add_counters(s.counters, pool_->counters());
+  if (pool_) s.counters += pool_->counters();
   return s;
 }
 

@@ -18,38 +18,6 @@ using json = nlohmann::json;
 
 namespace {
 
-json counters_json(const PoolCounters& c) {
-  return {{"claimed", c.claimed},
-          {"ended", c.ended},
-          {"ended_eval", c.ended_eval},
-          {"ended_without_reward", c.ended_without_reward},
-          {"aborted", c.aborted},
-          {"timed_out", c.timed_out},
-          {"cancelled", c.cancelled},
-          {"llm_calls", c.llm_calls},
-          {"late_calls_dropped", c.late_calls_dropped},
-          {"valve_dropped_groups", c.valve_dropped_groups},
-          {"valve_dropped_episodes", c.valve_dropped_episodes},
-          {"batches_taken", c.batches_taken}};
-}
-
-PoolCounters counters_from(const json& j) {
-  PoolCounters c;
-  c.claimed = j.value("claimed", int64_t{0});
-  c.ended = j.value("ended", int64_t{0});
-  c.ended_eval = j.value("ended_eval", int64_t{0});
-  c.ended_without_reward = j.value("ended_without_reward", int64_t{0});
-  c.aborted = j.value("aborted", int64_t{0});
-  c.timed_out = j.value("timed_out", int64_t{0});
-  c.cancelled = j.value("cancelled", int64_t{0});
-  c.llm_calls = j.value("llm_calls", int64_t{0});
-  c.late_calls_dropped = j.value("late_calls_dropped", int64_t{0});
-  c.valve_dropped_groups = j.value("valve_dropped_groups", int64_t{0});
-  c.valve_dropped_episodes = j.value("valve_dropped_episodes", int64_t{0});
-  c.batches_taken = j.value("batches_taken", int64_t{0});
-  return c;
-}
-
 // Writes `text` to `path` through a temporary file and a rename.
 void write_file_atomically(const fs::path& path, const std::string& text) {
   const fs::path tmp = path.parent_path() / ("." + path.filename().string() + ".tmp-" + std::to_string(::getpid()));
@@ -103,7 +71,7 @@ fs::path write_checkpoint(const fs::path& checkpoints_dir, const EngineCheckpoin
     write_into(tmp);
     const json st = {{"global_step", state.global_step},
                      {"policy_version", state.policy_version},
-                     {"pool_counters", counters_json(state.counters)},
+                     {"pool_counters", state.counters.to_json()},
                      {"job_yaml", state.job_yaml}};
     std::ofstream(tmp / "engine_state.json") << st.dump(2) << '\n';
     // Replacing an older checkpoint of the same step: move it aside first (rename cannot
@@ -153,7 +121,7 @@ EngineCheckpointState read_checkpoint_state(const fs::path& checkpoint) {
     EngineCheckpointState st;
     st.global_step = j.at("global_step").get<int64_t>();
     st.policy_version = j.at("policy_version").get<int64_t>();
-    st.counters = counters_from(j.at("pool_counters"));
+    st.counters = PoolCounters::from_json(j.at("pool_counters"));
     st.job_yaml = j.value("job_yaml", std::string());
     return st;
   } catch (const json::exception& e) {

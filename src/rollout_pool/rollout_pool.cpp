@@ -1,5 +1,7 @@
 #include "rollout_pool/rollout_pool.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <sys/random.h>
 
 #include <cerrno>
@@ -582,6 +584,43 @@ std::string random_uuid() {
   const std::string h = to_hex(b, sizeof b);
   return h.substr(0, 8) + "-" + h.substr(8, 4) + "-" + h.substr(12, 4) + "-" + h.substr(16, 4) +
          "-" + h.substr(20, 12);
+}
+
+// ------------------------------------------------------------------ counters
+
+namespace {
+// Every counter once, so sum and (de)serialisation cannot drift apart.
+constexpr std::pair<const char*, int64_t PoolCounters::*> kCounterFields[] = {
+    {"claimed", &PoolCounters::claimed},
+    {"ended", &PoolCounters::ended},
+    {"ended_eval", &PoolCounters::ended_eval},
+    {"ended_without_reward", &PoolCounters::ended_without_reward},
+    {"aborted", &PoolCounters::aborted},
+    {"timed_out", &PoolCounters::timed_out},
+    {"cancelled", &PoolCounters::cancelled},
+    {"llm_calls", &PoolCounters::llm_calls},
+    {"late_calls_dropped", &PoolCounters::late_calls_dropped},
+    {"valve_dropped_groups", &PoolCounters::valve_dropped_groups},
+    {"valve_dropped_episodes", &PoolCounters::valve_dropped_episodes},
+    {"batches_taken", &PoolCounters::batches_taken},
+};
+}  // namespace
+
+PoolCounters& PoolCounters::operator+=(const PoolCounters& other) {
+  for (const auto& [name, field] : kCounterFields) this->*field += other.*field;
+  return *this;
+}
+
+nlohmann::json PoolCounters::to_json() const {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [name, field] : kCounterFields) j[name] = this->*field;
+  return j;
+}
+
+PoolCounters PoolCounters::from_json(const nlohmann::json& j) {
+  PoolCounters c;
+  for (const auto& [name, field] : kCounterFields) c.*field = j.value(name, int64_t{0});
+  return c;
 }
 
 }  // namespace swarm

@@ -11,6 +11,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "common/clock.hpp"
 #include "rollout_pool/types.hpp"
 
@@ -92,6 +94,13 @@ struct PoolCounters {
   int64_t valve_dropped_groups = 0;
   int64_t valve_dropped_episodes = 0;
   int64_t batches_taken = 0;
+
+  /// Field-by-field sum (the counters of several runs or pools).
+  PoolCounters& operator+=(const PoolCounters& other);
+  /// {"claimed": N, ...}, every field by name: the pool-information and checkpoint form.
+  nlohmann::json to_json() const;
+  /// The inverse of to_json; a missing field reads as 0 (files written by older versions).
+  static PoolCounters from_json(const nlohmann::json& j);
 };
 
 /// Everything the monitor / metrics need, taken under one lock.

@@ -69,19 +69,7 @@ nlohmann::json pool_information_json(const EngineSnapshot& st, const PoolSnapsho
       {"recent_rewards", pool.recent_rewards},
       {"step_history", history},
       {"eval_metrics", eval},
-      {"counters",
-       {{"claimed", c.claimed},
-        {"ended", c.ended},
-        {"ended_eval", c.ended_eval},
-        {"ended_without_reward", c.ended_without_reward},
-        {"aborted", c.aborted},
-        {"timed_out", c.timed_out},
-        {"cancelled", c.cancelled},
-        {"llm_calls", c.llm_calls},
-        {"late_calls_dropped", c.late_calls_dropped},
-        {"valve_dropped_groups", c.valve_dropped_groups},
-        {"valve_dropped_episodes", c.valve_dropped_episodes},
-        {"batches_taken", c.batches_taken}}},
+      {"counters", c.to_json()},
   };
 }
 

@@ -76,7 +76,7 @@ void save_trainer_state(const fs::path& dir, const GrpoTrainer& trainer) {
   std::vector<std::pair<std::string, torch::Tensor>> named(state.begin(), state.end());
   std::vector<torch::Tensor> keep;
   const auto data = as_tensor_data(named, keep);
-  auto& comm = const_cast<GrpoTrainer&>(trainer).collectives();
+  const Collectives& comm = trainer.collectives();
   write_safetensors(dir / shard_file_name(comm.rank(), comm.world_size()), data);
   if (comm.rank() == 0) {
     const TrainerOptions& o = trainer.options();

@@ -240,7 +240,8 @@ LossSums GrpoTrainer::accumulate_gradients(const PreparedBatch& batch, const std
     for (size_t i = 0; i < params.size(); ++i) {
       torch::Tensor& leaf = params[i].second;
       if (!leaf.grad().defined()) continue;
-      grad_.narrow(0, offsets_[i], leaf.numel()).add_(leaf.grad().reshape(-1).to(torch::kFloat));
+      // add_ promotes a bf16 gradient to fp32 element by element: no full-size fp32 copy.
+      grad_.narrow(0, offsets_[i], leaf.numel()).add_(leaf.grad().reshape(-1));
       leaf.mutable_grad().reset();
     }
   }

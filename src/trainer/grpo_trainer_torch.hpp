@@ -129,6 +129,7 @@ class GrpoTrainer {
 
   const TrainerOptions& options() const noexcept { return options_; }
   Collectives& collectives() noexcept { return *comm_; }
+  const Collectives& collectives() const noexcept { return *comm_; }
 
  private:
   struct MicroBatchInputs;
