@@ -6,7 +6,13 @@
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
 
+#include "common/dist_config.hpp"
+#include "engine/rank_channel.hpp"
+#include "engine/rank_launcher.hpp"
 #include "server/swarm_server.hpp"
 #ifdef SWARM_WITH_TORCH
 #include "engine/torch_backend.hpp"
@@ -16,8 +22,26 @@
 
 namespace {
 
+// A follower rank of a multi-rank job: no HTTP; does what rank 0 says until it closes the job.
+int run_follower(const swarm::DistConfig& dist) {
+  spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] [rank " + std::to_string(dist.rank) + "] %v");
+#ifdef SWARM_WITH_TORCH
+  try {
+    return swarm::run_torch_follower(dist);
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    return 1;
+  }
+#else
+  spdlog::error("RANK={} of WORLD_SIZE={}: multi-rank training needs the torch engine, and this build has no libtorch",
+                dist.rank, dist.world_size);
+  return 2;
+#endif
+}
+
 int run_start(const std::string& host, int port, const std::string& engine, const std::string& config,
-              const std::string& log_level, int io_threads, size_t max_body_mb, const std::string& resume) {
+              const std::string& log_level, int io_threads, size_t max_body_mb, const std::string& resume, int nproc,
+              const std::vector<std::string>& argv) {
   auto level = spdlog::level::from_str(log_level);
   if (level == spdlog::level::off && log_level != "off") {
     std::cerr << "swarm-server: unknown --log-level '" << log_level
@@ -26,6 +50,49 @@ int run_start(const std::string& host, int port, const std::string& engine, cons
   }
   spdlog::set_level(level);
   spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
+
+  swarm::DistConfig dist;
+  try {
+    dist = swarm::DistConfig::from_env();
+  } catch (const std::exception& e) {
+    spdlog::error("swarm-server: {}", e.what());
+    return 2;
+  }
+  if (dist.rank > 0) return run_follower(dist);
+  if (nproc > 1 && dist.world_size > 1) {
+    spdlog::error("swarm-server: --nproc starts the ranks itself; do not also set WORLD_SIZE (={})", dist.world_size);
+    return 2;
+  }
+  if ((nproc > 1 || dist.world_size > 1) && engine != "torch") {
+    spdlog::error("swarm-server: several ranks (--nproc / WORLD_SIZE) need --engine torch");
+    return 2;
+  }
+  // --nproc N: this process is rank 0 of a job on this machine; it starts the other ranks.
+  std::optional<swarm::LocalRanks> local_ranks;
+  if (nproc > 1) {
+    dist.world_size = dist.local_world_size = nproc;
+    dist.master_addr = "127.0.0.1";
+    try {
+      dist.master_port = swarm::pick_free_port(dist.master_addr);
+      local_ranks.emplace(nproc, argv, dist.master_addr, dist.master_port);
+    } catch (const std::exception& e) {
+      spdlog::error("swarm-server: {}", e.what());
+      return 1;
+    }
+  }
+  std::shared_ptr<swarm::RankLeader> followers;
+  if (dist.world_size > 1) {
+    spdlog::info("swarm-server: rank 0 of {}: waiting for the other ranks on {}:{}", dist.world_size,
+                 dist.master_addr, dist.master_port);
+    try {
+      followers = swarm::RankLeader::accept(dist.master_addr, dist.master_port, dist.world_size, dist.timeout);
+    } catch (const std::exception& e) {
+      const std::string gone = local_ranks ? local_ranks->exited() : std::string();
+      spdlog::error("swarm-server: {}{}{}", e.what(), gone.empty() ? "" : "; ", gone);
+      return 1;
+    }
+    spdlog::info("swarm-server: all {} ranks joined", dist.world_size);
+  }
 
   // Block the stop signals in every thread; one thread waits for them (no work in a handler).
   sigset_t signals;
@@ -40,7 +107,10 @@ int run_start(const std::string& host, int port, const std::string& engine, cons
   options.http.io_threads = io_threads;
   options.http.max_body_bytes = max_body_mb * 1024 * 1024;
 #ifdef SWARM_WITH_TORCH
-  swarm::register_torch_backend();
+  if (followers)
+    swarm::register_torch_backend(followers, dist);
+  else
+    swarm::register_torch_backend();
 #endif
   const auto engines = swarm::available_backends();
   if (std::find(engines.begin(), engines.end(), engine) == engines.end()) {
@@ -53,6 +123,7 @@ int run_start(const std::string& host, int port, const std::string& engine, cons
   options.engine.backend = engine;
   options.engine.resume_from = resume;
   options.config_path = config;
+  int rc = 0;
   try {
     swarm::SwarmServer server(options);
     server.start();
@@ -62,13 +133,16 @@ int run_start(const std::string& host, int port, const std::string& engine, cons
     server.stop();
   } catch (const swarm::ConfigError& e) {
     spdlog::error("{}", e.what());
-    return 2;
+    rc = 2;
   } catch (const std::exception& e) {
     spdlog::error("swarm-server: {}", e.what());
-    return 1;
+    rc = 1;
   }
-  spdlog::info("swarm-server: stopped");
-  return 0;
+  // Closing the control channel ends the other ranks; then reap them.
+  if (followers) followers->close();
+  if (local_ranks) local_ranks->wait_all(std::chrono::seconds(30));
+  if (rc == 0) spdlog::info("swarm-server: stopped");
+  return rc;
 }
 
 std::string config_reference_markdown() {
@@ -113,10 +187,20 @@ int main(int argc, char** argv) {
                     "experiment directory (its latest checkpoint). Weights, optimizer, step and counters are "
                     "restored at the first start_engine.")
       ->check(CLI::ExistingDirectory);
+  int nproc = 1;
+  start->add_option("--nproc", nproc,
+                    "Training ranks on this machine (torch engine): rank 0 serves HTTP, every rank trains a "
+                    "share of each batch with sharded optimizer state (Gloo on CPU, NCCL on GPUs). Ranks on "
+                    "several machines: start one swarm-server per rank with RANK, WORLD_SIZE, MASTER_ADDR, "
+                    "MASTER_PORT set instead.")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
   auto* reference = app.add_subcommand("config-reference", "Print the configuration reference (Markdown)");
   auto* defaults = app.add_subcommand("default-config", "Print a YAML config with every key at its default");
   CLI11_PARSE(app, argc, argv);
-  if (*start) return run_start(host, port, engine, config, log_level, io_threads, max_body_mb, resume);
+  if (*start)
+    return run_start(host, port, engine, config, log_level, io_threads, max_body_mb, resume, nproc,
+                     std::vector<std::string>(argv, argv + argc));
   if (*reference) {
     std::cout << config_reference_markdown();
     return 0;

@@ -4,13 +4,29 @@
 
 #include <memory>
 
+#include "common/dist_config.hpp"
 #include "engine/backend.hpp"
 
 namespace swarm {
+
+class RankLeader;
 
 /// A new, unbooted torch backend.
 std::unique_ptr<Backend> make_torch_backend();
 /// Registers "torch" with make_backend (call once at start-up in programs that link swarm_torch).
 void register_torch_backend();
+
+/// Multi-rank training (torchrun convention, see DistConfig): rank 0 serves HTTP and drives
+/// `followers`, the other ranks, through the control channel. Registers "torch" so that each
+/// boot loads the model on every rank, each policy step trains every rank on its share of the
+/// batch (sharded optimizer state, gradients reduce-scattered over c10d), and each checkpoint
+/// holds every rank's optimizer shard.
+void register_torch_backend(std::shared_ptr<RankLeader> followers, const DistConfig& dist);
+
+/// The loop of a follower rank (RANK > 0): connects to rank 0's control channel at
+/// dist.master_addr:dist.master_port and does what it is told until rank 0 closes the channel
+/// (returns 0). Throws SwarmError(UNAVAILABLE) when rank 0 cannot be reached or goes away
+/// mid-message.
+int run_torch_follower(const DistConfig& dist);
 
 }  // namespace swarm

@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 #include <torch/cuda.h>
 
+#include "engine/rank_channel.hpp"
 #include "inference/chat_template.hpp"
 #include "inference/decoder_model_torch.hpp"
 #include "inference/kv_cache_torch.hpp"
@@ -27,26 +28,108 @@ namespace swarm {
 namespace {
 
 constexpr int64_t kAutoKvCacheBytes = int64_t{4} << 30;
+// How long rank 0 waits for the other ranks to load a model or write their optimizer shard.
+constexpr std::chrono::minutes kFollowerLoadTimeout{10};
+
+// Compute threads for one rank: the job's engine_threads, or this machine's cores split
+// between the ranks that share it.
+int compute_threads(const Job& job, int local_world_size) {
+  if (job.engine_threads > 0) return static_cast<int>(job.engine_threads);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, local_world_size));
+}
+
+torch::Device rank_device(const DistConfig& dist) {
+  if (!torch::cuda::is_available()) return torch::Device(torch::kCPU);
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(dist.rank % std::max(1, dist.local_world_size)));
+}
+
+// What a training rank holds: the model in the compute dtype (rank 0 also serves from it) and
+// the trainer over it, sharded through `comm`.
+struct RankModel {
+  std::shared_ptr<DecoderModel> model;
+  std::unique_ptr<GrpoTrainer> trainer;
+};
+
+RankModel load_rank_model(const Job& job, const std::filesystem::path& dir, bool resuming, torch::Device device,
+                          std::shared_ptr<Collectives> comm) {
+  const DType dtype = job.dtype == "bf16" ? DType::BF16 : DType::F32;
+  RankModel r;
+  r.model = DecoderModel::load(dir, dtype, device);
+  // bf16 computes in bf16 but keeps fp32 master weights: seed them from the checkpoint's own
+  // precision, not from the rounded bf16 copy (a resumed run restores them from its state).
+  std::shared_ptr<DecoderModel> master;
+  if (dtype != DType::F32 && !resuming) master = DecoderModel::load(dir, DType::F32, device);
+  r.trainer = std::make_unique<GrpoTrainer>(r.model, TrainerOptions::from_job(job), std::move(comm), master.get());
+  if (resuming) load_trainer_state(dir / "trainer_state", *r.trainer);
+  return r;
+}
+
+// The model directory a rank loads: the checkpoint when resuming, else the job's model.
+std::filesystem::path model_directory(const Job& job, const std::filesystem::path& resume) {
+  const std::filesystem::path dir = resume.empty() ? std::filesystem::path(job.model) : resume;
+  SWARM_REQUIRE(std::filesystem::is_directory(dir), ErrorKind::INVALID_ARGUMENT,
+                "model '" + dir.string() + "' is not a directory (the torch engine needs a Hugging Face model directory)");
+  SWARM_REQUIRE(std::filesystem::is_regular_file(dir / "config.json"), ErrorKind::INVALID_ARGUMENT,
+                "model directory '" + dir.string() + "' has no config.json");
+  return dir;
+}
 
 class TorchBackend final : public Backend {
  public:
+  /// `followers` (may be null) are the other ranks of a multi-rank job; this is then rank 0.
+  TorchBackend(std::shared_ptr<RankLeader> followers, DistConfig dist)
+      : followers_(std::move(followers)), dist_(std::move(dist)) {}
+  ~TorchBackend() override { release_followers(); }
+
   std::string name() const override { return "torch"; }
 
   void boot(const Job& job, std::stop_token stop) override {
+    // A resumed run loads the checkpoint's model directory (same files, trained weights).
+    const std::filesystem::path dir = model_directory(job, resume_checkpoint_);
+    if (!followers_) return boot_rank0(job, dir, stop, nullptr);
+    SWARM_REQUIRE(followers_->broken().empty(), ErrorKind::UNAVAILABLE,
+                  "the multi-rank job is broken (" + followers_->broken() + "); restart swarm-server");
+    // Every boot rendezvouses afresh for c10d (a failed job's process group is unusable), on a
+    // port rank 0 picks; the control channel tells the others which.
+    DistConfig dist = dist_;
+    dist.master_port = pick_free_port(dist.master_addr);
+    followers_->send_all(RankMessage{{{"kind", "boot"},
+                                      {"job", job.to_yaml()},
+                                      {"resume", resume_checkpoint_.string()},
+                                      {"store_port", dist.master_port}},
+                                     {}});
+    followers_booted_ = true;
+    bool replies_pending = true;
+    try {
+      std::shared_ptr<Collectives> comm = make_collectives(dist, rank_device(dist).is_cuda());
+      boot_rank0(job, dir, stop, std::move(comm));
+      replies_pending = false;
+      followers_->collect(kFollowerLoadTimeout);
+    } catch (...) {
+      if (replies_pending) {
+        try {
+          followers_->collect(kFollowerLoadTimeout);
+        } catch (const std::exception&) {  // this boot fails anyway, with rank 0's error
+        }
+      }
+      trainer_.reset();
+      release_followers();
+      throw;
+    }
+    spdlog::info("torch engine: {} ranks ({} collectives) booted", dist.world_size,
+                 trainer_->collectives().backend_name());
+  }
+
+  void boot_rank0(const Job& job, const std::filesystem::path& dir, std::stop_token stop,
+                  std::shared_ptr<Collectives> comm) {
     const auto cancelled = [&] {
       if (stop.stop_requested()) throw SwarmError(ErrorKind::CONFLICT, "boot cancelled");
     };
-    // A resumed run loads the checkpoint's model directory (same files, trained weights).
     const bool resuming = !resume_checkpoint_.empty();
-    const std::filesystem::path dir = resuming ? resume_checkpoint_ : std::filesystem::path(job.model);
-    SWARM_REQUIRE(std::filesystem::is_directory(dir), ErrorKind::INVALID_ARGUMENT,
-                  "model '" + dir.string() + "' is not a directory (the torch engine needs a Hugging Face model directory)");
-    SWARM_REQUIRE(std::filesystem::is_regular_file(dir / "config.json"), ErrorKind::INVALID_ARGUMENT,
-                  "model directory '" + dir.string() + "' has no config.json");
     model_dir_ = dir;
     job_ = job;
-    const int threads = job.engine_threads > 0 ? static_cast<int>(job.engine_threads)
-                                               : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int threads = compute_threads(job, dist_.local_world_size);
     const DType dtype = job.dtype == "bf16" ? DType::BF16 : DType::F32;
     const ThreadPlan plan = configure_compute_threads(threads, dtype);
 
@@ -58,8 +141,10 @@ class TorchBackend final : public Backend {
     }
     cancelled();
 
-    const torch::Device device = torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
-    model_ = DecoderModel::load(dir, dtype, device);
+    const torch::Device device = rank_device(dist_);
+    RankModel loaded = load_rank_model(job, dir, resuming, device, std::move(comm));
+    model_ = std::move(loaded.model);
+    trainer_ = std::move(loaded.trainer);
     cancelled();
     const ModelConfig& cfg = model_->config();
     if (tokenizer_->vocab_size() > cfg.vocab_size)
@@ -83,15 +168,6 @@ class TorchBackend final : public Backend {
       const int64_t seqs = std::min(job.max_batch_sequences, job.effective_max_parallel_episodes());
       sc.kv_cache_tokens = std::max(max_context_, std::min(seqs * max_context_, kAutoKvCacheBytes / bytes_per_token));
     }
-    {
-      // bf16 computes in bf16 but keeps fp32 master weights: seed them from the checkpoint's
-      // own precision, not from the rounded bf16 copy.
-      std::shared_ptr<DecoderModel> master;
-      if (dtype != DType::F32 && !resuming) master = DecoderModel::load(dir, DType::F32, device);
-      trainer_ = std::make_unique<GrpoTrainer>(model_, TrainerOptions::from_job(job), nullptr, master.get());
-      if (resuming) load_trainer_state(dir / "trainer_state", *trainer_);
-    }
-    cancelled();
     auto engine = std::make_shared<ServingEngine>(model_, tokenizer_, sc);
     engine->set_policy_version(0);
     {
@@ -161,7 +237,25 @@ class TorchBackend final : public Backend {
     TrainStepReport report = summarize_batch(batch);
     report.global_step = next_global_step;
     trainer_dirty_ = true;  // until the step completes, the weights may be half-updated
-    report.metrics = trainer_->train(batch, next_global_step, exclusive, stop);
+    if (!followers_) {
+      report.metrics = trainer_->train(batch, next_global_step, exclusive, stop);
+    } else {
+      // Every rank gets the whole batch (advantages need whole task groups) and trains its
+      // share of the sequences; the gradients meet in the collectives.
+      followers_->send_all(RankMessage{{{"kind", "train"}, {"step", next_global_step}}, serialize_train_batch(batch)});
+      std::string error;
+      try {
+        report.metrics = trainer_->train(batch, next_global_step, exclusive, stop);
+      } catch (const std::exception& e) {
+        error = std::string("rank 0: ") + e.what();
+      }
+      try {
+        followers_->collect(dist_.timeout + std::chrono::seconds(30));
+      } catch (const std::exception& e) {
+        error += (error.empty() ? "" : "; ") + std::string(e.what());
+      }
+      SWARM_REQUIRE(error.empty(), ErrorKind::UNAVAILABLE, "training step failed: " + error);
+    }
     trainer_dirty_ = false;
     report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return report;
@@ -175,6 +269,8 @@ class TorchBackend final : public Backend {
     // and it runs on this (control) thread, so reading them here races with nothing.
     save_hf_model(dir, *model_, model_dir_);
     save_trainer_state(dir / "trainer_state", *trainer_);
+    // The other ranks write their optimizer shards beside rank 0's (a shared filesystem).
+    if (followers_) followers_->request(RankMessage{{{"kind", "save"}, {"dir", dir.string()}}, {}}, kFollowerLoadTimeout);
   }
 
   void set_policy_version(int64_t version) override {
@@ -209,9 +305,21 @@ class TorchBackend final : public Backend {
     engine.reset();
     trainer_.reset();
     model_.reset();
+    release_followers();
   }
 
  private:
+  // Tells the other ranks to drop their model and trainer (they then wait for the next boot).
+  void release_followers() noexcept {
+    if (!followers_ || !followers_booted_) return;
+    followers_booted_ = false;
+    try {
+      followers_->request(RankMessage{{{"kind", "release"}}, {}}, kFollowerLoadTimeout);
+    } catch (const std::exception& e) {
+      spdlog::error("torch engine: releasing the other ranks failed: {}", e.what());
+    }
+  }
+
   std::shared_ptr<ServingEngine> serving() const {
     std::lock_guard lk(engine_mu_);
     return engine_;
@@ -228,12 +336,74 @@ class TorchBackend final : public Backend {
   mutable std::mutex engine_mu_;  // guards engine_ (HTTP threads and /metrics read it)
   std::shared_ptr<ServingEngine> engine_;
   int64_t max_context_ = 0;
+  std::shared_ptr<RankLeader> followers_;  // null on one rank; control thread only
+  bool followers_booted_ = false;          // the followers hold (or are loading) a model
+  DistConfig dist_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_torch_backend() { return std::make_unique<TorchBackend>(); }
+std::unique_ptr<Backend> make_torch_backend() { return std::make_unique<TorchBackend>(nullptr, DistConfig{}); }
 
 void register_torch_backend() { register_backend("torch", [] { return make_torch_backend(); }); }
+
+void register_torch_backend(std::shared_ptr<RankLeader> followers, const DistConfig& dist) {
+  register_backend("torch", [followers, dist] { return std::make_unique<TorchBackend>(followers, dist); });
+}
+
+int run_torch_follower(const DistConfig& dist) {
+  auto channel = RankFollower::connect(dist.master_addr, dist.master_port, dist.rank, dist.timeout);
+  spdlog::info("rank {} of {}: joined rank 0 at {}:{}", dist.rank, dist.world_size, dist.master_addr, dist.master_port);
+  std::optional<RankModel> held;
+  const GrpoTrainer::ExclusiveRunner inline_runner = [](const std::function<void()>& fn) { fn(); };
+  for (;;) {
+    std::optional<RankMessage> message = channel->receive();
+    if (!message) {
+      spdlog::info("rank {}: rank 0 closed the job; exiting", dist.rank);
+      return 0;
+    }
+    const std::string kind = message->header.value("kind", "");
+    try {
+      if (kind == "boot") {
+        held.reset();
+        const Job job = Job::from_yaml(message->header.at("job").get<std::string>());
+        const std::filesystem::path resume = message->header.value("resume", std::string());
+        const std::filesystem::path dir = model_directory(job, resume);
+        DistConfig store = dist;
+        store.master_port = message->header.at("store_port").get<int>();
+        const torch::Device device = rank_device(dist);
+        std::shared_ptr<Collectives> comm = make_collectives(store, device.is_cuda());
+        configure_compute_threads(compute_threads(job, dist.local_world_size),
+                                  job.dtype == "bf16" ? DType::BF16 : DType::F32);
+        held = load_rank_model(job, dir, !resume.empty(), device, std::move(comm));
+        spdlog::info("rank {}: loaded {} ({} optimizer values on this rank)", dist.rank, dir.string(),
+                     (held->trainer->parameter_count() + dist.world_size - 1) / dist.world_size);
+      } else if (kind == "train") {
+        SWARM_REQUIRE(held.has_value(), ErrorKind::CONFLICT, "no model is loaded on this rank");
+        const TrainBatch batch = deserialize_train_batch(message->payload);
+        const int64_t step = message->header.at("step").get<int64_t>();
+        try {
+          held->trainer->train(batch, step, inline_runner);
+        } catch (...) {
+          held.reset();  // half-updated weights: rank 0 ends the run and will boot afresh
+          throw;
+        }
+        spdlog::debug("rank {}: step {} done", dist.rank, step);
+      } else if (kind == "save") {
+        SWARM_REQUIRE(held.has_value(), ErrorKind::CONFLICT, "no model is loaded on this rank");
+        save_trainer_state(std::filesystem::path(message->header.at("dir").get<std::string>()) / "trainer_state",
+                           *held->trainer);
+      } else if (kind == "release") {
+        held.reset();
+      } else {
+        throw SwarmError(ErrorKind::INVALID_ARGUMENT, "unknown command '" + kind + "' from rank 0");
+      }
+      channel->reply_ok();
+    } catch (const std::exception& e) {
+      spdlog::error("rank {}: {} failed: {}", dist.rank, kind, e.what());
+      channel->reply_error(e.what());
+    }
+  }
+}
 
 }  // namespace swarm

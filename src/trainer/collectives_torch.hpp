@@ -9,22 +9,9 @@
 #include <memory>
 #include <string>
 
+#include "common/dist_config.hpp"
+
 namespace swarm {
-
-/// Where this process sits in a data-parallel job (torchrun convention).
-struct DistConfig {
-  int rank = 0;
-  int world_size = 1;
-  std::string master_addr = "127.0.0.1";
-  int master_port = 29500;
-  std::chrono::milliseconds timeout{60000};  // any collective or the rendezvous waiting longer fails
-
-  /// From RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and optionally SWARM_DIST_TIMEOUT_SECONDS).
-  /// Unset WORLD_SIZE -> single process (RANK, if set, must then be 0). With WORLD_SIZE > 1,
-  /// RANK is required; MASTER_ADDR / MASTER_PORT default to the values above.
-  /// Bad values -> SwarmError(INVALID_ARGUMENT) naming the variable.
-  static DistConfig from_env();
-};
 
 /// Collective operations across the ranks of a job. All ranks must call the same operations in
 /// the same order with tensors of the same shape and dtype. Tensors are contiguous. Every

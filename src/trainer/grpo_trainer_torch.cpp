@@ -386,6 +386,15 @@ void GrpoTrainer::load_optimizer_state(const std::map<std::string, torch::Tensor
   refresh_weights_from_master();
 }
 
+bool GrpoTrainer::stop_requested_anywhere(const std::stop_token& stop) {
+  // A stop reaches one rank (rank 0 serves stop_engine); the others learn of it here, so they
+  // all leave the step together instead of waiting in a collective until it times out.
+  if (comm_->world_size() == 1) return stop.stop_requested();
+  torch::Tensor flag = torch::full({1}, stop.stop_requested() ? 1.0 : 0.0, grad_.options());  // on the collectives' device
+  comm_->all_reduce_sum(flag);
+  return flag.item<float>() > 0.f;
+}
+
 std::map<std::string, double> GrpoTrainer::train(const TrainBatch& batch, int64_t step,
                                                  const ExclusiveRunner& exclusive, std::stop_token stop) {
   const auto t_start = std::chrono::steady_clock::now();
@@ -434,7 +443,7 @@ std::map<std::string, double> GrpoTrainer::train(const TrainBatch& batch, int64_
   int64_t opt_steps = 0;
   for (int64_t epoch = 0; epoch < options_.ppo_epochs; ++epoch) {
     for (const auto& mb : minis) {
-      if (stop.stop_requested()) throw SwarmError(ErrorKind::CONFLICT, "training step cancelled");
+      if (stop_requested_anywhere(stop)) throw SwarmError(ErrorKind::CONFLICT, "training step cancelled");
       double norm = 0.0;
       for (size_t idx : mb)
         norm += options_.loss_aggregation == LossAggregation::TOKEN_MEAN

@@ -136,6 +136,8 @@ class GrpoTrainer {
   MicroBatchInputs build_inputs(const PreparedBatch& batch, const std::vector<size_t>& micro) const;
   torch::Tensor selected_logprobs(const DecoderModel& model, const MicroBatchInputs& in, torch::Tensor* entropy);
   void refresh_weights_from_master();
+  /// True when `stop` was requested on any rank (a collective: every rank must call it).
+  bool stop_requested_anywhere(const std::stop_token& stop);
 
   std::shared_ptr<DecoderModel> serving_;
   std::shared_ptr<DecoderModel> train_model_;  // parameters are views into weights_

@@ -1,0 +1,26 @@
+// Where this process sits in a multi-rank job (the torchrun convention). No torch: the server
+// reads it before it knows whether it will load a model.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+namespace swarm {
+
+struct DistConfig {
+  int rank = 0;
+  int world_size = 1;
+  int local_world_size = 1;  // ranks sharing this machine (they split its cores)
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::chrono::milliseconds timeout{60000};  // any collective or the rendezvous waiting longer fails
+
+  /// From RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_WORLD_SIZE (and optionally
+  /// SWARM_DIST_TIMEOUT_SECONDS). Unset WORLD_SIZE -> single process (RANK, if set, must then
+  /// be 0). With WORLD_SIZE > 1, RANK is required; MASTER_ADDR / MASTER_PORT default to the
+  /// values above; LOCAL_WORLD_SIZE defaults to WORLD_SIZE (every rank on this machine).
+  /// Bad values -> SwarmError(INVALID_ARGUMENT) naming the variable.
+  static DistConfig from_env();
+};
+
+}  // namespace swarm
