@@ -114,7 +114,8 @@ class SwarmClient {
   /// was claimed by this client more than 2 × discard_episode_timeout ago, its data is
   /// considered stale: an abort is sent instead (best effort, failures only logged) and
   /// false is returned. The episode is forgotten locally either way.
-  /// Throws ConfigError if the task/output JSON text fields are not valid JSON.
+  /// Throws ConfigError (nothing sent; abort the episode) if the task/output JSON text fields
+  /// are not valid JSON or the reward is not a finite number.
   bool end_episode(const Task& task, const std::string& episode_uuid, const WorkflowOutput& output);
 
   /// Gives the episode up (`POST /abort_episode`): its context is discarded. Use it on

@@ -99,7 +99,8 @@ class OpenAIClient {
   ChatResult chat(std::initializer_list<ChatMessage> messages, const ChatParams& params = {});
   /// Streaming chat (`stream: true`, server-sent events). `on_delta` is called with each
   /// piece of content as it arrives; the result holds the whole content, the
-  /// finish_reason and the usage (requested with stream_options.include_usage).
+  /// finish_reason and the usage (requested with stream_options.include_usage). With
+  /// params.n > 1 only choice 0 is followed (use chat() for every choice).
   /// An exception thrown by `on_delta` stops the stream and propagates.
   ChatResult chat_stream(const nlohmann::json& messages,
                          const std::function<void(std::string_view delta)>& on_delta,

@@ -179,6 +179,8 @@ ChatResult OpenAIClient::chat_stream(const nlohmann::json& messages,
     if (choices == chunk.end() || !choices->is_array() || choices->empty()) return true;
     const json& c0 = (*choices)[0];
     if (!c0.is_object()) return true;
+    // chat_stream returns one text: with n > 1 it follows choice 0 (chunks carry one choice each).
+    if (c0.value("index", 0) != 0) return true;
     if (auto fr = c0.find("finish_reason"); fr != c0.end() && fr->is_string()) {
       result.finish_reason = fr->get<std::string>();
       saw_finish = true;

@@ -4,6 +4,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
@@ -114,6 +115,9 @@ json task_to_json(const Task& task) {
 }
 
 json output_to_json(const WorkflowOutput& out) {
+  // JSON has no NaN or infinity (they would be sent as null: an episode without reward).
+  if (out.reward && !std::isfinite(*out.reward))
+    throw ConfigError("workflow_output.reward must be a finite number, got " + std::to_string(*out.reward));
   json metrics = json::object();
   for (const auto& [name, value] : out.log_metrics) metrics[name] = value;
   return json{{"reward", out.reward ? json(*out.reward) : json(nullptr)},

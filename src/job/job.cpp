@@ -265,7 +265,7 @@ void Job::validate() const {
   if (max_llm_calls_per_episode < 1) bad("max_llm_calls_per_episode", "must be >= 1");
   if (max_prompt_length < 1) bad("max_prompt_length", "must be >= 1");
   if (max_response_length < 1) bad("max_response_length", "must be >= 1");
-  if (temperature < 0) bad("temperature", "must be >= 0");
+  if (temperature < 0 || temperature > 2) bad("temperature", "must be in [0, 2] (the range the OpenAI routes accept)");
   if (top_p <= 0 || top_p > 1) bad("top_p", "must be in (0, 1]");
   if (top_k < -1 || top_k == 0) bad("top_k", "must be -1 (off) or >= 1");
   if (learning_rate <= 0) bad("learning_rate", "must be > 0");

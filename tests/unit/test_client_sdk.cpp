@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -259,6 +261,13 @@ TEST(SwarmClientTest, EndEpisodeSendsTaskAndOutput) {
   // Invalid JSON text is caught locally.
   task.metadata_json = "{not json";
   EXPECT_THROW(client.end_episode(task, "ep-9", out), ConfigError);
+
+  // So is a reward JSON cannot carry (NaN would go out as null: an episode without reward).
+  task.metadata_json = "{}";
+  for (double bad : {std::nan(""), std::numeric_limits<double>::infinity()}) {
+    out.reward = bad;
+    EXPECT_THROW(client.end_episode(task, "ep-9", out), ConfigError);
+  }
 }
 
 TEST(SwarmClientTest, LateEndEpisodeIsSentAsAbort) {

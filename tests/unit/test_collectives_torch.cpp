@@ -113,7 +113,7 @@ TEST(MakeCollectives, WorldOfOneIsSingleProcess) {
 const std::map<std::string, std::optional<std::string>> kNoDistEnv = {
     {"RANK", std::nullopt},        {"WORLD_SIZE", std::nullopt},
     {"MASTER_ADDR", std::nullopt}, {"MASTER_PORT", std::nullopt},
-    {"SWARM_DIST_TIMEOUT_SECONDS", std::nullopt}};
+    {"LOCAL_WORLD_SIZE", std::nullopt}, {"SWARM_DIST_TIMEOUT_SECONDS", std::nullopt}};
 
 TEST(DistConfigFromEnv, ReadsTorchrunVariables) {
   ScopedEnv clean(kNoDistEnv);
@@ -128,6 +128,9 @@ TEST(DistConfigFromEnv, ReadsTorchrunVariables) {
   EXPECT_EQ(c.master_addr, "10.1.2.3");
   EXPECT_EQ(c.master_port, 12345);
   EXPECT_EQ(c.timeout, std::chrono::milliseconds(2500));
+  EXPECT_EQ(c.local_world_size, 4);  // unset: every rank on this machine
+  ScopedEnv two_per_machine({{"LOCAL_WORLD_SIZE", "2"}});
+  EXPECT_EQ(DistConfig::from_env().local_world_size, 2);
 }
 
 TEST(DistConfigFromEnv, UnsetWorldSizeIsSingleProcessWithDefaults) {
@@ -157,6 +160,7 @@ TEST(DistConfigFromEnv, RejectsBadValuesNamingTheVariable) {
   rejected({{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_PORT", "29500x"}}, "MASTER_PORT");
   rejected({{"SWARM_DIST_TIMEOUT_SECONDS", "0"}}, "SWARM_DIST_TIMEOUT_SECONDS");
   rejected({{"SWARM_DIST_TIMEOUT_SECONDS", "soon"}}, "SWARM_DIST_TIMEOUT_SECONDS");
+  rejected({{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"LOCAL_WORLD_SIZE", "3"}}, "LOCAL_WORLD_SIZE");
 }
 
 // ---------------------------------------------------------------- multi-rank jobs

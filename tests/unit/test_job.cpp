@@ -149,6 +149,7 @@ TEST(JobTest, WrongTypeNamesKey) {
   expect_config_error("model: m\nbatch_size: [1, 2]\n", {"batch_size"});
   expect_config_error("model: m\nproject_name: {a: 1}\n", {"project_name"});
   expect_config_error("model: m\ntemperature: .nan\n", {"temperature"});
+  expect_config_error("model: m\ntemperature: 3\n", {"temperature", "[0, 2]"});
 }
 
 TEST(JobTest, InvalidEnumNamesKeyAndOptions) {
