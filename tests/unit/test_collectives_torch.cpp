@@ -129,7 +129,7 @@ TEST(DistConfigFromEnv, ReadsTorchrunVariables) {
   EXPECT_EQ(c.master_port, 12345);
   EXPECT_EQ(c.timeout, std::chrono::milliseconds(2500));
   EXPECT_EQ(c.local_world_size, 4);  // unset: every rank on this machine
-  ScopedEnv two_per_machine({{"LOCAL_WORLD_SIZE", "2"}});
+  ScopedEnv two_per_machine(std::map<std::string, std::optional<std::string>>{{"LOCAL_WORLD_SIZE", "2"}});
   EXPECT_EQ(DistConfig::from_env().local_world_size, 2);
 }
 
