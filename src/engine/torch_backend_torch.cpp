@@ -236,7 +236,17 @@ class TorchBackend final : public Backend {
     };
     TrainStepReport report = summarize_batch(batch);
     report.global_step = next_global_step;
-    trainer_dirty_ = true;  // until the step completes, the weights may be half-updated
+    // Until the step completes, the weights may be half-updated. A step stopped before its
+    // first optimizer step (stop_engine during WEIGHT_SYNCING) leaves them as they were.
+    trainer_dirty_ = true;
+    const int64_t optimizer_steps_before = trainer_->optimizer_steps();
+    struct CleanIfUntouched {
+      TorchBackend& b;
+      int64_t before;
+      ~CleanIfUntouched() {
+        if (b.trainer_ && b.trainer_->optimizer_steps() == before) b.trainer_dirty_ = false;
+      }
+    } clean_if_untouched{*this, optimizer_steps_before};
     if (!followers_) {
       report.metrics = trainer_->train(batch, next_global_step, exclusive, stop);
     } else {

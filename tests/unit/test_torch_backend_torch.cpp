@@ -113,6 +113,24 @@ TEST(TorchBackend, CheckpointIsALoadableHuggingFaceDirectory) {
   b->release();
 }
 
+TEST(TorchBackend, AStepStoppedBeforeItsFirstUpdateStillLetsTheLastStepBeSaved) {
+  ScratchDir scratch;
+  auto b = booted(tiny_job());
+  b->train_step(random_batch(2, 4, 2), 1, {});
+  const fs::path before = scratch.path() / "before", after = scratch.path() / "after";
+  fs::create_directories(before);
+  fs::create_directories(after);
+  b->save_checkpoint(before);
+  // stop_engine during WEIGHT_SYNCING: the step leaves before any optimizer step...
+  std::stop_source stop;
+  stop.request_stop();
+  EXPECT_THROW(b->train_step(random_batch(2, 4, 3), 2, stop.get_token()), SwarmError);
+  // ...so the weights are still those of step 1, and the checkpoint on stop can be written.
+  ASSERT_NO_THROW(b->save_checkpoint(after));
+  EXPECT_EQ(read_file(before / "model.safetensors"), read_file(after / "model.safetensors"));
+  b->release();
+}
+
 // The resume test: 2 steps, checkpoint, resume in a new backend, 2 more steps equals
 // 4 uninterrupted steps, bit for bit (weights and optimizer state).
 void check_exact_resume(const std::string& dtype) {
