@@ -1,0 +1,203 @@
+#include "plot/reward_plot.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "common/error.hpp"
+
+namespace swarm::plot {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr Rgb kRawColor{31, 119, 180};
+constexpr Rgb kAverageColor{255, 127, 14};
+
+bool finite_number(const json& j) { return j.is_number() && std::isfinite(j.get<double>()); }
+
+std::string format_value(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", v);
+  return buf;
+}
+
+// Steps are whole numbers in practice: print them in full ("12345", not "1.234e+04").
+std::string format_step(double v) {
+  if (v == std::floor(v) && std::fabs(v) < 1e15) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+    return buf;
+  }
+  return format_value(v);
+}
+
+}  // namespace
+
+MetricSeries parse_metric_series(std::istream& in, const std::string& field, const std::string& source) {
+  MetricSeries s;
+  s.field = field;
+  const std::string suffix = "_mean";
+  const bool has_std_name = field.size() > suffix.size() && field.ends_with(suffix);
+  const std::string std_name = has_std_name ? field.substr(0, field.size() - suffix.size()) + "_std" : "";
+
+  struct Point {
+    double value, std;
+  };
+  std::map<double, Point> by_step;  // a later line of the same step replaces the earlier
+  std::set<std::string> numeric_fields;
+  size_t well_formed = 0;
+  bool field_seen = false, std_seen = false;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    ++s.lines;
+    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) {
+      ++s.malformed;
+      continue;
+    }
+    const json* step = nullptr;
+    for (const char* key : {"step", "global_step"})
+      if (auto it = j.find(key); it != j.end() && finite_number(*it)) {
+        step = &*it;
+        break;
+      }
+    if (!step) {
+      ++s.malformed;
+      continue;
+    }
+    ++well_formed;
+    for (const auto& [k, v] : j.items())
+      if (v.is_number() || v.is_null()) numeric_fields.insert(k);
+    const auto it = j.find(field);
+    if (it != j.end()) field_seen = true;
+    if (it == j.end() || !finite_number(*it)) {
+      ++s.without_value;
+      continue;
+    }
+    double sd = std::numeric_limits<double>::quiet_NaN();
+    if (has_std_name)
+      if (auto st = j.find(std_name); st != j.end() && finite_number(*st)) {
+        sd = st->get<double>();
+        std_seen = true;
+      }
+    auto [pos, inserted] = by_step.insert_or_assign(step->get<double>(), Point{it->get<double>(), sd});
+    if (!inserted) ++s.duplicates;
+  }
+
+  if (well_formed == 0)
+    throw SwarmError(ErrorKind::INVALID_ARGUMENT,
+                     "no usable points in " + source + ": " +
+                         (s.lines == 0 ? std::string("it is empty")
+                                       : std::to_string(s.malformed) + " malformed line(s), none usable"));
+  if (!field_seen) {
+    std::string known;
+    size_t shown = 0;
+    for (const auto& k : numeric_fields) {
+      if (shown++ == 40) {
+        known += ", ...";
+        break;
+      }
+      known += (known.empty() ? "" : ", ") + k;
+    }
+    throw SwarmError(ErrorKind::INVALID_ARGUMENT,
+                     "unknown field '" + field + "' in " + source + " (fields: " + known + ")");
+  }
+  if (by_step.empty())
+    throw SwarmError(ErrorKind::INVALID_ARGUMENT,
+                     "no usable points in " + source + ": '" + field + "' is never a finite number");
+
+  if (std_seen) s.std_field = std_name;
+  for (const auto& [step, p] : by_step) {
+    s.steps.push_back(step);
+    s.values.push_back(p.value);
+    if (std_seen) s.stds.push_back(p.std);
+  }
+  return s;
+}
+
+fs::path resolve_metrics_file(const fs::path& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return path / "metrics.jsonl";
+  return path;
+}
+
+MetricSeries load_metric_series(const fs::path& path, const std::string& field) {
+  const fs::path file = resolve_metrics_file(path);
+  std::error_code ec;
+  SWARM_REQUIRE(fs::is_regular_file(file, ec), ErrorKind::NOT_FOUND,
+                "metrics file '" + file.string() + "' does not exist");
+  std::ifstream in(file);
+  SWARM_REQUIRE(in.is_open(), ErrorKind::NOT_FOUND, "cannot open metrics file '" + file.string() + "'");
+  return parse_metric_series(in, field, file.string());
+}
+
+size_t default_window(size_t n) { return std::max<size_t>(1, (n + 5) / 10); }
+
+std::vector<double> moving_average(const std::vector<double>& v, size_t window) {
+  const size_t n = v.size(), half = window / 2;
+  std::vector<double> prefix(n + 1, 0.0);
+  for (size_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + v[i];
+  std::vector<double> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    const size_t lo = i >= half ? i - half : 0, hi = std::min(n - 1, i + half);
+    out[i] = (prefix[hi + 1] - prefix[lo]) / static_cast<double>(hi - lo + 1);
+  }
+  return out;
+}
+
+std::string default_title(const fs::path& metrics_file, const std::string& field) {
+  std::error_code ec;
+  fs::path dir = fs::absolute(resolve_metrics_file(metrics_file), ec).parent_path();
+  if (ec) return field;
+  const std::string experiment = dir.filename().string(), project = dir.parent_path().filename().string();
+  if (experiment.empty()) return field;
+  return field + ": " + (project.empty() ? experiment : project + "/" + experiment);
+}
+
+ChartSpec build_reward_chart(const MetricSeries& s, const RewardChartOptions& options) {
+  ChartSpec spec;
+  spec.title = options.title;
+  spec.width = options.width;
+  spec.height = options.height;
+  spec.x_label = "step";
+  spec.y_label = s.field;
+  spec.integer_x = std::all_of(s.steps.begin(), s.steps.end(), [](double x) { return x == std::floor(x); });
+
+  if (!s.std_field.empty()) {
+    BandSeries band{"+/- " + s.std_field, {}, {}, {}, kRawColor, 0.18};
+    for (size_t i = 0; i < s.values.size(); ++i) {
+      if (!std::isfinite(s.stds[i])) continue;
+      band.x.push_back(s.steps[i]);
+      band.lo.push_back(s.values[i] - s.stds[i]);
+      band.hi.push_back(s.values[i] + s.stds[i]);
+    }
+    if (!band.x.empty()) spec.bands.push_back(std::move(band));
+  }
+  const size_t n = s.values.size();
+  spec.lines.push_back({s.field, s.steps, s.values, kRawColor, n > 200 ? 1.5 : 2.0});
+  const size_t window = default_window(n);
+  if (window >= 2)
+    spec.lines.push_back({"moving avg (" + std::to_string(window | 1) + " steps)", s.steps,
+                          moving_average(s.values, window), kAverageColor, 2.5});
+  return spec;
+}
+
+std::string summarize(const MetricSeries& s) {
+  if (s.values.empty()) return s.field + ": no points";
+  const auto [lo, hi] = std::minmax_element(s.values.begin(), s.values.end());
+  const auto at = [&](auto it) { return format_step(s.steps[static_cast<size_t>(it - s.values.begin())]); };
+  return s.field + ": " + std::to_string(s.values.size()) + (s.values.size() == 1 ? " step (" : " steps (") +
+         format_step(s.steps.front()) + ".." + format_step(s.steps.back()) + "), first " +
+         format_value(s.values.front()) + ", last " + format_value(s.values.back()) + ", min " + format_value(*lo) +
+         " at step " + at(lo) + ", max " + format_value(*hi) + " at step " + at(hi);
+}
+
+}  // namespace swarm::plot
