@@ -1,6 +1,7 @@
 // swarm-model: inspect and create Hugging Face model directories.
 //   swarm-model inspect DIR
 //   swarm-model init --from DIR_WITH_CONFIG --out DIR [--seed N] [--dtype bf16|f32] [--set KEY=VALUE ...]
+//   swarm-model init --preset tiny-char --out DIR [--seed N] [--dtype bf16|f32] [--set KEY=VALUE ...]
 //   swarm-model tokenize --model DIR [--text T] [--no-special]     (text on stdin otherwise)
 //   swarm-model detokenize --model DIR [--skip-special]            (JSON ids on stdin)
 //   swarm-model render-chat --model DIR FILE.json
@@ -34,13 +35,22 @@ void add_inspect_command(CLI::App& app, Action& action) {
 }
 
 void add_init_command(CLI::App& app, Action& action) {
-  auto* cmd = app.add_subcommand("init", "Create a model directory with random weights from a config.json");
+  auto* cmd = app.add_subcommand(
+      "init", "Create a model directory with random weights from a config.json (--from) or a preset (--preset)");
   auto opts = std::make_shared<swarm::InitModelOptions>();
   auto from = std::make_shared<std::string>();
+  auto preset = std::make_shared<std::string>();
   auto out = std::make_shared<std::string>();
   auto dtype = std::make_shared<std::string>("bf16");
   auto shard_gb = std::make_shared<double>(static_cast<double>(swarm::kDefaultMaxShardBytes) / 1e9);
-  cmd->add_option("--from", *from, "Directory with config.json (and tokenizer files to copy)")->required();
+  auto* from_opt = cmd->add_option("--from", *from, "Directory with config.json (and tokenizer files to copy)");
+  std::string presets;
+  for (const auto& name : swarm::model_preset_names()) presets += (presets.empty() ? "" : ", ") + name;
+  auto* preset_opt = cmd->add_option("--preset", *preset,
+                                     "A built-in model with its own tokenizer instead of --from (" + presets +
+                                         "; tiny-char: ~1M-parameter Llama, character-level tokenizer)");
+  from_opt->excludes(preset_opt);
+  preset_opt->excludes(from_opt);
   cmd->add_option("--out", *out, "Output directory (created)")->required();
   cmd->add_option("--seed", opts->seed, "Random seed; the same seed gives identical files")
       ->capture_default_str();
@@ -56,7 +66,11 @@ void add_init_command(CLI::App& app, Action& action) {
       ->capture_default_str();
   cmd->callback([=, &action] {
     action = [=] {
+      if (from->empty() && preset->empty())
+        throw swarm::SwarmError(swarm::ErrorKind::INVALID_ARGUMENT,
+                                "init needs --from DIR (a directory with config.json) or --preset NAME");
       opts->from = *from;
+      opts->preset = *preset;
       opts->out = *out;
       opts->dtype = *dtype == "f32"   ? swarm::DType::F32
                     : *dtype == "f16" ? swarm::DType::F16

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -116,7 +117,137 @@ void copy_model_file(const std::filesystem::path& from, const std::filesystem::p
   write_text_file_atomic(to, read_text_file(from));
 }
 
+// ------------------------------------------------------------------ presets
+
+// A preset: config.json plus the files that go beside it (tokenizer, generation config).
+struct Preset {
+  ordered_json config;
+  std::vector<std::pair<std::string, std::string>> files;  // name, content
+};
+
+// Short on purpose: every character of a rendered prompt is a token of a tiny context.
+// Any role but system and assistant is shown as a user turn (tool results included).
+constexpr const char* kTinyCharChatTemplate =
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'system' %}<|system|>{% elif message['role'] == 'assistant' %}<|assistant|>"
+    "{% else %}<|user|>{% endif %}{{ message['content'] }}"
+    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}";
+
+Preset tiny_char_preset() {
+  // Ids: the special tokens first, then tab, newline and printable ASCII (space .. '~').
+  const std::vector<std::string> specials = {"<unk>",      "<|pad|>",  "<|bos|>",     "<|eos|>",
+                                             "<|system|>", "<|user|>", "<|assistant|>"};
+  std::vector<std::string> chars = {"\t", "\n"};
+  for (int c = 0x20; c <= 0x7E; ++c) chars.emplace_back(1, static_cast<char>(c));
+
+  ordered_json vocab = ordered_json::object();
+  ordered_json added = ordered_json::array();
+  int64_t id = 0;
+  for (const auto& t : specials) {
+    added.push_back({{"id", id},
+                     {"content", t},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
+    vocab[t] = id++;
+  }
+  for (const auto& c : chars) vocab[c] = id++;
+  const int64_t vocab_size = id;
+  const auto id_of = [&](const std::string& t) { return vocab[t].get<int64_t>(); };
+
+  // A BPE model without merges is a character-level tokenizer; no pre-tokenizer or normalizer
+  // (spaces are tokens like any other character) and a Fuse decoder (tokens are concatenated).
+  ordered_json tokenizer = {
+      {"version", "1.0"},
+      {"truncation", nullptr},
+      {"padding", nullptr},
+      {"added_tokens", added},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", nullptr},
+      {"post_processor", nullptr},
+      {"decoder", {{"type", "Fuse"}}},
+      {"model",
+       {{"type", "BPE"},
+        {"dropout", nullptr},
+        {"unk_token", "<unk>"},
+        {"continuing_subword_prefix", nullptr},
+        {"end_of_word_suffix", nullptr},
+        {"fuse_unk", false},
+        {"byte_fallback", false},
+        {"ignore_merges", false},
+        {"vocab", vocab},
+        {"merges", ordered_json::array()}}},
+  };
+
+  ModelConfig c;
+  c.architecture = Architecture::LLAMA;
+  c.vocab_size = vocab_size;
+  c.hidden_size = 128;
+  c.intermediate_size = 512;
+  c.num_hidden_layers = 4;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 4;
+  c.head_dim = 32;
+  c.max_position_embeddings = 256;
+  c.rope_theta = 10000.0;
+  c.rms_norm_eps = 1e-5;
+  c.initializer_range = 0.02;
+  c.tie_word_embeddings = true;
+  c.bos_token_id = id_of("<|bos|>");
+  c.eos_token_ids = {id_of("<|eos|>")};
+  c.pad_token_id = id_of("<|pad|>");
+
+  ordered_json added_decoder = ordered_json::object();
+  for (const auto& a : added)
+    added_decoder[std::to_string(a["id"].get<int64_t>())] = {{"content", a["content"]},
+                                                              {"lstrip", false},
+                                                              {"normalized", false},
+                                                              {"rstrip", false},
+                                                              {"single_word", false},
+                                                              {"special", true}};
+  ordered_json tokenizer_config = {
+      {"add_bos_token", false},
+      {"add_eos_token", false},
+      {"added_tokens_decoder", added_decoder},
+      {"bos_token", "<|bos|>"},
+      {"eos_token", "<|eos|>"},
+      {"pad_token", "<|pad|>"},
+      {"unk_token", "<unk>"},
+      {"clean_up_tokenization_spaces", false},
+      {"model_max_length", c.max_position_embeddings},
+      {"tokenizer_class", "PreTrainedTokenizerFast"},
+      {"chat_template", kTinyCharChatTemplate},
+  };
+
+  GenerationConfig g;
+  g.bos_token_id = c.bos_token_id;
+  g.eos_token_ids = c.eos_token_ids;
+  g.pad_token_id = c.pad_token_id;
+
+  Preset p;
+  p.config = ordered_json::parse(c.to_json());
+  p.files = {{"tokenizer.json", tokenizer.dump(2) + "\n"},
+             {"tokenizer_config.json", tokenizer_config.dump(2) + "\n"},
+             {"generation_config.json", g.to_json()}};
+  return p;
+}
+
+Preset make_preset(const std::string& name) {
+  if (name == "tiny-char") return tiny_char_preset();
+  std::string known;
+  for (const auto& n : model_preset_names()) known += (known.empty() ? "" : ", ") + n;
+  throw SwarmError(ErrorKind::INVALID_ARGUMENT, "init: unknown preset '" + name + "' (known: " + known + ")");
+}
+
 }  // namespace
+
+const std::vector<std::string>& model_preset_names() {
+  static const std::vector<std::string> names = {"tiny-char"};
+  return names;
+}
 
 std::vector<TensorSource> random_init_tensors(const ModelConfig& config, uint64_t seed, DType dtype) {
   if (!dtype_is_floating(dtype)) {
@@ -150,10 +281,24 @@ const std::vector<std::string>& tokenizer_file_names() {
 }
 
 ModelWriteResult init_random_model(const InitModelOptions& options) {
-  ordered_json raw = ordered_json::parse(read_text_file(options.from / "config.json"), nullptr, false);
-  if (raw.is_discarded() || !raw.is_object())
-    throw SwarmError(ErrorKind::INVALID_ARGUMENT, "init: " + (options.from / "config.json").string() +
-                                                      " is not a JSON object");
+  const bool from_preset = !options.preset.empty();
+  if (from_preset == !options.from.empty())
+    throw SwarmError(ErrorKind::INVALID_ARGUMENT,
+                     from_preset ? "init: give either --from or --preset, not both"
+                                 : "init: give --from DIR (a directory with config.json) or --preset NAME");
+  std::optional<Preset> preset;
+  ordered_json raw;
+  if (from_preset) {
+    preset = make_preset(options.preset);
+    raw = preset->config;
+  } else {
+    raw = ordered_json::parse(read_text_file(options.from / "config.json"), nullptr, false);
+    if (raw.is_discarded() || !raw.is_object())
+      throw SwarmError(ErrorKind::INVALID_ARGUMENT, "init: " + (options.from / "config.json").string() +
+                                                        " is not a JSON object");
+  }
+  const std::string config_source =
+      from_preset ? "preset " + options.preset + " config.json" : (options.from / "config.json").string();
   for (const auto& [key, value] : options.config_overrides) {
     ordered_json v = ordered_json::parse(value, nullptr, false);
     if (v.is_discarded()) v = value;  // not JSON: a plain string
@@ -167,9 +312,10 @@ ModelWriteResult init_random_model(const InitModelOptions& options) {
         return kv.first == "hidden_size" || kv.first == "num_attention_heads";
       }))
     raw.erase("head_dim");
-  const ModelConfig config = ModelConfig::from_json(raw.dump(), (options.from / "config.json").string());
+  const ModelConfig config = ModelConfig::from_json(raw.dump(), config_source);
   std::error_code ec;
-  if (std::filesystem::exists(options.out) && std::filesystem::equivalent(options.from, options.out, ec)) {
+  if (!from_preset && std::filesystem::exists(options.out) &&
+      std::filesystem::equivalent(options.from, options.out, ec)) {
     throw SwarmError(ErrorKind::INVALID_ARGUMENT,
                      "init: --out must differ from --from (" + options.out.string() + ")");
   }
@@ -184,7 +330,9 @@ ModelWriteResult init_random_model(const InitModelOptions& options) {
   raw["torch_dtype"] = torch_dtype_name(options.dtype);
   write_text_file_atomic(options.out / "config.json", raw.dump(2) + "\n");
 
-  if (std::filesystem::is_regular_file(options.from / "generation_config.json")) {
+  if (from_preset) {
+    for (const auto& [name, content] : preset->files) write_text_file_atomic(options.out / name, content);
+  } else if (std::filesystem::is_regular_file(options.from / "generation_config.json")) {
     copy_model_file(options.from / "generation_config.json", options.out / "generation_config.json");
   } else {
     GenerationConfig g;  // what transformers derives from config.json
@@ -194,7 +342,7 @@ ModelWriteResult init_random_model(const InitModelOptions& options) {
     write_text_file_atomic(options.out / "generation_config.json", g.to_json());
   }
   for (const auto& name : tokenizer_file_names()) {
-    if (std::filesystem::is_regular_file(options.from / name))
+    if (!from_preset && std::filesystem::is_regular_file(options.from / name))
       copy_model_file(options.from / name, options.out / name);
   }
 

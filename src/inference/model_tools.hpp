@@ -22,8 +22,18 @@ std::vector<TensorSource> random_init_tensors(const ModelConfig& config, uint64_
 /// The tokenizer / chat-template files a model directory may carry (copied by init).
 const std::vector<std::string>& tokenizer_file_names();
 
+/// Built-in model presets for `init --preset` (a config plus generated tokenizer files):
+///   tiny-char  a ~1M-parameter Llama (4 layers x 128 wide) with a character-level tokenizer:
+///              every printable ASCII character, tab and newline is one token (a BPE vocabulary
+///              of single characters and no merges), <unk> for anything else, the special tokens
+///              <|pad|> <|bos|> <|eos|> <|system|> <|user|> <|assistant|>, and a short chat
+///              template "<|bos|><|user|>text<|assistant|>" (replies end with <|eos|>), so a
+///              prompt costs a few tokens. For learning tests that start from random weights.
+const std::vector<std::string>& model_preset_names();
+
 struct InitModelOptions {
-  std::filesystem::path from;  // a directory with config.json (weights not needed)
+  std::filesystem::path from;  // a directory with config.json (weights not needed); or
+  std::string preset;          // a built-in preset (model_preset_names()): exactly one of the two
   std::filesystem::path out;   // created if needed; must differ from `from`
   uint64_t seed = 0;
   DType dtype = DType::BF16;
@@ -33,10 +43,12 @@ struct InitModelOptions {
   std::vector<std::pair<std::string, std::string>> config_overrides;  // key, JSON value
 };
 
-/// Writes a loadable Hugging Face model directory: config.json (from's, with torch_dtype set
-/// to `dtype`), generation_config.json (copied, or derived from config.json), the tokenizer
-/// files `from` has, and random weights (sharded above max_shard_bytes). Validates the result
-/// against the config before returning.
+/// Writes a loadable Hugging Face model directory: config.json (from's or the preset's, with
+/// torch_dtype set to `dtype`), generation_config.json (copied, or derived from config.json),
+/// the tokenizer files `from` has (or the preset generates), and random weights (sharded above
+/// max_shard_bytes). Validates the result against the config before returning. Throws
+/// SwarmError(INVALID_ARGUMENT) when both or neither of `from` / `preset` are given, or the
+/// preset is unknown.
 ModelWriteResult init_random_model(const InitModelOptions& options);
 
 /// A human-readable JSON summary of a model directory: architecture and sizes, parameter
