@@ -277,8 +277,11 @@ torch::Tensor DecoderModel::attend(const torch::Tensor& q, const torch::Tensor& 
   const int64_t kvh = config_.num_key_value_heads, rep = config_.num_attention_heads / kvh, L = k.size(1);
   const torch::Tensor qg = q.reshape({b, nq, kvh, rep, hd}).permute({0, 2, 3, 1, 4}).reshape({b, kvh, rep * nq, hd});
   const torch::Tensor kt = k.permute({0, 2, 3, 1});  // [b, kv, hd, L]
-  // Scores and softmax in fp32 (a no-op cast in fp32 mode).
-  torch::Tensor scores = at::matmul(qg.to(torch::kFloat), kt.to(torch::kFloat)) / std::sqrt(static_cast<double>(hd));
+  // Scores and softmax in fp32 (a no-op cast in fp32 mode). The 1/sqrt(head_dim) scale goes on
+  // q, not on the scores: a pass over [.., nq, hd] instead of [.., nq, L] (forward and backward);
+  // exactly the same numbers when head_dim is a power of 4 (64: the scale is 1/8).
+  const torch::Tensor qs = qg.to(torch::kFloat) * (1.0 / std::sqrt(static_cast<double>(hd)));
+  torch::Tensor scores = at::matmul(qs, kt.to(torch::kFloat));
   scores = scores.view({b, kvh, rep, nq, L}).masked_fill(blocked.reshape({b, 1, 1, nq, L}), kNegInf);
   const torch::Tensor probs = at::softmax(scores, -1).to(q.scalar_type()).view({b, kvh, rep * nq, L});
   const torch::Tensor out = at::matmul(probs, v.permute({0, 2, 1, 3}));  // [b, kv, rep*nq, hd]
@@ -311,6 +314,8 @@ torch::Tensor DecoderModel::forward_full(const torch::Tensor& input_ids, const t
 }
 
 torch::Tensor DecoderModel::head_logits(const torch::Tensor& hidden) const { return logits(hidden); }
+
+torch::Tensor DecoderModel::final_norm(const torch::Tensor& hidden) const { return rms_norm(hidden, p(final_norm_)); }
 
 torch::Tensor DecoderModel::final_hidden(const torch::Tensor& input_ids, const torch::Tensor& lengths) const {
   SWARM_REQUIRE(input_ids.dim() == 2, ErrorKind::INVALID_ARGUMENT,

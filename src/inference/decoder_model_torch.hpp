@@ -115,6 +115,12 @@ class DecoderModel {
   /// forward_full(ids, lengths) == head_logits(final_hidden(ids, lengths)).
   torch::Tensor final_hidden(const torch::Tensor& input_ids, const torch::Tensor& lengths) const;
   torch::Tensor head_logits(const torch::Tensor& hidden) const;
+  /// The two parts of head_logits, for a caller that computes the LM head itself (the trainer's
+  /// row-chunked log-softmax): the final RMSNorm of `hidden` (compute dtype), and the LM head
+  /// weight [vocab, hidden] (the embedding with tied embeddings; no bias).
+  /// head_logits(h) == at::linear(final_norm(h), head_weight()).to(kFloat).
+  torch::Tensor final_norm(const torch::Tensor& hidden) const;
+  const torch::Tensor& head_weight() const { return p(head_); }
 
   /// One serving step over several sequences, packed: every sequence's new tokens go through the
   /// projections and MLP together as one [N, hidden] activation; attention runs per sequence over

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <mutex>
+
+#include <malloc.h>
 
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
@@ -17,6 +20,112 @@ namespace {
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
+
+// Rows of the [N, vocab] fp32 work of the LM head handled at a time: 64 x 49152 x 4 B = 12 MiB,
+// small enough to stay in the malloc heap and mostly in cache.
+constexpr int64_t kHeadChunkRows = 64;
+// Elements per chunk of the flat-buffer passes (gradient accumulation, AdamW): 4 MiB in fp32,
+// cache-sized while keeping the number of (OpenMP-parallel) ops per step small.
+constexpr int64_t kFlatChunk = int64_t{1} << 20;
+
+// Every step allocates and frees the same large temporaries (activations, their gradients, the
+// LM head's work). glibc serves blocks above its mmap threshold (32 MiB at most) with fresh
+// mappings and unmaps them on free, so each step first-touches gigabytes of new pages (measured:
+// 350-450k minor faults, 3-4.5 s of kernel time per step). Keeping every block in the heap lets
+// the next step reuse the same memory. The end of a backward pass frees more than the 1 GiB
+// trim threshold of tune_memory_allocator at once (the saved activations), which would hand the
+// top of the heap back and fault it in again next step, so the trainer turns trimming off
+// (-1, mallopt(3)): the next step needs the same memory. Process-wide and idempotent.
+void tune_allocator_for_training() {
+  tune_memory_allocator();
+  static std::once_flag once;
+  std::call_once(once, [] {
+    mallopt(M_MMAP_MAX, 0);
+    mallopt(M_TRIM_THRESHOLD, -1);
+  });
+}
+
+// dst (fp32) += src (any floating dtype), in chunks: on the CPU a mixed-dtype add_ converts the
+// whole of src to fp32 first (a full-size temporary per parameter); chunk by chunk the
+// conversion stays small and in cache. Same sums, element by element.
+void add_in_chunks(torch::Tensor dst, const torch::Tensor& src) {
+  const torch::Tensor flat = src.reshape(-1);
+  const int64_t n = flat.numel();
+  if (flat.scalar_type() == dst.scalar_type() || n <= kFlatChunk || !dst.is_cpu()) {
+    dst.add_(flat);
+    return;
+  }
+  for (int64_t off = 0; off < n; off += kFlatChunk) {
+    const int64_t len = std::min(kFlatChunk, n - off);
+    dst.narrow(0, off, len).add_(flat.narrow(0, off, len));
+  }
+}
+
+// log_softmax(logits)[target] and, optionally, the entropy of the softmax, for every row of
+// `logits` [N, vocab] (compute dtype), `kHeadChunkRows` rows at a time: the fp32 log-softmax
+// never exists for all rows at once. Per row the same ops as on the whole matrix.
+torch::Tensor chunked_selected_logprobs(const torch::Tensor& logits, const torch::Tensor& targets,
+                                        torch::Tensor* entropy) {
+  const int64_t n = logits.size(0);
+  torch::Tensor lp = torch::empty({n}, logits.options().dtype(torch::kFloat));
+  if (entropy != nullptr) *entropy = torch::empty({n}, lp.options());
+  for (int64_t r = 0; r < n; r += kHeadChunkRows) {
+    const int64_t c = std::min(kHeadChunkRows, n - r);
+    const torch::Tensor logp = torch::log_softmax(logits.narrow(0, r, c).to(torch::kFloat), -1);
+    lp.narrow(0, r, c).copy_(logp.gather(1, targets.narrow(0, r, c).unsqueeze(1)).squeeze(1));
+    if (entropy != nullptr) entropy->narrow(0, r, c).copy_(-(logp.exp() * logp).sum(-1));
+  }
+  return lp;
+}
+
+// The trained tokens' log-probs from the final-normed hidden states x [N, H] and the LM head
+// weight w [vocab, H], with an exact backward that never holds [N, vocab] fp32 tensors: the
+// forward keeps the logits (compute dtype) and the backward recomputes each chunk's
+// log-softmax from them. The gradient of the logits is, per element, what autograd computes
+// for log_softmax + gather (g·1[target] - exp(logp)·g, then cast to the compute dtype), and the
+// two GEMMs are linear's backward on the whole matrix, so results match the unchunked graph.
+// Outputs: log-probs [N] fp32, entropy [N] fp32 (not differentiable).
+struct ChunkedHeadLogprobs : public torch::autograd::Function<ChunkedHeadLogprobs> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                                                const torch::Tensor& w, const torch::Tensor& targets) {
+    const torch::Tensor logits = at::linear(x, w);  // [N, vocab], compute dtype
+    torch::Tensor entropy;
+    const torch::Tensor lp = chunked_selected_logprobs(logits, targets, &entropy);
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["logits"] = logits;
+    ctx->saved_data["targets"] = targets;
+    ctx->mark_non_differentiable({entropy});
+    return {lp, entropy};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor& x = saved[0];
+    const torch::Tensor& w = saved[1];
+    const torch::Tensor logits = ctx->saved_data["logits"].toTensor();
+    const torch::Tensor targets = ctx->saved_data["targets"].toTensor();
+    const int64_t n = logits.size(0);
+    torch::Tensor g = grads[0];
+    if (!g.defined()) g = torch::zeros({n}, logits.options().dtype(torch::kFloat));
+    g = g.to(torch::kFloat).contiguous();
+    torch::Tensor glogits = torch::empty_like(logits);  // compute dtype, as linear's output
+    for (int64_t r = 0; r < n; r += kHeadChunkRows) {
+      const int64_t c = std::min(kHeadChunkRows, n - r);
+      const torch::Tensor gc = g.narrow(0, r, c).unsqueeze(1);
+      const torch::Tensor logp = torch::log_softmax(logits.narrow(0, r, c).to(torch::kFloat), -1);
+      torch::Tensor d = logp.exp_().mul_(-gc);  // -exp(logp)·g
+      d.scatter_add_(1, targets.narrow(0, r, c).unsqueeze(1), gc);  // + g at the target
+      glogits.narrow(0, r, c).copy_(d);
+    }
+    // linear(x, w) = mm(x, wᵀ); mm's backward for a row-major x and a column-major wᵀ:
+    // dx = dl·w, dw = dlᵀ·x.
+    torch::Tensor dx, dw;
+    if (x.requires_grad()) dx = glogits.mm(w);
+    if (w.requires_grad()) dw = glogits.t().mm(x);
+    return {dx, dw, torch::Tensor()};
+  }
+};
 
 }  // namespace
 
@@ -73,6 +182,7 @@ GrpoTrainer::GrpoTrainer(std::shared_ptr<DecoderModel> serving_model, TrainerOpt
   if (!comm_) comm_ = make_single_process_collectives();
   SWARM_REQUIRE(options_.micro_batch_max_tokens >= 1 && options_.ppo_epochs >= 1, ErrorKind::INVALID_ARGUMENT,
                 "micro_batch_max_tokens and ppo_epochs must be >= 1");
+  tune_allocator_for_training();
   torch::NoGradGuard no_grad;
   const auto& params = serving_->parameters();
   for (const auto& [name, t] : params) {
@@ -177,13 +287,14 @@ torch::Tensor GrpoTrainer::selected_logprobs(const DecoderModel& model, const Mi
   const torch::Tensor hidden = model.final_hidden(in.ids, in.lengths);  // [B, T, H]
   // The LM head only where a trained token is predicted: prompts can be most of the tokens.
   const torch::Tensor h = hidden.reshape({-1, hidden.size(-1)}).index_select(0, in.positions);
-  const torch::Tensor logp_all = torch::log_softmax(model.head_logits(h), -1);  // [N, V] fp32
-  if (entropy != nullptr) {
-    torch::NoGradGuard no_grad;
-    const torch::Tensor lp = logp_all.detach();
-    *entropy = -(lp.exp() * lp).sum(-1);
+  const torch::Tensor x = model.final_norm(h);
+  if (!torch::GradMode::is_enabled()) {
+    const torch::Tensor logits = at::linear(x, model.head_weight());
+    return chunked_selected_logprobs(logits, in.targets, entropy);
   }
-  return logp_all.gather(1, in.targets.unsqueeze(1)).squeeze(1);
+  torch::autograd::variable_list out = ChunkedHeadLogprobs::apply(x, model.head_weight(), in.targets);
+  if (entropy != nullptr) *entropy = out[1];
+  return out[0];
 }
 
 std::vector<torch::Tensor> GrpoTrainer::token_logprobs(const PreparedBatch& batch,
@@ -240,8 +351,7 @@ LossSums GrpoTrainer::accumulate_gradients(const PreparedBatch& batch, const std
     for (size_t i = 0; i < params.size(); ++i) {
       torch::Tensor& leaf = params[i].second;
       if (!leaf.grad().defined()) continue;
-      // add_ promotes a bf16 gradient to fp32 element by element: no full-size fp32 copy.
-      grad_.narrow(0, offsets_[i], leaf.numel()).add_(leaf.grad().reshape(-1));
+      add_in_chunks(grad_.narrow(0, offsets_[i], leaf.numel()), leaf.grad());
       leaf.mutable_grad().reset();
     }
   }
@@ -290,7 +400,11 @@ double GrpoTrainer::optimizer_step(double lr) {
     g = torch::empty({shard_}, grad_.options());
     comm_->reduce_scatter_sum(grad_, g);
   }
-  torch::Tensor sq = g.square().sum().to(torch::kDouble).reshape({1});
+  // Sum of squares chunk by chunk (no full-size temporary), accumulated in double.
+  const int64_t chunk = g.is_cpu() ? kFlatChunk : std::max<int64_t>(shard_, 1);
+  torch::Tensor sq = torch::zeros({1}, g.options().dtype(torch::kDouble));
+  for (int64_t off = 0; off < g.numel(); off += chunk)
+    sq.add_(g.narrow(0, off, std::min(chunk, g.numel() - off)).square().sum());
   if (world > 1) comm_->all_reduce_sum(sq);
   const double norm = std::sqrt(sq.item<double>());
   if (!std::isfinite(norm)) {
@@ -298,21 +412,32 @@ double GrpoTrainer::optimizer_step(double lr) {
     spdlog::warn("trainer: gradient norm is {}; optimizer step skipped (weights unchanged)", norm);
     return norm;
   }
-  if (options_.grad_clip > 0) {
-    const double coef = options_.grad_clip / (norm + 1e-6);  // as torch.nn.utils.clip_grad_norm_
-    if (coef < 1.0) g.mul_(coef);
-  }
+  double coef = 1.0;
+  if (options_.grad_clip > 0) coef = options_.grad_clip / (norm + 1e-6);  // as torch.nn.utils.clip_grad_norm_
   ++adam_steps_;
   const double b1 = options_.adam_beta1, b2 = options_.adam_beta2;
   const double bc1 = 1.0 - std::pow(b1, static_cast<double>(adam_steps_));
   const double bc2 = 1.0 - std::pow(b2, static_cast<double>(adam_steps_));
-  // AdamW with decoupled weight decay, the same arithmetic as torch.optim.AdamW (single-tensor).
-  master_.mul_(1.0 - lr * options_.weight_decay);
-  exp_avg_.lerp_(g, 1.0 - b1);
-  exp_avg_sq_.mul_(b2).addcmul_(g, g, 1.0 - b2);
-  const torch::Tensor denom = (exp_avg_sq_.sqrt() / std::sqrt(bc2)).add_(options_.adam_eps);
-  master_.addcdiv_(exp_avg_, denom, -lr / bc1);
-  refresh_weights_from_master();
+  // AdamW with decoupled weight decay, the same arithmetic as torch.optim.AdamW (single-tensor),
+  // in place and chunk by chunk: the elementwise ops give the same numbers on any slice, and
+  // one chunk's seven passes run in cache with one small scratch buffer instead of full-size
+  // temporaries. On one rank the compute-dtype weights are refreshed in the same pass.
+  const bool refresh_here = world == 1 && !master_.is_same(weights_);
+  torch::Tensor denom = torch::empty({std::min(chunk, shard_)}, master_.options());
+  for (int64_t off = 0; off < shard_; off += chunk) {
+    const int64_t len = std::min(chunk, shard_ - off);
+    torch::Tensor gc = g.narrow(0, off, len), p = master_.narrow(0, off, len);
+    torch::Tensor m = exp_avg_.narrow(0, off, len), v = exp_avg_sq_.narrow(0, off, len);
+    torch::Tensor d = denom.narrow(0, 0, len);
+    if (coef < 1.0) gc.mul_(coef);
+    p.mul_(1.0 - lr * options_.weight_decay);
+    m.lerp_(gc, 1.0 - b1);
+    v.mul_(b2).addcmul_(gc, gc, 1.0 - b2);
+    at::sqrt_out(d, v).div_(std::sqrt(bc2)).add_(options_.adam_eps);
+    p.addcdiv_(m, d, -lr / bc1);
+    if (refresh_here) weights_.narrow(0, off, len).copy_(p);
+  }
+  if (!refresh_here) refresh_weights_from_master();
   return norm;
 }
 
