@@ -1,49 +1,51 @@
 #!/usr/bin/env bash
-# The main job: build swarm, create a small model (SmolLM2's tokenizer and chat template,
-# random weights), start swarm-server on the torch engine, run the example agent through
-# several weight-sync cycles, stop the server. Installs what is missing first.
-# Usage: scripts/demo.sh [--steps N] [--workers N] [--port P] [--engine torch|mock]
+# The main job: build swarm, create a tiny character-level Llama model with random weights
+# (swarm-model init --preset tiny-char), start swarm-server on the torch engine, and train the
+# model from scratch with examples/train_agent on generated tasks (digit sorting, base
+# conversion, letter counting) until the reward has visibly risen. At the end it leaves the
+# run's metrics (JSONL), a reward-curve PNG and a Hugging Face checkpoint of the trained model,
+# and prints where they are. Installs what is missing first.
+# Usage: scripts/demo.sh [--steps N] [--tasks MIX] [--workers N] [--port P]
 #   (env: BUILD_DIR, default build)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
-steps=3 workers=8 port=10086 engine=torch
+steps=240 workers=64 port=10086 tasks="base,count,sort"
 while [ $# -gt 0 ]; do
   case "$1" in
     --steps) steps="$2"; shift 2 ;;
+    --tasks) tasks="$2"; shift 2 ;;
     --workers) workers="$2"; shift 2 ;;
     --port) port="$2"; shift 2 ;;
-    --engine) engine="$2"; shift 2 ;;
-    -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
     *) echo "demo: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
 
 bash scripts/setup.sh
 build_dir="${BUILD_DIR:-build}"
-echo "==> building swarm-server, swarm-model and echo_agent in $build_dir"
+echo "==> building swarm-server, swarm-model, train_agent and swarm-plot in $build_dir"
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$build_dir.configure.log" 2>&1 \
   || { cat "$build_dir.configure.log"; exit 1; }
-cmake --build "$build_dir" --target swarm-server swarm-model echo_agent -j "$(nproc)"
+cmake --build "$build_dir" --target swarm-server swarm-model train_agent swarm-plot -j "$(nproc)"
 
-model="mock-echo"
-if [ "$engine" = torch ]; then
-  model="$build_dir/models/tiny-smollm2"
-  shared="${SWARM_SHARED_DIR:-../shared}"
-  if [ ! -f "$model/model.safetensors" ]; then
-    [ -d "$shared/models/smollm2-135m-instruct-noweights" ] \
-      || { echo "demo: the model fixtures are missing at $shared/models (set SWARM_SHARED_DIR)" >&2; exit 1; }
-    echo "==> creating $model: SmolLM2's tokenizer and chat template, 2 layers x 64 wide, random weights"
-    "$build_dir/swarm-model" init --from "$shared/models/smollm2-135m-instruct-noweights" \
-      --out "$model" --dtype f32 --seed 1 --set hidden_size=64 --set intermediate_size=128 \
-      --set num_hidden_layers=2 --set num_attention_heads=4 --set num_key_value_heads=2
-  fi
+model="$build_dir/models/tiny-char"
+if [ ! -f "$model/model.safetensors" ]; then
+  echo "==> creating $model: a character-level tokenizer and chat template, a small Llama, random weights"
+  "$build_dir/swarm-model" init --preset tiny-char --out "$model" --seed 1
+fi
+
+project=demo experiment=tiny-char
+run_dir="experiments/$project/$experiment"
+if [ -d "$run_dir" ]; then
+  echo "==> removing the previous demo run in $run_dir"
+  rm -rf "$run_dir"
 fi
 
 log="$build_dir/swarm-server.log"
-echo "==> starting swarm-server on 127.0.0.1:$port ($engine engine), log: $log"
-"$build_dir/swarm-server" start --port "$port" --engine "$engine" >"$log" 2>&1 &
+echo "==> starting swarm-server on 127.0.0.1:$port (torch engine), log: $log"
+"$build_dir/swarm-server" start --port "$port" --engine torch >"$log" 2>&1 &
 server_pid=$!
 cleanup() {
   if kill -0 "$server_pid" 2>/dev/null; then
@@ -59,12 +61,24 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 
-echo "==> running echo_agent: $steps policy steps with $workers workers"
-"$build_dir/echo_agent" --url "http://127.0.0.1:$port" --steps "$steps" --workers "$workers" --model "$model"
+echo "==> training $model from scratch: $steps policy steps on '$tasks' ($workers parallel episodes)"
+echo "    (watch it live from another terminal: $build_dir/swarm-overwatch --url http://127.0.0.1:$port)"
+"$build_dir/train_agent" --url "http://127.0.0.1:$port" --model "$model" --tasks "$tasks" --steps "$steps" \
+  --workers "$workers" --batch-size 16 --num-repeat 16 --learning-rate 1e-3 --partial-credit shaped \
+  --partial-weight 0.5 --max-tokens 0 --max-token-slack 0 --project "$project" --experiment "$experiment" \
+  --force-restart
 
-echo "==> stopping swarm-server"
+echo "==> stopping swarm-server (it writes a checkpoint of the last step)"
 cleanup
 trap - EXIT
-echo "==> engine transitions seen by the server:"
-grep -E "engine: .* -> |torch engine: " "$log" | sed 's/^/    /'
-echo "done. Server log: $log"
+
+"$build_dir/swarm-plot" --metrics "$run_dir/metrics.jsonl" --out "$run_dir/reward.png" \
+  --title "tiny-char from scratch: reward per policy step"
+checkpoint="$(cat "$run_dir/checkpoints/latest" 2>/dev/null || true)"
+echo
+echo "done. The run is in $run_dir:"
+echo "    $run_dir/metrics.jsonl     one line per policy step (reward, loss, KL, entropy, timings, ...)"
+echo "    $run_dir/reward.png        the reward curve"
+echo "    $run_dir/checkpoints/${checkpoint:-step-N}/   the trained model (Hugging Face files) + optimizer state"
+echo "    server log: $log"
+echo "Continue training: $build_dir/swarm-server start --engine torch --resume $run_dir"
