@@ -23,7 +23,7 @@ struct TaskInstance {
   std::string id;      // "<family>-d<difficulty>-s<seed>": task_from_id() regenerates the task
   std::string family;  // "sort", "reverse", "count", "base", "add"
   int difficulty = 1;  // 1 .. kMaxDifficulty
-  uint64_t seed = 0;   //
+  uint64_t seed = 0;   // the generator seed
   std::string prompt;  // the user message, e.g. "sort 3141"
   std::string answer;  // the reference answer, e.g. "1134"
 };

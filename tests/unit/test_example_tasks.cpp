@@ -161,6 +161,20 @@ TEST(ExampleTasks, VerifierExactWrongPartial) {
   EXPECT_DOUBLE_EQ(score(t, "113", prefix), 3.0 / 4);
   EXPECT_DOUBLE_EQ(score(t, "11345", prefix), 4.0 / 5);  // full weight still below exact
 
+  // SHAPED: 0.5 position + 0.2 right characters (any order) + 0.15 right kind + 0.15 right length.
+  RewardOptions shaped{PartialCredit::SHAPED, 1.0};
+  EXPECT_DOUBLE_EQ(score(t, "1134", shaped), 1.0);
+  EXPECT_DOUBLE_EQ(score(t, "", shaped), 0.0);
+  EXPECT_DOUBLE_EQ(score(t, "9999", shaped), 0.15 + 0.15);        // digits, right count
+  EXPECT_DOUBLE_EQ(score(t, "4311", shaped), 0.2 + 0.15 + 0.15);  // right digits, wrong order
+  EXPECT_DOUBLE_EQ(score(t, "1139", shaped), 0.5 * 0.75 + 0.2 * 0.75 + 0.15 + 0.15);
+  EXPECT_DOUBLE_EQ(score(t, "ab", shaped), 0.15 * 0.5);  // only the length, half
+  EXPECT_DOUBLE_EQ(score(t, "113", shaped), (0.5 + 0.2 + 0.15 + 0.15) * 0.75);
+  EXPECT_DOUBLE_EQ(score(t, "4311", RewardOptions{PartialCredit::SHAPED, 0.5}), 0.5 * 0.5);
+  EXPECT_LT(score(t, "9999", shaped), score(t, "4311", shaped));
+  EXPECT_LT(score(t, "4311", shaped), score(t, "1139", shaped));
+  EXPECT_EQ(parse_partial_credit("shaped"), PartialCredit::SHAPED);
+
   RewardOptions none{PartialCredit::NONE, 1.0};
   EXPECT_DOUBLE_EQ(score(t, "1134", none), 1.0);
   EXPECT_DOUBLE_EQ(score(t, "1130", none), 0.0);
@@ -173,7 +187,8 @@ TEST(ExampleTasks, RewardsStayInRange) {
   for (const auto& name : family_names()) {
     for (int d = kMinDifficulty; d <= kMaxDifficulty; d += 3) {
       const TaskInstance t = make_task(name, d, 77);
-      for (PartialCredit p : {PartialCredit::NONE, PartialCredit::POSITION, PartialCredit::PREFIX}) {
+      for (PartialCredit p :
+           {PartialCredit::NONE, PartialCredit::POSITION, PartialCredit::PREFIX, PartialCredit::SHAPED}) {
         for (double w : {0.0, 0.3, 1.0, 2.0, -1.0}) {
           for (const auto& reply : replies) {
             const double r = score(t, reply, RewardOptions{p, w});
