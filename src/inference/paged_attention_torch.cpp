@@ -1,13 +1,17 @@
 #include "inference/paged_attention_torch.hpp"
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <c10/util/BFloat16.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
+#include <vector>
 
 #include "common/error.hpp"
+#include "inference/cpu_dispatch.hpp"
 
 namespace swarm {
 namespace {
@@ -115,28 +119,227 @@ SWARM_INLINE void attend_one(const Args& a, int64_t b, int64_t g, std::vector<fl
   for (int64_t i = 0; i < rep * hd; ++i) out[i] = static_cast<T>(acc[i]);
 }
 
-template <class T>
+// ---------------------------------------------------------------- vectorised path
+// (The vector helpers are inlined into each copy; GCC's note that passing wide vectors by value
+// differs between instruction sets does not apply to inlined static functions.)
+#pragma GCC diagnostic ignored "-Wpsabi"
+// head_dim W, 2W, 4W, 6W, 8W or 16W for the vector width W (16 floats on AVX-512, 8
+// otherwise): scores and the weighted sum run on W-float vectors (bf16 rows widened as they
+// are loaded) with several independent accumulators, so neither waits on the latency of one
+// long chain of multiply-adds as the plain loop above does, and the softmax's exponentials are
+// computed W at a time.
+template <int W>
+struct Vec;
+template <>
+struct Vec<16> {
+  typedef float type __attribute__((vector_size(64)));
+  typedef float unaligned __attribute__((vector_size(64), aligned(4)));
+  typedef int32_t ints __attribute__((vector_size(64)));
+  typedef uint16_t halves __attribute__((vector_size(32), aligned(2)));
+};
+template <>
+struct Vec<8> {
+  typedef float type __attribute__((vector_size(32)));
+  typedef float unaligned __attribute__((vector_size(32), aligned(4)));
+  typedef int32_t ints __attribute__((vector_size(32)));
+  typedef uint16_t halves __attribute__((vector_size(16), aligned(2)));
+};
+typedef float f32x4 __attribute__((vector_size(16)));
+
+template <int W>
+SWARM_INLINE typename Vec<W>::type load_vec(const float* p) {
+  return *reinterpret_cast<const typename Vec<W>::unaligned*>(p);
+}
+// W elements of a cache row as fp32 (bf16 widened: its bits are the high half of an fp32).
+template <int W>
+SWARM_INLINE typename Vec<W>::type load_vec(const c10::BFloat16* p) {
+  using I = typename Vec<W>::ints;
+  const I bits = __builtin_convertvector(*reinterpret_cast<const typename Vec<W>::halves*>(p), I) << 16;
+  typename Vec<W>::type v;
+  __builtin_memcpy(&v, &bits, sizeof v);
+  return v;
+}
+template <int W>
+SWARM_INLINE void store_vec(float* p, typename Vec<W>::type v) {
+  *reinterpret_cast<typename Vec<W>::unaligned*>(p) = v;
+}
+// W floats rounded to bf16 as c10::BFloat16 rounds them (to nearest even; NaN -> 0x7fc0).
+template <int W>
+SWARM_INLINE void store_vec(c10::BFloat16* p, typename Vec<W>::type v) {
+  using I = typename Vec<W>::ints;
+  I bits;
+  __builtin_memcpy(&bits, &v, sizeof bits);
+  const I rounded = (bits + (((bits >> 16) & 1) + 0x7fff)) >> 16;  // arithmetic shift: low 16 bits kept
+  const I nan = v != v;                                            // -1 where NaN
+  const I out = (rounded & ~nan) | (0x7fc0 & nan);
+  *reinterpret_cast<typename Vec<W>::halves*>(p) = __builtin_convertvector(out, typename Vec<W>::halves);
+}
+SWARM_INLINE float hsum(Vec<8>::type v) {
+  const f32x4 b = __builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7);
+  return (b[0] + b[2]) + (b[1] + b[3]);
+}
+SWARM_INLINE float hsum(Vec<16>::type v) {
+  return hsum(Vec<8>::type(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                           __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15)));
+}
+
+// e^x for x <= 0 (softmax after subtracting the maximum), W lanes at once: x = n ln2 + r with
+// |r| <= ln2 / 2, e^r from its Taylor series to degree 7 (relative error < 1e-8 before
+// rounding; a few ulp in all), times 2^n built in the exponent bits. Inputs below -87 give
+// about 1e-38 rather than 0 (callers zero the entries they mask).
+template <int W>
+SWARM_INLINE typename Vec<W>::type exp_nonpositive(typename Vec<W>::type x) {
+  using V = typename Vec<W>::type;
+  using I = typename Vec<W>::ints;
+  const V lo = V{} - 87.0f;
+  x = x < lo ? lo : x;
+  const V magic = V{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const V n = (x * 1.44269504088896341f + magic) - magic;
+  const V r = (x - n * 0.693145751953125f) - n * 1.42860682030941723212e-6f;  // ln2 in two parts
+  V p = 1.0f / 5040 + r * 0.0f;
+  p = p * r + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const I bits = (__builtin_convertvector(n, I) + 127) << 23;
+  V scale;
+  __builtin_memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+// Attention of the `rep` query heads of kv head g of sequence b; head_dim = W * C.
+template <class T, int W, int C>
+SWARM_INLINE void attend_one_vec(const Args& a, int64_t b, int64_t g, std::vector<float>& scratch,
+                                 std::vector<const T*>& krows, std::vector<const T*>& vrows) {
+  using V = typename Vec<W>::type;
+  constexpr int64_t hd = int64_t{W} * C;
+  const int64_t rep = a.heads / a.kv_heads, kvh = a.kv_heads, bs = a.block_size;
+  const PagedContext& ctx = *a.ctx;
+  const int64_t len = ctx.lengths[static_cast<size_t>(b)];
+  const int64_t first = std::max<int64_t>(0, len - a.window);
+  const int64_t n = len - first;
+  const int64_t n4 = (n + W - 1) / W * W;  // keys padded to a multiple of W (and so of 4)
+  const int64_t* table = ctx.block_ids.data() + ctx.table_offset[static_cast<size_t>(b)];
+
+  // scratch: q (rep*hd) | scores (rep*n4)
+  scratch.resize(static_cast<size_t>(rep * hd + rep * n4));
+  float* qf = scratch.data();
+  float* scores = qf + rep * hd;
+  const T* q = static_cast<const T*>(a.q) + (b * a.heads + g * rep) * hd;
+  for (int64_t i = 0; i < rep * hd; ++i) qf[i] = to_float(q[i]) * a.scale;
+
+  // Where each key's K and V rows are in the cache.
+  krows.resize(static_cast<size_t>(n4));
+  vrows.resize(static_cast<size_t>(n4));
+  const T* kbase = static_cast<const T*>(a.k);
+  const T* vbase = static_cast<const T*>(a.v);
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t pos = first + j;
+    const int64_t row = (table[pos / bs] * bs + pos % bs) * kvh + g;
+    krows[static_cast<size_t>(j)] = kbase + row * hd;
+    vrows[static_cast<size_t>(j)] = vbase + row * hd;
+  }
+  for (int64_t j = n; j < n4; ++j) {  // padding keys read a real row; their weight is 0
+    krows[static_cast<size_t>(j)] = krows[0];
+    vrows[static_cast<size_t>(j)] = vrows[0];
+  }
+
+  for (int64_t r = 0; r < rep; ++r) {
+    // Scores, four keys at a time (four independent accumulators).
+    const float* qr = qf + r * hd;
+    float* sr = scores + r * n4;
+    for (int64_t j = 0; j < n4; j += 4) {
+      const T* k0 = krows[static_cast<size_t>(j)];
+      const T* k1 = krows[static_cast<size_t>(j + 1)];
+      const T* k2 = krows[static_cast<size_t>(j + 2)];
+      const T* k3 = krows[static_cast<size_t>(j + 3)];
+      V s0{}, s1{}, s2{}, s3{};
+      for (int c = 0; c < C; ++c) {
+        const V qc = load_vec<W>(qr + W * c);
+        s0 += qc * load_vec<W>(k0 + W * c);
+        s1 += qc * load_vec<W>(k1 + W * c);
+        s2 += qc * load_vec<W>(k2 + W * c);
+        s3 += qc * load_vec<W>(k3 + W * c);
+      }
+      sr[j] = hsum(s0);
+      sr[j + 1] = hsum(s1);
+      sr[j + 2] = hsum(s2);
+      sr[j + 3] = hsum(s3);
+    }
+    // Softmax over the n real keys; the padding keys get weight 0.
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < n; ++j) m = std::max(m, sr[j]);
+    for (int64_t j = 0; j < n4; j += W) store_vec<W>(sr + j, exp_nonpositive<W>(load_vec<W>(sr + j) - m));
+    for (int64_t j = n; j < n4; ++j) sr[j] = 0.f;
+    V total{};
+    for (int64_t j = 0; j < n4; j += W) total += load_vec<W>(sr + j);
+    const V inv = V{} + 1.f / hsum(total);
+    for (int64_t j = 0; j < n4; j += W) store_vec<W>(sr + j, load_vec<W>(sr + j) * inv);
+  }
+
+  // Weighted sum of the values: C accumulators per set, two sets (even and odd keys) while
+  // that still fits the register file.
+  constexpr int S = C >= 8 ? 1 : 2;
+  T* out = static_cast<T*>(a.out) + (b * a.heads + g * rep) * hd;
+  for (int64_t r = 0; r < rep; ++r) {
+    const float* pr = scores + r * n4;
+    V acc[S][C];
+    for (int k = 0; k < S; ++k)
+      for (int c = 0; c < C; ++c) acc[k][c] = V{};
+    for (int64_t j = 0; j < n4; j += S) {
+      for (int k = 0; k < S; ++k) {
+        const T* vr = vrows[static_cast<size_t>(j + k)];
+        const float p = pr[j + k];
+        for (int c = 0; c < C; ++c) acc[k][c] += p * load_vec<W>(vr + W * c);
+      }
+    }
+    for (int c = 0; c < C; ++c) {
+      V total = acc[0][c];
+      for (int k = 1; k < S; ++k) total += acc[k][c];
+      store_vec<W>(out + r * hd + W * c, total);
+    }
+  }
+}
+
+template <class T, int W>
 SWARM_INLINE void run_range(const Args& a, int64_t begin, int64_t end) {
   std::vector<float> scratch;
-  for (int64_t item = begin; item < end; ++item) attend_one<T>(a, item / a.kv_heads, item % a.kv_heads, scratch);
+  std::vector<const T*> krows, vrows;
+  for (int64_t item = begin; item < end; ++item) {
+    const int64_t b = item / a.kv_heads, g = item % a.kv_heads;
+    switch (a.head_dim) {
+      case W: attend_one_vec<T, W, 1>(a, b, g, scratch, krows, vrows); break;
+      case 2 * W: attend_one_vec<T, W, 2>(a, b, g, scratch, krows, vrows); break;
+      case 4 * W: attend_one_vec<T, W, 4>(a, b, g, scratch, krows, vrows); break;
+      case 6 * W: attend_one_vec<T, W, 6>(a, b, g, scratch, krows, vrows); break;
+      case 8 * W: attend_one_vec<T, W, 8>(a, b, g, scratch, krows, vrows); break;
+      case 16 * W: attend_one_vec<T, W, 16>(a, b, g, scratch, krows, vrows); break;
+      default: attend_one<T>(a, b, g, scratch); break;  // any other head_dim: the plain loop
+    }
+  }
 }
 
-// Compiled for several instruction sets; the loader picks the best one for this CPU.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define SWARM_CPU_CLONES __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
-#else
-#define SWARM_CPU_CLONES
-#endif
-
-SWARM_CPU_CLONES void run_range_f32(const Args& a, int64_t begin, int64_t end) { run_range<float>(a, begin, end); }
-SWARM_CPU_CLONES void run_range_bf16(const Args& a, int64_t begin, int64_t end) {
-  run_range<c10::BFloat16>(a, begin, end);
+// One copy per instruction set (cpu_dispatch.hpp).
+SWARM_TARGET_AVX512 void run_range_f32_avx512(const Args& a, int64_t begin, int64_t end) { run_range<float, 16>(a, begin, end); }
+SWARM_TARGET_AVX2 void run_range_f32_avx2(const Args& a, int64_t begin, int64_t end) { run_range<float, 8>(a, begin, end); }
+void run_range_f32_base(const Args& a, int64_t begin, int64_t end) { run_range<float, 8>(a, begin, end); }
+SWARM_TARGET_AVX512 void run_range_bf16_avx512(const Args& a, int64_t begin, int64_t end) {
+  run_range<c10::BFloat16, 16>(a, begin, end);
 }
+SWARM_TARGET_AVX2 void run_range_bf16_avx2(const Args& a, int64_t begin, int64_t end) {
+  run_range<c10::BFloat16, 8>(a, begin, end);
+}
+void run_range_bf16_base(const Args& a, int64_t begin, int64_t end) { run_range<c10::BFloat16, 8>(a, begin, end); }
 
 }  // namespace
 
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const PagedContext& context, int64_t window, double scale) {
+  // Named in profiles (bench_inference --profile-ops), where it is not an aten op.
+  RECORD_FUNCTION("swarm::paged_decode_attention", c10::ArrayRef<const c10::IValue>{});
   SWARM_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
               "paged_decode_attention: q must be [B, heads, hd] and the caches [blocks, block, kv_heads, hd]");
   SWARM_CHECK(q.device().is_cpu() && k_cache.device().is_cpu(), "paged_decode_attention: CPU tensors only");
@@ -162,13 +365,10 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
          std::max<int64_t>(1, window), static_cast<float>(scale)};
   const bool bf16 = q.scalar_type() == at::kBFloat16;
   SWARM_CHECK(bf16 || q.scalar_type() == at::kFloat, "paged_decode_attention: fp32 or bf16 only");
-  at::parallel_for(0, B * kvh, 1, [&](int64_t begin, int64_t end) {
-    if (bf16) {
-      run_range_bf16(a, begin, end);
-    } else {
-      run_range_f32(a, begin, end);
-    }
-  });
+  using Range = void (*)(const Args&, int64_t, int64_t);
+  const Range run = bf16 ? cpu_pick<Range>(run_range_bf16_avx512, run_range_bf16_avx2, run_range_bf16_base)
+                         : cpu_pick<Range>(run_range_f32_avx512, run_range_f32_avx2, run_range_f32_base);
+  at::parallel_for(0, B * kvh, 1, [&](int64_t begin, int64_t end) { run(a, begin, end); });
   return out;
 }
 

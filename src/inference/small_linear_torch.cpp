@@ -1,11 +1,13 @@
 #include "inference/small_linear_torch.hpp"
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <c10/util/BFloat16.h>
 
 #include <vector>
 
 #include "common/error.hpp"
+#include "inference/cpu_dispatch.hpp"
 
 namespace swarm {
 namespace {
@@ -87,20 +89,20 @@ SWARM_INLINE void rows_any(const Args& a, int64_t begin, int64_t end) {
   }
 }
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define SWARM_CPU_CLONES __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
-#else
-#define SWARM_CPU_CLONES
-#endif
-
-SWARM_CPU_CLONES void rows_f32(const Args& a, int64_t begin, int64_t end) { rows_any<float>(a, begin, end); }
-SWARM_CPU_CLONES void rows_bf16(const Args& a, int64_t begin, int64_t end) {
+// One copy per instruction set (cpu_dispatch.hpp).
+SWARM_TARGET_AVX512 void rows_f32_avx512(const Args& a, int64_t begin, int64_t end) { rows_any<float>(a, begin, end); }
+SWARM_TARGET_AVX2 void rows_f32_avx2(const Args& a, int64_t begin, int64_t end) { rows_any<float>(a, begin, end); }
+void rows_f32_base(const Args& a, int64_t begin, int64_t end) { rows_any<float>(a, begin, end); }
+SWARM_TARGET_AVX512 void rows_bf16_avx512(const Args& a, int64_t begin, int64_t end) {
   rows_any<c10::BFloat16>(a, begin, end);
 }
+SWARM_TARGET_AVX2 void rows_bf16_avx2(const Args& a, int64_t begin, int64_t end) { rows_any<c10::BFloat16>(a, begin, end); }
+void rows_bf16_base(const Args& a, int64_t begin, int64_t end) { rows_any<c10::BFloat16>(a, begin, end); }
 
 }  // namespace
 
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+  RECORD_FUNCTION("swarm::small_linear", c10::ArrayRef<const c10::IValue>{});  // named in profiles
   SWARM_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "small_linear: shapes [M, in] x [out, in]");
   SWARM_CHECK(x.size(0) >= 1 && x.size(0) <= kSmallLinearMaxRows, "small_linear: 1..4 rows");
   SWARM_CHECK(x.device().is_cpu() && w.device().is_cpu(), "small_linear: CPU tensors only");
@@ -115,13 +117,10 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::opt
   Args a{xf.data_ptr<float>(), w.data_ptr(), bias ? bias->data_ptr() : nullptr, y.data_ptr(), m, in, out};
   // Chunks of output rows big enough that scheduling does not show.
   const int64_t grain = std::max<int64_t>(16, 32768 / std::max<int64_t>(1, in));
-  at::parallel_for(0, out, grain, [&](int64_t begin, int64_t end) {
-    if (bf16) {
-      rows_bf16(a, begin, end);
-    } else {
-      rows_f32(a, begin, end);
-    }
-  });
+  using Rows = void (*)(const Args&, int64_t, int64_t);
+  const Rows run = bf16 ? cpu_pick<Rows>(rows_bf16_avx512, rows_bf16_avx2, rows_bf16_base)
+                        : cpu_pick<Rows>(rows_f32_avx512, rows_f32_avx2, rows_f32_base);
+  at::parallel_for(0, out, grain, [&](int64_t begin, int64_t end) { run(a, begin, end); });
   return y;
 }
 

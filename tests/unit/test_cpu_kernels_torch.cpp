@@ -69,36 +69,63 @@ at::Tensor reference_attention(const at::Tensor& q, const at::Tensor& kc, const 
   return at::stack(outs, 0);
 }
 
+// head_dim 8 .. 128 covers every vector-width case of the kernel on AVX-512 (W 16) and on
+// AVX2 / baseline (W 8), and 24 / 40 the plain loop; lengths 1, 9, 23 and 70 cover padding
+// keys, several blocks and, with window 5, a window inside the context.
 TEST(PagedDecodeAttention, MatchesGatheredSoftmaxAttention) {
   at::manual_seed(2);
   std::mt19937 rng(3);
-  const int64_t heads = 8, kvh = 2, hd = 32, bs = 4, blocks = 40;
-  for (auto dtype : {at::kFloat, at::kBFloat16}) {
-    for (int64_t window : {int64_t{1} << 40, int64_t{5}}) {
-      const at::Tensor kc = at::randn({blocks, bs, kvh, hd}).to(dtype);
-      const at::Tensor vc = at::randn({blocks, bs, kvh, hd}).to(dtype);
-      // Three sequences with scattered, disjoint blocks.
-      std::vector<int64_t> free(blocks);
-      std::iota(free.begin(), free.end(), 0);
-      std::shuffle(free.begin(), free.end(), rng);
-      PagedContext ctx;
-      ctx.table_offset.push_back(0);
-      for (int64_t len : {1, 9, 23}) {
-        const int64_t n = (len + bs - 1) / bs;
-        for (int64_t i = 0; i < n; ++i) {
-          ctx.block_ids.push_back(free.back());
-          free.pop_back();
+  const int64_t bs = 4, blocks = 60;
+  struct Shape {
+    int64_t heads, kvh, hd;
+  };
+  for (const Shape& shape : {Shape{8, 2, 32}, Shape{9, 3, 64}, Shape{4, 4, 8}, Shape{2, 1, 16}, Shape{6, 2, 48},
+                             Shape{4, 2, 128}, Shape{3, 1, 24}, Shape{2, 2, 40}}) {
+    const int64_t heads = shape.heads, kvh = shape.kvh, hd = shape.hd;
+    for (auto dtype : {at::kFloat, at::kBFloat16}) {
+      for (int64_t window : {int64_t{1} << 40, int64_t{5}}) {
+        const at::Tensor kc = at::randn({blocks, bs, kvh, hd}).to(dtype);
+        const at::Tensor vc = at::randn({blocks, bs, kvh, hd}).to(dtype);
+        // Four sequences with scattered, disjoint blocks.
+        std::vector<int64_t> free(blocks);
+        std::iota(free.begin(), free.end(), 0);
+        std::shuffle(free.begin(), free.end(), rng);
+        PagedContext ctx;
+        ctx.table_offset.push_back(0);
+        for (int64_t len : {1, 9, 23, 70}) {
+          const int64_t n = (len + bs - 1) / bs;
+          for (int64_t i = 0; i < n; ++i) {
+            ctx.block_ids.push_back(free.back());
+            free.pop_back();
+          }
+          ctx.table_offset.push_back(static_cast<int64_t>(ctx.block_ids.size()));
+          ctx.lengths.push_back(len);
         }
-        ctx.table_offset.push_back(static_cast<int64_t>(ctx.block_ids.size()));
-        ctx.lengths.push_back(len);
+        // Scores of a few units, so the softmax is far from uniform.
+        const at::Tensor q = (at::randn({4, heads, hd}) * 3).to(dtype);
+        const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+        const at::Tensor got = paged_decode_attention(q, kc, vc, ctx, window, scale);
+        const at::Tensor want = reference_attention(q, kc, vc, ctx, window, scale).to(dtype);
+        EXPECT_EQ(got.sizes(), (std::vector<int64_t>{4, heads * hd}));
+        EXPECT_LT(max_rel(got, want), dtype == at::kFloat ? 1e-5 : 2e-2)
+            << "head_dim " << hd << " window " << window << " dtype " << dtype;
       }
-      const at::Tensor q = at::randn({3, heads, hd}).to(dtype);
-      const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-      const at::Tensor got = paged_decode_attention(q, kc, vc, ctx, window, scale);
-      const at::Tensor want = reference_attention(q, kc, vc, ctx, window, scale).to(dtype);
-      EXPECT_EQ(got.sizes(), (std::vector<int64_t>{3, heads * hd}));
-      EXPECT_LT(max_rel(got, want), dtype == at::kFloat ? 1e-5 : 2e-2) << "window " << window;
     }
+  }
+}
+
+TEST(PagedDecodeAttention, OneDominantKeyTakesAllTheWeight) {
+  // One key scoring far above the rest takes all the weight (no overflow in the exponentials).
+  const int64_t hd = 64;
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    at::Tensor kc = at::zeros({2, 4, 1, hd}), vc = at::zeros({2, 4, 1, hd});
+    kc[0][1][0].fill_(1.0);
+    vc[0][1][0].fill_(7.0);
+    vc[0][0][0].fill_(-3.0);
+    const at::Tensor q = at::full({1, 1, hd}, 100.0).to(dtype);
+    PagedContext ctx{{0}, {0, 1}, {3}};
+    const at::Tensor got = paged_decode_attention(q, kc.to(dtype), vc.to(dtype), ctx, 1 << 20, 1.0);
+    EXPECT_LT(max_rel(got, at::full({1, hd}, 7.0)), 1e-6) << dtype;
   }
 }
 

@@ -1,0 +1,67 @@
+// Picking an instruction set for the hand-written CPU kernels at run time.
+//
+// A kernel is compiled three times, for AVX-512, for AVX2 + FMA and for baseline x86-64, and
+// called through the best copy this CPU supports (cpu_pick). GCC's
+// target_clones("arch=skylake-avx512", "arch=haswell", "default") is not used on purpose: its
+// resolver tests __builtin_cpu_is, which names Intel micro-architectures, so on an AMD CPU with
+// AVX-512 both "arch=" clones were skipped and the baseline SSE2 copy ran (measured on this
+// machine's EPYC: the decode attention and small-row linear kernels ran their SSE2 copies).
+// What matters is the instruction set, and that is what is checked here.
+#pragma once
+
+#include <cstdlib>
+#include <cstring>
+
+namespace swarm {
+
+enum class CpuLevel { BASE = 0, AVX2 = 1, AVX512 = 2 };
+
+/// The best level this CPU supports (GCC's cpu feature checks include the OS's saved register
+/// state), lowered by the environment variable SWARM_CPU_LEVEL=base|avx2|avx512 when set (to
+/// test the other copies); computed once per process.
+inline CpuLevel cpu_level() noexcept {
+  static const CpuLevel level = [] {
+    CpuLevel best = CpuLevel::BASE;
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                      __builtin_cpu_supports("bmi2");
+    const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    best = avx512 ? CpuLevel::AVX512 : avx2 ? CpuLevel::AVX2 : CpuLevel::BASE;
+#endif
+    const char* want = std::getenv("SWARM_CPU_LEVEL");
+    CpuLevel cap = best;
+    if (want != nullptr && std::strcmp(want, "base") == 0) cap = CpuLevel::BASE;
+    if (want != nullptr && std::strcmp(want, "avx2") == 0) cap = CpuLevel::AVX2;
+    return static_cast<int>(cap) < static_cast<int>(best) ? cap : best;
+  }();
+  return level;
+}
+
+/// "avx512", "avx2" or "base".
+inline const char* cpu_level_name(CpuLevel level) noexcept {
+  return level == CpuLevel::AVX512 ? "avx512" : level == CpuLevel::AVX2 ? "avx2" : "base";
+}
+
+/// The copy of a kernel for this CPU's level.
+template <class Fn>
+Fn cpu_pick(Fn avx512, Fn avx2, Fn base) noexcept {
+  switch (cpu_level()) {
+    case CpuLevel::AVX512: return avx512;
+    case CpuLevel::AVX2: return avx2;
+    default: return base;
+  }
+}
+
+}  // namespace swarm
+
+// Attributes for the AVX-512 and AVX2 copies (empty off x86-64 GCC/Clang, where the three
+// copies are the same code).
+#if defined(__x86_64__) && defined(__GNUC__)
+#define SWARM_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi2")))
+#define SWARM_TARGET_AVX2 __attribute__((target("avx2,fma,bmi2")))
+#else
+#define SWARM_TARGET_AVX512
+#define SWARM_TARGET_AVX2
+#endif
