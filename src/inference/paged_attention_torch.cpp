@@ -12,9 +12,16 @@
 
 #include "common/error.hpp"
 #include "inference/cpu_dispatch.hpp"
+#include "inference/cpu_vec.hpp"
 
 namespace swarm {
 namespace {
+
+using simd::f32x4;
+using simd::hsum;
+using simd::load_vec;
+using simd::store_vec;
+using simd::Vec;
 
 // Inlined into each per-ISA clone below, so every clone gets its own vectorised copy.
 #define SWARM_INLINE inline __attribute__((always_inline))
@@ -120,69 +127,11 @@ SWARM_INLINE void attend_one(const Args& a, int64_t b, int64_t g, std::vector<fl
 }
 
 // ---------------------------------------------------------------- vectorised path
-// (The vector helpers are inlined into each copy; GCC's note that passing wide vectors by value
-// differs between instruction sets does not apply to inlined static functions.)
-#pragma GCC diagnostic ignored "-Wpsabi"
 // head_dim W, 2W, 4W, 6W, 8W or 16W for the vector width W (16 floats on AVX-512, 8
 // otherwise): scores and the weighted sum run on W-float vectors (bf16 rows widened as they
 // are loaded) with several independent accumulators, so neither waits on the latency of one
 // long chain of multiply-adds as the plain loop above does, and the softmax's exponentials are
 // computed W at a time.
-template <int W>
-struct Vec;
-template <>
-struct Vec<16> {
-  typedef float type __attribute__((vector_size(64)));
-  typedef float unaligned __attribute__((vector_size(64), aligned(4)));
-  typedef int32_t ints __attribute__((vector_size(64)));
-  typedef uint16_t halves __attribute__((vector_size(32), aligned(2)));
-};
-template <>
-struct Vec<8> {
-  typedef float type __attribute__((vector_size(32)));
-  typedef float unaligned __attribute__((vector_size(32), aligned(4)));
-  typedef int32_t ints __attribute__((vector_size(32)));
-  typedef uint16_t halves __attribute__((vector_size(16), aligned(2)));
-};
-typedef float f32x4 __attribute__((vector_size(16)));
-
-template <int W>
-SWARM_INLINE typename Vec<W>::type load_vec(const float* p) {
-  return *reinterpret_cast<const typename Vec<W>::unaligned*>(p);
-}
-// W elements of a cache row as fp32 (bf16 widened: its bits are the high half of an fp32).
-template <int W>
-SWARM_INLINE typename Vec<W>::type load_vec(const c10::BFloat16* p) {
-  using I = typename Vec<W>::ints;
-  const I bits = __builtin_convertvector(*reinterpret_cast<const typename Vec<W>::halves*>(p), I) << 16;
-  typename Vec<W>::type v;
-  __builtin_memcpy(&v, &bits, sizeof v);
-  return v;
-}
-template <int W>
-SWARM_INLINE void store_vec(float* p, typename Vec<W>::type v) {
-  *reinterpret_cast<typename Vec<W>::unaligned*>(p) = v;
-}
-// W floats rounded to bf16 as c10::BFloat16 rounds them (to nearest even; NaN -> 0x7fc0).
-template <int W>
-SWARM_INLINE void store_vec(c10::BFloat16* p, typename Vec<W>::type v) {
-  using I = typename Vec<W>::ints;
-  I bits;
-  __builtin_memcpy(&bits, &v, sizeof bits);
-  const I rounded = (bits + (((bits >> 16) & 1) + 0x7fff)) >> 16;  // arithmetic shift: low 16 bits kept
-  const I nan = v != v;                                            // -1 where NaN
-  const I out = (rounded & ~nan) | (0x7fc0 & nan);
-  *reinterpret_cast<typename Vec<W>::halves*>(p) = __builtin_convertvector(out, typename Vec<W>::halves);
-}
-SWARM_INLINE float hsum(Vec<8>::type v) {
-  const f32x4 b = __builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7);
-  return (b[0] + b[2]) + (b[1] + b[3]);
-}
-SWARM_INLINE float hsum(Vec<16>::type v) {
-  return hsum(Vec<8>::type(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-                           __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15)));
-}
-
 // e^x for x <= 0 (softmax after subtracting the maximum), W lanes at once: x = n ln2 + r with
 // |r| <= ln2 / 2, e^r from its Taylor series to degree 7 (relative error < 1e-8 before
 // rounding; a few ulp in all), times 2^n built in the exponent bits. Inputs below -87 give

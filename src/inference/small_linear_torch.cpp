@@ -8,6 +8,7 @@
 
 #include "common/error.hpp"
 #include "inference/cpu_dispatch.hpp"
+#include "inference/cpu_vec.hpp"
 
 namespace swarm {
 namespace {
@@ -25,86 +26,82 @@ struct Args {
 SWARM_INLINE float to_float(float v) { return v; }
 SWARM_INLINE float to_float(c10::BFloat16 v) { return static_cast<float>(v); }
 
-// M input rows against one weight row. One row: a single vectorised reduction (measured
-// fastest). Several rows: M accumulators of 16 lanes, so each 16 weights are loaded once for
-// all rows and the M FMA chains run side by side.
-template <int M>
-SWARM_INLINE void dot_rows(const float* w, const float* x, int64_t in, float* out) {
-  if constexpr (M == 1) {
-    float s = 0.f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < in; ++i) s += w[i] * x[i];
-    out[0] = s;
-  } else {
-    float acc[M][16] = {};
-    int64_t i = 0;
-    for (; i + 16 <= in; i += 16) {
-      for (int m = 0; m < M; ++m) {
-        const float* xm = x + m * in + i;
-#pragma omp simd
-        for (int l = 0; l < 16; ++l) acc[m][l] += w[i + l] * xm[l];
-      }
-    }
-    for (int m = 0; m < M; ++m) {
-      float s = 0.f;
-      for (int l = 0; l < 16; ++l) s += acc[m][l];
-      for (int64_t j = i; j < in; ++j) s += w[j] * x[m * in + j];
-      out[m] = s;
+// Output feature o for the M input rows. The weight row is streamed once, front to back (one
+// sequential stream per thread is what the hardware prefetcher follows best: reading several
+// weight rows side by side measured 10-20% slower once the weights come from memory), with
+// U x M independent accumulators of W lanes, so every W weights are loaded (and widened from
+// bf16) once for all M rows and U x M multiply-add chains run side by side instead of one
+// long dependent chain.
+template <class T, int W, int M, int U>
+SWARM_INLINE void one_row(const Args& a, int64_t o) {
+  using V = typename simd::Vec<W>::type;
+  const int64_t in = a.in, full = in / (U * W) * (U * W), vec = in / W * W;
+  const T* w = static_cast<const T*>(a.w) + o * in;
+  V acc[U][M];
+  for (int u = 0; u < U; ++u)
+    for (int m = 0; m < M; ++m) acc[u][m] = V{};
+  int64_t i = 0;
+  for (; i < full; i += U * W) {
+    for (int u = 0; u < U; ++u) {
+      const V wv = simd::load_vec<W>(w + i + u * W);
+      for (int m = 0; m < M; ++m) acc[u][m] += wv * simd::load_vec<W>(a.x + m * in + i + u * W);
     }
   }
-}
-
-template <class T, int M>
-SWARM_INLINE void rows(const Args& a, int64_t begin, int64_t end) {
-  std::vector<float> row_buf(static_cast<size_t>(a.in));
-  float* row = row_buf.data();
-  const T* w = static_cast<const T*>(a.w);
-  const T* bias = static_cast<const T*>(a.bias);
+  for (; i < vec; i += W) {
+    const V wv = simd::load_vec<W>(w + i);
+    for (int m = 0; m < M; ++m) acc[0][m] += wv * simd::load_vec<W>(a.x + m * in + i);
+  }
+  const float b = a.bias ? to_float(static_cast<const T*>(a.bias)[o]) : 0.f;
   T* y = static_cast<T*>(a.y);
-  float dots[M];
-  for (int64_t o = begin; o < end; ++o) {
-    const T* wr = w + o * a.in;
-    const float* wf;
-    if constexpr (std::is_same_v<T, float>) {
-      wf = wr;
-    } else {
-#pragma omp simd
-      for (int64_t i = 0; i < a.in; ++i) row[i] = to_float(wr[i]);
-      wf = row;
-    }
-    dot_rows<M>(wf, a.x, a.in, dots);
-    const float b = bias ? to_float(bias[o]) : 0.f;
-    for (int m = 0; m < M; ++m) y[m * a.out + o] = static_cast<T>(dots[m] + b);
+  for (int m = 0; m < M; ++m) {
+    V total = acc[0][m];
+    for (int u = 1; u < U; ++u) total += acc[u][m];
+    float s = simd::hsum(total);
+    for (int64_t j = vec; j < in; ++j) s += to_float(w[j]) * a.x[m * in + j];
+    y[m * a.out + o] = static_cast<T>(s + b);
   }
 }
 
-template <class T>
+template <class T, int W, int M>
+SWARM_INLINE void rows(const Args& a, int64_t begin, int64_t end) {
+  constexpr int U = M <= 2 ? 4 : M <= 4 ? 2 : 1;  // U x M <= 8 accumulators
+  for (int64_t o = begin; o < end; ++o) one_row<T, W, M, U>(a, o);
+}
+
+template <class T, int W>
 SWARM_INLINE void rows_any(const Args& a, int64_t begin, int64_t end) {
   switch (a.m) {
-    case 1: return rows<T, 1>(a, begin, end);
-    case 2: return rows<T, 2>(a, begin, end);
-    case 3: return rows<T, 3>(a, begin, end);
-    case 4: return rows<T, 4>(a, begin, end);
-    default: return rows<T, 4>(a, begin, end);  // a.m <= kSmallLinearMaxRows == 4
+    case 1: return rows<T, W, 1>(a, begin, end);
+    case 2: return rows<T, W, 2>(a, begin, end);
+    case 3: return rows<T, W, 3>(a, begin, end);
+    case 4: return rows<T, W, 4>(a, begin, end);
+    case 5: return rows<T, W, 5>(a, begin, end);
+    case 6: return rows<T, W, 6>(a, begin, end);
+    case 7: return rows<T, W, 7>(a, begin, end);
+    default: return rows<T, W, 8>(a, begin, end);  // a.m <= kSmallLinearMaxRows == 8
   }
 }
 
 // One copy per instruction set (cpu_dispatch.hpp).
-SWARM_TARGET_AVX512 void rows_f32_avx512(const Args& a, int64_t begin, int64_t end) { rows_any<float>(a, begin, end); }
-SWARM_TARGET_AVX2 void rows_f32_avx2(const Args& a, int64_t begin, int64_t end) { rows_any<float>(a, begin, end); }
-void rows_f32_base(const Args& a, int64_t begin, int64_t end) { rows_any<float>(a, begin, end); }
-SWARM_TARGET_AVX512 void rows_bf16_avx512(const Args& a, int64_t begin, int64_t end) {
-  rows_any<c10::BFloat16>(a, begin, end);
+SWARM_TARGET_AVX512 void rows_f32_avx512(const Args& a, int64_t begin, int64_t end) {
+  rows_any<float, 16>(a, begin, end);
 }
-SWARM_TARGET_AVX2 void rows_bf16_avx2(const Args& a, int64_t begin, int64_t end) { rows_any<c10::BFloat16>(a, begin, end); }
-void rows_bf16_base(const Args& a, int64_t begin, int64_t end) { rows_any<c10::BFloat16>(a, begin, end); }
+SWARM_TARGET_AVX2 void rows_f32_avx2(const Args& a, int64_t begin, int64_t end) { rows_any<float, 8>(a, begin, end); }
+void rows_f32_base(const Args& a, int64_t begin, int64_t end) { rows_any<float, 8>(a, begin, end); }
+SWARM_TARGET_AVX512 void rows_bf16_avx512(const Args& a, int64_t begin, int64_t end) {
+  rows_any<c10::BFloat16, 16>(a, begin, end);
+}
+SWARM_TARGET_AVX2 void rows_bf16_avx2(const Args& a, int64_t begin, int64_t end) {
+  rows_any<c10::BFloat16, 8>(a, begin, end);
+}
+void rows_bf16_base(const Args& a, int64_t begin, int64_t end) { rows_any<c10::BFloat16, 8>(a, begin, end); }
 
 }  // namespace
 
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
   RECORD_FUNCTION("swarm::small_linear", c10::ArrayRef<const c10::IValue>{});  // named in profiles
   SWARM_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "small_linear: shapes [M, in] x [out, in]");
-  SWARM_CHECK(x.size(0) >= 1 && x.size(0) <= kSmallLinearMaxRows, "small_linear: 1..4 rows");
+  SWARM_CHECK(x.size(0) >= 1 && x.size(0) <= kSmallLinearMaxRows, "small_linear: 1..kSmallLinearMaxRows rows");
   SWARM_CHECK(x.device().is_cpu() && w.device().is_cpu(), "small_linear: CPU tensors only");
   SWARM_CHECK(x.scalar_type() == w.scalar_type() && (!bias || bias->scalar_type() == w.scalar_type()),
               "small_linear: x, w and bias must share a dtype");

@@ -10,11 +10,11 @@
 
 namespace swarm {
 
-/// Largest number of rows small_linear takes. Measured here (fp32, 1536x576, 1 thread): the
-/// kernel beats at::linear (OpenBLAS GEMM) up to 4 rows (4x at one row) and loses at 8.
-constexpr int64_t kSmallLinearMaxRows = 4;
+/// Largest number of rows small_linear takes. Measured here with the AVX-512 copy (SmolLM2
+/// decode, 2 cores): it beats at::linear up to 8 rows in fp32 (OpenBLAS) and up to 4 in bf16
+/// (oneDNN); DecoderModel uses it within those limits.
+constexpr int64_t kSmallLinearMaxRows = 8;
 
-/// For bf16 oneDNN's GEMM is faster at every size measured: callers use this for fp32.
 /// x [M, in] (fp32 or bf16), w [out, in] of x's dtype, bias [out] or undefined; contiguous
 /// CPU tensors, 1 <= M <= kSmallLinearMaxRows. Accumulates in fp32; returns [M, out] in x's
 /// dtype. No autograd (serving only). Parallel over output rows with at::parallel_for.
