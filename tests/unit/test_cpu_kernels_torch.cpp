@@ -24,7 +24,7 @@ TEST(SmallLinear, MatchesLinearForEveryRowCountWithAndWithoutBias) {
   at::manual_seed(1);
   for (auto dtype : {at::kFloat, at::kBFloat16}) {
     for (int64_t m = 1; m <= kSmallLinearMaxRows; ++m) {
-      for (int64_t in : {64, 100, 576}) {  // 100: a tail beyond the vector width
+      for (int64_t in : {8, 40, 64, 100, 576}) {  // tails beyond the unrolled loop and the vector width
         const at::Tensor x = at::randn({m, in}).to(dtype), w = at::randn({37, in}).to(dtype);
         const at::Tensor b = at::randn({37}).to(dtype);
         const at::Tensor want = at::linear(x.to(at::kFloat), w.to(at::kFloat), b.to(at::kFloat));
