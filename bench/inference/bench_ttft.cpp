@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
   std::string server_bin = SWARM_SERVER_BIN, model;
   std::string dtype = "bf16";
   int clients = 64, seconds = 20, prompt_words = 48, max_tokens = 32, single_requests = 30;
-  int64_t max_step_tokens = 512;
+  int64_t max_step_tokens = 512, engine_threads = 0;
   app.add_option("--server-bin", server_bin, "swarm-server binary")->capture_default_str();
   app.add_option("--model", model, "Hugging Face model directory with a chat template")->required();
   app.add_option("--dtype", dtype, "fp32 or bf16")->capture_default_str();
@@ -112,6 +112,8 @@ int main(int argc, char** argv) {
   app.add_option("--prompt-words", prompt_words, "Words in each user message")->capture_default_str();
   app.add_option("--max-tokens", max_tokens, "max_tokens of each completion")->capture_default_str();
   app.add_option("--max-step-tokens", max_step_tokens, "The engine's max_step_tokens")->capture_default_str();
+  app.add_option("--engine-threads", engine_threads, "The job's engine_threads (0: the server's default, all cores)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -131,6 +133,7 @@ int main(int argc, char** argv) {
     job.dtype = dtype;
     job.max_batch_sequences = std::max(64, clients);
     job.max_step_tokens = max_step_tokens;
+    job.engine_threads = engine_threads;
     swarm::SwarmClient admin(url);
     std::fprintf(stderr, "bench_ttft: booting %s (%s)...\n", model.c_str(), dtype.c_str());
     admin.auto_sync_train_config_and_start_engine(job);
