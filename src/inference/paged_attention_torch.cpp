@@ -196,11 +196,28 @@ SWARM_INLINE void attend_one_vec(const Args& a, int64_t b, int64_t g, std::vecto
     vrows[static_cast<size_t>(j)] = vrows[0];
   }
 
+  // The cache rows are scattered over blocks and each is only a few cache lines, too little for
+  // the hardware prefetcher to follow: the first pass over the keys asks for the K rows
+  // kPrefetchKeys ahead and for the V rows it will need after the softmax.
+  constexpr int64_t kPrefetchKeys = 16;
+  constexpr int64_t row_bytes = hd * static_cast<int64_t>(sizeof(T));
+  const auto prefetch_row = [](const T* row) __attribute__((always_inline)) {
+    const char* p = reinterpret_cast<const char*>(row);
+    for (int64_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(p + off);
+    __builtin_prefetch(p + row_bytes - 1);
+  };
+  for (int64_t j = 0; j < std::min(n, kPrefetchKeys); ++j) prefetch_row(krows[static_cast<size_t>(j)]);
+
   for (int64_t r = 0; r < rep; ++r) {
     // Scores, four keys at a time (four independent accumulators).
     const float* qr = qf + r * hd;
     float* sr = scores + r * n4;
     for (int64_t j = 0; j < n4; j += 4) {
+      if (r == 0) {
+        for (int64_t k = j; k < std::min(j + 4, n); ++k) prefetch_row(vrows[static_cast<size_t>(k)]);
+        for (int64_t k = j + kPrefetchKeys; k < std::min(j + kPrefetchKeys + 4, n); ++k)
+          prefetch_row(krows[static_cast<size_t>(k)]);
+      }
       const T* k0 = krows[static_cast<size_t>(j)];
       const T* k1 = krows[static_cast<size_t>(j + 1)];
       const T* k2 = krows[static_cast<size_t>(j + 2)];
