@@ -9,10 +9,6 @@
 
 #include <c10/util/BFloat16.h>
 
-// Passing wide vectors by value differs between instruction sets (GCC's -Wpsabi note); these
-// helpers are always inlined, so no such call exists.
-#pragma GCC diagnostic ignored "-Wpsabi"
-
 namespace swarm::simd {
 
 #define SWARM_VEC_INLINE inline __attribute__((always_inline))
