@@ -145,7 +145,20 @@ class DecoderModel {
     int in_norm = -1, post_norm = -1;
   };
 
+  /// The serving path's merged projections of one layer: q/k/v stacked into one weight (and
+  /// gate/up into another), with the parameters() entries made views into them, so one GEMM
+  /// replaces three (two) and an in-place weight sync updates both. Undefined when not merged.
+  struct Merged {
+    torch::Tensor qkv_w, qkv_b, gate_up_w, gate_up_b;
+  };
+
   const torch::Tensor& p(int index) const { return params_[static_cast<size_t>(index)].second; }
+  /// Stacks each layer's q/k/v and gate/up weights (load time, not with_parameters models).
+  void merge_projections();
+  /// Whether the parameters of `layer` are still the views merge_projections made (a caller may
+  /// have replaced one tensor in parameters()).
+  bool qkv_merged(size_t layer) const;
+  bool gate_up_merged(size_t layer) const;
   /// An optional parameter (a bias), as at::linear takes it.
   c10::optional<torch::Tensor> bias(int index) const {
     return index < 0 ? c10::optional<torch::Tensor>() : c10::optional<torch::Tensor>(p(index));
@@ -157,7 +170,12 @@ class DecoderModel {
                        const torch::Tensor& allowed) const;
   /// x · Wᵀ + b; `serving` (forward_step, no autograd) may use the small-row CPU kernel.
   torch::Tensor proj(const torch::Tensor& x, int w, int b, bool serving) const;
+  /// The serving projection: x · wᵀ (+ b when defined), through small_linear for a few rows on
+  /// the CPU.
+  torch::Tensor serving_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) const;
   torch::Tensor mlp(const LayerParams& layer, const torch::Tensor& x, bool serving = false) const;
+  /// The serving MLP of layer l (through the merged gate/up weight when there is one).
+  torch::Tensor serving_mlp(size_t l, const torch::Tensor& x) const;
   torch::Tensor logits(const torch::Tensor& x, bool serving = false) const;
 
   ModelConfig config_;
@@ -166,6 +184,7 @@ class DecoderModel {
   torch::Device device_;
   std::vector<std::pair<std::string, torch::Tensor>> params_;
   std::vector<LayerParams> layers_;
+  std::vector<Merged> merged_;  // per layer, or empty
   int embed_ = -1, final_norm_ = -1, head_ = -1;
   torch::Tensor cos_f32_, sin_f32_;  // [max_pos, head_dim] fp32
   torch::Tensor cos_, sin_;          // the same in the compute dtype, on the device

@@ -4,6 +4,7 @@
 #include <ATen/record_function.h>
 #include <c10/util/BFloat16.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "common/error.hpp"
@@ -32,8 +33,11 @@ SWARM_INLINE float to_float(c10::BFloat16 v) { return static_cast<float>(v); }
 // U x M independent accumulators of W lanes, so every W weights are loaded (and widened from
 // bf16) once for all M rows and U x M multiply-add chains run side by side instead of one
 // long dependent chain.
+constexpr int64_t kOutBlock = 32;  // output features per block of results
+
+// Writes the M results of feature o to sums[0], sums[kOutBlock], ..., sums[(M - 1) * kOutBlock].
 template <class T, int W, int M, int U>
-SWARM_INLINE void one_row(const Args& a, int64_t o) {
+SWARM_INLINE void one_row(const Args& a, int64_t o, float* sums) {
   using V = typename simd::Vec<W>::type;
   const int64_t in = a.in, full = in / (U * W) * (U * W), vec = in / W * W;
   const T* w = static_cast<const T*>(a.w) + o * in;
@@ -52,20 +56,29 @@ SWARM_INLINE void one_row(const Args& a, int64_t o) {
     for (int m = 0; m < M; ++m) acc[0][m] += wv * simd::load_vec<W>(a.x + m * in + i);
   }
   const float b = a.bias ? to_float(static_cast<const T*>(a.bias)[o]) : 0.f;
-  T* y = static_cast<T*>(a.y);
   for (int m = 0; m < M; ++m) {
     V total = acc[0][m];
     for (int u = 1; u < U; ++u) total += acc[u][m];
     float s = simd::hsum(total);
     for (int64_t j = vec; j < in; ++j) s += to_float(w[j]) * a.x[m * in + j];
-    y[m * a.out + o] = static_cast<T>(s + b);
+    sums[m * kOutBlock] = s + b;
   }
 }
 
 template <class T, int W, int M>
 SWARM_INLINE void rows(const Args& a, int64_t begin, int64_t end) {
   constexpr int U = M <= 2 ? 4 : M <= 4 ? 2 : 1;  // U x M <= 8 accumulators
-  for (int64_t o = begin; o < end; ++o) one_row<T, W, M, U>(a, o);
+  // Results go to a small block first and out row by row: storing each feature's M results
+  // straight into y touches M rows `out` apart, which for some widths (3072 fp32: 12 KiB, a
+  // multiple of 4 KiB) all map to the same L1 set (measured: 8 rows, 3072 x 576, 1.7x slower).
+  float block[M * kOutBlock];
+  T* y = static_cast<T*>(a.y);
+  for (int64_t o0 = begin; o0 < end; o0 += kOutBlock) {
+    const int64_t count = std::min<int64_t>(kOutBlock, end - o0);
+    for (int64_t k = 0; k < count; ++k) one_row<T, W, M, U>(a, o0 + k, block + k);
+    for (int m = 0; m < M; ++m)
+      for (int64_t k = 0; k < count; ++k) y[m * a.out + o0 + k] = static_cast<T>(block[m * kOutBlock + k]);
+  }
 }
 
 template <class T, int W>

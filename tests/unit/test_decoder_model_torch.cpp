@@ -492,6 +492,44 @@ TEST_F(DecoderModelTest, WeightsCanBeUpdatedInPlaceOrReplaced) {
   EXPECT_LE(rel_error(full_logits(*model, seq), before), 1e-6);
 }
 
+// The serving path computes q/k/v (and gate/up) with one GEMM over weights stacked at load, the
+// parameters() entries being views into them. It must follow a weight sync (in-place copy into
+// the entry) and a replaced entry (a new tensor: the stacked copy is stale, so it falls back),
+// for prefill chunks (GEMM) and single-token decode (small-row kernel) alike.
+TEST_F(DecoderModelTest, ServingFollowsUpdatesOfMergedProjections) {
+  std::shared_ptr<DecoderModel> model;
+  const std::vector<int32_t> seq = {1, 200, 300, 400, 500, 17, 33, 90};
+  auto serving_logits = [&] {  // prefill of 5 in one step, then 3 single-token steps
+    KvCache cache = KvCache::for_model(model->config(), 8, 4, torch::kFloat);
+    std::vector<torch::Tensor> rows;
+    cache.ensure_capacity(0, static_cast<int64_t>(seq.size()));
+    rows.push_back(model->forward_step({{0, {seq.begin(), seq.begin() + 5}, 0}}, cache, true));
+    for (int64_t pos = 5; pos < static_cast<int64_t>(seq.size()); ++pos)
+      rows.push_back(model->forward_step({{0, {seq[static_cast<size_t>(pos)]}, pos}}, cache));
+    return torch::cat(rows, 0);
+  };
+  for (const char* which : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"}) {
+    model = DecoderModel::load(tinystories(), DType::F32);  // merged afresh
+    const torch::Tensor original = full_logits(*model, seq);
+    ASSERT_LE(rel_error(serving_logits(), original), 1e-5);
+    const std::string name = std::string("model.layers.0.") + which + ".weight";
+    torch::Tensor* entry = nullptr;
+    for (auto& [n, t] : model->parameters())
+      if (n == name) entry = &t;
+    ASSERT_NE(entry, nullptr) << name;
+    {
+      torch::NoGradGuard no_grad;
+      entry->copy_(*entry * 0.5f);  // in place, as the trainer's weight sync writes
+    }
+    const torch::Tensor synced = full_logits(*model, seq);
+    EXPECT_GT((synced - original).abs().max().item<float>(), 1e-4f) << name;
+    EXPECT_LE(rel_error(serving_logits(), synced), 1e-5) << name << " after an in-place update";
+    *entry = *entry * 2;  // a new tensor with the original values
+    EXPECT_LE(rel_error(full_logits(*model, seq), original), 1e-5) << name;
+    EXPECT_LE(rel_error(serving_logits(), original), 1e-5) << name << " after a replacement";
+  }
+}
+
 TEST_F(DecoderModelTest, ForwardFullIsDifferentiableAndIgnoresPadding) {
   auto model = DecoderModel::load(tinystories(), DType::F32);
   for (auto& [name, t] : model->parameters()) t.requires_grad_(true);
