@@ -17,7 +17,6 @@
 namespace swarm {
 namespace {
 
-using simd::f32x4;
 using simd::hsum;
 using simd::load_vec;
 using simd::store_vec;

@@ -5,7 +5,6 @@
 #include <c10/util/BFloat16.h>
 
 #include <algorithm>
-#include <vector>
 
 #include "common/error.hpp"
 #include "inference/cpu_dispatch.hpp"
