@@ -3,6 +3,7 @@
 # weight-sync cycles against it, SIGTERM stops the server gracefully with exit 0.
 # Usage: cli_smoke.sh <swarm-server> <echo_agent>
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../support/server_port.sh"
 server_bin="$1" agent_bin="$2"
 work="$(mktemp -d)"
 trap 'kill -9 "${pid:-0}" 2>/dev/null || true; rm -rf "$work"' EXIT
@@ -21,14 +22,7 @@ grep -q "batch_sise" "$work/bad.log" || fail "bad config error does not name the
 
 "$server_bin" start --port 0 --log-level info >"$work/server.log" 2>&1 &
 pid=$!
-port=""
-for _ in $(seq 1 100); do
-  port="$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$work/server.log" | head -1)"
-  [ -n "$port" ] && break
-  kill -0 "$pid" 2>/dev/null || fail "server exited early"
-  sleep 0.05
-done
-[ -n "$port" ] || fail "server did not report its port"
+wait_for_port "$work/server.log" "$pid" 100 0.05 || fail "$server_problem"
 
 "$agent_bin" --url "http://127.0.0.1:$port" --steps 3 --workers 4 --batch-size 2 --num-repeat 2 >"$work/agent.log" 2>&1 \
   || { cat "$work/agent.log" >&2; fail "echo_agent failed"; }

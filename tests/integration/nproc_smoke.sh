@@ -8,6 +8,7 @@
 #     a bounded time, and the server keeps answering.
 # Usage: nproc_smoke.sh <swarm-server> <swarm-model> <echo_agent> <shared dir>
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../support/server_port.sh"
 server_bin="$1" model_bin="$2" agent_bin="$3" shared="$4"
 work="$(mktemp -d)"
 pid=""
@@ -31,14 +32,10 @@ start_server() {
   : >"$log"
   "$server_bin" start --port 0 --engine torch --log-level info "$@" >"$log" 2>&1 &
   pid=$!
-  port=""
-  for _ in $(seq 1 600); do
-    port="$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$log" | head -1)"
-    [ -n "$port" ] && break
-    kill -0 "$pid" 2>/dev/null || { cp "$log" server.log; fail "server exited early"; }
-    sleep 0.1
-  done
-  [ -n "$port" ] || fail "server did not report its port"
+  if ! wait_for_port "$log" "$pid" 600 0.1; then
+    [ "$server_problem" = "server exited early" ] && cp "$log" server.log
+    fail "$server_problem"
+  fi
 }
 stop_server() {
   kill -TERM "$pid"

@@ -6,6 +6,7 @@
 # server brings up the unreachable screen while overwatch keeps retrying.
 # Usage: overwatch_tmux.sh <swarm-overwatch> <swarm-server> <echo_agent>
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../support/server_port.sh"
 overwatch_bin="$(realpath "$1")" server_bin="$(realpath "$2")" agent_bin="$(realpath "$3")"
 
 if ! command -v tmux >/dev/null 2>&1; then
@@ -57,14 +58,7 @@ wait_for_pane() {
 start_server() {
   "$server_bin" start --port 0 --log-level info >"$work/server.log" 2>&1 &
   server_pid=$!
-  port=""
-  for _ in $(seq 1 200); do
-    port="$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$work/server.log" | head -1)"
-    [ -n "$port" ] && break
-    kill -0 "$server_pid" 2>/dev/null || fail "server exited early"
-    sleep 0.05
-  done
-  [ -n "$port" ] || fail "server did not report its port"
+  wait_for_port "$work/server.log" "$server_pid" 200 0.05 || fail "$server_problem"
   url="http://127.0.0.1:$port"
 }
 

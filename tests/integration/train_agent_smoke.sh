@@ -5,6 +5,7 @@
 # (Whether a real model learns is the `learning` test's job.)
 # Usage: train_agent_smoke.sh <swarm-server> <train_agent>
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../support/server_port.sh"
 server_bin="$(realpath "$1")" agent_bin="$(realpath "$2")"
 python=/usr/bin/python3
 work="$(mktemp -d)"
@@ -18,14 +19,7 @@ if "$agent_bin" --model m --difficulty 99 >bad.log 2>&1; then fail "--difficulty
 
 "$server_bin" start --port 0 --engine mock >server.log 2>&1 &
 pid=$!
-port=""
-for _ in $(seq 1 100); do
-  port="$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' server.log | head -1)"
-  [ -n "$port" ] && break
-  kill -0 "$pid" 2>/dev/null || fail "server exited early"
-  sleep 0.05
-done
-[ -n "$port" ] || fail "server did not report its port"
+wait_for_port server.log "$pid" 100 0.05 || fail "$server_problem"
 
 "$agent_bin" --url "http://127.0.0.1:$port" --model mock --tasks all --steps 3 --batch-size 5 --num-repeat 2 \
   --workers 4 --show-samples 1 --metrics-out metrics.jsonl >agent.log 2>&1 || fail "train_agent failed"

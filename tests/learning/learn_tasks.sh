@@ -12,6 +12,7 @@
 # that starts from noise), replies capped at the family's longest answer, 16 tasks x 16
 # episodes per step, AdamW lr 1e-3.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../support/server_port.sh"
 server_bin="$1" model_bin="$2" agent_bin="$3" families="$4" steps="$5" margin="$6" seed="${7:-1}"
 python=/usr/bin/python3
 work="$(mktemp -d)"
@@ -24,14 +25,7 @@ cd "$work"
 
 "$server_bin" start --port 0 --engine torch >server.log 2>&1 &
 pid=$!
-port=""
-for _ in $(seq 1 300); do
-  port="$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' server.log | head -1)"
-  [ -n "$port" ] && break
-  kill -0 "$pid" 2>/dev/null || fail "server exited early"
-  sleep 0.1
-done
-[ -n "$port" ] || fail "server did not report its port"
+wait_for_port server.log "$pid" 300 0.1 || fail "$server_problem"
 
 start=$(date +%s)
 "$agent_bin" --url "http://127.0.0.1:$port" --model model --tasks "$families" --steps "$steps" \
