@@ -14,7 +14,9 @@
 
 namespace swarm {
 
-enum class CpuLevel { BASE = 0, AVX2 = 1, AVX512 = 2 };
+/// AVX512_BF16 adds the bf16 dot-product instruction (VDPBF16PS) to AVX512; the kernels that
+/// use it have one extra copy, picked by cpu_has_avx512_bf16().
+enum class CpuLevel { BASE = 0, AVX2 = 1, AVX512 = 2, AVX512_BF16 = 3 };
 
 /// The best level this CPU supports (GCC's cpu feature checks include the OS's saved register
 /// state), lowered by the environment variable SWARM_CPU_LEVEL=base|avx2|avx512 when set (to
@@ -28,26 +30,37 @@ inline CpuLevel cpu_level() noexcept {
                       __builtin_cpu_supports("bmi2");
     const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-    best = avx512 ? CpuLevel::AVX512 : avx2 ? CpuLevel::AVX2 : CpuLevel::BASE;
+    const bool bf16 = avx512 && __builtin_cpu_supports("avx512bf16");
+    best = bf16 ? CpuLevel::AVX512_BF16 : avx512 ? CpuLevel::AVX512 : avx2 ? CpuLevel::AVX2 : CpuLevel::BASE;
 #endif
     const char* want = std::getenv("SWARM_CPU_LEVEL");
     CpuLevel cap = best;
     if (want != nullptr && std::strcmp(want, "base") == 0) cap = CpuLevel::BASE;
     if (want != nullptr && std::strcmp(want, "avx2") == 0) cap = CpuLevel::AVX2;
+    if (want != nullptr && std::strcmp(want, "avx512") == 0) cap = CpuLevel::AVX512;
     return static_cast<int>(cap) < static_cast<int>(best) ? cap : best;
   }();
   return level;
 }
 
-/// "avx512", "avx2" or "base".
+/// "avx512bf16", "avx512", "avx2" or "base".
 inline const char* cpu_level_name(CpuLevel level) noexcept {
-  return level == CpuLevel::AVX512 ? "avx512" : level == CpuLevel::AVX2 ? "avx2" : "base";
+  switch (level) {
+    case CpuLevel::AVX512_BF16: return "avx512bf16";
+    case CpuLevel::AVX512: return "avx512";
+    case CpuLevel::AVX2: return "avx2";
+    default: return "base";
+  }
 }
 
-/// The copy of a kernel for this CPU's level.
+/// Whether the AVX512_BF16 copies may run (the CPU has VDPBF16PS and SWARM_CPU_LEVEL allows it).
+inline bool cpu_has_avx512_bf16() noexcept { return cpu_level() == CpuLevel::AVX512_BF16; }
+
+/// The copy of a kernel for this CPU's level (the AVX-512 copy on AVX512_BF16 CPUs).
 template <class Fn>
 Fn cpu_pick(Fn avx512, Fn avx2, Fn base) noexcept {
   switch (cpu_level()) {
+    case CpuLevel::AVX512_BF16:
     case CpuLevel::AVX512: return avx512;
     case CpuLevel::AVX2: return avx2;
     default: return base;
@@ -61,7 +74,11 @@ Fn cpu_pick(Fn avx512, Fn avx2, Fn base) noexcept {
 #if defined(__x86_64__) && defined(__GNUC__)
 #define SWARM_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi2")))
 #define SWARM_TARGET_AVX2 __attribute__((target("avx2,fma,bmi2")))
+#define SWARM_TARGET_AVX512_BF16 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,bmi2")))
+#define SWARM_HAVE_X86_KERNELS 1
 #else
 #define SWARM_TARGET_AVX512
 #define SWARM_TARGET_AVX2
+#define SWARM_HAVE_X86_KERNELS 0
 #endif

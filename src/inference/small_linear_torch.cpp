@@ -10,13 +10,18 @@
 #include "inference/cpu_dispatch.hpp"
 #include "inference/cpu_vec.hpp"
 
+#if SWARM_HAVE_X86_KERNELS
+#include <immintrin.h>
+#endif
+
 namespace swarm {
 namespace {
 
 #define SWARM_INLINE inline __attribute__((always_inline))
 
 struct Args {
-  const float* x;      // [M, in], fp32 copy of the input
+  const float* x;      // [M, in], fp32 copy of the input (the widening kernels)
+  const void* xb;      // [M, in], the bf16 input itself (the dot-product kernel)
   const void* w;       // [out, in]
   const void* bias;    // [out] or null
   void* y;             // [M, out]
@@ -108,12 +113,131 @@ SWARM_TARGET_AVX2 void rows_bf16_avx2(const Args& a, int64_t begin, int64_t end)
 }
 void rows_bf16_base(const Args& a, int64_t begin, int64_t end) { rows_any<c10::BFloat16, 8>(a, begin, end); }
 
+#if SWARM_HAVE_X86_KERNELS
+// ---------------------------------------------------------------- bf16 dot products (AVX512_BF16)
+//
+// VDPBF16PS multiplies 32 bf16 pairs and adds them into 16 fp32 lanes: one instruction per 32
+// weights, with no widening. y[m, o] is the dot product of input row m and weight row o, both
+// contiguous in `in`, so it is accumulated in 16 lanes and summed at the end. Measured here
+// (SmolLM2 projections, 2 threads): one input row streams the weights at ~60 GB/s against
+// ~27 GB/s for the widening kernel, and 32 rows run at ~420 GFLOP/s against oneDNN's ~290.
+#define SWARM_BF16_INLINE SWARM_TARGET_AVX512_BF16 inline __attribute__((always_inline))
+
+// The sums of four 16-lane accumulators, in order (vector extensions: GCC 12's reduce
+// intrinsics warn about their own undefined lanes).
+SWARM_BF16_INLINE simd::f32x4 sum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  using V16 = simd::Vec<16>::type;
+  using V8 = simd::Vec<8>::type;
+  auto half = [](V16 v) -> V8 {
+    return __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+           __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  };
+  const V8 a8 = half(V16(a)), b8 = half(V16(b)), c8 = half(V16(c)), d8 = half(V16(d));
+  // [a 4 partials, b 4 partials], [c, d]; then pairs; then the four totals.
+  const V8 ab = __builtin_shufflevector(a8, b8, 0, 1, 2, 3, 8, 9, 10, 11) +
+                __builtin_shufflevector(a8, b8, 4, 5, 6, 7, 12, 13, 14, 15);
+  const V8 cd = __builtin_shufflevector(c8, d8, 0, 1, 2, 3, 8, 9, 10, 11) +
+                __builtin_shufflevector(c8, d8, 4, 5, 6, 7, 12, 13, 14, 15);
+  const V8 pairs = __builtin_shufflevector(ab, cd, 0, 2, 4, 6, 8, 10, 12, 14) +
+                   __builtin_shufflevector(ab, cd, 1, 3, 5, 7, 9, 11, 13, 15);
+  return __builtin_shufflevector(pairs, pairs, 0, 2, 4, 6) + __builtin_shufflevector(pairs, pairs, 1, 3, 5, 7);
+}
+
+// 32 columns from i of MT input rows x U weight rows into acc; masked-off lanes load zeros.
+template <int MT, int U>
+SWARM_BF16_INLINE void dot_step(__m512 (&acc)[MT][U], const uint16_t* x, const uint16_t* w, int64_t in, int64_t i,
+                                __mmask32 k) {
+  __m512bh wv[U];
+  for (int u = 0; u < U; ++u) wv[u] = (__m512bh)_mm512_maskz_loadu_epi16(k, w + u * in + i);
+  for (int m = 0; m < MT; ++m) {
+    const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(k, x + m * in + i);
+    for (int u = 0; u < U; ++u) acc[m][u] = _mm512_dpbf16_ps(acc[m][u], wv[u], xv);
+  }
+}
+
+// MT input rows x U weight rows over the whole of `in`: out[m * ld + u] = x_m . w_u. Full
+// 32-column steps with a constant mask (plain loads), then one masked step for the rest
+// (computing the mask inside the loop measured 1.3-3x slower).
+template <int MT, int U>
+SWARM_BF16_INLINE void dot_tile(const uint16_t* x, const uint16_t* w, int64_t in, float* out, int64_t ld) {
+  __m512 acc[MT][U];
+  for (int m = 0; m < MT; ++m)
+    for (int u = 0; u < U; ++u) acc[m][u] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= in; i += 32) dot_step<MT, U>(acc, x, w, in, i, ~__mmask32{0});
+  if (i < in) dot_step<MT, U>(acc, x, w, in, i, static_cast<__mmask32>((uint64_t{1} << (in - i)) - 1));
+  for (int m = 0; m < MT; ++m) {
+    if constexpr (U == 4) {
+      const simd::f32x4 s = sum4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
+      for (int u = 0; u < 4; ++u) out[m * ld + u] = s[u];
+    } else {
+      for (int u = 0; u < U; ++u) out[m * ld + u] = simd::hsum(simd::Vec<16>::type(acc[m][u]));
+    }
+  }
+}
+
+// All M input rows against U weight rows, four input rows at a time.
+template <int U>
+SWARM_BF16_INLINE void dot_rows(const uint16_t* x, int64_t m, const uint16_t* w, int64_t in, float* out, int64_t ld) {
+  int64_t r = 0;
+  for (; r + 4 <= m; r += 4) dot_tile<4, U>(x + r * in, w, in, out + r * ld, ld);
+  switch (m - r) {
+    case 3: return dot_tile<3, U>(x + r * in, w, in, out + r * ld, ld);
+    case 2: return dot_tile<2, U>(x + r * in, w, in, out + r * ld, ld);
+    case 1: return dot_tile<1, U>(x + r * in, w, in, out + r * ld, ld);
+    default: return;
+  }
+}
+
+// Output features [begin, end). Up to 8 input rows, one weight row at a time: one sequential
+// stream per thread, which the prefetcher follows best (bandwidth-bound). More rows: four weight
+// rows at a time, each weight vector used for four input rows (compute-bound; measured 1.5x
+// fewer cycles than one weight row at 16-64 rows, 1.3-1.5x slower at 8).
+SWARM_TARGET_AVX512_BF16 void rows_bf16_dot(const Args& a, int64_t begin, int64_t end) {
+  const auto* x = static_cast<const uint16_t*>(a.xb);
+  const auto* w = static_cast<const uint16_t*>(a.w);
+  float block[kSmallLinearBf16MaxRows * kOutBlock];
+  auto* y = static_cast<c10::BFloat16*>(a.y);
+  const auto* bias = static_cast<const c10::BFloat16*>(a.bias);
+  for (int64_t o0 = begin; o0 < end; o0 += kOutBlock) {
+    const int64_t count = std::min<int64_t>(kOutBlock, end - o0);
+    int64_t k = 0;
+    if (a.m > kSmallLinearMaxRows) {
+      for (; k + 4 <= count; k += 4) dot_rows<4>(x, a.m, w + (o0 + k) * a.in, a.in, block + k, kOutBlock);
+    }
+    for (; k < count; ++k) dot_rows<1>(x, a.m, w + (o0 + k) * a.in, a.in, block + k, kOutBlock);
+    // Out with the bias, rounded to bf16 16 at a time (one by one, the rounding cost ~13 ms
+    // per step at batch 32: 6.5 M outputs).
+    using V = simd::Vec<16>::type;
+    const int64_t vec = count / 16 * 16;
+    V bv[kOutBlock / 16];
+    for (k = 0; k < vec; k += 16) bv[k / 16] = bias ? simd::load_vec<16>(bias + o0 + k) : V{};
+    for (int64_t m = 0; m < a.m; ++m) {
+      const float* row = block + m * kOutBlock;
+      for (k = 0; k < vec; k += 16) simd::store_vec<16>(y + m * a.out + o0 + k, simd::load_vec<16>(row + k) + bv[k / 16]);
+      for (; k < count; ++k) {
+        const float b = bias ? static_cast<float>(bias[o0 + k]) : 0.f;
+        y[m * a.out + o0 + k] = static_cast<c10::BFloat16>(row[k] + b);
+      }
+    }
+  }
+}
+#endif
+
 }  // namespace
+
+int64_t small_linear_max_rows(at::ScalarType dtype) {
+#if SWARM_HAVE_X86_KERNELS
+  if (dtype == at::kBFloat16 && cpu_has_avx512_bf16()) return kSmallLinearBf16MaxRows;
+#endif
+  return dtype == at::kBFloat16 ? 4 : kSmallLinearMaxRows;
+}
 
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
   RECORD_FUNCTION("swarm::small_linear", c10::ArrayRef<const c10::IValue>{});  // named in profiles
   SWARM_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "small_linear: shapes [M, in] x [out, in]");
-  SWARM_CHECK(x.size(0) >= 1 && x.size(0) <= kSmallLinearMaxRows, "small_linear: 1..kSmallLinearMaxRows rows");
+  SWARM_CHECK(x.size(0) >= 1 && x.size(0) <= std::max(kSmallLinearMaxRows, small_linear_max_rows(x.scalar_type())),
+              "small_linear: too many rows (" + std::to_string(x.size(0)) + ")");
   SWARM_CHECK(x.device().is_cpu() && w.device().is_cpu(), "small_linear: CPU tensors only");
   SWARM_CHECK(x.scalar_type() == w.scalar_type() && (!bias || bias->scalar_type() == w.scalar_type()),
               "small_linear: x, w and bias must share a dtype");
@@ -121,15 +245,30 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::opt
   const bool bf16 = w.scalar_type() == at::kBFloat16;
   SWARM_CHECK(bf16 || w.scalar_type() == at::kFloat, "small_linear: fp32 or bf16 only");
   const int64_t m = x.size(0), in = x.size(1), out = w.size(0);
-  const at::Tensor xf = x.to(at::kFloat).contiguous();
   at::Tensor y = at::empty({m, out}, x.options());
-  Args a{xf.data_ptr<float>(), w.data_ptr(), bias ? bias->data_ptr() : nullptr, y.data_ptr(), m, in, out};
-  // Chunks of output rows big enough that scheduling does not show.
-  const int64_t grain = std::max<int64_t>(16, 32768 / std::max<int64_t>(1, in));
   using Rows = void (*)(const Args&, int64_t, int64_t);
-  const Rows run = bf16 ? cpu_pick<Rows>(rows_bf16_avx512, rows_bf16_avx2, rows_bf16_base)
-                        : cpu_pick<Rows>(rows_f32_avx512, rows_f32_avx2, rows_f32_base);
-  at::parallel_for(0, out, grain, [&](int64_t begin, int64_t end) { run(a, begin, end); });
+  Rows run = nullptr;
+  at::Tensor xin;  // what the kernel reads: the bf16 input itself, or an fp32 copy to widen against
+#if SWARM_HAVE_X86_KERNELS
+  if (bf16 && cpu_has_avx512_bf16()) {
+    xin = x.contiguous();
+    run = rows_bf16_dot;
+  }
+#endif
+  if (run == nullptr) {
+    SWARM_CHECK(m <= kSmallLinearMaxRows, "small_linear: too many rows (" + std::to_string(m) + ")");
+    xin = x.to(at::kFloat).contiguous();
+    run = bf16 ? cpu_pick<Rows>(rows_bf16_avx512, rows_bf16_avx2, rows_bf16_base)
+               : cpu_pick<Rows>(rows_f32_avx512, rows_f32_avx2, rows_f32_base);
+  }
+  const bool widened = xin.scalar_type() == at::kFloat;
+  Args a{widened ? xin.data_ptr<float>() : nullptr, xin.data_ptr(), w.data_ptr(), bias ? bias->data_ptr() : nullptr,
+         y.data_ptr(), m, in, out};
+  // Work in units of 4 output features (the dot-product kernel's tile), in chunks big enough
+  // that scheduling does not show.
+  const int64_t units = (out + 3) / 4;
+  const int64_t grain = std::max<int64_t>(4, 8192 / std::max<int64_t>(1, in * std::min<int64_t>(m, 8)));
+  at::parallel_for(0, units, grain, [&](int64_t begin, int64_t end) { run(a, begin * 4, std::min(end * 4, out)); });
   return y;
 }
 

@@ -10,14 +10,24 @@
 
 namespace swarm {
 
-/// Largest number of rows small_linear takes. Measured here with the AVX-512 copy (SmolLM2
-/// decode, 2 cores): it beats at::linear up to 8 rows in fp32 (OpenBLAS) and up to 4 in bf16
-/// (oneDNN); DecoderModel uses it within those limits.
+/// Largest number of rows the widening kernel (fp32, and bf16 on CPUs without AVX512_BF16)
+/// takes. Measured here with the AVX-512 copy (SmolLM2 decode, 2 cores): it beats at::linear up
+/// to 8 rows in fp32 (OpenBLAS) and up to 4 in bf16 (oneDNN).
 constexpr int64_t kSmallLinearMaxRows = 8;
 
+/// Largest number of rows of the bf16 dot-product kernel (CPUs with AVX512_BF16). Measured here
+/// (SmolLM2 projections, 2 threads) against oneDNN: 2.4x faster at 1 row, 1.4x at 32, 1.2x at
+/// 128, slower from 256 rows on.
+constexpr int64_t kSmallLinearBf16MaxRows = 128;
+
+/// How many rows small_linear takes, and beats at::linear at, for this dtype on this CPU:
+/// kSmallLinearMaxRows for fp32; for bf16 kSmallLinearBf16MaxRows with AVX512_BF16, else 4.
+int64_t small_linear_max_rows(at::ScalarType dtype);
+
 /// x [M, in] (fp32 or bf16), w [out, in] of x's dtype, bias [out] or undefined; contiguous
-/// CPU tensors, 1 <= M <= kSmallLinearMaxRows. Accumulates in fp32; returns [M, out] in x's
-/// dtype. No autograd (serving only). Parallel over output rows with at::parallel_for.
+/// CPU tensors, 1 <= M <= max(kSmallLinearMaxRows, small_linear_max_rows(dtype)). Accumulates
+/// in fp32; returns [M, out] in x's dtype. No autograd (serving only). Parallel over output
+/// rows with at::parallel_for.
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias);
 
 }  // namespace swarm

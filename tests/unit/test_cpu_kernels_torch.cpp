@@ -9,6 +9,7 @@
 #include <numeric>
 #include <random>
 
+#include "inference/cpu_dispatch.hpp"
 #include "inference/paged_attention_torch.hpp"
 #include "inference/small_linear_torch.hpp"
 
@@ -23,7 +24,12 @@ double max_rel(const at::Tensor& got, const at::Tensor& want) {
 TEST(SmallLinear, MatchesLinearForEveryRowCountWithAndWithoutBias) {
   at::manual_seed(1);
   for (auto dtype : {at::kFloat, at::kBFloat16}) {
-    for (int64_t m = 1; m <= kSmallLinearMaxRows; ++m) {
+    // Every count up to 8, then the dot-product kernel's tiles of 4 with each remainder, up to
+    // the most this CPU's kernel takes for the dtype.
+    std::vector<int64_t> counts;
+    for (int64_t m = 1; m <= small_linear_max_rows(dtype); m += m < 8 ? 1 : m < 16 ? 3 : 21) counts.push_back(m);
+    if (counts.back() != small_linear_max_rows(dtype)) counts.push_back(small_linear_max_rows(dtype));
+    for (int64_t m : counts) {
       for (int64_t in : {8, 40, 64, 100, 576}) {  // tails beyond the unrolled loop and the vector width
         const at::Tensor x = at::randn({m, in}).to(dtype), w = at::randn({37, in}).to(dtype);
         const at::Tensor b = at::randn({37}).to(dtype);
@@ -37,6 +43,16 @@ TEST(SmallLinear, MatchesLinearForEveryRowCountWithAndWithoutBias) {
       }
     }
   }
+}
+
+TEST(SmallLinear, TakesWhatTheCpuLevelAllows) {
+  EXPECT_EQ(small_linear_max_rows(at::kFloat), kSmallLinearMaxRows);
+  const int64_t bf16 = small_linear_max_rows(at::kBFloat16);
+  EXPECT_EQ(bf16, cpu_has_avx512_bf16() ? kSmallLinearBf16MaxRows : 4) << cpu_level_name(cpu_level());
+  const at::Tensor w = at::randn({4, 8}).to(at::kBFloat16);
+  EXPECT_NO_THROW(small_linear(at::randn({bf16, 8}).to(at::kBFloat16), w, c10::nullopt));
+  EXPECT_ANY_THROW(small_linear(at::randn({std::max(bf16, kSmallLinearMaxRows) + 1, 8}).to(at::kBFloat16), w,
+                                c10::nullopt));
 }
 
 TEST(SmallLinear, RejectsWhatItIsNotFor) {
