@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include <c10/util/BFloat16.h>
 
@@ -59,6 +60,65 @@ SWARM_VEC_INLINE void store_vec(c10::BFloat16* p, typename Vec<W>::type v) {
   const I out = (rounded & ~nan) | (0x7fc0 & nan);
   *reinterpret_cast<typename Vec<W>::halves*>(p) = __builtin_convertvector(out, typename Vec<W>::halves);
 }
+// v rounded to bf16 precision exactly as c10::BFloat16 rounds (to nearest even; NaN ->
+// 0x7fc0), kept as fp32: the value a bf16 op would produce, for fused kernels that repeat a
+// chain of bf16 ops in registers.
+template <int W>
+SWARM_VEC_INLINE typename Vec<W>::type round_bf16(typename Vec<W>::type v) {
+  using I = typename Vec<W>::ints;
+  I bits;
+  __builtin_memcpy(&bits, &v, sizeof bits);
+  const I rounded = (bits + (((bits >> 16) & 1) + 0x7fff)) & static_cast<int32_t>(0xffff0000u);
+  const I nan = v != v;
+  const I out = (rounded & ~nan) | (static_cast<int32_t>(0x7fc00000) & nan);
+  typename Vec<W>::type r;
+  __builtin_memcpy(&r, &out, sizeof r);
+  return r;
+}
+/// v as an op in T would leave it: unchanged for fp32, rounded to bf16 precision for bf16.
+template <class T, int W>
+SWARM_VEC_INLINE typename Vec<W>::type round_to(typename Vec<W>::type v) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    return round_bf16<W>(v);
+  } else {
+    return v;
+  }
+}
+SWARM_VEC_INLINE float to_float(float x) { return x; }
+SWARM_VEC_INLINE float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
+/// x as an op in T would leave it (scalar round_to).
+template <class T>
+SWARM_VEC_INLINE float round_to(float x) {
+  return static_cast<float>(static_cast<T>(x));
+}
+
+// e^x for x <= 0 (softmax after subtracting the maximum), W lanes at once: x = n ln2 + r with
+// |r| <= ln2 / 2, e^r from its Taylor series to degree 7 (relative error < 1e-8 before
+// rounding; a few ulp in all), times 2^n built in the exponent bits. Inputs below -87 give
+// about 1e-38 rather than 0 (callers zero the entries they mask).
+template <int W>
+SWARM_VEC_INLINE typename Vec<W>::type exp_nonpositive(typename Vec<W>::type x) {
+  using V = typename Vec<W>::type;
+  using I = typename Vec<W>::ints;
+  const V lo = V{} - 87.0f;
+  x = x < lo ? lo : x;
+  const V magic = V{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const V n = (x * 1.44269504088896341f + magic) - magic;
+  const V r = (x - n * 0.693145751953125f) - n * 1.42860682030941723212e-6f;  // ln2 in two parts
+  V p = 1.0f / 5040 + r * 0.0f;
+  p = p * r + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const I bits = (__builtin_convertvector(n, I) + 127) << 23;
+  V scale;
+  __builtin_memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
 SWARM_VEC_INLINE float hsum(Vec<8>::type v) {
   const f32x4 b = __builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7);
   return (b[0] + b[2]) + (b[1] + b[3]);

@@ -17,8 +17,9 @@
 #include "common/error.hpp"
 #include "inference/kv_cache_torch.hpp"
 #include "inference/paged_attention_torch.hpp"
-#include "inference/small_linear_torch.hpp"
 #include "inference/safetensors_torch.hpp"
+#include "inference/serving_ops_torch.hpp"
+#include "inference/small_linear_torch.hpp"
 
 namespace swarm {
 
@@ -330,6 +331,11 @@ torch::Tensor DecoderModel::rms_norm(const torch::Tensor& x, const torch::Tensor
   return y.to(x.scalar_type()) * weight;
 }
 
+torch::Tensor DecoderModel::serving_rms_norm(const torch::Tensor& x, const torch::Tensor& weight) const {
+  if (device_.is_cpu() && x.dim() == 2 && x.is_contiguous()) return rms_norm_rows(x, weight, config_.rms_norm_eps);
+  return rms_norm(x, weight);
+}
+
 torch::Tensor DecoderModel::apply_rope(const torch::Tensor& x, const torch::Tensor& cos,
                                        const torch::Tensor& sin) const {
   return x * cos + rotate_half(x) * sin;
@@ -383,11 +389,14 @@ torch::Tensor DecoderModel::serving_mlp(size_t l, const torch::Tensor& x) const 
   const Merged& m = merged_[l];
   const int64_t inter = p(layer.gate_w).size(0);
   const torch::Tensor both = serving_linear(x, m.gate_up_w, m.gate_up_b);  // [N, 2 * inter]
-  return proj(at::silu(both.narrow(1, 0, inter)) * both.narrow(1, inter, inter), layer.down_w, layer.down_b, true);
+  const torch::Tensor act = device_.is_cpu() ? silu_mul(both)  // one fused pass
+                                             : at::silu(both.narrow(1, 0, inter)) * both.narrow(1, inter, inter);
+  return proj(act, layer.down_w, layer.down_b, true);
 }
 
 torch::Tensor DecoderModel::logits(const torch::Tensor& x, bool serving) const {
-  return proj(rms_norm(x, p(final_norm_)), head_, -1, serving).to(torch::kFloat);
+  const torch::Tensor normed = serving ? serving_rms_norm(x, p(final_norm_)) : rms_norm(x, p(final_norm_));
+  return proj(normed, head_, -1, serving).to(torch::kFloat);
 }
 
 // ---------------------------------------------------------------- full forward (training)
@@ -560,36 +569,49 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
   const torch::Tensor ids_t = to_device(ids);
   const torch::Tensor pos_t = to_device(positions);
   const torch::Tensor write_t = to_device(write_rows);
-  const torch::Tensor cos = cos_.index_select(0, pos_t).view({N, 1, hd});
-  const torch::Tensor sin = sin_.index_select(0, pos_t).view({N, 1, hd});
+  torch::Tensor cos, sin;  // the step's rows of the tables, for the unfused path
+  auto rope_rows = [&] {
+    if (!cos.defined()) {
+      cos = cos_.index_select(0, pos_t).view({N, 1, hd});
+      sin = sin_.index_select(0, pos_t).view({N, 1, hd});
+    }
+  };
 
   torch::Tensor x = at::embedding(p(embed_), ids_t);  // [N, H]
   for (size_t l = 0; l < layers_.size(); ++l) {
     const LayerParams& layer = layers_[l];
-    const torch::Tensor h = rms_norm(x, p(layer.in_norm));
-    torch::Tensor q, k, v;
-    if (qkv_merged(l)) {  // one GEMM, split into views: [N, (nh + 2 kvh) * hd]
-      const torch::Tensor qkv = serving_linear(h, merged_[l].qkv_w, merged_[l].qkv_b);
-      q = qkv.narrow(1, 0, nh * hd).view({N, nh, hd});
-      k = qkv.narrow(1, nh * hd, kvh * hd).view({N, kvh, hd});
-      v = qkv.narrow(1, (nh + kvh) * hd, kvh * hd).view({N, kvh, hd});
-    } else {
-      q = proj(h, layer.q_w, layer.q_b, true).view({N, nh, hd});
-      k = proj(h, layer.k_w, layer.k_b, true).view({N, kvh, hd});
-      v = proj(h, layer.v_w, layer.v_b, true).view({N, kvh, hd});
-    }
-    if (layer.q_norm >= 0) {
-      q = rms_norm(q, p(layer.q_norm));
-      k = rms_norm(k, p(layer.k_norm));
-    }
-    q = apply_rope(q, cos, sin);
-    k = apply_rope(k, cos, sin);
-    // New K/V into the cache first, so each group reads its whole context from one place.
     const int64_t l64 = static_cast<int64_t>(l);
     const torch::Tensor k_rows = cache.keys(l64).view({-1, kvh, hd});
     const torch::Tensor v_rows = cache.values(l64).view({-1, kvh, hd});
-    k_rows.index_copy_(0, write_t, k);
-    v_rows.index_copy_(0, write_t, v);
+    const torch::Tensor h = serving_rms_norm(x, p(layer.in_norm));
+    torch::Tensor q;
+    if (qkv_merged(l) && layer.q_norm < 0 && device_.is_cpu()) {
+      // One GEMM, then rotary embedding of q and k, and the new K/V into the cache, in one pass.
+      const torch::Tensor qkv = serving_linear(h, merged_[l].qkv_w, merged_[l].qkv_b);
+      q = rope_qkv_into_cache(qkv, nh, kvh, hd, cos_, sin_, pos_t, write_t, cache.keys(l64), cache.values(l64));
+    } else {
+      torch::Tensor k, v;
+      if (qkv_merged(l)) {  // one GEMM, split into views: [N, (nh + 2 kvh) * hd]
+        const torch::Tensor qkv = serving_linear(h, merged_[l].qkv_w, merged_[l].qkv_b);
+        q = qkv.narrow(1, 0, nh * hd).view({N, nh, hd});
+        k = qkv.narrow(1, nh * hd, kvh * hd).view({N, kvh, hd});
+        v = qkv.narrow(1, (nh + kvh) * hd, kvh * hd).view({N, kvh, hd});
+      } else {
+        q = proj(h, layer.q_w, layer.q_b, true).view({N, nh, hd});
+        k = proj(h, layer.k_w, layer.k_b, true).view({N, kvh, hd});
+        v = proj(h, layer.v_w, layer.v_b, true).view({N, kvh, hd});
+      }
+      if (layer.q_norm >= 0) {
+        q = rms_norm(q, p(layer.q_norm));
+        k = rms_norm(k, p(layer.k_norm));
+      }
+      rope_rows();
+      q = apply_rope(q, cos, sin);
+      k = apply_rope(k, cos, sin);
+      // New K/V into the cache first, so each group reads its whole context from one place.
+      k_rows.index_copy_(0, write_t, k);
+      v_rows.index_copy_(0, write_t, v);
+    }
 
     std::vector<torch::Tensor> outs;
     outs.reserve(groups.size());
@@ -606,8 +628,8 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
       outs.push_back(attend(qg, kg, vg, g.blocked).view({g.batch * g.queries, nh * hd}));
     }
     const torch::Tensor o = outs.size() == 1 ? outs[0] : at::cat(outs, 0);
-    x = x + proj(o, layer.o_w, layer.o_b, true);
-    x = x + serving_mlp(l, rms_norm(x, p(layer.post_norm)));
+    x.add_(proj(o, layer.o_w, layer.o_b, true));  // x is this step's own buffer (from the embedding)
+    x.add_(serving_mlp(l, serving_rms_norm(x, p(layer.post_norm))));
   }
 
   // Back to the caller's order: every new token, or the last one of each sequence.

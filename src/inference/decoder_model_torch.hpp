@@ -165,6 +165,8 @@ class DecoderModel {
   }
   void build_rope_tables();
   torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight) const;
+  /// rms_norm for the serving step: one fused pass on the CPU (serving_ops_torch.hpp).
+  torch::Tensor serving_rms_norm(const torch::Tensor& x, const torch::Tensor& weight) const;
   torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) const;
   torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                        const torch::Tensor& allowed) const;

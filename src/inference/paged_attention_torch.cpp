@@ -17,9 +17,11 @@
 namespace swarm {
 namespace {
 
+using simd::exp_nonpositive;
 using simd::hsum;
 using simd::load_vec;
 using simd::store_vec;
+using simd::to_float;
 using simd::Vec;
 
 // Inlined into each per-ISA clone below, so every clone gets its own vectorised copy.
@@ -35,8 +37,6 @@ struct Args {
   float scale;
 };
 
-SWARM_INLINE float to_float(float x) { return x; }
-SWARM_INLINE float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
 
 // Converts one cache row to fp32 (a no-op copy for fp32 rows is avoided by the caller).
 template <class T>
@@ -131,33 +131,6 @@ SWARM_INLINE void attend_one(const Args& a, int64_t b, int64_t g, std::vector<fl
 // are loaded) with several independent accumulators, so neither waits on the latency of one
 // long chain of multiply-adds as the plain loop above does, and the softmax's exponentials are
 // computed W at a time.
-// e^x for x <= 0 (softmax after subtracting the maximum), W lanes at once: x = n ln2 + r with
-// |r| <= ln2 / 2, e^r from its Taylor series to degree 7 (relative error < 1e-8 before
-// rounding; a few ulp in all), times 2^n built in the exponent bits. Inputs below -87 give
-// about 1e-38 rather than 0 (callers zero the entries they mask).
-template <int W>
-SWARM_INLINE typename Vec<W>::type exp_nonpositive(typename Vec<W>::type x) {
-  using V = typename Vec<W>::type;
-  using I = typename Vec<W>::ints;
-  const V lo = V{} - 87.0f;
-  x = x < lo ? lo : x;
-  const V magic = V{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const V n = (x * 1.44269504088896341f + magic) - magic;
-  const V r = (x - n * 0.693145751953125f) - n * 1.42860682030941723212e-6f;  // ln2 in two parts
-  V p = 1.0f / 5040 + r * 0.0f;
-  p = p * r + 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const I bits = (__builtin_convertvector(n, I) + 127) << 23;
-  V scale;
-  __builtin_memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
-}
-
 // Attention of the `rep` query heads of kv head g of sequence b; head_dim = W * C.
 template <class T, int W, int C>
 SWARM_INLINE void attend_one_vec(const Args& a, int64_t b, int64_t g, std::vector<float>& scratch,

@@ -1,6 +1,7 @@
 // The hand-written CPU kernels against plain libtorch ops on random data: small_linear vs
 // at::linear, paged_decode_attention vs softmax(q·Kᵀ)·V over the gathered context (with GQA,
-// sliding window, scattered blocks), in fp32 and bf16.
+// sliding window, scattered blocks), the fused serving ops vs the op chains they replace, in
+// fp32 and bf16.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -11,6 +12,7 @@
 
 #include "inference/cpu_dispatch.hpp"
 #include "inference/paged_attention_torch.hpp"
+#include "inference/serving_ops_torch.hpp"
 #include "inference/small_linear_torch.hpp"
 
 namespace swarm {
@@ -149,6 +151,95 @@ TEST(PagedDecodeAttention, RejectsALengthBeyondItsBlocks) {
   const at::Tensor kc = at::zeros({4, 4, 1, 8}), q = at::zeros({1, 1, 8});
   PagedContext ctx{{0}, {0, 1}, {5}};  // 5 keys in one block of 4
   EXPECT_ANY_THROW(paged_decode_attention(q, kc, kc, ctx, 1 << 20, 1.0));
+}
+
+// ---------------------------------------------------------------- fused serving ops
+
+// The op chains DecoderModel runs without the fused kernels.
+at::Tensor reference_rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  const at::Tensor xf = x.to(at::kFloat);
+  return (xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps)).to(x.scalar_type()) * w;
+}
+at::Tensor reference_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  const at::Tensor rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * cos + rotated * sin;
+}
+
+TEST(ServingOps, RmsNormMatchesTheOpChain) {
+  at::manual_seed(3);
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (int64_t h : {8, 20, 64, 576}) {  // below, at and beyond the vector width, with tails
+      for (int64_t n : {1, 3, 40}) {
+        const at::Tensor x = (at::randn({n, h}) * 3).to(dtype), w = at::randn({h}).to(dtype);
+        const at::Tensor got = rms_norm_rows(x, w, 1e-5);
+        EXPECT_EQ(got.scalar_type(), dtype);
+        // The sum of squares is added in another order: a last-bit difference in fp32 can move
+        // a bf16 rounding by one unit.
+        EXPECT_LT(max_rel(got, reference_rms_norm(x, w, 1e-5)), dtype == at::kFloat ? 1e-6 : 1e-2)
+            << "h=" << h << " n=" << n;
+      }
+    }
+  }
+  EXPECT_ANY_THROW(rms_norm_rows(at::randn({2, 8}), at::randn({9}), 1e-5));
+  EXPECT_ANY_THROW(rms_norm_rows(at::randn({2, 8}).to(at::kDouble), at::randn({8}).to(at::kDouble), 1e-5));
+}
+
+TEST(ServingOps, RopeIntoCacheMatchesTheOpChainBitForBit) {
+  at::manual_seed(4);
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (int64_t hd : {8, 20, 64}) {  // half 4 and 10 take the scalar tails
+      const int64_t heads = 6, kvh = 2, n = 5, rows = 12, positions = 40;
+      const at::Tensor qkv = at::randn({n, (heads + 2 * kvh) * hd}).to(dtype);
+      const at::Tensor angles = at::rand({positions, hd}) * 6;
+      const at::Tensor cos = angles.cos().to(dtype), sin = angles.sin().to(dtype);
+      const at::Tensor pos = at::tensor(std::vector<int64_t>{7, 0, 39, 8, 8}, at::kLong);
+      const at::Tensor cache_rows = at::tensor(std::vector<int64_t>{3, 11, 0, 5, 6}, at::kLong);
+      at::Tensor kc = at::full({rows, kvh, hd}, -9.0).to(dtype), vc = at::full({rows, kvh, hd}, -9.0).to(dtype);
+      const at::Tensor q = rope_qkv_into_cache(qkv, heads, kvh, hd, cos, sin, pos, cache_rows, kc, vc);
+
+      const at::Tensor c = cos.index_select(0, pos).view({n, 1, hd}), s = sin.index_select(0, pos).view({n, 1, hd});
+      const at::Tensor want_q = reference_rope(qkv.narrow(1, 0, heads * hd).view({n, heads, hd}), c, s);
+      const at::Tensor want_k = reference_rope(qkv.narrow(1, heads * hd, kvh * hd).view({n, kvh, hd}), c, s);
+      const at::Tensor want_v = qkv.narrow(1, (heads + kvh) * hd, kvh * hd).view({n, kvh, hd});
+      EXPECT_TRUE(at::equal(q, want_q)) << "hd=" << hd << " " << dtype;
+      EXPECT_TRUE(at::equal(kc.index_select(0, cache_rows), want_k)) << "hd=" << hd << " " << dtype;
+      EXPECT_TRUE(at::equal(vc.index_select(0, cache_rows), want_v)) << "hd=" << hd << " " << dtype;
+      // Every other cache row untouched.
+      const at::Tensor others = at::tensor(std::vector<int64_t>{1, 2, 4, 7, 8, 9, 10}, at::kLong);
+      EXPECT_TRUE(at::equal(kc.index_select(0, others), at::full({7, kvh, hd}, -9.0).to(dtype)));
+      EXPECT_TRUE(at::equal(vc.index_select(0, others), at::full({7, kvh, hd}, -9.0).to(dtype)));
+    }
+  }
+}
+
+TEST(ServingOps, RopeRejectsRowsOutOfRange) {
+  const int64_t hd = 8;
+  const at::Tensor qkv = at::randn({1, 4 * hd}), tab = at::randn({4, hd});
+  at::Tensor kc = at::zeros({2, 1, hd}), vc = at::zeros({2, 1, hd});
+  const at::Tensor ok = at::tensor(std::vector<int64_t>{1}, at::kLong), bad = at::tensor(std::vector<int64_t>{2}, at::kLong);
+  EXPECT_NO_THROW(rope_qkv_into_cache(qkv, 2, 1, hd, tab, tab, ok, ok, kc, vc));
+  EXPECT_ANY_THROW(rope_qkv_into_cache(qkv, 2, 1, hd, tab, tab, ok, bad, kc, vc));  // cache row 2 of 2
+  EXPECT_ANY_THROW(rope_qkv_into_cache(qkv, 2, 1, hd, tab, tab, at::tensor(std::vector<int64_t>{4}, at::kLong), ok,
+                                       kc, vc));  // position 4 of 4
+}
+
+TEST(ServingOps, SiluMulMatchesTheOpChain) {
+  at::manual_seed(5);
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (int64_t inter : {7, 16, 100, 1536}) {
+      for (int64_t n : {1, 9}) {
+        at::Tensor gate_up = (at::randn({n, 2 * inter}) * 4).to(dtype);
+        gate_up[0][0] = -90.0;  // e^-90 underflows: silu -> -0
+        gate_up[0][1] = 90.0;
+        const at::Tensor want = at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter);
+        const at::Tensor got = silu_mul(gate_up);
+        EXPECT_EQ(got.sizes(), want.sizes());
+        // Our exponential is within a few ulp of libtorch's: rarely one bf16 unit apart.
+        EXPECT_LT(max_rel(got, want), dtype == at::kFloat ? 1e-5 : 1e-2) << "inter=" << inter << " " << dtype;
+      }
+    }
+  }
 }
 
 }  // namespace

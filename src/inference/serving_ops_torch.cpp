@@ -1,0 +1,236 @@
+#include "inference/serving_ops_torch.hpp"
+
+#include <ATen/Parallel.h>
+#include <ATen/record_function.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "common/error.hpp"
+#include "inference/cpu_dispatch.hpp"
+#include "inference/cpu_vec.hpp"
+
+namespace swarm {
+namespace {
+
+using simd::exp_nonpositive;
+using simd::hsum;
+using simd::load_vec;
+using simd::round_to;
+using simd::store_vec;
+using simd::to_float;
+using simd::Vec;
+
+#define SWARM_INLINE inline __attribute__((always_inline))
+
+// Three copies of a kernel body `impl<T, W>(args, begin, end)` per dtype (cpu_dispatch.hpp),
+// and `name(bf16)` picking the one for this CPU.
+#define SWARM_KERNEL_COPIES(name, Args, impl)                                                                   \
+  SWARM_TARGET_AVX512 void name##_f32_avx512(const Args& a, int64_t b, int64_t e) { impl<float, 16>(a, b, e); } \
+  SWARM_TARGET_AVX2 void name##_f32_avx2(const Args& a, int64_t b, int64_t e) { impl<float, 8>(a, b, e); }     \
+  void name##_f32_base(const Args& a, int64_t b, int64_t e) { impl<float, 8>(a, b, e); }                        \
+  SWARM_TARGET_AVX512 void name##_bf16_avx512(const Args& a, int64_t b, int64_t e) {                            \
+    impl<c10::BFloat16, 16>(a, b, e);                                                                           \
+  }                                                                                                             \
+  SWARM_TARGET_AVX2 void name##_bf16_avx2(const Args& a, int64_t b, int64_t e) {                                \
+    impl<c10::BFloat16, 8>(a, b, e);                                                                            \
+  }                                                                                                             \
+  void name##_bf16_base(const Args& a, int64_t b, int64_t e) { impl<c10::BFloat16, 8>(a, b, e); }              \
+  using name##_fn = void (*)(const Args&, int64_t, int64_t);                                                    \
+  name##_fn name(bool bf16) {                                                                                   \
+    return bf16 ? cpu_pick<name##_fn>(name##_bf16_avx512, name##_bf16_avx2, name##_bf16_base)                   \
+                : cpu_pick<name##_fn>(name##_f32_avx512, name##_f32_avx2, name##_f32_base);                     \
+  }
+
+// Rows per parallel chunk: about 16K elements of work each, so one-row decode steps stay on
+// the calling thread.
+int64_t grain_for(int64_t elements_per_row) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, elements_per_row)); }
+
+void check_cpu_dtype(const at::Tensor& t, const char* what) {
+  SWARM_CHECK(t.device().is_cpu() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16),
+              std::string(what) + ": fp32 or bf16 CPU tensors only");
+}
+
+// ---------------------------------------------------------------- RMSNorm
+
+struct NormArgs {
+  const void* x;
+  const void* w;
+  void* y;
+  int64_t h;
+  float eps;
+};
+
+template <class T, int W>
+SWARM_INLINE void rms_rows(const NormArgs& a, int64_t begin, int64_t end) {
+  using V = typename Vec<W>::type;
+  const int64_t H = a.h, vec = H / W * W;
+  const T* w = static_cast<const T*>(a.w);
+  for (int64_t r = begin; r < end; ++r) {
+    const T* x = static_cast<const T*>(a.x) + r * H;
+    T* y = static_cast<T*>(a.y) + r * H;
+    V acc{};
+    int64_t j = 0;
+    for (; j < vec; j += W) {
+      const V v = load_vec<W>(x + j);
+      acc += v * v;
+    }
+    float ss = hsum(acc);
+    for (; j < H; ++j) ss += to_float(x[j]) * to_float(x[j]);
+    const float inv = 1.f / std::sqrt(ss / static_cast<float>(H) + a.eps);
+    for (j = 0; j < vec; j += W) store_vec<W>(y + j, round_to<T, W>(load_vec<W>(x + j) * inv) * load_vec<W>(w + j));
+    for (; j < H; ++j) y[j] = static_cast<T>(round_to<T>(to_float(x[j]) * inv) * to_float(w[j]));
+  }
+}
+SWARM_KERNEL_COPIES(rms_kernel, NormArgs, rms_rows)
+
+// ---------------------------------------------------------------- rotary embedding + cache
+
+struct RopeArgs {
+  const void* qkv;
+  const void* cos;
+  const void* sin;
+  const int64_t* positions;
+  const int64_t* rows;
+  void* q;
+  void* k_cache;
+  void* v_cache;
+  int64_t heads, kv_heads, hd;
+};
+
+// out = x * cos + rotate_half(x) * sin with rotate_half(x) = [-x2, x1], each product and the sum
+// rounded as the op chain in T rounds them.
+template <class T, int W>
+SWARM_INLINE void rope_head(const T* x, const T* c, const T* s, T* out, int64_t half) {
+  using V = typename Vec<W>::type;
+  int64_t j = 0;
+  for (; j + W <= half; j += W) {
+    const V x1 = load_vec<W>(x + j), x2 = load_vec<W>(x + half + j);
+    store_vec<W>(out + j, round_to<T, W>(x1 * load_vec<W>(c + j)) - round_to<T, W>(x2 * load_vec<W>(s + j)));
+    store_vec<W>(out + half + j,
+                 round_to<T, W>(x2 * load_vec<W>(c + half + j)) + round_to<T, W>(x1 * load_vec<W>(s + half + j)));
+  }
+  for (; j < half; ++j) {
+    const float x1 = to_float(x[j]), x2 = to_float(x[half + j]);
+    out[j] = static_cast<T>(round_to<T>(x1 * to_float(c[j])) - round_to<T>(x2 * to_float(s[j])));
+    out[half + j] = static_cast<T>(round_to<T>(x2 * to_float(c[half + j])) + round_to<T>(x1 * to_float(s[half + j])));
+  }
+}
+
+template <class T, int W>
+SWARM_INLINE void rope_rows(const RopeArgs& a, int64_t begin, int64_t end) {
+  const int64_t hd = a.hd, half = hd / 2, width = (a.heads + 2 * a.kv_heads) * hd, kv_width = a.kv_heads * hd;
+  for (int64_t i = begin; i < end; ++i) {
+    const T* src = static_cast<const T*>(a.qkv) + i * width;
+    const T* c = static_cast<const T*>(a.cos) + a.positions[i] * hd;
+    const T* s = static_cast<const T*>(a.sin) + a.positions[i] * hd;
+    T* q = static_cast<T*>(a.q) + i * a.heads * hd;
+    for (int64_t h = 0; h < a.heads; ++h) rope_head<T, W>(src + h * hd, c, s, q + h * hd, half);
+    T* k = static_cast<T*>(a.k_cache) + a.rows[i] * kv_width;
+    for (int64_t h = 0; h < a.kv_heads; ++h) rope_head<T, W>(src + (a.heads + h) * hd, c, s, k + h * hd, half);
+    std::memcpy(static_cast<T*>(a.v_cache) + a.rows[i] * kv_width, src + (a.heads + a.kv_heads) * hd,
+                static_cast<size_t>(kv_width) * sizeof(T));
+  }
+}
+SWARM_KERNEL_COPIES(rope_kernel, RopeArgs, rope_rows)
+
+// ---------------------------------------------------------------- SiLU(gate) * up
+
+struct SiluArgs {
+  const void* in;
+  void* out;
+  int64_t inter;
+};
+
+// silu(g) = g / (1 + e^-g); for g < 0 as g e^g / (1 + e^g), so the exponential's argument is
+// never positive. The product with up is rounded as the two ops it replaces round.
+template <class T, int W>
+SWARM_INLINE void silu_mul_rows(const SiluArgs& a, int64_t begin, int64_t end) {
+  using V = typename Vec<W>::type;
+  const int64_t n = a.inter, vec = n / W * W;
+  for (int64_t r = begin; r < end; ++r) {
+    const T* g = static_cast<const T*>(a.in) + r * 2 * n;
+    const T* u = g + n;
+    T* o = static_cast<T*>(a.out) + r * n;
+    int64_t j = 0;
+    for (; j < vec; j += W) {
+      const V x = load_vec<W>(g + j);
+      const V e = exp_nonpositive<W>(x < 0 ? x : -x);
+      const V silu = (x < 0 ? x * e : x) / (1.f + e);
+      store_vec<W>(o + j, round_to<T, W>(silu) * load_vec<W>(u + j));
+    }
+    for (; j < n; ++j) {
+      const float x = to_float(g[j]), e = std::exp(-std::fabs(x));
+      const float silu = (x < 0 ? x * e : x) / (1.f + e);
+      o[j] = static_cast<T>(round_to<T>(silu) * to_float(u[j]));
+    }
+  }
+}
+SWARM_KERNEL_COPIES(silu_mul_kernel, SiluArgs, silu_mul_rows)
+
+}  // namespace
+
+at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  RECORD_FUNCTION("swarm::rms_norm_rows", c10::ArrayRef<const c10::IValue>{});
+  check_cpu_dtype(x, "rms_norm_rows");
+  SWARM_CHECK(x.dim() == 2 && x.is_contiguous() && weight.dim() == 1 && weight.is_contiguous() &&
+                  weight.size(0) == x.size(1) && weight.scalar_type() == x.scalar_type(),
+              "rms_norm_rows: x [N, H] contiguous, weight [H] of x's dtype");
+  at::Tensor y = at::empty_like(x);
+  const NormArgs a{x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.size(1), static_cast<float>(eps)};
+  const auto run = rms_kernel(x.scalar_type() == at::kBFloat16);
+  at::parallel_for(0, x.size(0), grain_for(x.size(1)), [&](int64_t b, int64_t e) { run(a, b, e); });
+  return y;
+}
+
+at::Tensor rope_qkv_into_cache(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                               const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions,
+                               const at::Tensor& cache_rows, const at::Tensor& k_cache, const at::Tensor& v_cache) {
+  RECORD_FUNCTION("swarm::rope_qkv_into_cache", c10::ArrayRef<const c10::IValue>{});
+  check_cpu_dtype(qkv, "rope_qkv_into_cache");
+  const int64_t n = qkv.size(0), width = (heads + 2 * kv_heads) * head_dim;
+  const auto dt = qkv.scalar_type();
+  SWARM_CHECK(qkv.dim() == 2 && qkv.is_contiguous() && qkv.size(1) == width && head_dim % 2 == 0,
+              "rope_qkv_into_cache: qkv must be [N, (heads + 2 kv_heads) * head_dim] contiguous, head_dim even");
+  SWARM_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.sizes() == sin.sizes() && cos.dim() == 2 &&
+                  cos.size(1) == head_dim && cos.scalar_type() == dt && sin.scalar_type() == dt,
+              "rope_qkv_into_cache: cos / sin must be [positions, head_dim] of qkv's dtype");
+  SWARM_CHECK(positions.scalar_type() == at::kLong && cache_rows.scalar_type() == at::kLong &&
+                  positions.is_contiguous() && cache_rows.is_contiguous() && positions.numel() == n &&
+                  cache_rows.numel() == n && positions.device().is_cpu() && cache_rows.device().is_cpu(),
+              "rope_qkv_into_cache: positions / cache_rows must be [N] int64 on the CPU");
+  SWARM_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == dt &&
+                  v_cache.scalar_type() == dt && k_cache.numel() == v_cache.numel() &&
+                  k_cache.numel() % (kv_heads * head_dim) == 0,
+              "rope_qkv_into_cache: the caches must be contiguous, of qkv's dtype, whole rows of kv_heads * head_dim");
+  const int64_t cache_rows_total = k_cache.numel() / (kv_heads * head_dim);
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* rows = cache_rows.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    SWARM_CHECK(pos[i] >= 0 && pos[i] < cos.size(0), "rope_qkv_into_cache: position out of the tables' range");
+    SWARM_CHECK(rows[i] >= 0 && rows[i] < cache_rows_total, "rope_qkv_into_cache: cache row out of range");
+  }
+  at::Tensor q = at::empty({n, heads, head_dim}, qkv.options());
+  const RopeArgs a{qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), pos, rows, q.data_ptr(), k_cache.data_ptr(),
+                   v_cache.data_ptr(), heads, kv_heads, head_dim};
+  const auto run = rope_kernel(dt == at::kBFloat16);
+  at::parallel_for(0, n, grain_for(width), [&](int64_t b, int64_t e) { run(a, b, e); });
+  return q;
+}
+
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  RECORD_FUNCTION("swarm::silu_mul", c10::ArrayRef<const c10::IValue>{});
+  check_cpu_dtype(gate_up, "silu_mul");
+  SWARM_CHECK(gate_up.dim() == 2 && gate_up.is_contiguous() && gate_up.size(1) % 2 == 0,
+              "silu_mul: gate_up must be [N, 2 * inter] contiguous");
+  const int64_t n = gate_up.size(0), inter = gate_up.size(1) / 2;
+  at::Tensor out = at::empty({n, inter}, gate_up.options());
+  const SiluArgs a{gate_up.data_ptr(), out.data_ptr(), inter};
+  const auto run = silu_mul_kernel(gate_up.scalar_type() == at::kBFloat16);
+  at::parallel_for(0, n, grain_for(2 * inter), [&](int64_t b, int64_t e) { run(a, b, e); });
+  return out;
+}
+
+}  // namespace swarm

@@ -1,0 +1,33 @@
+// Fused CPU kernels for the serving step's small element-wise work. At decode sizes a step is
+// ~1,500 libtorch ops of a few microseconds each (dispatch, allocation, a pass over a few KiB),
+// which cost as much as streaming the weights: RMSNorm as 8 ops, rotary embedding as 14, the
+// K/V cache writes, SiLU-and-multiply as 4. Each kernel here does one of those chains in one
+// pass and repeats the roundings of the op chain it replaces (bf16 after every op in bf16),
+// so the serving path computes what forward_full computes. CPU tensors, fp32 or bf16.
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/ATen.h>
+
+namespace swarm {
+
+/// RMSNorm of each row: y = round(x * rsqrt(mean(x^2) + eps)) * weight, the statistics in
+/// fp32. x [N, H] contiguous, weight [H] of x's dtype. Returns [N, H] in x's dtype.
+at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+/// Rotary embedding of a packed q/k/v projection, straight into the KV cache. qkv [N, (heads +
+/// 2 kv_heads) * head_dim] contiguous (q heads, then k heads, then v heads); cos / sin
+/// [positions, head_dim] tables (Hugging Face rotate-half layout) of qkv's dtype; positions
+/// [N] and cache_rows [N] int64. Row i's rotated k and its v go to row cache_rows[i] of
+/// k_cache / v_cache (viewed as [rows, kv_heads * head_dim], contiguous). Returns the rotated
+/// q as [N, heads, head_dim].
+at::Tensor rope_qkv_into_cache(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                               const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions,
+                               const at::Tensor& cache_rows, const at::Tensor& k_cache, const at::Tensor& v_cache);
+
+/// SwiGLU's gate: gate_up [N, 2 * inter] contiguous (gate columns, then up) -> silu(gate) * up,
+/// [N, inter] in gate_up's dtype.
+at::Tensor silu_mul(const at::Tensor& gate_up);
+
+}  // namespace swarm
