@@ -1,7 +1,7 @@
-// Token sampling: see sampler_torch.hpp for the rules. The [B, V] work (temperature scaling,
-// log_softmax, greedy argmax) runs once for the whole batch on the logits' device; the per-row
-// truncation and the inverse-CDF draw run on the CPU over the row's log-probabilities, sorting
-// only as much of the row as the draw needs.
+// Token sampling: see sampler_torch.hpp for the rules. The [B, V] reductions (temperature
+// scaling, maximum, argmax, normaliser) run once for the whole batch: fused per row on the CPU,
+// as log_softmax on another device. The per-row truncation and the inverse-CDF draw run on the
+// CPU over the row's log-probabilities, sorting only as much of the row as the draw needs.
 #include "inference/sampler_torch.hpp"
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include "common/error.hpp"
+#include "inference/serving_ops_torch.hpp"
 
 namespace swarm {
 
@@ -155,51 +156,88 @@ std::vector<SampledToken> sample_tokens(const at::Tensor& logits,
   SWARM_REQUIRE(V > 0 && V <= std::numeric_limits<int32_t>::max(), ErrorKind::INVALID_ARGUMENT,
                 "sample_tokens: bad vocabulary size " + std::to_string(V));
 
-  at::Tensor logp_cpu, argmax_cpu, probs_cpu;
+  // Where each row's log-probabilities come from. On the CPU: one fused pass per row for its
+  // maximum, argmax and normaliser (serving_ops_torch.hpp), and the whole row only for rows that
+  // are drawn from or report top_logprobs. Elsewhere: log_softmax over the batch, copied back.
+  std::vector<float> temps(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    const double t = configs[static_cast<size_t>(b)].temperature;
+    temps[static_cast<size_t>(b)] = t > 0.0 ? static_cast<float>(t) : 1.0f;  // greedy: T = 1
+  }
+  at::Tensor x, logp_all, argmax_all, probs_all;
+  std::vector<SoftmaxRowStats> stats;
   {
     c10::InferenceMode guard;
-    const at::Tensor x = logits.to(at::kFloat);  // never modified in place
-    std::vector<float> temps(static_cast<size_t>(B));
-    for (int64_t b = 0; b < B; ++b) {
-      const double t = configs[static_cast<size_t>(b)].temperature;
-      temps[static_cast<size_t>(b)] = t > 0.0 ? static_cast<float>(t) : 1.0f;  // greedy: T = 1
+    x = logits.to(at::kFloat).contiguous();  // never modified in place
+    if (x.device().is_cpu()) {
+      stats = softmax_row_stats(x, temps);
+    } else {
+      const at::Tensor t = at::tensor(temps, at::TensorOptions().dtype(at::kFloat)).to(x.device()).view({B, 1});
+      logp_all = at::log_softmax(x / t, 1).to(at::kCPU).contiguous();
+      argmax_all = at::argmax(x, 1).to(at::kCPU, at::kLong).contiguous();
+      probs_all = logp_all.exp();  // vectorised once for the untruncated draws
     }
-    const at::Tensor t = at::tensor(temps, at::TensorOptions().dtype(at::kFloat))
-                             .to(x.device())
-                             .view({B, 1});
-    logp_cpu = at::log_softmax(x / t, 1).to(at::kCPU).contiguous();
-    argmax_cpu = at::argmax(x, 1).to(at::kCPU, at::kLong).contiguous();
-    probs_cpu = logp_cpu.exp();  // vectorised once for the untruncated draws
   }
-  const float* lp = logp_cpu.data_ptr<float>();
-  const float* pr = probs_cpu.data_ptr<float>();
-  const int64_t* am = argmax_cpu.data_ptr<int64_t>();
+  const bool on_cpu = !stats.empty();
+  std::vector<float> row_buf, prob_buf;  // one row's log-probabilities / probabilities (CPU)
 
   std::vector<int32_t> finite;
   finite.reserve(static_cast<size_t>(V));
   for (int64_t b = 0; b < B; ++b) {
     const SamplingConfig& cfg = configs[static_cast<size_t>(b)];
-    const float* row = lp + b * V;
-    // The argmax is finite unless the whole row is masked (or NaN).
-    SWARM_REQUIRE(std::isfinite(row[am[b]]), ErrorKind::INVALID_ARGUMENT,
-                  "sample_tokens: row " + std::to_string(b) + " has no finite logit");
+    SampledToken& tok = out[static_cast<size_t>(b)];
     const bool truncates = cfg.top_k > 0 || cfg.top_p < 1.0;
-    const bool need_finite = cfg.top_logprobs > 0 || (cfg.temperature > 0.0 && truncates);
+    const bool draws = cfg.temperature > 0.0;
+    const float* row = nullptr;
+    const float* probs = nullptr;
+    int64_t argmax = 0;
+    if (on_cpu) {
+      const SoftmaxRowStats& st = stats[static_cast<size_t>(b)];
+      SWARM_REQUIRE(!st.has_nan && std::isfinite(st.max), ErrorKind::INVALID_ARGUMENT,
+                    "sample_tokens: row " + std::to_string(b) + " has no finite logit");
+      argmax = st.argmax;
+      if (!draws && cfg.top_logprobs <= 0) {  // greedy: nothing else of the row is needed
+        tok.id = static_cast<int32_t>(argmax);
+        tok.logprob = (x.data_ptr<float>()[b * V + argmax] - st.max) - st.log_sum;  // as log_softmax rounds
+        continue;
+      }
+      row_buf.resize(static_cast<size_t>(V));
+      if (draws && !truncates) prob_buf.resize(static_cast<size_t>(V));
+      log_softmax_row(x.data_ptr<float>() + b * V, V, temps[static_cast<size_t>(b)], st, row_buf.data(),
+                      draws && !truncates ? prob_buf.data() : nullptr);
+      row = row_buf.data();
+      if (draws && !truncates) probs = prob_buf.data();
+    } else {
+      row = logp_all.data_ptr<float>() + b * V;
+      probs = probs_all.data_ptr<float>() + b * V;
+      argmax = argmax_all.data_ptr<int64_t>()[b];
+      // The argmax is finite unless the whole row is masked (or NaN).
+      SWARM_REQUIRE(std::isfinite(row[argmax]), ErrorKind::INVALID_ARGUMENT,
+                    "sample_tokens: row " + std::to_string(b) + " has no finite logit");
+    }
+    const bool need_finite = cfg.top_logprobs > 0 || (draws && truncates);
     finite.clear();
     if (need_finite)
       for (int32_t i = 0; i < static_cast<int32_t>(V); ++i)
         if (row[i] > -std::numeric_limits<float>::infinity()) finite.push_back(i);
 
-    SampledToken& tok = out[static_cast<size_t>(b)];
-    if (cfg.temperature <= 0.0) {
-      tok.id = static_cast<int32_t>(am[b]);
+    if (!draws) {
+      tok.id = static_cast<int32_t>(argmax);
     } else {
       SamplerRng* rng = rngs[static_cast<size_t>(b)];
       SWARM_REQUIRE(rng != nullptr, ErrorKind::INVALID_ARGUMENT,
                     "sample_tokens: row " + std::to_string(b) + " has no rng");
       const bool top_k_cuts = cfg.top_k > 0 && cfg.top_k < static_cast<int64_t>(finite.size());
-      tok.id = (truncates && (top_k_cuts || cfg.top_p < 1.0)) ? draw_row(row, finite, cfg, *rng)
-                                                              : draw_untruncated(pr + b * V, V, *rng);
+      if (truncates && (top_k_cuts || cfg.top_p < 1.0)) {
+        tok.id = draw_row(row, finite, cfg, *rng);
+      } else {
+        if (probs == nullptr) {  // a top_k that cuts nothing: the probabilities after all
+          prob_buf.resize(static_cast<size_t>(V));
+          for (int64_t i = 0; i < V; ++i) prob_buf[static_cast<size_t>(i)] = std::exp(row[i]);
+          probs = prob_buf.data();
+        }
+        tok.id = draw_untruncated(probs, V, *rng);
+      }
     }
     tok.logprob = row[tok.id];
     tok.top = top_of(row, finite, cfg.top_logprobs);

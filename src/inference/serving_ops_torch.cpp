@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "common/error.hpp"
 #include "inference/cpu_dispatch.hpp"
@@ -170,7 +171,118 @@ SWARM_INLINE void silu_mul_rows(const SiluArgs& a, int64_t begin, int64_t end) {
 }
 SWARM_KERNEL_COPIES(silu_mul_kernel, SiluArgs, silu_mul_rows)
 
+// ---------------------------------------------------------------- softmax statistics
+
+struct StatsArgs {
+  const float* x;
+  const float* temps;
+  SoftmaxRowStats* out;
+  int64_t v;
+};
+
+template <class T, int W>  // T unused: logits are fp32
+SWARM_INLINE void stats_rows(const StatsArgs& a, int64_t begin, int64_t end) {
+  using V = typename Vec<W>::type;
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  const int64_t n = a.v, vec = n / W * W;
+  for (int64_t r = begin; r < end; ++r) {
+    const float* x = a.x + r * n;
+    const float t = a.temps[r];
+    SoftmaxRowStats& st = a.out[r];
+    auto scaled = [t](V v) { return t == 1.f ? v : v / t; };
+    V mv = V{} - kInf, nan{};
+    int64_t j = 0;
+    for (; j < vec; j += W) {
+      const V v = scaled(load_vec<W>(x + j));
+      mv = v > mv ? v : mv;
+      nan = v != v ? V{} + 1.f : nan;
+    }
+    float m = -kInf;
+    bool has_nan = hsum(nan) != 0.f;
+    for (int k = 0; k < W; ++k) m = std::max(m, mv[k]);
+    for (; j < n; ++j) {
+      const float v = t == 1.f ? x[j] : x[j] / t;
+      has_nan = has_nan || v != v;
+      m = std::max(m, v);
+    }
+    st.max = m;
+    st.has_nan = has_nan;
+    st.argmax = 0;
+    for (j = 0; j < n; ++j) {
+      if ((t == 1.f ? x[j] : x[j] / t) == m) {
+        st.argmax = j;
+        break;
+      }
+    }
+    if (has_nan || m == -kInf) {
+      st.log_sum = 0;
+      continue;
+    }
+    V acc{};
+    for (j = 0; j < vec; j += W) {
+      const V v = scaled(load_vec<W>(x + j));
+      const V e = exp_nonpositive<W>(v - m);
+      acc += v == -kInf ? V{} : e;
+    }
+    float sum = hsum(acc);
+    for (; j < n; ++j) {
+      const float v = t == 1.f ? x[j] : x[j] / t;
+      if (v != -kInf) sum += std::exp(v - m);
+    }
+    st.log_sum = std::log(sum);
+  }
+}
+SWARM_KERNEL_COPIES(stats_kernel, StatsArgs, stats_rows)
+
+struct RowArgs {
+  const float* x;
+  float* logp;
+  float* probs;
+  int64_t v;
+  float t, max, log_sum;  // logp = (x / t - max) - log_sum: max + log_sum first would round at max's scale
+};
+
+template <class T, int W>  // T unused; one row, [begin, end) = [0, 1)
+SWARM_INLINE void logp_row(const RowArgs& a, int64_t, int64_t) {
+  using V = typename Vec<W>::type;
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  const int64_t n = a.v, vec = n / W * W;
+  const float t = a.t;
+  int64_t j = 0;
+  for (; j < vec; j += W) {
+    V v = load_vec<W>(a.x + j);
+    if (t != 1.f) v = v / t;
+    const V lp = (v - a.max) - a.log_sum;
+    store_vec<W>(a.logp + j, lp);
+    if (a.probs != nullptr) store_vec<W>(a.probs + j, v == -kInf ? V{} : exp_nonpositive<W>(lp));
+  }
+  for (; j < n; ++j) {
+    const float v = t == 1.f ? a.x[j] : a.x[j] / t;
+    a.logp[j] = (v - a.max) - a.log_sum;
+    if (a.probs != nullptr) a.probs[j] = v == -kInf ? 0.f : std::exp(a.logp[j]);
+  }
+}
+SWARM_KERNEL_COPIES(logp_kernel, RowArgs, logp_row)
+
 }  // namespace
+
+std::vector<SoftmaxRowStats> softmax_row_stats(const at::Tensor& x, const std::vector<float>& temperature) {
+  RECORD_FUNCTION("swarm::softmax_row_stats", c10::ArrayRef<const c10::IValue>{});
+  SWARM_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(),
+              "softmax_row_stats: x must be [B, V] fp32 contiguous on the CPU");
+  SWARM_CHECK(static_cast<int64_t>(temperature.size()) == x.size(0), "softmax_row_stats: one temperature per row");
+  for (float t : temperature) SWARM_CHECK(t > 0.f, "softmax_row_stats: temperatures must be > 0");
+  std::vector<SoftmaxRowStats> out(static_cast<size_t>(x.size(0)));
+  const StatsArgs a{x.data_ptr<float>(), temperature.data(), out.data(), x.size(1)};
+  const auto run = stats_kernel(false);
+  at::parallel_for(0, x.size(0), 1, [&](int64_t b, int64_t e) { run(a, b, e); });
+  return out;
+}
+
+void log_softmax_row(const float* x, int64_t V, float t, const SoftmaxRowStats& stats, float* logp, float* probs) {
+  SWARM_CHECK(t > 0.f && V > 0, "log_softmax_row: temperature must be > 0 and the row non-empty");
+  logp_kernel(false)(RowArgs{x, logp, probs, V, t, stats.max, stats.log_sum}, 0, 1);
+}
 
 at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double eps) {
   RECORD_FUNCTION("swarm::rms_norm_rows", c10::ArrayRef<const c10::IValue>{});

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include <ATen/ATen.h>
 
@@ -29,5 +30,22 @@ at::Tensor rope_qkv_into_cache(const at::Tensor& qkv, int64_t heads, int64_t kv_
 /// SwiGLU's gate: gate_up [N, 2 * inter] contiguous (gate columns, then up) -> silu(gate) * up,
 /// [N, inter] in gate_up's dtype.
 at::Tensor silu_mul(const at::Tensor& gate_up);
+
+/// One row of logits at a temperature, reduced: what sampling needs of a row that is not drawn
+/// from (greedy, no top_logprobs), and what it takes to fill in the row for one that is.
+struct SoftmaxRowStats {
+  float max = 0;         // max_j x[j] / t over the row (-inf: every logit masked)
+  int64_t argmax = 0;    // its first index
+  float log_sum = 0;     // log sum_j exp(x[j] / t - max)
+  bool has_nan = false;  // a NaN logit (the row is unusable)
+};
+
+/// Per row b of x [B, V] (fp32, contiguous, CPU) at temperature[b] > 0 (x / t exactly as
+/// at::div rounds it); parallel over rows. Masked (-inf) logits count for nothing.
+std::vector<SoftmaxRowStats> softmax_row_stats(const at::Tensor& x, const std::vector<float>& temperature);
+
+/// One row's log-probabilities at temperature t from its stats: logp[j] = (x[j] / t - max) -
+/// log_sum, and probs[j] = exp(logp[j]) (exactly 0 for masked logits) when probs is not null.
+void log_softmax_row(const float* x, int64_t V, float t, const SoftmaxRowStats& stats, float* logp, float* probs);
 
 }  // namespace swarm

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -240,6 +241,43 @@ TEST(ServingOps, SiluMulMatchesTheOpChain) {
       }
     }
   }
+}
+
+TEST(ServingOps, SoftmaxRowStatsAndRowsMatchLogSoftmax) {
+  at::manual_seed(6);
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  for (int64_t v : {5, 100, 49152}) {  // scalar only, vector + tail, a real vocabulary
+    at::Tensor x = at::randn({3, v}) * 4;
+    x[1][v / 2] = 30.0;  // one dominant logit
+    x[2][0] = -kInf;     // masked logits
+    x[2][v - 1] = -kInf;
+    const std::vector<float> temps{1.0f, 0.7f, 1.3f};
+    const std::vector<SoftmaxRowStats> stats = softmax_row_stats(x, temps);
+    ASSERT_EQ(stats.size(), 3u);
+    for (int64_t b = 0; b < 3; ++b) {
+      const float t = temps[static_cast<size_t>(b)];
+      const at::Tensor want = at::log_softmax(x[b] / t, 0);
+      EXPECT_EQ(stats[static_cast<size_t>(b)].argmax, at::argmax(x[b]).item<int64_t>()) << "v=" << v << " b=" << b;
+      EXPECT_FALSE(stats[static_cast<size_t>(b)].has_nan);
+      std::vector<float> logp(static_cast<size_t>(v)), probs(static_cast<size_t>(v));
+      log_softmax_row(x[b].contiguous().data_ptr<float>(), v, t, stats[static_cast<size_t>(b)], logp.data(), probs.data());
+      const at::Tensor got = at::from_blob(logp.data(), {v}, at::kFloat);
+      const at::Tensor finite = want.isfinite();
+      EXPECT_TRUE(at::equal(got.isfinite(), finite)) << "masked logits stay -inf";
+      EXPECT_LT((got.masked_select(finite) - want.masked_select(finite)).abs().max().item<float>(), 1e-5) << "v=" << v;
+      const at::Tensor p = at::from_blob(probs.data(), {v}, at::kFloat);
+      EXPECT_LT((p - want.exp()).abs().max().item<float>(), 1e-5) << "v=" << v;  // float sums over the row
+      EXPECT_EQ(p.masked_select(finite.logical_not()).sum().item<float>(), 0.f) << "masked logits: probability 0";
+    }
+  }
+  at::Tensor bad = at::zeros({2, 40});
+  bad[0][7] = std::numeric_limits<float>::quiet_NaN();
+  bad[1].fill_(-kInf);
+  const std::vector<SoftmaxRowStats> stats = softmax_row_stats(bad, {1.0f, 1.0f});
+  EXPECT_TRUE(stats[0].has_nan);
+  EXPECT_EQ(stats[1].max, -kInf);
+  EXPECT_ANY_THROW(softmax_row_stats(bad, {1.0f}));
+  EXPECT_ANY_THROW(softmax_row_stats(bad, {1.0f, 0.0f}));
 }
 
 }  // namespace
