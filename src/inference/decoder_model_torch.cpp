@@ -59,6 +59,7 @@ struct AttentionGroup {
 void set_compute_threads(int n) {
   SWARM_REQUIRE(n >= 1, ErrorKind::INVALID_ARGUMENT, "compute threads must be >= 1, got " + std::to_string(n));
   at::set_num_threads(n);
+  set_small_linear_threads(n);
 }
 
 ThreadPlan configure_compute_threads(int n, DType compute) {
@@ -70,6 +71,7 @@ ThreadPlan configure_compute_threads(int n, DType compute) {
   const bool fp32 = compute == DType::F32;
   plan.torch_threads = fp32 ? 1 : n;
   at::set_num_threads(plan.torch_threads);
+  set_small_linear_threads(n);  // a few rows at a time: no GEMM runs beside it
   if (openblas_set) {
     plan.openblas_threads = fp32 ? n : 1;
     openblas_set(plan.openblas_threads);

@@ -5,6 +5,7 @@
 #include <c10/util/BFloat16.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "common/error.hpp"
 #include "inference/cpu_dispatch.hpp"
@@ -12,6 +13,9 @@
 
 #if SWARM_HAVE_X86_KERNELS
 #include <immintrin.h>
+#endif
+#ifdef _OPENMP
+#include <omp.h>
 #endif
 
 namespace swarm {
@@ -224,7 +228,31 @@ SWARM_TARGET_AVX512_BF16 void rows_bf16_dot(const Args& a, int64_t begin, int64_
 }
 #endif
 
+std::atomic<int> g_threads{0};  // 0: libtorch's intra-op thread count
+
+// [begin, end) split evenly over `threads` OpenMP threads (the pool libtorch also uses), in
+// chunks of at least `grain`; serial inside another parallel region or without OpenMP.
+template <class F>
+void split_over_threads(int64_t begin, int64_t end, int64_t grain, int threads, const F& f) {
+  const int64_t n = end - begin;
+  const int64_t tasks = std::min<int64_t>(threads, (n + grain - 1) / std::max<int64_t>(1, grain));
+#ifdef _OPENMP
+  if (tasks > 1 && !omp_in_parallel()) {
+#pragma omp parallel num_threads(static_cast<int>(tasks))
+    {
+      const int64_t chunk = (n + omp_get_num_threads() - 1) / omp_get_num_threads();
+      const int64_t b = begin + omp_get_thread_num() * chunk;
+      if (b < end) f(b, std::min(end, b + chunk));
+    }
+    return;
+  }
+#endif
+  if (n > 0) f(begin, end);
+}
+
 }  // namespace
+
+void set_small_linear_threads(int n) { g_threads.store(std::max(0, n)); }
 
 int64_t small_linear_max_rows(at::ScalarType dtype) {
 #if SWARM_HAVE_X86_KERNELS
@@ -268,7 +296,8 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::opt
   // that scheduling does not show.
   const int64_t units = (out + 3) / 4;
   const int64_t grain = std::max<int64_t>(4, 8192 / std::max<int64_t>(1, in * std::min<int64_t>(m, 8)));
-  at::parallel_for(0, units, grain, [&](int64_t begin, int64_t end) { run(a, begin * 4, std::min(end * 4, out)); });
+  const int threads = g_threads.load() > 0 ? g_threads.load() : at::get_num_threads();
+  split_over_threads(0, units, grain, threads, [&](int64_t begin, int64_t end) { run(a, begin * 4, std::min(end * 4, out)); });
   return y;
 }
 
