@@ -119,6 +119,24 @@ SWARM_VEC_INLINE typename Vec<W>::type exp_nonpositive(typename Vec<W>::type x) 
   return p * scale;
 }
 
+// The sums of four 16-lane vectors, in order: one transposing reduction instead of four
+// (GCC 12's reduce intrinsics also warn about their own undefined lanes).
+SWARM_VEC_INLINE f32x4 sum4(Vec<16>::type a, Vec<16>::type b, Vec<16>::type c, Vec<16>::type d) {
+  using V8 = Vec<8>::type;
+  auto half = [](Vec<16>::type v) __attribute__((always_inline)) -> V8 {
+    return __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+           __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  };
+  const V8 a8 = half(a), b8 = half(b), c8 = half(c), d8 = half(d);
+  // [a 4 partials, b 4 partials], [c, d]; then pairs; then the four totals.
+  const V8 ab = __builtin_shufflevector(a8, b8, 0, 1, 2, 3, 8, 9, 10, 11) +
+                __builtin_shufflevector(a8, b8, 4, 5, 6, 7, 12, 13, 14, 15);
+  const V8 cd = __builtin_shufflevector(c8, d8, 0, 1, 2, 3, 8, 9, 10, 11) +
+                __builtin_shufflevector(c8, d8, 4, 5, 6, 7, 12, 13, 14, 15);
+  const V8 pairs = __builtin_shufflevector(ab, cd, 0, 2, 4, 6, 8, 10, 12, 14) +
+                   __builtin_shufflevector(ab, cd, 1, 3, 5, 7, 9, 11, 13, 15);
+  return __builtin_shufflevector(pairs, pairs, 0, 2, 4, 6) + __builtin_shufflevector(pairs, pairs, 1, 3, 5, 7);
+}
 SWARM_VEC_INLINE float hsum(Vec<8>::type v) {
   const f32x4 b = __builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7);
   return (b[0] + b[2]) + (b[1] + b[3]);

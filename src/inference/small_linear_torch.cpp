@@ -127,26 +127,6 @@ void rows_bf16_base(const Args& a, int64_t begin, int64_t end) { rows_any<c10::B
 // ~27 GB/s for the widening kernel, and 32 rows run at ~420 GFLOP/s against oneDNN's ~290.
 #define SWARM_BF16_INLINE SWARM_TARGET_AVX512_BF16 inline __attribute__((always_inline))
 
-// The sums of four 16-lane accumulators, in order (vector extensions: GCC 12's reduce
-// intrinsics warn about their own undefined lanes).
-SWARM_BF16_INLINE simd::f32x4 sum4(__m512 a, __m512 b, __m512 c, __m512 d) {
-  using V16 = simd::Vec<16>::type;
-  using V8 = simd::Vec<8>::type;
-  auto half = [](V16 v) -> V8 {
-    return __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-           __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  };
-  const V8 a8 = half(V16(a)), b8 = half(V16(b)), c8 = half(V16(c)), d8 = half(V16(d));
-  // [a 4 partials, b 4 partials], [c, d]; then pairs; then the four totals.
-  const V8 ab = __builtin_shufflevector(a8, b8, 0, 1, 2, 3, 8, 9, 10, 11) +
-                __builtin_shufflevector(a8, b8, 4, 5, 6, 7, 12, 13, 14, 15);
-  const V8 cd = __builtin_shufflevector(c8, d8, 0, 1, 2, 3, 8, 9, 10, 11) +
-                __builtin_shufflevector(c8, d8, 4, 5, 6, 7, 12, 13, 14, 15);
-  const V8 pairs = __builtin_shufflevector(ab, cd, 0, 2, 4, 6, 8, 10, 12, 14) +
-                   __builtin_shufflevector(ab, cd, 1, 3, 5, 7, 9, 11, 13, 15);
-  return __builtin_shufflevector(pairs, pairs, 0, 2, 4, 6) + __builtin_shufflevector(pairs, pairs, 1, 3, 5, 7);
-}
-
 // 32 columns from i of MT input rows x U weight rows into acc; masked-off lanes load zeros.
 template <int MT, int U>
 SWARM_BF16_INLINE void dot_step(__m512 (&acc)[MT][U], const uint16_t* x, const uint16_t* w, int64_t in, int64_t i,
@@ -172,7 +152,7 @@ SWARM_BF16_INLINE void dot_tile(const uint16_t* x, const uint16_t* w, int64_t in
   if (i < in) dot_step<MT, U>(acc, x, w, in, i, static_cast<__mmask32>((uint64_t{1} << (in - i)) - 1));
   for (int m = 0; m < MT; ++m) {
     if constexpr (U == 4) {
-      const simd::f32x4 s = sum4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
+      const simd::f32x4 s = simd::sum4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
       for (int u = 0; u < 4; ++u) out[m * ld + u] = s[u];
     } else {
       for (int u = 0; u < U; ++u) out[m * ld + u] = simd::hsum(simd::Vec<16>::type(acc[m][u]));
