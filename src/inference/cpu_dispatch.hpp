@@ -82,3 +82,23 @@ Fn cpu_pick(Fn avx512, Fn avx2, Fn base) noexcept {
 #define SWARM_TARGET_AVX2
 #define SWARM_HAVE_X86_KERNELS 0
 #endif
+
+/// The three copies of a kernel body `impl<T, W>(const Args&, int64_t begin, int64_t end)` for
+/// each of fp32 and bf16 (W: 16 floats per vector on AVX-512, 8 otherwise), and `name(bf16)`,
+/// the copy for this CPU. Needs <c10/util/BFloat16.h>.
+#define SWARM_KERNEL_COPIES(name, Args, impl)                                                                   \
+  SWARM_TARGET_AVX512 void name##_f32_avx512(const Args& a, int64_t b, int64_t e) { impl<float, 16>(a, b, e); } \
+  SWARM_TARGET_AVX2 void name##_f32_avx2(const Args& a, int64_t b, int64_t e) { impl<float, 8>(a, b, e); }     \
+  void name##_f32_base(const Args& a, int64_t b, int64_t e) { impl<float, 8>(a, b, e); }                        \
+  SWARM_TARGET_AVX512 void name##_bf16_avx512(const Args& a, int64_t b, int64_t e) {                            \
+    impl<c10::BFloat16, 16>(a, b, e);                                                                           \
+  }                                                                                                             \
+  SWARM_TARGET_AVX2 void name##_bf16_avx2(const Args& a, int64_t b, int64_t e) {                                \
+    impl<c10::BFloat16, 8>(a, b, e);                                                                            \
+  }                                                                                                             \
+  void name##_bf16_base(const Args& a, int64_t b, int64_t e) { impl<c10::BFloat16, 8>(a, b, e); }              \
+  using name##_fn = void (*)(const Args&, int64_t, int64_t);                                                    \
+  name##_fn name(bool bf16) {                                                                                   \
+    return bf16 ? ::swarm::cpu_pick<name##_fn>(name##_bf16_avx512, name##_bf16_avx2, name##_bf16_base)          \
+                : ::swarm::cpu_pick<name##_fn>(name##_f32_avx512, name##_f32_avx2, name##_f32_base);            \
+  }

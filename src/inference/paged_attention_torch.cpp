@@ -18,16 +18,7 @@ void run_range_bf16_dot(const Args& a, int64_t begin, int64_t end);
 namespace {
 
 // One copy per instruction set (cpu_dispatch.hpp).
-SWARM_TARGET_AVX512 void run_range_f32_avx512(const Args& a, int64_t begin, int64_t end) { run_range<float, 16>(a, begin, end); }
-SWARM_TARGET_AVX2 void run_range_f32_avx2(const Args& a, int64_t begin, int64_t end) { run_range<float, 8>(a, begin, end); }
-void run_range_f32_base(const Args& a, int64_t begin, int64_t end) { run_range<float, 8>(a, begin, end); }
-SWARM_TARGET_AVX512 void run_range_bf16_avx512(const Args& a, int64_t begin, int64_t end) {
-  run_range<c10::BFloat16, 16>(a, begin, end);
-}
-SWARM_TARGET_AVX2 void run_range_bf16_avx2(const Args& a, int64_t begin, int64_t end) {
-  run_range<c10::BFloat16, 8>(a, begin, end);
-}
-void run_range_bf16_base(const Args& a, int64_t begin, int64_t end) { run_range<c10::BFloat16, 8>(a, begin, end); }
+SWARM_KERNEL_COPIES(attention_range, Args, run_range)
 
 }  // namespace
 
@@ -61,8 +52,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   const bool bf16 = q.scalar_type() == at::kBFloat16;
   SWARM_CHECK(bf16 || q.scalar_type() == at::kFloat, "paged_decode_attention: fp32 or bf16 only");
   using Range = void (*)(const Args&, int64_t, int64_t);
-  Range run = bf16 ? cpu_pick<Range>(run_range_bf16_avx512, run_range_bf16_avx2, run_range_bf16_base)
-                   : cpu_pick<Range>(run_range_f32_avx512, run_range_f32_avx2, run_range_f32_base);
+  Range run = attention_range(bf16);
 #if SWARM_HAVE_X86_KERNELS
   if (bf16 && cpu_has_avx512_bf16() && (hd == 32 || hd == 64 || hd == 128 || hd == 256)) {
     run = paged_attention_detail::run_range_bf16_dot;

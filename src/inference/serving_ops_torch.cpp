@@ -26,25 +26,6 @@ using simd::Vec;
 
 #define SWARM_INLINE inline __attribute__((always_inline))
 
-// Three copies of a kernel body `impl<T, W>(args, begin, end)` per dtype (cpu_dispatch.hpp),
-// and `name(bf16)` picking the one for this CPU.
-#define SWARM_KERNEL_COPIES(name, Args, impl)                                                                   \
-  SWARM_TARGET_AVX512 void name##_f32_avx512(const Args& a, int64_t b, int64_t e) { impl<float, 16>(a, b, e); } \
-  SWARM_TARGET_AVX2 void name##_f32_avx2(const Args& a, int64_t b, int64_t e) { impl<float, 8>(a, b, e); }     \
-  void name##_f32_base(const Args& a, int64_t b, int64_t e) { impl<float, 8>(a, b, e); }                        \
-  SWARM_TARGET_AVX512 void name##_bf16_avx512(const Args& a, int64_t b, int64_t e) {                            \
-    impl<c10::BFloat16, 16>(a, b, e);                                                                           \
-  }                                                                                                             \
-  SWARM_TARGET_AVX2 void name##_bf16_avx2(const Args& a, int64_t b, int64_t e) {                                \
-    impl<c10::BFloat16, 8>(a, b, e);                                                                            \
-  }                                                                                                             \
-  void name##_bf16_base(const Args& a, int64_t b, int64_t e) { impl<c10::BFloat16, 8>(a, b, e); }              \
-  using name##_fn = void (*)(const Args&, int64_t, int64_t);                                                    \
-  name##_fn name(bool bf16) {                                                                                   \
-    return bf16 ? cpu_pick<name##_fn>(name##_bf16_avx512, name##_bf16_avx2, name##_bf16_base)                   \
-                : cpu_pick<name##_fn>(name##_f32_avx512, name##_f32_avx2, name##_f32_base);                     \
-  }
-
 // Rows per parallel chunk: about 16K elements of work each, so one-row decode steps stay on
 // the calling thread.
 int64_t grain_for(int64_t elements_per_row) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, elements_per_row)); }

@@ -32,8 +32,7 @@ struct Args {
   int64_t m, in, out;
 };
 
-SWARM_INLINE float to_float(float v) { return v; }
-SWARM_INLINE float to_float(c10::BFloat16 v) { return static_cast<float>(v); }
+using simd::to_float;
 
 // Output feature o for the M input rows. The weight row is streamed once, front to back (one
 // sequential stream per thread is what the hardware prefetcher follows best: reading several
@@ -104,18 +103,7 @@ SWARM_INLINE void rows_any(const Args& a, int64_t begin, int64_t end) {
 }
 
 // One copy per instruction set (cpu_dispatch.hpp).
-SWARM_TARGET_AVX512 void rows_f32_avx512(const Args& a, int64_t begin, int64_t end) {
-  rows_any<float, 16>(a, begin, end);
-}
-SWARM_TARGET_AVX2 void rows_f32_avx2(const Args& a, int64_t begin, int64_t end) { rows_any<float, 8>(a, begin, end); }
-void rows_f32_base(const Args& a, int64_t begin, int64_t end) { rows_any<float, 8>(a, begin, end); }
-SWARM_TARGET_AVX512 void rows_bf16_avx512(const Args& a, int64_t begin, int64_t end) {
-  rows_any<c10::BFloat16, 16>(a, begin, end);
-}
-SWARM_TARGET_AVX2 void rows_bf16_avx2(const Args& a, int64_t begin, int64_t end) {
-  rows_any<c10::BFloat16, 8>(a, begin, end);
-}
-void rows_bf16_base(const Args& a, int64_t begin, int64_t end) { rows_any<c10::BFloat16, 8>(a, begin, end); }
+SWARM_KERNEL_COPIES(widening_rows, Args, rows_any)
 
 #if SWARM_HAVE_X86_KERNELS
 // ---------------------------------------------------------------- bf16 dot products (AVX512_BF16)
@@ -266,8 +254,7 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::opt
   if (run == nullptr) {
     SWARM_CHECK(m <= kSmallLinearMaxRows, "small_linear: too many rows (" + std::to_string(m) + ")");
     xin = x.to(at::kFloat).contiguous();
-    run = bf16 ? cpu_pick<Rows>(rows_bf16_avx512, rows_bf16_avx2, rows_bf16_base)
-               : cpu_pick<Rows>(rows_f32_avx512, rows_f32_avx2, rows_f32_base);
+    run = widening_rows(bf16);
   }
   const bool widened = xin.scalar_type() == at::kFloat;
   Args a{widened ? xin.data_ptr<float>() : nullptr, xin.data_ptr(), w.data_ptr(), bias ? bias->data_ptr() : nullptr,
