@@ -51,8 +51,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
          std::max<int64_t>(1, window), static_cast<float>(scale)};
   const bool bf16 = q.scalar_type() == at::kBFloat16;
   SWARM_CHECK(bf16 || q.scalar_type() == at::kFloat, "paged_decode_attention: fp32 or bf16 only");
-  using Range = void (*)(const Args&, int64_t, int64_t);
-  Range run = attention_range(bf16);
+  attention_range_fn run = attention_range(bf16);
 #if SWARM_HAVE_X86_KERNELS
   if (bf16 && cpu_has_avx512_bf16() && (hd == 32 || hd == 64 || hd == 128 || hd == 256)) {
     run = paged_attention_detail::run_range_bf16_dot;

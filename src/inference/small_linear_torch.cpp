@@ -242,8 +242,7 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::opt
   SWARM_CHECK(bf16 || w.scalar_type() == at::kFloat, "small_linear: fp32 or bf16 only");
   const int64_t m = x.size(0), in = x.size(1), out = w.size(0);
   at::Tensor y = at::empty({m, out}, x.options());
-  using Rows = void (*)(const Args&, int64_t, int64_t);
-  Rows run = nullptr;
+  widening_rows_fn run = nullptr;  // (the dot-product kernel has the same signature)
   at::Tensor xin;  // what the kernel reads: the bf16 input itself, or an fp32 copy to widen against
 #if SWARM_HAVE_X86_KERNELS
   if (bf16 && cpu_has_avx512_bf16()) {
@@ -251,8 +250,7 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::opt
     run = rows_bf16_dot;
   }
 #endif
-  if (run == nullptr) {
-    SWARM_CHECK(m <= kSmallLinearMaxRows, "small_linear: too many rows (" + std::to_string(m) + ")");
+  if (run == nullptr) {  // at most kSmallLinearMaxRows rows (checked above)
     xin = x.to(at::kFloat).contiguous();
     run = widening_rows(bf16);
   }
