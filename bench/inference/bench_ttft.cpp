@@ -13,7 +13,9 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,6 +38,27 @@ struct Latencies {
   std::string first_error;
 };
 
+// The engine's own latency figures (`swarm_inference{field="..."}` in GET /metrics), over its
+// window of the most recent requests.
+std::map<std::string, double> inference_metrics(const std::string& url) {
+  swarm::HttpClient http(url, std::chrono::seconds(10));
+  const auto res = http.request("GET", "/metrics");
+  std::map<std::string, double> out;
+  const std::string prefix = "swarm_inference{field=\"";
+  size_t pos = 0;
+  while ((pos = res.body.find(prefix, pos)) != std::string::npos) {
+    const size_t name_begin = pos + prefix.size();
+    const size_t name_end = res.body.find('"', name_begin);
+    const size_t value_begin = res.body.find(' ', name_end);
+    const size_t line_end = res.body.find('\n', value_begin);
+    if (name_end == std::string::npos || value_begin == std::string::npos) break;
+    out[res.body.substr(name_begin, name_end - name_begin)] =
+        std::stod(res.body.substr(value_begin + 1, line_end - value_begin - 1));
+    pos = line_end;
+  }
+  return out;
+}
+
 double percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());
@@ -54,8 +77,11 @@ std::string prompt_text(int client, int request, int words) {
 
 // `clients` threads, each with its own episode, sending streaming chats until `until`
 // (at least `min_requests` each).
+// Each request asks for max_tokens drawn uniformly from [max_tokens - spread, max_tokens +
+// spread] (a seeded generator per client), so answers of different lengths keep the clients
+// from moving in lockstep; spread 0 gives every request the same max_tokens.
 void run_clients(const std::string& url, int clients, Clock::time_point until, int min_requests, int prompt_words,
-                 int max_tokens, Latencies& out) {
+                 int max_tokens, int spread, Latencies& out) {
   std::vector<std::thread> threads;
   for (int c = 0; c < clients; ++c) {
     threads.emplace_back([&, c] {
@@ -67,7 +93,10 @@ void run_clients(const std::string& url, int clients, Clock::time_point until, i
         params.max_tokens = max_tokens;
         params.temperature = 1.0;
         params.extra = {{"stream_options", {{"include_usage", true}}}};
+        std::mt19937 rng(static_cast<uint32_t>(1000 + c));
+        std::uniform_int_distribution<int> length(std::max(1, max_tokens - spread), max_tokens + spread);
         for (int r = 0; Clock::now() < until || r < min_requests; ++r) {
+          params.max_tokens = length(rng);
           const nlohmann::json messages =
               nlohmann::json::array({{{"role", "user"}, {"content", prompt_text(c, r, prompt_words)}}});
           const auto t0 = Clock::now();
@@ -101,7 +130,7 @@ int main(int argc, char** argv) {
   CLI::App app{"bench_ttft: time to first token, 1 vs 64 concurrent chat clients (torch engine)"};
   std::string server_bin = SWARM_SERVER_BIN, model;
   std::string dtype = "bf16";
-  int clients = 64, seconds = 20, prompt_words = 48, max_tokens = 32, single_requests = 30;
+  int clients = 64, seconds = 20, prompt_words = 48, max_tokens = 32, max_tokens_spread = 0, single_requests = 30;
   int64_t max_step_tokens = 512, engine_threads = 0;
   app.add_option("--server-bin", server_bin, "swarm-server binary")->capture_default_str();
   app.add_option("--model", model, "Hugging Face model directory with a chat template")->required();
@@ -110,7 +139,12 @@ int main(int argc, char** argv) {
   app.add_option("--seconds", seconds, "Duration of the loaded phase")->capture_default_str();
   app.add_option("--single-requests", single_requests, "Requests in the single-client phase")->capture_default_str();
   app.add_option("--prompt-words", prompt_words, "Words in each user message")->capture_default_str();
-  app.add_option("--max-tokens", max_tokens, "max_tokens of each completion")->capture_default_str();
+  app.add_option("--max-tokens", max_tokens, "max_tokens of each completion (the mean with --max-tokens-spread)")
+      ->capture_default_str();
+  app.add_option("--max-tokens-spread", max_tokens_spread,
+                 "Draw each request's max_tokens uniformly from max-tokens +- this (0: all the same)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--max-step-tokens", max_step_tokens, "The engine's max_step_tokens")->capture_default_str();
   app.add_option("--engine-threads", engine_threads, "The job's engine_threads (0: the server's default, all cores)")
       ->capture_default_str();
@@ -129,7 +163,7 @@ int main(int argc, char** argv) {
     job.num_repeat = 1;
     job.max_parallel_episodes = clients + 8;
     job.max_prompt_length = 1024;
-    job.max_response_length = max_tokens;
+    job.max_response_length = max_tokens + max_tokens_spread;
     job.dtype = dtype;
     job.max_batch_sequences = std::max(64, clients);
     job.max_step_tokens = max_step_tokens;
@@ -140,22 +174,25 @@ int main(int argc, char** argv) {
 
     // Warm-up: a few requests so one-time allocations are out of the way.
     Latencies warm;
-    run_clients(url, 2, Clock::now(), 3, prompt_words, max_tokens, warm);
+    run_clients(url, 2, Clock::now(), 3, prompt_words, max_tokens, max_tokens_spread, warm);
 
     std::fprintf(stderr, "bench_ttft: 1 client, %d requests...\n", single_requests);
     Latencies one;
     auto t0 = Clock::now();
-    run_clients(url, 1, Clock::now(), single_requests, prompt_words, max_tokens, one);
+    run_clients(url, 1, Clock::now(), single_requests, prompt_words, max_tokens, max_tokens_spread, one);
     const double one_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    const auto one_engine = inference_metrics(url);
 
     std::fprintf(stderr, "bench_ttft: %d clients for %d s...\n", clients, seconds);
     Latencies many;
     t0 = Clock::now();
-    run_clients(url, clients, Clock::now() + std::chrono::seconds(seconds), 1, prompt_words, max_tokens, many);
+    run_clients(url, clients, Clock::now() + std::chrono::seconds(seconds), 1, prompt_words, max_tokens,
+                max_tokens_spread, many);
     const double many_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    const auto many_engine = inference_metrics(url);
 
-    std::printf("\nmodel %s  dtype %s  prompt ~%d words  max_tokens %d  max_step_tokens %lld\n", model.c_str(),
-                dtype.c_str(), prompt_words, max_tokens, static_cast<long long>(max_step_tokens));
+    std::printf("\nmodel %s  dtype %s  prompt ~%d words  max_tokens %d +- %d  max_step_tokens %lld\n", model.c_str(),
+                dtype.c_str(), prompt_words, max_tokens, max_tokens_spread, static_cast<long long>(max_step_tokens));
     std::printf("%8s %9s %12s %12s %12s %18s %14s %7s\n", "clients", "requests", "TTFT p50 ms", "TTFT p99 ms",
                 "TTFT max ms", "p99 w/o 1st req ms", "gen tokens/s", "errors");
     for (auto* row : {&one, &many}) {
@@ -166,6 +203,16 @@ int main(int argc, char** argv) {
                   percentile(row->steady_ms, 99), static_cast<double>(row->completion_tokens) / secs,
                   static_cast<long long>(row->errors));
       if (row->errors) std::printf("    first error: %s\n", row->first_error.c_str());
+    }
+    // Where a request's time goes inside the engine (its window: the last requests before the
+    // phase ended, so the 1-client row includes the warm-up's).
+    std::printf("\nengine side (its window of recent requests and steps, read after each phase):\n");
+    std::printf("%8s %20s %20s %20s\n", "clients", "queue wait p50/p99", "engine TTFT p50/p99", "step p50/p99 ms");
+    for (const auto* m : {&one_engine, &many_engine}) {
+      const auto f = [&](const char* k) { return 1000.0 * (m->count(k) ? m->at(k) : 0.0); };
+      std::printf("%8d %9.1f /%8.1f %9.1f /%8.1f %9.1f /%8.1f\n", m == &one_engine ? 1 : clients,
+                  f("queue_wait_p50_seconds"), f("queue_wait_p99_seconds"), f("ttft_p50_seconds"),
+                  f("ttft_p99_seconds"), f("step_p50_seconds"), f("step_p99_seconds"));
     }
     const double ratio = percentile(many.ttft_ms, 99) / std::max(1e-9, percentile(one.ttft_ms, 99));
     const double steady = percentile(many.steady_ms, 99) / std::max(1e-9, percentile(one.ttft_ms, 99));

@@ -331,7 +331,14 @@ class TorchBackend final : public Backend {
             {"cancelled_requests_total", double(s.cancelled_requests)},
             {"completed_requests_total", double(s.completed_requests)},
             {"failed_requests_total", double(s.failed_requests)},
-            {"busy_seconds_total", s.busy_seconds}};
+            {"busy_seconds_total", s.busy_seconds},
+            {"latency_window_requests", double(s.latency_samples)},
+            {"queue_wait_p50_seconds", s.queue_wait_p50_seconds},
+            {"queue_wait_p99_seconds", s.queue_wait_p99_seconds},
+            {"ttft_p50_seconds", s.ttft_p50_seconds},
+            {"ttft_p99_seconds", s.ttft_p99_seconds},
+            {"step_p50_seconds", s.step_p50_seconds},
+            {"step_p99_seconds", s.step_p99_seconds}};
   }
 
   void release() override {

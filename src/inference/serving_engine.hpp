@@ -19,6 +19,7 @@
 // headers; the implementation is serving_engine_torch.cpp.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -56,6 +57,14 @@ struct ServingStats {
   int64_t completed_requests = 0;
   int64_t failed_requests = 0;
   double busy_seconds = 0.0;     // time spent in forward + sampling
+  // Over the most recent requests / steps (a bounded window, kLatencyWindow samples each):
+  // queue wait = submit to admission; ttft = submit to the first sampled token (the engine's
+  // share of a client's time to first token); step = one packed forward + sampling.
+  int64_t latency_samples = 0;   // requests in the window
+  double queue_wait_p50_seconds = 0.0, queue_wait_p99_seconds = 0.0;
+  double ttft_p50_seconds = 0.0, ttft_p99_seconds = 0.0;
+  double step_p50_seconds = 0.0, step_p99_seconds = 0.0;
+  static constexpr size_t kLatencyWindow = 512;
 };
 
 /// Thread-safe: submit / set_policy_version / stats / run_exclusive from any thread.

@@ -14,6 +14,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/latency_window.hpp"
 #include "inference/decoder_model_torch.hpp"
 #include "inference/kv_cache_torch.hpp"
 #include "inference/sampler_torch.hpp"
@@ -49,6 +50,9 @@ struct Request {
   int64_t unfinished = 0;
   bool ended = false;              // completed, failed or cancelled
   GenerationResult result;
+  std::chrono::steady_clock::time_point submitted;
+  bool admitted = false;           // a sequence of it has been admitted (queue wait recorded)
+  bool sampled = false;            // a token of it has been sampled (ttft recorded)
 };
 
 using SeqPtr = std::unique_ptr<Sequence>;
@@ -82,6 +86,9 @@ struct ServingEngine::Impl {
   std::atomic<int64_t> policy_version{0};
   mutable std::mutex stats_mu;
   ServingStats stats;
+  LatencyWindow queue_wait_window{ServingStats::kLatencyWindow};
+  LatencyWindow ttft_window{ServingStats::kLatencyWindow};
+  LatencyWindow step_window{ServingStats::kLatencyWindow};
   std::thread thread;
 
   // ---- scheduling thread only
@@ -147,6 +154,7 @@ struct ServingEngine::Impl {
         seqs.push_back(std::move(s));
       }
       request->request = std::move(req);
+      request->submitted = std::chrono::steady_clock::now();
       {
         std::lock_guard lk(mu);
         if (stopping) return fail(ErrorKind::UNAVAILABLE, "the inference engine is shutting down: " + stop_reason);
@@ -363,6 +371,10 @@ struct ServingEngine::Impl {
         continue;
       }
       const int64_t chunk = std::min(static_cast<int64_t>(s.tokens.size()), budget);
+      if (!s.request->admitted) {
+        s.request->admitted = true;
+        record_latency(queue_wait_window, s.request->submitted);
+      }
       running.push_back(std::move(waiting.front()));
       waiting.pop_front();
       {
@@ -420,11 +432,22 @@ struct ServingEngine::Impl {
     stats.decode_tokens += decode_tokens;
     stats.prefill_tokens += prefill_tokens;
     stats.busy_seconds += seconds;
+    step_window.add(seconds);
+  }
+
+  void record_latency(LatencyWindow& window, std::chrono::steady_clock::time_point since) {
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+    std::lock_guard lk(stats_mu);
+    window.add(seconds);
   }
 
   // Records a sampled token and applies the stop rules.
   void accept(Sequence& s, const SampledToken& t) {
     Request& r = *s.request;
+    if (!r.sampled) {
+      r.sampled = true;
+      record_latency(ttft_window, r.submitted);
+    }
     s.tokens.push_back(t.id);
     s.out.ids.push_back(t.id);
     s.out.logprobs.push_back(t.logprob);
@@ -565,7 +588,15 @@ void ServingEngine::shutdown(const std::string& reason) { impl_->shutdown(reason
 
 ServingStats ServingEngine::stats() const {
   std::lock_guard lk(impl_->stats_mu);
-  return impl_->stats;
+  ServingStats s = impl_->stats;
+  s.latency_samples = static_cast<int64_t>(impl_->ttft_window.size());
+  s.queue_wait_p50_seconds = impl_->queue_wait_window.percentile(50);
+  s.queue_wait_p99_seconds = impl_->queue_wait_window.percentile(99);
+  s.ttft_p50_seconds = impl_->ttft_window.percentile(50);
+  s.ttft_p99_seconds = impl_->ttft_window.percentile(99);
+  s.step_p50_seconds = impl_->step_window.percentile(50);
+  s.step_p99_seconds = impl_->step_window.percentile(99);
+  return s;
 }
 
 const ServingConfig& ServingEngine::config() const { return impl_->config; }

@@ -200,6 +200,15 @@ TEST_F(ServingEngineTest, ConcurrentChunkedPrefillMatchesSoloGreedy) {
   const ServingStats s = engine.stats();
   EXPECT_GT(s.steps, 0);
   EXPECT_EQ(s.completed_requests, static_cast<int64_t>(kPrompts.size()));
+  // The latency window saw every request; with a 5-token budget the later ones waited for
+  // admission, and a request's first token never comes before its admission.
+  EXPECT_EQ(s.latency_samples, static_cast<int64_t>(kPrompts.size()));
+  EXPECT_GT(s.queue_wait_p99_seconds, 0.0);
+  EXPECT_LE(s.queue_wait_p50_seconds, s.ttft_p50_seconds);
+  EXPECT_LE(s.queue_wait_p99_seconds, s.ttft_p99_seconds);
+  EXPECT_LE(s.ttft_p50_seconds, s.ttft_p99_seconds);
+  EXPECT_GT(s.step_p50_seconds, 0.0);
+  EXPECT_LE(s.step_p50_seconds, s.step_p99_seconds);
   expect_blocks_all_free(engine);
 }
 
