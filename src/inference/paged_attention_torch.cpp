@@ -17,6 +17,10 @@ void run_range_bf16_dot(const Args& a, int64_t begin, int64_t end);
 
 namespace {
 
+// Multiply-adds a thread should get before a region is worth starting (measured on TinyStories,
+// 2 cores: at batch 1 every attention region cost more than its arithmetic).
+constexpr int64_t kAttentionMinWorkPerThread = 1 << 18;
+
 // One copy per instruction set (cpu_dispatch.hpp).
 SWARM_KERNEL_COPIES(attention_range, Args, run_range)
 
@@ -40,8 +44,10 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
                   static_cast<int64_t>(context.table_offset.size()) == B + 1,
               "paged_decode_attention: context does not describe every sequence");
   const int64_t bs = k_cache.size(1);
+  int64_t keys = 0;  // over every sequence
   for (int64_t b = 0; b < B; ++b) {
     const int64_t len = context.lengths[static_cast<size_t>(b)];
+    keys += std::min(len, std::max<int64_t>(1, window));
     const int64_t blocks = context.table_offset[static_cast<size_t>(b) + 1] - context.table_offset[static_cast<size_t>(b)];
     SWARM_CHECK(len >= 1 && len <= blocks * bs, "paged_decode_attention: a sequence's length exceeds its blocks");
   }
@@ -57,7 +63,11 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
     run = paged_attention_detail::run_range_bf16_dot;
   }
 #endif
-  at::parallel_for(0, B * kvh, 1, [&](int64_t begin, int64_t end) { run(a, begin, end); });
+  // Threads only for work that outweighs waking them (several microseconds a region here): a
+  // (sequence, kv head) unit costs ~2 * keys * head_dim * (heads / kvh) multiply-adds.
+  const int64_t work_per_unit = std::max<int64_t>(1, 2 * (keys / std::max<int64_t>(1, B)) * hd * (heads / kvh));
+  const int64_t grain = std::max<int64_t>(1, kAttentionMinWorkPerThread / work_per_unit);
+  at::parallel_for(0, B * kvh, grain, [&](int64_t begin, int64_t end) { run(a, begin, end); });
   return out;
 }
 

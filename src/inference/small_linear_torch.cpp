@@ -198,6 +198,10 @@ SWARM_TARGET_AVX512_BF16 void rows_bf16_dot(const Args& a, int64_t begin, int64_
 
 std::atomic<int> g_threads{0};  // 0: libtorch's intra-op thread count
 
+// Multiply-adds (counting at most 8 rows) a thread should get before a parallel region is
+// worth starting: waking the pool costs several microseconds here.
+constexpr int64_t kMinWorkPerThread = 1 << 18;
+
 // [begin, end) split evenly over `threads` OpenMP threads (the pool libtorch also uses), in
 // chunks of at least `grain`; serial inside another parallel region or without OpenMP.
 template <class F>
@@ -260,7 +264,7 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::opt
   // Work in units of 4 output features (the dot-product kernel's tile), in chunks big enough
   // that scheduling does not show.
   const int64_t units = (out + 3) / 4;
-  const int64_t grain = std::max<int64_t>(4, 8192 / std::max<int64_t>(1, in * std::min<int64_t>(m, 8)));
+  const int64_t grain = std::max<int64_t>(4, kMinWorkPerThread / std::max<int64_t>(1, 4 * in * std::min<int64_t>(m, 8)));
   const int threads = g_threads.load() > 0 ? g_threads.load() : at::get_num_threads();
   split_over_threads(0, units, grain, threads, [&](int64_t begin, int64_t end) { run(a, begin * 4, std::min(end * 4, out)); });
   return y;

@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -131,6 +133,48 @@ TEST(PagedDecodeAttention, MatchesGatheredSoftmaxAttention) {
       }
     }
   }
+}
+
+// The kernels split big work over threads (output features; sequence x kv head) and keep
+// small work on the calling thread. The split must not change a single bit: each output is
+// computed by one thread in the same order either way.
+TEST(Kernels, SplittingOverTwoThreadsChangesNoBit) {
+  at::manual_seed(4);
+  std::mt19937 rng(5);
+  const int before = at::get_num_threads();
+  const auto run_both = [&](const std::function<at::Tensor()>& f) {
+    at::set_num_threads(1);
+    set_small_linear_threads(1);
+    const at::Tensor one = f();
+    at::set_num_threads(2);
+    set_small_linear_threads(2);
+    const at::Tensor two = f();
+    return std::make_pair(one, two);
+  };
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    // 1000 outputs x 576 inputs: big enough to be split at every row count.
+    const at::Tensor w = at::randn({1000, 576}).to(dtype), b = at::randn({1000}).to(dtype);
+    for (int64_t m : {int64_t{1}, int64_t{3}, small_linear_max_rows(dtype)}) {
+      const at::Tensor x = at::randn({m, 576}).to(dtype);
+      const auto [one, two] = run_both([&] { return small_linear(x, w, b); });
+      EXPECT_TRUE(at::equal(one, two)) << "small_linear m=" << m << " dtype " << dtype;
+    }
+    // 12 sequences of 150 keys, 8 heads over 2 kv heads of 64: split over (sequence, kv head).
+    const int64_t bs = 16, blocks = 12 * 10, heads = 8, kvh = 2, hd = 64;
+    const at::Tensor kc = at::randn({blocks, bs, kvh, hd}).to(dtype), vc = at::randn({blocks, bs, kvh, hd}).to(dtype);
+    std::vector<int64_t> order(blocks);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    PagedContext ctx;
+    ctx.block_ids = order;
+    for (int64_t s = 0; s <= 12; ++s) ctx.table_offset.push_back(s * 10);
+    for (int64_t s = 0; s < 12; ++s) ctx.lengths.push_back(150 - s);
+    const at::Tensor q = (at::randn({12, heads, hd}) * 3).to(dtype);
+    const auto [one, two] = run_both([&] { return paged_decode_attention(q, kc, vc, ctx, 1 << 20, 0.125); });
+    EXPECT_TRUE(at::equal(one, two)) << "paged_decode_attention dtype " << dtype;
+  }
+  at::set_num_threads(before);
+  set_small_linear_threads(0);
 }
 
 TEST(PagedDecodeAttention, OneDominantKeyTakesAllTheWeight) {
