@@ -8,6 +8,7 @@
 #include <malloc.h>
 
 #include <cmath>
+#include <cstring>
 #include <mutex>
 #include <limits>
 #include <numbers>
@@ -338,6 +339,15 @@ torch::Tensor DecoderModel::serving_rms_norm(const torch::Tensor& x, const torch
   return rms_norm(x, weight);
 }
 
+torch::Tensor DecoderModel::serving_add_rms_norm(torch::Tensor& x, const torch::Tensor& delta,
+                                                 const torch::Tensor& weight) const {
+  if (device_.is_cpu() && x.dim() == 2 && x.is_contiguous() && delta.is_contiguous()) {
+    return add_rms_norm_rows(x, delta, weight, config_.rms_norm_eps);
+  }
+  x.add_(delta);
+  return serving_rms_norm(x, weight);
+}
+
 torch::Tensor DecoderModel::apply_rope(const torch::Tensor& x, const torch::Tensor& cos,
                                        const torch::Tensor& sin) const {
   return x * cos + rotate_half(x) * sin;
@@ -396,9 +406,8 @@ torch::Tensor DecoderModel::serving_mlp(size_t l, const torch::Tensor& x) const 
   return proj(act, layer.down_w, layer.down_b, true);
 }
 
-torch::Tensor DecoderModel::logits(const torch::Tensor& x, bool serving) const {
-  const torch::Tensor normed = serving ? serving_rms_norm(x, p(final_norm_)) : rms_norm(x, p(final_norm_));
-  return proj(normed, head_, -1, serving).to(torch::kFloat);
+torch::Tensor DecoderModel::logits(const torch::Tensor& x) const {
+  return proj(rms_norm(x, p(final_norm_)), head_, -1, /*serving=*/false).to(torch::kFloat);
 }
 
 // ---------------------------------------------------------------- full forward (training)
@@ -515,8 +524,13 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
   }
   const int64_t N = static_cast<int64_t>(ids.size());
   auto to_device = [&](std::vector<int64_t>& v) {
-    return torch::from_blob(v.data(), {static_cast<int64_t>(v.size())}, torch::kLong)
-        .to(device_, torch::kLong, /*non_blocking=*/false, /*copy=*/true);
+    const int64_t n = static_cast<int64_t>(v.size());
+    if (device_.is_cpu()) {  // one allocation and a memcpy, no dispatch of a copy op
+      torch::Tensor t = torch::empty({n}, torch::kLong);
+      std::memcpy(t.data_ptr<int64_t>(), v.data(), v.size() * sizeof(int64_t));
+      return t;
+    }
+    return torch::from_blob(v.data(), {n}, torch::kLong).to(device_, torch::kLong, /*non_blocking=*/false, /*copy=*/true);
   };
 
   // Attention groups: which cache rows each attends over, and its mask.
@@ -579,13 +593,15 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
     }
   };
 
-  torch::Tensor x = at::embedding(p(embed_), ids_t);  // [N, H]
+  // The residual stream x, and h = the next norm of it: each residual add is fused with the
+  // norm that follows it (the next layer's input norm, or the final norm).
+  torch::Tensor x = at::embedding(p(embed_), ids_t);  // [N, H], this step's own buffer
+  torch::Tensor h = serving_rms_norm(x, p(layers_.empty() ? final_norm_ : layers_[0].in_norm));
   for (size_t l = 0; l < layers_.size(); ++l) {
     const LayerParams& layer = layers_[l];
     const int64_t l64 = static_cast<int64_t>(l);
     const torch::Tensor k_rows = cache.keys(l64).view({-1, kvh, hd});
     const torch::Tensor v_rows = cache.values(l64).view({-1, kvh, hd});
-    const torch::Tensor h = serving_rms_norm(x, p(layer.in_norm));
     torch::Tensor q;
     if (qkv_merged(l) && layer.q_norm < 0 && device_.is_cpu()) {
       // One GEMM, then rotary embedding of q and k, and the new K/V into the cache, in one pass.
@@ -630,8 +646,8 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
       outs.push_back(attend(qg, kg, vg, g.blocked).view({g.batch * g.queries, nh * hd}));
     }
     const torch::Tensor o = outs.size() == 1 ? outs[0] : at::cat(outs, 0);
-    x.add_(proj(o, layer.o_w, layer.o_b, true));  // x is this step's own buffer (from the embedding)
-    x.add_(serving_mlp(l, serving_rms_norm(x, p(layer.post_norm))));
+    const torch::Tensor post = serving_add_rms_norm(x, proj(o, layer.o_w, layer.o_b, true), p(layer.post_norm));
+    h = serving_add_rms_norm(x, serving_mlp(l, post), p(l + 1 < layers_.size() ? layers_[l + 1].in_norm : final_norm_));
   }
 
   // Back to the caller's order: every new token, or the last one of each sequence.
@@ -646,7 +662,8 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
   }
   bool identity = static_cast<int64_t>(rows.size()) == N;
   for (size_t r = 0; identity && r < rows.size(); ++r) identity = rows[r] == static_cast<int64_t>(r);
-  return logits(identity ? x : x.index_select(0, to_device(rows)), true);
+  // h is the final norm of every row: the LM head of the rows asked for.
+  return proj(identity ? h : h.index_select(0, to_device(rows)), head_, -1, true).to(torch::kFloat);
 }
 
 }  // namespace swarm

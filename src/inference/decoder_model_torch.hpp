@@ -167,6 +167,9 @@ class DecoderModel {
   torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight) const;
   /// rms_norm for the serving step: one fused pass on the CPU (serving_ops_torch.hpp).
   torch::Tensor serving_rms_norm(const torch::Tensor& x, const torch::Tensor& weight) const;
+  /// The serving step's residual add and the next norm: x += delta, then rms_norm(x) (one
+  /// fused pass on the CPU).
+  torch::Tensor serving_add_rms_norm(torch::Tensor& x, const torch::Tensor& delta, const torch::Tensor& weight) const;
   torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) const;
   torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                        const torch::Tensor& allowed) const;
@@ -178,7 +181,7 @@ class DecoderModel {
   torch::Tensor mlp(const LayerParams& layer, const torch::Tensor& x, bool serving = false) const;
   /// The serving MLP of layer l (through the merged gate/up weight when there is one).
   torch::Tensor serving_mlp(size_t l, const torch::Tensor& x) const;
-  torch::Tensor logits(const torch::Tensor& x, bool serving = false) const;
+  torch::Tensor logits(const torch::Tensor& x) const;
 
   ModelConfig config_;
   DType compute_;

@@ -43,6 +43,7 @@ struct NormArgs {
   void* y;
   int64_t h;
   float eps;
+  const void* add = nullptr;  // when set: x += add first (rounded to T, stored back into x)
 };
 
 template <class T, int W>
@@ -55,12 +56,29 @@ SWARM_INLINE void rms_rows(const NormArgs& a, int64_t begin, int64_t end) {
     T* y = static_cast<T*>(a.y) + r * H;
     V acc{};
     int64_t j = 0;
-    for (; j < vec; j += W) {
-      const V v = load_vec<W>(x + j);
-      acc += v * v;
+    float ss = 0.f;
+    if (a.add != nullptr) {  // the residual add, as x.add_(d) rounds it, then the statistics
+      T* xs = const_cast<T*>(x);
+      const T* d = static_cast<const T*>(a.add) + r * H;
+      for (; j < vec; j += W) {
+        const V v = round_to<T, W>(load_vec<W>(xs + j) + load_vec<W>(d + j));
+        store_vec<W>(xs + j, v);
+        acc += v * v;
+      }
+      ss = hsum(acc);
+      for (; j < H; ++j) {
+        const float v = round_to<T>(to_float(xs[j]) + to_float(d[j]));
+        xs[j] = static_cast<T>(v);
+        ss += v * v;
+      }
+    } else {
+      for (; j < vec; j += W) {
+        const V v = load_vec<W>(x + j);
+        acc += v * v;
+      }
+      ss = hsum(acc);
+      for (; j < H; ++j) ss += to_float(x[j]) * to_float(x[j]);
     }
-    float ss = hsum(acc);
-    for (; j < H; ++j) ss += to_float(x[j]) * to_float(x[j]);
     const float inv = 1.f / std::sqrt(ss / static_cast<float>(H) + a.eps);
     for (j = 0; j < vec; j += W) store_vec<W>(y + j, round_to<T, W>(load_vec<W>(x + j) * inv) * load_vec<W>(w + j));
     for (; j < H; ++j) y[j] = static_cast<T>(round_to<T>(to_float(x[j]) * inv) * to_float(w[j]));
@@ -275,6 +293,23 @@ at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double e
   const NormArgs a{x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.size(1), static_cast<float>(eps)};
   const auto run = rms_kernel(x.scalar_type() == at::kBFloat16);
   at::parallel_for(0, x.size(0), grain_for(x.size(1)), [&](int64_t b, int64_t e) { run(a, b, e); });
+  return y;
+}
+
+at::Tensor add_rms_norm_rows(at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps) {
+  RECORD_FUNCTION("swarm::add_rms_norm_rows", c10::ArrayRef<const c10::IValue>{});
+  check_cpu_dtype(x, "add_rms_norm_rows");
+  SWARM_CHECK(x.dim() == 2 && x.is_contiguous() && weight.dim() == 1 && weight.is_contiguous() &&
+                  weight.size(0) == x.size(1) && weight.scalar_type() == x.scalar_type(),
+              "add_rms_norm_rows: x [N, H] contiguous, weight [H] of x's dtype");
+  SWARM_CHECK(delta.sizes() == x.sizes() && delta.is_contiguous() && delta.scalar_type() == x.scalar_type() &&
+                  delta.device().is_cpu(),
+              "add_rms_norm_rows: delta must be contiguous, of x's shape and dtype");
+  at::Tensor y = at::empty_like(x);
+  NormArgs a{x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.size(1), static_cast<float>(eps)};
+  a.add = delta.data_ptr();
+  const auto run = rms_kernel(x.scalar_type() == at::kBFloat16);
+  at::parallel_for(0, x.size(0), grain_for(2 * x.size(1)), [&](int64_t b, int64_t e) { run(a, b, e); });
   return y;
 }
 

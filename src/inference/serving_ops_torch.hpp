@@ -17,6 +17,11 @@ namespace swarm {
 /// fp32. x [N, H] contiguous, weight [H] of x's dtype. Returns [N, H] in x's dtype.
 at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double eps);
 
+/// The residual add and the next RMSNorm in one pass: x += delta in place (rounded to x's
+/// dtype, as x.add_(delta)), then returns rms_norm_rows(x, weight, eps). delta [N, H]
+/// contiguous, of x's dtype.
+at::Tensor add_rms_norm_rows(at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps);
+
 /// Rotary embedding of a packed q/k/v projection, straight into the KV cache. qkv [N, (heads +
 /// 2 kv_heads) * head_dim] contiguous (q heads, then k heads, then v heads); cos / sin
 /// [positions, head_dim] tables (Hugging Face rotate-half layout) of qkv's dtype; positions

@@ -230,6 +230,29 @@ TEST(ServingOps, RmsNormMatchesTheOpChain) {
   EXPECT_ANY_THROW(rms_norm_rows(at::randn({2, 8}).to(at::kDouble), at::randn({8}).to(at::kDouble), 1e-5));
 }
 
+// The fused residual add + RMSNorm is the two separate steps, bit for bit: x.add_(delta)
+// (rounded to the dtype) and rms_norm_rows of the result.
+TEST(ServingOps, AddRmsNormIsTheAddThenTheNormBitForBit) {
+  at::manual_seed(6);
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (int64_t h : {8, 20, 64, 576}) {
+      for (int64_t n : {1, 3, 40}) {
+        const at::Tensor x0 = (at::randn({n, h}) * 3).to(dtype), d = at::randn({n, h}).to(dtype);
+        const at::Tensor w = at::randn({h}).to(dtype);
+        at::Tensor fused_x = x0.clone();
+        const at::Tensor got = add_rms_norm_rows(fused_x, d, w, 1e-5);
+        at::Tensor want_x = x0.clone();
+        want_x.add_(d);
+        EXPECT_TRUE(at::equal(fused_x, want_x)) << "x, h=" << h << " n=" << n << " " << dtype;
+        EXPECT_TRUE(at::equal(got, rms_norm_rows(want_x, w, 1e-5))) << "y, h=" << h << " n=" << n << " " << dtype;
+      }
+    }
+  }
+  at::Tensor x = at::randn({2, 8});
+  EXPECT_ANY_THROW(add_rms_norm_rows(x, at::randn({2, 9}), at::randn({8}), 1e-5));
+  EXPECT_ANY_THROW(add_rms_norm_rows(x, at::randn({2, 8}).to(at::kBFloat16), at::randn({8}), 1e-5));
+}
+
 TEST(ServingOps, RopeIntoCacheMatchesTheOpChainBitForBit) {
   at::manual_seed(4);
   for (auto dtype : {at::kFloat, at::kBFloat16}) {
