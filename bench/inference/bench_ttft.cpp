@@ -4,8 +4,11 @@
 //
 // swarm-server runs as a child process (--engine torch). Every client claims an episode and
 // sends streaming chat completions back to back through the SDK's OpenAIClient; TTFT is the
-// time from sending the request to the first streamed content delta. Prints a table; never
-// a timed assertion.
+// time from sending the request to the first streamed content delta. Below it, the engine's
+// own figures from GET /metrics: how long requests waited for admission, the engine's time to
+// first token (so the rest is the HTTP path) and the steps. --max-tokens-spread draws each
+// request's max_tokens around --max-tokens, so the clients do not stay in lockstep. Prints
+// tables; never a timed assertion.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -18,6 +21,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/child_process.hpp"
@@ -174,10 +178,11 @@ int main(int argc, char** argv) {
 
     // Warm-up: a few requests so one-time allocations are out of the way.
     Latencies warm;
-    run_clients(url, 2, Clock::now(), 3, prompt_words, max_tokens, max_tokens_spread, warm);
+    run_clients(url, 1, Clock::now(), 4, prompt_words, max_tokens, max_tokens_spread, warm);
 
     std::fprintf(stderr, "bench_ttft: 1 client, %d requests...\n", single_requests);
     Latencies one;
+    const auto one_before = inference_metrics(url);
     auto t0 = Clock::now();
     run_clients(url, 1, Clock::now(), single_requests, prompt_words, max_tokens, max_tokens_spread, one);
     const double one_s = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -185,6 +190,7 @@ int main(int argc, char** argv) {
 
     std::fprintf(stderr, "bench_ttft: %d clients for %d s...\n", clients, seconds);
     Latencies many;
+    const auto many_before = inference_metrics(url);
     t0 = Clock::now();
     run_clients(url, clients, Clock::now() + std::chrono::seconds(seconds), 1, prompt_words, max_tokens,
                 max_tokens_spread, many);
@@ -204,15 +210,19 @@ int main(int argc, char** argv) {
                   static_cast<long long>(row->errors));
       if (row->errors) std::printf("    first error: %s\n", row->first_error.c_str());
     }
-    // Where a request's time goes inside the engine (its window: the last requests before the
-    // phase ended, so the 1-client row includes the warm-up's).
-    std::printf("\nengine side (its window of recent requests and steps, read after each phase):\n");
-    std::printf("%8s %20s %20s %20s\n", "clients", "queue wait p50/p99", "engine TTFT p50/p99", "step p50/p99 ms");
-    for (const auto* m : {&one_engine, &many_engine}) {
-      const auto f = [&](const char* k) { return 1000.0 * (m->count(k) ? m->at(k) : 0.0); };
-      std::printf("%8d %9.1f /%8.1f %9.1f /%8.1f %9.1f /%8.1f\n", m == &one_engine ? 1 : clients,
-                  f("queue_wait_p50_seconds"), f("queue_wait_p99_seconds"), f("ttft_p50_seconds"),
-                  f("ttft_p99_seconds"), f("step_p50_seconds"), f("step_p99_seconds"));
+    // Where a request's time goes inside the engine: its window of the last 256 requests (and
+    // steps) when the phase ended, and the mean step from the step counters over the phase.
+    std::printf("\nengine side (percentiles over its window of the last 256 requests / steps at the end of the phase):\n");
+    std::printf("%8s %22s %22s %22s %10s %14s\n", "clients", "queue wait p50/p99 ms", "engine TTFT p50/p99 ms",
+                "step p50/p99 ms", "steps", "mean step ms");
+    for (const auto& [before, after] : {std::pair{&one_before, &one_engine}, std::pair{&many_before, &many_engine}}) {
+      const auto f = [&](const char* k) { return after->count(k) ? after->at(k) : 0.0; };
+      const auto delta = [&](const char* k) { return f(k) - (before->count(k) ? before->at(k) : 0.0); };
+      const double steps = delta("steps_total");
+      std::printf("%8d %10.1f /%10.1f %10.1f /%10.1f %10.1f /%10.1f %10.0f %14.2f\n", after == &one_engine ? 1 : clients,
+                  1e3 * f("queue_wait_p50_seconds"), 1e3 * f("queue_wait_p99_seconds"), 1e3 * f("ttft_p50_seconds"),
+                  1e3 * f("ttft_p99_seconds"), 1e3 * f("step_p50_seconds"), 1e3 * f("step_p99_seconds"), steps,
+                  steps > 0 ? 1e3 * delta("busy_seconds_total") / steps : 0.0);
     }
     const double ratio = percentile(many.ttft_ms, 99) / std::max(1e-9, percentile(one.ttft_ms, 99));
     const double steady = percentile(many.steady_ms, 99) / std::max(1e-9, percentile(one.ttft_ms, 99));

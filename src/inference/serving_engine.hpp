@@ -64,7 +64,7 @@ struct ServingStats {
   double queue_wait_p50_seconds = 0.0, queue_wait_p99_seconds = 0.0;
   double ttft_p50_seconds = 0.0, ttft_p99_seconds = 0.0;
   double step_p50_seconds = 0.0, step_p99_seconds = 0.0;
-  static constexpr size_t kLatencyWindow = 512;
+  static constexpr size_t kLatencyWindow = 256;
 };
 
 /// Thread-safe: submit / set_policy_version / stats / run_exclusive from any thread.
