@@ -175,7 +175,15 @@ SWARM_TARGET_AVX512_BF16 void rows_bf16_dot(const Args& a, int64_t begin, int64_
     const int64_t count = std::min<int64_t>(kOutBlock, end - o0);
     int64_t k = 0;
     if (a.m > kSmallLinearMaxRows) {
-      for (; k + 4 <= count; k += 4) dot_rows<4>(x, a.m, w + (o0 + k) * a.in, a.in, block + k, kOutBlock);
+      for (; k + 4 <= count; k += 4) {
+        // Four weight rows read side by side are not a stream the hardware prefetcher follows:
+        // ask for the next four while these meet every input row (SmolLM2 bf16 batch-32
+        // decode step 31.6 -> 30.2 ms, best of five alternating runs).
+        const char* next = reinterpret_cast<const char*>(w + (o0 + k + 4) * a.in);
+        const int64_t next_bytes = (o0 + k + 8 <= end ? 4 : 0) * a.in * 2;
+        for (int64_t off = 0; off < next_bytes; off += 64) __builtin_prefetch(next + off);
+        dot_rows<4>(x, a.m, w + (o0 + k) * a.in, a.in, block + k, kOutBlock);
+      }
     }
     for (; k < count; ++k) dot_rows<1>(x, a.m, w + (o0 + k) * a.in, a.in, block + k, kOutBlock);
     // Out with the bias, rounded to bf16 16 at a time (one by one, the rounding cost ~13 ms
