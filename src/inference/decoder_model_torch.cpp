@@ -373,15 +373,16 @@ torch::Tensor DecoderModel::attend(const torch::Tensor& q, const torch::Tensor& 
   return out.view({b, kvh, rep, nq, hd}).permute({0, 3, 1, 2, 4}).reshape({b, nq, kvh * rep * hd});
 }
 
-torch::Tensor DecoderModel::serving_linear(const torch::Tensor& x, const torch::Tensor& w,
-                                           const torch::Tensor& b) const {
+torch::Tensor DecoderModel::serving_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                                           bool float_out) const {
   // Decode steps have a handful of rows: stream the weights once instead of a GEMM (faster than
   // OpenBLAS up to 8 rows in fp32; in bf16 up to 128 rows on CPUs with AVX512_BF16, else 4).
   const c10::optional<torch::Tensor> bias = b.defined() ? c10::optional<torch::Tensor>(b) : c10::nullopt;
   if (device_.is_cpu() && x.dim() == 2 && x.size(0) <= small_linear_max_rows(scalar_type_)) {
-    return small_linear(x, w, bias);
+    return small_linear(x, w, bias, float_out);
   }
-  return at::linear(x, w, bias);
+  const torch::Tensor y = at::linear(x, w, bias);
+  return float_out ? y.to(torch::kFloat) : y;
 }
 
 torch::Tensor DecoderModel::proj(const torch::Tensor& x, int w, int b, bool serving) const {
@@ -663,7 +664,7 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
   bool identity = static_cast<int64_t>(rows.size()) == N;
   for (size_t r = 0; identity && r < rows.size(); ++r) identity = rows[r] == static_cast<int64_t>(r);
   // h is the final norm of every row: the LM head of the rows asked for.
-  return proj(identity ? h : h.index_select(0, to_device(rows)), head_, -1, true).to(torch::kFloat);
+  return serving_linear(identity ? h : h.index_select(0, to_device(rows)), p(head_), torch::Tensor(), /*float_out=*/true);
 }
 
 }  // namespace swarm

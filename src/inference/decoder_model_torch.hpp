@@ -176,8 +176,9 @@ class DecoderModel {
   /// x · Wᵀ + b; `serving` (forward_step, no autograd) may use the small-row CPU kernel.
   torch::Tensor proj(const torch::Tensor& x, int w, int b, bool serving) const;
   /// The serving projection: x · wᵀ (+ b when defined), through small_linear for a few rows on
-  /// the CPU.
-  torch::Tensor serving_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) const;
+  /// the CPU. float_out: the result in fp32 (as .to(kFloat) of it), for the logits.
+  torch::Tensor serving_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                               bool float_out = false) const;
   torch::Tensor mlp(const LayerParams& layer, const torch::Tensor& x, bool serving = false) const;
   /// The serving MLP of layer l (through the merged gate/up weight when there is one).
   torch::Tensor serving_mlp(size_t l, const torch::Tensor& x) const;

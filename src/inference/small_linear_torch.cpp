@@ -30,6 +30,7 @@ struct Args {
   const void* bias;    // [out] or null
   void* y;             // [M, out]
   int64_t m, in, out;
+  bool y_float = false;  // bf16 dot-product kernel: y is fp32, holding the results rounded to bf16
 };
 
 using simd::to_float;
@@ -170,6 +171,7 @@ SWARM_TARGET_AVX512_BF16 void rows_bf16_dot(const Args& a, int64_t begin, int64_
   const auto* w = static_cast<const uint16_t*>(a.w);
   float block[kSmallLinearBf16MaxRows * kOutBlock];
   auto* y = static_cast<c10::BFloat16*>(a.y);
+  auto* yf = static_cast<float*>(a.y);
   const auto* bias = static_cast<const c10::BFloat16*>(a.bias);
   for (int64_t o0 = begin; o0 < end; o0 += kOutBlock) {
     const int64_t count = std::min<int64_t>(kOutBlock, end - o0);
@@ -194,10 +196,20 @@ SWARM_TARGET_AVX512_BF16 void rows_bf16_dot(const Args& a, int64_t begin, int64_
     for (k = 0; k < vec; k += 16) bv[k / 16] = bias ? simd::load_vec<16>(bias + o0 + k) : V{};
     for (int64_t m = 0; m < a.m; ++m) {
       const float* row = block + m * kOutBlock;
-      for (k = 0; k < vec; k += 16) simd::store_vec<16>(y + m * a.out + o0 + k, simd::load_vec<16>(row + k) + bv[k / 16]);
+      const int64_t at = m * a.out + o0;
+      if (a.y_float) {  // the same bf16 values, kept in fp32 (the logits: no conversion pass after)
+        for (k = 0; k < vec; k += 16)
+          simd::store_vec<16>(yf + at + k, simd::round_bf16<16>(simd::load_vec<16>(row + k) + bv[k / 16]));
+      } else {
+        for (k = 0; k < vec; k += 16) simd::store_vec<16>(y + at + k, simd::load_vec<16>(row + k) + bv[k / 16]);
+      }
       for (; k < count; ++k) {
-        const float b = bias ? static_cast<float>(bias[o0 + k]) : 0.f;
-        y[m * a.out + o0 + k] = static_cast<c10::BFloat16>(row[k] + b);
+        const c10::BFloat16 v(row[k] + (bias ? static_cast<float>(bias[o0 + k]) : 0.f));
+        if (a.y_float) {
+          yf[at + k] = static_cast<float>(v);
+        } else {
+          y[at + k] = v;
+        }
       }
     }
   }
@@ -241,7 +253,8 @@ int64_t small_linear_max_rows(at::ScalarType dtype) {
   return dtype == at::kBFloat16 ? 4 : kSmallLinearMaxRows;
 }
 
-at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+                        bool float_out) {
   RECORD_FUNCTION("swarm::small_linear", c10::ArrayRef<const c10::IValue>{});  // named in profiles
   SWARM_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "small_linear: shapes [M, in] x [out, in]");
   SWARM_CHECK(x.size(0) >= 1 && x.size(0) <= std::max(kSmallLinearMaxRows, small_linear_max_rows(x.scalar_type())),
@@ -253,29 +266,31 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::opt
   const bool bf16 = w.scalar_type() == at::kBFloat16;
   SWARM_CHECK(bf16 || w.scalar_type() == at::kFloat, "small_linear: fp32 or bf16 only");
   const int64_t m = x.size(0), in = x.size(1), out = w.size(0);
-  at::Tensor y = at::empty({m, out}, x.options());
   widening_rows_fn run = nullptr;  // (the dot-product kernel has the same signature)
   at::Tensor xin;  // what the kernel reads: the bf16 input itself, or an fp32 copy to widen against
+  bool y_float = false;
 #if SWARM_HAVE_X86_KERNELS
   if (bf16 && cpu_has_avx512_bf16()) {
     xin = x.contiguous();
     run = rows_bf16_dot;
+    y_float = float_out;
   }
 #endif
+  at::Tensor y = at::empty({m, out}, x.options().dtype(y_float ? at::kFloat : x.scalar_type()));
   if (run == nullptr) {  // at most kSmallLinearMaxRows rows (checked above)
     xin = x.to(at::kFloat).contiguous();
     run = widening_rows(bf16);
   }
   const bool widened = xin.scalar_type() == at::kFloat;
   Args a{widened ? xin.data_ptr<float>() : nullptr, xin.data_ptr(), w.data_ptr(), bias ? bias->data_ptr() : nullptr,
-         y.data_ptr(), m, in, out};
+         y.data_ptr(), m, in, out, y_float};
   // Work in units of 4 output features (the dot-product kernel's tile), in chunks big enough
   // that scheduling does not show.
   const int64_t units = (out + 3) / 4;
   const int64_t grain = std::max<int64_t>(4, kMinWorkPerThread / std::max<int64_t>(1, 4 * in * std::min<int64_t>(m, 8)));
   const int threads = g_threads.load() > 0 ? g_threads.load() : at::get_num_threads();
   split_over_threads(0, units, grain, threads, [&](int64_t begin, int64_t end) { run(a, begin * 4, std::min(end * 4, out)); });
-  return y;
+  return float_out && !y_float ? y.to(at::kFloat) : y;
 }
 
 }  // namespace swarm

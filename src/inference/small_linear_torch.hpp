@@ -33,7 +33,10 @@ void set_small_linear_threads(int n);
 /// x [M, in] (fp32 or bf16), w [out, in] of x's dtype, bias [out] or undefined; contiguous
 /// CPU tensors, 1 <= M <= max(kSmallLinearMaxRows, small_linear_max_rows(dtype)). Accumulates
 /// in fp32; returns [M, out] in x's dtype. No autograd (serving only). Parallel over output
-/// rows on libtorch's OpenMP pool (set_small_linear_threads threads).
-at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias);
+/// rows on libtorch's OpenMP pool (set_small_linear_threads threads). float_out: return fp32
+/// holding exactly the x-dtype results (what .to(kFloat) of them gives), written directly by
+/// the bf16 dot-product kernel where it runs.
+at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+                        bool float_out = false);
 
 }  // namespace swarm

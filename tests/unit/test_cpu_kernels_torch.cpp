@@ -50,6 +50,24 @@ TEST(SmallLinear, MatchesLinearForEveryRowCountWithAndWithoutBias) {
   }
 }
 
+// float_out gives the very values of the default result, in fp32 (the logits skip a pass).
+TEST(SmallLinear, FloatOutIsTheResultConvertedBitForBit) {
+  at::manual_seed(7);
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (int64_t m : {int64_t{1}, int64_t{3}, int64_t{9}, small_linear_max_rows(dtype)}) {
+      if (m > small_linear_max_rows(dtype)) continue;
+      for (int64_t out : {37, 64, 1000}) {  // with and without a tail beyond 16 lanes
+        const at::Tensor x = at::randn({m, 100}).to(dtype), w = at::randn({out, 100}).to(dtype);
+        const at::Tensor b = at::randn({out}).to(dtype);
+        const at::Tensor got = small_linear(x, w, b, /*float_out=*/true);
+        EXPECT_EQ(got.scalar_type(), at::kFloat);
+        EXPECT_TRUE(at::equal(got, small_linear(x, w, b).to(at::kFloat))) << "m=" << m << " out=" << out << " " << dtype;
+        EXPECT_TRUE(at::equal(small_linear(x, w, c10::nullopt, true), small_linear(x, w, c10::nullopt).to(at::kFloat)));
+      }
+    }
+  }
+}
+
 TEST(SmallLinear, TakesWhatTheCpuLevelAllows) {
   EXPECT_EQ(small_linear_max_rows(at::kFloat), kSmallLinearMaxRows);
   const int64_t bf16 = small_linear_max_rows(at::kBFloat16);
