@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "common/child_process.hpp"
+#include "overwatch/snapshot.hpp"
 #include "swarm/swarm.hpp"
 
 namespace {
@@ -46,19 +47,10 @@ struct Latencies {
 // window of the most recent requests.
 std::map<std::string, double> inference_metrics(const std::string& url) {
   swarm::HttpClient http(url, std::chrono::seconds(10));
-  const auto res = http.request("GET", "/metrics");
   std::map<std::string, double> out;
-  const std::string prefix = "swarm_inference{field=\"";
-  size_t pos = 0;
-  while ((pos = res.body.find(prefix, pos)) != std::string::npos) {
-    const size_t name_begin = pos + prefix.size();
-    const size_t name_end = res.body.find('"', name_begin);
-    const size_t value_begin = res.body.find(' ', name_end);
-    const size_t line_end = res.body.find('\n', value_begin);
-    if (name_end == std::string::npos || value_begin == std::string::npos) break;
-    out[res.body.substr(name_begin, name_end - name_begin)] =
-        std::stod(res.body.substr(value_begin + 1, line_end - value_begin - 1));
-    pos = line_end;
+  for (const auto& sample : swarm::overwatch::parse_prometheus(http.request("GET", "/metrics").body)) {
+    const auto field = sample.labels.find("field");
+    if (sample.name == "swarm_inference" && field != sample.labels.end()) out[field->second] = sample.value;
   }
   return out;
 }
