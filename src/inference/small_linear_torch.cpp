@@ -148,6 +148,16 @@ SWARM_BF16_INLINE void dot_tile(const uint16_t* x, const uint16_t* w, int64_t in
   }
   for (; i + 32 <= in; i += 32) dot_step<MT, U>(acc, x, w, in, i, ~__mmask32{0});
   if (i < in) dot_step<MT, U>(acc, x, w, in, i, static_cast<__mmask32>((uint64_t{1} << (in - i)) - 1));
+  if constexpr (MT == 4 && U == 4) {
+    // The 16 sums in one transposing reduction: lane 4m + u is x_m . w_u.
+    simd::Vec<16>::type all[16];
+    for (int m = 0; m < 4; ++m)
+      for (int u = 0; u < 4; ++u) all[4 * m + u] = simd::Vec<16>::type(acc[m][u]);
+    float sums[16];
+    simd::store_vec<16>(sums, simd::sum16(all));
+    for (int m = 0; m < 4; ++m) __builtin_memcpy(out + m * ld, sums + 4 * m, 4 * sizeof(float));
+    return;
+  }
   for (int m = 0; m < MT; ++m) {
     if constexpr (U == 4) {
       const simd::f32x4 s = simd::sum4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
