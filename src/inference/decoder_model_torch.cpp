@@ -401,6 +401,11 @@ torch::Tensor DecoderModel::serving_mlp(size_t l, const torch::Tensor& x) const 
   if (!gate_up_merged(l)) return mlp(layer, x, true);
   const Merged& m = merged_[l];
   const int64_t inter = p(layer.gate_w).size(0);
+  if (device_.is_cpu() && x.dim() == 2 && x.size(0) <= small_linear_max_rows(scalar_type_)) {
+    // The activation as the projection's results leave the kernel.
+    const c10::optional<torch::Tensor> b = m.gate_up_b.defined() ? c10::optional<torch::Tensor>(m.gate_up_b) : c10::nullopt;
+    return proj(small_linear_silu_mul(x, m.gate_up_w, b), layer.down_w, layer.down_b, true);
+  }
   const torch::Tensor both = serving_linear(x, m.gate_up_w, m.gate_up_b);  // [N, 2 * inter]
   const torch::Tensor act = device_.is_cpu() ? silu_mul(both)  // one fused pass
                                              : at::silu(both.narrow(1, 0, inter)) * both.narrow(1, inter, inter);

@@ -161,10 +161,15 @@ SWARM_INLINE void silu_mul_rows(const SiluArgs& a, int64_t begin, int64_t end) {
       const V silu = (x < 0 ? x * e : x) / (1.f + e);
       store_vec<W>(o + j, round_to<T, W>(silu) * load_vec<W>(u + j));
     }
-    for (; j < n; ++j) {
-      const float x = to_float(g[j]), e = std::exp(-std::fabs(x));
-      const float silu = (x < 0 ? x * e : x) / (1.f + e);
-      o[j] = static_cast<T>(round_to<T>(silu) * to_float(u[j]));
+    if (j < n) {  // the tail through the same vector code (zero-padded), so every column is computed alike
+      T gt[W] = {}, ut[W] = {}, ot[W];
+      std::copy(g + j, g + n, gt);
+      std::copy(u + j, u + n, ut);
+      const V x = load_vec<W>(gt);
+      const V e = exp_nonpositive<W>(x < 0 ? x : -x);
+      const V silu = (x < 0 ? x * e : x) / (1.f + e);
+      store_vec<W>(ot, round_to<T, W>(silu) * load_vec<W>(ut));
+      std::copy(ot, ot + (n - j), o + j);
     }
   }
 }

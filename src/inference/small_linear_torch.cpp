@@ -10,6 +10,7 @@
 #include "common/error.hpp"
 #include "inference/cpu_dispatch.hpp"
 #include "inference/cpu_vec.hpp"
+#include "inference/serving_ops_torch.hpp"
 
 #if SWARM_HAVE_X86_KERNELS
 #include <immintrin.h>
@@ -31,6 +32,7 @@ struct Args {
   void* y;             // [M, out]
   int64_t m, in, out;
   bool y_float = false;  // bf16 dot-product kernel: y is fp32, holding the results rounded to bf16
+  int64_t pair = 0;  // bf16 dot-product kernel: > 0: y[:, o] = silu(x . w[o]) * (x . w[o + pair]), out = pair
 };
 
 using simd::to_float;
@@ -186,43 +188,87 @@ SWARM_BF16_INLINE void dot_rows(const uint16_t* x, int64_t m, const uint16_t* w,
 // stream per thread, which the prefetcher follows best (bandwidth-bound). More rows: four weight
 // rows at a time, each weight vector used for four input rows (compute-bound; measured 1.5x
 // fewer cycles than one weight row at 16-64 rows, 1.3-1.5x slower at 8).
+// Weight rows [o0, o0 + count) of w (which has rows up to `end`) against every input row, into
+// block (kOutBlock floats per input row).
+SWARM_BF16_INLINE void dot_block(const Args& a, const uint16_t* x, const uint16_t* w, int64_t o0, int64_t count,
+                                 int64_t end, float* block) {
+  int64_t k = 0;
+  if (a.m > kSmallLinearMaxRows) {
+    for (; k + 4 <= count; k += 4) {
+      // Four weight rows read side by side are not a stream the hardware prefetcher follows:
+      // ask for the next four while these meet every input row. From 16 rows on, one line of
+      // each per step of the first four input rows (the projections of a SmolLM2 batch-32
+      // step, weights from memory: 20.1 -> 18.5 ms); fewer rows leave too little time after
+      // the first tile, so all of them up front (SmolLM2 bf16 batch-32 decode step 31.6 ->
+      // 30.2 ms against no prefetch).
+      const int64_t next_row = o0 + k + 4;
+      const bool has_next = o0 + k + 8 <= end;
+      if (a.m >= 16) {
+        dot_rows<4>(x, a.m, w + (o0 + k) * a.in, a.in, block + k, kOutBlock, has_next ? w + next_row * a.in : nullptr);
+      } else {
+        const char* next = reinterpret_cast<const char*>(w + next_row * a.in);
+        const int64_t next_bytes = (has_next ? 4 : 0) * a.in * 2;
+        for (int64_t off = 0; off < next_bytes; off += 64) __builtin_prefetch(next + off);
+        dot_rows<4>(x, a.m, w + (o0 + k) * a.in, a.in, block + k, kOutBlock);
+      }
+    }
+  }
+  for (; k < count; ++k) dot_rows<1>(x, a.m, w + (o0 + k) * a.in, a.in, block + k, kOutBlock);
+}
+
+// Output features [begin, end). Up to 8 input rows, one weight row at a time: one sequential
+// stream per thread, which the prefetcher follows best (bandwidth-bound). More rows: four weight
+// rows at a time, each weight vector used for four input rows (compute-bound; measured 1.5x
+// fewer cycles than one weight row at 16-64 rows, 1.3-1.5x slower at 8).
 SWARM_TARGET_AVX512_BF16 void rows_bf16_dot(const Args& a, int64_t begin, int64_t end) {
+  using V = simd::Vec<16>::type;
   const auto* x = static_cast<const uint16_t*>(a.xb);
   const auto* w = static_cast<const uint16_t*>(a.w);
   float block[kSmallLinearBf16MaxRows * kOutBlock];
   auto* y = static_cast<c10::BFloat16*>(a.y);
   auto* yf = static_cast<float*>(a.y);
   const auto* bias = static_cast<const c10::BFloat16*>(a.bias);
-  for (int64_t o0 = begin; o0 < end; o0 += kOutBlock) {
-    const int64_t count = std::min<int64_t>(kOutBlock, end - o0);
-    int64_t k = 0;
-    if (a.m > kSmallLinearMaxRows) {
-      for (; k + 4 <= count; k += 4) {
-        // Four weight rows read side by side are not a stream the hardware prefetcher follows:
-        // ask for the next four while these meet every input row. From 16 rows on, one line of
-        // each per step of the first four input rows (the projections of a SmolLM2 batch-32
-        // step, weights from memory: 20.1 -> 18.5 ms); fewer rows leave too little time after
-        // the first tile, so all of them up front (SmolLM2 bf16 batch-32 decode step 31.6 ->
-        // 30.2 ms against no prefetch).
-        const int64_t next_row = o0 + k + 4;
-        const bool has_next = o0 + k + 8 <= end;
-        if (a.m >= 16) {
-          dot_rows<4>(x, a.m, w + (o0 + k) * a.in, a.in, block + k, kOutBlock, has_next ? w + next_row * a.in : nullptr);
-        } else {
-          const char* next = reinterpret_cast<const char*>(w + next_row * a.in);
-          const int64_t next_bytes = (has_next ? 4 : 0) * a.in * 2;
-          for (int64_t off = 0; off < next_bytes; off += 64) __builtin_prefetch(next + off);
-          dot_rows<4>(x, a.m, w + (o0 + k) * a.in, a.in, block + k, kOutBlock);
+  if (a.pair > 0) {
+    // silu(gate) * up, each rounded to bf16 as the projection, silu_mul and its product round
+    // them, so the result is bit for bit small_linear followed by silu_mul.
+    float up_block[kSmallLinearBf16MaxRows * kOutBlock];
+    for (int64_t o0 = begin; o0 < end; o0 += kOutBlock) {
+      const int64_t count = std::min<int64_t>(kOutBlock, end - o0);
+      dot_block(a, x, w, o0, count, end, block);
+      dot_block(a, x, w + a.pair * a.in, o0, count, end, up_block);
+      float bg[kOutBlock] = {}, bu[kOutBlock] = {};
+      for (int64_t k = 0; bias != nullptr && k < count; ++k) {
+        bg[k] = static_cast<float>(bias[o0 + k]);
+        bu[k] = static_cast<float>(bias[a.pair + o0 + k]);
+      }
+      for (int64_t m = 0; m < a.m; ++m) {
+        for (int64_t k = 0; k < count; k += 16) {
+          const V g = simd::round_bf16<16>(simd::load_vec<16>(block + m * kOutBlock + k) + simd::load_vec<16>(bg + k));
+          const V u = simd::round_bf16<16>(simd::load_vec<16>(up_block + m * kOutBlock + k) + simd::load_vec<16>(bu + k));
+          const V e = simd::exp_nonpositive<16>(g < 0 ? g : -g);
+          const V act = simd::round_bf16<16>((g < 0 ? g * e : g) / (1.f + e)) * u;
+          c10::BFloat16* dst = y + m * a.out + o0 + k;
+          if (k + 16 <= count) {
+            simd::store_vec<16>(dst, act);
+          } else {
+            c10::BFloat16 tail[16];
+            simd::store_vec<16>(tail, act);
+            std::copy(tail, tail + (count - k), dst);
+          }
         }
       }
     }
-    for (; k < count; ++k) dot_rows<1>(x, a.m, w + (o0 + k) * a.in, a.in, block + k, kOutBlock);
+    return;
+  }
+  for (int64_t o0 = begin; o0 < end; o0 += kOutBlock) {
+    const int64_t count = std::min<int64_t>(kOutBlock, end - o0);
+    dot_block(a, x, w, o0, count, end, block);
     // Out with the bias, rounded to bf16 16 at a time (one by one, the rounding cost ~13 ms
     // per step at batch 32: 6.5 M outputs).
-    using V = simd::Vec<16>::type;
     const int64_t vec = count / 16 * 16;
     V bv[kOutBlock / 16];
-    for (k = 0; k < vec; k += 16) bv[k / 16] = bias ? simd::load_vec<16>(bias + o0 + k) : V{};
+    int64_t k = 0;
+    for (; k < vec; k += 16) bv[k / 16] = bias ? simd::load_vec<16>(bias + o0 + k) : V{};
     for (int64_t m = 0; m < a.m; ++m) {
       const float* row = block + m * kOutBlock;
       const int64_t at = m * a.out + o0;
@@ -282,18 +328,39 @@ int64_t small_linear_max_rows(at::ScalarType dtype) {
   return dtype == at::kBFloat16 ? 4 : kSmallLinearMaxRows;
 }
 
+namespace {
+
+void check_small_linear_args(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+                             const char* name) {
+  const std::string op(name);
+  SWARM_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), op + ": shapes [M, in] x [out, in]");
+  SWARM_CHECK(x.size(0) >= 1 && x.size(0) <= std::max(kSmallLinearMaxRows, small_linear_max_rows(x.scalar_type())),
+              op + ": too many rows (" + std::to_string(x.size(0)) + ")");
+  SWARM_CHECK(x.device().is_cpu() && w.device().is_cpu(), op + ": CPU tensors only");
+  SWARM_CHECK(x.scalar_type() == w.scalar_type() && (!bias || bias->scalar_type() == w.scalar_type()),
+              op + ": x, w and bias must share a dtype");
+  SWARM_CHECK(w.is_contiguous() && (!bias || bias->is_contiguous()), op + ": contiguous weights only");
+  SWARM_CHECK(w.scalar_type() == at::kBFloat16 || w.scalar_type() == at::kFloat, op + ": fp32 or bf16 only");
+}
+
+// Runs `run` over output features [0, out) in units of 4 (the dot-product kernel's tile), in
+// chunks big enough that scheduling does not show; `rows_per_feature` weight rows each.
+template <class F>
+void run_features(const Args& a, int64_t out, int64_t rows_per_feature, const F& run) {
+  const int64_t work = 4 * rows_per_feature * a.in * std::min<int64_t>(a.m, 8);
+  const int64_t units = (out + 3) / 4;
+  const int64_t grain = std::max<int64_t>(4, kMinWorkPerThread / std::max<int64_t>(1, work));
+  const int threads = g_threads.load() > 0 ? g_threads.load() : at::get_num_threads();
+  split_over_threads(0, units, grain, threads, [&](int64_t begin, int64_t end) { run(a, begin * 4, std::min(end * 4, out)); });
+}
+
+}  // namespace
+
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
                         bool float_out) {
   RECORD_FUNCTION("swarm::small_linear", c10::ArrayRef<const c10::IValue>{});  // named in profiles
-  SWARM_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "small_linear: shapes [M, in] x [out, in]");
-  SWARM_CHECK(x.size(0) >= 1 && x.size(0) <= std::max(kSmallLinearMaxRows, small_linear_max_rows(x.scalar_type())),
-              "small_linear: too many rows (" + std::to_string(x.size(0)) + ")");
-  SWARM_CHECK(x.device().is_cpu() && w.device().is_cpu(), "small_linear: CPU tensors only");
-  SWARM_CHECK(x.scalar_type() == w.scalar_type() && (!bias || bias->scalar_type() == w.scalar_type()),
-              "small_linear: x, w and bias must share a dtype");
-  SWARM_CHECK(w.is_contiguous() && (!bias || bias->is_contiguous()), "small_linear: contiguous weights only");
+  check_small_linear_args(x, w, bias, "small_linear");
   const bool bf16 = w.scalar_type() == at::kBFloat16;
-  SWARM_CHECK(bf16 || w.scalar_type() == at::kFloat, "small_linear: fp32 or bf16 only");
   const int64_t m = x.size(0), in = x.size(1), out = w.size(0);
   widening_rows_fn run = nullptr;  // (the dot-product kernel has the same signature)
   at::Tensor xin;  // what the kernel reads: the bf16 input itself, or an fp32 copy to widen against
@@ -311,15 +378,28 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::opt
     run = widening_rows(bf16);
   }
   const bool widened = xin.scalar_type() == at::kFloat;
-  Args a{widened ? xin.data_ptr<float>() : nullptr, xin.data_ptr(), w.data_ptr(), bias ? bias->data_ptr() : nullptr,
-         y.data_ptr(), m, in, out, y_float};
-  // Work in units of 4 output features (the dot-product kernel's tile), in chunks big enough
-  // that scheduling does not show.
-  const int64_t units = (out + 3) / 4;
-  const int64_t grain = std::max<int64_t>(4, kMinWorkPerThread / std::max<int64_t>(1, 4 * in * std::min<int64_t>(m, 8)));
-  const int threads = g_threads.load() > 0 ? g_threads.load() : at::get_num_threads();
-  split_over_threads(0, units, grain, threads, [&](int64_t begin, int64_t end) { run(a, begin * 4, std::min(end * 4, out)); });
+  const Args a{widened ? xin.data_ptr<float>() : nullptr, xin.data_ptr(), w.data_ptr(), bias ? bias->data_ptr() : nullptr,
+               y.data_ptr(), m, in, out, y_float};
+  run_features(a, out, 1, run);
   return float_out && !y_float ? y.to(at::kFloat) : y;
+}
+
+at::Tensor small_linear_silu_mul(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+  RECORD_FUNCTION("swarm::small_linear_silu_mul", c10::ArrayRef<const c10::IValue>{});
+  check_small_linear_args(x, w, bias, "small_linear_silu_mul");
+  SWARM_CHECK(w.size(0) % 2 == 0, "small_linear_silu_mul: w must stack gate and up rows ([2 * inter, in])");
+#if SWARM_HAVE_X86_KERNELS
+  if (w.scalar_type() == at::kBFloat16 && cpu_has_avx512_bf16()) {
+    const at::Tensor xin = x.contiguous();
+    const int64_t m = x.size(0), inter = w.size(0) / 2;
+    at::Tensor y = at::empty({m, inter}, x.options());
+    Args a{nullptr, xin.data_ptr(), w.data_ptr(), bias ? bias->data_ptr() : nullptr, y.data_ptr(), m, x.size(1), inter};
+    a.pair = inter;
+    run_features(a, inter, 2, rows_bf16_dot);
+    return y;
+  }
+#endif
+  return silu_mul(small_linear(x, w, bias));
 }
 
 }  // namespace swarm

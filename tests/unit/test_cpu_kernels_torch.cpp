@@ -68,6 +68,29 @@ TEST(SmallLinear, FloatOutIsTheResultConvertedBitForBit) {
   }
 }
 
+// The MLP's gate/up projection with its activation applied as the results leave the kernel is
+// the projection followed by silu_mul, bit for bit: every row count's tiles, inter sizes with
+// and without a tail beyond the 32-feature blocks and the 16 lanes, with and without bias.
+TEST(SmallLinear, SiluMulIsTheProjectionThenSiluMulBitForBit) {
+  at::manual_seed(8);
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (int64_t m : {int64_t{1}, int64_t{3}, int64_t{8}, int64_t{9}, int64_t{16}, int64_t{37}, small_linear_max_rows(dtype)}) {
+      if (m > small_linear_max_rows(dtype)) continue;
+      for (int64_t inter : {8, 40, 48, 100}) {
+        const at::Tensor x = at::randn({m, 72}).to(dtype);
+        const at::Tensor w = (at::randn({2 * inter, 72}) * 0.5).to(dtype);
+        const at::Tensor b = at::randn({2 * inter}).to(dtype);
+        const at::Tensor got = small_linear_silu_mul(x, w, b);
+        EXPECT_EQ(got.sizes(), (std::vector<int64_t>{m, inter}));
+        EXPECT_EQ(got.scalar_type(), dtype);
+        EXPECT_TRUE(at::equal(got, silu_mul(small_linear(x, w, b)))) << "m=" << m << " inter=" << inter << " " << dtype;
+        EXPECT_TRUE(at::equal(small_linear_silu_mul(x, w, c10::nullopt), silu_mul(small_linear(x, w, c10::nullopt))));
+      }
+    }
+  }
+  EXPECT_ANY_THROW(small_linear_silu_mul(at::randn({2, 8}), at::randn({5, 8}), c10::nullopt));  // odd rows
+}
+
 TEST(SmallLinear, TakesWhatTheCpuLevelAllows) {
   EXPECT_EQ(small_linear_max_rows(at::kFloat), kSmallLinearMaxRows);
   const int64_t bf16 = small_linear_max_rows(at::kBFloat16);
