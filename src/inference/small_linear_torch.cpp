@@ -188,6 +188,34 @@ SWARM_BF16_INLINE void dot_rows(const uint16_t* x, int64_t m, const uint16_t* w,
 // stream per thread, which the prefetcher follows best (bandwidth-bound). More rows: four weight
 // rows at a time, each weight vector used for four input rows (compute-bound; measured 1.5x
 // fewer cycles than one weight row at 16-64 rows, 1.3-1.5x slower at 8).
+// MT input rows (1, 2 or 4) x F = 16 / MT consecutive weight rows, the weight rows one after the
+// other (one sequential stream, as dot_rows<1>), their accumulators kept until all F are done
+// and then reduced in one sum16 instead of one horizontal sum per weight row: at one to eight
+// rows the reductions cost more than the dot products (TinyStories: 4 VDPBF16PS per row).
+template <int MT>
+SWARM_BF16_INLINE void dot_seq(const uint16_t* x, const uint16_t* w, int64_t in, float* out, int64_t ld) {
+  constexpr int F = 16 / MT;
+  simd::Vec<16>::type all[16];
+  for (int f = 0; f < F; ++f) {
+    __m512 acc[MT][1];
+    for (int m = 0; m < MT; ++m) acc[m][0] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= in; i += 32) dot_step<MT, 1>(acc, x, w + f * in, in, i, ~__mmask32{0});
+    if (i < in) dot_step<MT, 1>(acc, x, w + f * in, in, i, static_cast<__mmask32>((uint64_t{1} << (in - i)) - 1));
+    for (int m = 0; m < MT; ++m) all[m * F + f] = simd::Vec<16>::type(acc[m][0]);
+  }
+  float sums[16];
+  simd::store_vec<16>(sums, simd::sum16(all));
+  for (int m = 0; m < MT; ++m) __builtin_memcpy(out + m * ld, sums + m * F, F * sizeof(float));
+}
+
+// Features [k, count) of the block at o0, in whole groups of 16 / MT, for MT input rows.
+template <int MT>
+SWARM_BF16_INLINE void dot_seq_rows(const Args& a, const uint16_t* x, const uint16_t* w, int64_t o0, int64_t k,
+                                    int64_t count, float* block) {
+  for (; k + 16 / MT <= count; k += 16 / MT) dot_seq<MT>(x, w + (o0 + k) * a.in, a.in, block + k, kOutBlock);
+}
+
 // Weight rows [o0, o0 + count) of w (which has rows up to `end`) against every input row, into
 // block (kOutBlock floats per input row).
 SWARM_BF16_INLINE void dot_block(const Args& a, const uint16_t* x, const uint16_t* w, int64_t o0, int64_t count,
@@ -212,6 +240,17 @@ SWARM_BF16_INLINE void dot_block(const Args& a, const uint16_t* x, const uint16_
         dot_rows<4>(x, a.m, w + (o0 + k) * a.in, a.in, block + k, kOutBlock);
       }
     }
+  }
+  // Up to 8 rows (or what is left of the block's features after the 4-row groups): one
+  // weight row at a time. In groups of 16 / MT rows while the block has them.
+  if (a.m <= kSmallLinearMaxRows) {
+    int64_t r = 0;
+    for (; a.m - r >= 4; r += 4) dot_seq_rows<4>(a, x + r * a.in, w, o0, k, count, block + r * kOutBlock);
+    if (a.m - r >= 2) dot_seq_rows<2>(a, x + r * a.in, w, o0, k, count, block + r * kOutBlock), r += 2;
+    if (a.m - r >= 1) dot_seq_rows<1>(a, x + r * a.in, w, o0, k, count, block + r * kOutBlock);
+    // Features beyond the last whole group of 16 (at most 15): whichever groups left them.
+    const int64_t whole = k + (count - k) / 16 * 16;  // covered by every MT (16, 8 and 4 divide 16)
+    k = whole;
   }
   for (; k < count; ++k) dot_rows<1>(x, a.m, w + (o0 + k) * a.in, a.in, block + k, kOutBlock);
 }
