@@ -184,10 +184,6 @@ SWARM_BF16_INLINE void dot_rows(const uint16_t* x, int64_t m, const uint16_t* w,
   }
 }
 
-// Output features [begin, end). Up to 8 input rows, one weight row at a time: one sequential
-// stream per thread, which the prefetcher follows best (bandwidth-bound). More rows: four weight
-// rows at a time, each weight vector used for four input rows (compute-bound; measured 1.5x
-// fewer cycles than one weight row at 16-64 rows, 1.3-1.5x slower at 8).
 // MT input rows (1, 2 or 4) x F = 16 / MT consecutive weight rows, the weight rows one after the
 // other (one sequential stream, as dot_rows<1>), their accumulators kept until all F are done
 // and then reduced in one sum16 instead of one horizontal sum per weight row: at one to eight
@@ -282,8 +278,17 @@ SWARM_TARGET_AVX512_BF16 void rows_bf16_dot(const Args& a, int64_t begin, int64_
       }
       for (int64_t m = 0; m < a.m; ++m) {
         for (int64_t k = 0; k < count; k += 16) {
-          const V g = simd::round_bf16<16>(simd::load_vec<16>(block + m * kOutBlock + k) + simd::load_vec<16>(bg + k));
-          const V u = simd::round_bf16<16>(simd::load_vec<16>(up_block + m * kOutBlock + k) + simd::load_vec<16>(bu + k));
+          const float* gs = block + m * kOutBlock + k;
+          const float* us = up_block + m * kOutBlock + k;
+          float gt[16] = {}, ut[16] = {};
+          if (k + 16 > count) {  // the block's last features: only count - k lanes were computed
+            std::copy(gs, gs + (count - k), gt);
+            std::copy(us, us + (count - k), ut);
+            gs = gt;
+            us = ut;
+          }
+          const V g = simd::round_bf16<16>(simd::load_vec<16>(gs) + simd::load_vec<16>(bg + k));
+          const V u = simd::round_bf16<16>(simd::load_vec<16>(us) + simd::load_vec<16>(bu + k));
           const V e = simd::exp_nonpositive<16>(g < 0 ? g : -g);
           const V act = simd::round_bf16<16>((g < 0 ? g * e : g) / (1.f + e)) * u;
           c10::BFloat16* dst = y + m * a.out + o0 + k;
