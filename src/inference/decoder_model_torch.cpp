@@ -334,18 +334,19 @@ torch::Tensor DecoderModel::rms_norm(const torch::Tensor& x, const torch::Tensor
   return y.to(x.scalar_type()) * weight;
 }
 
-torch::Tensor DecoderModel::serving_rms_norm(const torch::Tensor& x, const torch::Tensor& weight) const {
-  if (device_.is_cpu() && x.dim() == 2 && x.is_contiguous()) return rms_norm_rows(x, weight, config_.rms_norm_eps);
+torch::Tensor DecoderModel::serving_rms_norm(const torch::Tensor& x, const torch::Tensor& weight,
+                                             const torch::Tensor& out) const {
+  if (device_.is_cpu() && x.dim() == 2 && x.is_contiguous()) return rms_norm_rows(x, weight, config_.rms_norm_eps, out);
   return rms_norm(x, weight);
 }
 
 torch::Tensor DecoderModel::serving_add_rms_norm(torch::Tensor& x, const torch::Tensor& delta,
-                                                 const torch::Tensor& weight) const {
+                                                 const torch::Tensor& weight, const torch::Tensor& out) const {
   if (device_.is_cpu() && x.dim() == 2 && x.is_contiguous() && delta.is_contiguous()) {
-    return add_rms_norm_rows(x, delta, weight, config_.rms_norm_eps);
+    return add_rms_norm_rows(x, delta, weight, config_.rms_norm_eps, out);
   }
   x.add_(delta);
-  return serving_rms_norm(x, weight);
+  return serving_rms_norm(x, weight, out);
 }
 
 torch::Tensor DecoderModel::apply_rope(const torch::Tensor& x, const torch::Tensor& cos,
@@ -374,12 +375,12 @@ torch::Tensor DecoderModel::attend(const torch::Tensor& q, const torch::Tensor& 
 }
 
 torch::Tensor DecoderModel::serving_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
-                                           bool float_out) const {
+                                           bool float_out, const torch::Tensor& out) const {
   // Decode steps have a handful of rows: stream the weights once instead of a GEMM (faster than
   // OpenBLAS up to 8 rows in fp32; in bf16 up to 384 rows on CPUs with AVX512_BF16, else 4).
   const c10::optional<torch::Tensor> bias = b.defined() ? c10::optional<torch::Tensor>(b) : c10::nullopt;
   if (device_.is_cpu() && x.dim() == 2 && x.size(0) <= small_linear_max_rows(scalar_type_)) {
-    return small_linear(x, w, bias, float_out);
+    return small_linear(x, w, bias, float_out, out);
   }
   const torch::Tensor y = at::linear(x, w, bias);
   return float_out ? y.to(torch::kFloat) : y;
@@ -396,7 +397,8 @@ torch::Tensor DecoderModel::mlp(const LayerParams& layer, const torch::Tensor& x
   return proj(at::silu(gate) * up, layer.down_w, layer.down_b, serving);
 }
 
-torch::Tensor DecoderModel::serving_mlp(size_t l, const torch::Tensor& x) const {
+torch::Tensor DecoderModel::serving_mlp(size_t l, const torch::Tensor& x, const torch::Tensor& act_out,
+                                        const torch::Tensor& out) const {
   const LayerParams& layer = layers_[l];
   if (!gate_up_merged(l)) return mlp(layer, x, true);
   const Merged& m = merged_[l];
@@ -404,7 +406,8 @@ torch::Tensor DecoderModel::serving_mlp(size_t l, const torch::Tensor& x) const 
   if (device_.is_cpu() && x.dim() == 2 && x.size(0) <= small_linear_max_rows(scalar_type_)) {
     // The activation as the projection's results leave the kernel.
     const c10::optional<torch::Tensor> b = m.gate_up_b.defined() ? c10::optional<torch::Tensor>(m.gate_up_b) : c10::nullopt;
-    return proj(small_linear_silu_mul(x, m.gate_up_w, b), layer.down_w, layer.down_b, true);
+    const torch::Tensor act = small_linear_silu_mul(x, m.gate_up_w, b, act_out);
+    return serving_linear(act, p(layer.down_w), layer.down_b < 0 ? torch::Tensor() : p(layer.down_b), false, out);
   }
   const torch::Tensor both = serving_linear(x, m.gate_up_w, m.gate_up_b);  // [N, 2 * inter]
   const torch::Tensor act = device_.is_cpu() ? silu_mul(both)  // one fused pass
@@ -529,10 +532,23 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
     }
   }
   const int64_t N = static_cast<int64_t>(ids.size());
-  auto to_device = [&](std::vector<int64_t>& v) {
+
+  // At decode sizes on the CPU the step's activations go into buffers kept with the cache from
+  // one step to the next: there an allocation and a free per op cost as much as a small
+  // model's arithmetic. (Larger steps go through libtorch GEMMs, which allocate their results.)
+  StepBuffers& kept = cache.step_buffers();
+  const bool reuse = device_.is_cpu() && N <= small_linear_max_rows(scalar_type_);
+  enum : size_t { kIds, kPositions, kWriteRows, kResidual, kNormed, kQkv, kQuery, kAttention, kProjected, kActivation,
+                  kNoBuffer };
+  auto buffer = [&](size_t slot, std::initializer_list<int64_t> sizes, c10::ScalarType dtype) {
+    return reuse && slot != kNoBuffer ? kept.get(slot, sizes, dtype, device_) : torch::Tensor();
+  };
+  const c10::ScalarType st = scalar_type_;
+  auto to_device = [&](std::vector<int64_t>& v, size_t slot = kNoBuffer) {
     const int64_t n = static_cast<int64_t>(v.size());
-    if (device_.is_cpu()) {  // one allocation and a memcpy, no dispatch of a copy op
-      torch::Tensor t = torch::empty({n}, torch::kLong);
+    if (device_.is_cpu()) {  // a memcpy into a buffer or one allocation, no dispatch of a copy op
+      torch::Tensor t = buffer(slot, {n}, torch::kLong);
+      if (!t.defined()) t = torch::empty({n}, torch::kLong);
       std::memcpy(t.data_ptr<int64_t>(), v.data(), v.size() * sizeof(int64_t));
       return t;
     }
@@ -588,9 +604,9 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
   if (num_decode > 0) make_group(0, num_decode);
   for (size_t k = num_decode; k < order.size(); ++k) make_group(k, k + 1);
 
-  const torch::Tensor ids_t = to_device(ids);
-  const torch::Tensor pos_t = to_device(positions);
-  const torch::Tensor write_t = to_device(write_rows);
+  const torch::Tensor ids_t = to_device(ids, kIds);
+  const torch::Tensor pos_t = to_device(positions, kPositions);
+  const torch::Tensor write_t = to_device(write_rows, kWriteRows);
   torch::Tensor cos, sin;  // the step's rows of the tables, for the unfused path
   auto rope_rows = [&] {
     if (!cos.defined()) {
@@ -601,8 +617,21 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
 
   // The residual stream x, and h = the next norm of it: each residual add is fused with the
   // norm that follows it (the next layer's input norm, or the final norm).
-  torch::Tensor x = at::embedding(p(embed_), ids_t);  // [N, H], this step's own buffer
-  torch::Tensor h = serving_rms_norm(x, p(layers_.empty() ? final_norm_ : layers_[0].in_norm));
+  const torch::Tensor& embed = p(embed_);
+  const int64_t H = embed.size(1);
+  torch::Tensor x = buffer(kResidual, {N, H}, embed.scalar_type());  // [N, H], this step's own
+  if (x.defined() && embed.is_contiguous()) {
+    const size_t row_bytes = static_cast<size_t>(H) * embed.element_size();
+    const auto* table = static_cast<const char*>(embed.data_ptr());
+    auto* rows_out = static_cast<char*>(x.data_ptr());
+    for (int64_t i = 0; i < N; ++i) {  // ids were checked against the vocabulary above
+      std::memcpy(rows_out + static_cast<size_t>(i) * row_bytes, table + static_cast<size_t>(ids[static_cast<size_t>(i)]) * row_bytes,
+                  row_bytes);
+    }
+  } else {
+    x = at::embedding(embed, ids_t);
+  }
+  torch::Tensor h = serving_rms_norm(x, p(layers_.empty() ? final_norm_ : layers_[0].in_norm), buffer(kNormed, {N, H}, st));
   for (size_t l = 0; l < layers_.size(); ++l) {
     const LayerParams& layer = layers_[l];
     const int64_t l64 = static_cast<int64_t>(l);
@@ -611,8 +640,10 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
     torch::Tensor q;
     if (qkv_merged(l) && layer.q_norm < 0 && device_.is_cpu()) {
       // One GEMM, then rotary embedding of q and k, and the new K/V into the cache, in one pass.
-      const torch::Tensor qkv = serving_linear(h, merged_[l].qkv_w, merged_[l].qkv_b);
-      q = rope_qkv_into_cache(qkv, nh, kvh, hd, cos_, sin_, pos_t, write_t, cache.keys(l64), cache.values(l64));
+      const torch::Tensor qkv = serving_linear(h, merged_[l].qkv_w, merged_[l].qkv_b, false,
+                                               buffer(kQkv, {N, merged_[l].qkv_w.size(0)}, st));
+      q = rope_qkv_into_cache(qkv, nh, kvh, hd, cos_, sin_, pos_t, write_t, cache.keys(l64), cache.values(l64),
+                              buffer(kQuery, {N, nh, hd}, st));
     } else {
       torch::Tensor k, v;
       if (qkv_merged(l)) {  // one GEMM, split into views: [N, (nh + 2 kvh) * hd]
@@ -641,9 +672,10 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
     outs.reserve(groups.size());
     for (const AttentionGroup& g : groups) {
       if (g.paged) {
-        outs.push_back(paged_decode_attention(q.narrow(0, g.row_begin, g.batch).contiguous(), cache.keys(l64),
-                                              cache.values(l64), g.context, window,
-                                              1.0 / std::sqrt(static_cast<double>(hd))));
+        const torch::Tensor qg = g.batch == N ? q.contiguous() : q.narrow(0, g.row_begin, g.batch).contiguous();
+        outs.push_back(paged_decode_attention(qg, cache.keys(l64), cache.values(l64), g.context, window,
+                                              1.0 / std::sqrt(static_cast<double>(hd)),
+                                              groups.size() == 1 ? buffer(kAttention, {N, nh * hd}, st) : torch::Tensor()));
         continue;
       }
       const torch::Tensor qg = q.narrow(0, g.row_begin, g.batch * g.queries).view({g.batch, g.queries, nh, hd});
@@ -652,8 +684,15 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
       outs.push_back(attend(qg, kg, vg, g.blocked).view({g.batch * g.queries, nh * hd}));
     }
     const torch::Tensor o = outs.size() == 1 ? outs[0] : at::cat(outs, 0);
-    const torch::Tensor post = serving_add_rms_norm(x, proj(o, layer.o_w, layer.o_b, true), p(layer.post_norm));
-    h = serving_add_rms_norm(x, serving_mlp(l, post), p(l + 1 < layers_.size() ? layers_[l + 1].in_norm : final_norm_));
+    // h is spent (q, k, v are computed), so the norms take turns in its buffer; the o and down
+    // projections share one (the first is added into x before the second is computed).
+    const torch::Tensor attn_out = serving_linear(o, p(layer.o_w), layer.o_b < 0 ? torch::Tensor() : p(layer.o_b),
+                                                  false, buffer(kProjected, {N, H}, st));
+    const torch::Tensor post = serving_add_rms_norm(x, attn_out, p(layer.post_norm), buffer(kNormed, {N, H}, st));
+    const int64_t inter = p(layer.down_w).size(1);
+    const torch::Tensor mlp_out = serving_mlp(l, post, buffer(kActivation, {N, inter}, st), buffer(kProjected, {N, H}, st));
+    h = serving_add_rms_norm(x, mlp_out, p(l + 1 < layers_.size() ? layers_[l + 1].in_norm : final_norm_),
+                             buffer(kNormed, {N, H}, st));
   }
 
   // Back to the caller's order: every new token, or the last one of each sequence.

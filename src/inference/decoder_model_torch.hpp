@@ -165,11 +165,16 @@ class DecoderModel {
   }
   void build_rope_tables();
   torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight) const;
+  // The serving step's building blocks take an optional `out`: a buffer the CPU kernels write
+  // the result into (see output_tensor, serving_ops_torch.hpp); where libtorch ops compute it
+  // instead, it is ignored and a new tensor returned. Callers use what is returned.
   /// rms_norm for the serving step: one fused pass on the CPU (serving_ops_torch.hpp).
-  torch::Tensor serving_rms_norm(const torch::Tensor& x, const torch::Tensor& weight) const;
+  torch::Tensor serving_rms_norm(const torch::Tensor& x, const torch::Tensor& weight,
+                                 const torch::Tensor& out = {}) const;
   /// The serving step's residual add and the next norm: x += delta, then rms_norm(x) (one
   /// fused pass on the CPU).
-  torch::Tensor serving_add_rms_norm(torch::Tensor& x, const torch::Tensor& delta, const torch::Tensor& weight) const;
+  torch::Tensor serving_add_rms_norm(torch::Tensor& x, const torch::Tensor& delta, const torch::Tensor& weight,
+                                     const torch::Tensor& out = {}) const;
   torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) const;
   torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                        const torch::Tensor& allowed) const;
@@ -178,10 +183,12 @@ class DecoderModel {
   /// The serving projection: x · wᵀ (+ b when defined), through small_linear for a few rows on
   /// the CPU. float_out: the result in fp32 (as .to(kFloat) of it), for the logits.
   torch::Tensor serving_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
-                               bool float_out = false) const;
+                               bool float_out = false, const torch::Tensor& out = {}) const;
   torch::Tensor mlp(const LayerParams& layer, const torch::Tensor& x, bool serving = false) const;
-  /// The serving MLP of layer l (through the merged gate/up weight when there is one).
-  torch::Tensor serving_mlp(size_t l, const torch::Tensor& x) const;
+  /// The serving MLP of layer l (through the merged gate/up weight when there is one); the
+  /// activation (silu(gate) * up) goes to act_out when it can.
+  torch::Tensor serving_mlp(size_t l, const torch::Tensor& x, const torch::Tensor& act_out = {},
+                            const torch::Tensor& out = {}) const;
   torch::Tensor logits(const torch::Tensor& x) const;
 
   ModelConfig config_;

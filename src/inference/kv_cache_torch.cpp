@@ -65,6 +65,25 @@ int64_t BlockAllocator::slot_of(int64_t seq_slot, int64_t pos) const {
   return table[static_cast<size_t>(pos / block_size_)] * block_size_ + pos % block_size_;
 }
 
+const torch::Tensor& StepBuffers::get(size_t slot, c10::IntArrayRef sizes, c10::ScalarType dtype,
+                                      torch::Device device) {
+  if (slot >= tensors_.size()) tensors_.resize(slot + 1);
+  torch::Tensor& t = tensors_[slot];
+  if (!t.defined() || t.sizes() != sizes || t.scalar_type() != dtype || t.device() != device) {
+    t = torch::Tensor();  // the old one goes first: the two are never held together
+    t = torch::empty(sizes, torch::TensorOptions().dtype(dtype).device(device));
+  }
+  return t;
+}
+
+int64_t StepBuffers::bytes() const noexcept {
+  int64_t total = 0;
+  for (const torch::Tensor& t : tensors_) {
+    if (t.defined()) total += t.numel() * static_cast<int64_t>(t.element_size());
+  }
+  return total;
+}
+
 KvCache::KvCache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks,
                  int64_t block_size, c10::ScalarType dtype, torch::Device device)
     : num_layers_(num_layers), num_kv_heads_(num_kv_heads), head_dim_(head_dim), blocks_(num_blocks, block_size) {

@@ -51,6 +51,22 @@ class BlockAllocator {
   std::unordered_map<int64_t, std::vector<int64_t>> tables_;
 };
 
+/// Tensors one forward step leaves for the next (DecoderModel::forward_step's activations at
+/// decode sizes): at a few rows, allocating and freeing a tensor per op costs as much as a small
+/// model's arithmetic. A slot's tensor is reused while the next step asks for the same shape
+/// and dtype, and replaced otherwise, so what is held is one step's activations at most.
+class StepBuffers {
+ public:
+  /// Slot `slot`'s tensor, shaped `sizes`, of `dtype` on `device`: the previous one when it
+  /// matches, else a new (uninitialised) one that replaces it.
+  const torch::Tensor& get(size_t slot, c10::IntArrayRef sizes, c10::ScalarType dtype, torch::Device device);
+  /// Bytes held.
+  int64_t bytes() const noexcept;
+
+ private:
+  std::vector<torch::Tensor> tensors_;
+};
+
 /// The K and V of every layer for every cached token, stored in `num_blocks` blocks of
 /// `block_size` tokens: per layer, K and V are [num_blocks, block_size, kv_heads, head_dim] in
 /// the compute dtype, all carved out of one allocation made (and zeroed) by the constructor.
@@ -93,6 +109,9 @@ class KvCache {
   const torch::Tensor& keys(int64_t layer) const { return keys_.at(static_cast<size_t>(layer)); }
   const torch::Tensor& values(int64_t layer) const { return values_.at(static_cast<size_t>(layer)); }
 
+  /// The step buffers of whoever runs steps on this cache (the cache and they have one owner).
+  StepBuffers& step_buffers() noexcept { return step_buffers_; }
+
  private:
   int64_t num_layers_;
   int64_t num_kv_heads_;
@@ -101,6 +120,7 @@ class KvCache {
   torch::Tensor storage_;  // [layers, 2, num_blocks, block_size, kv_heads, head_dim]
   std::vector<torch::Tensor> keys_;
   std::vector<torch::Tensor> values_;
+  StepBuffers step_buffers_;
 };
 
 }  // namespace swarm

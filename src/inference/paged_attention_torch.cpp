@@ -5,6 +5,7 @@
 
 #include "common/error.hpp"
 #include "inference/cpu_dispatch.hpp"
+#include "inference/serving_ops_torch.hpp"
 #include "inference/paged_attention_kernels.inc"
 
 namespace swarm {
@@ -27,7 +28,8 @@ SWARM_KERNEL_COPIES(attention_range, Args, run_range)
 }  // namespace
 
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                                  const PagedContext& context, int64_t window, double scale) {
+                                  const PagedContext& context, int64_t window, double scale,
+                                  const at::Tensor& out_buffer) {
   // Named in profiles (bench_inference --profile-ops), where it is not an aten op.
   RECORD_FUNCTION("swarm::paged_decode_attention", c10::ArrayRef<const c10::IValue>{});
   SWARM_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
@@ -52,7 +54,8 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
     SWARM_CHECK(len >= 1 && len <= blocks * bs, "paged_decode_attention: a sequence's length exceeds its blocks");
   }
 
-  at::Tensor out = at::empty({B, heads * hd}, q.options());
+  at::Tensor out = output_tensor(out_buffer, {B, heads * hd}, q.scalar_type(), "paged_decode_attention",
+                                 {&q, &k_cache, &v_cache});
   Args a{q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), &context, heads, kvh, hd, bs,
          std::max<int64_t>(1, window), static_cast<float>(scale)};
   const bool bf16 = q.scalar_type() == at::kBFloat16;

@@ -23,8 +23,10 @@ struct PagedContext {
 /// [num_blocks, block_size, kv_heads, head_dim] (contiguous, the same dtype as q). Query
 /// head h reads kv head h / (heads / kv_heads). Key j of sequence b is visible when
 /// j < lengths[b] and lengths[b] - 1 - j < window. Returns [B, heads * head_dim] in q's dtype.
-/// CPU tensors only; parallel over (sequence, kv head) with at::parallel_for.
+/// CPU tensors only; parallel over (sequence, kv head) with at::parallel_for. out: see
+/// output_tensor (serving_ops_torch.hpp).
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                                  const PagedContext& context, int64_t window, double scale);
+                                  const PagedContext& context, int64_t window, double scale,
+                                  const at::Tensor& out = {});
 
 }  // namespace swarm

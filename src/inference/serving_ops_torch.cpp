@@ -288,20 +288,36 @@ void log_softmax_row(const float* x, int64_t V, float t, const SoftmaxRowStats& 
   logp_kernel(false)(RowArgs{x, logp, probs, V, t, stats.max, stats.log_sum}, 0, 1);
 }
 
-at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double eps) {
+at::Tensor output_tensor(const at::Tensor& out, at::IntArrayRef sizes, at::ScalarType dtype, const char* op,
+                         std::initializer_list<const at::Tensor*> inputs) {
+  if (!out.defined()) return at::empty(sizes, at::TensorOptions().dtype(dtype));
+  SWARM_CHECK(out.device().is_cpu() && out.is_contiguous() && out.scalar_type() == dtype && out.sizes() == sizes,
+              std::string(op) + ": out must be a contiguous CPU tensor of the result's shape and dtype");
+  const auto* begin = static_cast<const char*>(out.data_ptr());
+  const auto* end = begin + out.nbytes();
+  for (const at::Tensor* in : inputs) {
+    if (in == nullptr || !in->defined()) continue;
+    const auto* b = static_cast<const char*>(in->data_ptr());
+    SWARM_CHECK(b + in->nbytes() <= begin || end <= b, std::string(op) + ": out shares memory with an input");
+  }
+  return out;
+}
+
+at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& out) {
   RECORD_FUNCTION("swarm::rms_norm_rows", c10::ArrayRef<const c10::IValue>{});
   check_cpu_dtype(x, "rms_norm_rows");
   SWARM_CHECK(x.dim() == 2 && x.is_contiguous() && weight.dim() == 1 && weight.is_contiguous() &&
                   weight.size(0) == x.size(1) && weight.scalar_type() == x.scalar_type(),
               "rms_norm_rows: x [N, H] contiguous, weight [H] of x's dtype");
-  at::Tensor y = at::empty_like(x);
+  at::Tensor y = output_tensor(out, x.sizes(), x.scalar_type(), "rms_norm_rows", {&x, &weight});
   const NormArgs a{x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.size(1), static_cast<float>(eps)};
   const auto run = rms_kernel(x.scalar_type() == at::kBFloat16);
   at::parallel_for(0, x.size(0), grain_for(x.size(1)), [&](int64_t b, int64_t e) { run(a, b, e); });
   return y;
 }
 
-at::Tensor add_rms_norm_rows(at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps) {
+at::Tensor add_rms_norm_rows(at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps,
+                             const at::Tensor& out) {
   RECORD_FUNCTION("swarm::add_rms_norm_rows", c10::ArrayRef<const c10::IValue>{});
   check_cpu_dtype(x, "add_rms_norm_rows");
   SWARM_CHECK(x.dim() == 2 && x.is_contiguous() && weight.dim() == 1 && weight.is_contiguous() &&
@@ -310,7 +326,7 @@ at::Tensor add_rms_norm_rows(at::Tensor& x, const at::Tensor& delta, const at::T
   SWARM_CHECK(delta.sizes() == x.sizes() && delta.is_contiguous() && delta.scalar_type() == x.scalar_type() &&
                   delta.device().is_cpu(),
               "add_rms_norm_rows: delta must be contiguous, of x's shape and dtype");
-  at::Tensor y = at::empty_like(x);
+  at::Tensor y = output_tensor(out, x.sizes(), x.scalar_type(), "add_rms_norm_rows", {&x, &delta, &weight});
   NormArgs a{x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.size(1), static_cast<float>(eps)};
   a.add = delta.data_ptr();
   const auto run = rms_kernel(x.scalar_type() == at::kBFloat16);
@@ -320,7 +336,8 @@ at::Tensor add_rms_norm_rows(at::Tensor& x, const at::Tensor& delta, const at::T
 
 at::Tensor rope_qkv_into_cache(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, int64_t head_dim,
                                const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions,
-                               const at::Tensor& cache_rows, const at::Tensor& k_cache, const at::Tensor& v_cache) {
+                               const at::Tensor& cache_rows, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                               const at::Tensor& out) {
   RECORD_FUNCTION("swarm::rope_qkv_into_cache", c10::ArrayRef<const c10::IValue>{});
   check_cpu_dtype(qkv, "rope_qkv_into_cache");
   const int64_t n = qkv.size(0), width = (heads + 2 * kv_heads) * head_dim;
@@ -345,7 +362,7 @@ at::Tensor rope_qkv_into_cache(const at::Tensor& qkv, int64_t heads, int64_t kv_
     SWARM_CHECK(pos[i] >= 0 && pos[i] < cos.size(0), "rope_qkv_into_cache: position out of the tables' range");
     SWARM_CHECK(rows[i] >= 0 && rows[i] < cache_rows_total, "rope_qkv_into_cache: cache row out of range");
   }
-  at::Tensor q = at::empty({n, heads, head_dim}, qkv.options());
+  at::Tensor q = output_tensor(out, {n, heads, head_dim}, dt, "rope_qkv_into_cache", {&qkv, &k_cache, &v_cache});
   const RopeArgs a{qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), pos, rows, q.data_ptr(), k_cache.data_ptr(),
                    v_cache.data_ptr(), heads, kv_heads, head_dim};
   const auto run = rope_kernel(dt == at::kBFloat16);
@@ -353,13 +370,13 @@ at::Tensor rope_qkv_into_cache(const at::Tensor& qkv, int64_t heads, int64_t kv_
   return q;
 }
 
-at::Tensor silu_mul(const at::Tensor& gate_up) {
+at::Tensor silu_mul(const at::Tensor& gate_up, const at::Tensor& out_buffer) {
   RECORD_FUNCTION("swarm::silu_mul", c10::ArrayRef<const c10::IValue>{});
   check_cpu_dtype(gate_up, "silu_mul");
   SWARM_CHECK(gate_up.dim() == 2 && gate_up.is_contiguous() && gate_up.size(1) % 2 == 0,
               "silu_mul: gate_up must be [N, 2 * inter] contiguous");
   const int64_t n = gate_up.size(0), inter = gate_up.size(1) / 2;
-  at::Tensor out = at::empty({n, inter}, gate_up.options());
+  at::Tensor out = output_tensor(out_buffer, {n, inter}, gate_up.scalar_type(), "silu_mul", {&gate_up});
   const SiluArgs a{gate_up.data_ptr(), out.data_ptr(), inter};
   const auto run = silu_mul_kernel(gate_up.scalar_type() == at::kBFloat16);
   at::parallel_for(0, n, grain_for(2 * inter), [&](int64_t b, int64_t e) { run(a, b, e); });

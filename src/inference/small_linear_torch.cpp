@@ -401,7 +401,7 @@ void run_features(const Args& a, int64_t out, int64_t rows_per_feature, const F&
 }  // namespace
 
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
-                        bool float_out) {
+                        bool float_out, const at::Tensor& out_buffer) {
   RECORD_FUNCTION("swarm::small_linear", c10::ArrayRef<const c10::IValue>{});  // named in profiles
   check_small_linear_args(x, w, bias, "small_linear");
   const bool bf16 = w.scalar_type() == at::kBFloat16;
@@ -416,7 +416,12 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::opt
     y_float = float_out;
   }
 #endif
-  at::Tensor y = at::empty({m, out}, x.options().dtype(y_float ? at::kFloat : x.scalar_type()));
+  const at::ScalarType y_dtype = y_float ? at::kFloat : x.scalar_type();
+  // The caller's buffer, unless the result still has to be widened into it (bf16 without the
+  // dot-product kernel, float_out).
+  const bool into_buffer = out_buffer.defined() && (y_float || !float_out || !bf16);
+  at::Tensor y = into_buffer ? output_tensor(out_buffer, {m, out}, y_dtype, "small_linear", {&x, &w})
+                             : at::empty({m, out}, x.options().dtype(y_dtype));
   if (run == nullptr) {  // at most kSmallLinearMaxRows rows (checked above)
     xin = x.to(at::kFloat).contiguous();
     run = widening_rows(bf16);
@@ -425,10 +430,13 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::opt
   const Args a{widened ? xin.data_ptr<float>() : nullptr, xin.data_ptr(), w.data_ptr(), bias ? bias->data_ptr() : nullptr,
                y.data_ptr(), m, in, out, y_float};
   run_features(a, out, 1, run);
-  return float_out && !y_float ? y.to(at::kFloat) : y;
+  if (!float_out || y.scalar_type() == at::kFloat) return y;
+  if (!out_buffer.defined()) return y.to(at::kFloat);
+  return output_tensor(out_buffer, {m, out}, at::kFloat, "small_linear", {&x, &w}).copy_(y);
 }
 
-at::Tensor small_linear_silu_mul(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+at::Tensor small_linear_silu_mul(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+                                 const at::Tensor& out) {
   RECORD_FUNCTION("swarm::small_linear_silu_mul", c10::ArrayRef<const c10::IValue>{});
   check_small_linear_args(x, w, bias, "small_linear_silu_mul");
   SWARM_CHECK(w.size(0) % 2 == 0, "small_linear_silu_mul: w must stack gate and up rows ([2 * inter, in])");
@@ -436,14 +444,14 @@ at::Tensor small_linear_silu_mul(const at::Tensor& x, const at::Tensor& w, const
   if (w.scalar_type() == at::kBFloat16 && cpu_has_avx512_bf16()) {
     const at::Tensor xin = x.contiguous();
     const int64_t m = x.size(0), inter = w.size(0) / 2;
-    at::Tensor y = at::empty({m, inter}, x.options());
+    at::Tensor y = output_tensor(out, {m, inter}, x.scalar_type(), "small_linear_silu_mul", {&x, &w});
     Args a{nullptr, xin.data_ptr(), w.data_ptr(), bias ? bias->data_ptr() : nullptr, y.data_ptr(), m, x.size(1), inter};
     a.pair = inter;
     run_features(a, inter, 2, rows_bf16_dot);
     return y;
   }
 #endif
-  return silu_mul(small_linear(x, w, bias));
+  return silu_mul(small_linear(x, w, bias), out);
 }
 
 }  // namespace swarm

@@ -37,13 +37,15 @@ void set_small_linear_threads(int n);
 /// rows on libtorch's OpenMP pool (set_small_linear_threads threads). float_out: return fp32
 /// holding exactly the x-dtype results (what .to(kFloat) of them gives), written directly by
 /// the bf16 dot-product kernel where it runs.
+/// out: see output_tensor (serving_ops_torch.hpp).
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
-                        bool float_out = false);
+                        bool float_out = false, const at::Tensor& out = {});
 
 /// silu_mul(small_linear(x, w, bias)) for w = [gate; up] ([2 * inter, in]) and bias [2 * inter]
 /// or undefined: [M, inter] = silu(x · gateᵀ) * (x · upᵀ), bit for bit that chain. With the bf16
 /// dot-product kernel the activation is applied as the results leave the kernel, with no
 /// [M, 2 * inter] intermediate and no second pass; elsewhere it is the chain itself.
-at::Tensor small_linear_silu_mul(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias);
+at::Tensor small_linear_silu_mul(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+                                 const at::Tensor& out = {});
 
 }  // namespace swarm

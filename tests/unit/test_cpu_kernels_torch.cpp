@@ -176,6 +176,68 @@ TEST(PagedDecodeAttention, MatchesGatheredSoftmaxAttention) {
   }
 }
 
+// Every kernel takes the caller's buffer as `out` (the serving step keeps its activations from
+// one step to the next): the result is written there, bit for bit what a new tensor would hold,
+// and a buffer of the wrong shape, dtype or layout, or one overlapping an input, is refused.
+TEST(Kernels, WriteIntoTheCallersBufferBitForBit) {
+  at::manual_seed(8);
+  const auto into = [](const char* what, const at::Tensor& fresh, const std::function<at::Tensor(const at::Tensor&)>& f) {
+    at::Tensor buffer = at::full(fresh.sizes(), 7.0, fresh.options());
+    const at::Tensor got = f(buffer);
+    EXPECT_EQ(got.data_ptr(), buffer.data_ptr()) << what << ": the result is the buffer";
+    EXPECT_TRUE(at::equal(buffer, fresh)) << what;
+    EXPECT_ANY_THROW(f(at::empty({fresh.numel() + 1}, fresh.options()))) << what << ": wrong shape";
+    const at::ScalarType other = fresh.scalar_type() == at::kFloat ? at::kBFloat16 : at::kFloat;
+    EXPECT_ANY_THROW(f(at::empty(fresh.sizes(), fresh.options().dtype(other)))) << what << ": wrong dtype";
+    if (fresh.dim() == 2 && fresh.size(0) > 1 && fresh.size(1) > 1) {
+      EXPECT_ANY_THROW(f(at::empty({fresh.size(1), fresh.size(0)}, fresh.options()).t())) << what << ": not contiguous";
+    }
+  };
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    const int64_t m = 3, in = 64, out = 40, h = 64;
+    const at::Tensor x = at::randn({m, in}).to(dtype), w = at::randn({out, in}).to(dtype), b = at::randn({out}).to(dtype);
+    into("small_linear", small_linear(x, w, b), [&](const at::Tensor& o) { return small_linear(x, w, b, false, o); });
+    into("small_linear float_out", small_linear(x, w, b, true),
+         [&](const at::Tensor& o) { return small_linear(x, w, b, true, o); });
+    into("small_linear_silu_mul", small_linear_silu_mul(x, w, b),
+         [&](const at::Tensor& o) { return small_linear_silu_mul(x, w, b, o); });
+    const at::Tensor gate_up = at::randn({m, 2 * out}).to(dtype);
+    into("silu_mul", silu_mul(gate_up), [&](const at::Tensor& o) { return silu_mul(gate_up, o); });
+    const at::Tensor xs = at::randn({m, h}).to(dtype), nw = at::randn({h}).to(dtype), d = at::randn({m, h}).to(dtype);
+    into("rms_norm_rows", rms_norm_rows(xs, nw, 1e-5), [&](const at::Tensor& o) { return rms_norm_rows(xs, nw, 1e-5, o); });
+    at::Tensor x_fresh = xs.clone();
+    const at::Tensor normed = add_rms_norm_rows(x_fresh, d, nw, 1e-5);
+    into("add_rms_norm_rows", normed, [&](const at::Tensor& o) {
+      at::Tensor x_again = xs.clone();
+      return add_rms_norm_rows(x_again, d, nw, 1e-5, o);
+    });
+    const int64_t heads = 4, kvh = 2, hd = 16, rows = 8;
+    const at::Tensor qkv = at::randn({m, (heads + 2 * kvh) * hd}).to(dtype);
+    const at::Tensor angles = at::rand({10, hd}) * 6;
+    const at::Tensor cos = angles.cos().to(dtype), sin = angles.sin().to(dtype);
+    const at::Tensor pos = at::tensor(std::vector<int64_t>{1, 5, 9}, at::kLong);
+    const at::Tensor cache_rows = at::tensor(std::vector<int64_t>{0, 3, 7}, at::kLong);
+    at::Tensor kc = at::zeros({rows, kvh, hd}).to(dtype), vc = at::zeros({rows, kvh, hd}).to(dtype);
+    into("rope_qkv_into_cache", rope_qkv_into_cache(qkv, heads, kvh, hd, cos, sin, pos, cache_rows, kc, vc),
+         [&](const at::Tensor& o) { return rope_qkv_into_cache(qkv, heads, kvh, hd, cos, sin, pos, cache_rows, kc, vc, o); });
+    const at::Tensor kb = at::randn({4, 4, kvh, hd}).to(dtype), vb = at::randn({4, 4, kvh, hd}).to(dtype);
+    PagedContext ctx;
+    ctx.block_ids = {2, 0, 3, 1};
+    ctx.table_offset = {0, 2, 3, 4};
+    ctx.lengths = {7, 4, 1};
+    const at::Tensor q = at::randn({m, heads, hd}).to(dtype);
+    into("paged_decode_attention", paged_decode_attention(q, kb, vb, ctx, 1 << 20, 0.25),
+         [&](const at::Tensor& o) { return paged_decode_attention(q, kb, vb, ctx, 1 << 20, 0.25, o); });
+
+    // A buffer that is (part of) an input is refused, not half-overwritten mid-read.
+    EXPECT_ANY_THROW(small_linear(xs, at::randn({h, h}).to(dtype), c10::nullopt, false, xs));
+    EXPECT_ANY_THROW(rms_norm_rows(xs, nw, 1e-5, xs));
+    at::Tensor x_same = xs.clone();
+    EXPECT_ANY_THROW(add_rms_norm_rows(x_same, d, nw, 1e-5, d));
+    EXPECT_ANY_THROW(silu_mul(gate_up, gate_up.view({-1}).narrow(0, 0, m * out).view({m, out})));
+  }
+}
+
 // The kernels split big work over threads (output features; sequence x kv head) and keep
 // small work on the calling thread. The split must not change a single bit: each output is
 // computed by one thread in the same order either way.

@@ -173,6 +173,24 @@ TEST(KvCacheTest, StorageShapeBytesAndViews) {
   EXPECT_EQ(cache.free_blocks(), 5);
 }
 
+TEST(KvCacheTest, StepBuffersAreKeptWhileTheShapeStays) {
+  KvCache cache(1, 1, 8, 2, 4, torch::kFloat);
+  StepBuffers& kept = cache.step_buffers();
+  EXPECT_EQ(kept.bytes(), 0);
+  const torch::Tensor a = kept.get(0, {3, 5}, torch::kFloat, torch::kCPU);
+  const torch::Tensor b = kept.get(2, {4}, torch::kLong, torch::kCPU);
+  EXPECT_EQ(a.sizes().vec(), (std::vector<int64_t>{3, 5}));
+  EXPECT_EQ(b.scalar_type(), torch::kLong);
+  EXPECT_EQ(kept.bytes(), 3 * 5 * 4 + 4 * 8);
+  // The same shape and dtype: the same memory; another shape or dtype: a new tensor in its place.
+  EXPECT_EQ(kept.get(0, {3, 5}, torch::kFloat, torch::kCPU).data_ptr(), a.data_ptr());
+  const torch::Tensor c = kept.get(0, {2, 5}, torch::kFloat, torch::kCPU);
+  EXPECT_EQ(c.sizes().vec(), (std::vector<int64_t>{2, 5}));
+  const torch::Tensor d = kept.get(0, {2, 5}, torch::kBFloat16, torch::kCPU);
+  EXPECT_EQ(d.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(kept.bytes(), 2 * 5 * 2 + 4 * 8);  // what is held is the latest of each slot
+}
+
 TEST(KvCacheTest, SizedForAModel) {
   ModelConfig c;
   c.num_hidden_layers = 2;
