@@ -6,7 +6,9 @@
 //    each finished prompt's first token sampled;
 //  * decode tokens/s at batch 1, 8, 32, 64: every sequence starts with a 128-token prompt in
 //    the paged KV cache (random K/V: prefill is measured on its own), then each step is one
-//    forward_step over the batch + greedy sample_tokens;
+//    forward_step over the batch + greedy sample_tokens; the timed steps are run 3 times over
+//    the same positions and the best pass counts (a batch-1 pass of a small model lasts a few
+//    milliseconds, where one preemption on this shared host shows);
 //  * memory: weight bytes, KV pool bytes, RSS after load and the VmHWM peak of the case.
 //
 // In the same run: a python3-torch eager reference (python_reference.py, a child process, the
@@ -146,6 +148,7 @@ struct DecodeSpec {
   int64_t batch = 1;
   int64_t warmup = 2;  // untimed steps
   int64_t steps = 16;  // timed steps
+  int64_t reps = 1;    // passes over the timed steps (the same positions); the best counts
 };
 
 /// The same workload runs in C++ and in Python.
@@ -182,6 +185,7 @@ Workload make_workload(bool quick, int64_t max_positions) {
     d.warmup = quick ? 1 : 2;
     // Smaller batches are cheap per step: more steps for a steadier figure.
     d.steps = quick ? (b == 1 ? 4 : 2) : (b == 1 ? 48 : b == 8 ? 24 : 12);
+    d.reps = quick ? 1 : 3;
     w.decode.push_back(d);
   }
   return w;
@@ -347,6 +351,7 @@ DecodeResult decode(const swarm::DecoderModel& model, swarm::KvCache& cache, con
   DecodeResult r;
   r.spec = spec;
   int64_t pos = prompt;
+  double forward_s = 0, sample_s = 0;  // of the pass being timed
   auto step = [&](bool timed) {
     std::vector<swarm::StepInput> inputs(B);
     for (size_t b = 0; b < B; ++b) {
@@ -360,15 +365,25 @@ DecodeResult decode(const swarm::DecoderModel& model, swarm::KvCache& cache, con
     std::vector<swarm::SampledToken> sampled = swarm::sample_tokens(logits, configs, rngs);
     for (size_t b = 0; b < B; ++b) tokens[b] = sampled[b].id;
     if (timed) {
-      r.forward_s += std::chrono::duration<double>(t1 - t0).count();
-      r.sample_s += seconds_since(t1);
+      forward_s += std::chrono::duration<double>(t1 - t0).count();
+      sample_s += seconds_since(t1);
     }
     ++pos;
   };
   for (int64_t i = 0; i < spec.warmup; ++i) step(false);
-  auto t0 = Clock::now();
-  for (int64_t i = 0; i < spec.steps; ++i) step(true);
-  r.seconds = seconds_since(t0);
+  r.seconds = 1e30;
+  for (int64_t rep = 0; rep < std::max<int64_t>(1, spec.reps); ++rep) {
+    pos = prompt + spec.warmup;  // the same positions (and so the same work) every pass
+    forward_s = sample_s = 0;
+    auto t0 = Clock::now();
+    for (int64_t i = 0; i < spec.steps; ++i) step(true);
+    const double seconds = seconds_since(t0);
+    if (seconds < r.seconds) {
+      r.seconds = seconds;
+      r.forward_s = forward_s;
+      r.sample_s = sample_s;
+    }
+  }
   r.ctx = static_cast<double>(prompt + spec.warmup) + static_cast<double>(spec.steps + 1) / 2.0;
   for (size_t b = 0; b < B; ++b) cache.release(static_cast<int64_t>(b));
   return r;
@@ -486,7 +501,7 @@ PythonResult run_python(const std::string& python, const fs::path& script, const
   spec["decode"] = json::array();
   for (const auto& d : w.decode)
     spec["decode"].push_back(
-        {{"batch", d.batch}, {"prompt", w.prompt_tokens}, {"warmup", d.warmup}, {"steps", d.steps}});
+        {{"batch", d.batch}, {"prompt", w.prompt_tokens}, {"warmup", d.warmup}, {"steps", d.steps}, {"reps", d.reps}});
   PythonResult r;
   const CpuSample cpu0 = cpu_sample();
   try {
