@@ -359,7 +359,7 @@ TEST(ServingOps, AddRmsNormIsTheAddThenTheNormBitForBit) {
 TEST(ServingOps, RopeIntoCacheMatchesTheOpChainBitForBit) {
   at::manual_seed(4);
   for (auto dtype : {at::kFloat, at::kBFloat16}) {
-    for (int64_t hd : {8, 20, 64}) {  // half 4 and 10 take the scalar tails
+    for (int64_t hd : {8, 16, 20, 48, 64}) {  // half 4 and 10 take the scalar tails; 8 and 24 half-width vectors
       const int64_t heads = 6, kvh = 2, n = 5, rows = 12, positions = 40;
       const at::Tensor qkv = at::randn({n, (heads + 2 * kvh) * hd}).to(dtype);
       const at::Tensor angles = at::rand({positions, hd}) * 6;
