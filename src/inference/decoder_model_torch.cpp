@@ -40,9 +40,10 @@ std::string shape_str(at::IntArrayRef shape) {
   return s + "]";
 }
 
-// One batched attention call of forward_step: either all single-token (decode) sequences,
-// padded to the longest context, or one multi-token (prefill) sequence alone, so a long prefill
-// never pads a batch of decodes. Built once per step, shared by every layer.
+// One batched attention call of forward_step. On the CPU, one paged call for every new token
+// of the step. Elsewhere either all single-token (decode) sequences, padded to the longest
+// context, or one multi-token (prefill) sequence alone, so a long prefill never pads a batch
+// of decodes. Built once per step, shared by every layer.
 struct AttentionGroup {
   int64_t row_begin = 0;  // the group's rows in the (reordered) packed activation
   int64_t batch = 0;      // sequences
@@ -50,7 +51,7 @@ struct AttentionGroup {
   int64_t keys = 0;       // context length L (padded for decode groups)
   torch::Tensor gather;   // [batch * keys] rows of the flattened cache to read K/V from
   torch::Tensor blocked;  // [batch, queries, keys] bool, true where attention is not allowed
-  // CPU decode groups read the cache in place through the block tables instead.
+  // The CPU's group reads the cache in place through the block tables instead.
   bool paged = false;
   PagedContext context;
 };
@@ -566,19 +567,6 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
       const StepInput& in = seqs[order[k]];
       g.keys = std::max(g.keys, in.start_pos + static_cast<int64_t>(in.tokens.size()));
     }
-    if (g.queries == 1 && device_.is_cpu()) {
-      g.paged = true;
-      g.context.table_offset.push_back(0);
-      for (size_t k = first; k < last; ++k) {
-        const StepInput& in = seqs[order[k]];
-        const std::vector<int64_t>& table = blocks.block_table(in.seq_slot);
-        g.context.block_ids.insert(g.context.block_ids.end(), table.begin(), table.end());
-        g.context.table_offset.push_back(static_cast<int64_t>(g.context.block_ids.size()));
-        g.context.lengths.push_back(in.start_pos + 1);
-      }
-      groups.push_back(std::move(g));
-      return;
-    }
     std::vector<int64_t> gather(static_cast<size_t>(g.batch * g.keys));
     std::vector<uint8_t> blocked(static_cast<size_t>(g.batch * g.queries * g.keys), 1);
     for (size_t k = first; k < last; ++k) {
@@ -601,8 +589,31 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
                     .to(device_, torch::kBool, /*non_blocking=*/false, /*copy=*/true);
     groups.push_back(std::move(g));
   };
-  if (num_decode > 0) make_group(0, num_decode);
-  for (size_t k = num_decode; k < order.size(); ++k) make_group(k, k + 1);
+  if (device_.is_cpu()) {
+    // On the CPU every new token is one query of the paged kernel, reading its sequence's keys
+    // up to its own position straight out of the cache: decoding tokens and prompt chunks
+    // alike, in one call, with no gathered context, no mask and no work above the diagonal.
+    AttentionGroup g;
+    g.batch = N;
+    g.queries = 1;
+    g.paged = true;
+    g.context.table_offset.push_back(0);
+    const bool shared_tables = N != static_cast<int64_t>(seqs.size());  // some sequence has several tokens
+    for (size_t k = 0; k < order.size(); ++k) {
+      const StepInput& in = seqs[order[k]];
+      const std::vector<int64_t>& table = blocks.block_table(in.seq_slot);
+      g.context.block_ids.insert(g.context.block_ids.end(), table.begin(), table.end());
+      g.context.table_offset.push_back(static_cast<int64_t>(g.context.block_ids.size()));
+      for (int64_t t = 0; t < static_cast<int64_t>(in.tokens.size()); ++t) {
+        g.context.lengths.push_back(in.start_pos + t + 1);
+        if (shared_tables) g.context.table_index.push_back(static_cast<int64_t>(k));
+      }
+    }
+    groups.push_back(std::move(g));
+  } else {
+    if (num_decode > 0) make_group(0, num_decode);
+    for (size_t k = num_decode; k < order.size(); ++k) make_group(k, k + 1);
+  }
 
   const torch::Tensor ids_t = to_device(ids, kIds);
   const torch::Tensor pos_t = to_device(positions, kPositions);

@@ -42,16 +42,22 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   const int64_t B = q.size(0), heads = q.size(1), hd = q.size(2);
   const int64_t kvh = k_cache.size(2);
   SWARM_CHECK(k_cache.size(3) == hd && kvh > 0 && heads % kvh == 0, "paged_decode_attention: head shapes differ");
-  SWARM_CHECK(static_cast<int64_t>(context.lengths.size()) == B &&
-                  static_cast<int64_t>(context.table_offset.size()) == B + 1,
-              "paged_decode_attention: context does not describe every sequence");
+  SWARM_CHECK(static_cast<int64_t>(context.lengths.size()) == B, "paged_decode_attention: one length per query");
+  const int64_t tables = static_cast<int64_t>(context.table_offset.size()) - 1;
+  SWARM_CHECK(context.table_index.empty() ? tables == B : static_cast<int64_t>(context.table_index.size()) == B,
+              "paged_decode_attention: context does not give every query a block table");
   const int64_t bs = k_cache.size(1);
-  int64_t keys = 0;  // over every sequence
+  const int64_t visible_max = std::max<int64_t>(1, window);
+  std::vector<int64_t> keys_of(static_cast<size_t>(B));  // keys each query reads
+  int64_t keys = 0;                                      // over every query
   for (int64_t b = 0; b < B; ++b) {
     const int64_t len = context.lengths[static_cast<size_t>(b)];
-    keys += std::min(len, std::max<int64_t>(1, window));
-    const int64_t blocks = context.table_offset[static_cast<size_t>(b) + 1] - context.table_offset[static_cast<size_t>(b)];
+    const int64_t t = context.table_index.empty() ? b : context.table_index[static_cast<size_t>(b)];
+    SWARM_CHECK(t >= 0 && t < tables, "paged_decode_attention: a query's block table is out of range");
+    const int64_t blocks = context.table_offset[static_cast<size_t>(t) + 1] - context.table_offset[static_cast<size_t>(t)];
     SWARM_CHECK(len >= 1 && len <= blocks * bs, "paged_decode_attention: a sequence's length exceeds its blocks");
+    keys_of[static_cast<size_t>(b)] = std::min(len, visible_max);
+    keys += keys_of[static_cast<size_t>(b)];
   }
 
   at::Tensor out = output_tensor(out_buffer, {B, heads * hd}, q.scalar_type(), "paged_decode_attention",
@@ -67,10 +73,29 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   }
 #endif
   // Threads only for work that outweighs waking them (several microseconds a region here): a
-  // (sequence, kv head) unit costs ~2 * keys * head_dim * (heads / kvh) multiply-adds.
-  const int64_t work_per_unit = std::max<int64_t>(1, 2 * (keys / std::max<int64_t>(1, B)) * hd * (heads / kvh));
-  const int64_t grain = std::max<int64_t>(1, kAttentionMinWorkPerThread / work_per_unit);
-  at::parallel_for(0, B * kvh, grain, [&](int64_t begin, int64_t end) { run(a, begin, end); });
+  // (query, kv head) unit costs ~2 * keys * head_dim * (heads / kvh) multiply-adds. The units
+  // are cut into one run per thread of about equal keys (a prompt chunk's queries read from 1
+  // to all of its keys, so equal counts of units would not be equal work); each unit is
+  // computed by one thread in the same order whatever the split.
+  const int64_t per_key = 2 * hd * (heads / kvh);
+  const int threads = at::get_num_threads();
+  if (threads <= 1 || keys * kvh * per_key < 2 * kAttentionMinWorkPerThread) {
+    run(a, 0, B * kvh);
+    return out;
+  }
+  const int64_t parts = std::min<int64_t>({threads, B * kvh, keys * kvh * per_key / kAttentionMinWorkPerThread});
+  std::vector<int64_t> cut(static_cast<size_t>(parts) + 1, B * kvh);
+  cut[0] = 0;
+  int64_t done = 0, part = 1;
+  for (int64_t b = 0; b < B && part < parts; ++b) {
+    for (int64_t g = 0; g < kvh && part < parts; ++g) {
+      done += keys_of[static_cast<size_t>(b)];
+      if (done * parts >= part * keys * kvh) cut[static_cast<size_t>(part++)] = b * kvh + g + 1;
+    }
+  }
+  at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) run(a, cut[static_cast<size_t>(p)], cut[static_cast<size_t>(p) + 1]);
+  });
   return out;
 }
 

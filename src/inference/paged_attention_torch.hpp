@@ -14,12 +14,22 @@ namespace swarm {
 
 /// Where each sequence's context lives in the cache.
 struct PagedContext {
-  std::vector<int64_t> block_ids;      // every sequence's block table, concatenated
-  std::vector<int64_t> table_offset;   // [B + 1]: sequence b uses block_ids[offset[b], offset[b+1])
-  std::vector<int64_t> lengths;        // [B]: keys 0..length-1 (the new token's key included)
+  std::vector<int64_t> block_ids;      // every block table, concatenated
+  std::vector<int64_t> table_offset;   // [tables + 1]: table t is block_ids[offset[t], offset[t+1])
+  std::vector<int64_t> lengths;        // [B]: keys 0..length-1 (the query's own key included)
+  /// [B] or empty: query b reads table table_index[b]; empty: table b (one table per query).
+  /// Several queries share a table when they are tokens of one sequence (a prompt chunk: the
+  /// token at position p is a query with length p + 1).
+  std::vector<int64_t> table_index;
+
+  /// Where query b's block table starts.
+  const int64_t* table(int64_t b) const {
+    const size_t t = table_index.empty() ? static_cast<size_t>(b) : static_cast<size_t>(table_index[static_cast<size_t>(b)]);
+    return block_ids.data() + table_offset[t];
+  }
 };
 
-/// q [B, heads, head_dim] (contiguous, fp32 or bf16); k_cache / v_cache
+/// q [B, heads, head_dim] (contiguous, fp32 or bf16): one query token per row; k_cache / v_cache
 /// [num_blocks, block_size, kv_heads, head_dim] (contiguous, the same dtype as q). Query
 /// head h reads kv head h / (heads / kv_heads). Key j of sequence b is visible when
 /// j < lengths[b] and lengths[b] - 1 - j < window. Returns [B, heads * head_dim] in q's dtype.

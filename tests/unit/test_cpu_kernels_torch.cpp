@@ -289,15 +289,62 @@ TEST(PagedDecodeAttention, OneDominantKeyTakesAllTheWeight) {
     vc[0][1][0].fill_(7.0);
     vc[0][0][0].fill_(-3.0);
     const at::Tensor q = at::full({1, 1, hd}, 100.0).to(dtype);
-    PagedContext ctx{{0}, {0, 1}, {3}};
+    PagedContext ctx{{0}, {0, 1}, {3}, {}};
     const at::Tensor got = paged_decode_attention(q, kc.to(dtype), vc.to(dtype), ctx, 1 << 20, 1.0);
     EXPECT_LT(max_rel(got, at::full({1, hd}, 7.0)), 1e-6) << dtype;
   }
 }
 
+// The tokens of a prompt chunk are queries that share their sequence's block table, each
+// reading up to its own position: exactly what one table per query gives, and the reference.
+TEST(PagedDecodeAttention, QueriesCanShareABlockTable) {
+  at::manual_seed(9);
+  const int64_t bs = 4, heads = 6, kvh = 2;
+  for (int64_t hd : {16, 64}) {
+    for (auto dtype : {at::kFloat, at::kBFloat16}) {
+      const at::Tensor kc = at::randn({12, bs, kvh, hd}).to(dtype), vc = at::randn({12, bs, kvh, hd}).to(dtype);
+      const std::vector<std::vector<int64_t>> tables = {{7, 2, 9}, {4, 11}};
+      // Sequence 0: a chunk at positions 5..9; sequence 1: one decoding token at position 6.
+      const std::vector<int64_t> table_of = {0, 0, 0, 0, 0, 1}, lengths = {6, 7, 8, 9, 10, 7};
+      PagedContext shared;
+      shared.table_offset = {0};
+      for (const auto& t : tables) {
+        shared.block_ids.insert(shared.block_ids.end(), t.begin(), t.end());
+        shared.table_offset.push_back(static_cast<int64_t>(shared.block_ids.size()));
+      }
+      shared.lengths = lengths;
+      shared.table_index = table_of;
+      PagedContext apart;  // the same, one copy of the table per query
+      apart.table_offset = {0};
+      for (int64_t t : table_of) {
+        const auto& table = tables[static_cast<size_t>(t)];
+        apart.block_ids.insert(apart.block_ids.end(), table.begin(), table.end());
+        apart.table_offset.push_back(static_cast<int64_t>(apart.block_ids.size()));
+      }
+      apart.lengths = lengths;
+      const at::Tensor q = (at::randn({6, heads, hd}) * 2).to(dtype);
+      const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+      for (int64_t window : {int64_t{1} << 40, int64_t{3}}) {
+        const at::Tensor got = paged_decode_attention(q, kc, vc, shared, window, scale);
+        EXPECT_TRUE(at::equal(got, paged_decode_attention(q, kc, vc, apart, window, scale))) << "hd " << hd << " " << dtype;
+        EXPECT_LT(max_rel(got, reference_attention(q, kc, vc, apart, window, scale).to(dtype)), dtype == at::kFloat ? 1e-5 : 2e-2);
+      }
+      PagedContext bad = shared;
+      bad.table_index[2] = 2;  // no table 2
+      EXPECT_ANY_THROW(paged_decode_attention(q, kc, vc, bad, 1 << 20, scale));
+      bad = shared;
+      bad.table_index.pop_back();  // a query without a table
+      EXPECT_ANY_THROW(paged_decode_attention(q, kc, vc, bad, 1 << 20, scale));
+      bad = shared;
+      bad.lengths[5] = 9;  // beyond table 1's two blocks of 4
+      EXPECT_ANY_THROW(paged_decode_attention(q, kc, vc, bad, 1 << 20, scale));
+    }
+  }
+}
+
 TEST(PagedDecodeAttention, RejectsALengthBeyondItsBlocks) {
   const at::Tensor kc = at::zeros({4, 4, 1, 8}), q = at::zeros({1, 1, 8});
-  PagedContext ctx{{0}, {0, 1}, {5}};  // 5 keys in one block of 4
+  PagedContext ctx{{0}, {0, 1}, {5}, {}};  // 5 keys in one block of 4
   EXPECT_ANY_THROW(paged_decode_attention(q, kc, kc, ctx, 1 << 20, 1.0));
 }
 
