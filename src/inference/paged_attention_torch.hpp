@@ -1,8 +1,9 @@
-// Decode attention straight out of the paged KV cache, on the CPU: one query token per
-// sequence attends over that sequence's cached keys by walking its block table, with no
-// gather of the context into a padded tensor and no per-head batched-matmul dispatch (both
-// cost far more than the arithmetic at decode sizes). Scores, softmax and the weighted sum
-// of values accumulate in fp32 whatever the cache dtype (fp32 or bf16).
+// Attention straight out of the paged KV cache, on the CPU: each query token attends over its
+// sequence's cached keys up to its own position by walking the block table, with no gather of
+// the context into a padded tensor, no mask and no per-head batched-matmul dispatch. A
+// decoding sequence is one query; a prompt chunk is one query per token, sharing the table
+// (so causal attention costs only the keys below the diagonal). Scores, softmax and the
+// weighted sum of values accumulate in fp32 whatever the cache dtype (fp32 or bf16).
 #pragma once
 
 #include <cstdint>
@@ -29,12 +30,13 @@ struct PagedContext {
   }
 };
 
-/// q [B, heads, head_dim] (contiguous, fp32 or bf16): one query token per row; k_cache / v_cache
+/// q [B, heads, head_dim] (contiguous, fp32 or bf16), one query token per row; k_cache / v_cache
 /// [num_blocks, block_size, kv_heads, head_dim] (contiguous, the same dtype as q). Query
-/// head h reads kv head h / (heads / kv_heads). Key j of sequence b is visible when
+/// head h reads kv head h / (heads / kv_heads). Key j of query b is visible when
 /// j < lengths[b] and lengths[b] - 1 - j < window. Returns [B, heads * head_dim] in q's dtype.
-/// CPU tensors only; parallel over (sequence, kv head) with at::parallel_for. out: see
-/// output_tensor (serving_ops_torch.hpp).
+/// CPU tensors only; parallel over (query, kv head) units with at::parallel_for, cut into one
+/// run of about equal keys per thread (each unit is computed by one thread, in the same order
+/// whatever the split). out: see output_tensor (serving_ops_torch.hpp).
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const PagedContext& context, int64_t window, double scale,
                                   const at::Tensor& out = {});
