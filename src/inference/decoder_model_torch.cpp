@@ -387,8 +387,8 @@ torch::Tensor DecoderModel::serving_linear(const torch::Tensor& x, const torch::
   return float_out ? y.to(torch::kFloat) : y;
 }
 
-torch::Tensor DecoderModel::proj(const torch::Tensor& x, int w, int b, bool serving) const {
-  if (serving) return serving_linear(x, p(w), b < 0 ? torch::Tensor() : p(b));
+torch::Tensor DecoderModel::proj(const torch::Tensor& x, int w, int b, bool serving, const torch::Tensor& out) const {
+  if (serving) return serving_linear(x, p(w), b < 0 ? torch::Tensor() : p(b), false, out);
   return at::linear(x, p(w), bias(b));
 }
 
@@ -408,7 +408,7 @@ torch::Tensor DecoderModel::serving_mlp(size_t l, const torch::Tensor& x, const 
     // The activation as the projection's results leave the kernel.
     const c10::optional<torch::Tensor> b = m.gate_up_b.defined() ? c10::optional<torch::Tensor>(m.gate_up_b) : c10::nullopt;
     const torch::Tensor act = small_linear_silu_mul(x, m.gate_up_w, b, act_out);
-    return serving_linear(act, p(layer.down_w), layer.down_b < 0 ? torch::Tensor() : p(layer.down_b), false, out);
+    return proj(act, layer.down_w, layer.down_b, true, out);
   }
   const torch::Tensor both = serving_linear(x, m.gate_up_w, m.gate_up_b);  // [N, 2 * inter]
   const torch::Tensor act = device_.is_cpu() ? silu_mul(both)  // one fused pass
@@ -697,8 +697,7 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
     const torch::Tensor o = outs.size() == 1 ? outs[0] : at::cat(outs, 0);
     // h is spent (q, k, v are computed), so the norms take turns in its buffer; the o and down
     // projections share one (the first is added into x before the second is computed).
-    const torch::Tensor attn_out = serving_linear(o, p(layer.o_w), layer.o_b < 0 ? torch::Tensor() : p(layer.o_b),
-                                                  false, buffer(kProjected, {N, H}, st));
+    const torch::Tensor attn_out = proj(o, layer.o_w, layer.o_b, true, buffer(kProjected, {N, H}, st));
     const torch::Tensor post = serving_add_rms_norm(x, attn_out, p(layer.post_norm), buffer(kNormed, {N, H}, st));
     const int64_t inter = p(layer.down_w).size(1);
     const torch::Tensor mlp_out = serving_mlp(l, post, buffer(kActivation, {N, inter}, st), buffer(kProjected, {N, H}, st));

@@ -178,8 +178,9 @@ class DecoderModel {
   torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) const;
   torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                        const torch::Tensor& allowed) const;
-  /// x · Wᵀ + b; `serving` (forward_step, no autograd) may use the small-row CPU kernel.
-  torch::Tensor proj(const torch::Tensor& x, int w, int b, bool serving) const;
+  /// x · Wᵀ + b; `serving` (forward_step, no autograd) may use the small-row CPU kernel, and its
+  /// `out` buffer (as serving_linear).
+  torch::Tensor proj(const torch::Tensor& x, int w, int b, bool serving, const torch::Tensor& out = {}) const;
   /// The serving projection: x · wᵀ (+ b when defined), through small_linear for a few rows on
   /// the CPU. float_out: the result in fp32 (as .to(kFloat) of it), for the logits.
   torch::Tensor serving_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,

@@ -417,11 +417,10 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::opt
   }
 #endif
   const at::ScalarType y_dtype = y_float ? at::kFloat : x.scalar_type();
-  // The caller's buffer, unless the result still has to be widened into it (bf16 without the
-  // dot-product kernel, float_out).
-  const bool into_buffer = out_buffer.defined() && (y_float || !float_out || !bf16);
-  at::Tensor y = into_buffer ? output_tensor(out_buffer, {m, out}, y_dtype, "small_linear", {&x, &w})
-                             : at::empty({m, out}, x.options().dtype(y_dtype));
+  const at::ScalarType want = float_out ? at::kFloat : x.scalar_type();
+  // The caller's buffer, unless the kernel's result still has to be widened into it.
+  at::Tensor y = out_buffer.defined() && y_dtype == want ? output_tensor(out_buffer, {m, out}, want, "small_linear", {&x, &w})
+                                                          : at::empty({m, out}, x.options().dtype(y_dtype));
   if (run == nullptr) {  // at most kSmallLinearMaxRows rows (checked above)
     xin = x.to(at::kFloat).contiguous();
     run = widening_rows(bf16);
@@ -430,9 +429,9 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::opt
   const Args a{widened ? xin.data_ptr<float>() : nullptr, xin.data_ptr(), w.data_ptr(), bias ? bias->data_ptr() : nullptr,
                y.data_ptr(), m, in, out, y_float};
   run_features(a, out, 1, run);
-  if (!float_out || y.scalar_type() == at::kFloat) return y;
-  if (!out_buffer.defined()) return y.to(at::kFloat);
-  return output_tensor(out_buffer, {m, out}, at::kFloat, "small_linear", {&x, &w}).copy_(y);
+  if (y_dtype == want) return y;
+  return out_buffer.defined() ? output_tensor(out_buffer, {m, out}, want, "small_linear", {&x, &w}).copy_(y)
+                              : y.to(want);
 }
 
 at::Tensor small_linear_silu_mul(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
