@@ -682,11 +682,9 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
     std::vector<torch::Tensor> outs;
     outs.reserve(groups.size());
     for (const AttentionGroup& g : groups) {
-      if (g.paged) {
-        const torch::Tensor qg = g.batch == N ? q.contiguous() : q.narrow(0, g.row_begin, g.batch).contiguous();
-        outs.push_back(paged_decode_attention(qg, cache.keys(l64), cache.values(l64), g.context, window,
-                                              1.0 / std::sqrt(static_cast<double>(hd)),
-                                              groups.size() == 1 ? buffer(kAttention, {N, nh * hd}, st) : torch::Tensor()));
+      if (g.paged) {  // the CPU's one group: every row of the step
+        outs.push_back(paged_decode_attention(q.contiguous(), cache.keys(l64), cache.values(l64), g.context, window,
+                                              1.0 / std::sqrt(static_cast<double>(hd)), buffer(kAttention, {N, nh * hd}, st)));
         continue;
       }
       const torch::Tensor qg = q.narrow(0, g.row_begin, g.batch * g.queries).view({g.batch, g.queries, nh, hd});
