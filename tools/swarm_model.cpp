@@ -19,9 +19,9 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
-#include "inference/chat_template.hpp"
-#include "inference/model_tools.hpp"
-#include "inference/tokenizer.hpp"
+#include "model/model_tools.hpp"
+#include "text/chat_template.hpp"
+#include "text/tokenizer.hpp"
 
 namespace {
 

@@ -28,9 +28,9 @@
 #include <utility>
 #include <vector>
 
-#include "inference/model_config.hpp"
-#include "inference/model_tools.hpp"
-#include "inference/safetensors.hpp"
+#include "model/model_config.hpp"
+#include "model/model_tools.hpp"
+#include "model/safetensors.hpp"
 
 extern char** environ;
 

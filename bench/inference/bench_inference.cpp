@@ -21,7 +21,7 @@
 //                   [--skip-python] [--profile-ops] [--openblas-threads N]
 //
 // The SmolLM2 weights are written once (swarm::init_random_model, fp32, seed 0) into
-// <build>/bench-models/ and reused; TinyStories comes from shared/models/.
+// <build>/bench-models/ and reused; TinyStories comes from tests/fixtures/models/.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
@@ -54,13 +54,13 @@
 #include <string>
 #include <vector>
 
+#include "common/torch_bench.hpp"
 #include "inference/decoder_model_torch.hpp"
 #include "inference/kv_cache_torch.hpp"
-#include "inference/model_config.hpp"
-#include "inference/model_tools.hpp"
-#include "inference/safetensors.hpp"
-#include "common/torch_bench.hpp"
 #include "inference/sampler_torch.hpp"
+#include "model/model_config.hpp"
+#include "model/model_tools.hpp"
+#include "model/safetensors.hpp"
 
 extern char** environ;
 
@@ -758,7 +758,7 @@ struct Options {
   bool profile_ops = false;
   int openblas_threads = 0;  // 0 = leave as loaded
   bool fixed_threads = false;  // true: --threads / --openblas-threads for every case, no engine plan
-  std::string shared = SWARM_DEFAULT_SHARED_DIR;
+  std::string fixtures = SWARM_DEFAULT_FIXTURES_DIR;
   std::string model_cache = SWARM_BENCH_MODEL_CACHE;
   std::string python = "/usr/bin/python3";
   std::string python_script = SWARM_BENCH_PYTHON_SCRIPT;
@@ -783,7 +783,7 @@ int main(int argc, char** argv) {
   app.add_option("--openblas-threads", opt.openblas_threads,
                  "Set OpenBLAS's pool (fp32 GEMM) to N threads in both processes; 0 = leave the default")
       ->capture_default_str();
-  app.add_option("--shared", opt.shared, "The shared/ directory with models/")->capture_default_str();
+  app.add_option("--fixtures", opt.fixtures, "The fixtures directory with models/ (tests/fixtures)")->capture_default_str();
   app.add_option("--model-cache", opt.model_cache, "Where random-weight models are written once")
       ->capture_default_str();
   app.add_option("--python", opt.python, "Python with torch")->capture_default_str();
@@ -815,10 +815,10 @@ int main(int argc, char** argv) {
     for (const std::string& key : split_list(opt.models)) {
       if (key == "smollm2") {
         models.push_back({key, "smollm2-135m (random)",
-                          prepare_random_model(fs::path(opt.shared) / "models/smollm2-135m-instruct-noweights",
+                          prepare_random_model(fs::path(opt.fixtures) / "models/smollm2-135m-instruct-noweights",
                                                opt.model_cache, "smollm2-135m-random-f32-seed0")});
       } else if (key == "tinystories") {
-        models.push_back({key, "tinystories-656k", fs::path(opt.shared) / "models/tinystories-656k"});
+        models.push_back({key, "tinystories-656k", fs::path(opt.fixtures) / "models/tinystories-656k"});
       } else {
         throw std::invalid_argument("unknown model '" + key + "' (smollm2, tinystories)");
       }

@@ -1,6 +1,6 @@
-// Encode throughput of swarm's tokenizer on the three shared/ tokenizers.
+// Encode throughput of swarm's tokenizer on the three fixture tokenizers (tests/fixtures).
 //
-//   bench_tokenizer [--shared DIR] [--mb N] [--iters N]
+//   bench_tokenizer [--fixtures DIR] [--mb N] [--iters N]
 //
 // The corpus (~2 MB by default) mixes English-heavy prose (70%: the test corpus' English
 // texts plus generated sentences whose made-up words defeat the word cache), code (10%),
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "inference/tokenizer.hpp"
+#include "text/tokenizer.hpp"
 
 namespace {
 
@@ -96,12 +96,12 @@ std::vector<std::string> build_documents(const nlohmann::json& corpus, size_t ta
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string shared = SWARM_DEFAULT_SHARED_DIR;
+  std::string fixtures = SWARM_DEFAULT_FIXTURES_DIR;
   double mb = 2.0;
   int iters = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::strcmp(argv[i], "--shared") == 0)
-      shared = argv[i + 1];
+    if (std::strcmp(argv[i], "--fixtures") == 0)
+      fixtures = argv[i + 1];
     else if (std::strcmp(argv[i], "--mb") == 0)
       mb = std::atof(argv[i + 1]);
     else if (std::strcmp(argv[i], "--iters") == 0)
@@ -136,7 +136,7 @@ int main(int argc, char** argv) {
               std::string(11, '-').c_str(), std::string(11, '-').c_str());
   for (const Entry& e : entries) {
     auto t0 = std::chrono::steady_clock::now();
-    auto tok = swarm::Tokenizer::from_directory(shared + "/" + e.dir);
+    auto tok = swarm::Tokenizer::from_directory(fixtures + "/" + e.dir);
     double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     size_t tokens = 0;
     auto pass = [&] {

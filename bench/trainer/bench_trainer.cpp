@@ -42,7 +42,7 @@
 
 #include "common/torch_bench.hpp"
 #include "inference/decoder_model_torch.hpp"
-#include "inference/model_config.hpp"
+#include "model/model_config.hpp"
 #include "rollout_pool/types.hpp"
 #include "trainer/grpo_batch.hpp"
 #include "trainer/grpo_trainer_torch.hpp"
@@ -486,7 +486,7 @@ struct Options {
   bool profile = false;
   int64_t steps = 0;  // 0 = the default of the run size
   int64_t seqs = 0, seq_len = 0, prompt_len = -1, micro_batch_tokens = 2048;
-  std::string shared = SWARM_DEFAULT_SHARED_DIR;
+  std::string fixtures = SWARM_DEFAULT_FIXTURES_DIR;
   std::string model_cache = SWARM_BENCH_MODEL_CACHE;
   std::string python = "/usr/bin/python3";
   std::string python_script = SWARM_BENCH_PYTHON_SCRIPT;
@@ -511,7 +511,7 @@ int main(int argc, char** argv) {
   app.add_flag("--skip-python", opt.skip_python, "Do not run the python3-torch reference");
   app.add_flag("--profile", opt.profile,
                "Also time a forward-only pass and print per-op self time of one step's gradients and optimizer");
-  app.add_option("--shared", opt.shared, "The shared/ directory with models/")->capture_default_str();
+  app.add_option("--fixtures", opt.fixtures, "The fixtures directory with models/ (tests/fixtures)")->capture_default_str();
   app.add_option("--model-cache", opt.model_cache, "Where the random-weight model is written once")
       ->capture_default_str();
   app.add_option("--python", opt.python, "Python with torch")->capture_default_str();
@@ -537,7 +537,7 @@ int main(int argc, char** argv) {
     std::printf("commit %s; %s run\n", sb::git_commit(SWARM_SOURCE_DIR).c_str(), opt.quick ? "quick" : "full");
     std::fflush(stdout);
 
-    const fs::path dir = sb::prepare_random_model(fs::path(opt.shared) / "models/smollm2-135m-instruct-noweights",
+    const fs::path dir = sb::prepare_random_model(fs::path(opt.fixtures) / "models/smollm2-135m-instruct-noweights",
                                                   opt.model_cache, "smollm2-135m-random-f32-seed0");
     const swarm::ModelConfig config = swarm::ModelConfig::from_directory(dir);
     const ModelShape shape{config.num_hidden_layers, config.hidden_size};

@@ -15,64 +15,12 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "common/error.hpp"
+#include "inference/generation.hpp"
 #include "rollout_pool/types.hpp"
 
 namespace swarm {
 
 struct Job;
-
-/// Per-request sampling settings (OpenAI parameters after validation).
-struct SamplingParams {
-  double temperature = 1.0;
-  double top_p = 1.0;
-  int64_t top_k = -1;                 // -1 = off
-  int64_t max_tokens = 256;
-  std::optional<uint64_t> seed;
-  std::vector<std::string> stop;      // stop strings (not included in the output)
-  std::vector<TokenId> stop_token_ids;
-  int64_t n = 1;
-  bool logprobs = false;
-  int64_t top_logprobs = 0;           // alternatives per position when logprobs
-};
-
-struct GenerationRequest {
-  std::vector<TokenId> prompt_ids;
-  SamplingParams params;
-};
-
-/// One alternative token at a position (top_logprobs).
-struct TokenAlternative {
-  TokenId id = 0;
-  float logprob = 0.f;
-};
-
-/// One sampled sequence.
-struct GenerationChoice {
-  std::vector<TokenId> ids;        // includes a generated stop token (e.g. <|im_end|>)
-  std::vector<float> logprobs;     // log-prob of each sampled id
-  std::vector<std::vector<TokenAlternative>> top;  // per position, when requested
-  std::string text;                // decoded text without stop token / stop string
-  std::string finish_reason;       // "stop" or "length"
-};
-
-struct GenerationResult {
-  std::vector<GenerationChoice> choices;
-  int64_t policy_version = 0;      // weights version that produced every token
-};
-
-/// Receives the progress of one generation. Called from the backend's thread (the mock
-/// calls it inline). Implementations must be thread-safe against the HTTP side.
-class GenerationObserver {
- public:
-  virtual ~GenerationObserver() = default;
-  /// Text that became printable for `choice` (UTF-8 safe), for streaming.
-  virtual void on_text(int64_t choice, const std::string& text_delta) { (void)choice, (void)text_delta; }
-  /// Exactly one of on_complete / on_error is called, once.
-  virtual void on_complete(GenerationResult result) = 0;
-  virtual void on_error(ErrorKind kind, const std::string& message) = 0;
-  /// Polled by the backend: true when the client went away (frees the KV cache early).
-  virtual bool cancelled() const { return false; }
-};
 
 /// What a policy update did, computed from the real batch.
 struct TrainStepReport {

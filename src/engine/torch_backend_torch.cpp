@@ -16,12 +16,12 @@
 #include <torch/cuda.h>
 
 #include "engine/rank_channel.hpp"
-#include "inference/chat_template.hpp"
 #include "inference/decoder_model_torch.hpp"
 #include "inference/kv_cache_torch.hpp"
 #include "inference/serving_engine.hpp"
-#include "inference/tokenizer.hpp"
 #include "swarm/job.hpp"
+#include "text/chat_template.hpp"
+#include "text/tokenizer.hpp"
 #include "trainer/checkpoint_torch.hpp"
 #include "trainer/grpo_trainer_torch.hpp"
 

@@ -17,10 +17,10 @@
 
 #include "common/error.hpp"
 #include "inference/kv_cache_torch.hpp"
-#include "inference/paged_attention_torch.hpp"
-#include "inference/safetensors_torch.hpp"
-#include "inference/serving_ops_torch.hpp"
-#include "inference/small_linear_torch.hpp"
+#include "kernels/cpu/paged_attention_torch.hpp"
+#include "kernels/cpu/serving_ops_torch.hpp"
+#include "kernels/cpu/small_linear_torch.hpp"
+#include "model/safetensors_torch.hpp"
 
 namespace swarm {
 

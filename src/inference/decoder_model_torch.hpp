@@ -15,8 +15,8 @@
 
 #include <torch/types.h>
 
-#include "inference/model_config.hpp"
-#include "inference/safetensors.hpp"
+#include "model/model_config.hpp"
+#include "model/safetensors.hpp"
 
 namespace swarm {
 

@@ -3,7 +3,7 @@
 #include <string>
 
 #include "common/error.hpp"
-#include "inference/model_config.hpp"
+#include "model/model_config.hpp"
 
 namespace swarm {
 

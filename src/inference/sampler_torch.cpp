@@ -13,7 +13,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include "common/error.hpp"
-#include "inference/serving_ops_torch.hpp"
+#include "kernels/cpu/serving_ops_torch.hpp"
 
 namespace swarm {
 

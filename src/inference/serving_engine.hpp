@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.hpp"
+#include "inference/generation.hpp"
 
 namespace swarm {
 

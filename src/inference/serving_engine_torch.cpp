@@ -18,7 +18,7 @@
 #include "inference/decoder_model_torch.hpp"
 #include "inference/kv_cache_torch.hpp"
 #include "inference/sampler_torch.hpp"
-#include "inference/tokenizer.hpp"
+#include "text/tokenizer.hpp"
 
 namespace swarm {
 namespace {

@@ -7,11 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "common/token_id.hpp"
 #include "swarm/types.hpp"  // WorkflowOutput
 
 namespace swarm {
-
-using TokenId = int32_t;
 
 /// One LLM request of an episode exactly as the engine saw it: the prompt ids the chat
 /// template produced and the completion ids/log-probs the engine sampled.

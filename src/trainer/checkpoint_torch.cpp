@@ -8,8 +8,8 @@
 
 #include "common/error.hpp"
 #include "inference/decoder_model_torch.hpp"
-#include "inference/model_tools.hpp"
-#include "inference/safetensors_torch.hpp"
+#include "model/model_tools.hpp"
+#include "model/safetensors_torch.hpp"
 #include "trainer/grpo_trainer_torch.hpp"
 
 namespace swarm {

@@ -4,7 +4,7 @@
 
 #include <filesystem>
 
-#include "inference/safetensors.hpp"
+#include "model/safetensors.hpp"
 
 namespace swarm {
 

@@ -8,7 +8,7 @@
 #include <span>
 
 #include "common/error.hpp"
-#include "inference/safetensors.hpp"
+#include "model/safetensors.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto bytes = std::as_bytes(std::span<const uint8_t>(data, size));

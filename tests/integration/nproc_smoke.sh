@@ -6,10 +6,10 @@
 #     with a clear boot error;
 #  3. a follower killed mid-run fails the next policy step with an error that names it, within
 #     a bounded time, and the server keeps answering.
-# Usage: nproc_smoke.sh <swarm-server> <swarm-model> <echo_agent> <shared dir>
+# Usage: nproc_smoke.sh <swarm-server> <swarm-model> <echo_agent> <fixtures dir>
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../support/server_port.sh"
-server_bin="$1" model_bin="$2" agent_bin="$3" shared="$4"
+server_bin="$1" model_bin="$2" agent_bin="$3" fixtures="$4"
 work="$(mktemp -d)"
 pid=""
 cleanup() {
@@ -21,7 +21,7 @@ trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; tail -40 "$work/server.log" >&2 2>/dev/null || true; exit 1; }
 cd "$work"
 
-"$model_bin" init --from "$shared/models/smollm2-135m-instruct-noweights" --out "$work/model" --dtype f32 --seed 3 \
+"$model_bin" init --from "$fixtures/models/smollm2-135m-instruct-noweights" --out "$work/model" --dtype f32 --seed 3 \
   --set hidden_size=64 --set intermediate_size=128 --set num_hidden_layers=2 --set num_attention_heads=4 \
   --set num_key_value_heads=2 >/dev/null || fail "swarm-model init"
 

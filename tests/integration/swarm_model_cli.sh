@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# swarm-model end to end on the shared fixtures: inspect, deterministic init,
+# swarm-model end to end on the model and tokenizer fixtures (tests/fixtures): inspect, deterministic init,
 # tokenize/detokenize round trip, render-chat consistent with tokenize, clear errors.
-# Usage: swarm_model_cli.sh <swarm-model> <shared-dir>
+# Usage: swarm_model_cli.sh <swarm-model> <fixtures-dir>
 set -euo pipefail
-bin="$1" shared="$2"
-tiny="$shared/models/tinystories-656k" smol="$shared/models/smollm2-135m-instruct-noweights"
-qwen="$shared/tokenizers/qwen3"
-[ -d "$tiny" ] || { echo "FAIL: fixtures missing at $shared"; exit 1; }
+bin="$1" fixtures="$2"
+tiny="$fixtures/models/tinystories-656k" smol="$fixtures/models/smollm2-135m-instruct-noweights"
+qwen="$fixtures/tokenizers/qwen3"
+[ -d "$tiny" ] || { echo "FAIL: fixtures missing at $fixtures"; exit 1; }
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }

@@ -17,12 +17,12 @@
 
 #include "client/http_client.hpp"
 #include "engine/torch_backend.hpp"
-#include "inference/chat_template.hpp"
-#include "inference/model_tools.hpp"
-#include "inference/tokenizer.hpp"
+#include "model/model_tools.hpp"
 #include "support/client_helpers.hpp"
 #include "support/test_server.hpp"
 #include "swarm/swarm.hpp"
+#include "text/chat_template.hpp"
+#include "text/tokenizer.hpp"
 
 using namespace swarm;
 using namespace std::chrono_literals;
@@ -43,7 +43,7 @@ class TinyChatModel : public ::testing::Environment {
   static fs::path root() { return fs::temp_directory_path() / ("swarm-torch-server-" + std::to_string(::getpid())); }
 
   void SetUp() override {
-    const fs::path src = fs::path(SWARM_SHARED_DIR) / "models" / "smollm2-135m-instruct-noweights";
+    const fs::path src = fs::path(SWARM_FIXTURES_DIR) / "models" / "smollm2-135m-instruct-noweights";
     const fs::path cfg_dir = root() / "config";
     fs::remove_all(root());
     fs::create_directories(cfg_dir);

@@ -1,4 +1,4 @@
-// Reference tokenizer for swarm's tokenizer parity test (tests/unit/test_tokenizer.cpp).
+// Reference tokenizer for swarm's tokenizer parity test (tests/unit/text/test_tokenizer.cpp).
 //
 // Reads one JSON object on stdin:
 //   {"tokenizer_dir": "...", "texts": ["..."], "add_special_tokens": true,

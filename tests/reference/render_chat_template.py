@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Reference renderer for chat templates (used by tests/unit/test_chat_template.cpp).
+"""Reference renderer for chat templates (used by tests/unit/text/test_chat_template.cpp).
 
 Renders with Python's jinja2 configured the way Hugging Face transformers'
 apply_chat_template(..., tokenize=False) configures it:

@@ -1,0 +1,395 @@
+#include "kernels/cpu/serving_ops_torch.hpp"
+
+#include <ATen/Parallel.h>
+#include <ATen/record_function.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "common/error.hpp"
+#include "kernels/cpu/cpu_dispatch.hpp"
+#include "kernels/cpu/cpu_vec.hpp"
+
+namespace swarm {
+namespace {
+
+using simd::exp_nonpositive;
+using simd::hsum;
+using simd::load_vec;
+using simd::round_to;
+using simd::store_vec;
+using simd::to_float;
+using simd::Vec;
+
+#define SWARM_INLINE inline __attribute__((always_inline))
+
+// Rows per parallel chunk: about 16K elements of work each, so one-row decode steps stay on
+// the calling thread.
+int64_t grain_for(int64_t elements_per_row) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, elements_per_row)); }
+
+void check_cpu_dtype(const at::Tensor& t, const char* what) {
+  SWARM_CHECK(t.device().is_cpu() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16),
+              std::string(what) + ": fp32 or bf16 CPU tensors only");
+}
+
+// ---------------------------------------------------------------- RMSNorm
+
+struct NormArgs {
+  const void* x;
+  const void* w;
+  void* y;
+  int64_t h;
+  float eps;
+  const void* add = nullptr;  // when set: x += add first (rounded to T, stored back into x)
+};
+
+template <class T, int W>
+SWARM_INLINE void rms_rows(const NormArgs& a, int64_t begin, int64_t end) {
+  using V = typename Vec<W>::type;
+  const int64_t H = a.h, vec = H / W * W;
+  const T* w = static_cast<const T*>(a.w);
+  for (int64_t r = begin; r < end; ++r) {
+    const T* x = static_cast<const T*>(a.x) + r * H;
+    T* y = static_cast<T*>(a.y) + r * H;
+    V acc{};
+    int64_t j = 0;
+    float ss = 0.f;
+    if (a.add != nullptr) {  // the residual add, as x.add_(d) rounds it, then the statistics
+      T* xs = const_cast<T*>(x);
+      const T* d = static_cast<const T*>(a.add) + r * H;
+      for (; j < vec; j += W) {
+        const V v = round_to<T, W>(load_vec<W>(xs + j) + load_vec<W>(d + j));
+        store_vec<W>(xs + j, v);
+        acc += v * v;
+      }
+      ss = hsum(acc);
+      for (; j < H; ++j) {
+        const float v = round_to<T>(to_float(xs[j]) + to_float(d[j]));
+        xs[j] = static_cast<T>(v);
+        ss += v * v;
+      }
+    } else {
+      for (; j < vec; j += W) {
+        const V v = load_vec<W>(x + j);
+        acc += v * v;
+      }
+      ss = hsum(acc);
+      for (; j < H; ++j) ss += to_float(x[j]) * to_float(x[j]);
+    }
+    const float inv = 1.f / std::sqrt(ss / static_cast<float>(H) + a.eps);
+    for (j = 0; j < vec; j += W) store_vec<W>(y + j, round_to<T, W>(load_vec<W>(x + j) * inv) * load_vec<W>(w + j));
+    for (; j < H; ++j) y[j] = static_cast<T>(round_to<T>(to_float(x[j]) * inv) * to_float(w[j]));
+  }
+}
+SWARM_KERNEL_COPIES(rms_kernel, NormArgs, rms_rows)
+
+// ---------------------------------------------------------------- rotary embedding + cache
+
+struct RopeArgs {
+  const void* qkv;
+  const void* cos;
+  const void* sin;
+  const int64_t* positions;
+  const int64_t* rows;
+  void* q;
+  void* k_cache;
+  void* v_cache;
+  int64_t heads, kv_heads, hd;
+};
+
+// out = x * cos + rotate_half(x) * sin with rotate_half(x) = [-x2, x1], each product and the sum
+// rounded as the op chain in T rounds them.
+// W lanes of it from column j (j + W <= half).
+template <class T, int W>
+SWARM_INLINE void rope_lanes(const T* x, const T* c, const T* s, T* out, int64_t half, int64_t j) {
+  using V = typename Vec<W>::type;
+  const V x1 = load_vec<W>(x + j), x2 = load_vec<W>(x + half + j);
+  store_vec<W>(out + j, round_to<T, W>(x1 * load_vec<W>(c + j)) - round_to<T, W>(x2 * load_vec<W>(s + j)));
+  store_vec<W>(out + half + j,
+               round_to<T, W>(x2 * load_vec<W>(c + half + j)) + round_to<T, W>(x1 * load_vec<W>(s + half + j)));
+}
+
+template <class T, int W>
+SWARM_INLINE void rope_head(const T* x, const T* c, const T* s, T* out, int64_t half) {
+  int64_t j = 0;
+  for (; j + W <= half; j += W) rope_lanes<T, W>(x, c, s, out, half, j);
+  // Half-width vectors for what is left (head_dim 16, as TinyStories has, is all of it with
+  // 16-float vectors: scalar, it took 9 % of a batch-32 step).
+  if constexpr (W > 8) {
+    for (; j + 8 <= half; j += 8) rope_lanes<T, 8>(x, c, s, out, half, j);
+  }
+  for (; j < half; ++j) {
+    const float x1 = to_float(x[j]), x2 = to_float(x[half + j]);
+    out[j] = static_cast<T>(round_to<T>(x1 * to_float(c[j])) - round_to<T>(x2 * to_float(s[j])));
+    out[half + j] = static_cast<T>(round_to<T>(x2 * to_float(c[half + j])) + round_to<T>(x1 * to_float(s[half + j])));
+  }
+}
+
+template <class T, int W>
+SWARM_INLINE void rope_rows(const RopeArgs& a, int64_t begin, int64_t end) {
+  const int64_t hd = a.hd, half = hd / 2, width = (a.heads + 2 * a.kv_heads) * hd, kv_width = a.kv_heads * hd;
+  for (int64_t i = begin; i < end; ++i) {
+    const T* src = static_cast<const T*>(a.qkv) + i * width;
+    const T* c = static_cast<const T*>(a.cos) + a.positions[i] * hd;
+    const T* s = static_cast<const T*>(a.sin) + a.positions[i] * hd;
+    T* q = static_cast<T*>(a.q) + i * a.heads * hd;
+    for (int64_t h = 0; h < a.heads; ++h) rope_head<T, W>(src + h * hd, c, s, q + h * hd, half);
+    T* k = static_cast<T*>(a.k_cache) + a.rows[i] * kv_width;
+    for (int64_t h = 0; h < a.kv_heads; ++h) rope_head<T, W>(src + (a.heads + h) * hd, c, s, k + h * hd, half);
+    std::memcpy(static_cast<T*>(a.v_cache) + a.rows[i] * kv_width, src + (a.heads + a.kv_heads) * hd,
+                static_cast<size_t>(kv_width) * sizeof(T));
+  }
+}
+SWARM_KERNEL_COPIES(rope_kernel, RopeArgs, rope_rows)
+
+// ---------------------------------------------------------------- SiLU(gate) * up
+
+struct SiluArgs {
+  const void* in;
+  void* out;
+  int64_t inter;
+};
+
+// silu(g) = g / (1 + e^-g); for g < 0 as g e^g / (1 + e^g), so the exponential's argument is
+// never positive. The product with up is rounded as the two ops it replaces round.
+template <class T, int W>
+SWARM_INLINE void silu_mul_rows(const SiluArgs& a, int64_t begin, int64_t end) {
+  using V = typename Vec<W>::type;
+  const int64_t n = a.inter, vec = n / W * W;
+  for (int64_t r = begin; r < end; ++r) {
+    const T* g = static_cast<const T*>(a.in) + r * 2 * n;
+    const T* u = g + n;
+    T* o = static_cast<T*>(a.out) + r * n;
+    int64_t j = 0;
+    for (; j < vec; j += W) {
+      const V x = load_vec<W>(g + j);
+      const V e = exp_nonpositive<W>(x < 0 ? x : -x);
+      const V silu = (x < 0 ? x * e : x) / (1.f + e);
+      store_vec<W>(o + j, round_to<T, W>(silu) * load_vec<W>(u + j));
+    }
+    if (j < n) {  // the tail through the same vector code (zero-padded), so every column is computed alike
+      T gt[W] = {}, ut[W] = {}, ot[W];
+      std::copy(g + j, g + n, gt);
+      std::copy(u + j, u + n, ut);
+      const V x = load_vec<W>(gt);
+      const V e = exp_nonpositive<W>(x < 0 ? x : -x);
+      const V silu = (x < 0 ? x * e : x) / (1.f + e);
+      store_vec<W>(ot, round_to<T, W>(silu) * load_vec<W>(ut));
+      std::copy(ot, ot + (n - j), o + j);
+    }
+  }
+}
+SWARM_KERNEL_COPIES(silu_mul_kernel, SiluArgs, silu_mul_rows)
+
+// ---------------------------------------------------------------- softmax statistics
+
+struct StatsArgs {
+  const float* x;
+  const float* temps;
+  SoftmaxRowStats* out;
+  int64_t v;
+};
+
+template <class T, int W>  // T unused: logits are fp32
+SWARM_INLINE void stats_rows(const StatsArgs& a, int64_t begin, int64_t end) {
+  using V = typename Vec<W>::type;
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  const int64_t n = a.v, vec = n / W * W;
+  for (int64_t r = begin; r < end; ++r) {
+    const float* x = a.x + r * n;
+    const float t = a.temps[r];
+    SoftmaxRowStats& st = a.out[r];
+    auto scaled = [t](V v) { return t == 1.f ? v : v / t; };
+    V mv = V{} - kInf, nan{};
+    int64_t j = 0;
+    for (; j < vec; j += W) {
+      const V v = scaled(load_vec<W>(x + j));
+      mv = v > mv ? v : mv;
+      nan = v != v ? V{} + 1.f : nan;
+    }
+    float m = -kInf;
+    bool has_nan = hsum(nan) != 0.f;
+    for (int k = 0; k < W; ++k) m = std::max(m, mv[k]);
+    for (; j < n; ++j) {
+      const float v = t == 1.f ? x[j] : x[j] / t;
+      has_nan = has_nan || v != v;
+      m = std::max(m, v);
+    }
+    st.max = m;
+    st.has_nan = has_nan;
+    st.argmax = 0;
+    for (j = 0; j < n; ++j) {
+      if ((t == 1.f ? x[j] : x[j] / t) == m) {
+        st.argmax = j;
+        break;
+      }
+    }
+    if (has_nan || m == -kInf) {
+      st.log_sum = 0;
+      continue;
+    }
+    V acc{};
+    for (j = 0; j < vec; j += W) {
+      const V v = scaled(load_vec<W>(x + j));
+      const V e = exp_nonpositive<W>(v - m);
+      acc += v == -kInf ? V{} : e;
+    }
+    float sum = hsum(acc);
+    for (; j < n; ++j) {
+      const float v = t == 1.f ? x[j] : x[j] / t;
+      if (v != -kInf) sum += std::exp(v - m);
+    }
+    st.log_sum = std::log(sum);
+  }
+}
+SWARM_KERNEL_COPIES(stats_kernel, StatsArgs, stats_rows)
+
+struct RowArgs {
+  const float* x;
+  float* logp;
+  float* probs;
+  int64_t v;
+  float t, max, log_sum;  // logp = (x / t - max) - log_sum: max + log_sum first would round at max's scale
+};
+
+template <class T, int W>  // T unused; one row, [begin, end) = [0, 1)
+SWARM_INLINE void logp_row(const RowArgs& a, int64_t, int64_t) {
+  using V = typename Vec<W>::type;
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  const int64_t n = a.v, vec = n / W * W;
+  const float t = a.t;
+  int64_t j = 0;
+  for (; j < vec; j += W) {
+    V v = load_vec<W>(a.x + j);
+    if (t != 1.f) v = v / t;
+    const V lp = (v - a.max) - a.log_sum;
+    store_vec<W>(a.logp + j, lp);
+    if (a.probs != nullptr) store_vec<W>(a.probs + j, v == -kInf ? V{} : exp_nonpositive<W>(lp));
+  }
+  for (; j < n; ++j) {
+    const float v = t == 1.f ? a.x[j] : a.x[j] / t;
+    a.logp[j] = (v - a.max) - a.log_sum;
+    if (a.probs != nullptr) a.probs[j] = v == -kInf ? 0.f : std::exp(a.logp[j]);
+  }
+}
+SWARM_KERNEL_COPIES(logp_kernel, RowArgs, logp_row)
+
+}  // namespace
+
+std::vector<SoftmaxRowStats> softmax_row_stats(const at::Tensor& x, const std::vector<float>& temperature) {
+  RECORD_FUNCTION("swarm::softmax_row_stats", c10::ArrayRef<const c10::IValue>{});
+  SWARM_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(),
+              "softmax_row_stats: x must be [B, V] fp32 contiguous on the CPU");
+  SWARM_CHECK(static_cast<int64_t>(temperature.size()) == x.size(0), "softmax_row_stats: one temperature per row");
+  for (float t : temperature) SWARM_CHECK(t > 0.f, "softmax_row_stats: temperatures must be > 0");
+  std::vector<SoftmaxRowStats> out(static_cast<size_t>(x.size(0)));
+  const StatsArgs a{x.data_ptr<float>(), temperature.data(), out.data(), x.size(1)};
+  const auto run = stats_kernel(false);
+  at::parallel_for(0, x.size(0), 1, [&](int64_t b, int64_t e) { run(a, b, e); });
+  return out;
+}
+
+void log_softmax_row(const float* x, int64_t V, float t, const SoftmaxRowStats& stats, float* logp, float* probs) {
+  SWARM_CHECK(t > 0.f && V > 0, "log_softmax_row: temperature must be > 0 and the row non-empty");
+  logp_kernel(false)(RowArgs{x, logp, probs, V, t, stats.max, stats.log_sum}, 0, 1);
+}
+
+at::Tensor output_tensor(const at::Tensor& out, at::IntArrayRef sizes, at::ScalarType dtype, const char* op,
+                         std::initializer_list<const at::Tensor*> inputs) {
+  if (!out.defined()) return at::empty(sizes, at::TensorOptions().dtype(dtype));
+  SWARM_CHECK(out.device().is_cpu() && out.is_contiguous() && out.scalar_type() == dtype && out.sizes() == sizes,
+              std::string(op) + ": out must be a contiguous CPU tensor of the result's shape and dtype");
+  const auto* begin = static_cast<const char*>(out.data_ptr());
+  const auto* end = begin + out.nbytes();
+  for (const at::Tensor* in : inputs) {
+    if (in == nullptr || !in->defined()) continue;
+    const auto* b = static_cast<const char*>(in->data_ptr());
+    SWARM_CHECK(b + in->nbytes() <= begin || end <= b, std::string(op) + ": out shares memory with an input");
+  }
+  return out;
+}
+
+at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& out) {
+  RECORD_FUNCTION("swarm::rms_norm_rows", c10::ArrayRef<const c10::IValue>{});
+  check_cpu_dtype(x, "rms_norm_rows");
+  SWARM_CHECK(x.dim() == 2 && x.is_contiguous() && weight.dim() == 1 && weight.is_contiguous() &&
+                  weight.size(0) == x.size(1) && weight.scalar_type() == x.scalar_type(),
+              "rms_norm_rows: x [N, H] contiguous, weight [H] of x's dtype");
+  at::Tensor y = output_tensor(out, x.sizes(), x.scalar_type(), "rms_norm_rows", {&x, &weight});
+  const NormArgs a{x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.size(1), static_cast<float>(eps)};
+  const auto run = rms_kernel(x.scalar_type() == at::kBFloat16);
+  at::parallel_for(0, x.size(0), grain_for(x.size(1)), [&](int64_t b, int64_t e) { run(a, b, e); });
+  return y;
+}
+
+at::Tensor add_rms_norm_rows(at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps,
+                             const at::Tensor& out) {
+  RECORD_FUNCTION("swarm::add_rms_norm_rows", c10::ArrayRef<const c10::IValue>{});
+  check_cpu_dtype(x, "add_rms_norm_rows");
+  SWARM_CHECK(x.dim() == 2 && x.is_contiguous() && weight.dim() == 1 && weight.is_contiguous() &&
+                  weight.size(0) == x.size(1) && weight.scalar_type() == x.scalar_type(),
+              "add_rms_norm_rows: x [N, H] contiguous, weight [H] of x's dtype");
+  SWARM_CHECK(delta.sizes() == x.sizes() && delta.is_contiguous() && delta.scalar_type() == x.scalar_type() &&
+                  delta.device().is_cpu(),
+              "add_rms_norm_rows: delta must be contiguous, of x's shape and dtype");
+  at::Tensor y = output_tensor(out, x.sizes(), x.scalar_type(), "add_rms_norm_rows", {&x, &delta, &weight});
+  NormArgs a{x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.size(1), static_cast<float>(eps)};
+  a.add = delta.data_ptr();
+  const auto run = rms_kernel(x.scalar_type() == at::kBFloat16);
+  at::parallel_for(0, x.size(0), grain_for(2 * x.size(1)), [&](int64_t b, int64_t e) { run(a, b, e); });
+  return y;
+}
+
+at::Tensor rope_qkv_into_cache(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                               const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions,
+                               const at::Tensor& cache_rows, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                               const at::Tensor& out) {
+  RECORD_FUNCTION("swarm::rope_qkv_into_cache", c10::ArrayRef<const c10::IValue>{});
+  check_cpu_dtype(qkv, "rope_qkv_into_cache");
+  const int64_t n = qkv.size(0), width = (heads + 2 * kv_heads) * head_dim;
+  const auto dt = qkv.scalar_type();
+  SWARM_CHECK(qkv.dim() == 2 && qkv.is_contiguous() && qkv.size(1) == width && head_dim % 2 == 0,
+              "rope_qkv_into_cache: qkv must be [N, (heads + 2 kv_heads) * head_dim] contiguous, head_dim even");
+  SWARM_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.sizes() == sin.sizes() && cos.dim() == 2 &&
+                  cos.size(1) == head_dim && cos.scalar_type() == dt && sin.scalar_type() == dt,
+              "rope_qkv_into_cache: cos / sin must be [positions, head_dim] of qkv's dtype");
+  SWARM_CHECK(positions.scalar_type() == at::kLong && cache_rows.scalar_type() == at::kLong &&
+                  positions.is_contiguous() && cache_rows.is_contiguous() && positions.numel() == n &&
+                  cache_rows.numel() == n && positions.device().is_cpu() && cache_rows.device().is_cpu(),
+              "rope_qkv_into_cache: positions / cache_rows must be [N] int64 on the CPU");
+  SWARM_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == dt &&
+                  v_cache.scalar_type() == dt && k_cache.numel() == v_cache.numel() &&
+                  k_cache.numel() % (kv_heads * head_dim) == 0,
+              "rope_qkv_into_cache: the caches must be contiguous, of qkv's dtype, whole rows of kv_heads * head_dim");
+  const int64_t cache_rows_total = k_cache.numel() / (kv_heads * head_dim);
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* rows = cache_rows.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    SWARM_CHECK(pos[i] >= 0 && pos[i] < cos.size(0), "rope_qkv_into_cache: position out of the tables' range");
+    SWARM_CHECK(rows[i] >= 0 && rows[i] < cache_rows_total, "rope_qkv_into_cache: cache row out of range");
+  }
+  at::Tensor q = output_tensor(out, {n, heads, head_dim}, dt, "rope_qkv_into_cache", {&qkv, &k_cache, &v_cache});
+  const RopeArgs a{qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), pos, rows, q.data_ptr(), k_cache.data_ptr(),
+                   v_cache.data_ptr(), heads, kv_heads, head_dim};
+  const auto run = rope_kernel(dt == at::kBFloat16);
+  at::parallel_for(0, n, grain_for(width), [&](int64_t b, int64_t e) { run(a, b, e); });
+  return q;
+}
+
+at::Tensor silu_mul(const at::Tensor& gate_up, const at::Tensor& out_buffer) {
+  RECORD_FUNCTION("swarm::silu_mul", c10::ArrayRef<const c10::IValue>{});
+  check_cpu_dtype(gate_up, "silu_mul");
+  SWARM_CHECK(gate_up.dim() == 2 && gate_up.is_contiguous() && gate_up.size(1) % 2 == 0,
+              "silu_mul: gate_up must be [N, 2 * inter] contiguous");
+  const int64_t n = gate_up.size(0), inter = gate_up.size(1) / 2;
+  at::Tensor out = output_tensor(out_buffer, {n, inter}, gate_up.scalar_type(), "silu_mul", {&gate_up});
+  const SiluArgs a{gate_up.data_ptr(), out.data_ptr(), inter};
+  const auto run = silu_mul_kernel(gate_up.scalar_type() == at::kBFloat16);
+  at::parallel_for(0, n, grain_for(2 * inter), [&](int64_t b, int64_t e) { run(a, b, e); });
+  return out;
+}
+
+}  // namespace swarm

@@ -1,0 +1,501 @@
+// The hand-written CPU kernels against plain libtorch ops on random data: small_linear vs
+// at::linear, paged_decode_attention vs softmax(q·Kᵀ)·V over the gathered context (with GQA,
+// sliding window, scattered blocks), the fused serving ops vs the op chains they replace, in
+// fp32 and bf16.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <random>
+
+#include "kernels/cpu/cpu_dispatch.hpp"
+#include "kernels/cpu/paged_attention_torch.hpp"
+#include "kernels/cpu/serving_ops_torch.hpp"
+#include "kernels/cpu/small_linear_torch.hpp"
+
+namespace swarm {
+namespace {
+
+double max_rel(const at::Tensor& got, const at::Tensor& want) {
+  const at::Tensor g = got.to(at::kFloat), w = want.to(at::kFloat);
+  return ((g - w).abs().max() / w.abs().max().clamp_min(1e-6)).item<double>();
+}
+
+TEST(SmallLinear, MatchesLinearForEveryRowCountWithAndWithoutBias) {
+  at::manual_seed(1);
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    // Every count up to 8, then the dot-product kernel's tiles of 4 with each remainder, up to
+    // the most this CPU's kernel takes for the dtype.
+    std::vector<int64_t> counts;
+    for (int64_t m = 1; m <= small_linear_max_rows(dtype); m += m < 8 ? 1 : m < 16 ? 3 : 21) counts.push_back(m);
+    if (counts.back() != small_linear_max_rows(dtype)) counts.push_back(small_linear_max_rows(dtype));
+    for (int64_t m : counts) {
+      for (int64_t in : {8, 40, 64, 100, 576}) {  // tails beyond the unrolled loop and the vector width
+        const at::Tensor x = at::randn({m, in}).to(dtype), w = at::randn({37, in}).to(dtype);
+        const at::Tensor b = at::randn({37}).to(dtype);
+        const at::Tensor want = at::linear(x.to(at::kFloat), w.to(at::kFloat), b.to(at::kFloat));
+        const at::Tensor got = small_linear(x, w, b);
+        EXPECT_EQ(got.scalar_type(), dtype);
+        EXPECT_EQ(got.sizes(), (std::vector<int64_t>{m, 37}));
+        EXPECT_LT(max_rel(got, want), dtype == at::kFloat ? 1e-5 : 1e-2) << "m=" << m << " in=" << in;
+        EXPECT_LT(max_rel(small_linear(x, w, c10::nullopt), at::linear(x.to(at::kFloat), w.to(at::kFloat))),
+                  dtype == at::kFloat ? 1e-5 : 1e-2);
+      }
+    }
+  }
+}
+
+// float_out gives the very values of the default result, in fp32 (the logits skip a pass).
+TEST(SmallLinear, FloatOutIsTheResultConvertedBitForBit) {
+  at::manual_seed(7);
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (int64_t m : {int64_t{1}, int64_t{3}, int64_t{9}, small_linear_max_rows(dtype)}) {
+      if (m > small_linear_max_rows(dtype)) continue;
+      for (int64_t out : {37, 64, 1000}) {  // with and without a tail beyond 16 lanes
+        const at::Tensor x = at::randn({m, 100}).to(dtype), w = at::randn({out, 100}).to(dtype);
+        const at::Tensor b = at::randn({out}).to(dtype);
+        const at::Tensor got = small_linear(x, w, b, /*float_out=*/true);
+        EXPECT_EQ(got.scalar_type(), at::kFloat);
+        EXPECT_TRUE(at::equal(got, small_linear(x, w, b).to(at::kFloat))) << "m=" << m << " out=" << out << " " << dtype;
+        EXPECT_TRUE(at::equal(small_linear(x, w, c10::nullopt, true), small_linear(x, w, c10::nullopt).to(at::kFloat)));
+      }
+    }
+  }
+}
+
+// The MLP's gate/up projection with its activation applied as the results leave the kernel is
+// the projection followed by silu_mul, bit for bit: every row count's tiles, inter sizes with
+// and without a tail beyond the 32-feature blocks and the 16 lanes, with and without bias.
+TEST(SmallLinear, SiluMulIsTheProjectionThenSiluMulBitForBit) {
+  at::manual_seed(8);
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (int64_t m : {int64_t{1}, int64_t{3}, int64_t{8}, int64_t{9}, int64_t{16}, int64_t{37}, small_linear_max_rows(dtype)}) {
+      if (m > small_linear_max_rows(dtype)) continue;
+      for (int64_t inter : {8, 40, 48, 100}) {
+        const at::Tensor x = at::randn({m, 72}).to(dtype);
+        const at::Tensor w = (at::randn({2 * inter, 72}) * 0.5).to(dtype);
+        const at::Tensor b = at::randn({2 * inter}).to(dtype);
+        const at::Tensor got = small_linear_silu_mul(x, w, b);
+        EXPECT_EQ(got.sizes(), (std::vector<int64_t>{m, inter}));
+        EXPECT_EQ(got.scalar_type(), dtype);
+        EXPECT_TRUE(at::equal(got, silu_mul(small_linear(x, w, b)))) << "m=" << m << " inter=" << inter << " " << dtype;
+        EXPECT_TRUE(at::equal(small_linear_silu_mul(x, w, c10::nullopt), silu_mul(small_linear(x, w, c10::nullopt))));
+      }
+    }
+  }
+  EXPECT_ANY_THROW(small_linear_silu_mul(at::randn({2, 8}), at::randn({5, 8}), c10::nullopt));  // odd rows
+}
+
+TEST(SmallLinear, TakesWhatTheCpuLevelAllows) {
+  EXPECT_EQ(small_linear_max_rows(at::kFloat), kSmallLinearMaxRows);
+  const int64_t bf16 = small_linear_max_rows(at::kBFloat16);
+  EXPECT_EQ(bf16, cpu_has_avx512_bf16() ? kSmallLinearBf16MaxRows : 4) << cpu_level_name(cpu_level());
+  const at::Tensor w = at::randn({4, 8}).to(at::kBFloat16);
+  EXPECT_NO_THROW(small_linear(at::randn({bf16, 8}).to(at::kBFloat16), w, c10::nullopt));
+  EXPECT_ANY_THROW(small_linear(at::randn({std::max(bf16, kSmallLinearMaxRows) + 1, 8}).to(at::kBFloat16), w,
+                                c10::nullopt));
+}
+
+TEST(SmallLinear, RejectsWhatItIsNotFor) {
+  EXPECT_ANY_THROW(small_linear(at::randn({kSmallLinearMaxRows + 1, 8}), at::randn({4, 8}), c10::nullopt));
+  EXPECT_ANY_THROW(small_linear(at::randn({1, 8}), at::randn({4, 9}), c10::nullopt));
+  EXPECT_ANY_THROW(small_linear(at::randn({1, 8}).to(at::kDouble), at::randn({4, 8}).to(at::kDouble), c10::nullopt));
+}
+
+// Reference: gather each sequence's keys, plain softmax attention in fp32.
+at::Tensor reference_attention(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc,
+                               const PagedContext& ctx, int64_t window, double scale) {
+  const int64_t B = q.size(0), H = q.size(1), hd = q.size(2), kvh = kc.size(2), bs = kc.size(1);
+  std::vector<at::Tensor> outs;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t len = ctx.lengths[static_cast<size_t>(b)];
+    std::vector<int64_t> rows;
+    for (int64_t j = std::max<int64_t>(0, len - window); j < len; ++j)
+      rows.push_back(ctx.block_ids[static_cast<size_t>(ctx.table_offset[static_cast<size_t>(b)] + j / bs)] * bs + j % bs);
+    const at::Tensor idx = at::tensor(rows, at::kLong);
+    const at::Tensor k = kc.view({-1, kvh, hd}).index_select(0, idx).to(at::kFloat);  // [n, kvh, hd]
+    const at::Tensor v = vc.view({-1, kvh, hd}).index_select(0, idx).to(at::kFloat);
+    std::vector<at::Tensor> heads;
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h / (H / kvh);
+      const at::Tensor s = at::matmul(k.select(1, g), q[b][h].to(at::kFloat)) * scale;  // [n]
+      heads.push_back(at::matmul(at::softmax(s, 0), v.select(1, g)));                     // [hd]
+    }
+    outs.push_back(at::cat(heads, 0));
+  }
+  return at::stack(outs, 0);
+}
+
+// head_dim 8 .. 128 covers every vector-width case of the kernel on AVX-512 (W 16) and on
+// AVX2 / baseline (W 8), and 24 / 40 the plain loop; lengths 1, 9, 23 and 70 cover padding
+// keys, several blocks and, with window 5, a window inside the context.
+TEST(PagedDecodeAttention, MatchesGatheredSoftmaxAttention) {
+  at::manual_seed(2);
+  std::mt19937 rng(3);
+  const int64_t bs = 4, blocks = 60;
+  struct Shape {
+    int64_t heads, kvh, hd;
+  };
+  for (const Shape& shape : {Shape{8, 2, 32}, Shape{9, 3, 64}, Shape{4, 4, 8}, Shape{2, 1, 16}, Shape{6, 2, 48},
+                             Shape{4, 2, 128}, Shape{3, 1, 24}, Shape{2, 2, 40}}) {
+    const int64_t heads = shape.heads, kvh = shape.kvh, hd = shape.hd;
+    for (auto dtype : {at::kFloat, at::kBFloat16}) {
+      for (int64_t window : {int64_t{1} << 40, int64_t{5}}) {
+        const at::Tensor kc = at::randn({blocks, bs, kvh, hd}).to(dtype);
+        const at::Tensor vc = at::randn({blocks, bs, kvh, hd}).to(dtype);
+        // Four sequences with scattered, disjoint blocks.
+        std::vector<int64_t> free(blocks);
+        std::iota(free.begin(), free.end(), 0);
+        std::shuffle(free.begin(), free.end(), rng);
+        PagedContext ctx;
+        ctx.table_offset.push_back(0);
+        for (int64_t len : {1, 9, 23, 70}) {
+          const int64_t n = (len + bs - 1) / bs;
+          for (int64_t i = 0; i < n; ++i) {
+            ctx.block_ids.push_back(free.back());
+            free.pop_back();
+          }
+          ctx.table_offset.push_back(static_cast<int64_t>(ctx.block_ids.size()));
+          ctx.lengths.push_back(len);
+        }
+        // Scores of a few units, so the softmax is far from uniform.
+        const at::Tensor q = (at::randn({4, heads, hd}) * 3).to(dtype);
+        const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+        const at::Tensor got = paged_decode_attention(q, kc, vc, ctx, window, scale);
+        const at::Tensor want = reference_attention(q, kc, vc, ctx, window, scale).to(dtype);
+        EXPECT_EQ(got.sizes(), (std::vector<int64_t>{4, heads * hd}));
+        EXPECT_LT(max_rel(got, want), dtype == at::kFloat ? 1e-5 : 2e-2)
+            << "head_dim " << hd << " window " << window << " dtype " << dtype;
+      }
+    }
+  }
+}
+
+// Every kernel takes the caller's buffer as `out` (the serving step keeps its activations from
+// one step to the next): the result is written there, bit for bit what a new tensor would hold,
+// and a buffer of the wrong shape, dtype or layout, or one overlapping an input, is refused.
+TEST(Kernels, WriteIntoTheCallersBufferBitForBit) {
+  at::manual_seed(8);
+  const auto into = [](const char* what, const at::Tensor& fresh, const std::function<at::Tensor(const at::Tensor&)>& f) {
+    at::Tensor buffer = at::full(fresh.sizes(), 7.0, fresh.options());
+    const at::Tensor got = f(buffer);
+    EXPECT_EQ(got.data_ptr(), buffer.data_ptr()) << what << ": the result is the buffer";
+    EXPECT_TRUE(at::equal(buffer, fresh)) << what;
+    EXPECT_ANY_THROW(f(at::empty({fresh.numel() + 1}, fresh.options()))) << what << ": wrong shape";
+    const at::ScalarType other = fresh.scalar_type() == at::kFloat ? at::kBFloat16 : at::kFloat;
+    EXPECT_ANY_THROW(f(at::empty(fresh.sizes(), fresh.options().dtype(other)))) << what << ": wrong dtype";
+    if (fresh.dim() == 2 && fresh.size(0) > 1 && fresh.size(1) > 1) {
+      EXPECT_ANY_THROW(f(at::empty({fresh.size(1), fresh.size(0)}, fresh.options()).t())) << what << ": not contiguous";
+    }
+  };
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    const int64_t m = 3, in = 64, out = 40, h = 64;
+    const at::Tensor x = at::randn({m, in}).to(dtype), w = at::randn({out, in}).to(dtype), b = at::randn({out}).to(dtype);
+    into("small_linear", small_linear(x, w, b), [&](const at::Tensor& o) { return small_linear(x, w, b, false, o); });
+    into("small_linear float_out", small_linear(x, w, b, true),
+         [&](const at::Tensor& o) { return small_linear(x, w, b, true, o); });
+    into("small_linear_silu_mul", small_linear_silu_mul(x, w, b),
+         [&](const at::Tensor& o) { return small_linear_silu_mul(x, w, b, o); });
+    const at::Tensor gate_up = at::randn({m, 2 * out}).to(dtype);
+    into("silu_mul", silu_mul(gate_up), [&](const at::Tensor& o) { return silu_mul(gate_up, o); });
+    const at::Tensor xs = at::randn({m, h}).to(dtype), nw = at::randn({h}).to(dtype), d = at::randn({m, h}).to(dtype);
+    into("rms_norm_rows", rms_norm_rows(xs, nw, 1e-5), [&](const at::Tensor& o) { return rms_norm_rows(xs, nw, 1e-5, o); });
+    at::Tensor x_fresh = xs.clone();
+    const at::Tensor normed = add_rms_norm_rows(x_fresh, d, nw, 1e-5);
+    into("add_rms_norm_rows", normed, [&](const at::Tensor& o) {
+      at::Tensor x_again = xs.clone();
+      return add_rms_norm_rows(x_again, d, nw, 1e-5, o);
+    });
+    const int64_t heads = 4, kvh = 2, hd = 16, rows = 8;
+    const at::Tensor qkv = at::randn({m, (heads + 2 * kvh) * hd}).to(dtype);
+    const at::Tensor angles = at::rand({10, hd}) * 6;
+    const at::Tensor cos = angles.cos().to(dtype), sin = angles.sin().to(dtype);
+    const at::Tensor pos = at::tensor(std::vector<int64_t>{1, 5, 9}, at::kLong);
+    const at::Tensor cache_rows = at::tensor(std::vector<int64_t>{0, 3, 7}, at::kLong);
+    at::Tensor kc = at::zeros({rows, kvh, hd}).to(dtype), vc = at::zeros({rows, kvh, hd}).to(dtype);
+    into("rope_qkv_into_cache", rope_qkv_into_cache(qkv, heads, kvh, hd, cos, sin, pos, cache_rows, kc, vc),
+         [&](const at::Tensor& o) { return rope_qkv_into_cache(qkv, heads, kvh, hd, cos, sin, pos, cache_rows, kc, vc, o); });
+    const at::Tensor kb = at::randn({4, 4, kvh, hd}).to(dtype), vb = at::randn({4, 4, kvh, hd}).to(dtype);
+    PagedContext ctx;
+    ctx.block_ids = {2, 0, 3, 1};
+    ctx.table_offset = {0, 2, 3, 4};
+    ctx.lengths = {7, 4, 1};
+    const at::Tensor q = at::randn({m, heads, hd}).to(dtype);
+    into("paged_decode_attention", paged_decode_attention(q, kb, vb, ctx, 1 << 20, 0.25),
+         [&](const at::Tensor& o) { return paged_decode_attention(q, kb, vb, ctx, 1 << 20, 0.25, o); });
+
+    // A buffer that is (part of) an input is refused, not half-overwritten mid-read.
+    EXPECT_ANY_THROW(small_linear(xs, at::randn({h, h}).to(dtype), c10::nullopt, false, xs));
+    EXPECT_ANY_THROW(rms_norm_rows(xs, nw, 1e-5, xs));
+    at::Tensor x_same = xs.clone();
+    EXPECT_ANY_THROW(add_rms_norm_rows(x_same, d, nw, 1e-5, d));
+    EXPECT_ANY_THROW(silu_mul(gate_up, gate_up.view({-1}).narrow(0, 0, m * out).view({m, out})));
+  }
+}
+
+// The kernels split big work over threads (output features; sequence x kv head) and keep
+// small work on the calling thread. The split must not change a single bit: each output is
+// computed by one thread in the same order either way.
+TEST(Kernels, SplittingOverTwoThreadsChangesNoBit) {
+  at::manual_seed(4);
+  std::mt19937 rng(5);
+  const int before = at::get_num_threads();
+  const auto run_both = [&](const std::function<at::Tensor()>& f) {
+    at::set_num_threads(1);
+    set_small_linear_threads(1);
+    const at::Tensor one = f();
+    at::set_num_threads(2);
+    set_small_linear_threads(2);
+    const at::Tensor two = f();
+    return std::make_pair(one, two);
+  };
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    // 1000 outputs x 576 inputs: big enough to be split at every row count.
+    const at::Tensor w = at::randn({1000, 576}).to(dtype), b = at::randn({1000}).to(dtype);
+    for (int64_t m : {int64_t{1}, int64_t{3}, small_linear_max_rows(dtype)}) {
+      const at::Tensor x = at::randn({m, 576}).to(dtype);
+      const auto [one, two] = run_both([&] { return small_linear(x, w, b); });
+      EXPECT_TRUE(at::equal(one, two)) << "small_linear m=" << m << " dtype " << dtype;
+    }
+    // 12 sequences of 150 keys, 8 heads over 2 kv heads of 64: split over (sequence, kv head).
+    const int64_t bs = 16, blocks = 12 * 10, heads = 8, kvh = 2, hd = 64;
+    const at::Tensor kc = at::randn({blocks, bs, kvh, hd}).to(dtype), vc = at::randn({blocks, bs, kvh, hd}).to(dtype);
+    std::vector<int64_t> order(blocks);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    PagedContext ctx;
+    ctx.block_ids = order;
+    for (int64_t s = 0; s <= 12; ++s) ctx.table_offset.push_back(s * 10);
+    for (int64_t s = 0; s < 12; ++s) ctx.lengths.push_back(150 - s);
+    const at::Tensor q = (at::randn({12, heads, hd}) * 3).to(dtype);
+    const auto [one, two] = run_both([&] { return paged_decode_attention(q, kc, vc, ctx, 1 << 20, 0.125); });
+    EXPECT_TRUE(at::equal(one, two)) << "paged_decode_attention dtype " << dtype;
+  }
+  at::set_num_threads(before);
+  set_small_linear_threads(0);
+}
+
+TEST(PagedDecodeAttention, OneDominantKeyTakesAllTheWeight) {
+  // One key scoring far above the rest takes all the weight (no overflow in the exponentials).
+  const int64_t hd = 64;
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    at::Tensor kc = at::zeros({2, 4, 1, hd}), vc = at::zeros({2, 4, 1, hd});
+    kc[0][1][0].fill_(1.0);
+    vc[0][1][0].fill_(7.0);
+    vc[0][0][0].fill_(-3.0);
+    const at::Tensor q = at::full({1, 1, hd}, 100.0).to(dtype);
+    PagedContext ctx{{0}, {0, 1}, {3}, {}};
+    const at::Tensor got = paged_decode_attention(q, kc.to(dtype), vc.to(dtype), ctx, 1 << 20, 1.0);
+    EXPECT_LT(max_rel(got, at::full({1, hd}, 7.0)), 1e-6) << dtype;
+  }
+}
+
+// The tokens of a prompt chunk are queries that share their sequence's block table, each
+// reading up to its own position: exactly what one table per query gives, and the reference.
+TEST(PagedDecodeAttention, QueriesCanShareABlockTable) {
+  at::manual_seed(9);
+  const int64_t bs = 4, heads = 6, kvh = 2;
+  for (int64_t hd : {16, 64}) {
+    for (auto dtype : {at::kFloat, at::kBFloat16}) {
+      const at::Tensor kc = at::randn({12, bs, kvh, hd}).to(dtype), vc = at::randn({12, bs, kvh, hd}).to(dtype);
+      const std::vector<std::vector<int64_t>> tables = {{7, 2, 9}, {4, 11}};
+      // Sequence 0: a chunk at positions 5..9; sequence 1: one decoding token at position 6.
+      const std::vector<int64_t> table_of = {0, 0, 0, 0, 0, 1}, lengths = {6, 7, 8, 9, 10, 7};
+      PagedContext shared;
+      shared.table_offset = {0};
+      for (const auto& t : tables) {
+        shared.block_ids.insert(shared.block_ids.end(), t.begin(), t.end());
+        shared.table_offset.push_back(static_cast<int64_t>(shared.block_ids.size()));
+      }
+      shared.lengths = lengths;
+      shared.table_index = table_of;
+      PagedContext apart;  // the same, one copy of the table per query
+      apart.table_offset = {0};
+      for (int64_t t : table_of) {
+        const auto& table = tables[static_cast<size_t>(t)];
+        apart.block_ids.insert(apart.block_ids.end(), table.begin(), table.end());
+        apart.table_offset.push_back(static_cast<int64_t>(apart.block_ids.size()));
+      }
+      apart.lengths = lengths;
+      const at::Tensor q = (at::randn({6, heads, hd}) * 2).to(dtype);
+      const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+      for (int64_t window : {int64_t{1} << 40, int64_t{3}}) {
+        const at::Tensor got = paged_decode_attention(q, kc, vc, shared, window, scale);
+        EXPECT_TRUE(at::equal(got, paged_decode_attention(q, kc, vc, apart, window, scale))) << "hd " << hd << " " << dtype;
+        EXPECT_LT(max_rel(got, reference_attention(q, kc, vc, apart, window, scale).to(dtype)), dtype == at::kFloat ? 1e-5 : 2e-2);
+      }
+      PagedContext bad = shared;
+      bad.table_index[2] = 2;  // no table 2
+      EXPECT_ANY_THROW(paged_decode_attention(q, kc, vc, bad, 1 << 20, scale));
+      bad = shared;
+      bad.table_index.pop_back();  // a query without a table
+      EXPECT_ANY_THROW(paged_decode_attention(q, kc, vc, bad, 1 << 20, scale));
+      bad = shared;
+      bad.lengths[5] = 9;  // beyond table 1's two blocks of 4
+      EXPECT_ANY_THROW(paged_decode_attention(q, kc, vc, bad, 1 << 20, scale));
+    }
+  }
+}
+
+TEST(PagedDecodeAttention, RejectsALengthBeyondItsBlocks) {
+  const at::Tensor kc = at::zeros({4, 4, 1, 8}), q = at::zeros({1, 1, 8});
+  PagedContext ctx{{0}, {0, 1}, {5}, {}};  // 5 keys in one block of 4
+  EXPECT_ANY_THROW(paged_decode_attention(q, kc, kc, ctx, 1 << 20, 1.0));
+}
+
+// ---------------------------------------------------------------- fused serving ops
+
+// The op chains DecoderModel runs without the fused kernels.
+at::Tensor reference_rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  const at::Tensor xf = x.to(at::kFloat);
+  return (xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps)).to(x.scalar_type()) * w;
+}
+at::Tensor reference_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  const at::Tensor rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * cos + rotated * sin;
+}
+
+TEST(ServingOps, RmsNormMatchesTheOpChain) {
+  at::manual_seed(3);
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (int64_t h : {8, 20, 64, 576}) {  // below, at and beyond the vector width, with tails
+      for (int64_t n : {1, 3, 40}) {
+        const at::Tensor x = (at::randn({n, h}) * 3).to(dtype), w = at::randn({h}).to(dtype);
+        const at::Tensor got = rms_norm_rows(x, w, 1e-5);
+        EXPECT_EQ(got.scalar_type(), dtype);
+        // The sum of squares is added in another order: a last-bit difference in fp32 can move
+        // a bf16 rounding by one unit.
+        EXPECT_LT(max_rel(got, reference_rms_norm(x, w, 1e-5)), dtype == at::kFloat ? 1e-6 : 1e-2)
+            << "h=" << h << " n=" << n;
+      }
+    }
+  }
+  EXPECT_ANY_THROW(rms_norm_rows(at::randn({2, 8}), at::randn({9}), 1e-5));
+  EXPECT_ANY_THROW(rms_norm_rows(at::randn({2, 8}).to(at::kDouble), at::randn({8}).to(at::kDouble), 1e-5));
+}
+
+// The fused residual add + RMSNorm is the two separate steps, bit for bit: x.add_(delta)
+// (rounded to the dtype) and rms_norm_rows of the result.
+TEST(ServingOps, AddRmsNormIsTheAddThenTheNormBitForBit) {
+  at::manual_seed(6);
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (int64_t h : {8, 20, 64, 576}) {
+      for (int64_t n : {1, 3, 40}) {
+        const at::Tensor x0 = (at::randn({n, h}) * 3).to(dtype), d = at::randn({n, h}).to(dtype);
+        const at::Tensor w = at::randn({h}).to(dtype);
+        at::Tensor fused_x = x0.clone();
+        const at::Tensor got = add_rms_norm_rows(fused_x, d, w, 1e-5);
+        at::Tensor want_x = x0.clone();
+        want_x.add_(d);
+        EXPECT_TRUE(at::equal(fused_x, want_x)) << "x, h=" << h << " n=" << n << " " << dtype;
+        EXPECT_TRUE(at::equal(got, rms_norm_rows(want_x, w, 1e-5))) << "y, h=" << h << " n=" << n << " " << dtype;
+      }
+    }
+  }
+  at::Tensor x = at::randn({2, 8});
+  EXPECT_ANY_THROW(add_rms_norm_rows(x, at::randn({2, 9}), at::randn({8}), 1e-5));
+  EXPECT_ANY_THROW(add_rms_norm_rows(x, at::randn({2, 8}).to(at::kBFloat16), at::randn({8}), 1e-5));
+}
+
+TEST(ServingOps, RopeIntoCacheMatchesTheOpChainBitForBit) {
+  at::manual_seed(4);
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (int64_t hd : {8, 16, 20, 48, 64}) {  // half 4 and 10 take the scalar tails; 8 and 24 half-width vectors
+      const int64_t heads = 6, kvh = 2, n = 5, rows = 12, positions = 40;
+      const at::Tensor qkv = at::randn({n, (heads + 2 * kvh) * hd}).to(dtype);
+      const at::Tensor angles = at::rand({positions, hd}) * 6;
+      const at::Tensor cos = angles.cos().to(dtype), sin = angles.sin().to(dtype);
+      const at::Tensor pos = at::tensor(std::vector<int64_t>{7, 0, 39, 8, 8}, at::kLong);
+      const at::Tensor cache_rows = at::tensor(std::vector<int64_t>{3, 11, 0, 5, 6}, at::kLong);
+      at::Tensor kc = at::full({rows, kvh, hd}, -9.0).to(dtype), vc = at::full({rows, kvh, hd}, -9.0).to(dtype);
+      const at::Tensor q = rope_qkv_into_cache(qkv, heads, kvh, hd, cos, sin, pos, cache_rows, kc, vc);
+
+      const at::Tensor c = cos.index_select(0, pos).view({n, 1, hd}), s = sin.index_select(0, pos).view({n, 1, hd});
+      const at::Tensor want_q = reference_rope(qkv.narrow(1, 0, heads * hd).view({n, heads, hd}), c, s);
+      const at::Tensor want_k = reference_rope(qkv.narrow(1, heads * hd, kvh * hd).view({n, kvh, hd}), c, s);
+      const at::Tensor want_v = qkv.narrow(1, (heads + kvh) * hd, kvh * hd).view({n, kvh, hd});
+      EXPECT_TRUE(at::equal(q, want_q)) << "hd=" << hd << " " << dtype;
+      EXPECT_TRUE(at::equal(kc.index_select(0, cache_rows), want_k)) << "hd=" << hd << " " << dtype;
+      EXPECT_TRUE(at::equal(vc.index_select(0, cache_rows), want_v)) << "hd=" << hd << " " << dtype;
+      // Every other cache row untouched.
+      const at::Tensor others = at::tensor(std::vector<int64_t>{1, 2, 4, 7, 8, 9, 10}, at::kLong);
+      EXPECT_TRUE(at::equal(kc.index_select(0, others), at::full({7, kvh, hd}, -9.0).to(dtype)));
+      EXPECT_TRUE(at::equal(vc.index_select(0, others), at::full({7, kvh, hd}, -9.0).to(dtype)));
+    }
+  }
+}
+
+TEST(ServingOps, RopeRejectsRowsOutOfRange) {
+  const int64_t hd = 8;
+  const at::Tensor qkv = at::randn({1, 4 * hd}), tab = at::randn({4, hd});
+  at::Tensor kc = at::zeros({2, 1, hd}), vc = at::zeros({2, 1, hd});
+  const at::Tensor ok = at::tensor(std::vector<int64_t>{1}, at::kLong), bad = at::tensor(std::vector<int64_t>{2}, at::kLong);
+  EXPECT_NO_THROW(rope_qkv_into_cache(qkv, 2, 1, hd, tab, tab, ok, ok, kc, vc));
+  EXPECT_ANY_THROW(rope_qkv_into_cache(qkv, 2, 1, hd, tab, tab, ok, bad, kc, vc));  // cache row 2 of 2
+  EXPECT_ANY_THROW(rope_qkv_into_cache(qkv, 2, 1, hd, tab, tab, at::tensor(std::vector<int64_t>{4}, at::kLong), ok,
+                                       kc, vc));  // position 4 of 4
+}
+
+TEST(ServingOps, SiluMulMatchesTheOpChain) {
+  at::manual_seed(5);
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (int64_t inter : {7, 16, 100, 1536}) {
+      for (int64_t n : {1, 9}) {
+        at::Tensor gate_up = (at::randn({n, 2 * inter}) * 4).to(dtype);
+        gate_up[0][0] = -90.0;  // e^-90 underflows: silu -> -0
+        gate_up[0][1] = 90.0;
+        const at::Tensor want = at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter);
+        const at::Tensor got = silu_mul(gate_up);
+        EXPECT_EQ(got.sizes(), want.sizes());
+        // Our exponential is within a few ulp of libtorch's: rarely one bf16 unit apart.
+        EXPECT_LT(max_rel(got, want), dtype == at::kFloat ? 1e-5 : 1e-2) << "inter=" << inter << " " << dtype;
+      }
+    }
+  }
+}
+
+TEST(ServingOps, SoftmaxRowStatsAndRowsMatchLogSoftmax) {
+  at::manual_seed(6);
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  for (int64_t v : {5, 100, 49152}) {  // scalar only, vector + tail, a real vocabulary
+    at::Tensor x = at::randn({3, v}) * 4;
+    x[1][v / 2] = 30.0;  // one dominant logit
+    x[2][0] = -kInf;     // masked logits
+    x[2][v - 1] = -kInf;
+    const std::vector<float> temps{1.0f, 0.7f, 1.3f};
+    const std::vector<SoftmaxRowStats> stats = softmax_row_stats(x, temps);
+    ASSERT_EQ(stats.size(), 3u);
+    for (int64_t b = 0; b < 3; ++b) {
+      const float t = temps[static_cast<size_t>(b)];
+      const at::Tensor want = at::log_softmax(x[b] / t, 0);
+      EXPECT_EQ(stats[static_cast<size_t>(b)].argmax, at::argmax(x[b]).item<int64_t>()) << "v=" << v << " b=" << b;
+      EXPECT_FALSE(stats[static_cast<size_t>(b)].has_nan);
+      std::vector<float> logp(static_cast<size_t>(v)), probs(static_cast<size_t>(v));
+      log_softmax_row(x[b].contiguous().data_ptr<float>(), v, t, stats[static_cast<size_t>(b)], logp.data(), probs.data());
+      const at::Tensor got = at::from_blob(logp.data(), {v}, at::kFloat);
+      const at::Tensor finite = want.isfinite();
+      EXPECT_TRUE(at::equal(got.isfinite(), finite)) << "masked logits stay -inf";
+      EXPECT_LT((got.masked_select(finite) - want.masked_select(finite)).abs().max().item<float>(), 1e-5) << "v=" << v;
+      const at::Tensor p = at::from_blob(probs.data(), {v}, at::kFloat);
+      EXPECT_LT((p - want.exp()).abs().max().item<float>(), 1e-5) << "v=" << v;  // float sums over the row
+      EXPECT_EQ(p.masked_select(finite.logical_not()).sum().item<float>(), 0.f) << "masked logits: probability 0";
+    }
+  }
+  at::Tensor bad = at::zeros({2, 40});
+  bad[0][7] = std::numeric_limits<float>::quiet_NaN();
+  bad[1].fill_(-kInf);
+  const std::vector<SoftmaxRowStats> stats = softmax_row_stats(bad, {1.0f, 1.0f});
+  EXPECT_TRUE(stats[0].has_nan);
+  EXPECT_EQ(stats[1].max, -kInf);
+  EXPECT_ANY_THROW(softmax_row_stats(bad, {1.0f}));
+  EXPECT_ANY_THROW(softmax_row_stats(bad, {1.0f, 0.0f}));
+}
+
+}  // namespace
+}  // namespace swarm

@@ -1,0 +1,313 @@
+// The GRPO trainer on the real TinyStories weights: loss, gradients and the AdamW step against
+// an independent python3-torch reference (tests/reference/grpo_reference.py), the direction of
+// an update, weight sync, the on/off-policy paths, and the optimizer state round trip.
+#include "trainer/grpo_trainer_torch.hpp"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "common/error.hpp"
+#include "inference/decoder_model_torch.hpp"
+#include "support/scratch_dir.hpp"
+#include "support/train_batches.hpp"
+
+namespace swarm {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+fs::path tinystories() { return fs::path(SWARM_FIXTURES_DIR) / "models" / "tinystories-656k"; }
+fs::path reference_script() { return fs::path(SWARM_SOURCE_DIR) / "tests" / "reference" / "grpo_reference.py"; }
+
+struct ScratchDir : swarm::testing::ScratchDir {
+  ScratchDir() : swarm::testing::ScratchDir("swarm-grpo") {}
+};
+
+using swarm::testing::read_file;
+
+json run_reference(const json& request, const fs::path& scratch) {
+  return swarm::testing::run_python_reference(reference_script(), request, scratch);
+}
+
+// Reads raw float32 tensors written back to back, shaped like `like` (in order).
+std::vector<torch::Tensor> read_raw(const fs::path& path, const std::vector<torch::Tensor>& like) {
+  const std::string bytes = read_file(path);
+  std::vector<torch::Tensor> out;
+  size_t at = 0;
+  for (const auto& t : like) {
+    const size_t n = static_cast<size_t>(t.numel()) * sizeof(float);
+    if (at + n > bytes.size()) throw std::runtime_error("reference output too short: " + path.string());
+    torch::Tensor r = torch::empty(t.sizes(), torch::kFloat);
+    std::memcpy(r.data_ptr<float>(), bytes.data() + at, n);
+    out.push_back(r);
+    at += n;
+  }
+  return out;
+}
+
+double rel_error(const torch::Tensor& ours, const torch::Tensor& ref) {
+  const double denom = ref.to(torch::kDouble).norm().item<double>();
+  const double diff = (ours.to(torch::kDouble) - ref.to(torch::kDouble)).norm().item<double>();
+  return denom == 0 ? diff : diff / denom;
+}
+
+using swarm::testing::random_batch;
+
+std::vector<size_t> all_indices(const PreparedBatch& p) {
+  std::vector<size_t> v(p.sequences.size());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = i;
+  return v;
+}
+
+TrainerOptions parity_options() {
+  TrainerOptions o;
+  o.learning_rate = 1e-3;
+  o.weight_decay = 0.01;
+  o.grad_clip = 1.0;
+  o.micro_batch_max_tokens = 48;  // several micro-batches: accumulation must equal one pass
+  return o;
+}
+
+struct ParityCase {
+  LossAggregation agg = LossAggregation::TOKEN_MEAN;
+  bool kl = false;
+  KlEstimator kl_estimator = KlEstimator::K3;
+};
+
+// Loss, gradients and one AdamW step on a fixed batch, C++ vs python3-torch, in fp32.
+void check_parity(const ParityCase& pc) {
+  ScratchDir scratch;
+  TrainerOptions o = parity_options();
+  o.loss_aggregation = pc.agg;
+  o.use_kl_loss = pc.kl;
+  o.kl_estimator = pc.kl_estimator;
+  o.kl_coef = 0.5;
+  auto model = DecoderModel::load(tinystories(), DType::F32);
+  GrpoTrainer trainer(model, o);
+  const TrainBatch batch = random_batch(2, 4, 11);
+  const PreparedBatch prepared = prepare_batch(batch, o.advantage_estimator);
+  ASSERT_EQ(prepared.sequences.size(), 8u);
+  const auto seqs = all_indices(prepared);
+
+  // Old log-probs away from the current ones, so ratios differ from 1 and some tokens clip.
+  std::vector<torch::Tensor> old = trainer.token_logprobs(prepared, seqs);
+  for (size_t i = 0; i < old.size(); ++i)
+    old[i] = old[i] + 0.35f * torch::sin(torch::arange(old[i].numel(), torch::kFloat) * 1.7f + float(i));
+  double norm = 0;
+  for (const auto& s : prepared.sequences)
+    norm += pc.agg == LossAggregation::TOKEN_MEAN ? static_cast<double>(s.trained_tokens) : 1.0;
+
+  trainer.zero_gradients();
+  LossSums sums;
+  const auto micro = plan_micro_batches(prepared, seqs, o.micro_batch_max_tokens);
+  ASSERT_GT(micro.size(), 2u);
+  for (const auto& mb : micro) {
+    std::vector<torch::Tensor> olds;
+    for (size_t i : mb) olds.push_back(old[i]);
+    sums.add(trainer.accumulate_gradients(prepared, mb, olds, norm));
+  }
+  const auto grads = trainer.gradients();
+  std::map<std::string, torch::Tensor> before;
+  for (const auto& [name, w] : trainer.weights()) before[name] = w.clone();
+  const double grad_norm = trainer.optimizer_step(o.learning_rate);
+
+  json req;
+  req["model_dir"] = tinystories().string();
+  std::vector<torch::Tensor> shapes;
+  for (const auto& [name, t] : model->parameters()) {
+    req["param_names"].push_back(name);
+    shapes.push_back(t);
+  }
+  for (size_t i = 0; i < prepared.sequences.size(); ++i) {
+    const TrainSequence& s = prepared.sequences[i];
+    json js;
+    js["ids"] = s.sample->token_ids;
+    js["mask"] = s.sample->loss_mask;
+    js["advantage"] = s.advantage;
+    js["old"] = std::vector<float>(old[i].data_ptr<float>(), old[i].data_ptr<float>() + old[i].numel());
+    req["sequences"].push_back(js);
+  }
+  req["norm"] = norm;
+  req["agg"] = pc.agg == LossAggregation::TOKEN_MEAN ? "token-mean" : "seq-mean-token-mean";
+  req["clip_low"] = o.clip_ratio_low;
+  req["clip_high"] = o.clip_ratio_high;
+  req["kl"] = pc.kl ? json{{"coef", o.kl_coef}, {"estimator", pc.kl_estimator == KlEstimator::K1 ? "k1" : "k3"}}
+                    : json(nullptr);
+  req["adamw"] = {{"lr", o.learning_rate}, {"weight_decay", o.weight_decay}, {"beta1", o.adam_beta1},
+                  {"beta2", o.adam_beta2},   {"eps", o.adam_eps},            {"grad_clip", o.grad_clip}};
+  req["out_grads"] = (scratch.path() / "grads.f32").string();
+  req["out_weights"] = (scratch.path() / "weights.f32").string();
+  const json ref = run_reference(req, scratch.path());
+
+  // The loss is a mean of O(|advantage|) terms of both signs (advantages sum to zero within a
+  // group), so it can be far smaller than its terms: its error is measured against the terms'
+  // scale (mean |advantage| per token), not against its own value.
+  double adv_scale = 0, adv_tokens = 0;
+  for (const auto& s : prepared.sequences) adv_scale += std::abs(s.advantage) * s.trained_tokens, adv_tokens += s.trained_tokens;
+  adv_scale /= adv_tokens;
+  EXPECT_NEAR(sums.loss, ref["loss"].get<double>(), 1e-5 * adv_scale);
+  EXPECT_NEAR(sums.pg_loss, ref["pg_loss"].get<double>(), 1e-5 * adv_scale);
+  EXPECT_NEAR(sums.entropy, ref["entropy_sum"].get<double>(), 1e-5 * ref["entropy_sum"].get<double>());
+  EXPECT_EQ(sums.tokens, ref["tokens"].get<double>());
+  EXPECT_EQ(sums.clipped_low, ref["clipped_low"].get<double>());
+  EXPECT_EQ(sums.clipped_high, ref["clipped_high"].get<double>());
+  EXPECT_GT(sums.clipped_low + sums.clipped_high, 0) << "the case should exercise clipping";
+  EXPECT_NEAR(grad_norm, ref["grad_norm"].get<double>(), 1e-5 * ref["grad_norm"].get<double>());
+
+  const auto ref_grads = read_raw(req["out_grads"].get<std::string>(), shapes);
+  const auto ref_weights = read_raw(req["out_weights"].get<std::string>(), shapes);
+  double worst_grad = 0, worst_update = 0;
+  size_t i = 0;
+  for (const auto& [name, t] : model->parameters()) {
+    const double g = rel_error(grads.at(name), ref_grads[i]);
+    // The update (new - old), not the weights: the weights alone would hide a wrong step. Adam's
+    // first step is lr * g / (|g| + eps) per element, which amplifies the last bits of gradients
+    // near zero; measured ~2e-4 here, so 1e-3 (a wrong lr, decay, clip or bias correction is >1e-2).
+    const double u = rel_error(trainer.weights().at(name) - before.at(name), ref_weights[i] - before.at(name));
+    EXPECT_LE(g, 1e-5) << name;
+    EXPECT_LE(u, 1e-3) << name;
+    worst_grad = std::max(worst_grad, g);
+    worst_update = std::max(worst_update, u);
+    ++i;
+  }
+  std::printf("parity: loss %.9g vs %.9g, grad rel err max %.3g, update rel err max %.3g, grad norm %.6g\n", sums.loss,
+              ref["loss"].get<double>(), worst_grad, worst_update, grad_norm);
+}
+
+TEST(GrpoTrainerParity, TokenMeanMatchesPythonTorch) { check_parity({}); }
+TEST(GrpoTrainerParity, SeqMeanTokenMeanMatchesPythonTorch) {
+  check_parity({LossAggregation::SEQ_MEAN_TOKEN_MEAN, false, KlEstimator::K3});
+}
+TEST(GrpoTrainerParity, KlK1MatchesPythonTorch) { check_parity({LossAggregation::TOKEN_MEAN, true, KlEstimator::K1}); }
+
+// Mean log-prob the model gives each sequence's trained tokens.
+std::vector<double> mean_logprobs(GrpoTrainer& trainer, const PreparedBatch& p) {
+  std::vector<double> out;
+  for (const auto& t : trainer.token_logprobs(p, all_indices(p))) out.push_back(t.mean().item<double>());
+  return out;
+}
+
+TEST(GrpoTrainer, AStepMakesGoodAnswersLikelierAndBadOnesLessLikely) {
+  TrainerOptions o;
+  o.learning_rate = 3e-3;
+  auto model = DecoderModel::load(tinystories(), DType::F32);
+  GrpoTrainer trainer(model, o);
+  const TrainBatch batch = random_batch(3, 4, 5);
+  const PreparedBatch p = prepare_batch(batch, o.advantage_estimator);
+  const auto before = mean_logprobs(trainer, p);
+  int syncs = 0;
+  const auto m = trainer.train(batch, 1, [&](const std::function<void()>& fn) {
+    ++syncs;
+    fn();
+  });
+  const auto after = mean_logprobs(trainer, p);
+  int up = 0, down = 0, pos = 0, neg = 0;
+  for (size_t i = 0; i < p.sequences.size(); ++i) {
+    if (p.sequences[i].advantage > 0) ++pos, up += after[i] > before[i];
+    if (p.sequences[i].advantage < 0) ++neg, down += after[i] < before[i];
+  }
+  EXPECT_EQ(up, pos);
+  EXPECT_EQ(down, neg);
+  EXPECT_EQ(syncs, 1);
+  EXPECT_EQ(m.at("weights_updated"), 1);
+  EXPECT_EQ(m.at("optimizer_steps"), 1);
+  EXPECT_GT(m.at("grad_norm"), 0);
+  EXPECT_GT(m.at("entropy"), 0);
+  EXPECT_EQ(m.at("clip_frac_low") + m.at("clip_frac_high"), 0);  // on-policy single step: ratio 1
+  // The rollout log-probs were random numbers: the mismatch must show it.
+  EXPECT_GT(m.at("logprob_mismatch_mean"), 0.1);
+  // The serving model now holds exactly the trained weights.
+  for (const auto& [name, w] : trainer.weights()) EXPECT_TRUE(torch::equal(model->parameter(name), w)) << name;
+}
+
+TEST(GrpoTrainer, BatchWithoutSignalLeavesTheWeightsAlone) {
+  TrainerOptions o;
+  o.learning_rate = 1e-2;
+  auto model = DecoderModel::load(tinystories(), DType::F32);
+  const torch::Tensor w0 = model->parameter("model.norm.weight").clone();
+  GrpoTrainer trainer(model, o);
+  TrainBatch batch = random_batch(2, 3, 9);
+  for (auto& ep : batch.episodes) {
+    ep.reward = 1.0;
+    for (auto& s : ep.samples) s.reward = 1.0;
+  }
+  const auto m = trainer.train(batch, 1, nullptr);
+  EXPECT_EQ(m.at("groups_zero_variance"), 2);
+  EXPECT_EQ(m.at("samples_skipped"), 6);
+  EXPECT_EQ(m.at("optimizer_steps"), 0);
+  EXPECT_EQ(m.at("weights_updated"), 0);
+  EXPECT_TRUE(torch::equal(model->parameter("model.norm.weight"), w0));
+}
+
+TEST(GrpoTrainer, EpochsAndMiniBatchesRecomputeOldLogprobsAndClip) {
+  TrainerOptions o;
+  o.learning_rate = 5e-3;
+  o.ppo_epochs = 3;
+  o.ppo_mini_batch_size = 1;
+  o.micro_batch_max_tokens = 32;
+  auto model = DecoderModel::load(tinystories(), DType::F32);
+  GrpoTrainer trainer(model, o);
+  const auto m = trainer.train(random_batch(2, 4, 3), 1, nullptr);
+  EXPECT_EQ(m.at("optimizer_steps"), 6);
+  EXPECT_GT(m.at("old_logprob_seconds"), 0);
+  // Later epochs move away from the old policy far enough at this learning rate to clip.
+  EXPECT_GT(m.at("clip_frac_low") + m.at("clip_frac_high"), 0);
+  EXPECT_EQ(trainer.optimizer_steps(), 6);
+}
+
+TEST(GrpoTrainer, Bf16TrainsWithFp32MasterWeights) {
+  TrainerOptions o;
+  o.learning_rate = 1e-6;  // far below bf16's resolution: only the fp32 master can hold it
+  auto master = DecoderModel::load(tinystories(), DType::F32);
+  auto model = DecoderModel::load(tinystories(), DType::BF16);
+  GrpoTrainer trainer(model, o, nullptr, master.get());
+  const auto state0 = trainer.optimizer_state();
+  const auto m = trainer.train(random_batch(2, 4, 21), 1, nullptr);
+  EXPECT_EQ(m.at("weights_updated"), 1);
+  const auto state1 = trainer.optimizer_state();
+  const double moved = (state1.at("master") - state0.at("master")).abs().max().item<double>();
+  EXPECT_GT(moved, 0);
+  EXPECT_LT(moved, 1e-5);
+  EXPECT_EQ(model->parameter("model.norm.weight").scalar_type(), torch::kBFloat16);
+}
+
+TEST(GrpoTrainer, OptimizerStateRoundTripContinuesBitExactly) {
+  TrainerOptions o;
+  o.learning_rate = 2e-3;
+  const TrainBatch b1 = random_batch(2, 4, 31), b2 = random_batch(2, 4, 32), b3 = random_batch(2, 4, 33);
+  // Uninterrupted: three steps.
+  auto m_a = DecoderModel::load(tinystories(), DType::F32);
+  GrpoTrainer a(m_a, o);
+  a.train(b1, 1, nullptr);
+  a.train(b2, 2, nullptr);
+  const auto state = a.optimizer_state();
+  std::map<std::string, torch::Tensor> weights;
+  for (const auto& [n, w] : a.weights()) weights[n] = w.clone();
+  a.train(b3, 3, nullptr);
+  // Interrupted after two: a new model from the saved weights, state restored, one more step.
+  auto m_b = DecoderModel::from_state_dict(m_a->config(), weights, DType::F32);
+  GrpoTrainer b(m_b, o);
+  b.load_optimizer_state(state);
+  EXPECT_EQ(b.optimizer_steps(), 2);
+  b.train(b3, 3, nullptr);
+  for (const auto& [name, w] : a.weights()) EXPECT_TRUE(torch::equal(b.weights().at(name), w)) << name;
+
+  EXPECT_EQ(state.count("master"), 0u);  // fp32 on one rank: the model weights are the master
+  auto bad = state;
+  bad["exp_avg"] = bad["exp_avg"].narrow(0, 0, 10);
+  GrpoTrainer c(DecoderModel::load(tinystories(), DType::F32), o);
+  EXPECT_THROW(c.load_optimizer_state(bad), SwarmError);
+}
+
+}  // namespace
+}  // namespace swarm
