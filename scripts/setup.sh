@@ -26,6 +26,8 @@ PACKAGES=(
   python3-torch python3-numpy python3-jinja2
   # tools used by tests and benchmarks
   nodejs npm tmux procps curl
+  # swarm-plot writes its PNG charts with libpng
+  libpng-dev
   # libFuzzer targets (tests/fuzz): clang >= 15, whose std::source_location works with libstdc++ 12
   clang-16 libclang-rt-16-dev
 )

@@ -1,9 +1,10 @@
-// A self-contained PNG encoder: 8-bit RGB, one zlib stream (fixed-Huffman deflate with
-// greedy LZ77), CRC-32 and Adler-32 computed here. No libpng, no zlib.
+// PNG output through libpng: 8-bit truecolour RGB, no interlace; compression left at libpng's
+// defaults (zlib level 6, each row's filter picked by libpng's heuristic).
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -11,23 +12,20 @@
 
 namespace swarm::plot {
 
-/// CRC-32 (ISO 3309 / PNG, reflected polynomial 0xEDB88320). Pass the previous result as
-/// `crc` to continue a running checksum; 0 starts a new one.
-uint32_t crc32(std::span<const uint8_t> data, uint32_t crc = 0);
+/// Receives consecutive pieces of a PNG file as libpng produces them.
+using PngSink = std::function<void(std::span<const uint8_t>)>;
 
-/// Adler-32 (RFC 1950). Pass the previous result as `adler` to continue; 1 starts a new one.
-uint32_t adler32(std::span<const uint8_t> data, uint32_t adler = 1);
+/// Streams the PNG file for `image` to `sink`. An exception thrown by `sink` stops the encoding
+/// and is rethrown here unchanged; an error reported by libpng throws SwarmError(INTERNAL).
+/// libpng's warnings are not printed.
+void encode_png(const RgbImage& image, const PngSink& sink);
 
-/// A zlib stream (RFC 1950) holding `data` as one fixed-Huffman deflate block (RFC 1951),
-/// matches found by a greedy hash-chain LZ77 over the 32 KiB window.
-std::vector<uint8_t> zlib_compress(std::span<const uint8_t> data);
-
-/// The PNG file for `image`: signature, IHDR (8-bit truecolour, no interlace), one IDAT
-/// (scanlines with filter type 0), IEND.
+/// The PNG file for `image`, in memory.
 std::vector<uint8_t> encode_png(const RgbImage& image);
 
-/// Writes encode_png(image) to `path` through a temporary file and a rename. Throws
-/// SwarmError(INVALID_ARGUMENT) when the file cannot be written.
+/// Writes the PNG file for `image` to `path` through a temporary file beside it and a rename,
+/// so `path` is either the whole new file or untouched. Throws SwarmError(INVALID_ARGUMENT)
+/// when the file cannot be written; the temporary file is removed on every failure.
 void write_png(const std::filesystem::path& path, const RgbImage& image);
 
 }  // namespace swarm::plot
