@@ -16,17 +16,18 @@
 #include <vector>
 
 #include "client/http_client.hpp"
+#include "support/http_helpers.hpp"
 #include "support/test_server.hpp"
 
 using json = nlohmann::json;
 using namespace std::chrono_literals;
 using swarm::HttpClient;
 using swarm::HttpClientResponse;
+using swarm::testing::Headers;
+using swarm::testing::header_of;
 using swarm::testing::TestServer;
 
 namespace {
-
-using Headers = std::vector<std::pair<std::string, std::string>>;
 
 constexpr size_t kMaxBody = 64 * 1024;
 const char* kBaseConfig =
@@ -37,12 +38,6 @@ const char* kBaseConfig =
 
 const char* kBystanderClient = "bystander-client";
 const char* kVictimClient = "victim-client";
-
-std::string header_of(const HttpClientResponse& r, const std::string& name) {
-  for (const auto& [k, v] : r.headers)
-    if (k == name) return v;
-  return "";
-}
 
 struct Episode {
   std::string client_uuid;
@@ -95,8 +90,9 @@ class BadInput : public ::testing::Test {
   void start(const std::string& extra_yaml = "max_prompt_length: 8192\n") {
     server_ = std::make_unique<TestServer>(0.05, kMaxBody);
     c_ = std::make_unique<HttpClient>(server_->url(), 10s);
-    ASSERT_EQ(post_ok("/sync_train_config", {{"yaml_as_string", std::string(kBaseConfig) + extra_yaml}}).status, 200);
-    ASSERT_EQ(post_ok("/start_engine", json::object()).status, 200);
+    swarm::testing::post_json(*c_, "/sync_train_config", {{"yaml_as_string", std::string(kBaseConfig) + extra_yaml}});
+    swarm::testing::post_json(*c_, "/start_engine", json::object());
+    ASSERT_FALSE(HasFailure()) << "the config or the start was refused";
     ASSERT_TRUE(server_->engine().wait_for_state(swarm::EngineState::ROLLING, 10s));
     bystander_ = claim(kBystanderClient);
     victim_ = claim(kVictimClient);
@@ -107,16 +103,11 @@ class BadInput : public ::testing::Test {
   }
 
   HttpClientResponse post(const std::string& path, const std::string& body, const Headers& headers = {}) {
-    return c_->request("POST", path, body, headers, "application/json");
-  }
-  HttpClientResponse post_ok(const std::string& path, const json& body) {
-    auto r = post(path, body.dump());
-    EXPECT_EQ(r.status, 200) << path << ": " << r.body;
-    return r;
+    return swarm::testing::post_raw(*c_, path, body, headers);
   }
   HttpClientResponse chat(const Episode& e, const std::string& body) {
     HttpClient llm(server_->url() + "/v1", 10s);
-    return llm.request("POST", "/chat/completions", body, {{"Authorization", "Bearer " + e.api_key}});
+    return llm.request("POST", "/chat/completions", body, swarm::testing::bearer(e.api_key));
   }
   HttpClientResponse chat(const Episode& e, const json& body) { return chat(e, body.dump()); }
 
@@ -136,7 +127,7 @@ class BadInput : public ::testing::Test {
     conversation_.push_back({{"role", "user"}, {"content", "1"}});
     auto r = bystander_llm_->request("POST", "/chat/completions",
                                      json({{"model", "mock-model"}, {"messages", conversation_}}).dump(),
-                                     {{"Authorization", "Bearer " + bystander_.api_key}});
+                                     swarm::testing::bearer(bystander_.api_key));
     ASSERT_EQ(r.status, 200) << r.body;
     json j = json::parse(r.body, nullptr, false);
     ASSERT_FALSE(j.is_discarded()) << r.body;

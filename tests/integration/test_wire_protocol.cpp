@@ -10,17 +10,20 @@
 #include <vector>
 
 #include "client/http_client.hpp"
+#include "support/http_helpers.hpp"
 #include "support/test_server.hpp"
 
 using json = nlohmann::json;
 using namespace std::chrono_literals;
 using swarm::HttpClient;
 using swarm::HttpClientResponse;
+using swarm::testing::get_json;
+using swarm::testing::Headers;
+using swarm::testing::header_of;
+using swarm::testing::post_json;
 using swarm::testing::TestServer;
 
 namespace {
-
-using Headers = std::vector<std::pair<std::string, std::string>>;
 
 const char* kConfig =
     "model: mock-model\n"
@@ -28,31 +31,7 @@ const char* kConfig =
     "num_repeat: 2\n"
     "max_parallel_episodes: 4\n";
 
-std::string header_of(const HttpClientResponse& r, const std::string& name) {
-  for (const auto& [k, v] : r.headers)
-    if (k == name) return v;
-  return "";
-}
-
-json parse(const HttpClientResponse& r) {
-  json j = json::parse(r.body, nullptr, /*allow_exceptions=*/false);
-  EXPECT_FALSE(j.is_discarded()) << "not JSON: " << r.body;
-  return j;
-}
-
-json get_json(HttpClient& c, const std::string& path) {
-  auto r = c.request("GET", path);
-  EXPECT_EQ(r.status, 200) << path << ": " << r.body;
-  EXPECT_NE(header_of(r, "content-type").find("application/json"), std::string::npos) << path;
-  return parse(r);
-}
-
-json post_json(HttpClient& c, const std::string& path, const json& body, int expected_status = 200,
-               const Headers& headers = {}) {
-  auto r = c.request("POST", path, body.dump(), headers, "application/json");
-  EXPECT_EQ(r.status, expected_status) << path << ": " << r.body;
-  return parse(r);
-}
+json parse(const HttpClientResponse& r) { return swarm::testing::parse_body(r); }
 
 // Polls GET /get_engine_status (as a Python client would) until `state` or a deadline.
 bool poll_engine_status(HttpClient& c, const std::string& state, std::chrono::seconds limit = 10s) {
@@ -110,7 +89,7 @@ Claimed claim(HttpClient& c, const std::string& client_uuid, uint16_t port, cons
   return {r.value("episode_uuid", ""), r.value("openai_base_url", ""), r.value("openai_api_key", "")};
 }
 
-Headers bearer(const Claimed& e) { return {{"Authorization", "Bearer " + e.api_key}}; }
+Headers bearer(const Claimed& e) { return swarm::testing::bearer(e.api_key); }
 
 void expect_usage(const json& usage) {
   ASSERT_TRUE(usage.is_object()) << usage.dump();
