@@ -1,7 +1,8 @@
-// Helpers shared by the libtorch benchmarks (bench_trainer; bench_inference has the same
-// functions inline and can switch to these): describing the machine and the run, how busy the
-// cores were, a matmul-peak probe, running the python3-torch reference as a child process, the
-// cached SmolLM2-shaped random model, and a per-op profile. Header-only; not thread-safe.
+// Helpers shared by the libtorch benchmarks (bench_inference, bench_trainer): the options they
+// both take, describing the machine and the run, the engine's thread plan per dtype, how busy
+// the cores were, a matmul-peak probe, running the python3-torch reference as a child process
+// (bench/common/reference_common.py is its Python half), the cached SmolLM2-shaped random
+// model, and a per-op profile. Header-only; not thread-safe.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -10,8 +11,10 @@
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
+#include <torch/version.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -22,12 +25,14 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "inference/decoder_model_torch.hpp"
 #include "model/model_config.hpp"
 #include "model/model_tools.hpp"
 #include "model/safetensors.hpp"
@@ -40,6 +45,15 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 inline double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+/// One progress line on stderr, "[bench] ...", flushed at once (tables go to stdout).
+template <typename... Args>
+void progress_line(const char* bench, const char* fmt, Args... args) {
+  std::fprintf(stderr, "[%s] ", bench);
+  std::fprintf(stderr, fmt, args...);
+  std::fprintf(stderr, "\n");
+  std::fflush(stderr);
+}
 
 inline std::vector<std::string> split_list(const std::string& s) {
   std::vector<std::string> out;
@@ -250,6 +264,110 @@ inline std::string last_line(const std::string& out) {
   return out.substr(begin == std::string::npos ? 0 : begin + 1, end - (begin == std::string::npos ? 0 : begin + 1) + 1);
 }
 
+// ------------------------------------------------------------------ options and the run
+
+/// The options every libtorch benchmark takes. The paths' defaults come from the benchmark's
+/// CMake definitions (SWARM_DEFAULT_FIXTURES_DIR, SWARM_BENCH_MODEL_CACHE,
+/// SWARM_BENCH_PYTHON_SCRIPT), passed to the constructor.
+struct CommonOptions {
+  bool quick = false;
+  int threads = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  std::string dtypes = "fp32,bf16";
+  bool skip_python = false;
+  std::string fixtures;     // holds models/ (tests/fixtures)
+  std::string model_cache;  // random-weight models, written once
+  std::string python = "/usr/bin/python3";
+  std::string python_script;
+
+  CommonOptions(std::string fixtures_dir, std::string model_cache_dir, std::string script)
+      : fixtures(std::move(fixtures_dir)), model_cache(std::move(model_cache_dir)), python_script(std::move(script)) {}
+
+  /// Adds --quick, --threads, --dtypes, --skip-python, --fixtures, --model-cache, --python.
+  void add_to(CLI::App& app, const std::string& quick_help, const std::string& threads_help) {
+    app.add_flag("--quick", quick, quick_help);
+    app.add_option("--threads", threads, threads_help)->capture_default_str();
+    app.add_option("--dtypes", dtypes, "Comma list: fp32, bf16")->capture_default_str();
+    app.add_flag("--skip-python", skip_python, "Do not run the python3-torch reference");
+    app.add_option("--fixtures", fixtures, "The fixtures directory with models/ (tests/fixtures)")
+        ->capture_default_str();
+    app.add_option("--model-cache", model_cache, "Where random-weight models are written once")->capture_default_str();
+    app.add_option("--python", python, "Python with torch")->capture_default_str();
+  }
+
+  /// --dtypes as {name, dtype}; throws std::invalid_argument on an unknown name.
+  std::vector<std::pair<std::string, swarm::DType>> dtype_list() const {
+    std::vector<std::pair<std::string, swarm::DType>> out;
+    for (const std::string& d : split_list(dtypes)) {
+      if (d == "fp32")
+        out.emplace_back(d, swarm::DType::F32);
+      else if (d == "bf16")
+        out.emplace_back(d, swarm::DType::BF16);
+      else
+        throw std::invalid_argument("unknown dtype '" + d + "' (fp32, bf16)");
+    }
+    return out;
+  }
+
+  /// The SmolLM2-135M-shaped model with random fp32 weights (seed 0), written once.
+  fs::path smollm2_random() const;
+};
+
+/// The first lines of every report: the machine, libtorch and its thread pools, the commit.
+inline void print_run_header(const fs::path& source_dir, bool quick, const std::string& blas) {
+  std::printf("machine: %s, %ld online CPUs; %s; loadavg %s\n", cpu_model().c_str(), sysconf(_SC_NPROCESSORS_ONLN),
+              utc_now().c_str(), load_average().c_str());
+  std::printf("torch %s (libtorch C++), intra-op threads %d, inter-op threads %d; OpenBLAS: %s\n", TORCH_VERSION,
+              at::get_num_threads(), at::get_num_interop_threads(), blas.c_str());
+  std::printf("commit %s; %s run\n", git_commit(source_dir).c_str(), quick ? "quick" : "full");
+  std::fflush(stdout);
+}
+
+/// The engine's thread plan for `dtype` on `cores` (libtorch vs OpenBLAS pools), applied here
+/// and exported (OPENBLAS_NUM_THREADS) to the Python reference started after it.
+inline swarm::ThreadPlan apply_thread_plan(int cores, swarm::DType dtype) {
+  const swarm::ThreadPlan plan = swarm::configure_compute_threads(cores, dtype);
+  if (plan.openblas_threads > 0) setenv("OPENBLAS_NUM_THREADS", std::to_string(plan.openblas_threads).c_str(), 1);
+  return plan;
+}
+
+// ------------------------------------------------------------------ python reference
+
+/// What a python3-torch reference printed: the JSON object on the last line of its stdout.
+struct PythonResult {
+  bool ok = false;
+  std::string error;
+  nlohmann::json out;
+  std::pair<double, double> cores;  // cores busy while it ran: {it, everybody else}
+  /// A top-level number of the result, 0 when the run failed or the key is missing.
+  double get(const char* key) const { return ok && out.contains(key) ? out.at(key).get<double>() : 0.0; }
+};
+
+/// Runs `python script SPEC_FILE`, the spec written to a temporary file (not an argument: a
+/// large spec would exceed the kernel's per-argument limit) and removed afterwards. Never
+/// throws: a failure is in `error`.
+inline PythonResult run_python_reference(const std::string& python, const fs::path& script, const nlohmann::json& spec) {
+  const fs::path spec_path =
+      fs::temp_directory_path() / ("swarm_bench_spec_" + std::to_string(getpid()) + ".json");
+  PythonResult r;
+  try {
+    std::ofstream(spec_path) << spec.dump();
+    const CpuSample cpu0 = cpu_sample();
+    auto [status, out] = run_capture({python, script.string(), spec_path.string()});
+    r.cores = cores_busy(cpu0, cpu_sample());
+    if (status != 0) {
+      r.error = python + " exited with status " + std::to_string(status);
+    } else {
+      r.out = nlohmann::json::parse(last_line(out));
+      r.ok = true;
+    }
+  } catch (const std::exception& e) {
+    r.error = e.what();
+  }
+  std::error_code ec;
+  fs::remove(spec_path, ec);
+  return r;
+}
+
 // ------------------------------------------------------------------ models
 
 /// A model config with deterministic random fp32 weights (seed 0), created once in
@@ -275,6 +393,11 @@ inline fs::path prepare_random_model(const fs::path& config_dir, const fs::path&
   opts.dtype = swarm::DType::F32;
   swarm::init_random_model(opts);
   return out;
+}
+
+inline fs::path CommonOptions::smollm2_random() const {
+  return prepare_random_model(fs::path(fixtures) / "models/smollm2-135m-instruct-noweights", model_cache,
+                              "smollm2-135m-random-f32-seed0");
 }
 
 // ------------------------------------------------------------------ op profile

@@ -27,9 +27,7 @@
 #include <c10/core/InferenceMode.h>
 #include <dlfcn.h>
 #include <malloc.h>
-#include <spawn.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/version.h>
 #include <unistd.h>
@@ -62,8 +60,6 @@
 #include "model/model_tools.hpp"
 #include "model/safetensors.hpp"
 
-extern char** environ;
-
 namespace {
 
 namespace fs = std::filesystem;
@@ -75,13 +71,8 @@ constexpr int64_t kBlockSize = 16;  // KV cache block, tokens
 
 template <typename... Args>
 void progress(const char* fmt, Args... args) {
-  std::fprintf(stderr, "[bench_inference] ");
-  std::fprintf(stderr, fmt, args...);
-  std::fprintf(stderr, "\n");
-  std::fflush(stderr);
+  progress_line("bench_inference", fmt, args...);
 }
-
-// ------------------------------------------------------------------ machine and process
 
 // ------------------------------------------------------------------ probes
 
@@ -470,27 +461,23 @@ EngineResult run_engine(const fs::path& dir, swarm::DType dtype, const Workload&
 
 // ------------------------------------------------------------------ python reference
 
-struct PythonResult {
-  bool ok = false;
-  std::string error;
-  json out;
-  std::pair<double, double> cores;
+/// The reference's tokens/s of the prefill case `name` (0 when it failed or lacks it).
+double python_prefill_tok_s(const PythonResult& py, const std::string& name) {
+  if (!py.ok) return 0;
+  for (const auto& p : py.out.at("prefill")) {
+    if (p.at("name") == name) return p.at("tok_s").get<double>();
+  }
+  return 0;
+}
 
-  double prefill_tok_s(const std::string& name) const {
-    if (!ok) return 0;
-    for (const auto& p : out.at("prefill")) {
-      if (p.at("name") == name) return p.at("tok_s").get<double>();
-    }
-    return 0;
+/// The reference's tokens/s of decode at `batch` (0 when it failed or lacks it).
+double python_decode_tok_s(const PythonResult& py, int64_t batch) {
+  if (!py.ok) return 0;
+  for (const auto& d : py.out.at("decode")) {
+    if (d.at("batch").get<int64_t>() == batch) return d.at("tok_s").get<double>();
   }
-  double decode_tok_s(int64_t batch) const {
-    if (!ok) return 0;
-    for (const auto& d : out.at("decode")) {
-      if (d.at("batch").get<int64_t>() == batch) return d.at("tok_s").get<double>();
-    }
-    return 0;
-  }
-};
+  return 0;
+}
 
 PythonResult run_python(const std::string& python, const fs::path& script, const fs::path& dir, const char* dtype,
                         int threads, const Workload& w) {
@@ -502,24 +489,7 @@ PythonResult run_python(const std::string& python, const fs::path& script, const
   for (const auto& d : w.decode)
     spec["decode"].push_back(
         {{"batch", d.batch}, {"prompt", w.prompt_tokens}, {"warmup", d.warmup}, {"steps", d.steps}, {"reps", d.reps}});
-  PythonResult r;
-  const CpuSample cpu0 = cpu_sample();
-  try {
-    auto [status, out] = run_capture({python, script.string(), spec.dump()});
-    r.cores = cores_busy(cpu0, cpu_sample());
-    if (status != 0) {
-      r.error = python + " exited with status " + std::to_string(status);
-      return r;
-    }
-    // The last non-empty line is the result.
-    auto end = out.find_last_not_of("\n");
-    auto begin = out.rfind('\n', end);
-    r.out = json::parse(out.substr(begin == std::string::npos ? 0 : begin + 1));
-    r.ok = true;
-  } catch (const std::exception& e) {
-    r.error = e.what();
-  }
-  return r;
+  return run_python_reference(python, script, spec);
 }
 
 // ------------------------------------------------------------------ models
@@ -575,12 +545,12 @@ void print_throughput(const std::vector<CaseResult>& cases, const Workload& w, b
     if (python && !c.ran_python) continue;
     std::printf("%-22s %-5s", c.model.label.c_str(), c.dtype.c_str());
     for (const auto& p : w.prefill) {
-      double v = python ? c.python.prefill_tok_s(p.name)
+      double v = python ? python_prefill_tok_s(c.python, p.name)
                         : (find_prefill(c.engine, p.name) ? tok_s(*find_prefill(c.engine, p.name)) : 0);
       std::printf(" %12s", v > 0 ? fmt("%.1f", v).c_str() : "-");
     }
     for (const auto& d : w.decode) {
-      double v = python ? c.python.decode_tok_s(d.batch)
+      double v = python ? python_decode_tok_s(c.python, d.batch)
                         : (find_decode(c.engine, d.batch) ? tok_s(*find_decode(c.engine, d.batch)) : 0);
       std::printf(" %10s", v > 0 ? fmt("%.1f", v).c_str() : "-");
     }
@@ -630,11 +600,11 @@ void print_report(const std::vector<CaseResult>& cases, const Workload& w, const
       std::printf("%-22s %-5s", c.model.label.c_str(), c.dtype.c_str());
       for (const auto& p : w.prefill) {
         const PrefillResult* e = find_prefill(c.engine, p.name);
-        std::printf(" %12s", ratio_str(e ? tok_s(*e) : 0, c.python.prefill_tok_s(p.name)).c_str());
+        std::printf(" %12s", ratio_str(e ? tok_s(*e) : 0, python_prefill_tok_s(c.python, p.name)).c_str());
       }
       for (const auto& d : w.decode) {
         const DecodeResult* e = find_decode(c.engine, d.batch);
-        std::printf(" %10s", ratio_str(e ? tok_s(*e) : 0, c.python.decode_tok_s(d.batch)).c_str());
+        std::printf(" %10s", ratio_str(e ? tok_s(*e) : 0, python_decode_tok_s(c.python, d.batch)).c_str());
       }
       std::printf("\n");
     }
@@ -722,14 +692,14 @@ void print_report(const std::vector<CaseResult>& cases, const Workload& w, const
     if (d1) {
       const double roof = probes.copy_gbs * 1e9 / decode_bytes(c.engine.shape, 1, d1->ctx);
       a = verdict(true, 100.0 * tok_s(*d1) / roof, 50.0, "(%.1f%%)");
-      const double py = c.python.decode_tok_s(1);
+      const double py = python_decode_tok_s(c.python, 1);
       b = verdict(py > 0, py > 0 ? tok_s(*d1) / py : 0, 2.0, "(%.2fx)");
     }
     if (d32) {
       const double flops = decode_flops(c.engine.shape, 32, d32->ctx);
       const double achieved = flops * static_cast<double>(d32->spec.steps) / d32->seconds;
       cc = verdict(true, 100.0 * achieved / probes.peak(c.scalar), 40.0, "(%.1f%%)");
-      const double py = c.python.decode_tok_s(32);
+      const double py = python_decode_tok_s(c.python, 32);
       dd = verdict(py > 0, py > 0 ? tok_s(*d32) / py : 0, 1.2, "(%.2fx)");
     }
     std::printf("%-22s %-5s %-28s %-28s %-28s %-28s\n", c.model.label.c_str(), c.dtype.c_str(), a.c_str(), b.c_str(),
@@ -750,31 +720,22 @@ void print_report(const std::vector<CaseResult>& cases, const Workload& w, const
 }
 
 struct Options {
-  bool quick = false;
-  int threads = 0;
+  CommonOptions common{SWARM_DEFAULT_FIXTURES_DIR, SWARM_BENCH_MODEL_CACHE, SWARM_BENCH_PYTHON_SCRIPT};
   std::string models = "smollm2,tinystories";
-  std::string dtypes = "fp32,bf16";
-  bool skip_python = false;
   bool profile_ops = false;
-  int openblas_threads = 0;  // 0 = leave as loaded
+  int openblas_threads = 0;    // 0 = leave as loaded
   bool fixed_threads = false;  // true: --threads / --openblas-threads for every case, no engine plan
-  std::string fixtures = SWARM_DEFAULT_FIXTURES_DIR;
-  std::string model_cache = SWARM_BENCH_MODEL_CACHE;
-  std::string python = "/usr/bin/python3";
-  std::string python_script = SWARM_BENCH_PYTHON_SCRIPT;
 };
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Options opt;
-  opt.threads = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  const CommonOptions& common = opt.common;
   CLI::App app{"bench_inference: libtorch engine prefill/decode tokens/s vs python3-torch and rooflines"};
-  app.add_flag("--quick", opt.quick, "Small step counts (smoke run, about a minute)");
-  app.add_option("--threads", opt.threads, "libtorch intra-op threads (C++ and Python)")->capture_default_str();
+  opt.common.add_to(app, "Small step counts (smoke run, about a minute)",
+                    "libtorch intra-op threads (C++ and Python)");
   app.add_option("--models", opt.models, "Comma list: smollm2, tinystories")->capture_default_str();
-  app.add_option("--dtypes", opt.dtypes, "Comma list: fp32, bf16")->capture_default_str();
-  app.add_flag("--skip-python", opt.skip_python, "Do not run the python3-torch reference");
   app.add_flag("--profile-ops", opt.profile_ops,
                "Also print per-op self time of decode steps (batch 1, 32, 64) and of one prefill");
   app.add_flag("--fixed-threads", opt.fixed_threads,
@@ -783,60 +744,41 @@ int main(int argc, char** argv) {
   app.add_option("--openblas-threads", opt.openblas_threads,
                  "Set OpenBLAS's pool (fp32 GEMM) to N threads in both processes; 0 = leave the default")
       ->capture_default_str();
-  app.add_option("--fixtures", opt.fixtures, "The fixtures directory with models/ (tests/fixtures)")->capture_default_str();
-  app.add_option("--model-cache", opt.model_cache, "Where random-weight models are written once")
-      ->capture_default_str();
-  app.add_option("--python", opt.python, "Python with torch")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   try {
     const auto bench_start = Clock::now();
     // Phases run in order; a new phase (e.g. the server's TTFT) is one more function called here.
     // ---- 1. set-up and machine description
-    swarm::set_compute_threads(opt.threads);
+    swarm::set_compute_threads(common.threads);
     OpenBlas blas = OpenBlas::find();
     if (opt.openblas_threads > 0) {
       if (blas.set_threads) blas.set_threads(opt.openblas_threads);
       setenv("OPENBLAS_NUM_THREADS", std::to_string(opt.openblas_threads).c_str(), 1);  // the Python child
     }
-    std::printf("machine: %s, %ld online CPUs; %s\n", cpu_model().c_str(), sysconf(_SC_NPROCESSORS_ONLN),
-                utc_now().c_str());
-    std::printf("torch %s (libtorch C++), intra-op threads %d, inter-op threads %d; OpenBLAS: %s\n", TORCH_VERSION,
-                at::get_num_threads(), at::get_num_interop_threads(), blas.describe().c_str());
-    std::printf("commit %s; %s run\n", git_commit(SWARM_SOURCE_DIR).c_str(), opt.quick ? "quick" : "full");
-    std::fflush(stdout);
+    print_run_header(SWARM_SOURCE_DIR, common.quick, blas.describe());
 
     // ---- 2. machine ceilings
     progress("probes: copy bandwidth and matmul peak");
-    const Probes probes = run_probes(opt.threads, opt.quick);
+    const Probes probes = run_probes(common.threads, common.quick);
 
     // ---- 3. models x dtypes: the engine, then the Python reference on the same case
     std::vector<ModelEntry> models;
     for (const std::string& key : split_list(opt.models)) {
       if (key == "smollm2") {
-        models.push_back({key, "smollm2-135m (random)",
-                          prepare_random_model(fs::path(opt.fixtures) / "models/smollm2-135m-instruct-noweights",
-                                               opt.model_cache, "smollm2-135m-random-f32-seed0")});
+        models.push_back({key, "smollm2-135m (random)", common.smollm2_random()});
       } else if (key == "tinystories") {
-        models.push_back({key, "tinystories-656k", fs::path(opt.fixtures) / "models/tinystories-656k"});
+        models.push_back({key, "tinystories-656k", fs::path(common.fixtures) / "models/tinystories-656k"});
       } else {
         throw std::invalid_argument("unknown model '" + key + "' (smollm2, tinystories)");
       }
     }
-    std::vector<std::pair<std::string, swarm::DType>> dtypes;
-    for (const std::string& d : split_list(opt.dtypes)) {
-      if (d == "fp32")
-        dtypes.emplace_back(d, swarm::DType::F32);
-      else if (d == "bf16")
-        dtypes.emplace_back(d, swarm::DType::BF16);
-      else
-        throw std::invalid_argument("unknown dtype '" + d + "' (fp32, bf16)");
-    }
+    const std::vector<std::pair<std::string, swarm::DType>> dtypes = common.dtype_list();
 
     std::vector<CaseResult> cases;
     Workload report_workload;
     for (const ModelEntry& m : models) {
-      const Workload w = make_workload(opt.quick, swarm::ModelConfig::from_directory(m.dir).max_position_embeddings);
+      const Workload w = make_workload(common.quick, swarm::ModelConfig::from_directory(m.dir).max_position_embeddings);
       report_workload = w;
       for (const auto& [name, dtype] : dtypes) {
         CaseResult c;
@@ -844,20 +786,18 @@ int main(int argc, char** argv) {
         c.dtype = name;
         c.scalar = swarm::compute_scalar_type(dtype);
         // The engine's thread plan for this dtype (libtorch vs OpenBLAS pools), given to both sides.
-        int py_threads = opt.threads;
+        int py_threads = common.threads;
         if (!opt.fixed_threads) {
-          const swarm::ThreadPlan plan = swarm::configure_compute_threads(opt.threads, dtype);
+          const swarm::ThreadPlan plan = apply_thread_plan(common.threads, dtype);
           py_threads = plan.torch_threads;
-          if (plan.openblas_threads > 0)
-            setenv("OPENBLAS_NUM_THREADS", std::to_string(plan.openblas_threads).c_str(), 1);
           progress("%s %s: thread plan: libtorch %d, OpenBLAS %d", m.label.c_str(), name.c_str(), plan.torch_threads,
                    plan.openblas_threads);
         }
         progress("%s %s: C++ engine", m.label.c_str(), name.c_str());
         c.engine = run_engine(m.dir, dtype, w, opt.profile_ops);
-        if (!opt.skip_python) {
+        if (!common.skip_python) {
           progress("%s %s: python reference", m.label.c_str(), name.c_str());
-          c.python = run_python(opt.python, opt.python_script, m.dir, name.c_str(), py_threads, w);
+          c.python = run_python(common.python, common.python_script, m.dir, name.c_str(), py_threads, w);
           c.ran_python = true;
           if (!c.python.ok) progress("python reference failed: %s", c.python.error.c_str());
         }

@@ -11,7 +11,7 @@ per query head.
 It shares no code with the C++ engine: the weights are read from the same model directory's
 *.safetensors with json + numpy (no safetensors / transformers package).
 
-Usage: python_reference.py SPEC_JSON, where SPEC_JSON is
+Usage: python_reference.py SPEC_JSON_FILE (bench/common/reference_common.py), where the file holds
   {"model_dir": str, "dtype": "fp32"|"bf16", "threads": int,
    "prefill": [{"name": str, "batch": int, "tokens": int, "reps": int}, ...],
    "decode": [{"batch": int, "prompt": int, "warmup": int, "steps": int, "reps": int}, ...],
@@ -30,7 +30,6 @@ best pass counts, as on the C++ side).
 import json
 import math
 import os
-import resource
 import struct
 import sys
 import time
@@ -39,12 +38,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from reference_common import ModelShape, emit, log, read_spec, rss_kib  # noqa: E402
+
 NUMPY_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64}
-
-
-def log(msg):
-    sys.stderr.write(f"[python] {msg}\n")
-    sys.stderr.flush()
 
 
 def read_tensors(path):
@@ -80,26 +77,10 @@ def load_state(model_dir):
     return state
 
 
-def rss_kib(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
-
-
-class Llama:
+class Llama(ModelShape):
     def __init__(self, model_dir, dtype):
-        with open(os.path.join(model_dir, "config.json")) as f:
-            cfg = json.load(f)
-        self.dtype = dtype
-        self.hidden = cfg["hidden_size"]
-        self.n_heads = cfg["num_attention_heads"]
-        self.n_kv = cfg.get("num_key_value_heads") or self.n_heads
-        self.head_dim = cfg.get("head_dim") or self.hidden // self.n_heads
-        self.eps = cfg.get("rms_norm_eps", 1e-6)
-        self.n_layers = cfg["num_hidden_layers"]
-        self.max_pos = cfg["max_position_embeddings"]
+        super().__init__(model_dir, dtype)
+        cfg = self.cfg
         if cfg.get("rope_scaling"):
             raise SystemExit("python_reference: rope_scaling is not implemented here")
 
@@ -192,7 +173,7 @@ class Llama:
 
 
 def main():
-    spec = json.loads(sys.argv[1])
+    spec = read_spec()
     dtype = torch.bfloat16 if spec["dtype"] == "bf16" else torch.float32
     torch.set_num_threads(spec["threads"])
     torch.set_grad_enabled(False)
@@ -257,7 +238,7 @@ def main():
         del cache
 
     result["peak_rss_kib"] = rss_kib("VmHWM")
-    sys.stdout.write(json.dumps(result) + "\n")
+    emit(result)
 
 
 if __name__ == "__main__":

@@ -59,10 +59,7 @@ constexpr double kMiB = 1024.0 * 1024.0;
 
 template <typename... Args>
 void progress(const char* fmt, Args... args) {
-  std::fprintf(stderr, "[bench_trainer] ");
-  std::fprintf(stderr, fmt, args...);
-  std::fprintf(stderr, "\n");
-  std::fflush(stderr);
+  sb::progress_line("bench_trainer", fmt, args...);
 }
 
 std::string fmt(const char* f, double v) {
@@ -275,13 +272,7 @@ EngineResult run_engine(const fs::path& dir, swarm::DType dtype, const swarm::Tr
 
 // ------------------------------------------------------------------ python reference
 
-struct PythonResult {
-  bool ok = false;
-  std::string error;
-  json out;
-  std::pair<double, double> cores;
-  double get(const char* key) const { return ok && out.contains(key) ? out.at(key).get<double>() : 0.0; }
-};
+using sb::PythonResult;
 
 PythonResult run_python(const std::string& python, const fs::path& script, const fs::path& dir,
                         const std::string& dtype, int threads, const Plan& plan, const swarm::TrainerOptions& opts,
@@ -308,27 +299,7 @@ PythonResult run_python(const std::string& python, const fs::path& script, const
     spec["sequences"].push_back({{"ids", s.sample->token_ids}, {"mask", mask}, {"advantage", s.advantage}});
   }
   spec["micro_batches"] = plan.micro;
-  // A file, not an argument: a large batch would exceed the kernel's per-argument limit.
-  const fs::path spec_path = fs::temp_directory_path() / ("bench_trainer_spec_" + std::to_string(getpid()) + ".json");
-  std::ofstream(spec_path) << spec.dump();
-
-  PythonResult r;
-  const sb::CpuSample cpu0 = sb::cpu_sample();
-  try {
-    auto [status, out] = sb::run_capture({python, script.string(), spec_path.string()});
-    r.cores = sb::cores_busy(cpu0, sb::cpu_sample());
-    if (status != 0) {
-      r.error = python + " exited with status " + std::to_string(status);
-    } else {
-      r.out = json::parse(sb::last_line(out));
-      r.ok = true;
-    }
-  } catch (const std::exception& e) {
-    r.error = e.what();
-  }
-  std::error_code ec;
-  fs::remove(spec_path, ec);
-  return r;
+  return sb::run_python_reference(python, script, spec);
 }
 
 // ------------------------------------------------------------------ report
@@ -479,66 +450,46 @@ void print_report(const std::vector<CaseResult>& cases, const Plan& plan, const 
 }
 
 struct Options {
-  bool quick = false;
-  int threads = 0;
-  std::string dtypes = "fp32,bf16";
-  bool skip_python = false;
+  sb::CommonOptions common{SWARM_DEFAULT_FIXTURES_DIR, SWARM_BENCH_MODEL_CACHE, SWARM_BENCH_PYTHON_SCRIPT};
   bool profile = false;
   int64_t steps = 0;  // 0 = the default of the run size
   int64_t seqs = 0, seq_len = 0, prompt_len = -1, micro_batch_tokens = 2048;
-  std::string fixtures = SWARM_DEFAULT_FIXTURES_DIR;
-  std::string model_cache = SWARM_BENCH_MODEL_CACHE;
-  std::string python = "/usr/bin/python3";
-  std::string python_script = SWARM_BENCH_PYTHON_SCRIPT;
 };
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Options opt;
-  opt.threads = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  const sb::CommonOptions& common = opt.common;
   CLI::App app{"bench_trainer: GRPO trainer step tokens/s, MFU, optimizer and weight-sync time vs python3-torch"};
-  app.add_flag("--quick", opt.quick, "Smaller batch (2 x 128 tokens) and 1 timed step (smoke run)");
-  app.add_option("--threads", opt.threads, "Cores for the engine's thread plan (C++ and Python)")
-      ->capture_default_str();
-  app.add_option("--dtypes", opt.dtypes, "Comma list: fp32, bf16")->capture_default_str();
+  opt.common.add_to(app, "Smaller batch (2 x 128 tokens) and 1 timed step (smoke run)",
+                    "Cores for the engine's thread plan (C++ and Python)");
   app.add_option("--steps", opt.steps, "Timed steps after 1 warm-up (default 2, quick 1)");
   app.add_option("--seqs", opt.seqs, "Sequences in the batch (default 8, quick 2)");
   app.add_option("--seq-len", opt.seq_len, "Tokens per sequence (default 256, quick 128)");
   app.add_option("--prompt-len", opt.prompt_len, "Prompt tokens (loss mask 0) per sequence (default: half)");
   app.add_option("--micro-batch-tokens", opt.micro_batch_tokens, "micro_batch_max_tokens (padded rows x longest row)")
       ->capture_default_str();
-  app.add_flag("--skip-python", opt.skip_python, "Do not run the python3-torch reference");
   app.add_flag("--profile", opt.profile,
                "Also time a forward-only pass and print per-op self time of one step's gradients and optimizer");
-  app.add_option("--fixtures", opt.fixtures, "The fixtures directory with models/ (tests/fixtures)")->capture_default_str();
-  app.add_option("--model-cache", opt.model_cache, "Where the random-weight model is written once")
-      ->capture_default_str();
-  app.add_option("--python", opt.python, "Python with torch")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   try {
     const auto bench_start = Clock::now();
     Workload w;
-    w.seqs = opt.seqs > 0 ? opt.seqs : (opt.quick ? 2 : 8);
-    w.seq_len = opt.seq_len > 0 ? opt.seq_len : (opt.quick ? 128 : 256);
+    w.seqs = opt.seqs > 0 ? opt.seqs : (common.quick ? 2 : 8);
+    w.seq_len = opt.seq_len > 0 ? opt.seq_len : (common.quick ? 128 : 256);
     w.prompt_len = opt.prompt_len >= 0 ? opt.prompt_len : w.seq_len / 2;
-    w.steps = opt.steps > 0 ? opt.steps : (opt.quick ? 1 : 2);
+    w.steps = opt.steps > 0 ? opt.steps : (common.quick ? 1 : 2);
     w.micro_batch_tokens = opt.micro_batch_tokens;
     w.groups = std::min<int64_t>(2, w.seqs / 2);
     if (w.groups < 1 || w.prompt_len >= w.seq_len - 1)
       throw std::invalid_argument("need --seqs >= 2 and --prompt-len < --seq-len - 1");
 
-    swarm::set_compute_threads(opt.threads);
-    const sb::OpenBlas blas = sb::OpenBlas::find();
-    std::printf("machine: %s, %ld online CPUs; %s; loadavg %s\n", sb::cpu_model().c_str(),
-                sysconf(_SC_NPROCESSORS_ONLN), sb::utc_now().c_str(), sb::load_average().c_str());
-    std::printf("torch %s (libtorch C++); OpenBLAS: %s\n", TORCH_VERSION, blas.describe().c_str());
-    std::printf("commit %s; %s run\n", sb::git_commit(SWARM_SOURCE_DIR).c_str(), opt.quick ? "quick" : "full");
-    std::fflush(stdout);
+    swarm::set_compute_threads(common.threads);
+    sb::print_run_header(SWARM_SOURCE_DIR, common.quick, sb::OpenBlas::find().describe());
 
-    const fs::path dir = sb::prepare_random_model(fs::path(opt.fixtures) / "models/smollm2-135m-instruct-noweights",
-                                                  opt.model_cache, "smollm2-135m-random-f32-seed0");
+    const fs::path dir = common.smollm2_random();
     const swarm::ModelConfig config = swarm::ModelConfig::from_directory(dir);
     const ModelShape shape{config.num_hidden_layers, config.hidden_size};
     std::printf("model: smollm2-135m shape, random weights (%s)\n", dir.c_str());
@@ -549,31 +500,22 @@ int main(int argc, char** argv) {
     const Plan plan = make_plan(batch, topts);
 
     std::vector<CaseResult> cases;
-    for (const std::string& name : sb::split_list(opt.dtypes)) {
+    for (const auto& [name, dtype] : common.dtype_list()) {
       CaseResult c;
       c.dtype = name;
-      swarm::DType dtype;
-      if (name == "fp32")
-        dtype = swarm::DType::F32;
-      else if (name == "bf16")
-        dtype = swarm::DType::BF16;
-      else
-        throw std::invalid_argument("unknown dtype '" + name + "' (fp32, bf16)");
       c.scalar = swarm::compute_scalar_type(dtype);
       // The engine's thread plan for this dtype (libtorch vs OpenBLAS pools), given to both sides.
-      c.threads = swarm::configure_compute_threads(opt.threads, dtype);
-      if (c.threads.openblas_threads > 0)
-        setenv("OPENBLAS_NUM_THREADS", std::to_string(c.threads.openblas_threads).c_str(), 1);
+      c.threads = sb::apply_thread_plan(common.threads, dtype);
       progress("%s: thread plan libtorch %d, OpenBLAS %d", name.c_str(), c.threads.torch_threads,
                c.threads.openblas_threads);
-      c.peak = sb::matmul_peak(c.scalar, 2048, opt.quick ? 2 : 4, opt.quick ? 0.3 : 1.0);
+      c.peak = sb::matmul_peak(c.scalar, 2048, common.quick ? 2 : 4, common.quick ? 0.3 : 1.0);
       progress("%s: matmul peak %.1f GFLOP/s (2048^3)", name.c_str(), c.peak / 1e9);
       c.load_before = sb::load_average();
       progress("%s: C++ trainer (loadavg %s)", name.c_str(), c.load_before.c_str());
       c.engine = run_engine(dir, dtype, topts, batch, w, opt.profile);
-      if (!opt.skip_python) {
+      if (!common.skip_python) {
         progress("%s: python reference", name.c_str());
-        c.python = run_python(opt.python, opt.python_script, dir, name, c.threads.torch_threads, plan, topts, w);
+        c.python = run_python(common.python, common.python_script, dir, name, c.threads.torch_threads, plan, topts, w);
         c.ran_python = true;
         if (!c.python.ok) progress("python reference failed: %s", c.python.error.c_str());
       }

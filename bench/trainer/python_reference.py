@@ -21,7 +21,7 @@ Precision:
 The weights are read from the same model directory with tests/reference/llama_reference.py's
 loader (json + numpy, no safetensors / transformers package); it shares no code with the C++.
 
-Usage: python_reference.py SPEC_JSON_FILE, where the file holds
+Usage: python_reference.py SPEC_JSON_FILE (bench/common/reference_common.py), where the file holds
   {"model_dir": str, "dtype": "fp32"|"bf16", "threads": int, "warmup": int, "steps": int,
    "sequences": [{"ids": [int], "mask": [0|1], "advantage": float}],
    "micro_batches": [[sequence index, ...], ...], "norm": float,
@@ -33,8 +33,6 @@ Prints one JSON object to stdout (progress goes to stderr):
    "sys_s", "minflt" (kernel CPU seconds and minor page faults per step, all threads),
    "first_grad_norm" (of the first warm-up step, from the checkpoint's weights), "peak_rss_kib"}
 """
-import importlib.util
-import json
 import math
 import os
 import resource
@@ -44,39 +42,18 @@ import time
 import torch
 import torch.nn.functional as F
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_spec = importlib.util.spec_from_file_location(
-    "llama_reference", os.path.join(_HERE, "..", "..", "tests", "reference", "llama_reference.py"))
-ref = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ref)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from reference_common import ModelShape, emit, load_llama_reference, log, read_spec, rss_kib  # noqa: E402
+
+ref = load_llama_reference()
 
 
-def log(msg):
-    sys.stderr.write(f"[python] {msg}\n")
-    sys.stderr.flush()
-
-
-def rss_kib(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
-
-
-class Llama:
+class Llama(ModelShape):
     """Parameters by Hugging Face name (tied head = the embedding tensor), batched forward."""
 
     def __init__(self, model_dir, dtype):
-        with open(os.path.join(model_dir, "config.json")) as f:
-            cfg = json.load(f)
-        self.dtype = dtype
-        self.hidden = cfg["hidden_size"]
-        self.n_heads = cfg["num_attention_heads"]
-        self.n_kv = cfg.get("num_key_value_heads") or self.n_heads
-        self.head_dim = cfg.get("head_dim") or self.hidden // self.n_heads
-        self.eps = cfg.get("rms_norm_eps", 1e-6)
-        self.n_layers = cfg["num_hidden_layers"]
+        super().__init__(model_dir, dtype)
+        cfg = self.cfg
         w = ref.load_weights(model_dir)
         self.fp32 = w  # the checkpoint as loaded (fp32 here): the bf16 run's master weights
         self.tied = "lm_head.weight" not in w or cfg.get("tie_word_embeddings", False)
@@ -161,8 +138,7 @@ def micro_inputs(seqs, micro):
 
 
 def main():
-    with open(sys.argv[1]) as f:
-        spec = json.load(f)
+    spec = read_spec()
     dtype = torch.bfloat16 if spec["dtype"] == "bf16" else torch.float32
     torch.set_num_threads(spec["threads"])
     t0 = time.perf_counter()
@@ -254,7 +230,7 @@ def main():
            "sys_s": (ru1.ru_stime - ru0.ru_stime) / n, "minflt": (ru1.ru_minflt - ru0.ru_minflt) / n,
            "loss": loss, "grad_norm": grad_norm, "first_grad_norm": first_grad_norm,
            "peak_rss_kib": rss_kib("VmHWM")}
-    sys.stdout.write(json.dumps(out) + "\n")
+    emit(out)
 
 
 if __name__ == "__main__":
