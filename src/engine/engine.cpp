@@ -347,12 +347,31 @@ void Engine::tick() {
 }
 
 // ------------------------------------------------------------------ episodes
+namespace {
+
+// Why a claim is refused outside ROLLING. AgentJet's Python client branches on these words:
+// it retries in 15 s on "Engine is syncing weights" / "Engine is in post-rolling phase", so
+// they are kept verbatim (docs/protocol.md).
+std::string claim_refused_cause(EngineState state) {
+  std::string advice;
+  switch (state) {
+    case EngineState::OFFLINE: advice = "Please start the engine first (sync_train_config, then start_engine)."; break;
+    case EngineState::BOOTING: advice = "Please wait until the engine is fully booted. Try again later."; break;
+    case EngineState::ROLLING_POST: advice = "Engine is in post-rolling phase. Try again later."; break;
+    case EngineState::WEIGHT_SYNCING: advice = "Engine is syncing weights. Try again later."; break;
+    case EngineState::ROLLING: advice = "Try again later."; break;
+  }
+  return std::string("Engine not ready. Current status: [") + engine_state_wire(state) + "]. " + advice;
+}
+
+}  // namespace
+
 
 ClaimResult Engine::claim_episode(const ClaimRequest& request) {
   std::lock_guard lk(mu_);
   if (state_ != EngineState::ROLLING || !pool_) {
     ClaimResult r;
-    r.fail_cause = std::string("engine is ") + engine_state_wire(state_) + ", not ENGINE.ROLLING; retry later";
+    r.fail_cause = claim_refused_cause(state_);
     // Validate anyway so a bad request is reported as such in every state.
     SWARM_REQUIRE(!request.client_uuid.empty(), ErrorKind::INVALID_ARGUMENT, "client_uuid must not be empty");
     SWARM_REQUIRE(request.discard_episode_timeout > 0, ErrorKind::INVALID_ARGUMENT,

@@ -95,13 +95,16 @@ ClaimResult RolloutPool::claim(const ClaimRequest& request) {
   std::lock_guard lock(mu_);
   ClaimResult result;
   if (!accepting_) {
+    // The wording AgentJet's client retries on (15 s), as in the engine's own refusals.
     result.fail_cause =
-        "engine is not accepting new episodes (batch is complete; waiting for weight sync)";
+        "Engine is in post-rolling phase: not accepting new episodes (the batch is complete; waiting for weight "
+        "sync). Try again later.";
     return result;
   }
   if (unclaimed_.empty()) {
-    result.fail_cause = "no available episode to claim: all " +
-                        std::to_string(config_.max_parallel_episodes) + " slots are in use";
+    // "No available episodes to claim." is what AgentJet's client retries on quickly (2 s).
+    result.fail_cause = "No available episodes to claim. All " + std::to_string(config_.max_parallel_episodes) +
+                        " slots are in use; try again later.";
     return result;
   }
   std::string uuid = std::move(unclaimed_.front());

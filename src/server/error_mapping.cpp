@@ -34,6 +34,8 @@ HttpResponse error_response(ErrorStyle style, int status, const std::string& typ
                             const std::string& code) {
   nlohmann::json body;
   body["error"] = {{"message", message}, {"type", type}, {"code", code.empty() ? nullptr : nlohmann::json(code)}};
+  // FastAPI's shape beside ours: AgentJet's Python client reads the top-level `detail`.
+  body["detail"] = message;
   if (style == ErrorStyle::COMMAND) body["success"] = false;
   HttpResponse r;
   r.status = status;

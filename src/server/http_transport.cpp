@@ -70,11 +70,12 @@ constexpr auto kLingerLimit = std::chrono::seconds(2);
 thread_local const void* t_io_thread_of = nullptr;
 
 // Transport-level errors (413, 431, malformed HTTP) come before routing, so they carry
-// both shapes: the OpenAI error object and the command routes' "success": false
-// (OpenAI clients ignore the extra field).
+// every shape: the OpenAI error object, the command routes' "success": false and FastAPI's
+// "detail" (AgentJet's client); clients ignore the fields they do not know.
 std::string error_json(std::string_view message, const char* type, std::string_view code) {
   nlohmann::json j;
   j["error"] = {{"message", message}, {"type", type}, {"code", code}};
+  j["detail"] = message;
   j["success"] = false;
   return j.dump();
 }

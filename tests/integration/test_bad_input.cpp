@@ -164,6 +164,9 @@ class BadInput : public ::testing::Test {
     EXPECT_TRUE(e.contains("code") && (e["code"].is_string() || e["code"].is_null())) << what << ": " << r.body;
     const std::string message = e.value("message", "");
     EXPECT_FALSE(message.empty()) << what;
+    // FastAPI's top-level `detail`, which AgentJet's Python client reads, says the same.
+    EXPECT_TRUE(j.contains("detail") && j["detail"].is_string()) << what << ": " << r.body;
+    EXPECT_EQ(j.value("detail", ""), message) << what;
     if (!needle.empty()) {
       EXPECT_NE(message.find(needle), std::string::npos)
           << what << ": message '" << message << "' does not mention " << needle;

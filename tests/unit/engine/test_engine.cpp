@@ -221,7 +221,9 @@ TEST_F(EngineTest, FullCycleRollingPostWeightSyncingRolling) {
   EXPECT_EQ(engine->status().state, EngineState::ROLLING_POST);
   ClaimResult refused = engine->claim_episode({"c2", EpisodeType::TRAIN, 60});
   EXPECT_FALSE(refused.episode.has_value());
-  EXPECT_FALSE(refused.fail_cause.empty());
+  // The words AgentJet's Python client branches on (it retries such a refusal in 15 s).
+  EXPECT_NE(refused.fail_cause.find("Engine is in post-rolling phase"), std::string::npos) << refused.fail_cause;
+  EXPECT_NE(refused.fail_cause.find("[ENGINE.ROLLING_POST]"), std::string::npos) << refused.fail_cause;
   EXPECT_TRUE(engine->can_continue_episode("c1", c.episode_uuid));
   call(c.api_key, "still working");
   end(c, "t2", 0.5);  // the in-flight episode may still finish
@@ -329,6 +331,28 @@ TEST_F(EngineTest, EvalEpisodesNeverEnterATrainingBatch) {
   std::lock_guard lk(probe->mu);
   ASSERT_EQ(probe->batches.at(0).episodes.size(), 2u);
   for (const auto& e : probe->batches[0].episodes) EXPECT_NE(e.episode_uuid, ev.episode_uuid);
+}
+
+// AgentJet's Python client retries a refused claim in 15 s when the cause names weight sync
+// or post-rolling, in 2 s on "No available episodes to claim.": the causes use its words.
+TEST_F(EngineTest, RefusedClaimsUseTheWordsAgentJetsClientBranchesOn) {
+  ClaimResult offline = engine->claim_episode({"c1", EpisodeType::TRAIN, 60});
+  EXPECT_NE(offline.fail_cause.find("Engine not ready. Current status: [ENGINE.OFFLINE]."), std::string::npos)
+      << offline.fail_cause;
+  engine->sync_train_config(config_yaml(1, 1, "mock_train_seconds: 30\nmax_parallel_episodes: 1\n"));
+  engine->start_engine();
+  ASSERT_TRUE(engine->wait_for_state(EngineState::ROLLING, 5s));
+  auto a = claim();
+  ClaimResult full = engine->claim_episode({"c2", EpisodeType::TRAIN, 60});
+  EXPECT_FALSE(full.episode.has_value());
+  EXPECT_EQ(full.fail_cause.rfind("No available episodes to claim.", 0), 0u) << full.fail_cause;
+  end(a, "t", 1.0);
+  ASSERT_TRUE(engine->wait_for_state(EngineState::WEIGHT_SYNCING, 5s));
+  ClaimResult syncing = engine->claim_episode({"c2", EpisodeType::TRAIN, 60});
+  EXPECT_FALSE(syncing.episode.has_value());
+  EXPECT_NE(syncing.fail_cause.find("[ENGINE.WEIGHT_SYNCING]. Engine is syncing weights."), std::string::npos)
+      << syncing.fail_cause;
+  engine->stop_engine();
 }
 
 TEST_F(EngineTest, StopEngineFromEveryStateGoesOffline) {

@@ -177,7 +177,7 @@ TEST_F(RolloutPoolTest, SlotLimitAndFailCause) {
   for (int i = 0; i < 4; ++i) eps.push_back(claim_ok(*pool));
   ClaimResult r = pool->claim(ClaimRequest{"client-b", EpisodeType::TRAIN, 60});
   EXPECT_FALSE(r.episode.has_value());
-  EXPECT_EQ(r.fail_cause, "no available episode to claim: all 4 slots are in use");
+  EXPECT_EQ(r.fail_cause, "No available episodes to claim. All 4 slots are in use; try again later.");
   EXPECT_EQ(pool->running(), 4);
   EXPECT_EQ(pool->snapshot().unclaimed, 0);
 

@@ -285,7 +285,8 @@ TEST_F(HttpTransportTest, OversizedBodyGets413AndServerKeepsServing) {
   auto r = client.request("POST", "/big", std::string(4096, 'x'));
   EXPECT_EQ(r.status, 413);
   EXPECT_EQ(r.body,
-            R"({"error":{"code":"payload_too_large","message":"request body exceeds 1024 bytes",)"
+            R"({"detail":"request body exceeds 1024 bytes",)"
+            R"("error":{"code":"payload_too_large","message":"request body exceeds 1024 bytes",)"
             R"("type":"invalid_request_error"},"success":false})");
   EXPECT_EQ(get_header(r, "connection"), "close");
   EXPECT_EQ(client.request("POST", "/small", std::string(1000, 'y')).status, 200);
