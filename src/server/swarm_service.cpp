@@ -3,7 +3,9 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cmath>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "common/error.hpp"
 #include "server/error_mapping.hpp"
@@ -87,22 +89,65 @@ EpisodeType parse_episode_type(const json& body) {
   throw SwarmError(ErrorKind::INVALID_ARGUMENT, "field 'episode_type' must be \"train\" or \"eval\", got \"" + t + "\"");
 }
 
-WorkflowOutput parse_workflow_output(const json& body) {
+// log_metrics values: a number; a list of numbers (AgentJet's client sends per-turn values),
+// recorded as its mean; an object (AgentJet's `reward_stats`, `tool_stats`), flattened into
+// "name/key" metrics, where what is not a number or a list of numbers is skipped.
+void add_log_metric(const std::string& name, const json& value, bool nested, WorkflowOutput& out) {
+  if (value.is_number()) {
+    out.log_metrics[name] = value.get<double>();
+    return;
+  }
+  if (value.is_array()) {
+    double sum = 0;
+    for (const json& x : value) {
+      if (!x.is_number()) {
+        if (nested) return;
+        throw SwarmError(ErrorKind::INVALID_ARGUMENT,
+                         "field 'workflow_output.log_metrics." + name + "' must be a number or a list of numbers");
+      }
+      sum += x.get<double>();
+    }
+    if (!value.empty()) out.log_metrics[name] = sum / static_cast<double>(value.size());
+    return;
+  }
+  if (value.is_object()) {
+    for (auto it = value.begin(); it != value.end(); ++it) add_log_metric(name + "/" + it.key(), it.value(), true, out);
+    return;
+  }
+  if (nested) return;
+  throw SwarmError(ErrorKind::INVALID_ARGUMENT, "field 'workflow_output.log_metrics." + name +
+                                                    "' must be a number, a list of numbers or an object");
+}
+
+struct ParsedOutput {
+  WorkflowOutput output;
+  std::optional<size_t> list_reward_size;  // `reward` was a list (per turn) of this size; output.reward is null
+};
+
+ParsedOutput parse_workflow_output(const json& body) {
   const json* wo = optional_object(body, "workflow_output");
   if (!wo) throw SwarmError(ErrorKind::INVALID_ARGUMENT, "missing required field 'workflow_output'");
-  WorkflowOutput out;
-  out.reward = optional_number(*wo, "reward");
+  ParsedOutput parsed;
+  WorkflowOutput& out = parsed.output;
+  const auto reward = wo->find("reward");
+  if (reward != wo->end() && reward->is_array()) {
+    // AgentJet's client may send one reward per turn. Accepted, not trained until turn
+    // rewards are (the episode is dropped, as AgentJet's trainer drops it).
+    for (const json& x : *reward) {
+      if (!x.is_number() || !std::isfinite(x.get<double>()))
+        throw SwarmError(ErrorKind::INVALID_ARGUMENT,
+                         "field 'workflow_output.reward' must be a number, a list of finite numbers or null");
+    }
+    parsed.list_reward_size = reward->size();
+  } else {
+    out.reward = optional_number(*wo, "reward");
+  }
   out.is_success = optional_bool(*wo, "is_success");
   if (const json* md = optional_object(*wo, "metadata")) out.metadata_json = dump_json(*md);
   if (const json* lm = optional_object(*wo, "log_metrics")) {
-    for (auto it = lm->begin(); it != lm->end(); ++it) {
-      if (!it.value().is_number())
-        throw SwarmError(ErrorKind::INVALID_ARGUMENT,
-                         "field 'workflow_output.log_metrics." + it.key() + "' must be a number");
-      out.log_metrics[it.key()] = it.value().get<double>();
-    }
+    for (auto it = lm->begin(); it != lm->end(); ++it) add_log_metric(it.key(), it.value(), false, out);
   }
-  return out;
+  return parsed;
 }
 
 // task_id comes from the top level (wire protocol) or from the task object.
@@ -220,7 +265,13 @@ HttpResponse SwarmService::handle_command(const std::string& route, const HttpRe
     const std::string client = require_string(body, "client_uuid");
     const std::string episode = require_string(body, "episode_uuid");
     const std::string task_id = parse_task_id(body);
-    EndOutcome outcome = engine_.end_episode(client, episode, task_id, parse_workflow_output(body));
+    ParsedOutput parsed = parse_workflow_output(body);
+    EndOutcome outcome = engine_.end_episode(client, episode, task_id, parsed.output);
+    if (parsed.list_reward_size && !outcome.accepted) {
+      outcome.note = "episode " + episode + " sent a list reward (" + std::to_string(*parsed.list_reward_size) +
+                     " values, one per turn); per-turn rewards are not trained yet, so it was dropped and will "
+                     "not be trained on";
+    }
     json out = {{"success", true}, {"accepted", outcome.accepted}};
     if (!outcome.note.empty()) out["note"] = outcome.note;
     return json_response(out);

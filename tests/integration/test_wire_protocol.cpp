@@ -390,6 +390,70 @@ TEST(WireProtocol, WholeLifecycleWithRawJson) {
   EXPECT_EQ(get_json(c, "/health")["engine_status"], "ENGINE.OFFLINE");
 }
 
+// What AgentJet's Python client may send in workflow_output: log_metrics whose values are
+// lists (recorded as their mean) or objects (flattened to "name/key", non-numbers skipped),
+// and a list reward (one per turn): accepted, dropped from training with the reason.
+TEST(WireProtocol, AgentJetShapedWorkflowOutputs) {
+  TestServer server;
+  HttpClient c(server.url());
+  const uint16_t port = server.port();
+  EXPECT_EQ(post_json(c, "/sync_train_config", {{"yaml_as_string", kConfig}})["success"], true);
+  EXPECT_EQ(post_json(c, "/start_engine", json::object())["success"], true);
+  ASSERT_TRUE(poll_engine_status(c, "ENGINE.ROLLING"));
+
+  json req = {{"client_uuid", "eval-client"}, {"episode_type", "eval"}, {"discard_episode_timeout", 120}};
+  json ev = post_json(c, "/claim_episode", req);
+  ASSERT_EQ(ev["success"], true) << ev.dump();
+  json metrics = {{"score", 2},
+                  {"per_turn", {1, 3}},
+                  {"reward_stats", {{"final_reward", 0.5}, {"steps", {2, 4, 6}}, {"tag", "x"}, {"none", nullptr}}}};
+  json end = post_json(c, "/end_episode",
+                       {{"client_uuid", "eval-client"},
+                        {"episode_uuid", ev["episode_uuid"]},
+                        {"task_id", "t-eval"},
+                        {"declare_client_active", true},
+                        {"workflow_output",
+                         {{"reward", 1.0}, {"is_success", true}, {"metadata", {{"task_id", "t-eval"}}},
+                          {"log_metrics", metrics}}}});
+  EXPECT_EQ(end["success"], true) << end.dump();
+  json eval = get_json(c, "/get_current_batch_rollout_pool_information")["eval_metrics"];
+  EXPECT_DOUBLE_EQ(eval.value("eval/score", -1.0), 2.0) << eval.dump();
+  EXPECT_DOUBLE_EQ(eval.value("eval/per_turn", -1.0), 2.0) << eval.dump();
+  EXPECT_DOUBLE_EQ(eval.value("eval/reward_stats/final_reward", -1.0), 0.5) << eval.dump();
+  EXPECT_DOUBLE_EQ(eval.value("eval/reward_stats/steps", -1.0), 4.0) << eval.dump();
+  EXPECT_FALSE(eval.contains("eval/reward_stats/tag")) << eval.dump();
+  EXPECT_FALSE(eval.contains("eval/reward_stats/none")) << eval.dump();
+
+  Claimed t = claim(c, "train-client", port);
+  json list_reward = post_json(c, "/end_episode",
+                               {{"client_uuid", "train-client"},
+                                {"episode_uuid", t.episode_uuid},
+                                {"task_id", "t1"},
+                                {"workflow_output", {{"reward", {1.0, 0.0, 0.5}}, {"metadata", {{"task_id", "t1"}}}}}});
+  EXPECT_EQ(list_reward["success"], true) << list_reward.dump();
+  EXPECT_EQ(list_reward["accepted"], false) << list_reward.dump();
+  EXPECT_NE(list_reward.value("note", "").find("list reward (3 values"), std::string::npos) << list_reward.dump();
+  json counters = get_json(c, "/get_current_batch_rollout_pool_information")["counters"];
+  EXPECT_EQ(counters["ended_without_reward"], 1) << counters.dump();
+
+  // Still refused: a list with something other than numbers, a top-level string metric.
+  Claimed u = claim(c, "train-client", port);
+  json bad = post_json(c, "/end_episode",
+                       {{"client_uuid", "train-client"},
+                        {"episode_uuid", u.episode_uuid},
+                        {"task_id", "t1"},
+                        {"workflow_output", {{"reward", {1.0, "high"}}}}},
+                       400);
+  EXPECT_NE(bad.value("detail", "").find("workflow_output.reward"), std::string::npos) << bad.dump();
+  bad = post_json(c, "/end_episode",
+                  {{"client_uuid", "train-client"},
+                   {"episode_uuid", u.episode_uuid},
+                   {"task_id", "t1"},
+                   {"workflow_output", {{"reward", 1.0}, {"log_metrics", {{"per_turn", {1, "x"}}}}}}},
+                  400);
+  EXPECT_NE(bad.value("detail", "").find("log_metrics.per_turn"), std::string::npos) << bad.dump();
+}
+
 TEST(WireProtocol, StartAndStopAcceptAnEmptyBodyAsPythonRequestsSendsIt) {
   TestServer server;
   HttpClient c(server.url());
