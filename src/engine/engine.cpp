@@ -391,14 +391,14 @@ EndOutcome Engine::end_episode(const std::string& client_uuid, const std::string
   return outcome;
 }
 
-void Engine::abort_episode(const std::string& client_uuid, const std::string& episode_uuid) {
+bool Engine::abort_episode(const std::string& client_uuid, const std::string& episode_uuid) {
   std::lock_guard lk(mu_);
-  SWARM_REQUIRE(pool_, ErrorKind::NOT_FOUND,
-                "episode " + episode_uuid + " not found: the engine is " + engine_state_wire(state_));
+  if (!pool_) return false;  // no episodes run in this state
   // In ROLLING the slot goes back to the pool; in ROLLING_POST the record is deleted so
   // zombies never block weight sync.
-  pool_->abort_episode(client_uuid, episode_uuid, state_ != EngineState::ROLLING);
-  maybe_advance_locked();
+  const bool aborted = pool_->abort_episode(client_uuid, episode_uuid, state_ != EngineState::ROLLING);
+  if (aborted) maybe_advance_locked();
+  return aborted;
 }
 
 bool Engine::can_continue_episode(const std::string& client_uuid, const std::string& episode_uuid) const {

@@ -86,7 +86,9 @@ class Engine {
   ClaimResult claim_episode(const ClaimRequest& request);
   EndOutcome end_episode(const std::string& client_uuid, const std::string& episode_uuid,
                          const std::string& task_id, const WorkflowOutput& output);
-  void abort_episode(const std::string& client_uuid, const std::string& episode_uuid);
+  /// False when there was nothing to abort (no such running episode, or no episodes at all in
+  /// this state); FORBIDDEN for another client's running episode.
+  bool abort_episode(const std::string& client_uuid, const std::string& episode_uuid);
   bool can_continue_episode(const std::string& client_uuid, const std::string& episode_uuid) const;
 
   // ---- OpenAI path

@@ -257,12 +257,15 @@ EndOutcome RolloutPool::end_episode(const std::string& client_uuid,
   return outcome;
 }
 
-void RolloutPool::abort_episode(const std::string& client_uuid, const std::string& episode_uuid,
+bool RolloutPool::abort_episode(const std::string& client_uuid, const std::string& episode_uuid,
                                 bool delete_record) {
   std::lock_guard lock(mu_);
-  owned_episode_locked(client_uuid, episode_uuid);
+  auto it = episodes_.find(episode_uuid);
+  if (it == episodes_.end() || !it->second->claimed || it->second->ending) return false;
+  owned_episode_locked(client_uuid, episode_uuid);  // FORBIDDEN for another client's episode
   counters_.aborted++;
   free_slot_locked(episode_uuid, !delete_record);
+  return true;
 }
 
 bool RolloutPool::can_continue(const std::string& client_uuid,

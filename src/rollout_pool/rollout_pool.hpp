@@ -156,8 +156,11 @@ class RolloutPool {
                          const std::string& task_id, const WorkflowOutput& output);
 
   /// Drops a claimed episode and its context. `delete_record` (ROLLING_POST) deletes it;
-  /// otherwise its slot is re-registered (if accepting). Throws NOT_FOUND / FORBIDDEN.
-  void abort_episode(const std::string& client_uuid, const std::string& episode_uuid,
+  /// otherwise its slot is re-registered (if accepting). Returns false, and changes nothing,
+  /// when the episode is not running (unknown, already ended, aborted or timed out): an
+  /// abort is idempotent, as AgentJet's server makes it. Throws FORBIDDEN for another
+  /// client's running episode.
+  bool abort_episode(const std::string& client_uuid, const std::string& episode_uuid,
                      bool delete_record);
 
   /// True while the episode is claimed by this client and not timed out.

@@ -277,7 +277,14 @@ HttpResponse SwarmService::handle_command(const std::string& route, const HttpRe
     return json_response(out);
   }
   if (route == "/abort_episode") {
-    engine_.abort_episode(require_string(body, "client_uuid"), require_string(body, "episode_uuid"));
+    const std::string episode = require_string(body, "episode_uuid");
+    // Idempotent (AgentJet's client turns late ends into aborts): nothing running by that id
+    // is a success with a note, in every state.
+    if (!engine_.abort_episode(require_string(body, "client_uuid"), episode))
+      return json_response({{"success", true},
+                            {"note", "episode " + episode +
+                                         " is not running (unknown, already ended, aborted or timed out); nothing "
+                                         "to abort"}});
     return json_response({{"success", true}});
   }
   if (route == "/can_continue_episode") {

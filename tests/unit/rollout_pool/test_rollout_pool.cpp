@@ -459,8 +459,7 @@ TEST_F(RolloutPoolTest, OwnershipAndValidationOnEnd) {
               pool->end_episode("client-a", "no-such-uuid", "t", reward_of(1.0));
             }),
             ErrorKind::NOT_FOUND);
-  EXPECT_EQ(kind_of([&] { pool->abort_episode("client-a", "no-such-uuid", true); }),
-            ErrorKind::NOT_FOUND);
+  EXPECT_FALSE(pool->abort_episode("client-a", "no-such-uuid", true));  // nothing to abort
   // An unclaimed slot's uuid cannot be ended either.
   std::string unclaimed = RolloutPoolTestPeer::unclaimed(*pool).front();
   EXPECT_EQ(kind_of([&] { pool->end_episode("client-a", unclaimed, "t", reward_of(1.0)); }),
@@ -491,8 +490,10 @@ TEST_F(RolloutPoolTest, AbortInRollingReregistersSlotAndRevokesKey) {
   EXPECT_EQ(s.counters.late_calls_dropped, 1);
   auto unclaimed = RolloutPoolTestPeer::unclaimed(*pool);
   EXPECT_EQ(std::count(unclaimed.begin(), unclaimed.end(), ep.episode_uuid), 0);
-  EXPECT_EQ(kind_of([&] { pool->abort_episode("client-a", ep.episode_uuid, false); }),
-            ErrorKind::NOT_FOUND);
+  // A second abort is idempotent: nothing to abort, nothing changes.
+  EXPECT_FALSE(pool->abort_episode("client-a", ep.episode_uuid, false));
+  EXPECT_EQ(pool->snapshot().counters.aborted, 1);
+  EXPECT_EQ(pool->snapshot().unclaimed, 4);
 }
 
 TEST_F(RolloutPoolTest, AbortInRollingPostDeletesRecord) {
