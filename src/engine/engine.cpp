@@ -386,6 +386,11 @@ EndOutcome Engine::end_episode(const std::string& client_uuid, const std::string
   std::lock_guard lk(mu_);
   SWARM_REQUIRE(pool_, ErrorKind::NOT_FOUND,
                 "episode " + episode_uuid + " not found: the engine is " + engine_state_wire(state_));
+  // No episode runs while the weights sync (ROLLING_POST drained them), so an end now is late.
+  // A 400 naming the state: AgentJet's client discards the episode quietly on exactly that.
+  SWARM_REQUIRE(state_ != EngineState::WEIGHT_SYNCING, ErrorKind::INVALID_ARGUMENT,
+                "episode " + episode_uuid + " is not running: the engine is ENGINE.WEIGHT_SYNCING (it ended, was "
+                "aborted or timed out before the weight sync); its output is discarded");
   EndOutcome outcome = pool_->end_episode(client_uuid, episode_uuid, task_id, output);
   maybe_advance_locked();
   return outcome;

@@ -454,6 +454,35 @@ TEST(WireProtocol, AgentJetShapedWorkflowOutputs) {
   EXPECT_NE(bad.value("detail", "").find("log_metrics.per_turn"), std::string::npos) << bad.dump();
 }
 
+// AgentJet's client discards an episode quietly only on a 400 whose `detail` names
+// WEIGHT_SYNCING; any other answer makes it raise (and rerun the whole rollout).
+TEST(WireProtocol, LateEndDuringWeightSyncIs400NamingTheState) {
+  TestServer server;
+  HttpClient c(server.url());
+  const uint16_t port = server.port();
+  const std::string config =
+      "model: mock-model\nbatch_size: 1\nnum_repeat: 1\nmax_parallel_episodes: 2\nmock_train_seconds: 30\n";
+  EXPECT_EQ(post_json(c, "/sync_train_config", {{"yaml_as_string", config}})["success"], true);
+  EXPECT_EQ(post_json(c, "/start_engine", json::object())["success"], true);
+  ASSERT_TRUE(poll_engine_status(c, "ENGINE.ROLLING"));
+  Claimed a = claim(c, "client-a", port);
+  Claimed b = claim(c, "client-b", port);
+  auto end_body = [](const std::string& client, const Claimed& e) {
+    return json{{"client_uuid", client},
+                {"episode_uuid", e.episode_uuid},
+                {"task_id", "t"},
+                {"workflow_output", {{"reward", 1.0}, {"metadata", {{"task_id", "t"}}}}}};
+  };
+  EXPECT_EQ(post_json(c, "/end_episode", end_body("client-a", a))["success"], true);
+  // b is still running: ROLLING_POST; it gives up, the batch is drained, the step trains.
+  EXPECT_EQ(post_json(c, "/abort_episode", {{"client_uuid", "client-b"}, {"episode_uuid", b.episode_uuid}})["success"],
+            true);
+  ASSERT_TRUE(poll_engine_status(c, "ENGINE.WEIGHT_SYNCING"));
+  json late = post_json(c, "/end_episode", end_body("client-b", b), 400);
+  EXPECT_NE(late.value("detail", "").find("WEIGHT_SYNCING"), std::string::npos) << late.dump();
+  EXPECT_EQ(post_json(c, "/stop_engine", json::object())["success"], true);
+}
+
 TEST(WireProtocol, StartAndStopAcceptAnEmptyBodyAsPythonRequestsSendsIt) {
   TestServer server;
   HttpClient c(server.url());
