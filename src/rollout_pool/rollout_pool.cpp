@@ -116,6 +116,7 @@ ClaimResult RolloutPool::claim(const ClaimRequest& request) {
   ep.type = request.episode_type;
   ep.api_key = api_key;
   ep.timeout_s = request.discard_episode_timeout;
+  ep.optional_task_id = request.optional_task_id;
   ep.claimed_at = now;
   ep.last_activity = now;
   ep.claim_seq = ++claim_seq_;
@@ -374,6 +375,7 @@ PoolSnapshot RolloutPool::snapshot() const {
     info.seconds_idle = seconds_between(ep->last_activity, now);
     info.discard_episode_timeout = ep->timeout_s;
     info.seconds_since_claim = seconds_between(ep->claimed_at, now);
+    info.optional_task_id = ep->optional_task_id;
     snap.running_episodes.push_back(std::move(info));
   }
 

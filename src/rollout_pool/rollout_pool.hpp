@@ -32,6 +32,7 @@ struct ClaimRequest {
   std::string client_uuid;
   EpisodeType episode_type = EpisodeType::TRAIN;
   double discard_episode_timeout = 600.0;  // seconds of idleness before reclaim
+  std::string optional_task_id{};          // the task the client means to run (AgentJet's throttle_policy.current_task_id)
 };
 
 struct ClaimedEpisode {
@@ -69,6 +70,7 @@ struct RunningEpisodeInfo {
   double seconds_idle = 0.0;
   double discard_episode_timeout = 0.0;
   double seconds_since_claim = 0.0;
+  std::string optional_task_id;  // as given at claim time ("" when none)
 };
 
 struct TaskGroupInfo {
@@ -197,6 +199,7 @@ class RolloutPool {
     EpisodeType type = EpisodeType::TRAIN;
     std::string api_key;
     double timeout_s = 0.0;
+    std::string optional_task_id;
     TimePoint claimed_at{};
     TimePoint last_activity{};
     int64_t claim_seq = 0;

@@ -14,7 +14,8 @@ nlohmann::json pool_information_json(const EngineSnapshot& st, const PoolSnapsho
                        {"in_flight_calls", e.in_flight_calls},
                        {"seconds_idle", e.seconds_idle},
                        {"discard_episode_timeout", e.discard_episode_timeout},
-                       {"seconds_since_claim", e.seconds_since_claim}});
+                       {"seconds_since_claim", e.seconds_since_claim},
+                       {"optional_task_id", e.optional_task_id}});
   json tasks = json::array();
   for (const auto& t : pool.tasks)
     tasks.push_back({{"task_id", t.task_id},

@@ -247,6 +247,10 @@ HttpResponse SwarmService::handle_command(const std::string& route, const HttpRe
     req.client_uuid = require_string(body, "client_uuid");
     req.episode_type = parse_episode_type(body);
     req.discard_episode_timeout = optional_number(body, "discard_episode_timeout").value_or(600.0);
+    // AgentJet's client says which task the episode is for; its other throttle fields
+    // (ratio, expected_batch_size, expected_num_repeat) steer the client alone.
+    if (const json* throttle = optional_object(body, "throttle_policy"))
+      req.optional_task_id = optional_string(*throttle, "current_task_id").value_or("");
     ClaimResult result = engine_.claim_episode(req);
     json out = {{"success", result.episode.has_value()},
                 {"client_uuid", req.client_uuid},

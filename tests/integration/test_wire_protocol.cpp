@@ -483,6 +483,35 @@ TEST(WireProtocol, LateEndDuringWeightSyncIs400NamingTheState) {
   EXPECT_EQ(post_json(c, "/stop_engine", json::object())["success"], true);
 }
 
+// AgentJet's client names the task an episode is for in throttle_policy.current_task_id;
+// the pool shows it as the running episode's optional_task_id.
+TEST(WireProtocol, ThrottlePolicyTaskIdIsTheRunningEpisodesOptionalTaskId) {
+  TestServer server;
+  HttpClient c(server.url());
+  EXPECT_EQ(post_json(c, "/sync_train_config", {{"yaml_as_string", kConfig}})["success"], true);
+  EXPECT_EQ(post_json(c, "/start_engine", json::object())["success"], true);
+  ASSERT_TRUE(poll_engine_status(c, "ENGINE.ROLLING"));
+  json claimed = post_json(c, "/claim_episode",
+                           {{"client_uuid", "throttled"},
+                            {"episode_type", "train"},
+                            {"discard_episode_timeout", 240},
+                            {"throttle_policy",
+                             {{"ratio", 1.5}, {"expected_batch_size", 1}, {"expected_num_repeat", 2},
+                              {"current_task_id", "task-7"}}}});
+  ASSERT_EQ(claimed["success"], true) << claimed.dump();
+  json plain = post_json(c, "/claim_episode", {{"client_uuid", "plain"}, {"throttle_policy", nullptr}});
+  ASSERT_EQ(plain["success"], true) << plain.dump();
+  json running = get_json(c, "/get_current_batch_rollout_pool_information")["running_episodes"];
+  ASSERT_EQ(running.size(), 2u) << running.dump();
+  EXPECT_EQ(running[0]["episode_uuid"], claimed["episode_uuid"]);
+  EXPECT_EQ(running[0]["optional_task_id"], "task-7");
+  EXPECT_EQ(running[1]["optional_task_id"], "");
+  json bad = post_json(c, "/claim_episode", {{"client_uuid", "x"}, {"throttle_policy", {{"current_task_id", 7}}}}, 400);
+  EXPECT_NE(bad.value("detail", "").find("current_task_id"), std::string::npos) << bad.dump();
+  bad = post_json(c, "/claim_episode", {{"client_uuid", "x"}, {"throttle_policy", "fast"}}, 400);
+  EXPECT_NE(bad.value("detail", "").find("throttle_policy"), std::string::npos) << bad.dump();
+}
+
 TEST(WireProtocol, StartAndStopAcceptAnEmptyBodyAsPythonRequestsSendsIt) {
   TestServer server;
   HttpClient c(server.url());
