@@ -13,7 +13,7 @@ class RankLeader;
 
 /// A new, unbooted torch backend.
 std::unique_ptr<Backend> make_torch_backend();
-/// Registers "torch" with make_backend (call once at start-up in programs that link swarm_torch).
+/// Registers "torch" with make_backend (call once at start-up in programs that link swarm_engine_torch).
 void register_torch_backend();
 
 /// Multi-rank training (torchrun convention, see DistConfig): rank 0 serves HTTP and drives

@@ -1,5 +1,5 @@
 // libtorch view of safetensors data: tensors that alias the read-only file mapping.
-// The only safetensors file that includes torch; build it only into swarm_torch.
+// The only safetensors file that includes torch; built only into swarm_model_torch.
 #pragma once
 
 #include <filesystem>
