@@ -22,6 +22,14 @@ namespace {
 constexpr double kRewardEpsilon = 1e-9;
 constexpr size_t kApiKeyRandomBytes = 24;  // 48 hex chars, 192 bits
 
+// The episode end, abort and can_continue may act on: claimed (an unclaimed slot's uuid was
+// never handed out) and not ending (that one is already done); nullptr otherwise.
+template <typename EpisodeMap>
+auto* running_episode(const EpisodeMap& episodes, const std::string& uuid) {
+  auto it = episodes.find(uuid);
+  return it != episodes.end() && it->second->claimed && !it->second->ending ? it->second.get() : nullptr;
+}
+
 struct RewardStats {
   double mean = 0.0;
   double std = 0.0;  // population std
@@ -261,8 +269,7 @@ EndOutcome RolloutPool::end_episode(const std::string& client_uuid,
 bool RolloutPool::abort_episode(const std::string& client_uuid, const std::string& episode_uuid,
                                 bool delete_record) {
   std::lock_guard lock(mu_);
-  auto it = episodes_.find(episode_uuid);
-  if (it == episodes_.end() || !it->second->claimed || it->second->ending) return false;
+  if (!running_episode(episodes_, episode_uuid)) return false;
   owned_episode_locked(client_uuid, episode_uuid);  // FORBIDDEN for another client's episode
   counters_.aborted++;
   free_slot_locked(episode_uuid, !delete_record);
@@ -272,9 +279,8 @@ bool RolloutPool::abort_episode(const std::string& client_uuid, const std::strin
 bool RolloutPool::can_continue(const std::string& client_uuid,
                                const std::string& episode_uuid) const {
   std::lock_guard lock(mu_);
-  auto it = episodes_.find(episode_uuid);
-  return it != episodes_.end() && it->second->claimed && !it->second->ending &&
-         it->second->client_uuid == client_uuid;
+  const auto* ep = running_episode(episodes_, episode_uuid);
+  return ep && ep->client_uuid == client_uuid;
 }
 
 std::vector<std::string> RolloutPool::reap_idle() {
@@ -465,13 +471,11 @@ bool RolloutPool::batch_ready_locked() const {
 
 RolloutPool::Episode& RolloutPool::owned_episode_locked(const std::string& client_uuid,
                                            const std::string& episode_uuid) {
-  auto it = episodes_.find(episode_uuid);
-  // An unclaimed slot's uuid was never handed out, and an ending one is already done.
-  SWARM_REQUIRE(it != episodes_.end() && it->second->claimed && !it->second->ending,
-                ErrorKind::NOT_FOUND, not_found_message(episode_uuid));
-  SWARM_REQUIRE(it->second->client_uuid == client_uuid, ErrorKind::FORBIDDEN,
+  auto* ep = running_episode(episodes_, episode_uuid);
+  SWARM_REQUIRE(ep, ErrorKind::NOT_FOUND, not_found_message(episode_uuid));
+  SWARM_REQUIRE(ep->client_uuid == client_uuid, ErrorKind::FORBIDDEN,
                 "episode " + episode_uuid + " belongs to another client");
-  return *it->second;
+  return *ep;
 }
 
 void RolloutPool::cache_finished_locked(FinishedEpisode episode) {

@@ -20,6 +20,7 @@ using swarm::HttpClientResponse;
 using swarm::testing::get_json;
 using swarm::testing::Headers;
 using swarm::testing::header_of;
+using swarm::testing::parse_body;
 using swarm::testing::post_json;
 using swarm::testing::TestServer;
 
@@ -30,8 +31,6 @@ const char* kConfig =
     "batch_size: 1\n"
     "num_repeat: 2\n"
     "max_parallel_episodes: 4\n";
-
-json parse(const HttpClientResponse& r) { return swarm::testing::parse_body(r); }
 
 // Polls GET /get_engine_status (as a Python client would) until `state` or a deadline.
 bool poll_engine_status(HttpClient& c, const std::string& state, std::chrono::seconds limit = 10s) {
@@ -272,7 +271,7 @@ TEST(WireProtocol, WholeLifecycleWithRawJson) {
   {
     auto r = llm_a.request("GET", "/models", "", bearer(a));
     ASSERT_EQ(r.status, 200) << r.body;
-    json m = parse(r);
+    json m = parse_body(r);
     EXPECT_EQ(m["object"], "list");
     ASSERT_EQ(m["data"].size(), 1u);
     EXPECT_EQ(m["data"][0]["id"], "mock-model");
@@ -518,11 +517,11 @@ TEST(WireProtocol, StartAndStopAcceptAnEmptyBodyAsPythonRequestsSendsIt) {
   EXPECT_EQ(post_json(c, "/sync_train_config", {{"yaml_as_string", kConfig}})["success"], true);
   auto r = c.request("POST", "/start_engine", "", {}, "application/json");
   EXPECT_EQ(r.status, 200) << r.body;
-  EXPECT_EQ(parse(r)["success"], true);
+  EXPECT_EQ(parse_body(r)["success"], true);
   ASSERT_TRUE(server.engine().wait_for_state(swarm::EngineState::ROLLING, 10s));
   r = c.request("POST", "/stop_engine", "", {}, "application/json");
   EXPECT_EQ(r.status, 200) << r.body;
-  EXPECT_EQ(parse(r)["success"], true);
+  EXPECT_EQ(parse_body(r)["success"], true);
   EXPECT_EQ(get_json(c, "/get_engine_status")["engine_status"], "ENGINE.OFFLINE");
 }
 
