@@ -24,6 +24,8 @@ PACKAGES=(
   libtorch-dev libgloo-dev libopenblas0-pthread
   # python references for parity tests (run with /usr/bin/python3)
   python3-torch python3-numpy python3-jinja2
+  # AgentJet conformance test: PyYAML dumps the config as its client does; jsonschema checks answers
+  python3-yaml python3-jsonschema
   # tools used by tests and benchmarks
   nodejs npm tmux procps curl
   # swarm-plot writes its PNG charts with libpng

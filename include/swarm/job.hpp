@@ -8,6 +8,21 @@
 
 namespace swarm {
 
+/// What loading a config did (Job::from_yaml's optional report): its format and, for
+/// AgentJet's nested config, how each key was treated (docs/agentjet.md).
+struct JobConfigReport {
+  std::string format = "swarm";  // "swarm" (our flat keys) or "agentjet" (an `ajet:` tree)
+  struct Mapped {
+    std::string from;   // where the value was read, e.g. "ajet.data.train_batch_size"
+    std::string to;     // our key, e.g. "batch_size"
+    std::string value;  // the value set, as YAML text
+    std::string type;   // our key's type: "int", "float", "string" or "bool"
+  };
+  std::vector<Mapped> mapped;
+  std::vector<std::string> ignored;   // paths read and not used (whole sections by name)
+  std::vector<std::string> warnings;  // values not honoured, or honoured differently
+};
+
 /// A training job (DESIGN §8). Field names are the YAML keys; every field has a default
 /// except `model`. Build one in code, dump it to YAML, or load it from YAML.
 /// Plain value type; not synchronised.
@@ -23,6 +38,7 @@ struct Job {
   int64_t batch_size = 32;
   int64_t num_repeat = 4;
   std::string sample_collection_method = "rollout_until_finish_enough_tasks";
+  double agree_sync_min_seconds = 6.0;  // agree methods: least time out of ROLLING per sync
   int64_t max_parallel_episodes = 0;   // 0 = 2 × batch_size × num_repeat
   int64_t max_cached_episodes = 0;     // 0 = 4 × batch_size × num_repeat
   int64_t max_llm_calls_per_episode = 256;
@@ -62,9 +78,11 @@ struct Job {
   double mock_boot_seconds = 0.0;
   double mock_train_seconds = 0.0;
 
-  /// Loads a job from YAML text. Unknown keys, wrong types and invalid values throw
-  /// swarm::ConfigError naming the key. Missing keys keep their defaults.
-  static Job from_yaml(const std::string& yaml_text);
+  /// Loads a job from YAML text: our flat keys, or AgentJet's nested config (a top-level
+  /// `ajet:` mapping; see docs/agentjet.md). Unknown flat keys, wrong types, invalid values
+  /// and AgentJet settings that cannot be honoured throw swarm::ConfigError naming the key.
+  /// Missing keys keep their defaults. `report`, when given, says what was mapped/ignored.
+  static Job from_yaml(const std::string& yaml_text, JobConfigReport* report = nullptr);
   /// Loads from a YAML file (ConfigError if unreadable or invalid).
   static Job load(const std::string& path);
   /// Every key with its value, in a stable order.

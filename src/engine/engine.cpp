@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <filesystem>
+
 #include "engine/run_files.hpp"
 #include "swarm/errors.hpp"
 
@@ -70,6 +72,11 @@ void Engine::enter_locked(EngineState next, const std::string& detail) {
   state_ = next;
   state_since_ = clock_->now();
   if (next == EngineState::ROLLING) rolling_since_ = state_since_;
+  if (prev == EngineState::ROLLING) rolling_left_ = state_since_;
+  if (next == EngineState::BOOTING)
+    booting_since_unix_ = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  else
+    booting_since_unix_.reset();
   detail_ = detail;
   ++transitions_[std::string(short_name(prev)) + "->" + short_name(next)];
   spdlog::info("engine: {} -> {} after {:.2f}s (step {}){}{}", short_name(prev), short_name(next), seconds,
@@ -100,10 +107,11 @@ void Engine::maybe_advance_locked() {
   }
 }
 
-void Engine::sync_train_config(const std::string& yaml) {
+JobConfigReport Engine::sync_train_config(const std::string& yaml) {
   Job job;
+  JobConfigReport report;
   try {
-    job = Job::from_yaml(yaml);
+    job = Job::from_yaml(yaml, &report);
   } catch (const ConfigError& e) {
     throw SwarmError(ErrorKind::INVALID_ARGUMENT, e.what());
   }
@@ -115,6 +123,26 @@ void Engine::sync_train_config(const std::string& yaml) {
   detail_ = "config synced (model " + config_->model + "); waiting for start_engine";
   spdlog::info("engine: config synced (model={}, batch_size={}, num_repeat={}, method={})", config_->model,
                config_->batch_size, config_->num_repeat, config_->sample_collection_method);
+  if (report.format == "agentjet") {
+    spdlog::info("engine: AgentJet config: {} keys mapped, {} ignored (docs/agentjet.md)", report.mapped.size(),
+                 report.ignored.size());
+    for (const auto& m : report.mapped) spdlog::debug("engine: config {} -> {} = {}", m.from, m.to, m.value);
+    for (const auto& w : report.warnings) spdlog::warn("engine: config: {}", w);
+  }
+  return report;
+}
+
+std::string Engine::store_train_code(const std::string& zip_bytes) {
+  std::lock_guard lk(mu_);
+  SWARM_REQUIRE(state_ == EngineState::OFFLINE, ErrorKind::CONFLICT,
+                std::string("sync_train_code is only allowed in ENGINE.OFFLINE (engine is ") + engine_state_wire(state_) +
+                    "); call stop_engine first");
+  const std::filesystem::path dir = experiment_path(config_ ? *config_ : Job{});
+  const std::filesystem::path file = std::filesystem::absolute(dir / "agentjet_code.zip").lexically_normal();
+  write_file_atomically(file, zip_bytes);
+  spdlog::info("engine: code archive of {} bytes stored as {} (kept, not run: swarm-server runs no Python)",
+               zip_bytes.size(), file.string());
+  return file.string();
 }
 
 void Engine::start_engine() {
@@ -125,6 +153,9 @@ void Engine::start_engine() {
   SWARM_REQUIRE(config_.has_value(), ErrorKind::CONFLICT, "no config: call sync_train_config before start_engine");
   ++epoch_;
   run_stop_ = std::stop_source();
+  std::error_code ec;
+  const auto dir = std::filesystem::absolute(experiment_path(*config_), ec);
+  experiment_dir_ = (ec ? experiment_path(*config_) : dir).lexically_normal().string();
   enter_locked(EngineState::BOOTING, "loading " + config_->model);
   const uint64_t epoch = epoch_;
   Job job = *config_;
@@ -268,6 +299,11 @@ void Engine::run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_
   }
   TrainStepReport report;
   std::string error;
+  TimePoint rolling_left;
+  {
+    std::lock_guard lk(mu_);
+    rolling_left = rolling_left_;
+  }
   try {
     report = backend->train_step(*batch, next_step, stop);
     report.global_step = next_step;
@@ -295,6 +331,20 @@ void Engine::run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_
         append_step_metrics(experiment_path(*job) / "metrics.jsonl", report, next_step);
       } catch (const std::exception& e) {
         spdlog::error("engine: {}", e.what());
+      }
+    }
+  }
+  // Agree methods: AgentJet's client waits for ROLLING_POST / WEIGHT_SYNCING by sampling the
+  // state every 5 s after its agreement; a sync shorter than that would leave it waiting.
+  if (error.empty() && job && job->agree_sync_min_seconds > 0) {
+    CollectionMethod method{};
+    if (parse_collection_method(job->sample_collection_method, &method) && is_agree_method(method)) {
+      const double left = job->agree_sync_min_seconds - seconds_between(rolling_left, clock_->now());
+      if (left > 0) {
+        std::mutex m;
+        std::condition_variable_any cv;
+        std::unique_lock lk(m);
+        cv.wait_for(lk, stop, std::chrono::duration<double>(left), [] { return false; });
       }
     }
   }
@@ -382,7 +432,8 @@ ClaimResult Engine::claim_episode(const ClaimRequest& request) {
 }
 
 EndOutcome Engine::end_episode(const std::string& client_uuid, const std::string& episode_uuid,
-                               const std::string& task_id, const WorkflowOutput& output) {
+                               const std::string& task_id, const WorkflowOutput& output,
+                               bool declare_client_active) {
   std::lock_guard lk(mu_);
   SWARM_REQUIRE(pool_, ErrorKind::NOT_FOUND,
                 "episode " + episode_uuid + " not found: the engine is " + engine_state_wire(state_));
@@ -391,19 +442,46 @@ EndOutcome Engine::end_episode(const std::string& client_uuid, const std::string
   SWARM_REQUIRE(state_ != EngineState::WEIGHT_SYNCING, ErrorKind::INVALID_ARGUMENT,
                 "episode " + episode_uuid + " is not running: the engine is ENGINE.WEIGHT_SYNCING (it ended, was "
                 "aborted or timed out before the weight sync); its output is discarded");
-  EndOutcome outcome = pool_->end_episode(client_uuid, episode_uuid, task_id, output);
+  EndOutcome outcome = pool_->end_episode(client_uuid, episode_uuid, task_id, output, declare_client_active);
   maybe_advance_locked();
   return outcome;
 }
 
-bool Engine::abort_episode(const std::string& client_uuid, const std::string& episode_uuid) {
+bool Engine::abort_episode(const std::string& client_uuid, const std::string& episode_uuid,
+                           bool declare_client_active) {
   std::lock_guard lk(mu_);
   if (!pool_) return false;  // no episodes run in this state
   // In ROLLING the slot goes back to the pool; in ROLLING_POST the record is deleted so
   // zombies never block weight sync.
-  const bool aborted = pool_->abort_episode(client_uuid, episode_uuid, state_ != EngineState::ROLLING);
+  const bool aborted =
+      pool_->abort_episode(client_uuid, episode_uuid, state_ != EngineState::ROLLING, declare_client_active);
   if (aborted) maybe_advance_locked();
   return aborted;
+}
+
+AgreeResult Engine::agree_sync_weight(const std::string& client_uuid) {
+  SWARM_REQUIRE(!client_uuid.empty(), ErrorKind::INVALID_ARGUMENT, "client_uuid must not be empty");
+  std::lock_guard lk(mu_);
+  SWARM_REQUIRE(config_, ErrorKind::CONFLICT, "agree_sync_weight: no config has been synced");
+  CollectionMethod method{};
+  SWARM_REQUIRE(parse_collection_method(config_->sample_collection_method, &method) && is_agree_method(method),
+                ErrorKind::CONFLICT,
+                "agree_sync_weight needs sample_collection_method rollout_until_any_client_agree_sync_weight or "
+                "rollout_until_all_clients_agree_sync_weight; the synced config uses " +
+                    config_->sample_collection_method);
+  AgreeResult result;
+  if (state_ == EngineState::ROLLING_POST) {
+    result.success = true;  // the sync is already under way
+    return result;
+  }
+  if (state_ != EngineState::ROLLING || !pool_) {
+    result.failure_reason = std::string("The engine is ") + engine_state_wire(state_) +
+                            "; agreements count only while ENGINE.ROLLING or ENGINE.ROLLING_POST.";
+    return result;
+  }
+  result = pool_->agree_sync_weight(client_uuid);
+  if (result.success) maybe_advance_locked();
+  return result;
 }
 
 bool Engine::can_continue_episode(const std::string& client_uuid, const std::string& episode_uuid) const {
@@ -453,6 +531,8 @@ EngineSnapshot Engine::status() const {
   s.backend = backend_ ? backend_->name() : options_.backend;
   s.model = config_ ? config_->model : "";
   s.transitions = transitions_;
+  s.booting_since_unix = booting_since_unix_;
+  s.experiment_dir = experiment_dir_;
   s.counters = past_counters_;
   if (pool_) s.counters += pool_->counters();
   return s;

@@ -53,6 +53,8 @@ struct EngineSnapshot {
   std::string backend;
   std::string model;
   std::map<std::string, int64_t> transitions;  // "FROM->TO" → count
+  std::optional<double> booting_since_unix;    // wall-clock seconds BOOTING began (while BOOTING)
+  std::string experiment_dir;                  // absolute; of the current or last run ("" before one)
   PoolCounters counters;                       // cumulative over every run of this process
 };
 
@@ -75,20 +77,32 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   // ---- command API (DESIGN §5). Errors are SwarmError with a fitting kind.
-  /// Validates and stores a config; only in OFFLINE (CONFLICT otherwise); last one wins.
-  void sync_train_config(const std::string& yaml);
+  /// Validates and stores a config (our flat keys or AgentJet's `ajet:` tree); only in
+  /// OFFLINE (CONFLICT otherwise); last one wins. Returns what was mapped and ignored.
+  JobConfigReport sync_train_config(const std::string& yaml);
   /// OFFLINE → BOOTING; boot runs on the control thread. CONFLICT without a config or
   /// when not OFFLINE.
   void start_engine();
   /// Any state → OFFLINE: in-flight episodes cancelled, backend released.
   void stop_engine(const std::string& reason = "stopped by a client");
 
+  /// Stores an uploaded code archive (AgentJet's sync_train_code; never run) in the synced
+  /// config's experiment directory (the defaults' when none) as agentjet_code.zip, replacing
+  /// the previous one. Only in OFFLINE (CONFLICT otherwise). Returns the file's absolute path.
+  std::string store_train_code(const std::string& zip_bytes);
+
   ClaimResult claim_episode(const ClaimRequest& request);
   EndOutcome end_episode(const std::string& client_uuid, const std::string& episode_uuid,
-                         const std::string& task_id, const WorkflowOutput& output);
+                         const std::string& task_id, const WorkflowOutput& output,
+                         bool declare_client_active = true);
   /// False when there was nothing to abort (no such running episode, or no episodes at all in
   /// this state); FORBIDDEN for another client's running episode.
-  bool abort_episode(const std::string& client_uuid, const std::string& episode_uuid);
+  bool abort_episode(const std::string& client_uuid, const std::string& episode_uuid,
+                     bool declare_client_active = true);
+  /// An active client agrees to a weight sync (the agree collection methods). CONFLICT when
+  /// the synced config uses another method; a refusal with its reason outside
+  /// ROLLING/ROLLING_POST and for clients not on the active list.
+  AgreeResult agree_sync_weight(const std::string& client_uuid);
   bool can_continue_episode(const std::string& client_uuid, const std::string& episode_uuid) const;
 
   // ---- OpenAI path
@@ -143,6 +157,9 @@ class Engine {
   EngineState state_ = EngineState::OFFLINE;
   TimePoint state_since_;
   TimePoint rolling_since_;  // when collection for the current step began
+  TimePoint rolling_left_;   // when the current step's collection ended (ROLLING_POST)
+  std::optional<double> booting_since_unix_;
+  std::string experiment_dir_;
   std::string detail_ = "waiting for a config (sync_train_config) and start_engine";
   std::optional<Job> config_;
   uint64_t epoch_ = 0;  // bumped by start/stop: work from an older epoch is discarded

@@ -16,10 +16,10 @@ namespace swarm {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-namespace {
-
-// Writes `text` to `path` through a temporary file and a rename.
 void write_file_atomically(const fs::path& path, const std::string& text) {
+  std::error_code ec;
+  if (!path.parent_path().empty()) fs::create_directories(path.parent_path(), ec);
+  SWARM_REQUIRE(!ec, ErrorKind::INTERNAL, "cannot create " + path.parent_path().string() + ": " + ec.message());
   const fs::path tmp = path.parent_path() / ("." + path.filename().string() + ".tmp-" + std::to_string(::getpid()));
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
@@ -27,10 +27,9 @@ void write_file_atomically(const fs::path& path, const std::string& text) {
     out.flush();
     SWARM_REQUIRE(out.good(), ErrorKind::INTERNAL, "cannot write " + tmp.string());
   }
-  fs::rename(tmp, path);
+  fs::rename(tmp, path, ec);
+  SWARM_REQUIRE(!ec, ErrorKind::INTERNAL, "cannot write " + path.string() + ": " + ec.message());
 }
-
-}  // namespace
 
 fs::path experiment_path(const Job& job) {
   return fs::path(job.experiment_dir) / job.project_name / job.experiment_name;

@@ -14,6 +14,10 @@ namespace swarm {
 
 struct Job;
 
+/// Writes `text` to `path` through a temporary file and a rename, creating the directory.
+/// SwarmError(INTERNAL) on I/O errors.
+void write_file_atomically(const std::filesystem::path& path, const std::string& text);
+
 /// <experiment_dir>/<project_name>/<experiment_name>
 std::filesystem::path experiment_path(const Job& job);
 

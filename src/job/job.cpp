@@ -9,6 +9,8 @@
 #include <set>
 #include <sstream>
 
+#include "job/agentjet_config.hpp"
+#include "job/job_keys.hpp"
 #include "swarm/errors.hpp"
 
 namespace swarm {
@@ -36,7 +38,14 @@ const std::vector<Field>& field_table() {
       {"num_repeat", &Job::num_repeat, "Episodes per task: the GRPO group size."},
       {"sample_collection_method", &Job::sample_collection_method,
        "When the batch is complete: rollout_until_finish_enough_episodes, "
-       "rollout_until_finish_enough_tasks, rollout_until_finish_enough_non_dummy_tasks."},
+       "rollout_until_finish_enough_tasks, rollout_until_finish_enough_non_dummy_tasks, "
+       "rollout_until_any_client_agree_sync_weight, rollout_until_all_clients_agree_sync_weight "
+       "(the agree methods train every finished episode once one / every active client has "
+       "called agree_sync_weight; batch_size is then only a display target)."},
+      {"agree_sync_min_seconds", &Job::agree_sync_min_seconds,
+       "Agree methods only: after an agreement the engine stays out of ROLLING at least this "
+       "long, so that clients sampling the state every few seconds (AgentJet's waits every 5 s) "
+       "see ROLLING_POST or WEIGHT_SYNCING."},
       {"max_parallel_episodes", &Job::max_parallel_episodes,
        "Claimable episode slots; 0 means 2 x batch_size x num_repeat."},
       {"max_cached_episodes", &Job::max_cached_episodes,
@@ -124,8 +133,14 @@ std::string value_text(const Job& job, const Member& m) {
   throw ConfigError("config key '" + key + "': " + why);
 }
 
-void assign(Job& job, const Field& f, const YAML::Node& node) {
-  const std::string key = f.key;
+const Field* find_field(const std::string& key) {
+  const auto& table = field_table();
+  auto it = std::find_if(table.begin(), table.end(), [&](const Field& f) { return key == f.key; });
+  return it == table.end() ? nullptr : &*it;
+}
+
+// `key` is the name errors use: the flat key, or the path the user wrote it under.
+void assign(Job& job, const Field& f, const YAML::Node& node, const std::string& key) {
   if (!node.IsScalar()) bad(key, std::string("expected a ") + type_name(f.member) + " scalar");
   const std::string text = node.Scalar();
   std::visit(
@@ -175,7 +190,31 @@ void require_one_of(const std::string& key, const std::string& value, std::initi
 
 }  // namespace
 
-Job Job::from_yaml(const std::string& yaml_text) {
+namespace job_keys {
+
+bool known(const std::string& key) { return find_field(key) != nullptr; }
+
+void set(Job& job, const std::string& key, const YAML::Node& value, const std::string& shown_as) {
+  const Field* field = find_field(key);
+  if (!field) bad(key, "unknown key");
+  assign(job, *field, value, shown_as);
+}
+
+std::string type_of(const std::string& key) {
+  const Field* field = find_field(key);
+  if (!field) bad(key, "unknown key");
+  return type_name(field->member);
+}
+
+std::string text(const Job& job, const std::string& key) {
+  const Field* field = find_field(key);
+  if (!field) bad(key, "unknown key");
+  return value_text(job, field->member);
+}
+
+}  // namespace job_keys
+
+Job Job::from_yaml(const std::string& yaml_text, JobConfigReport* report) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
@@ -188,7 +227,12 @@ Job Job::from_yaml(const std::string& yaml_text) {
     return job;
   }
   if (!root.IsMap()) throw ConfigError("config must be a YAML mapping of key: value");
-  const auto& table = field_table();
+  // AgentJet's config (AgentJetJob): a nested `ajet:` tree beside verl's sections.
+  if (root["ajet"] && root["ajet"].IsMap()) {
+    JobConfigReport local;
+    return load_agentjet_config(root, report ? *report : local);
+  }
+  if (report) *report = JobConfigReport{};
   std::set<std::string> seen;
   for (const auto& kv : root) {
     std::string key;
@@ -198,9 +242,9 @@ Job Job::from_yaml(const std::string& yaml_text) {
       throw ConfigError("config has a non-string key");
     }
     if (!seen.insert(key).second) bad(key, "appears twice");
-    auto it = std::find_if(table.begin(), table.end(), [&](const Field& f) { return key == f.key; });
-    if (it == table.end()) bad(key, "unknown key (see docs/configuration.md for the valid keys)");
-    assign(job, *it, kv.second);
+    const Field* field = find_field(key);
+    if (!field) bad(key, "unknown key (see docs/configuration.md for the valid keys)");
+    assign(job, *field, kv.second, key);
   }
   job.validate();
   return job;
@@ -256,7 +300,10 @@ void Job::validate() const {
   if (num_repeat < 1) bad("num_repeat", "must be >= 1");
   require_one_of("sample_collection_method", sample_collection_method,
                  {"rollout_until_finish_enough_episodes", "rollout_until_finish_enough_tasks",
-                  "rollout_until_finish_enough_non_dummy_tasks"});
+                  "rollout_until_finish_enough_non_dummy_tasks", "rollout_until_any_client_agree_sync_weight",
+                  "rollout_until_all_clients_agree_sync_weight"});
+  if (agree_sync_min_seconds < 0 || agree_sync_min_seconds > 600)
+    bad("agree_sync_min_seconds", "must be in [0, 600]");
   if (max_parallel_episodes < 0) bad("max_parallel_episodes", "must be >= 0");
   if (max_cached_episodes < 0) bad("max_cached_episodes", "must be >= 0");
   if (max_cached_episodes > 0 && max_cached_episodes < batch_size * num_repeat)

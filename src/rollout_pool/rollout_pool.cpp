@@ -130,6 +130,7 @@ ClaimResult RolloutPool::claim(const ClaimRequest& request) {
   ep.claim_seq = ++claim_seq_;
   key_to_episode_[api_key] = uuid;
   counters_.claimed++;
+  refresh_active_client_locked(request.client_uuid);
   result.episode = ClaimedEpisode{std::move(uuid), std::move(api_key)};
   return result;
 }
@@ -143,6 +144,7 @@ CallTicket RolloutPool::begin_call(const std::string& api_key) {
                 "timed out)");
   Episode& ep = *episodes_.at(key_it->second);
   ep.last_activity = clock_->now();
+  refresh_active_client_locked(ep.client_uuid);
   // Calls in flight count against the budget so concurrent requests cannot overshoot it.
   const int64_t used = static_cast<int64_t>(ep.calls.size()) + ep.in_flight;
   SWARM_REQUIRE(used < config_.max_llm_calls_per_episode, ErrorKind::CONFLICT,
@@ -190,8 +192,9 @@ void RolloutPool::touch(const std::string& episode_uuid) {
 
 EndOutcome RolloutPool::end_episode(const std::string& client_uuid,
                                     const std::string& episode_uuid, const std::string& task_id,
-                                    const WorkflowOutput& output) {
+                                    const WorkflowOutput& output, bool declare_client_active) {
   std::vector<LlmCall> calls;
+  std::string optional_task_id;
   {
     std::lock_guard lock(mu_);
     Episode& ep = owned_episode_locked(client_uuid, episode_uuid);
@@ -212,6 +215,7 @@ EndOutcome RolloutPool::end_episode(const std::string& client_uuid,
       outcome.batch_ready = batch_ready_locked();
       return outcome;
     }
+    if (declare_client_active) register_active_client_locked(client_uuid);
     if (!output.reward) {
       counters_.ended_without_reward++;
       free_slot_locked(episode_uuid, true);
@@ -225,6 +229,7 @@ EndOutcome RolloutPool::end_episode(const std::string& client_uuid,
     // registered (and running) meanwhile so the batch cannot be taken without it.
     ep.ending = true;
     ep.in_flight = 0;
+    optional_task_id = ep.optional_task_id;
     calls = std::move(ep.calls);
     ep.calls.clear();
     key_to_episode_.erase(ep.api_key);
@@ -237,6 +242,7 @@ EndOutcome RolloutPool::end_episode(const std::string& client_uuid,
   finished.reward = *output.reward;
   finished.is_success = output.is_success;
   finished.log_metrics = output.log_metrics;
+  finished.optional_task_id = std::move(optional_task_id);
   try {
     finished.samples = merge_calls_into_samples(calls);
   } catch (...) {
@@ -267,13 +273,41 @@ EndOutcome RolloutPool::end_episode(const std::string& client_uuid,
 }
 
 bool RolloutPool::abort_episode(const std::string& client_uuid, const std::string& episode_uuid,
-                                bool delete_record) {
+                                bool delete_record, bool declare_client_active) {
   std::lock_guard lock(mu_);
   if (!running_episode(episodes_, episode_uuid)) return false;
   owned_episode_locked(client_uuid, episode_uuid);  // FORBIDDEN for another client's episode
   counters_.aborted++;
   free_slot_locked(episode_uuid, !delete_record);
+  // As AgentJet's server does: an abort also declares the client active.
+  if (declare_client_active) register_active_client_locked(client_uuid);
   return true;
+}
+
+AgreeResult RolloutPool::agree_sync_weight(const std::string& client_uuid) {
+  std::lock_guard lock(mu_);
+  SWARM_REQUIRE(is_agree_method(config_.method), ErrorKind::CONFLICT,
+                std::string("agree_sync_weight needs sample_collection_method "
+                            "rollout_until_any_client_agree_sync_weight or rollout_until_all_clients_agree_sync_weight; "
+                            "this run uses ") + collection_method_name(config_.method));
+  expire_active_clients_locked();
+  AgreeResult result;
+  auto it = active_clients_.find(client_uuid);
+  if (it == active_clients_.end()) {
+    result.failure_reason = "Client " + client_uuid +
+                            " is not in the active list -- it must have ended or aborted at least one episode "
+                            "(with declare_client_active) since the last weight sync before agreeing.";
+    return result;
+  }
+  if (finished_cached_ == 0) {
+    result.failure_reason = "Nothing to train on yet: no finished train episode is cached since the last weight "
+                            "sync. Try again after an episode ends.";
+    return result;
+  }
+  it->second.allowed_sync_weight = true;
+  it->second.last_activity = clock_->now();
+  result.success = true;
+  return result;
 }
 
 bool RolloutPool::can_continue(const std::string& client_uuid,
@@ -300,6 +334,7 @@ std::vector<std::string> RolloutPool::reap_idle() {
     counters_.timed_out++;
     free_slot_locked(uuid, true);
   }
+  expire_active_clients_locked();
   return reaped;
 }
 
@@ -316,7 +351,7 @@ int64_t RolloutPool::running() const {
 TrainBatch RolloutPool::take_batch() {
   std::lock_guard lock(mu_);
   TrainBatch batch;
-  const bool take_all = config_.method == CollectionMethod::ENOUGH_EPISODES;
+  const bool take_all = config_.method == CollectionMethod::ENOUGH_EPISODES || is_agree_method(config_.method);
   std::vector<std::string> kept;
   for (const std::string& task_id : group_order_) {
     auto it = groups_.find(task_id);
@@ -332,6 +367,7 @@ TrainBatch RolloutPool::take_batch() {
   }
   group_order_ = std::move(kept);
   counters_.batches_taken++;
+  active_clients_.clear();  // agreements are per weight sync
   eval_reward_ = {};
   eval_log_metrics_.clear();
   eval_episodes_ = 0;
@@ -348,6 +384,7 @@ void RolloutPool::cancel_all() {
   groups_.clear();
   group_order_.clear();
   finished_cached_ = 0;
+  active_clients_.clear();
   eval_reward_ = {};
   eval_log_metrics_.clear();
   eval_episodes_ = 0;
@@ -391,6 +428,11 @@ PoolSnapshot RolloutPool::snapshot() const {
     TaskGroupInfo info;
     info.task_id = task_id;
     info.episodes = static_cast<int64_t>(g.episodes.size());
+    for (const FinishedEpisode& e : g.episodes) {
+      info.episode_uuids.push_back(e.episode_uuid);
+      info.rewards.push_back(e.reward);
+      if (!e.optional_task_id.empty()) info.throttled_client_uuids.push_back(e.client_uuid);
+    }
     info.reward_mean = stats.mean;
     info.reward_std = stats.std;
     info.complete = info.episodes >= config_.num_repeat;
@@ -402,6 +444,13 @@ PoolSnapshot RolloutPool::snapshot() const {
     snap.tasks.push_back(std::move(info));
   }
 
+  for (const auto& [uuid, c] : active_clients_) {
+    const double idle = seconds_between(c.last_activity, now);
+    if (idle > config_.client_active_seconds) continue;  // expired; the janitor drops it
+    snap.active_clients.push_back({uuid, idle, c.allowed_sync_weight});
+  }
+  std::sort(snap.active_clients.begin(), snap.active_clients.end(),
+            [](const ActiveClientInfo& a, const ActiveClientInfo& b) { return a.seconds_idle < b.seconds_idle; });
   snap.recent_rewards.assign(recent_rewards_.begin(), recent_rewards_.end());
   snap.eval_metrics["eval/episodes"] = static_cast<double>(eval_episodes_);
   if (eval_reward_.count > 0) {
@@ -453,7 +502,41 @@ int64_t RolloutPool::running_locked() const {
   return static_cast<int64_t>(episodes_.size()) - static_cast<int64_t>(unclaimed_.size());
 }
 
+void RolloutPool::register_active_client_locked(const std::string& client_uuid) {
+  auto [it, inserted] = active_clients_.try_emplace(client_uuid);
+  it->second.last_activity = clock_->now();
+  if (!inserted || active_clients_.size() <= config_.max_active_clients) return;
+  // Bounded: drop the least recently active other client.
+  auto oldest = active_clients_.end();
+  for (auto c = active_clients_.begin(); c != active_clients_.end(); ++c)
+    if (c != it && (oldest == active_clients_.end() || c->second.last_activity < oldest->second.last_activity))
+      oldest = c;
+  if (oldest != active_clients_.end()) active_clients_.erase(oldest);
+}
+
+void RolloutPool::refresh_active_client_locked(const std::string& client_uuid) {
+  auto it = active_clients_.find(client_uuid);
+  if (it != active_clients_.end()) it->second.last_activity = clock_->now();
+}
+
+void RolloutPool::expire_active_clients_locked() {
+  const TimePoint now = clock_->now();
+  std::erase_if(active_clients_, [&](const auto& kv) {
+    return seconds_between(kv.second.last_activity, now) > config_.client_active_seconds;
+  });
+}
+
 bool RolloutPool::batch_ready_locked() const {
+  if (is_agree_method(config_.method)) {
+    // Expired clients are dropped by the janitor (reap_idle) and by agree_sync_weight.
+    if (finished_cached_ == 0 || active_clients_.empty()) return false;
+    bool any = false, all = true;
+    for (const auto& [uuid, c] : active_clients_) {
+      any = any || c.allowed_sync_weight;
+      all = all && c.allowed_sync_weight;
+    }
+    return config_.method == CollectionMethod::ANY_CLIENT_AGREES ? any : all;
+  }
   if (config_.method == CollectionMethod::ENOUGH_EPISODES) {
     return finished_cached_ >= config_.batch_size * config_.num_repeat;
   }
@@ -518,6 +601,9 @@ void RolloutPool::record_eval_locked(const WorkflowOutput& output) {
 void RolloutPool::apply_safety_valve_locked() {
   if (config_.method == CollectionMethod::ENOUGH_EPISODES) return;
   auto pick = [&](bool dummies) -> const std::string* {
+    // Agree methods train every cached episode, but nobody may agree for a long time: the
+    // oldest groups go first, whole, to keep memory bounded.
+    if (is_agree_method(config_.method)) return group_order_.empty() ? nullptr : &group_order_.front();
     for (const std::string& task_id : group_order_) {
       const Group& g = *groups_.at(task_id);
       const bool complete = static_cast<int64_t>(g.episodes.size()) >= config_.num_repeat;

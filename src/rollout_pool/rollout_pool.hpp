@@ -26,6 +26,8 @@ struct PoolConfig {
   int64_t max_cached_episodes = 512;    // safety valve threshold (finished train episodes)
   int64_t max_llm_calls_per_episode = 256;  // bounded memory per episode
   size_t reward_history = 256;          // recent rewards kept for the monitor
+  double client_active_seconds = 600.0; // an active client expires after this long idle
+  size_t max_active_clients = 4096;     // bounded: the least recently active go first
 };
 
 struct ClaimRequest {
@@ -76,10 +78,27 @@ struct RunningEpisodeInfo {
 struct TaskGroupInfo {
   std::string task_id;
   int64_t episodes = 0;
+  std::vector<std::string> episode_uuids;  // in order of arrival
+  std::vector<double> rewards;             // same order
+  std::vector<std::string> throttled_client_uuids;  // owners of episodes claimed for a task id
   double reward_mean = 0.0;
   double reward_std = 0.0;
   bool complete = false;   // episodes >= num_repeat
   bool dummy = false;      // all rewards equal (only meaningful when complete)
+};
+
+/// A client that recently ended or aborted an episode (AgentJet's active-client list; the
+/// agree methods wait for these clients).
+struct ActiveClientInfo {
+  std::string client_uuid;
+  double seconds_idle = 0.0;
+  bool allowed_sync_weight = false;
+};
+
+/// The answer to agree_sync_weight.
+struct AgreeResult {
+  bool success = false;
+  std::string failure_reason;  // empty on success
 };
 
 /// Monotonic counters since the pool was created.
@@ -118,6 +137,7 @@ struct PoolSnapshot {
   int64_t target_tasks = 0;        // batch_size
   std::vector<RunningEpisodeInfo> running_episodes;
   std::vector<TaskGroupInfo> tasks;
+  std::vector<ActiveClientInfo> active_clients;  // most recently active first
   std::vector<double> recent_rewards;     // train rewards, oldest first
   std::map<std::string, double> eval_metrics;  // eval reward mean etc. since last batch
   PoolCounters counters;
@@ -154,8 +174,10 @@ class RolloutPool {
   /// Finishes an episode with the client's verdict and turns its calls into samples.
   /// Throws NOT_FOUND (unknown / timed out / aborted), FORBIDDEN (other client's),
   /// INVALID_ARGUMENT (empty task_id).
+  /// `declare_client_active` (train episodes) puts the client on the active-client list.
   EndOutcome end_episode(const std::string& client_uuid, const std::string& episode_uuid,
-                         const std::string& task_id, const WorkflowOutput& output);
+                         const std::string& task_id, const WorkflowOutput& output,
+                         bool declare_client_active = true);
 
   /// Drops a claimed episode and its context. `delete_record` (ROLLING_POST) deletes it;
   /// otherwise its slot is re-registered (if accepting). Returns false, and changes nothing,
@@ -163,12 +185,18 @@ class RolloutPool {
   /// abort is idempotent, as AgentJet's server makes it. Throws FORBIDDEN for another
   /// client's running episode.
   bool abort_episode(const std::string& client_uuid, const std::string& episode_uuid,
-                     bool delete_record);
+                     bool delete_record, bool declare_client_active = true);
+
+  /// An active client agrees to sync weights now (agree methods only; CONFLICT otherwise).
+  /// Refused, with the reason, for a client not on the active list and while no finished
+  /// train episode is cached (there would be nothing to train on).
+  AgreeResult agree_sync_weight(const std::string& client_uuid);
 
   /// True while the episode is claimed by this client and not timed out.
   bool can_continue(const std::string& client_uuid, const std::string& episode_uuid) const;
 
-  /// Reclaims episodes idle longer than their timeout. Returns their uuids.
+  /// Reclaims episodes idle longer than their timeout (and expires idle active clients).
+  /// Returns the reclaimed episodes' uuids.
   std::vector<std::string> reap_idle();
 
   /// The collection method's stop condition.
@@ -177,8 +205,8 @@ class RolloutPool {
   int64_t running() const;
 
   /// Removes and returns what the next policy update trains on: for the task methods
-  /// all complete groups (incomplete ones stay cached), for the episode method every
-  /// cached finished train episode. Eval metrics are reset.
+  /// all complete groups (incomplete ones stay cached), for the episode and agree methods
+  /// every cached finished train episode. Eval metrics and the active-client list are reset.
   TrainBatch take_batch();
 
   /// Cancels every claimed and unclaimed episode and clears the cache (stop_engine).
@@ -221,6 +249,9 @@ class RolloutPool {
   // The claimed, not-yet-ending episode owned by client_uuid; throws NOT_FOUND / FORBIDDEN.
   Episode& owned_episode_locked(const std::string& client_uuid, const std::string& episode_uuid);
   void cache_finished_locked(FinishedEpisode episode);
+  void register_active_client_locked(const std::string& client_uuid);
+  void refresh_active_client_locked(const std::string& client_uuid);
+  void expire_active_clients_locked();
   void record_eval_locked(const WorkflowOutput& output);
 
   PoolConfig config_;
@@ -244,6 +275,11 @@ class RolloutPool {
   std::map<std::string, MeanAccumulator> eval_log_metrics_;
   int64_t eval_episodes_ = 0;  // with or without a reward
   int64_t claim_seq_ = 0;      // orders running episodes by claim time
+  struct ActiveClient {
+    TimePoint last_activity{};
+    bool allowed_sync_weight = false;
+  };
+  std::map<std::string, ActiveClient> active_clients_;
   PoolCounters counters_;
 };
 

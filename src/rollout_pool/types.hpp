@@ -42,6 +42,7 @@ struct FinishedEpisode {
   double reward = 0.0;
   std::optional<bool> is_success;
   std::map<std::string, double> log_metrics;
+  std::string optional_task_id;  // the task the client claimed it for (AgentJet's throttle policy)
   std::vector<Sample> samples;
   int64_t finish_seq = 0;  // order of arrival, for the safety valve
 };
@@ -62,7 +63,15 @@ enum class CollectionMethod {
   ENOUGH_EPISODES,         // rollout_until_finish_enough_episodes
   ENOUGH_TASKS,            // rollout_until_finish_enough_tasks (default)
   ENOUGH_NON_DUMMY_TASKS,  // rollout_until_finish_enough_non_dummy_tasks
+  ANY_CLIENT_AGREES,       // rollout_until_any_client_agree_sync_weight
+  ALL_CLIENTS_AGREE,       // rollout_until_all_clients_agree_sync_weight
 };
+
+/// The agree methods: the batch is complete when active clients agree (agree_sync_weight),
+/// and it is every cached finished train episode.
+inline bool is_agree_method(CollectionMethod m) {
+  return m == CollectionMethod::ANY_CLIENT_AGREES || m == CollectionMethod::ALL_CLIENTS_AGREE;
+}
 
 const char* collection_method_name(CollectionMethod m);
 /// Parses the wire/config name; returns false if unknown.

@@ -1,5 +1,6 @@
 #include "server/openai_routes.hpp"
 
+#include <algorithm>
 #include <ctime>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -126,21 +127,25 @@ json bytes_of(const std::string& s) {
 
 // Serves one request from the moment generation is handed to the backend.
 class GenerationHandler final : public GenerationObserver,
+                                public SseStream,
                                 public std::enable_shared_from_this<GenerationHandler> {
  public:
   GenerationHandler(Engine& engine, Metrics& metrics, OpenAIKind kind, GenerationLease lease, std::string api_key,
-                    std::shared_ptr<ResponseSink> sink, RequestOptions options, std::vector<TokenId> prompt)
+                    std::shared_ptr<ResponseSink> sink, RequestOptions options, std::vector<TokenId> prompt,
+                    OpenAIContext context, std::string request_body)
       : engine_(engine), metrics_(metrics), kind_(kind), lease_(std::move(lease)), api_key_(std::move(api_key)),
         sink_(std::move(sink)), options_(std::move(options)), prompt_(std::move(prompt)),
         id_((kind == OpenAIKind::CHAT ? "chatcmpl-" : "cmpl-") + random_hex(12)), created_(std::time(nullptr)),
-        model_(lease_.backend->model_id()) {}
+        model_(lease_.backend->model_id()), context_(context), request_body_(std::move(request_body)) {}
 
   void start() {
     if (options_.stream) {
+      // Opened at once; the heartbeat keeps it alive while the first token is not ready.
       sink_->start_stream(200, "text/event-stream");
       if (kind_ == OpenAIKind::CHAT)
         for (int64_t c = 0; c < options_.params.n; ++c)
           send_chunk(chunk_json(c, {{"role", "assistant"}, {"content", ""}}, nullptr));
+      if (context_.heartbeat) context_.heartbeat->add(std::weak_ptr<SseStream>(shared_from_this()));
     }
     GenerationRequest req{prompt_, options_.params};
     lease_.backend->generate(std::move(req), shared_from_this());
@@ -173,6 +178,17 @@ class GenerationHandler final : public GenerationObserver,
     json usage = {{"prompt_tokens", static_cast<int64_t>(prompt_.size())},
                   {"completion_tokens", completion_tokens},
                   {"total_tokens", static_cast<int64_t>(prompt_.size()) + completion_tokens}};
+    if (options_.stream && kind_ == OpenAIKind::CHAT && context_.last_chat) {
+      json assembled = base_object("chat.completion");
+      json choices = json::array();
+      for (size_t c = 0; c < result.choices.size(); ++c)
+        choices.push_back({{"index", c},
+                           {"message", {{"role", "assistant"}, {"content", result.choices[c].text}}},
+                           {"finish_reason", result.choices[c].finish_reason}});
+      assembled["choices"] = std::move(choices);
+      assembled["usage"] = usage;
+      context_.last_chat->record(std::move(request_body_), dump_json(assembled));
+    }
     if (options_.stream) {
       for (size_t c = 0; c < result.choices.size(); ++c) {
         const auto& ch = result.choices[c];
@@ -185,8 +201,7 @@ class GenerationHandler final : public GenerationObserver,
         last["usage"] = usage;
         send_chunk(last);
       }
-      sink_->write("data: [DONE]\n\n");
-      sink_->end_stream();
+      end_stream();
       return;
     }
     json body = base_object(kind_ == OpenAIKind::CHAT ? "chat.completion" : "text_completion");
@@ -198,6 +213,7 @@ class GenerationHandler final : public GenerationObserver,
     if (options_.return_token_ids) body["prompt_token_ids"] = prompt_;
     HttpResponse r;
     r.body = dump_json(body);
+    if (kind_ == OpenAIKind::CHAT && context_.last_chat) context_.last_chat->record(std::move(request_body_), r.body);
     sink_->respond(std::move(r));
   }
 
@@ -205,9 +221,8 @@ class GenerationHandler final : public GenerationObserver,
     for (int64_t i = 0; i < options_.params.n; ++i) engine_.cancel_generation(lease_);
     HttpResponse err = error_response(ErrorStyle::OPENAI, http_status_for(kind), error_type_for(kind), message);
     if (options_.stream) {
-      sink_->write("data: " + err.body + "\n\n");
-      sink_->write("data: [DONE]\n\n");
-      sink_->end_stream();
+      send_raw("data: " + err.body + "\n\n");
+      end_stream();
     } else {
       sink_->respond(std::move(err));
     }
@@ -277,9 +292,31 @@ class GenerationHandler final : public GenerationObserver,
     return j;
   }
 
-  void send_chunk(const json& j) {
+  bool keep_alive(std::chrono::steady_clock::time_point now, std::chrono::milliseconds silence) override {
+    std::lock_guard lk(write_mu_);
+    if (ended_) return false;
+    if (now - last_write_ >= silence) {
+      sink_->write(": keep-alive\n\n");
+      last_write_ = now;
+    }
+    return true;
+  }
+
+  void send_chunk(const json& j) { send_raw("data: " + dump_json(j) + "\n\n"); }
+
+  void send_raw(std::string text) {
     std::lock_guard lk(write_mu_);  // backends may report from more than one thread
-    sink_->write("data: " + dump_json(j) + "\n\n");
+    if (ended_) return;
+    sink_->write(std::move(text));
+    last_write_ = std::chrono::steady_clock::now();
+  }
+
+  void end_stream() {
+    std::lock_guard lk(write_mu_);
+    if (ended_) return;
+    ended_ = true;
+    sink_->write("data: [DONE]\n\n");
+    sink_->end_stream();
   }
 
   Engine& engine_;
@@ -293,10 +330,60 @@ class GenerationHandler final : public GenerationObserver,
   std::string id_;
   int64_t created_;
   std::string model_;
+  OpenAIContext context_;
+  std::string request_body_;  // kept for LastChatCall (chat only)
   std::mutex write_mu_;
+  bool ended_ = false;  // under write_mu_
+  std::chrono::steady_clock::time_point last_write_ = std::chrono::steady_clock::now();
 };
 
 }  // namespace
+
+void LastChatCall::record(std::string request_body, std::string response) {
+  std::lock_guard lk(mu_);
+  call_ = Call{std::move(request_body), std::move(response)};
+}
+
+std::optional<LastChatCall::Call> LastChatCall::get() const {
+  std::lock_guard lk(mu_);
+  return call_;
+}
+
+SseHeartbeat::SseHeartbeat(std::chrono::milliseconds interval)
+    : interval_(interval), thread_([this](std::stop_token st) { run(st); }) {}
+
+SseHeartbeat::~SseHeartbeat() {
+  thread_.request_stop();
+  cv_.notify_all();
+}
+
+void SseHeartbeat::add(std::weak_ptr<SseStream> stream) {
+  std::lock_guard lk(mu_);
+  streams_.push_back(std::move(stream));
+}
+
+void SseHeartbeat::run(std::stop_token stop) {
+  const auto tick = std::max(std::chrono::milliseconds(50), interval_ / 4);
+  while (!stop.stop_requested()) {
+    std::vector<std::weak_ptr<SseStream>> streams;
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait_for(lk, stop, tick, [] { return false; });
+      if (stop.stop_requested()) return;
+      streams = streams_;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    std::vector<bool> alive(streams.size(), false);
+    for (size_t i = 0; i < streams.size(); ++i)
+      if (auto s = streams[i].lock()) alive[i] = s->keep_alive(now, interval_);
+    std::lock_guard lk(mu_);
+    // Streams added meanwhile sit past the copied prefix; keep them.
+    std::vector<std::weak_ptr<SseStream>> kept;
+    for (size_t i = 0; i < streams_.size(); ++i)
+      if (i >= alive.size() || alive[i]) kept.push_back(std::move(streams_[i]));
+    streams_ = std::move(kept);
+  }
+}
 
 HttpResponse openai_models(Engine& engine) {
   json data = json::array();
@@ -308,7 +395,7 @@ HttpResponse openai_models(Engine& engine) {
 }
 
 void serve_generation(Engine& engine, Metrics& metrics, OpenAIKind kind, const HttpRequest& request,
-                      std::shared_ptr<ResponseSink> sink) {
+                      std::shared_ptr<ResponseSink> sink, OpenAIContext context) {
   const std::string api_key = bearer_key(request);
   GenerationLease lease = engine.begin_generation(api_key);
   int64_t reserved = 1;
@@ -335,8 +422,9 @@ void serve_generation(Engine& engine, Metrics& metrics, OpenAIKind kind, const H
                       std::to_string(lease.job.max_prompt_length));
     // Every choice is recorded as its own call: reserve the extra ones now.
     for (; reserved < options.params.n; ++reserved) lease.pool->begin_call(api_key);
-    auto handler = std::make_shared<GenerationHandler>(engine, metrics, kind, lease, api_key, std::move(sink),
-                                                       std::move(options), std::move(prompt));
+    auto handler = std::make_shared<GenerationHandler>(
+        engine, metrics, kind, lease, api_key, std::move(sink), std::move(options), std::move(prompt), context,
+        kind == OpenAIKind::CHAT && context.last_chat ? request.body : std::string());
     reserved = 0;  // the handler owns the reservations now
     handler->start();
   } catch (...) {

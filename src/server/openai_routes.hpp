@@ -1,7 +1,14 @@
 // OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models.
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "engine/engine.hpp"
 #include "server/http_types.hpp"
@@ -10,6 +17,56 @@
 namespace swarm {
 
 enum class OpenAIKind { CHAT, COMPLETION };
+
+/// The most recent chat request and the ChatCompletion answered to it (streamed answers are
+/// assembled into one), for AgentJet's overwatch (POST /replay_latest_llm_call). Thread-safe.
+class LastChatCall {
+ public:
+  struct Call {
+    std::string request_body;  // as the agent sent it
+    std::string response;      // a ChatCompletion, JSON text
+  };
+  void record(std::string request_body, std::string response);
+  std::optional<Call> get() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::optional<Call> call_;
+};
+
+/// A streamed answer the heartbeat may keep alive.
+class SseStream {
+ public:
+  virtual ~SseStream() = default;
+  /// Writes an SSE comment if nothing was written for `silence`; false once the stream ended.
+  virtual bool keep_alive(std::chrono::steady_clock::time_point now, std::chrono::milliseconds silence) = 0;
+};
+
+/// Sends `: keep-alive` SSE comments on streamed answers that have been silent for `interval`
+/// (a long prefill, a full KV cache), so clients and proxies with idle timeouts keep waiting.
+/// One thread; holds its streams weakly (bounded by the streams open).
+class SseHeartbeat {
+ public:
+  explicit SseHeartbeat(std::chrono::milliseconds interval);
+  ~SseHeartbeat();
+  SseHeartbeat(const SseHeartbeat&) = delete;
+  SseHeartbeat& operator=(const SseHeartbeat&) = delete;
+  void add(std::weak_ptr<SseStream> stream);
+
+ private:
+  void run(std::stop_token stop);
+  std::chrono::milliseconds interval_;
+  std::mutex mu_;
+  std::condition_variable_any cv_;
+  std::vector<std::weak_ptr<SseStream>> streams_;
+  std::jthread thread_;
+};
+
+/// What the OpenAI routes share across requests (both optional).
+struct OpenAIContext {
+  LastChatCall* last_chat = nullptr;
+  SseHeartbeat* heartbeat = nullptr;
+};
 
 /// GET /v1/models: the loaded model (empty list when no model is loaded).
 HttpResponse openai_models(Engine& engine);
@@ -20,6 +77,6 @@ HttpResponse openai_models(Engine& engine);
 /// Throws SwarmError for errors found before generation starts; later errors are
 /// answered through the sink.
 void serve_generation(Engine& engine, Metrics& metrics, OpenAIKind kind, const HttpRequest& request,
-                      std::shared_ptr<ResponseSink> sink);
+                      std::shared_ptr<ResponseSink> sink, OpenAIContext context = {});
 
 }  // namespace swarm

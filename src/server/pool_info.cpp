@@ -1,10 +1,63 @@
 #include "server/pool_info.hpp"
 
+#include <chrono>
+
+#include <fmt/format.h>
+
 namespace swarm {
+namespace {
+
+using json = nlohmann::json;
+
+// AgentJet's seconds as its overwatch parses them: "12.3s".
+std::string seconds_text(double s) { return fmt::format("{:.1f}s", s); }
+
+// The fields AgentJet's client and overwatch read (its CurrentBatchRolloutPoolInformation).
+void add_agentjet_fields(json& out, const EngineSnapshot& st, const PoolSnapshot& pool,
+                         const std::optional<Job>& config) {
+  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  out["completed_episodes"] = pool.finished_episodes;
+  out["completed_episode_target"] = pool.target_episodes;
+  out["completed_tasks"] = pool.complete_tasks;
+  out["completed_task_target"] = pool.target_tasks;
+  out["completed_non_dummy_tasks"] = pool.complete_non_dummy_tasks;
+  out["completed_non_dummy_task_target"] = pool.target_tasks;
+  out["task_expected_num_repeat"] = pool.config.num_repeat;
+  json details = json::object(), rewards = json::object(), throttled = json::object();
+  for (const auto& t : pool.tasks) {
+    details[t.task_id] = t.episode_uuids;
+    rewards[t.task_id] = t.rewards;
+    if (!t.throttled_client_uuids.empty()) throttled[t.task_id] = t.throttled_client_uuids;
+  }
+  out["completed_tasks_details"] = std::move(details);
+  out["completed_tasks_rewards"] = std::move(rewards);
+  out["completed_tasks_client_uuids"] = std::move(throttled);
+  // Every value a string, and null (not {}) when nothing runs: its client's throttle branches on it.
+  json running = nullptr;
+  for (const auto& e : pool.running_episodes) {
+    if (running.is_null()) running = json::object();
+    running[e.episode_uuid] = {{"episode_status", "claimed"},
+                               {"time_since_last_activity", seconds_text(e.seconds_idle)},
+                               {"discard_episode_timeout", seconds_text(e.discard_episode_timeout)},
+                               {"llm_call_count", std::to_string(e.llm_calls)},
+                               {"client_uuid", e.client_uuid},
+                               {"optional_task_id", e.optional_task_id}};
+  }
+  out["running_episode_details"] = std::move(running);
+  out["booting_start_time"] = st.booting_since_unix ? json(*st.booting_since_unix) : json(nullptr);
+  out["training_model_path"] = config ? json(config->model) : json(nullptr);
+  json active = json::array();
+  for (const auto& c : pool.active_clients)
+    active.push_back({{"client_uuid", c.client_uuid},
+                      {"last_activity_at", now - c.seconds_idle},
+                      {"allowed_sync_weight", c.allowed_sync_weight}});
+  out["swarm_client_instruction"] = {{"active_clients", active}};
+}
+
+}  // namespace
 
 nlohmann::json pool_information_json(const EngineSnapshot& st, const PoolSnapshot& pool,
-                                     const std::vector<TrainStepReport>& steps) {
-  using json = nlohmann::json;
+                                     const std::vector<TrainStepReport>& steps, const std::optional<Job>& config) {
   json running = json::array();
   for (const auto& e : pool.running_episodes)
     running.push_back({{"episode_uuid", e.episode_uuid},
@@ -45,7 +98,7 @@ nlohmann::json pool_information_json(const EngineSnapshot& st, const PoolSnapsho
   const auto& c = st.counters;
   json eval = json::object();
   for (const auto& [k, v] : pool.eval_metrics) eval[k] = v;
-  return {
+  json out = {
       {"engine_status", engine_state_wire(st.state)},
       {"engine_status_detail", st.detail},
       {"seconds_in_state", st.seconds_in_state},
@@ -72,6 +125,8 @@ nlohmann::json pool_information_json(const EngineSnapshot& st, const PoolSnapsho
       {"eval_metrics", eval},
       {"counters", c.to_json()},
   };
+  add_agentjet_fields(out, st, pool, config);
+  return out;
 }
 
 }  // namespace swarm

@@ -12,6 +12,8 @@
 #include "server/json_body.hpp"
 #include "server/openai_routes.hpp"
 #include "server/pool_info.hpp"
+#include "server/verbose_log.hpp"
+#include "server/zip_listing.hpp"
 
 namespace swarm {
 namespace {
@@ -35,6 +37,13 @@ constexpr Route kRoutes[] = {
     {"/abort_episode", "POST", false},
     {"/can_continue_episode", "POST", false},
     {"/get_current_batch_rollout_pool_information", "GET", false},
+    // AgentJet's client and overwatch (docs/agentjet.md)
+    {"/agree_sync_weight", "POST", false},
+    {"/sync_train_code", "POST", false},
+    {"/get_server_experiment_dir", "GET", false},
+    {"/get_episode_buffer", "POST", false},
+    {"/replay_latest_llm_call", "POST", false},
+    {"/get_verbose_logs", "GET", false},
     {"/metrics", "GET", false},
     {"/v1/chat/completions", "POST", true},
     {"/v1/completions", "POST", true},
@@ -160,8 +169,11 @@ std::string parse_task_id(const json& body) {
 
 }  // namespace
 
-SwarmService::SwarmService(Engine& engine, Metrics& metrics, std::function<std::string()> fallback_authority)
-    : engine_(engine), metrics_(metrics), fallback_authority_(std::move(fallback_authority)) {}
+SwarmService::SwarmService(Engine& engine, Metrics& metrics, std::function<std::string()> fallback_authority,
+                           std::chrono::milliseconds keep_alive)
+    : engine_(engine), metrics_(metrics), fallback_authority_(std::move(fallback_authority)), heartbeat_(keep_alive) {
+  install_verbose_log_sink();
+}
 
 void SwarmService::handle(HttpRequest&& request, std::shared_ptr<ResponseSink> raw_sink) {
   const Route* route = nullptr;
@@ -226,13 +238,54 @@ HttpResponse SwarmService::handle_command(const std::string& route, const HttpRe
     return r;
   }
   if (route == "/get_current_batch_rollout_pool_information") {
-    return json_response(pool_information_json(engine_.status(), engine_.pool_snapshot(), engine_.step_history()));
+    return json_response(pool_information_json(engine_.status(), engine_.pool_snapshot(), engine_.step_history(),
+                                               engine_.config()));
+  }
+  if (route == "/get_server_experiment_dir") {
+    const std::string dir = engine_.status().experiment_dir;
+    return json_response({{"server_experiment_dir", dir.empty() ? json(nullptr) : json(dir)}});
+  }
+  if (route == "/get_verbose_logs") {
+    json entries = json::array();
+    for (const auto& e : recent_log_entries())
+      entries.push_back({{"timestamp", e.timestamp}, {"tag", e.tag}, {"message", e.message}});
+    return json_response({{"entries", entries}});
+  }
+  if (route == "/replay_latest_llm_call") {  // a POST without a body (AgentJet's overwatch)
+    const auto call = last_chat_.get();
+    if (!call) throw SwarmError(ErrorKind::NOT_FOUND, "No LLM call has been made yet");
+    json input = json::parse(call->request_body, nullptr, /*allow_exceptions=*/false);
+    if (input.is_discarded()) input = call->request_body;
+    return json_response({{"input", input}, {"output", json::parse(call->response)}});
+  }
+  if (route == "/sync_train_code") {  // the body is the zip itself (Content-Type: application/zip)
+    check_agentjet_code_zip(request.body);
+    const std::string path = engine_.store_train_code(request.body);
+    return json_response({{"success", true},
+                          {"message", "Training code synced successfully."},
+                          {"temp_ajet_code_path", path},
+                          {"note", "swarm-server runs no Python: the archive is stored in the experiment "
+                                   "directory for the record and is not executed; training uses swarm's own "
+                                   "trainer with the synced config"}});
   }
 
-  const json body = parse_json_object(request.body, /*allow_empty=*/route == "/start_engine" || route == "/stop_engine");
+  const json body = parse_json_object(request.body, /*allow_empty=*/route == "/start_engine" ||
+                                                         route == "/stop_engine" || route == "/get_episode_buffer");
   if (route == "/sync_train_config") {
-    engine_.sync_train_config(require_string(body, "yaml_as_string"));
-    return json_response({{"success", true}});
+    const JobConfigReport report = engine_.sync_train_config(require_string(body, "yaml_as_string"));
+    json mapped = json::array();
+    for (const auto& m : report.mapped) {
+      json value = m.value;  // typed as our key is
+      if (m.type == "bool") value = m.value == "true";
+      else if (m.type == "int") value = std::stoll(m.value);
+      else if (m.type == "float") value = std::stod(m.value);
+      mapped.push_back({{"from", m.from}, {"to", m.to}, {"value", value}});
+    }
+    return json_response({{"success", true},
+                          {"config_format", report.format},
+                          {"mapped", mapped},
+                          {"ignored", report.ignored},
+                          {"warnings", report.warnings}});
   }
   if (route == "/start_engine") {
     engine_.start_engine();
@@ -270,7 +323,8 @@ HttpResponse SwarmService::handle_command(const std::string& route, const HttpRe
     const std::string episode = require_string(body, "episode_uuid");
     const std::string task_id = parse_task_id(body);
     ParsedOutput parsed = parse_workflow_output(body);
-    EndOutcome outcome = engine_.end_episode(client, episode, task_id, parsed.output);
+    EndOutcome outcome =
+        engine_.end_episode(client, episode, task_id, parsed.output, optional_bool(body, "declare_client_active").value_or(true));
     if (parsed.list_reward_size && !outcome.accepted) {
       outcome.note = "episode " + episode + " sent a list reward (" + std::to_string(*parsed.list_reward_size) +
                      " values, one per turn); per-turn rewards are not trained yet, so it was dropped and will "
@@ -284,12 +338,36 @@ HttpResponse SwarmService::handle_command(const std::string& route, const HttpRe
     const std::string episode = require_string(body, "episode_uuid");
     // Idempotent (AgentJet's client turns late ends into aborts): nothing running by that id
     // is a success with a note, in every state.
-    if (!engine_.abort_episode(require_string(body, "client_uuid"), episode))
+    if (!engine_.abort_episode(require_string(body, "client_uuid"), episode,
+                               optional_bool(body, "declare_client_active").value_or(true)))
       return json_response({{"success", true},
                             {"note", "episode " + episode +
                                          " is not running (unknown, already ended, aborted or timed out); nothing "
                                          "to abort"}});
     return json_response({{"success", true}});
+  }
+  if (route == "/agree_sync_weight") {
+    const AgreeResult r = engine_.agree_sync_weight(require_string(body, "client_uuid"));
+    return json_response({{"success", r.success}, {"failure_reason", r.failure_reason}});
+  }
+  if (route == "/get_episode_buffer") {
+    // AgentJet's EpisodeStatus for every running episode (API keys are not handed out again).
+    const auto now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    json buffer = json::array();
+    for (const auto& e : engine_.pool_snapshot().running_episodes)
+      buffer.push_back({{"episode_uuid", e.episode_uuid},
+                        {"episode_status", "claimed"},
+                        {"episode_type", e.episode_type == EpisodeType::EVAL ? "eval" : "train"},
+                        {"openai_base_url", ""},
+                        {"openai_api_key", ""},
+                        {"client_uuid", e.client_uuid},
+                        {"zmq_listen_result_addr", ""},
+                        {"latest_activity_timestamp", now - e.seconds_idle},
+                        {"discard_episode_timeout", e.discard_episode_timeout},
+                        {"llm_call_count", e.llm_calls},
+                        {"debug_log", json::array()},
+                        {"optional_task_id", e.optional_task_id}});
+    return json_response({{"buffer", buffer}});
   }
   if (route == "/can_continue_episode") {
     bool ok = engine_.can_continue_episode(require_string(body, "client_uuid"), require_string(body, "episode_uuid"));
@@ -305,7 +383,7 @@ void SwarmService::handle_openai(const std::string& route, HttpRequest&& request
     return;
   }
   serve_generation(engine_, metrics_, route == "/v1/chat/completions" ? OpenAIKind::CHAT : OpenAIKind::COMPLETION,
-                   request, std::move(sink));
+                   request, std::move(sink), OpenAIContext{&last_chat_, &heartbeat_});
 }
 
 }  // namespace swarm

@@ -8,16 +8,19 @@
 #include "engine/engine.hpp"
 #include "server/http_types.hpp"
 #include "server/metrics.hpp"
+#include "server/openai_routes.hpp"
 
 namespace swarm {
 
-/// Routes requests to the engine. Thread-safe (stateless apart from the engine and
-/// metrics, which are). Never throws out of handle(): every error becomes a response.
+/// Routes requests to the engine. Thread-safe (its state — the engine, metrics, the last chat
+/// call, the SSE heartbeat — is). Never throws out of handle(): every error becomes a response.
 class SwarmService {
  public:
   /// `fallback_authority` ("host:port") builds openai_base_url when a request has no
   /// Host header.
-  SwarmService(Engine& engine, Metrics& metrics, std::function<std::string()> fallback_authority);
+  /// Streamed answers silent for `keep_alive` get an SSE comment.
+  SwarmService(Engine& engine, Metrics& metrics, std::function<std::string()> fallback_authority,
+               std::chrono::milliseconds keep_alive = std::chrono::seconds(5));
 
   void handle(HttpRequest&& request, std::shared_ptr<ResponseSink> sink);
 
@@ -28,6 +31,8 @@ class SwarmService {
   Engine& engine_;
   Metrics& metrics_;
   std::function<std::string()> fallback_authority_;
+  LastChatCall last_chat_;
+  SseHeartbeat heartbeat_;
 };
 
 }  // namespace swarm

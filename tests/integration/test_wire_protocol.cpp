@@ -128,7 +128,9 @@ TEST(WireProtocol, WholeLifecycleWithRawJson) {
   EXPECT_EQ(st["policy_version"], 0);
 
   // ---- config, boot
-  EXPECT_EQ(post_json(c, "/sync_train_config", {{"yaml_as_string", kConfig}}), json({{"success", true}}));
+  EXPECT_EQ(post_json(c, "/sync_train_config", {{"yaml_as_string", kConfig}}),
+            json({{"success", true}, {"config_format", "swarm"}, {"mapped", json::array()},
+                  {"ignored", json::array()}, {"warnings", json::array()}}));
   EXPECT_EQ(post_json(c, "/start_engine", json::object())["success"], true);
   ASSERT_TRUE(poll_engine_status(c, "ENGINE.ROLLING"));
   EXPECT_EQ(get_json(c, "/health")["engine_status"], "ENGINE.ROLLING");

@@ -1,0 +1,23 @@
+// Inside swarm_job: setting one flat Job key from a YAML value, shared by the flat loader
+// (job.cpp) and the mapping of AgentJet's nested config (agentjet_config.cpp).
+#pragma once
+
+#include <yaml-cpp/yaml.h>
+
+#include <string>
+
+#include "swarm/job.hpp"
+
+namespace swarm::job_keys {
+
+/// True when `key` is one of the flat keys.
+bool known(const std::string& key);
+/// Parses `value` as `key`'s type into `job`. ConfigError naming `shown_as` (the key as the
+/// user wrote it, e.g. "ajet.data.train_batch_size") on a wrong type or a non-finite float.
+void set(Job& job, const std::string& key, const YAML::Node& value, const std::string& shown_as);
+/// "int", "float", "string" or "bool".
+std::string type_of(const std::string& key);
+/// The key's current value as YAML text ("32", "0.5", "true", "grpo").
+std::string text(const Job& job, const std::string& key);
+
+}  // namespace swarm::job_keys
