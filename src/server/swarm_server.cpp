@@ -47,9 +47,9 @@ void SwarmServer::start() {
   impl_->http = std::make_unique<HttpServer>(o.http, [this](HttpRequest&& req, std::shared_ptr<ResponseSink> sink) {
     impl_->service->handle(std::move(req), std::move(sink));
   });
-  impl_->service = std::make_unique<SwarmService>(impl_->engine, impl_->metrics, [this] {
-    return impl_->options.http.host + ":" + std::to_string(impl_->http->port());
-  });
+  impl_->service = std::make_unique<SwarmService>(
+      impl_->engine, impl_->metrics,
+      [this] { return impl_->options.http.host + ":" + std::to_string(impl_->http->port()); }, o.sse_keep_alive);
   impl_->http->start();
   spdlog::info("swarm-server listening on http://{}:{} (engine: {})", o.http.host, impl_->http->port(),
                o.engine.backend);

@@ -1,6 +1,7 @@
 // swarm-server as a library: engine + routes + HTTP transport, started and stopped as one.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -13,6 +14,8 @@ struct SwarmServerOptions {
   HttpServerOptions http;
   EngineOptions engine;
   std::string config_path;  // optional YAML synced at start (the engine stays OFFLINE)
+  /// A streamed answer silent this long gets an SSE `: keep-alive` comment.
+  std::chrono::milliseconds sse_keep_alive = std::chrono::seconds(5);
 };
 
 /// Owns the engine, the metrics, the service and the HTTP server. start() binds and

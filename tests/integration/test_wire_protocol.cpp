@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -511,6 +512,57 @@ TEST(WireProtocol, ThrottlePolicyTaskIdIsTheRunningEpisodesOptionalTaskId) {
   EXPECT_NE(bad.value("detail", "").find("current_task_id"), std::string::npos) << bad.dump();
   bad = post_json(c, "/claim_episode", {{"client_uuid", "x"}, {"throttle_policy", "fast"}}, 400);
   EXPECT_NE(bad.value("detail", "").find("throttle_policy"), std::string::npos) << bad.dump();
+}
+
+// A backend whose first token takes a while (a long prefill, a full KV cache).
+class SlowFirstTokenBackend : public swarm::MockBackend {
+ public:
+  ~SlowFirstTokenBackend() override {
+    for (auto& t : threads_) t.join();
+  }
+  void generate(swarm::GenerationRequest request, std::shared_ptr<swarm::GenerationObserver> observer) override {
+    std::lock_guard lk(mu_);
+    threads_.emplace_back([this, request = std::move(request), observer = std::move(observer)]() mutable {
+      std::this_thread::sleep_for(600ms);
+      MockBackend::generate(std::move(request), std::move(observer));
+    });
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::thread> threads_;
+};
+
+// Streamed answers open at once and carry SSE comments while silent, so clients and proxies
+// with idle watchdogs keep waiting; SSE clients skip comment lines.
+TEST(WireProtocol, SilentStreamsGetKeepAliveComments) {
+  TestServer server([] { return std::make_unique<SlowFirstTokenBackend>(); }, 0.05, 100ms);
+  HttpClient c(server.url());
+  EXPECT_EQ(post_json(c, "/sync_train_config", {{"yaml_as_string", kConfig}})["success"], true);
+  EXPECT_EQ(post_json(c, "/start_engine", json::object())["success"], true);
+  ASSERT_TRUE(poll_engine_status(c, "ENGINE.ROLLING"));
+  Claimed a = claim(c, "client-a", server.port());
+  HttpClient llm(a.base_url);
+  json req = {{"model", "m"},
+              {"messages", {{{"role", "user"}, {"content", "slow"}}}},
+              {"stream", true},
+              {"temperature", 0}};  // the mock then echoes exactly
+  auto r = llm.request("POST", "/chat/completions", req.dump(), bearer(a));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const size_t comment = r.body.find(": keep-alive\n\n");
+  const size_t first_text = r.body.find("\"content\":\"s\"");
+  ASSERT_NE(comment, std::string::npos) << r.body;
+  ASSERT_NE(first_text, std::string::npos) << r.body;
+  EXPECT_LT(comment, first_text);
+  auto events = sse_events(r.body);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back(), "[DONE]");
+  for (size_t i = 0; i + 1 < events.size(); ++i) EXPECT_FALSE(json::parse(events[i], nullptr, false).is_discarded());
+  // AgentJet's overwatch replays the last call: the request as sent, the stream as one completion.
+  json replay = post_json(c, "/replay_latest_llm_call", json::object());
+  EXPECT_EQ(replay["input"], req);
+  EXPECT_EQ(replay["output"]["object"], "chat.completion");
+  EXPECT_EQ(replay["output"]["choices"][0]["message"]["content"], "slow") << replay.dump();
 }
 
 TEST(WireProtocol, StartAndStopAcceptAnEmptyBodyAsPythonRequestsSendsIt) {

@@ -78,8 +78,10 @@ class RecordingBackend : public Backend {
 class TestServer {
  public:
   /// A server whose engine runs `inner()` (any backend), recording its training batches.
-  explicit TestServer(std::function<std::unique_ptr<Backend>()> inner, double janitor_interval_seconds = 0.05) {
+  explicit TestServer(std::function<std::unique_ptr<Backend>()> inner, double janitor_interval_seconds = 0.05,
+                      std::chrono::milliseconds sse_keep_alive = std::chrono::seconds(5)) {
     SwarmServerOptions o;
+    o.sse_keep_alive = sse_keep_alive;
     o.http.host = "127.0.0.1";
     o.http.port = 0;
     o.http.io_threads = 2;

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -259,6 +260,216 @@ TEST(JobTest, DumpAndLoadFile) {
   EXPECT_THROW(Job::load((dir / "missing.yaml").string()), ConfigError);
   EXPECT_THROW(original.dump((dir / "no/such/dir/x.yaml").string()), ConfigError);
   std::filesystem::remove_all(dir);
+}
+
+// ---------------------------------------------------------------- AgentJet's nested config
+
+// The shape AgentJetJob sends (yaml.safe_dump of its config): an `ajet:` tree, verl sections
+// whose values AgentJet itself overwrites, `defaults` and `hydra`. Trimmed; the full-size
+// one is tests/agentjet/agentjet_config.py.
+const char* kAgentJet = R"(ajet:
+  project_name: demo_project
+  experiment_name: read_yaml_name
+  experiment_dir: auto
+  backbone: verl
+  model:
+    path: /models/qwen
+  data:
+    max_prompt_length: 3000
+    max_response_length: 15000
+    train_batch_size: 8
+  rollout:
+    max_env_worker: 20
+    max_response_length_in_one_turn: 4096
+    max_model_len: 18000
+    num_repeat: 4
+    temperature: 0.9
+    top_p: 1.0
+    top_k: -1
+    compute_madness_checklist:
+    - nonsense
+  trainer_common:
+    save_freq: 20
+    total_training_steps: null
+    total_epochs: 50
+    nnodes: 1
+    n_gpus_per_node: 8
+    algorithm:
+      adv_estimator: grpo
+    use_kl_in_reward: false
+    mini_batch_num: 3
+    optim:
+      lr: 1.0e-06
+      lr_warmup_steps: -1
+      lr_warmup_steps_ratio: 0.0
+      weight_decay: 0.01
+      grad_clip: 20.0
+      lr_scheduler_type: constant
+      betas:
+      - 0.9
+      - 0.999
+    use_kl_loss: true
+    kl_loss_coef: 0.002
+    kl_loss_type: low_var_kl
+    ppo_epochs: 1
+  lora:
+    lora_rank: 0
+    target_modules: all-linear
+  swarm_mode_sample_collection_method: rollout_until_finish_enough_tasks
+  swarm_mode_sample_collection_max_cached_episodes: 9999
+  interchange_server:
+    interchange_server_port: 10086
+  trainer_verl: {}
+actor_rollout_ref:
+  rollout:
+    multi_turn:
+      tool_config_path: ${oc.select:actor_rollout_ref.rollout.multi_turn.tool_config_path,null}
+  actor:
+    checkpoint:
+      save_contents: ['model', 'optimizer']
+data:
+  train_batch_size: 1024
+trainer:
+  n_gpus_per_node: 8
+defaults:
+- verl_default
+- ajet_default
+- _self_
+hydra:
+  searchpath:
+  - file://ajet/default_config
+)";
+
+// kAgentJet with one line replaced (`from` must occur once).
+std::string agentjet_with(const std::string& from, const std::string& to) {
+  std::string y = kAgentJet;
+  const auto at = y.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  if (at != std::string::npos) y.replace(at, from.size(), to);
+  return y;
+}
+
+const JobConfigReport::Mapped* mapped_to(const JobConfigReport& r, const std::string& key) {
+  for (const auto& m : r.mapped)
+    if (m.to == key) return &m;
+  return nullptr;
+}
+
+bool contains(const std::vector<std::string>& v, const std::string& x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+TEST(AgentJetConfig, MapsTheKeysThatMeanSomethingHere) {
+  JobConfigReport report;
+  const Job job = Job::from_yaml(kAgentJet, &report);
+  EXPECT_EQ(report.format, "agentjet");
+  EXPECT_EQ(job.model, "/models/qwen");
+  EXPECT_EQ(job.project_name, "demo_project");
+  EXPECT_EQ(job.experiment_name.rfind("agentjet_", 0), 0u) << job.experiment_name;  // read_yaml_name: generated
+  EXPECT_EQ(job.experiment_dir, Job{}.experiment_dir);                               // auto: our default
+  EXPECT_EQ(job.batch_size, 8);
+  EXPECT_EQ(job.num_repeat, 4);
+  EXPECT_EQ(job.max_parallel_episodes, 20);  // min(8, ceil(20 / 4)) x 4
+  EXPECT_EQ(job.max_cached_episodes, 9999);
+  EXPECT_EQ(job.max_prompt_length, 3000);
+  EXPECT_EQ(job.max_response_length, 4096);  // per completion: max_response_length_in_one_turn
+  EXPECT_DOUBLE_EQ(job.temperature, 0.9);
+  EXPECT_EQ(job.top_k, -1);
+  EXPECT_DOUBLE_EQ(job.learning_rate, 1e-6);
+  EXPECT_DOUBLE_EQ(job.grad_clip, 20.0);
+  EXPECT_EQ(job.lr_warmup_steps, 0);  // -1 with ratio 0: no warm-up
+  EXPECT_TRUE(job.use_kl_loss);
+  EXPECT_DOUBLE_EQ(job.kl_coef, 0.002);
+  EXPECT_EQ(job.kl_estimator, "k3");  // low_var_kl
+  EXPECT_EQ(job.ppo_mini_batch_size, 3);  // 8 tasks in 3 optimizer steps: ceil(8 / 3) per step
+  EXPECT_EQ(job.total_training_steps, 0);
+  EXPECT_EQ(job.save_freq, 20);
+  EXPECT_EQ(job.n_gpu, 8);
+  const auto* m = mapped_to(report, "batch_size");
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->from, "ajet.data.train_batch_size");
+  EXPECT_EQ(m->value, "8");
+  EXPECT_EQ(m->type, "int");
+  // verl's sections are read by nobody (AgentJet overwrites them from ajet.* itself).
+  for (const char* section : {"actor_rollout_ref", "data", "trainer", "defaults", "hydra"})
+    EXPECT_TRUE(contains(report.ignored, section)) << section;
+  EXPECT_TRUE(contains(report.ignored, "ajet.rollout.max_model_len"));
+  EXPECT_TRUE(contains(report.ignored, "ajet.interchange_server.interchange_server_port"));
+  EXPECT_FALSE(contains(report.ignored, "ajet.data.train_batch_size"));
+  // Honoured differently, so said: the GPU count, the epochs, the whole-sample budget.
+  auto warned = [&](const std::string& needle) {
+    return std::any_of(report.warnings.begin(), report.warnings.end(),
+                       [&](const std::string& w) { return w.find(needle) != std::string::npos; });
+  };
+  EXPECT_TRUE(warned("n_gpus_per_node"));
+  EXPECT_TRUE(warned("total_epochs"));
+  EXPECT_TRUE(warned("ajet.data.max_response_length"));
+}
+
+TEST(AgentJetConfig, RefusesWhatItCannotHonourNamingTheKey) {
+  expect_config_error(agentjet_with("lora_rank: 0", "lora_rank: 8"), {"ajet.lora.lora_rank", "LoRA"});
+  expect_config_error(agentjet_with("adv_estimator: grpo", "adv_estimator: gae"),
+                      {"ajet.trainer_common.algorithm.adv_estimator", "gae"});
+  expect_config_error(agentjet_with("use_kl_in_reward: false", "use_kl_in_reward: true"),
+                      {"ajet.trainer_common.use_kl_in_reward"});
+  expect_config_error(agentjet_with("kl_loss_type: low_var_kl", "kl_loss_type: mse"), {"ajet.trainer_common.kl_loss_type"});
+  expect_config_error(agentjet_with("train_batch_size: 8", "train_batch_size: eight"),
+                      {"ajet.data.train_batch_size", "integer"});
+  // A value our validation refuses is reported under the path it was written at.
+  expect_config_error(agentjet_with("train_batch_size: 8", "train_batch_size: 0"),
+                      {"ajet.data.train_batch_size", "batch_size", ">= 1"});
+  expect_config_error(agentjet_with("swarm_mode_sample_collection_method: rollout_until_finish_enough_tasks",
+                                    "swarm_mode_sample_collection_method: rollout_until_bored"),
+                      {"ajet.swarm_mode_sample_collection_method", "rollout_until_bored"});
+  expect_config_error(agentjet_with("    path: /models/qwen", "    path: null"), {"ajet.model.path", "required"});
+}
+
+TEST(AgentJetConfig, OurOwnKeysGoUnderSwarm) {
+  JobConfigReport report;
+  const Job job = Job::from_yaml(std::string(kAgentJet) + "swarm:\n  dtype: bf16\n  batch_size: 2\n", &report);
+  EXPECT_EQ(job.dtype, "bf16");
+  EXPECT_EQ(job.batch_size, 2);  // overrides ajet.data.train_batch_size
+  ASSERT_NE(mapped_to(report, "batch_size"), nullptr);
+  EXPECT_EQ(mapped_to(report, "batch_size")->from, "swarm.batch_size");
+  EXPECT_FALSE(contains(report.ignored, "swarm"));
+  expect_config_error(std::string(kAgentJet) + "swarm:\n  batch_sise: 2\n", {"swarm.batch_sise", "unknown key"});
+  expect_config_error(std::string(kAgentJet) + "swarm: 3\n", {"swarm", "mapping"});
+}
+
+TEST(AgentJetConfig, AgreeMethodsAndConversions) {
+  const Job job = Job::from_yaml(agentjet_with(
+      "swarm_mode_sample_collection_method: rollout_until_finish_enough_tasks\n",
+      "swarm_mode_sample_collection_method: rollout_until_all_clients_agree_sync_weight\n"));
+  EXPECT_EQ(job.sample_collection_method, "rollout_until_all_clients_agree_sync_weight");
+  // mini_batch_num 1 is the whole batch; a tiny cache limit falls back to our default with a warning.
+  JobConfigReport report;
+  const Job j2 = Job::from_yaml(agentjet_with("mini_batch_num: 3", "mini_batch_num: 1").replace(
+                                    std::string(kAgentJet).find("9999"), 4, "3"),
+                                &report);
+  EXPECT_EQ(j2.ppo_mini_batch_size, 0);
+  EXPECT_EQ(j2.max_cached_episodes, 0);
+  EXPECT_FALSE(report.warnings.empty());
+  // A named experiment keeps its name (path separators made safe); a warm-up ratio needs a step count.
+  EXPECT_EQ(Job::from_yaml(agentjet_with("experiment_name: read_yaml_name", "experiment_name: a|b/c")).experiment_name,
+            "a-b-c");
+  expect_config_error(agentjet_with("lr_warmup_steps_ratio: 0.0", "lr_warmup_steps_ratio: 0.1"),
+                      {"ajet.trainer_common.optim.lr_warmup_steps_ratio", "total_training_steps"});
+  const Job j3 = Job::from_yaml(agentjet_with("lr_warmup_steps_ratio: 0.0", "lr_warmup_steps_ratio: 0.1")
+                                    .replace(std::string(kAgentJet).find("total_training_steps: null"),
+                                             std::string("total_training_steps: null").size(),
+                                             "total_training_steps: 50"));
+  EXPECT_EQ(j3.total_training_steps, 50);
+  EXPECT_EQ(j3.lr_warmup_steps, 5);
+}
+
+TEST(AgentJetConfig, FlatConfigsReportTheirFormat) {
+  JobConfigReport report;
+  report.mapped.push_back({"x", "y", "z", "int"});  // cleared by the load
+  Job::from_yaml(kMinimal, &report);
+  EXPECT_EQ(report.format, "swarm");
+  EXPECT_TRUE(report.mapped.empty());
+  // `ajet` that is not a mapping is not AgentJet's config: an unknown flat key.
+  expect_config_error("model: m\najet: 3\n", {"ajet", "unknown key"});
 }
 
 }  // namespace

@@ -111,7 +111,8 @@ class RolloutPoolTest : public ::testing::Test {
 
 TEST(CollectionMethod, WireNamesRoundTrip) {
   for (CollectionMethod m : {CollectionMethod::ENOUGH_EPISODES, CollectionMethod::ENOUGH_TASKS,
-                             CollectionMethod::ENOUGH_NON_DUMMY_TASKS}) {
+                             CollectionMethod::ENOUGH_NON_DUMMY_TASKS, CollectionMethod::ANY_CLIENT_AGREES,
+                             CollectionMethod::ALL_CLIENTS_AGREE}) {
     CollectionMethod parsed = CollectionMethod::ENOUGH_EPISODES;
     ASSERT_TRUE(parse_collection_method(collection_method_name(m), &parsed));
     EXPECT_EQ(parsed, m);
@@ -122,6 +123,12 @@ TEST(CollectionMethod, WireNamesRoundTrip) {
                "rollout_until_finish_enough_episodes");
   EXPECT_STREQ(collection_method_name(CollectionMethod::ENOUGH_NON_DUMMY_TASKS),
                "rollout_until_finish_enough_non_dummy_tasks");
+  EXPECT_STREQ(collection_method_name(CollectionMethod::ANY_CLIENT_AGREES),
+               "rollout_until_any_client_agree_sync_weight");
+  EXPECT_STREQ(collection_method_name(CollectionMethod::ALL_CLIENTS_AGREE),
+               "rollout_until_all_clients_agree_sync_weight");
+  EXPECT_TRUE(is_agree_method(CollectionMethod::ANY_CLIENT_AGREES));
+  EXPECT_FALSE(is_agree_method(CollectionMethod::ENOUGH_TASKS));
   CollectionMethod out = CollectionMethod::ENOUGH_TASKS;
   EXPECT_FALSE(parse_collection_method("rollout_until_bored", &out));
   EXPECT_EQ(out, CollectionMethod::ENOUGH_TASKS);
@@ -937,6 +944,135 @@ TEST_F(RolloutPoolTest, ConcurrentClientsKeepCountersConsistent) {
   EXPECT_EQ(s.running, 0);
   EXPECT_EQ(s.unclaimed, c.max_parallel_episodes);
   EXPECT_GT(s.counters.batches_taken, 0);
+}
+
+// ---------------------------------------------------------------- agree methods (AgentJet)
+
+std::vector<std::string> active_uuids(const PoolSnapshot& s) {
+  std::vector<std::string> out;
+  for (const auto& c : s.active_clients) out.push_back(c.client_uuid);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST_F(RolloutPoolTest, AnyClientAgreementCompletesTheBatchWithEveryCachedEpisode) {
+  PoolConfig c = small_config();
+  c.method = CollectionMethod::ANY_CLIENT_AGREES;
+  auto pool = make_pool(c);
+  // Not active yet: refused with the reason AgentJet's client logs, batch not ready.
+  AgreeResult r = pool->agree_sync_weight("client-a");
+  EXPECT_FALSE(r.success);
+  EXPECT_NE(r.failure_reason.find("not in the active list"), std::string::npos) << r.failure_reason;
+  // batch_size (2 tasks x 2) is irrelevant: one episode of one task is enough.
+  run_episode(*pool, "t1", 1.0, "client-a");
+  EXPECT_FALSE(pool->batch_ready());
+  EXPECT_EQ(active_uuids(pool->snapshot()), std::vector<std::string>{"client-a"});
+  EXPECT_FALSE(pool->snapshot().active_clients[0].allowed_sync_weight);
+  r = pool->agree_sync_weight("client-a");
+  EXPECT_TRUE(r.success) << r.failure_reason;
+  EXPECT_TRUE(r.failure_reason.empty());
+  EXPECT_TRUE(pool->snapshot().active_clients[0].allowed_sync_weight);
+  EXPECT_TRUE(pool->batch_ready());
+  TrainBatch batch = pool->take_batch();
+  ASSERT_EQ(batch.episodes.size(), 1u);  // the incomplete group trains too
+  EXPECT_EQ(batch.episodes[0].task_id, "t1");
+  // Agreements and the active list are per weight sync.
+  EXPECT_TRUE(pool->snapshot().active_clients.empty());
+  EXPECT_FALSE(pool->batch_ready());
+  EXPECT_FALSE(pool->agree_sync_weight("client-a").success);
+}
+
+TEST_F(RolloutPoolTest, AllClientsMustAgreeAndAnIdleClientExpires) {
+  PoolConfig c = small_config();
+  c.method = CollectionMethod::ALL_CLIENTS_AGREE;
+  auto pool = make_pool(c);
+  run_episode(*pool, "t1", 1.0, "client-a");
+  run_episode(*pool, "t2", 0.0, "client-b");
+  EXPECT_EQ(active_uuids(pool->snapshot()), (std::vector<std::string>{"client-a", "client-b"}));
+  EXPECT_TRUE(pool->agree_sync_weight("client-a").success);
+  EXPECT_FALSE(pool->batch_ready());  // client-b has not agreed
+  // client-a keeps working (a claim refreshes it); client-b goes quiet past 600 s.
+  clock_->advance(400s);
+  ClaimedEpisode ep = claim_ok(*pool, "client-a");
+  clock_->advance(201s);
+  pool->reap_idle();  // the janitor's sweep also expires idle clients
+  EXPECT_EQ(active_uuids(pool->snapshot()), std::vector<std::string>{"client-a"});
+  EXPECT_TRUE(pool->batch_ready());  // every remaining active client agreed
+  pool->abort_episode("client-a", ep.episode_uuid, /*delete_record=*/true);
+  EXPECT_EQ(pool->take_batch().episodes.size(), 2u);
+}
+
+TEST_F(RolloutPoolTest, WhoBecomesActive) {
+  PoolConfig c = small_config();
+  c.method = CollectionMethod::ANY_CLIENT_AGREES;
+  auto pool = make_pool(c);
+  // An end that does not declare the client active leaves it off the list.
+  ClaimedEpisode ep = claim_ok(*pool, "quiet");
+  call_ok(*pool, ep);
+  pool->end_episode("quiet", ep.episode_uuid, "t1", reward_of(1.0), /*declare_client_active=*/false);
+  // An abort declares it, as AgentJet's server does.
+  ep = claim_ok(*pool, "aborter");
+  EXPECT_TRUE(pool->abort_episode("aborter", ep.episode_uuid, false));
+  // A claim alone does not.
+  claim_ok(*pool, "claimer");
+  EXPECT_EQ(active_uuids(pool->snapshot()), std::vector<std::string>{"aborter"});
+  // Nothing cached to train on: an agreement would sync an empty batch, so it waits.
+  auto fresh = make_pool(c);
+  ep = claim_ok(*fresh, "aborter");
+  fresh->abort_episode("aborter", ep.episode_uuid, false);
+  AgreeResult r = fresh->agree_sync_weight("aborter");
+  EXPECT_FALSE(r.success);
+  EXPECT_NE(r.failure_reason.find("Nothing to train on"), std::string::npos) << r.failure_reason;
+}
+
+TEST_F(RolloutPoolTest, AgreeWithAnotherMethodIsAConflict) {
+  auto pool = make_pool(small_config());
+  run_episode(*pool, "t1", 1.0, "client-a");
+  EXPECT_EQ(kind_of([&] { pool->agree_sync_weight("client-a"); }), ErrorKind::CONFLICT);
+  EXPECT_NE(message_of([&] { pool->agree_sync_weight("client-a"); }).find("rollout_until_finish_enough_tasks"),
+            std::string::npos);
+}
+
+TEST_F(RolloutPoolTest, ActiveClientsAreBounded) {
+  PoolConfig c = small_config();
+  c.method = CollectionMethod::ANY_CLIENT_AGREES;
+  c.max_active_clients = 3;
+  auto pool = make_pool(c);
+  for (int i = 0; i < 5; ++i) {
+    clock_->advance(1s);
+    ClaimedEpisode ep = claim_ok(*pool, "client-" + std::to_string(i));
+    pool->abort_episode("client-" + std::to_string(i), ep.episode_uuid, false);
+  }
+  // The least recently active went first.
+  EXPECT_EQ(active_uuids(pool->snapshot()), (std::vector<std::string>{"client-2", "client-3", "client-4"}));
+}
+
+TEST_F(RolloutPoolTest, AgreeMethodsKeepTheCacheBounded) {
+  PoolConfig c = small_config();
+  c.method = CollectionMethod::ANY_CLIENT_AGREES;
+  c.max_cached_episodes = 4;
+  auto pool = make_pool(c);
+  for (int i = 0; i < 6; ++i) run_episode(*pool, "t" + std::to_string(i), 1.0);
+  const PoolSnapshot s = pool->snapshot();
+  EXPECT_EQ(s.finished_episodes, 4);  // nobody agreed: the oldest groups went
+  EXPECT_EQ(s.counters.valve_dropped_episodes, 2);
+  ASSERT_EQ(s.tasks.size(), 4u);
+  EXPECT_EQ(s.tasks.front().task_id, "t2");
+}
+
+TEST_F(RolloutPoolTest, TaskGroupsListTheirEpisodesRewardsAndThrottledClients) {
+  auto pool = make_pool(small_config());
+  ClaimResult r = pool->claim(ClaimRequest{"client-a", EpisodeType::TRAIN, 60.0, "t1"});
+  ASSERT_TRUE(r.episode);
+  call_ok(*pool, *r.episode);
+  pool->end_episode("client-a", r.episode->episode_uuid, "t1", reward_of(0.5));
+  run_episode(*pool, "t1", 1.0, "client-b");  // claimed without a task id
+  const PoolSnapshot s = pool->snapshot();
+  ASSERT_EQ(s.tasks.size(), 1u);
+  ASSERT_EQ(s.tasks[0].episode_uuids.size(), 2u);
+  EXPECT_EQ(s.tasks[0].episode_uuids[0], r.episode->episode_uuid);
+  EXPECT_EQ(s.tasks[0].rewards, (std::vector<double>{0.5, 1.0}));
+  EXPECT_EQ(s.tasks[0].throttled_client_uuids, std::vector<std::string>{"client-a"});
 }
 
 }  // namespace
