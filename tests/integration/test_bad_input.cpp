@@ -249,8 +249,9 @@ class BadInput : public ::testing::Test {
   int turns_ = 0;
 };
 
-const char* kCommandPosts[] = {"/sync_train_config", "/start_engine",   "/stop_engine",         "/claim_episode",
-                               "/end_episode",       "/abort_episode", "/can_continue_episode"};
+const char* kCommandPosts[] = {"/sync_train_config",    "/start_engine",      "/stop_engine",
+                               "/claim_episode",        "/end_episode",       "/abort_episode",
+                               "/can_continue_episode", "/agree_sync_weight", "/get_episode_buffer"};
 
 TEST_F(BadInput, MalformedAndNonObjectBodiesOnEveryCommandRoute) {
   start();
@@ -390,6 +391,32 @@ TEST_F(BadInput, ConfigAndEngineStateErrors) {
   command_error("/start_engine", "{}", 409, "ENGINE.ROLLING");
   command_error("/start_engine", "", 409, "ENGINE.ROLLING");
   EXPECT_EQ(server_->engine().config()->to_yaml(), before) << "a rejected config must not replace the synced one";
+  // AgentJet's nested config: what cannot be honoured names its path.
+  command_error("/sync_train_config",
+                json({{"yaml_as_string", "ajet:\n  model:\n    path: m\n  lora:\n    lora_rank: 16\n"}}).dump(), 400,
+                "ajet.lora.lora_rank");
+  command_error("/sync_train_config", json({{"yaml_as_string", "ajet:\n  data:\n    train_batch_size: [1]\n"}}).dump(),
+                400, "ajet.data.train_batch_size");
+  // AgentJet's routes: wrong method for this config, wrong types, not a zip, wrong state.
+  command_error("/agree_sync_weight", json({{"client_uuid", kVictimClient}}).dump(), 409, "sample_collection_method");
+  command_error("/agree_sync_weight", json({{"client_uuid", 42}}).dump(), 400, "client_uuid");
+  command_error("/agree_sync_weight", json({{"client_uuid", ""}}).dump(), 400, "client_uuid");
+  command_error("/sync_train_code", "{\"zip\": true}", 400, "not a valid zip");
+  command_error("/sync_train_code", "", 400, "not a valid zip");
+  // A valid archive (one stored member, ajet/a.py, with an empty body) while ROLLING.
+  std::string zip("PK\x03\x04\x14\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\x09\0\0\0ajet/a.py", 39);
+  const uint32_t dir_offset = static_cast<uint32_t>(zip.size());
+  zip += std::string("PK\x01\x02\x14\0\x14\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\x09\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0ajet/a.py", 55);
+  zip += std::string("PK\x05\x06\0\0\0\0\x01\0\x01\0\x37\0\0\0", 16);
+  for (int i = 0; i < 4; ++i) zip.push_back(static_cast<char>((dir_offset >> (8 * i)) & 0xff));
+  zip += std::string("\0\0", 2);
+  command_error("/sync_train_code", zip, 409, "ENGINE.ROLLING");
+  json end = end_body(victim_);
+  end["declare_client_active"] = "yes";
+  command_error("/end_episode", end.dump(), 400, "declare_client_active");
+  // Nothing to replay before the first chat call of this server? The bystander has made one.
+  auto replay = post("/replay_latest_llm_call", "");
+  EXPECT_EQ(replay.status, 200) << replay.body;
   finish();
 }
 
