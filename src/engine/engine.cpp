@@ -137,10 +137,15 @@ std::string Engine::store_train_code(const std::string& zip_bytes) {
   SWARM_REQUIRE(state_ == EngineState::OFFLINE, ErrorKind::CONFLICT,
                 std::string("sync_train_code is only allowed in ENGINE.OFFLINE (engine is ") + engine_state_wire(state_) +
                     "); call stop_engine first");
-  const std::filesystem::path dir = experiment_path(config_ ? *config_ : Job{});
-  const std::filesystem::path file = std::filesystem::absolute(dir / "agentjet_code.zip").lexically_normal();
+  // AgentJet's client usually uploads before it syncs the config, so the run's directory is
+  // not known yet: the archive waits under the experiments root and start_engine copies it in.
+  const Job& job = config_ ? *config_ : Job{};
+  const std::filesystem::path file =
+      std::filesystem::absolute(std::filesystem::path(job.experiment_dir) / "agentjet_code.zip").lexically_normal();
   write_file_atomically(file, zip_bytes);
-  spdlog::info("engine: code archive of {} bytes stored as {} (kept, not run: swarm-server runs no Python)",
+  pending_code_ = file;
+  spdlog::info("engine: code archive of {} bytes stored as {}; it is copied into the experiment directory at "
+               "start_engine (kept, never run: swarm-server runs no Python)",
                zip_bytes.size(), file.string());
   return file.string();
 }
@@ -156,6 +161,13 @@ void Engine::start_engine() {
   std::error_code ec;
   const auto dir = std::filesystem::absolute(experiment_path(*config_), ec);
   experiment_dir_ = (ec ? experiment_path(*config_) : dir).lexically_normal().string();
+  if (!pending_code_.empty()) {
+    std::filesystem::create_directories(experiment_dir_, ec);
+    std::filesystem::copy_file(pending_code_, std::filesystem::path(experiment_dir_) / "agentjet_code.zip",
+                               std::filesystem::copy_options::overwrite_existing, ec);
+    if (ec) spdlog::warn("engine: could not copy {} into {}: {}", pending_code_.string(), experiment_dir_, ec.message());
+    pending_code_.clear();
+  }
   enter_locked(EngineState::BOOTING, "loading " + config_->model);
   const uint64_t epoch = epoch_;
   Job job = *config_;
@@ -470,11 +482,7 @@ AgreeResult Engine::agree_sync_weight(const std::string& client_uuid) {
                 "rollout_until_all_clients_agree_sync_weight; the synced config uses " +
                     config_->sample_collection_method);
   AgreeResult result;
-  if (state_ == EngineState::ROLLING_POST) {
-    result.success = true;  // the sync is already under way
-    return result;
-  }
-  if (state_ != EngineState::ROLLING || !pool_) {
+  if ((state_ != EngineState::ROLLING && state_ != EngineState::ROLLING_POST) || !pool_) {
     result.failure_reason = std::string("The engine is ") + engine_state_wire(state_) +
                             "; agreements count only while ENGINE.ROLLING or ENGINE.ROLLING_POST.";
     return result;

@@ -4,6 +4,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -86,9 +87,10 @@ class Engine {
   /// Any state → OFFLINE: in-flight episodes cancelled, backend released.
   void stop_engine(const std::string& reason = "stopped by a client");
 
-  /// Stores an uploaded code archive (AgentJet's sync_train_code; never run) in the synced
-  /// config's experiment directory (the defaults' when none) as agentjet_code.zip, replacing
-  /// the previous one. Only in OFFLINE (CONFLICT otherwise). Returns the file's absolute path.
+  /// Stores an uploaded code archive (AgentJet's sync_train_code; never run) as
+  /// <experiment_dir>/agentjet_code.zip (the experiments root of the synced config, or the
+  /// default root), replacing the previous one; the next start_engine copies it into the
+  /// run's experiment directory. Only in OFFLINE (CONFLICT otherwise). Returns its path.
   std::string store_train_code(const std::string& zip_bytes);
 
   ClaimResult claim_episode(const ClaimRequest& request);
@@ -160,6 +162,7 @@ class Engine {
   TimePoint rolling_left_;   // when the current step's collection ended (ROLLING_POST)
   std::optional<double> booting_since_unix_;
   std::string experiment_dir_;
+  std::filesystem::path pending_code_;  // an uploaded code archive the next start copies in
   std::string detail_ = "waiting for a config (sync_train_config) and start_engine";
   std::optional<Job> config_;
   uint64_t epoch_ = 0;  // bumped by start/stop: work from an older epoch is discarded

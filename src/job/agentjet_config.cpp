@@ -180,10 +180,24 @@ class Mapper {
   }
 
   void lengths_and_sampling() {
-    direct("data.max_prompt_length", "max_prompt_length");
     // AgentJet's per-completion cap; its data.max_response_length budgets a whole merged
     // multi-turn sample, which swarm does not cap.
     direct("rollout.max_response_length_in_one_turn", "max_response_length");
+    // A request's prompt: AgentJet answers "context exceeded" from max_model_len - (per-turn
+    // response) tokens on; data.max_prompt_length is verl's budget for the first prompt of a
+    // sample only, and later turns of a multi-turn agent grow far beyond it.
+    YAML::Node model_len = get("rollout.max_model_len");
+    YAML::Node first_prompt = get("data.max_prompt_length");
+    if (!is_null(model_len)) {
+      const int64_t len = as_int("rollout.max_model_len", model_len);
+      if (len <= job_.max_response_length)
+        bad("ajet.rollout.max_model_len", "must exceed ajet.rollout.max_response_length_in_one_turn (" +
+                                              std::to_string(job_.max_response_length) + ")");
+      set("max_prompt_length", std::to_string(len - job_.max_response_length), "ajet.rollout.max_model_len");
+      if (!is_null(first_prompt)) used_.insert("data.max_prompt_length");
+    } else {
+      direct("data.max_prompt_length", "max_prompt_length");
+    }
     if (!is_null(get("data.max_response_length")))
       warn("ajet.data.max_response_length (the token budget of a whole multi-turn sample) has no swarm "
            "counterpart and is not enforced; each completion is capped by max_response_length "

@@ -259,6 +259,10 @@ HttpResponse SwarmService::handle_command(const std::string& route, const HttpRe
     return json_response({{"input", input}, {"output", json::parse(call->response)}});
   }
   if (route == "/sync_train_code") {  // the body is the zip itself (Content-Type: application/zip)
+    const EngineState state = engine_.status().state;  // the state first, as AgentJet answers
+    if (state != EngineState::OFFLINE)
+      throw SwarmError(ErrorKind::CONFLICT, std::string("sync_train_code is only allowed in ENGINE.OFFLINE (engine is ") +
+                                                engine_state_wire(state) + "); call stop_engine first");
     check_agentjet_code_zip(request.body);
     const std::string path = engine_.store_train_code(request.body);
     return json_response({{"success", true},

@@ -895,9 +895,13 @@ def scenario_client_session(base, ow):
         bst = info["booting_start_time"]
         assert isinstance(bst, (int, float)) and booting["start"] - 5 <= bst <= booting["t"] + 1, \
             f"booting_start_time {bst!r} not within the boot ({booting['start']:.1f}..{booting['t']:.1f})"
-    with check("get_server_experiment_dir after start_engine: an absolute path"):
+    with check("get_server_experiment_dir after start_engine: an absolute path holding the uploaded code"):
         d = c1.server_experiment_dir()
         assert isinstance(d, str) and os.path.isabs(d), f"server_experiment_dir {d!r}"
+        # scenario_sync_train_code uploaded an archive before this config and start: it is
+        # copied into this run's directory (stored, never run).
+        with zipfile.ZipFile(os.path.join(d, "agentjet_code.zip")) as z:
+            assert "ajet/copilot/job.py" in z.namelist(), z.namelist()
     with check("sync_train_config while ROLLING: 409 with detail"):
         r = c1.http.post("/sync_train_config", {"yaml_as_string": yaml_as_string(cfg)}).expect(409)
         r.detail()

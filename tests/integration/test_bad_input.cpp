@@ -401,8 +401,9 @@ TEST_F(BadInput, ConfigAndEngineStateErrors) {
   command_error("/agree_sync_weight", json({{"client_uuid", kVictimClient}}).dump(), 409, "sample_collection_method");
   command_error("/agree_sync_weight", json({{"client_uuid", 42}}).dump(), 400, "client_uuid");
   command_error("/agree_sync_weight", json({{"client_uuid", ""}}).dump(), 400, "client_uuid");
-  command_error("/sync_train_code", "{\"zip\": true}", 400, "not a valid zip");
-  command_error("/sync_train_code", "", 400, "not a valid zip");
+  // Outside OFFLINE the state is the answer, whatever the body (AgentJet checks it first).
+  command_error("/sync_train_code", "{\"zip\": true}", 409, "ENGINE.ROLLING");
+  command_error("/sync_train_code", "", 409, "ENGINE.ROLLING");
   // A valid archive (one stored member, ajet/a.py, with an empty body) while ROLLING.
   std::string zip("PK\x03\x04\x14\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\x09\0\0\0ajet/a.py", 39);
   const uint32_t dir_offset = static_cast<uint32_t>(zip.size());

@@ -371,7 +371,7 @@ TEST(AgentJetConfig, MapsTheKeysThatMeanSomethingHere) {
   EXPECT_EQ(job.num_repeat, 4);
   EXPECT_EQ(job.max_parallel_episodes, 20);  // min(8, ceil(20 / 4)) x 4
   EXPECT_EQ(job.max_cached_episodes, 9999);
-  EXPECT_EQ(job.max_prompt_length, 3000);
+  EXPECT_EQ(job.max_prompt_length, 18000 - 4096);  // every turn's prompt: max_model_len - one turn's response
   EXPECT_EQ(job.max_response_length, 4096);  // per completion: max_response_length_in_one_turn
   EXPECT_DOUBLE_EQ(job.temperature, 0.9);
   EXPECT_EQ(job.top_k, -1);
@@ -393,7 +393,8 @@ TEST(AgentJetConfig, MapsTheKeysThatMeanSomethingHere) {
   // verl's sections are read by nobody (AgentJet overwrites them from ajet.* itself).
   for (const char* section : {"actor_rollout_ref", "data", "trainer", "defaults", "hydra"})
     EXPECT_TRUE(contains(report.ignored, section)) << section;
-  EXPECT_TRUE(contains(report.ignored, "ajet.rollout.max_model_len"));
+  EXPECT_EQ(mapped_to(report, "max_prompt_length")->from, "ajet.rollout.max_model_len");
+  EXPECT_FALSE(contains(report.ignored, "ajet.data.max_prompt_length"));
   EXPECT_TRUE(contains(report.ignored, "ajet.interchange_server.interchange_server_port"));
   EXPECT_FALSE(contains(report.ignored, "ajet.data.train_batch_size"));
   // Honoured differently, so said: the GPU count, the epochs, the whole-sample budget.
@@ -422,6 +423,10 @@ TEST(AgentJetConfig, RefusesWhatItCannotHonourNamingTheKey) {
                                     "swarm_mode_sample_collection_method: rollout_until_bored"),
                       {"ajet.swarm_mode_sample_collection_method", "rollout_until_bored"});
   expect_config_error(agentjet_with("    path: /models/qwen", "    path: null"), {"ajet.model.path", "required"});
+  expect_config_error(agentjet_with("max_model_len: 18000", "max_model_len: 4000"),
+                      {"ajet.rollout.max_model_len", "max_response_length_in_one_turn"});
+  // Without max_model_len the first-prompt budget is the best there is.
+  EXPECT_EQ(Job::from_yaml(agentjet_with("    max_model_len: 18000\n", "")).max_prompt_length, 3000);
 }
 
 TEST(AgentJetConfig, OurOwnKeysGoUnderSwarm) {
