@@ -4,6 +4,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace swarm {
 
@@ -24,6 +25,10 @@ struct WorkflowOutput {
   std::optional<bool> is_success;
   std::string metadata_json = "{}";           // a JSON object, kept as text
   std::map<std::string, double> log_metrics;  // reported as metrics
+  /// One reward per turn (AgentJet's list `reward`), kept with reward null: the episode is
+  /// recorded in the pool information (`turn_reward_episodes`) but not trained on until
+  /// per-turn rewards are.
+  std::vector<double> turn_rewards;
 };
 
 }  // namespace swarm

@@ -127,6 +127,9 @@ JobConfigReport Engine::sync_train_config(const std::string& yaml) {
     spdlog::info("engine: AgentJet config: {} keys mapped, {} ignored (docs/agentjet.md)", report.mapped.size(),
                  report.ignored.size());
     for (const auto& m : report.mapped) spdlog::debug("engine: config {} -> {} = {}", m.from, m.to, m.value);
+    std::string ignored;
+    for (const auto& path : report.ignored) ignored += (ignored.empty() ? "" : ", ") + path;
+    spdlog::debug("engine: config ignored: {}", ignored);
     for (const auto& w : report.warnings) spdlog::warn("engine: config: {}", w);
   }
   return report;

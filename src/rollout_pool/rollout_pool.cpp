@@ -218,6 +218,13 @@ EndOutcome RolloutPool::end_episode(const std::string& client_uuid,
     if (declare_client_active) register_active_client_locked(client_uuid);
     if (!output.reward) {
       counters_.ended_without_reward++;
+      if (!output.turn_rewards.empty()) {
+        counters_.ended_with_turn_rewards++;
+        TurnRewardEpisode kept{episode_uuid, client_uuid, task_id, output.turn_rewards};
+        if (kept.turn_rewards.size() > config_.max_turn_rewards) kept.turn_rewards.resize(config_.max_turn_rewards);
+        turn_reward_episodes_.push_back(std::move(kept));
+        while (turn_reward_episodes_.size() > config_.turn_reward_history) turn_reward_episodes_.pop_front();
+      }
       free_slot_locked(episode_uuid, true);
       outcome.accepted = false;
       outcome.note = "episode " + episode_uuid +
@@ -451,6 +458,7 @@ PoolSnapshot RolloutPool::snapshot() const {
   }
   std::sort(snap.active_clients.begin(), snap.active_clients.end(),
             [](const ActiveClientInfo& a, const ActiveClientInfo& b) { return a.seconds_idle < b.seconds_idle; });
+  snap.turn_reward_episodes.assign(turn_reward_episodes_.begin(), turn_reward_episodes_.end());
   snap.recent_rewards.assign(recent_rewards_.begin(), recent_rewards_.end());
   snap.eval_metrics["eval/episodes"] = static_cast<double>(eval_episodes_);
   if (eval_reward_.count > 0) {
@@ -693,6 +701,7 @@ constexpr std::pair<const char*, int64_t PoolCounters::*> kCounterFields[] = {
     {"ended", &PoolCounters::ended},
     {"ended_eval", &PoolCounters::ended_eval},
     {"ended_without_reward", &PoolCounters::ended_without_reward},
+    {"ended_with_turn_rewards", &PoolCounters::ended_with_turn_rewards},
     {"aborted", &PoolCounters::aborted},
     {"timed_out", &PoolCounters::timed_out},
     {"cancelled", &PoolCounters::cancelled},

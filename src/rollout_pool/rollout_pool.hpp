@@ -28,6 +28,8 @@ struct PoolConfig {
   size_t reward_history = 256;          // recent rewards kept for the monitor
   double client_active_seconds = 600.0; // an active client expires after this long idle
   size_t max_active_clients = 4096;     // bounded: the least recently active go first
+  size_t turn_reward_history = 64;      // per-turn-reward episodes kept for the pool information
+  size_t max_turn_rewards = 1024;       // values kept per such episode
 };
 
 struct ClaimRequest {
@@ -101,12 +103,21 @@ struct AgreeResult {
   std::string failure_reason;  // empty on success
 };
 
+/// An episode that ended with one reward per turn instead of one reward (not trained yet).
+struct TurnRewardEpisode {
+  std::string episode_uuid;
+  std::string client_uuid;
+  std::string task_id;
+  std::vector<double> turn_rewards;
+};
+
 /// Monotonic counters since the pool was created.
 struct PoolCounters {
   int64_t claimed = 0;
   int64_t ended = 0;              // accepted end_episode (train + eval)
   int64_t ended_eval = 0;
   int64_t ended_without_reward = 0;
+  int64_t ended_with_turn_rewards = 0;  // of those, the ones that sent a reward per turn
   int64_t aborted = 0;
   int64_t timed_out = 0;
   int64_t cancelled = 0;          // by cancel_all (stop_engine)
@@ -138,6 +149,7 @@ struct PoolSnapshot {
   std::vector<RunningEpisodeInfo> running_episodes;
   std::vector<TaskGroupInfo> tasks;
   std::vector<ActiveClientInfo> active_clients;  // most recently active first
+  std::vector<TurnRewardEpisode> turn_reward_episodes;  // the latest ones, oldest first
   std::vector<double> recent_rewards;     // train rewards, oldest first
   std::map<std::string, double> eval_metrics;  // eval reward mean etc. since last batch
   PoolCounters counters;
@@ -280,6 +292,7 @@ class RolloutPool {
     bool allowed_sync_weight = false;
   };
   std::map<std::string, ActiveClient> active_clients_;
+  std::deque<TurnRewardEpisode> turn_reward_episodes_;  // bounded by turn_reward_history
   PoolCounters counters_;
 };
 

@@ -52,6 +52,13 @@ void add_agentjet_fields(json& out, const EngineSnapshot& st, const PoolSnapshot
                       {"last_activity_at", now - c.seconds_idle},
                       {"allowed_sync_weight", c.allowed_sync_weight}});
   out["swarm_client_instruction"] = {{"active_clients", active}};
+  json turns = json::array();
+  for (const auto& e : pool.turn_reward_episodes)
+    turns.push_back({{"episode_uuid", e.episode_uuid},
+                     {"client_uuid", e.client_uuid},
+                     {"task_id", e.task_id},
+                     {"turn_rewards", e.turn_rewards}});
+  out["turn_reward_episodes"] = std::move(turns);
 }
 
 }  // namespace

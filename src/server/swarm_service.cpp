@@ -148,6 +148,7 @@ ParsedOutput parse_workflow_output(const json& body) {
                          "field 'workflow_output.reward' must be a number, a list of finite numbers or null");
     }
     parsed.list_reward_size = reward->size();
+    for (const json& x : *reward) out.turn_rewards.push_back(x.get<double>());
   } else {
     out.reward = optional_number(*wo, "reward");
   }
@@ -331,8 +332,8 @@ HttpResponse SwarmService::handle_command(const std::string& route, const HttpRe
         engine_.end_episode(client, episode, task_id, parsed.output, optional_bool(body, "declare_client_active").value_or(true));
     if (parsed.list_reward_size && !outcome.accepted) {
       outcome.note = "episode " + episode + " sent a list reward (" + std::to_string(*parsed.list_reward_size) +
-                     " values, one per turn); per-turn rewards are not trained yet, so it was dropped and will "
-                     "not be trained on";
+                     " values, one per turn); per-turn rewards are not trained yet: it is kept in the pool "
+                     "information (turn_reward_episodes) and will not be trained on";
     }
     json out = {{"success", true}, {"accepted", outcome.accepted}};
     if (!outcome.note.empty()) out["note"] = outcome.note;

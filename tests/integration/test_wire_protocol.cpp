@@ -435,8 +435,15 @@ TEST(WireProtocol, AgentJetShapedWorkflowOutputs) {
   EXPECT_EQ(list_reward["success"], true) << list_reward.dump();
   EXPECT_EQ(list_reward["accepted"], false) << list_reward.dump();
   EXPECT_NE(list_reward.value("note", "").find("list reward (3 values"), std::string::npos) << list_reward.dump();
-  json counters = get_json(c, "/get_current_batch_rollout_pool_information")["counters"];
-  EXPECT_EQ(counters["ended_without_reward"], 1) << counters.dump();
+  json info = get_json(c, "/get_current_batch_rollout_pool_information");
+  EXPECT_EQ(info["counters"]["ended_without_reward"], 1) << info.dump();
+  EXPECT_EQ(info["counters"]["ended_with_turn_rewards"], 1) << info.dump();
+  // Kept (for per-turn training later), not trained: no task group has it.
+  ASSERT_EQ(info["turn_reward_episodes"].size(), 1u) << info.dump();
+  EXPECT_EQ(info["turn_reward_episodes"][0]["episode_uuid"], t.episode_uuid);
+  EXPECT_EQ(info["turn_reward_episodes"][0]["task_id"], "t1");
+  EXPECT_EQ(info["turn_reward_episodes"][0]["turn_rewards"], json({1.0, 0.0, 0.5}));
+  EXPECT_EQ(info["completed_episodes"], 0) << info.dump();
 
   // Still refused: a list with something other than numbers, a top-level string metric.
   Claimed u = claim(c, "train-client", port);
