@@ -28,12 +28,7 @@ std::string scalar_text(const YAML::Node& n) { return n.IsScalar() ? n.Scalar() 
 void collect_leaves(const YAML::Node& node, const std::string& path, std::map<std::string, YAML::Node>& out) {
   if (node.IsMap() && node.size() > 0) {
     for (const auto& kv : node) {
-      std::string key;
-      try {
-        key = kv.first.as<std::string>();
-      } catch (const YAML::Exception&) {
-        bad(path.empty() ? "ajet" : "ajet." + path, "has a non-string key");
-      }
+      const std::string key = job_keys::key_text(kv.first);
       collect_leaves(kv.second, path.empty() ? key : path + "." + key, out);
     }
     return;
@@ -323,7 +318,7 @@ class Mapper {
     if (!own) return;
     if (!own.IsMap()) bad("swarm", "must be a mapping of swarm config keys (docs/configuration.md)");
     for (const auto& kv : own) {
-      const std::string key = kv.first.as<std::string>();
+      const std::string key = job_keys::key_text(kv.first);
       if (!job_keys::known(key)) bad("swarm." + key, "unknown key (see docs/configuration.md for the valid keys)");
       job_keys::set(job_, key, kv.second, "swarm." + key);
       record(key, "swarm." + key);
@@ -358,12 +353,7 @@ Job load_agentjet_config(const YAML::Node& root, JobConfigReport& report) {
   report = JobConfigReport{};
   report.format = "agentjet";
   for (const auto& kv : root) {
-    std::string key;
-    try {
-      key = kv.first.as<std::string>();
-    } catch (const YAML::Exception&) {
-      throw ConfigError("config has a non-string key");
-    }
+    const std::string key = job_keys::key_text(kv.first);
     // verl's sections (overwritten from ajet.* by AgentJet itself), `defaults`, `hydra`.
     if (key != "ajet" && key != "swarm") report.ignored.push_back(key);
   }

@@ -192,6 +192,14 @@ void require_one_of(const std::string& key, const std::string& value, std::initi
 
 namespace job_keys {
 
+std::string key_text(const YAML::Node& key) {
+  try {
+    return key.as<std::string>();
+  } catch (const YAML::Exception&) {
+    throw ConfigError("config has a non-string key");
+  }
+}
+
 bool known(const std::string& key) { return find_field(key) != nullptr; }
 
 void set(Job& job, const std::string& key, const YAML::Node& value, const std::string& shown_as) {
@@ -235,12 +243,7 @@ Job Job::from_yaml(const std::string& yaml_text, JobConfigReport* report) {
   if (report) *report = JobConfigReport{};
   std::set<std::string> seen;
   for (const auto& kv : root) {
-    std::string key;
-    try {
-      key = kv.first.as<std::string>();
-    } catch (const YAML::Exception&) {
-      throw ConfigError("config has a non-string key");
-    }
+    const std::string key = job_keys::key_text(kv.first);
     if (!seen.insert(key).second) bad(key, "appears twice");
     const Field* field = find_field(key);
     if (!field) bad(key, "unknown key (see docs/configuration.md for the valid keys)");

@@ -10,6 +10,8 @@
 
 namespace swarm::job_keys {
 
+/// A mapping key as text; ConfigError("config has a non-string key") otherwise.
+std::string key_text(const YAML::Node& key);
 /// True when `key` is one of the flat keys.
 bool known(const std::string& key);
 /// Parses `value` as `key`'s type into `job`. ConfigError naming `shown_as` (the key as the
