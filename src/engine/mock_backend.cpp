@@ -67,19 +67,23 @@ std::string content_text(const nlohmann::ordered_json& content, size_t index) {
 }
 
 // The last user turn (chat prompts) or the last line of a plain prompt.
+// The text of the last user or tool message: an agent scripts a tool call by sending
+// `<tool_call>{...}</tool_call>` as its user message, and the tool's result comes back as the
+// final answer (a two-turn tool loop).
 std::string echo_source(const std::vector<TokenId>& prompt) {
-  static const std::string kUser = "user\n";
   for (size_t i = prompt.size(); i-- > 0;) {
     if (prompt[i] != MockBackend::kImStart) continue;
-    size_t j = i + 1;
-    bool match = j + kUser.size() <= prompt.size();
-    for (size_t k = 0; match && k < kUser.size(); ++k)
-      match = prompt[j + k] == static_cast<unsigned char>(kUser[k]);
-    if (!match) continue;
-    std::string out;
-    for (size_t k = j + kUser.size(); k < prompt.size() && prompt[k] != MockBackend::kImEnd; ++k)
-      if (prompt[k] < 256) out += static_cast<char>(prompt[k]);
-    return out;
+    for (const std::string role : {"user\n", "tool\n"}) {
+      size_t j = i + 1;
+      bool match = j + role.size() <= prompt.size();
+      for (size_t k = 0; match && k < role.size(); ++k)
+        match = prompt[j + k] == static_cast<unsigned char>(role[k]);
+      if (!match) continue;
+      std::string out;
+      for (size_t k = j + role.size(); k < prompt.size() && prompt[k] != MockBackend::kImEnd; ++k)
+        if (prompt[k] < 256) out += static_cast<char>(prompt[k]);
+      return out;
+    }
   }
   std::string text;
   for (TokenId id : prompt)

@@ -11,7 +11,7 @@ namespace swarm {
 /// libtorch. Tokenizer: ids 0–255 are bytes, 256 <|endoftext|>, 257 <|im_start|>,
 /// 258 <|im_end|>; chat template in the ChatML style.
 ///
-/// Generation echoes the last user message with some letters replaced by random ones;
+/// Generation echoes the last user or tool message with some letters replaced by random ones;
 /// the replacement rate falls with each policy version, so rewards that measure
 /// faithfulness rise across weight-sync cycles (a simulated learner, nothing more).
 /// Output depends only on (prompt ids, seed, choice index, policy version), so equal

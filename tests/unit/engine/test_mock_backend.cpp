@@ -96,6 +96,29 @@ TEST_F(MockBackendTest, GreedyEchoesExactly) {
   EXPECT_EQ(r->result->choices[0].text, "exact copy");
 }
 
+// A scripted tool loop: the user's text is the tool call, the tool's result the answer.
+TEST(MockBackend, EchoesTheLastUserOrToolMessage) {
+  MockBackend backend;
+  Job job;
+  job.model = "m";
+  backend.boot(job, std::stop_token{});
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = 200;
+  const std::string call = R"(<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>)";
+  auto msgs = nlohmann::json::array({{{"role", "user"}, {"content", call}}});
+  auto obs = std::make_shared<Collect>();
+  backend.generate({backend.render_chat(msgs, nullptr, true), p}, obs);
+  ASSERT_TRUE(obs->result) << (obs->error ? obs->error->second : "");
+  EXPECT_EQ(obs->result->choices[0].text, call);
+  msgs.push_back({{"role", "assistant"}, {"content", call}});
+  msgs.push_back({{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "5"}});
+  obs = std::make_shared<Collect>();
+  backend.generate({backend.render_chat(msgs, nullptr, true), p}, obs);
+  ASSERT_TRUE(obs->result) << (obs->error ? obs->error->second : "");
+  EXPECT_EQ(obs->result->choices[0].text, "5");
+}
+
 TEST_F(MockBackendTest, CorruptionFallsWithPolicyVersion) {
   EXPECT_GT(MockBackend::corruption_rate(0, 1.0), MockBackend::corruption_rate(1, 1.0));
   EXPECT_GT(MockBackend::corruption_rate(1, 1.0), MockBackend::corruption_rate(5, 1.0));
