@@ -36,7 +36,98 @@ struct RequestOptions {
   bool stream = false;
   bool include_usage = false;
   bool return_token_ids = false;
+  // chat only
+  bool tool_choice_none = false;   // tool_choice "none": tools are rendered, calls not parsed
+  bool parallel_tool_calls = true; // false: at most the first call is returned
 };
+
+// The tool fields of a chat request, validated as strictly as the rest (issue 20): every
+// error names the field.
+void parse_tool_options(const json& body, RequestOptions& o) {
+  std::vector<std::string> names;
+  if (auto it = body.find("tools"); it != body.end() && !it->is_null()) {
+    SWARM_REQUIRE(it->is_array(), ErrorKind::INVALID_ARGUMENT, "field 'tools' must be an array");
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& t = (*it)[i];
+      const std::string at = "tools[" + std::to_string(i) + "]";
+      SWARM_REQUIRE(t.is_object(), ErrorKind::INVALID_ARGUMENT, "field '" + at + "' must be an object");
+      auto type = t.find("type");
+      SWARM_REQUIRE(type == t.end() || (type->is_string() && *type == "function"), ErrorKind::INVALID_ARGUMENT,
+                    "field '" + at + ".type' must be \"function\"");
+      auto fn = t.find("function");
+      SWARM_REQUIRE(fn != t.end() && fn->is_object(), ErrorKind::INVALID_ARGUMENT,
+                    "field '" + at + ".function' must be an object");
+      auto name = fn->find("name");
+      SWARM_REQUIRE(name != fn->end() && name->is_string() && !name->get<std::string>().empty(),
+                    ErrorKind::INVALID_ARGUMENT, "field '" + at + ".function.name' must be a non-empty string");
+      names.push_back(name->get<std::string>());
+    }
+  }
+  if (auto it = body.find("tool_choice"); it != body.end() && !it->is_null()) {
+    if (it->is_string()) {
+      const std::string c = it->get<std::string>();
+      SWARM_REQUIRE(c == "auto" || c == "none" || c == "required", ErrorKind::INVALID_ARGUMENT,
+                    "field 'tool_choice' must be \"auto\", \"none\", \"required\" or a function");
+      SWARM_REQUIRE(c != "required", ErrorKind::INVALID_ARGUMENT,
+                    "field 'tool_choice': \"required\" is not supported yet (it needs constrained decoding); use "
+                    "\"auto\"");
+      o.tool_choice_none = c == "none";
+    } else {
+      SWARM_REQUIRE(it->is_object(), ErrorKind::INVALID_ARGUMENT,
+                    "field 'tool_choice' must be \"auto\", \"none\", \"required\" or a function");
+      auto fn = it->find("function");
+      SWARM_REQUIRE(fn != it->end() && fn->is_object() && fn->contains("name") && (*fn)["name"].is_string(),
+                    ErrorKind::INVALID_ARGUMENT, "field 'tool_choice.function.name' must be a string");
+      const std::string name = (*fn)["name"].get<std::string>();
+      SWARM_REQUIRE(std::find(names.begin(), names.end(), name) != names.end(), ErrorKind::INVALID_ARGUMENT,
+                    "field 'tool_choice' names function '" + name + "', which is not in 'tools'");
+      throw SwarmError(ErrorKind::INVALID_ARGUMENT,
+                       "field 'tool_choice': naming a function is not supported yet (it needs constrained decoding); "
+                       "use \"auto\"");
+    }
+  }
+  o.parallel_tool_calls = optional_bool(body, "parallel_tool_calls").value_or(true);
+  if (auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
+    SWARM_REQUIRE(it->is_object() && it->contains("type") && (*it)["type"].is_string(), ErrorKind::INVALID_ARGUMENT,
+                  "field 'response_format' must be an object with a string 'type'");
+    const std::string type = (*it)["type"].get<std::string>();
+    SWARM_REQUIRE(type == "text" || type == "json_object" || type == "json_schema", ErrorKind::INVALID_ARGUMENT,
+                  "field 'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"");
+  }
+  if (auto it = body.find("chat_template_kwargs"); it != body.end() && !it->is_null())
+    SWARM_REQUIRE(it->is_object(), ErrorKind::INVALID_ARGUMENT, "field 'chat_template_kwargs' must be an object");
+  const json& messages = body.at("messages");
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const json& m = messages[i];
+    if (!m.is_object() || !m.contains("role") || m["role"] != "tool") continue;
+    auto id = m.find("tool_call_id");
+    SWARM_REQUIRE(id != m.end() && id->is_string(), ErrorKind::INVALID_ARGUMENT,
+                  "field 'messages[" + std::to_string(i) + "].tool_call_id' must be a string (a tool message answers "
+                  "a tool call)");
+  }
+}
+
+// The text of a message's content: a string; null → ""; a list of parts → the text of its
+// text parts, concatenated (so no role ever renders a list literal).
+nlohmann::ordered_json content_as_text(const nlohmann::ordered_json& content) {
+  if (content.is_string()) return content;
+  if (!content.is_array()) return "";
+  std::string text;
+  for (const auto& part : content)
+    if (part.is_object() && part.contains("text") && part["text"].is_string()) text += part["text"].get<std::string>();
+  return text;
+}
+
+// As vLLM and SGLang do before rendering: a null (or missing) content becomes "" — an
+// assistant turn that only calls tools has content null, and templates test
+// `'</think>' in message.content` — and a list of parts becomes its text.
+void normalize_messages(nlohmann::ordered_json& messages) {
+  for (auto& m : messages) {
+    if (!m.is_object()) continue;
+    auto it = m.find("content");
+    if (it == m.end() || it->is_null() || it->is_array()) m["content"] = content_as_text(it == m.end() ? nullptr : *it);
+  }
+}
 
 RequestOptions parse_options(const json& body, OpenAIKind kind, const Job& job) {
   RequestOptions o;
@@ -407,11 +498,11 @@ void serve_generation(Engine& engine, Metrics& metrics, OpenAIKind kind, const H
       auto messages = body.find("messages");
       SWARM_REQUIRE(messages != body.end() && messages->is_array(), ErrorKind::INVALID_ARGUMENT,
                     messages == body.end() ? "missing required field 'messages'" : "field 'messages' must be an array");
-      SWARM_REQUIRE(!body.contains("tools") || body["tools"].is_null() || body["tools"].is_array(),
-                    ErrorKind::INVALID_ARGUMENT, "field 'tools' must be an array");
+      parse_tool_options(body, options);
       // Parsed again keeping key order: templates print tools / tool-call arguments with
       // `tojson`, and Python keeps the order the agent sent.
-      const auto ordered = nlohmann::ordered_json::parse(request.body);
+      auto ordered = nlohmann::ordered_json::parse(request.body);
+      normalize_messages(ordered["messages"]);
       const nlohmann::ordered_json tools = ordered.contains("tools") ? ordered["tools"] : nlohmann::ordered_json();
       prompt = lease.backend->render_chat(ordered["messages"], tools, /*add_generation_prompt=*/true);
     } else {

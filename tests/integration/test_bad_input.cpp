@@ -309,6 +309,28 @@ TEST_F(BadInput, WrongTypesAreRejectedNamingTheField) {
   chat_error(victim_, {{"messages", json::array({"hi"})}}, 400, "messages[0]");
   chat_error(victim_, {{"messages", json::array({{{"role", "wizard"}, {"content", "hi"}}})}}, 400, "role");
   chat_error(victim_, {{"messages", msgs}, {"n", 0}}, 400, "'n'");
+  // Tool fields (issue 20): each error names the field.
+  const json tool = {{"type", "function"}, {"function", {{"name", "add"}, {"parameters", json::object()}}}};
+  chat_error(victim_, {{"messages", msgs}, {"tools", "add"}}, 400, "'tools'");
+  chat_error(victim_, {{"messages", msgs}, {"tools", json::array({nullptr})}}, 400, "tools[0]");
+  chat_error(victim_, {{"messages", msgs}, {"tools", json::array({{{"type", "function"}, {"function", json::object()}}})}},
+             400, "tools[0].function.name");
+  chat_error(victim_, {{"messages", msgs}, {"tools", json::array({tool})}, {"tool_choice", 5}}, 400, "tool_choice");
+  chat_error(victim_, {{"messages", msgs}, {"tools", json::array({tool})}, {"tool_choice", "always"}}, 400,
+             "tool_choice");
+  chat_error(victim_, {{"messages", msgs}, {"tools", json::array({tool})}, {"tool_choice", "required"}}, 400,
+             "constrained decoding");
+  chat_error(victim_,
+             {{"messages", msgs},
+              {"tools", json::array({tool})},
+              {"tool_choice", {{"type", "function"}, {"function", {{"name", "mul"}}}}}},
+             400, "'mul'");
+  chat_error(victim_, {{"messages", msgs}, {"parallel_tool_calls", "yes"}}, 400, "parallel_tool_calls");
+  chat_error(victim_, {{"messages", msgs}, {"response_format", "json"}}, 400, "response_format");
+  chat_error(victim_, {{"messages", msgs}, {"response_format", {{"type", "yaml"}}}}, 400, "response_format.type");
+  chat_error(victim_, {{"messages", msgs}, {"chat_template_kwargs", json::array()}}, 400, "chat_template_kwargs");
+  chat_error(victim_, {{"messages", json::array({{{"role", "user"}, {"content", "hi"}}, {{"role", "tool"}, {"content", "5"}}})}},
+             400, "messages[1].tool_call_id");
   chat_error(victim_, {{"messages", msgs}, {"max_tokens", -5}}, 400, "max_tokens");
   chat_error(victim_, {{"messages", msgs}, {"top_logprobs", 2}}, 400, "top_logprobs");
   chat_error(victim_, {{"messages", msgs}, {"stream", "yes"}}, 400, "stream");

@@ -572,6 +572,32 @@ TEST(WireProtocol, SilentStreamsGetKeepAliveComments) {
   EXPECT_EQ(replay["output"]["choices"][0]["message"]["content"], "slow") << replay.dump();
 }
 
+// Turn 2 of every OpenAI-SDK / LangChain tool loop: the assistant turn that called a tool
+// comes back with content null, the tool's answer may be a list of text parts.
+TEST(WireProtocol, ToolLoopMessagesRender) {
+  TestServer server;
+  HttpClient c(server.url());
+  EXPECT_EQ(post_json(c, "/sync_train_config", {{"yaml_as_string", kConfig}})["success"], true);
+  EXPECT_EQ(post_json(c, "/start_engine", json::object())["success"], true);
+  ASSERT_TRUE(poll_engine_status(c, "ENGINE.ROLLING"));
+  Claimed a = claim(c, "client-a", server.port());
+  HttpClient llm(a.base_url);
+  const json call = {{"id", "call_1"}, {"type", "function"}, {"function", {{"name", "add"}, {"arguments", "{\"a\":2}"}}}};
+  json req = {{"model", "m"},
+              {"temperature", 0},
+              {"tools", json::array({{{"type", "function"}, {"function", {{"name", "add"}}}}})},
+              {"tool_choice", "auto"},
+              {"parallel_tool_calls", false},
+              {"messages",
+               json::array({{{"role", "user"}, {"content", "add 2"}},
+                            {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", json::array({call})}},
+                            {{"role", "tool"},
+                             {"tool_call_id", "call_1"},
+                             {"content", json::array({{{"type", "text"}, {"text", "4"}}, {{"type", "text"}, {"text", "2"}}})}}})}};
+  json r = post_json(llm, "/chat/completions", req, 200, bearer(a));
+  EXPECT_EQ(r["choices"][0]["message"]["content"], "42") << r.dump();  // the mock answers with the tool's text
+}
+
 TEST(WireProtocol, StartAndStopAcceptAnEmptyBodyAsPythonRequestsSendsIt) {
   TestServer server;
   HttpClient c(server.url());
