@@ -48,6 +48,9 @@ struct Job {
   double temperature = 1.0;
   double top_p = 1.0;
   int64_t top_k = -1;
+  // --- chat output parsing (docs/openai_api.md)
+  std::string tool_call_parser = "auto";  // auto | hermes | llama3_json | none
+  std::string reasoning_parser = "auto";  // auto | think | none
   // --- optimisation
   double learning_rate = 1e-6;
   std::string lr_schedule = "constant";

@@ -63,6 +63,17 @@ class Backend {
   /// request's key order, so `tojson` in a template prints what the agent sent.
   virtual std::vector<TokenId> render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                                            bool add_generation_prompt) const;
+  /// render_chat with extra template variables (a request's `chat_template_kwargs`, e.g.
+  /// {"enable_thinking": false}). The default ignores them (the mock's template has none).
+  virtual std::vector<TokenId> render_chat_with_kwargs(const nlohmann::ordered_json& messages,
+                                                       const nlohmann::ordered_json& tools, bool add_generation_prompt,
+                                                       const nlohmann::ordered_json& template_kwargs) const {
+    (void)template_kwargs;
+    return render_chat(messages, tools, add_generation_prompt);
+  }
+  /// The chat template's source text ("" when there is none): tool-call and reasoning
+  /// formats are detected from it (tool_call_parser / reasoning_parser `auto`).
+  virtual std::string chat_template_source() const { return ""; }
   /// A plain-text prompt → ids, as the model's tokenizer encodes a prompt (the torch engine
   /// adds BOS when the tokenizer config says so; the mock adds nothing).
   virtual std::vector<TokenId> encode(const std::string& text) const;

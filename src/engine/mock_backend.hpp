@@ -30,6 +30,10 @@ class MockBackend : public Backend {
 
   std::vector<TokenId> render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                                    bool add_generation_prompt) const override;
+  /// Names the mock's convention for format detection: tool calls as hermes-style
+  /// `<tool_call>` blocks (reasoning_parser auto finds no `<think>`: set it to think to
+  /// split a scripted reasoning block).
+  std::string chat_template_source() const override { return "mock ChatML; tool calls: <tool_call> ... </tool_call>"; }
   std::vector<TokenId> encode(const std::string& text) const override;
   std::string decode(const std::vector<TokenId>& ids) const override;
   std::string token_text(TokenId id) const override;

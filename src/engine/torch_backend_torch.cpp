@@ -208,6 +208,14 @@ class TorchBackend final : public Backend {
 
   std::vector<TokenId> render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                                    bool add_generation_prompt) const override {
+    return render_chat_with_kwargs(messages, tools, add_generation_prompt, nlohmann::ordered_json::object());
+  }
+
+  std::string chat_template_source() const override { return chat_template_ ? chat_template_->source() : ""; }
+
+  std::vector<TokenId> render_chat_with_kwargs(const nlohmann::ordered_json& messages,
+                                               const nlohmann::ordered_json& tools, bool add_generation_prompt,
+                                               const nlohmann::ordered_json& template_kwargs) const override {
     SWARM_REQUIRE(chat_template_.has_value(), ErrorKind::INVALID_ARGUMENT,
                   "this model has no chat template (" + chat_template_error_ + "); use /v1/completions");
     SWARM_REQUIRE(messages.is_array() && !messages.empty(), ErrorKind::INVALID_ARGUMENT,
@@ -217,7 +225,9 @@ class TorchBackend final : public Backend {
       SWARM_REQUIRE(m.is_object() && m.contains("role") && m["role"].is_string(), ErrorKind::INVALID_ARGUMENT,
                     "messages[" + std::to_string(i) + "] must be an object with a string 'role'");
     }
-    const std::string text = chat_template_->render(messages, tools, add_generation_prompt);
+    const std::string text = chat_template_->render(
+        messages, tools, add_generation_prompt,
+        template_kwargs.is_object() ? template_kwargs : nlohmann::ordered_json::object());
     // As Hugging Face's apply_chat_template(tokenize=True): the template already wrote any BOS.
     return tokenizer_->encode(text, /*add_special_tokens=*/false);
   }

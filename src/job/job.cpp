@@ -58,6 +58,13 @@ const std::vector<Field>& field_table() {
       {"temperature", &Job::temperature, "Default sampling temperature when a request gives none."},
       {"top_p", &Job::top_p, "Default nucleus sampling threshold."},
       {"top_k", &Job::top_k, "Default top-k; -1 disables."},
+      {"tool_call_parser", &Job::tool_call_parser,
+       "How tool calls are read from generated chat text: hermes (<tool_call>{json}</tool_call>, "
+       "Qwen), llama3_json (Llama 3 JSON calls), none (left in content), or auto (from the chat "
+       "template)."},
+      {"reasoning_parser", &Job::reasoning_parser,
+       "How reasoning is split from chat answers: think (<think>...</think> into "
+       "reasoning_content), none, or auto (think when the chat template uses it)."},
       {"learning_rate", &Job::learning_rate, "AdamW learning rate."},
       {"lr_schedule", &Job::lr_schedule, "constant, or cosine (after lr_warmup_steps of linear warm-up)."},
       {"lr_warmup_steps", &Job::lr_warmup_steps, "Linear warm-up steps."},
@@ -320,6 +327,8 @@ void Job::validate() const {
   if (top_k < -1 || top_k == 0) bad("top_k", "must be -1 (off) or >= 1");
   if (learning_rate <= 0) bad("learning_rate", "must be > 0");
   require_one_of("lr_schedule", lr_schedule, {"constant", "cosine"});
+  require_one_of("tool_call_parser", tool_call_parser, {"auto", "hermes", "llama3_json", "none"});
+  require_one_of("reasoning_parser", reasoning_parser, {"auto", "think", "none"});
   if (lr_warmup_steps < 0) bad("lr_warmup_steps", "must be >= 0");
   if (weight_decay < 0) bad("weight_decay", "must be >= 0");
   if (grad_clip < 0) bad("grad_clip", "must be >= 0");

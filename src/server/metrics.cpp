@@ -66,6 +66,9 @@ std::string Metrics::render(const EngineSnapshot& st, const PoolSnapshot& pool,
   header("swarm_tokens_total", "counter", "Tokens processed by the OpenAI endpoint.");
   out += fmt::format("swarm_tokens_total{{kind=\"prompt\"}} {}\n", prompt_tokens_.load());
   out += fmt::format("swarm_tokens_total{{kind=\"completion\"}} {}\n", completion_tokens_.load());
+  header("swarm_tool_call_parse_failures_total", "counter",
+         "Generated tool-call blocks that did not parse (left in the message content).");
+  out += fmt::format("swarm_tool_call_parse_failures_total {}\n", tool_call_parse_failures_.load());
 
   header("swarm_pool_episodes", "gauge", "Episodes in the rollout pool by status.");
   out += fmt::format("swarm_pool_episodes{{status=\"unclaimed\"}} {}\n", pool.unclaimed);

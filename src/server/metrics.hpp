@@ -23,6 +23,8 @@ class Metrics {
   void observe_request(const std::string& route, int status, double seconds);
   /// Counts an OpenAI generation's tokens.
   void observe_tokens(int64_t prompt_tokens, int64_t completion_tokens);
+  /// Generated text that looked like a tool call but did not parse (left in content).
+  void observe_tool_call_parse_failures(int64_t n) { tool_call_parse_failures_ += n; }
 
   /// Renders every metric, including the engine's state and counters.
   std::string render(const EngineSnapshot& status, const PoolSnapshot& pool,
@@ -40,6 +42,7 @@ class Metrics {
   std::map<std::string, Histogram> latency_;
   std::atomic<int64_t> prompt_tokens_{0};
   std::atomic<int64_t> completion_tokens_{0};
+  std::atomic<int64_t> tool_call_parse_failures_{0};
 };
 
 }  // namespace swarm

@@ -8,6 +8,7 @@
 #include "common/error.hpp"
 #include "server/error_mapping.hpp"
 #include "server/json_body.hpp"
+#include "text/tool_calls.hpp"
 
 namespace swarm {
 namespace {
@@ -39,6 +40,11 @@ struct RequestOptions {
   // chat only
   bool tool_choice_none = false;   // tool_choice "none": tools are rendered, calls not parsed
   bool parallel_tool_calls = true; // false: at most the first call is returned
+  bool has_tools = false;          // the request offers tools (calls are parsed only then)
+  // How the generated text is split into the message's fields (resolved per request).
+  ToolCallFormat tool_format = ToolCallFormat::NONE;
+  ReasoningFormat reasoning_format = ReasoningFormat::NONE;
+  ReasoningStart reasoning_start = ReasoningStart::AUTO;
 };
 
 // The tool fields of a chat request, validated as strictly as the rest (issue 20): every
@@ -62,6 +68,7 @@ void parse_tool_options(const json& body, RequestOptions& o) {
                     ErrorKind::INVALID_ARGUMENT, "field '" + at + ".function.name' must be a non-empty string");
       names.push_back(name->get<std::string>());
     }
+    o.has_tools = !it->empty();
   }
   if (auto it = body.find("tool_choice"); it != body.end() && !it->is_null()) {
     if (it->is_string()) {
@@ -107,17 +114,6 @@ void parse_tool_options(const json& body, RequestOptions& o) {
   }
 }
 
-// The text of a message's content: a string; null → ""; a list of parts → the text of its
-// text parts, concatenated (so no role ever renders a list literal).
-nlohmann::ordered_json content_as_text(const nlohmann::ordered_json& content) {
-  if (content.is_string()) return content;
-  if (!content.is_array()) return "";
-  std::string text;
-  for (const auto& part : content)
-    if (part.is_object() && part.contains("text") && part["text"].is_string()) text += part["text"].get<std::string>();
-  return text;
-}
-
 // As vLLM and SGLang do before rendering: a null (or missing) content becomes "" — an
 // assistant turn that only calls tools has content null, and templates test
 // `'</think>' in message.content` — and a list of parts becomes its text.
@@ -125,7 +121,8 @@ void normalize_messages(nlohmann::ordered_json& messages) {
   for (auto& m : messages) {
     if (!m.is_object()) continue;
     auto it = m.find("content");
-    if (it == m.end() || it->is_null() || it->is_array()) m["content"] = content_as_text(it == m.end() ? nullptr : *it);
+    if (it == m.end() || it->is_null() || it->is_array())
+      m["content"] = message_content_text(it == m.end() ? nlohmann::ordered_json() : *it);
   }
 }
 
@@ -193,6 +190,27 @@ RequestOptions parse_options(const json& body, OpenAIKind kind, const Job& job) 
   return o;
 }
 
+// tool_call_parser / reasoning_parser: `auto` reads the chat template. Tool calls are parsed
+// only when the request offers tools and tool_choice is not "none". Where reasoning starts
+// comes from the end of the rendered prompt (a template may open or close <think> itself).
+void resolve_output_formats(const Job& job, const Backend& backend, const std::vector<TokenId>& prompt,
+                            RequestOptions& o) {
+  const std::string tmpl = backend.chat_template_source();
+  ToolCallFormat tools = ToolCallFormat::NONE;
+  if (job.tool_call_parser == "auto") tools = detect_tool_call_format(tmpl);
+  else parse_tool_call_format(job.tool_call_parser, &tools);
+  o.tool_format = o.has_tools && !o.tool_choice_none ? tools : ToolCallFormat::NONE;
+  ReasoningFormat reasoning = ReasoningFormat::NONE;
+  if (job.reasoning_parser == "auto") reasoning = detect_reasoning_format(tmpl);
+  else parse_reasoning_format(job.reasoning_parser, &reasoning);
+  o.reasoning_format = reasoning;
+  if (reasoning != ReasoningFormat::NONE) {
+    std::string tail;
+    for (size_t i = prompt.size() > 8 ? prompt.size() - 8 : 0; i < prompt.size(); ++i) tail += backend.token_text(prompt[i]);
+    o.reasoning_start = reasoning_start_from_prompt(tail);
+  }
+}
+
 std::vector<TokenId> completion_prompt(const json& body, const Backend& backend) {
   auto it = body.find("prompt");
   SWARM_REQUIRE(it != body.end() && !it->is_null(), ErrorKind::INVALID_ARGUMENT, "missing required field 'prompt'");
@@ -245,8 +263,11 @@ class GenerationHandler final : public GenerationObserver,
   void on_text(int64_t choice, const std::string& delta) override {
     if (!options_.stream || delta.empty()) return;
     lease_.pool->touch(lease_.ticket.episode_uuid);
-    send_chunk(kind_ == OpenAIKind::CHAT ? chunk_json(choice, {{"content", delta}}, nullptr)
-                                         : text_chunk_json(choice, delta, nullptr));
+    if (kind_ != OpenAIKind::CHAT) {
+      send_chunk(text_chunk_json(choice, delta, nullptr));
+      return;
+    }
+    send_events(static_cast<size_t>(choice), parser(static_cast<size_t>(choice)).feed(delta));
   }
 
   void on_complete(GenerationResult result) override {
@@ -272,10 +293,11 @@ class GenerationHandler final : public GenerationObserver,
     if (options_.stream && kind_ == OpenAIKind::CHAT && context_.last_chat) {
       json assembled = base_object("chat.completion");
       json choices = json::array();
-      for (size_t c = 0; c < result.choices.size(); ++c)
-        choices.push_back({{"index", c},
-                           {"message", {{"role", "assistant"}, {"content", result.choices[c].text}}},
-                           {"finish_reason", result.choices[c].finish_reason}});
+      for (size_t c = 0; c < result.choices.size(); ++c) {
+        std::string finish = result.choices[c].finish_reason;
+        choices.push_back(
+            {{"index", c}, {"message", message_json(result.choices[c].text, finish, false)}, {"finish_reason", finish}});
+      }
       assembled["choices"] = std::move(choices);
       assembled["usage"] = usage;
       context_.last_chat->record(std::move(request_body_), dump_json(assembled));
@@ -283,8 +305,14 @@ class GenerationHandler final : public GenerationObserver,
     if (options_.stream) {
       for (size_t c = 0; c < result.choices.size(); ++c) {
         const auto& ch = result.choices[c];
-        send_chunk(kind_ == OpenAIKind::CHAT ? chunk_json(c, json::object(), ch.finish_reason)
-                                             : text_chunk_json(c, "", ch.finish_reason));
+        if (kind_ != OpenAIKind::CHAT) {
+          send_chunk(text_chunk_json(c, "", ch.finish_reason));
+          continue;
+        }
+        StreamingAssistantParser& p = parser(c);
+        send_events(c, p.finish());
+        metrics_.observe_tool_call_parse_failures(p.parse_failures());
+        send_chunk(chunk_json(c, json::object(), calls_sent_[c] > 0 ? json("tool_calls") : json(ch.finish_reason)));
       }
       if (options_.include_usage) {
         json last = base_object(kind_ == OpenAIKind::CHAT ? "chat.completion.chunk" : "text_completion");
@@ -375,12 +403,80 @@ class GenerationHandler final : public GenerationObserver,
       }
     }
     json j = {{"index", index}, {"logprobs", logprobs}, {"finish_reason", ch.finish_reason}};
-    if (kind_ == OpenAIKind::CHAT)
-      j["message"] = {{"role", "assistant"}, {"content", ch.text}};
-    else
+    if (kind_ == OpenAIKind::CHAT) {
+      std::string finish = ch.finish_reason;
+      j["message"] = message_json(ch.text, finish, true);
+      j["finish_reason"] = finish;
+    } else {
       j["text"] = ch.text;
+    }
     if (options_.return_token_ids) j["token_ids"] = ch.ids;
     return j;
+  }
+
+  // The assistant message of a whole generated text: reasoning split off, tool calls parsed
+  // (as the request's options say). `finish` becomes "tool_calls" when there are calls.
+  json message_json(const std::string& text, std::string& finish, bool count_failures) const {
+    const ParsedAssistant parsed = parse_assistant_output(text, options_.tool_format, options_.reasoning_format,
+                                                          options_.parallel_tool_calls, options_.reasoning_start);
+    if (count_failures) metrics_.observe_tool_call_parse_failures(parsed.parse_failures);
+    json m = {{"role", "assistant"}, {"content", parsed.content ? json(*parsed.content) : json(nullptr)}};
+    if (parsed.reasoning) {
+      m["reasoning_content"] = *parsed.reasoning;  // LangChain, SGLang
+      m["reasoning"] = *parsed.reasoning;          // OpenAI Agents SDK, vLLM
+    }
+    if (!parsed.tool_calls.empty()) {
+      json calls = json::array();
+      for (const auto& call : parsed.tool_calls)
+        calls.push_back({{"id", "call_" + random_hex(12)},
+                         {"type", "function"},
+                         {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+      m["tool_calls"] = std::move(calls);
+      finish = "tool_calls";
+    }
+    return m;
+  }
+
+  StreamingAssistantParser& parser(size_t choice) {
+    std::lock_guard lk(parse_mu_);
+    while (parsers_.size() <= choice) {
+      parsers_.push_back(std::make_unique<StreamingAssistantParser>(
+          options_.tool_format, options_.reasoning_format, options_.parallel_tool_calls, options_.reasoning_start));
+      calls_sent_.push_back(0);
+    }
+    return *parsers_[choice];
+  }
+
+  // One chunk per event: content / reasoning deltas; a tool call's first delta carries index,
+  // id, type and name (the Vercel AI SDK requires both id and name there), then its arguments.
+  void send_events(size_t choice, const std::vector<StreamEvent>& events) {
+    for (const StreamEvent& e : events) {
+      switch (e.kind) {
+        case StreamEvent::CONTENT:
+          send_chunk(chunk_json(choice, {{"content", e.text}}, nullptr));
+          break;
+        case StreamEvent::REASONING:
+          send_chunk(chunk_json(choice, {{"reasoning_content", e.text}, {"reasoning", e.text}}, nullptr));
+          break;
+        case StreamEvent::TOOL_CALL_START: {
+          {
+            std::lock_guard lk(parse_mu_);
+            ++calls_sent_[choice];
+          }
+          json call = {{"index", e.index},
+                       {"id", "call_" + random_hex(12)},
+                       {"type", "function"},
+                       {"function", {{"name", e.name}, {"arguments", ""}}}};
+          send_chunk(chunk_json(choice, {{"tool_calls", json::array({call})}}, nullptr));
+          break;
+        }
+        case StreamEvent::TOOL_CALL_ARGUMENTS:
+          send_chunk(chunk_json(
+              choice, {{"tool_calls", json::array({{{"index", e.index}, {"function", {{"arguments", e.text}}}}})}},
+              nullptr));
+          break;
+      }
+    }
   }
 
   bool keep_alive(std::chrono::steady_clock::time_point now, std::chrono::milliseconds silence) override {
@@ -425,6 +521,9 @@ class GenerationHandler final : public GenerationObserver,
   std::string request_body_;  // kept for LastChatCall (chat only)
   std::mutex write_mu_;
   bool ended_ = false;  // under write_mu_
+  std::mutex parse_mu_;  // guards parsers_ / calls_sent_ growth (a backend may report from several threads)
+  std::vector<std::unique_ptr<StreamingAssistantParser>> parsers_;  // one per choice (streamed chat)
+  std::vector<int> calls_sent_;
   std::chrono::steady_clock::time_point last_write_ = std::chrono::steady_clock::now();
 };
 
@@ -504,7 +603,12 @@ void serve_generation(Engine& engine, Metrics& metrics, OpenAIKind kind, const H
       auto ordered = nlohmann::ordered_json::parse(request.body);
       normalize_messages(ordered["messages"]);
       const nlohmann::ordered_json tools = ordered.contains("tools") ? ordered["tools"] : nlohmann::ordered_json();
-      prompt = lease.backend->render_chat(ordered["messages"], tools, /*add_generation_prompt=*/true);
+      const nlohmann::ordered_json kwargs =
+          ordered.contains("chat_template_kwargs") && ordered["chat_template_kwargs"].is_object()
+              ? ordered["chat_template_kwargs"]
+              : nlohmann::ordered_json::object();
+      prompt = lease.backend->render_chat_with_kwargs(ordered["messages"], tools, /*add_generation_prompt=*/true, kwargs);
+      resolve_output_formats(lease.job, *lease.backend, prompt, options);
     } else {
       prompt = completion_prompt(body, *lease.backend);
     }

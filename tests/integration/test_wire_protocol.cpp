@@ -598,6 +598,79 @@ TEST(WireProtocol, ToolLoopMessagesRender) {
   EXPECT_EQ(r["choices"][0]["message"]["content"], "42") << r.dump();  // the mock answers with the tool's text
 }
 
+// The mock answers a user message with its text, so a scripted `<tool_call>` comes back as a
+// generated tool call: parsed (hermes, detected from the template) into message.tool_calls.
+TEST(WireProtocol, GeneratedToolCallsAndReasoningAreParsed) {
+  TestServer server;
+  HttpClient c(server.url());
+  const std::string config = std::string(kConfig) + "reasoning_parser: think\n";
+  EXPECT_EQ(post_json(c, "/sync_train_config", {{"yaml_as_string", config}})["success"], true);
+  EXPECT_EQ(post_json(c, "/start_engine", json::object())["success"], true);
+  ASSERT_TRUE(poll_engine_status(c, "ENGINE.ROLLING"));
+  Claimed a = claim(c, "client-a", server.port());
+  HttpClient llm(a.base_url);
+  const json tools = json::array({{{"type", "function"}, {"function", {{"name", "add"}}}}});
+  const std::string scripted =
+      "<think>\nadd them\n</think>\n\nLet me add.\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 2,  \"b\": 3}}\n</tool_call>";
+  auto request = [&](bool stream, const json& extra = json::object()) {
+    json req = {{"model", "m"}, {"temperature", 0}, {"tools", tools}, {"messages", {{{"role", "user"}, {"content", scripted}}}}};
+    if (stream) req["stream"] = true;
+    for (auto it = extra.begin(); it != extra.end(); ++it) req[it.key()] = it.value();
+    return llm.request("POST", "/chat/completions", req.dump(), bearer(a));
+  };
+  // Non-streamed.
+  json r = parse_body(request(false));
+  const json& choice = r["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls") << r.dump();
+  EXPECT_EQ(choice["message"]["content"], "Let me add.");
+  EXPECT_EQ(choice["message"]["reasoning_content"], "add them");
+  EXPECT_EQ(choice["message"]["reasoning"], "add them");
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u) << r.dump();
+  const json& call = choice["message"]["tool_calls"][0];
+  EXPECT_EQ(call["type"], "function");
+  EXPECT_EQ(call["id"].get<std::string>().rfind("call_", 0), 0u);
+  EXPECT_EQ(call["function"]["name"], "add");
+  EXPECT_EQ(call["function"]["arguments"], "{\"a\": 2,  \"b\": 3}");  // exactly as generated
+  // Streamed: role first, reasoning and content deltas, then the call (id + name first).
+  auto sr = request(true);
+  ASSERT_EQ(sr.status, 200) << sr.body;
+  std::string reasoning, content, args;
+  json first_call;
+  std::string finish;
+  for (const std::string& ev : sse_events(sr.body)) {
+    if (ev == "[DONE]") break;
+    json j = json::parse(ev);
+    const json& d = j["choices"][0]["delta"];
+    if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
+    if (d.contains("content")) content += d["content"].get<std::string>();
+    if (d.contains("tool_calls")) {
+      const json& tc = d["tool_calls"][0];
+      if (first_call.is_null()) first_call = tc;
+      args += tc["function"].value("arguments", "");
+    }
+    if (!j["choices"][0]["finish_reason"].is_null()) finish = j["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(reasoning, "add them");
+  EXPECT_EQ(content, "Let me add.");
+  EXPECT_EQ(first_call["index"], 0) << sr.body;
+  EXPECT_TRUE(first_call["id"].is_string()) << sr.body;
+  EXPECT_EQ(first_call["function"]["name"], "add") << sr.body;
+  EXPECT_EQ(args, "{\"a\": 2,  \"b\": 3}");
+  EXPECT_EQ(finish, "tool_calls");
+  // tool_choice none: nothing parsed, the text stays content.
+  r = parse_body(request(false, {{"tool_choice", "none"}}));
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+  EXPECT_NE(r["choices"][0]["message"]["content"].get<std::string>().find("<tool_call>"), std::string::npos);
+  // A block that does not parse stays in content, is counted, and is never a 500.
+  json bad = {{"model", "m"}, {"temperature", 0}, {"tools", tools},
+              {"messages", {{{"role", "user"}, {"content", "<tool_call>{\"name\": add}</tool_call>"}}}}};
+  auto br = llm.request("POST", "/chat/completions", bad.dump(), bearer(a));
+  ASSERT_EQ(br.status, 200) << br.body;
+  EXPECT_EQ(parse_body(br)["choices"][0]["message"]["content"], "<tool_call>{\"name\": add}</tool_call>");
+  auto metrics = c.request("GET", "/metrics");
+  EXPECT_NE(metrics.body.find("swarm_tool_call_parse_failures_total 1"), std::string::npos) << metrics.body;
+}
+
 TEST(WireProtocol, StartAndStopAcceptAnEmptyBodyAsPythonRequestsSendsIt) {
   TestServer server;
   HttpClient c(server.url());

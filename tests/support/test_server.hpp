@@ -52,6 +52,12 @@ class RecordingBackend : public Backend {
                                    bool add_generation_prompt) const override {
     return inner_->render_chat(messages, tools, add_generation_prompt);
   }
+  std::vector<TokenId> render_chat_with_kwargs(const nlohmann::ordered_json& messages,
+                                               const nlohmann::ordered_json& tools, bool add_generation_prompt,
+                                               const nlohmann::ordered_json& template_kwargs) const override {
+    return inner_->render_chat_with_kwargs(messages, tools, add_generation_prompt, template_kwargs);
+  }
+  std::string chat_template_source() const override { return inner_->chat_template_source(); }
   std::vector<TokenId> encode(const std::string& text) const override { return inner_->encode(text); }
   std::string decode(const std::vector<TokenId>& ids) const override { return inner_->decode(ids); }
   std::string token_text(TokenId id) const override { return inner_->token_text(id); }
