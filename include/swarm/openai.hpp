@@ -35,7 +35,20 @@ struct ChatParams {
   bool logprobs = false;
   std::optional<int> top_logprobs;
   std::string model = "swarm";
+  /// Tools the model may call: an array of {"type": "function", "function": {name,
+  /// description, parameters}} (null: none sent).
+  nlohmann::json tools = nullptr;
+  std::optional<std::string> tool_choice;      // "auto" or "none"
+  std::optional<bool> parallel_tool_calls;
   nlohmann::json extra = nlohmann::json::object();
+};
+
+/// One tool call of an assistant message. `arguments` is the JSON text as the model
+/// generated it (parse it with nlohmann::json::parse).
+struct ToolCall {
+  std::string id;
+  std::string name;
+  std::string arguments;
 };
 
 /// Token counts reported by the server.
@@ -62,10 +75,18 @@ struct ChatMessage {
 /// The first choice of a completion. `raw` is the whole response object (for a stream:
 /// an equivalent `chat.completion` object assembled from the chunks).
 struct ChatResult {
-  std::string content;
-  std::string finish_reason;
+  std::string content;           // "" when the message is only tool calls
+  std::string reasoning;         // reasoning_content (e.g. a <think> block), "" when none
+  std::vector<ToolCall> tool_calls;
+  std::string finish_reason;     // "tool_calls" when the model called tools
   Usage usage;
   nlohmann::json raw;
+
+  /// The assistant message to append to the conversation for the next turn (content null
+  /// when it is only tool calls, as the OpenAI API returns it).
+  nlohmann::json assistant_message() const;
+  /// The message that answers `call` with the tool's output.
+  static nlohmann::json tool_message(const ToolCall& call, const std::string& output);
 };
 
 /// Client of one OpenAI-compatible endpoint (`{base_url}/chat/completions`, ...) with a
@@ -98,8 +119,9 @@ class OpenAIClient {
   /// wrap it in `nlohmann::json::array(...)`.
   ChatResult chat(std::initializer_list<ChatMessage> messages, const ChatParams& params = {});
   /// Streaming chat (`stream: true`, server-sent events). `on_delta` is called with each
-  /// piece of content as it arrives; the result holds the whole content, the
-  /// finish_reason and the usage (requested with stream_options.include_usage). With
+  /// piece of content as it arrives; the result holds the whole content, the reasoning,
+  /// the tool calls (assembled from their deltas), the finish_reason and the usage
+  /// (requested with stream_options.include_usage). With
   /// params.n > 1 only choice 0 is followed (use chat() for every choice).
   /// An exception thrown by `on_delta` stops the stream and propagates.
   ChatResult chat_stream(const nlohmann::json& messages,

@@ -24,6 +24,12 @@ void add_params(json& req, const ChatParams& p) {
   if (!p.stop.empty()) req["stop"] = p.stop;
   if (p.logprobs) req["logprobs"] = true;
   if (p.top_logprobs) req["top_logprobs"] = *p.top_logprobs;
+  if (!p.tools.is_null()) {
+    if (!p.tools.is_array()) throw ConfigError("ChatParams.tools must be a JSON array");
+    req["tools"] = p.tools;
+  }
+  if (p.tool_choice) req["tool_choice"] = *p.tool_choice;
+  if (p.parallel_tool_calls) req["parallel_tool_calls"] = *p.parallel_tool_calls;
   if (p.extra.is_object()) {
     for (auto it = p.extra.begin(); it != p.extra.end(); ++it) req[it.key()] = it.value();
   } else if (!p.extra.is_null()) {
@@ -62,6 +68,16 @@ ChatResult parse_result(json raw, const std::string& what, bool chat) {
     auto msg = c0.find("message");
     if (msg == c0.end() || !msg->is_object()) throw ClientError(what + ": choices[0] has no message");
     result.content = string_or_empty(*msg, "content");  // null content (tool calls) -> ""
+    result.reasoning = string_or_empty(*msg, "reasoning_content");
+    if (result.reasoning.empty()) result.reasoning = string_or_empty(*msg, "reasoning");
+    if (auto calls = msg->find("tool_calls"); calls != msg->end() && calls->is_array()) {
+      for (const json& c : *calls) {
+        if (!c.is_object() || !c.contains("function") || !c["function"].is_object())
+          throw ClientError(what + ": a tool call has no function");
+        result.tool_calls.push_back(
+            {string_or_empty(c, "id"), string_or_empty(c["function"], "name"), string_or_empty(c["function"], "arguments")});
+      }
+    }
   } else {
     result.content = string_or_empty(c0, "text");
   }
@@ -71,7 +87,24 @@ ChatResult parse_result(json raw, const std::string& what, bool chat) {
   return result;
 }
 
+json tool_calls_json(const std::vector<ToolCall>& calls) {
+  json out = json::array();
+  for (const auto& c : calls)
+    out.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+  return out;
+}
+
 }  // namespace
+
+json ChatResult::assistant_message() const {
+  json m{{"role", "assistant"}, {"content", tool_calls.empty() || !content.empty() ? json(content) : json(nullptr)}};
+  if (!tool_calls.empty()) m["tool_calls"] = tool_calls_json(tool_calls);
+  return m;
+}
+
+json ChatResult::tool_message(const ToolCall& call, const std::string& output) {
+  return {{"role", "tool"}, {"tool_call_id", call.id}, {"content", output}};
+}
 
 struct OpenAIClient::Impl {
   std::string base_url;
@@ -187,6 +220,22 @@ ChatResult OpenAIClient::chat_stream(const nlohmann::json& messages,
     }
     auto delta = c0.find("delta");
     if (delta == c0.end() || !delta->is_object()) return true;
+    result.reasoning += string_or_empty(*delta, "reasoning_content");
+    // A call's first delta has its index, id and name; later ones add argument pieces.
+    if (auto calls = delta->find("tool_calls"); calls != delta->end() && calls->is_array()) {
+      for (const json& c : *calls) {
+        if (!c.is_object()) continue;
+        const size_t index = c.value("index", 0);
+        if (index > 1024) continue;  // bounded: a hostile stream cannot make us allocate
+        if (result.tool_calls.size() <= index) result.tool_calls.resize(index + 1);
+        ToolCall& call = result.tool_calls[index];
+        if (std::string id = string_or_empty(c, "id"); !id.empty()) call.id = std::move(id);
+        if (auto fn = c.find("function"); fn != c.end() && fn->is_object()) {
+          if (std::string name = string_or_empty(*fn, "name"); !name.empty()) call.name = std::move(name);
+          call.arguments += string_or_empty(*fn, "arguments");
+        }
+      }
+    }
     auto content = delta->find("content");
     if (content == delta->end() || !content->is_string()) return true;
     const auto& piece = content->get_ref<const std::string&>();
@@ -226,7 +275,8 @@ ChatResult OpenAIClient::chat_stream(const nlohmann::json& messages,
   if (!stream_error.empty()) throw ServerError(resp.status, "stream_error", stream_error);
   if (!done && !saw_finish) throw TransportError("chat_stream: the stream ended before [DONE]");
 
-  json message{{"role", "assistant"}, {"content", result.content}};
+  json message = result.assistant_message();
+  if (!result.reasoning.empty()) message["reasoning_content"] = result.reasoning;
   result.raw = {{"id", string_or_empty(first_chunk, "id")},
                 {"object", "chat.completion"},
                 {"model", string_or_empty(first_chunk, "model")},

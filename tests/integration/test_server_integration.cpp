@@ -141,6 +141,43 @@ TEST(ServerIntegration, KilledClientIsReclaimedAfterItsTimeoutAndTrainingGoesOn)
   EXPECT_TRUE(server.engine().wait_for_step(2, 10s));
 }
 
+// The SDK's OpenAI client in a whole tool loop (the mock answers the scripted call, then
+// the tool's output), non-streamed and streamed; the episode trains as one sample.
+TEST(ServerIntegration, OpenAIClientRunsAToolLoop) {
+  TestServer server;
+  SwarmClient client(server.url(), fast_client());
+  client.auto_sync_train_config_and_start_engine(small_job(1, 2));
+  ChatParams params;
+  params.temperature = 0;
+  params.tools = nlohmann::json::array(
+      {{{"type", "function"},
+        {"function", {{"name", "add"}, {"parameters", {{"type", "object"}}}}}}});
+  const std::string scripted = R"(<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>)";
+  for (bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "streamed" : "non-streamed");
+    OpenAIEndpoint ep = client.begin_episode(60, "train", 10s);
+    OpenAIClient llm(ep);
+    nlohmann::json messages = nlohmann::json::array({{{"role", "user"}, {"content", scripted}}});
+    auto ask = [&] { return stream ? llm.chat_stream(messages, nullptr, params) : llm.chat(messages, params); };
+    ChatResult r = ask();
+    EXPECT_EQ(r.finish_reason, "tool_calls");
+    EXPECT_EQ(r.content, "");
+    ASSERT_EQ(r.tool_calls.size(), 1u);
+    EXPECT_EQ(r.tool_calls[0].name, "add");
+    EXPECT_FALSE(r.tool_calls[0].id.empty());
+    const auto args = nlohmann::json::parse(r.tool_calls[0].arguments);
+    messages.push_back(r.assistant_message());
+    EXPECT_TRUE(messages.back()["content"].is_null());
+    messages.push_back(ChatResult::tool_message(r.tool_calls[0], std::to_string(args["a"].get<int>() + args["b"].get<int>())));
+    r = ask();
+    EXPECT_EQ(r.finish_reason, "stop");
+    EXPECT_EQ(r.content, "5");
+    EXPECT_TRUE(r.tool_calls.empty());
+    client.end_episode(task("t"), ep.episode_uuid, reward(1));
+  }
+  ASSERT_TRUE(server.engine().wait_for_step(1, 10s));
+}
+
 TEST(ServerIntegration, StopEngineMidRolloutThenRestart) {
   TestServer server;
   SwarmClient client(server.url(), fast_client());
