@@ -8,7 +8,10 @@ set -euo pipefail
 install_js_reference() {
   local js_dir
   js_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/js"
-  if [ ! -d "$js_dir/node_modules" ] && command -v npm >/dev/null 2>&1; then
+  # Also when package-lock.json changed since the last install (npm writes
+  # node_modules/.package-lock.json at each), so existing checkouts get new packages.
+  if { [ ! -d "$js_dir/node_modules" ] || [ "$js_dir/package-lock.json" -nt "$js_dir/node_modules/.package-lock.json" ]; } &&
+    command -v npm >/dev/null 2>&1; then
     npm ci --prefix "$js_dir" --silent --no-audit --no-fund
   fi
 }
