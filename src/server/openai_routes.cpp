@@ -312,7 +312,12 @@ class GenerationHandler final : public GenerationObserver,
         StreamingAssistantParser& p = parser(c);
         send_events(c, p.finish());
         metrics_.observe_tool_call_parse_failures(p.parse_failures());
-        send_chunk(chunk_json(c, json::object(), calls_sent_[c] > 0 ? json("tool_calls") : json(ch.finish_reason)));
+        bool called = false;
+        {
+          std::lock_guard lk(parse_mu_);
+          called = calls_sent_[c] > 0;
+        }
+        send_chunk(chunk_json(c, json::object(), called ? json("tool_calls") : json(ch.finish_reason)));
       }
       if (options_.include_usage) {
         json last = base_object(kind_ == OpenAIKind::CHAT ? "chat.completion.chunk" : "text_completion");
