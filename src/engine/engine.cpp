@@ -329,6 +329,9 @@ void Engine::run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_
   }
   if (error.empty() && job) {
     report.metrics["rollout_seconds"] = rollout_seconds;
+    int64_t split = 0;
+    for (const auto& e : batch->episodes) split += e.samples.size() > 1 ? 1 : 0;
+    report.metrics["episodes_split_by_drift"] = static_cast<double>(split);
     if (options_.write_run_files && job->save_freq > 0 && next_step % job->save_freq == 0) {
       {
         std::lock_guard lk(mu_);

@@ -273,6 +273,9 @@ EndOutcome RolloutPool::end_episode(const std::string& client_uuid,
     return outcome;
   }
   counters_.ended++;
+  // More than one sample: some request's history did not extend an earlier one (edited,
+  // truncated or re-rendered to other ids), so the episode trains as several samples.
+  if (finished.samples.size() > 1) counters_.episodes_split_by_drift++;
   cache_finished_locked(std::move(finished));
   free_slot_locked(episode_uuid, true);
   outcome.batch_ready = batch_ready_locked();
@@ -702,6 +705,7 @@ constexpr std::pair<const char*, int64_t PoolCounters::*> kCounterFields[] = {
     {"ended_eval", &PoolCounters::ended_eval},
     {"ended_without_reward", &PoolCounters::ended_without_reward},
     {"ended_with_turn_rewards", &PoolCounters::ended_with_turn_rewards},
+    {"episodes_split_by_drift", &PoolCounters::episodes_split_by_drift},
     {"aborted", &PoolCounters::aborted},
     {"timed_out", &PoolCounters::timed_out},
     {"cancelled", &PoolCounters::cancelled},

@@ -118,6 +118,7 @@ struct PoolCounters {
   int64_t ended_eval = 0;
   int64_t ended_without_reward = 0;
   int64_t ended_with_turn_rewards = 0;  // of those, the ones that sent a reward per turn
+  int64_t episodes_split_by_drift = 0;  // train episodes whose calls made more than one sample
   int64_t aborted = 0;
   int64_t timed_out = 0;
   int64_t cancelled = 0;          // by cancel_all (stop_engine)

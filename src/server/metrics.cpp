@@ -52,6 +52,7 @@ std::string Metrics::render(const EngineSnapshot& st, const PoolSnapshot& pool,
            {"ended_eval", c.ended_eval},
            {"ended_without_reward", c.ended_without_reward},
            {"ended_with_turn_rewards", c.ended_with_turn_rewards},
+           {"split_by_drift", c.episodes_split_by_drift},
            {"aborted", c.aborted},
            {"timed_out", c.timed_out},
            {"cancelled", c.cancelled}})

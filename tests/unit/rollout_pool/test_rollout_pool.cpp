@@ -410,6 +410,7 @@ TEST_F(RolloutPoolTest, EndEpisodeBuildsStampedSamples) {
   EndOutcome o = pool->end_episode("client-a", ep.episode_uuid, "task-1", out);
   EXPECT_TRUE(o.accepted);
   EXPECT_TRUE(o.batch_ready);
+  EXPECT_EQ(pool->counters().episodes_split_by_drift, 1);  // two samples: the history drifted
 
   TrainBatch batch = pool->take_batch();
   ASSERT_EQ(batch.episodes.size(), 1u);
@@ -1073,6 +1074,7 @@ TEST_F(RolloutPoolTest, TaskGroupsListTheirEpisodesRewardsAndThrottledClients) {
   EXPECT_EQ(s.tasks[0].episode_uuids[0], r.episode->episode_uuid);
   EXPECT_EQ(s.tasks[0].rewards, (std::vector<double>{0.5, 1.0}));
   EXPECT_EQ(s.tasks[0].throttled_client_uuids, std::vector<std::string>{"client-a"});
+  EXPECT_EQ(s.counters.episodes_split_by_drift, 0);  // one call each: one sample each
 }
 
 }  // namespace
