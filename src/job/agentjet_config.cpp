@@ -199,6 +199,10 @@ class Mapper {
            "(from ajet.rollout.max_response_length_in_one_turn)");
     direct("rollout.temperature", "temperature");
     direct("rollout.top_p", "top_p");
+    // AgentJet parses hermes tool calls unless this is set.
+    YAML::Node no_tools = get("rollout.force_disable_toolcalls");
+    if (!is_null(no_tools) && as_bool("rollout.force_disable_toolcalls", no_tools))
+      set("tool_call_parser", "none", "ajet.rollout.force_disable_toolcalls");
     YAML::Node top_k = get("rollout.top_k");
     if (!is_null(top_k)) {
       const int64_t k = as_int("rollout.top_k", top_k);

@@ -457,6 +457,11 @@ TEST(AgentJetConfig, AgreeMethodsAndConversions) {
   // A named experiment keeps its name (path separators made safe); a warm-up ratio needs a step count.
   EXPECT_EQ(Job::from_yaml(agentjet_with("experiment_name: read_yaml_name", "experiment_name: a|b/c")).experiment_name,
             "a-b-c");
+  // AgentJet parses tool calls unless told not to.
+  EXPECT_EQ(Job::from_yaml(kAgentJet).tool_call_parser, "auto");
+  EXPECT_EQ(Job::from_yaml(agentjet_with("    top_k: -1\n", "    top_k: -1\n    force_disable_toolcalls: true\n"))
+                .tool_call_parser,
+            "none");
   expect_config_error(agentjet_with("lr_warmup_steps_ratio: 0.0", "lr_warmup_steps_ratio: 0.1"),
                       {"ajet.trainer_common.optim.lr_warmup_steps_ratio", "total_training_steps"});
   const Job j3 = Job::from_yaml(agentjet_with("lr_warmup_steps_ratio: 0.0", "lr_warmup_steps_ratio: 0.1")
