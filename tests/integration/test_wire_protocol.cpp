@@ -43,6 +43,13 @@ bool poll_engine_status(HttpClient& c, const std::string& state, std::chrono::se
   return false;
 }
 
+// sync_train_config + start_engine, then polls until ROLLING (as a Python client would).
+void start_rolling(HttpClient& c, const std::string& config) {
+  EXPECT_EQ(post_json(c, "/sync_train_config", {{"yaml_as_string", config}})["success"], true);
+  EXPECT_EQ(post_json(c, "/start_engine", json::object())["success"], true);
+  ASSERT_TRUE(poll_engine_status(c, "ENGINE.ROLLING"));
+}
+
 // The `data:` payloads of an SSE body, in order.
 std::vector<std::string> sse_events(const std::string& body) {
   std::vector<std::string> out;
@@ -399,9 +406,7 @@ TEST(WireProtocol, AgentJetShapedWorkflowOutputs) {
   TestServer server;
   HttpClient c(server.url());
   const uint16_t port = server.port();
-  EXPECT_EQ(post_json(c, "/sync_train_config", {{"yaml_as_string", kConfig}})["success"], true);
-  EXPECT_EQ(post_json(c, "/start_engine", json::object())["success"], true);
-  ASSERT_TRUE(poll_engine_status(c, "ENGINE.ROLLING"));
+  ASSERT_NO_FATAL_FAILURE(start_rolling(c, kConfig));
 
   json req = {{"client_uuid", "eval-client"}, {"episode_type", "eval"}, {"discard_episode_timeout", 120}};
   json ev = post_json(c, "/claim_episode", req);
@@ -471,9 +476,7 @@ TEST(WireProtocol, LateEndDuringWeightSyncIs400NamingTheState) {
   const uint16_t port = server.port();
   const std::string config =
       "model: mock-model\nbatch_size: 1\nnum_repeat: 1\nmax_parallel_episodes: 2\nmock_train_seconds: 30\n";
-  EXPECT_EQ(post_json(c, "/sync_train_config", {{"yaml_as_string", config}})["success"], true);
-  EXPECT_EQ(post_json(c, "/start_engine", json::object())["success"], true);
-  ASSERT_TRUE(poll_engine_status(c, "ENGINE.ROLLING"));
+  ASSERT_NO_FATAL_FAILURE(start_rolling(c, config));
   Claimed a = claim(c, "client-a", port);
   Claimed b = claim(c, "client-b", port);
   auto end_body = [](const std::string& client, const Claimed& e) {
@@ -497,9 +500,7 @@ TEST(WireProtocol, LateEndDuringWeightSyncIs400NamingTheState) {
 TEST(WireProtocol, ThrottlePolicyTaskIdIsTheRunningEpisodesOptionalTaskId) {
   TestServer server;
   HttpClient c(server.url());
-  EXPECT_EQ(post_json(c, "/sync_train_config", {{"yaml_as_string", kConfig}})["success"], true);
-  EXPECT_EQ(post_json(c, "/start_engine", json::object())["success"], true);
-  ASSERT_TRUE(poll_engine_status(c, "ENGINE.ROLLING"));
+  ASSERT_NO_FATAL_FAILURE(start_rolling(c, kConfig));
   json claimed = post_json(c, "/claim_episode",
                            {{"client_uuid", "throttled"},
                             {"episode_type", "train"},
@@ -545,9 +546,7 @@ class SlowFirstTokenBackend : public swarm::MockBackend {
 TEST(WireProtocol, SilentStreamsGetKeepAliveComments) {
   TestServer server([] { return std::make_unique<SlowFirstTokenBackend>(); }, 0.05, 100ms);
   HttpClient c(server.url());
-  EXPECT_EQ(post_json(c, "/sync_train_config", {{"yaml_as_string", kConfig}})["success"], true);
-  EXPECT_EQ(post_json(c, "/start_engine", json::object())["success"], true);
-  ASSERT_TRUE(poll_engine_status(c, "ENGINE.ROLLING"));
+  ASSERT_NO_FATAL_FAILURE(start_rolling(c, kConfig));
   Claimed a = claim(c, "client-a", server.port());
   HttpClient llm(a.base_url);
   json req = {{"model", "m"},
@@ -577,9 +576,7 @@ TEST(WireProtocol, SilentStreamsGetKeepAliveComments) {
 TEST(WireProtocol, ToolLoopMessagesRender) {
   TestServer server;
   HttpClient c(server.url());
-  EXPECT_EQ(post_json(c, "/sync_train_config", {{"yaml_as_string", kConfig}})["success"], true);
-  EXPECT_EQ(post_json(c, "/start_engine", json::object())["success"], true);
-  ASSERT_TRUE(poll_engine_status(c, "ENGINE.ROLLING"));
+  ASSERT_NO_FATAL_FAILURE(start_rolling(c, kConfig));
   Claimed a = claim(c, "client-a", server.port());
   HttpClient llm(a.base_url);
   const json call = {{"id", "call_1"}, {"type", "function"}, {"function", {{"name", "add"}, {"arguments", "{\"a\":2}"}}}};
@@ -604,9 +601,7 @@ TEST(WireProtocol, GeneratedToolCallsAndReasoningAreParsed) {
   TestServer server;
   HttpClient c(server.url());
   const std::string config = std::string(kConfig) + "reasoning_parser: think\n";
-  EXPECT_EQ(post_json(c, "/sync_train_config", {{"yaml_as_string", config}})["success"], true);
-  EXPECT_EQ(post_json(c, "/start_engine", json::object())["success"], true);
-  ASSERT_TRUE(poll_engine_status(c, "ENGINE.ROLLING"));
+  ASSERT_NO_FATAL_FAILURE(start_rolling(c, config));
   Claimed a = claim(c, "client-a", server.port());
   HttpClient llm(a.base_url);
   const json tools = json::array({{{"type", "function"}, {"function", {{"name", "add"}}}}});
