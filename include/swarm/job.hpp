@@ -51,6 +51,8 @@ struct Job {
   // --- chat output parsing (docs/openai_api.md)
   std::string tool_call_parser = "auto";  // auto | hermes | llama3_json | none
   std::string reasoning_parser = "auto";  // auto | think | none
+  bool exact_history_tokens = true;  // splice a conversation's generated ids (docs/openai_api.md)
+  bool record_samples = false;       // append every trained sample to <experiment>/samples.jsonl
   // --- optimisation
   double learning_rate = 1e-6;
   std::string lr_schedule = "constant";

@@ -71,6 +71,18 @@ class Backend {
     (void)template_kwargs;
     return render_chat(messages, tools, add_generation_prompt);
   }
+  /// The text the chat template renders (what render_chat_with_kwargs tokenizes), for splicing
+  /// a conversation's generated ids with what the environment added; nullopt when the backend
+  /// has no text form (then conversations are always rendered afresh).
+  virtual std::optional<std::string> render_chat_text(const nlohmann::ordered_json& messages,
+                                                      const nlohmann::ordered_json& tools, bool add_generation_prompt,
+                                                      const nlohmann::ordered_json& template_kwargs) const {
+    (void)messages, (void)tools, (void)add_generation_prompt, (void)template_kwargs;
+    return std::nullopt;
+  }
+  /// Tokenizes text a chat template rendered: special tokens written in it become their ids,
+  /// no BOS is added (as render_chat does).
+  virtual std::vector<TokenId> encode_rendered(const std::string& text) const;
   /// The chat template's source text ("" when there is none): tool-call and reasoning
   /// formats are detected from it (tool_call_parser / reasoning_parser `auto`).
   virtual std::string chat_template_source() const { return ""; }

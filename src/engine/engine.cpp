@@ -319,6 +319,13 @@ void Engine::run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_
     std::lock_guard lk(mu_);
     rolling_left = rolling_left_;
   }
+  if (job && job->record_samples && options_.write_run_files) {
+    try {
+      append_samples(experiment_path(*job) / "samples.jsonl", *batch, next_step);
+    } catch (const std::exception& e) {
+      spdlog::error("engine: {}", e.what());
+    }
+  }
   try {
     report = backend->train_step(*batch, next_step, stop);
     report.global_step = next_step;

@@ -127,15 +127,19 @@ void MockBackend::save_checkpoint(const std::filesystem::path& dir) {
 
 std::vector<TokenId> MockBackend::render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                                               bool add_generation_prompt) const {
+  return encode_rendered(*render_chat_text(messages, tools, add_generation_prompt, nlohmann::ordered_json::object()));
+}
+
+std::optional<std::string> MockBackend::render_chat_text(const nlohmann::ordered_json& messages,
+                                                         const nlohmann::ordered_json& tools, bool add_generation_prompt,
+                                                         const nlohmann::ordered_json&) const {
   if (!messages.is_array() || messages.empty())
     throw SwarmError(ErrorKind::INVALID_ARGUMENT, "'messages' must be a non-empty array");
-  std::vector<TokenId> ids;
-  if (tools.is_array() && !tools.empty()) {
-    ids.push_back(kImStart);
-    append_text(ids, "system\n# Tools\n" + tools.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
-    ids.push_back(kImEnd);
-    append_text(ids, "\n");
-  }
+  const auto dump = [](const nlohmann::ordered_json& j) {
+    return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  };
+  std::string out;
+  if (tools.is_array() && !tools.empty()) out += "<|im_start|>system\n# Tools\n" + dump(tools) + "<|im_end|>\n";
   for (size_t i = 0; i < messages.size(); ++i) {
     const auto& m = messages[i];
     if (!m.is_object())
@@ -148,16 +152,27 @@ std::vector<TokenId> MockBackend::render_chat(const nlohmann::ordered_json& mess
                        "messages[" + std::to_string(i) + "].role '" + role + "' is not one of system, user, assistant, tool, developer");
     std::string text = content_text(m.contains("content") ? m["content"] : nlohmann::ordered_json(), i);
     if (m.contains("tool_calls") && m["tool_calls"].is_array())
-      for (const auto& call : m["tool_calls"])
-        text += "<tool_call>" + call.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "</tool_call>";
-    ids.push_back(kImStart);
-    append_text(ids, role + "\n" + text);
-    ids.push_back(kImEnd);
-    append_text(ids, "\n");
+      for (const auto& call : m["tool_calls"]) text += "<tool_call>" + dump(call) + "</tool_call>";
+    out += "<|im_start|>" + role + "\n" + text + "<|im_end|>\n";
   }
-  if (add_generation_prompt) {
-    ids.push_back(kImStart);
-    append_text(ids, "assistant\n");
+  if (add_generation_prompt) out += "<|im_start|>assistant\n";
+  return out;
+}
+
+std::vector<TokenId> MockBackend::encode_rendered(const std::string& text) const {
+  static const std::pair<std::string_view, TokenId> kSpecial[] = {
+      {"<|im_start|>", kImStart}, {"<|im_end|>", kImEnd}, {"<|endoftext|>", kEndOfText}};
+  std::vector<TokenId> ids;
+  for (size_t i = 0; i < text.size();) {
+    bool special = false;
+    for (const auto& [s, id] : kSpecial)
+      if (text.compare(i, s.size(), s) == 0) {
+        ids.push_back(id);
+        i += s.size();
+        special = true;
+        break;
+      }
+    if (!special) ids.push_back(static_cast<TokenId>(static_cast<unsigned char>(text[i++])));
   }
   return ids;
 }

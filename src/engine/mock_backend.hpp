@@ -34,6 +34,11 @@ class MockBackend : public Backend {
   /// `<tool_call>` blocks (reasoning_parser auto finds no `<think>`: set it to think to
   /// split a scripted reasoning block).
   std::string chat_template_source() const override { return "mock ChatML; tool calls: <tool_call> ... </tool_call>"; }
+  /// ChatML text with the special tokens written out (<|im_start|>, <|im_end|>).
+  std::optional<std::string> render_chat_text(const nlohmann::ordered_json& messages,
+                                              const nlohmann::ordered_json& tools, bool add_generation_prompt,
+                                              const nlohmann::ordered_json& template_kwargs) const override;
+  std::vector<TokenId> encode_rendered(const std::string& text) const override;
   std::vector<TokenId> encode(const std::string& text) const override;
   std::string decode(const std::vector<TokenId>& ids) const override;
   std::string token_text(TokenId id) const override;

@@ -58,6 +58,30 @@ void append_step_metrics(const fs::path& file, const TrainStepReport& report, in
   SWARM_REQUIRE(out.good(), ErrorKind::INTERNAL, "cannot append to " + file.string());
 }
 
+void append_samples(const fs::path& file, const TrainBatch& batch, int64_t step) {
+  std::error_code ec;
+  fs::create_directories(file.parent_path(), ec);
+  std::ofstream out(file, std::ios::app);
+  for (const auto& e : batch.episodes)
+    for (const auto& s : e.samples) {
+      json logprobs = json::array();
+      for (float lp : s.rollout_logprobs) logprobs.push_back(std::isfinite(lp) ? json(lp) : json(nullptr));
+      out << json{{"step", step},
+                  {"task_id", s.task_id},
+                  {"episode_uuid", s.episode_uuid},
+                  {"reward", std::isfinite(s.reward) ? json(s.reward) : json(nullptr)},
+                  {"num_calls", s.num_calls},
+                  {"token_ids", s.token_ids},
+                  {"loss_mask", s.loss_mask},
+                  {"rollout_logprobs", std::move(logprobs)},
+                  {"policy_versions", s.policy_versions}}
+                 .dump(-1, ' ', false, json::error_handler_t::replace)
+          << '\n';
+    }
+  out.flush();
+  SWARM_REQUIRE(out.good(), ErrorKind::INTERNAL, "cannot append to " + file.string());
+}
+
 fs::path write_checkpoint(const fs::path& checkpoints_dir, const EngineCheckpointState& state,
                           const std::function<void(const fs::path&)>& write_into) {
   fs::create_directories(checkpoints_dir);

@@ -25,6 +25,11 @@ std::filesystem::path experiment_path(const Job& job);
 /// "reward_mean", ..., every metric}) to `file`, creating its directory. SwarmError(INTERNAL) on I/O errors.
 void append_step_metrics(const std::filesystem::path& file, const TrainStepReport& report, int64_t policy_version);
 
+/// Appends every sample of `batch` as one JSON line ({"step", "task_id", "episode_uuid",
+/// "reward", "num_calls", "token_ids", "loss_mask", "rollout_logprobs", "policy_versions"}) to
+/// `file` (job key record_samples). SwarmError(INTERNAL) on I/O errors.
+void append_samples(const std::filesystem::path& file, const TrainBatch& batch, int64_t step);
+
 /// The engine's part of a checkpoint (engine_state.json).
 struct EngineCheckpointState {
   int64_t global_step = 0;

@@ -216,6 +216,13 @@ class TorchBackend final : public Backend {
   std::vector<TokenId> render_chat_with_kwargs(const nlohmann::ordered_json& messages,
                                                const nlohmann::ordered_json& tools, bool add_generation_prompt,
                                                const nlohmann::ordered_json& template_kwargs) const override {
+    // As Hugging Face's apply_chat_template(tokenize=True): the template already wrote any BOS.
+    return encode_rendered(*render_chat_text(messages, tools, add_generation_prompt, template_kwargs));
+  }
+
+  std::optional<std::string> render_chat_text(const nlohmann::ordered_json& messages,
+                                              const nlohmann::ordered_json& tools, bool add_generation_prompt,
+                                              const nlohmann::ordered_json& template_kwargs) const override {
     SWARM_REQUIRE(chat_template_.has_value(), ErrorKind::INVALID_ARGUMENT,
                   "this model has no chat template (" + chat_template_error_ + "); use /v1/completions");
     SWARM_REQUIRE(messages.is_array() && !messages.empty(), ErrorKind::INVALID_ARGUMENT,
@@ -225,10 +232,11 @@ class TorchBackend final : public Backend {
       SWARM_REQUIRE(m.is_object() && m.contains("role") && m["role"].is_string(), ErrorKind::INVALID_ARGUMENT,
                     "messages[" + std::to_string(i) + "] must be an object with a string 'role'");
     }
-    const std::string text = chat_template_->render(
-        messages, tools, add_generation_prompt,
-        template_kwargs.is_object() ? template_kwargs : nlohmann::ordered_json::object());
-    // As Hugging Face's apply_chat_template(tokenize=True): the template already wrote any BOS.
+    return chat_template_->render(messages, tools, add_generation_prompt,
+                                  template_kwargs.is_object() ? template_kwargs : nlohmann::ordered_json::object());
+  }
+
+  std::vector<TokenId> encode_rendered(const std::string& text) const override {
     return tokenizer_->encode(text, /*add_special_tokens=*/false);
   }
 

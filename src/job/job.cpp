@@ -65,6 +65,14 @@ const std::vector<Field>& field_table() {
       {"reasoning_parser", &Job::reasoning_parser,
        "How reasoning is split from chat answers: think (<think>...</think> into "
        "reasoning_content), none, or auto (think when the chat template uses it)."},
+      {"exact_history_tokens", &Job::exact_history_tokens,
+       "Chat requests whose history holds assistant turns this episode generated continue from "
+       "the exact ids generated (only what the agent added after them is rendered), so a "
+       "conversation trains as one sample whatever its SDK re-serialized; false renders every "
+       "request afresh from its messages."},
+      {"record_samples", &Job::record_samples,
+       "Append every sample a policy step trains on (token ids, loss mask, log-probs, reward) to "
+       "<experiment dir>/samples.jsonl, to inspect what is trained."},
       {"learning_rate", &Job::learning_rate, "AdamW learning rate."},
       {"lr_schedule", &Job::lr_schedule, "constant, or cosine (after lr_warmup_steps of linear warm-up)."},
       {"lr_warmup_steps", &Job::lr_warmup_steps, "Linear warm-up steps."},

@@ -175,6 +175,24 @@ bool RolloutPool::finish_call(const std::string& episode_uuid, LlmCall call) {
   return true;
 }
 
+std::optional<std::vector<TokenId>> RolloutPool::turn_ids(const std::string& episode_uuid,
+                                                          const std::string& turn_key) const {
+  if (turn_key.empty()) return std::nullopt;
+  std::lock_guard lock(mu_);
+  auto it = episodes_.find(episode_uuid);
+  if (it == episodes_.end()) return std::nullopt;
+  const auto& calls = it->second->calls;
+  for (auto c = calls.rbegin(); c != calls.rend(); ++c) {
+    if (c->turn_key != turn_key) continue;
+    std::vector<TokenId> ids;
+    ids.reserve(c->prompt_ids.size() + c->completion_ids.size());
+    ids.insert(ids.end(), c->prompt_ids.begin(), c->prompt_ids.end());
+    ids.insert(ids.end(), c->completion_ids.begin(), c->completion_ids.end());
+    return ids;
+  }
+  return std::nullopt;
+}
+
 void RolloutPool::cancel_call(const std::string& episode_uuid) {
   std::lock_guard lock(mu_);
   auto it = episodes_.find(episode_uuid);

@@ -179,6 +179,9 @@ class RolloutPool {
   CallTicket begin_call(const std::string& api_key);
   /// Records a finished call. Returns false (and counts it) if the episode is gone.
   bool finish_call(const std::string& episode_uuid, LlmCall call);
+  /// The ids (prompt + completion) of the episode's latest recorded call whose turn_key is
+  /// `turn_key`; nullopt when none (or the episode is gone).
+  std::optional<std::vector<TokenId>> turn_ids(const std::string& episode_uuid, const std::string& turn_key) const;
   /// Ends an in-flight call that failed (nothing recorded).
   void cancel_call(const std::string& episode_uuid);
   /// Marks activity without a call (e.g. while a long generation is running).

@@ -20,6 +20,9 @@ struct LlmCall {
   std::vector<float> completion_logprobs;  // same length as completion_ids
   int64_t policy_version = 0;              // version of the weights that generated it
   std::string finish_reason;               // "stop" / "length"
+  // Chat calls: which answer to which conversation this is (chat_splice.hpp), so that a later
+  // request holding this answer continues from these exact ids. Empty otherwise.
+  std::string turn_key;
 };
 
 /// One training sequence (a timeline of an episode).

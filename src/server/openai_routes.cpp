@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
+#include "server/chat_splice.hpp"
 #include "server/error_mapping.hpp"
 #include "server/json_body.hpp"
 #include "text/tool_calls.hpp"
@@ -45,6 +46,8 @@ struct RequestOptions {
   ToolCallFormat tool_format = ToolCallFormat::NONE;
   ReasoningFormat reasoning_format = ReasoningFormat::NONE;
   ReasoningStart reasoning_start = ReasoningStart::AUTO;
+  // Chat: the conversation's keys; each answer is recorded under its turn key (chat_splice.hpp).
+  std::optional<ChatKeys> chat_keys;
 };
 
 // The tool fields of a chat request, validated as strictly as the rest (issue 20): every
@@ -281,6 +284,11 @@ class GenerationHandler final : public GenerationObserver,
       call.completion_logprobs = choice.logprobs;
       call.policy_version = result.policy_version;
       call.finish_reason = choice.finish_reason;
+      if (options_.chat_keys) {
+        const ParsedAssistant parsed = parse_assistant_output(choice.text, options_.tool_format, options_.reasoning_format,
+                                                              options_.parallel_tool_calls, options_.reasoning_start);
+        call.turn_key = answer_turn_key(*options_.chat_keys, answer_key(parsed.content, parsed.tool_calls));
+      }
       engine_.finish_generation(lease_, std::move(call));
     }
     for (size_t i = result.choices.size(); i < static_cast<size_t>(options_.params.n); ++i)
@@ -612,7 +620,18 @@ void serve_generation(Engine& engine, Metrics& metrics, OpenAIKind kind, const H
           ordered.contains("chat_template_kwargs") && ordered["chat_template_kwargs"].is_object()
               ? ordered["chat_template_kwargs"]
               : nlohmann::ordered_json::object();
-      prompt = lease.backend->render_chat_with_kwargs(ordered["messages"], tools, /*add_generation_prompt=*/true, kwargs);
+      // Assistant turns this episode generated keep their exact ids; only what the agent added
+      // after the latest of them is rendered (chat_splice.hpp). Otherwise a fresh render.
+      options.chat_keys = chat_keys(ordered["messages"], tools, kwargs);
+      std::optional<std::vector<TokenId>> spliced;
+      if (lease.job.exact_history_tokens)
+        spliced = splice_chat_prompt(*lease.backend, ordered["messages"], tools, kwargs, *options.chat_keys,
+                                     [&lease](const std::string& key) {
+                                       return lease.pool->turn_ids(lease.ticket.episode_uuid, key);
+                                     });
+      prompt = spliced ? std::move(*spliced)
+                       : lease.backend->render_chat_with_kwargs(ordered["messages"], tools,
+                                                                /*add_generation_prompt=*/true, kwargs);
       resolve_output_formats(lease.job, *lease.backend, prompt, options);
     } else {
       prompt = completion_prompt(body, *lease.backend);

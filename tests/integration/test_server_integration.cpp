@@ -178,6 +178,85 @@ TEST(ServerIntegration, OpenAIClientRunsAToolLoop) {
   ASSERT_TRUE(server.engine().wait_for_step(1, 10s));
 }
 
+// Issue 20 §3: an agent's SDK sends the server's tool calls back re-serialized (arguments
+// without the generated spaces, keys reordered, content "" instead of null). With
+// exact_history_tokens (default) the three calls still make one sample: each prompt continues
+// from the ids generated before it, the loss mask is 1 exactly on generated ids. With it off,
+// the re-rendered history differs, the calls split into three samples and the episode is
+// counted as split by drift.
+TEST(ServerIntegration, ReserializedToolLoopTrainsAsOneSampleTokenByToken) {
+  for (bool exact : {true, false}) {
+    SCOPED_TRACE(exact ? "exact_history_tokens" : "fresh renders");
+    TestServer server;
+    SwarmClient client(server.url(), fast_client());
+    Job job = small_job(1, 1);
+    job.exact_history_tokens = exact;
+    client.auto_sync_train_config_and_start_engine(job);
+    OpenAIEndpoint ep = client.begin_episode(60, "train", 10s);
+    OpenAIClient llm(ep);
+    ChatParams params;
+    params.temperature = 0;
+    params.tools = nlohmann::json::array(
+        {{{"type", "function"}, {"function", {{"name", "add"}, {"parameters", {{"type", "object"}}}}}},
+         {{"type", "function"}, {"function", {{"name", "mul"}, {"parameters", {{"type", "object"}}}}}}});
+    // The mock answers with the last user / tool message: turn 1 calls add, the add tool's
+    // (scripted) result makes turn 2 call mul, the mul result "20" is turn 3's answer.
+    const std::string call_add = R"(<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>)";
+    const std::string call_mul = R"(<tool_call>{"name": "mul", "arguments": {"x": 5, "y": 4}}</tool_call>)";
+    nlohmann::json messages = nlohmann::json::array({{{"role", "user"}, {"content", call_add}}});
+    std::vector<std::string> env;  // what the agent added after each answer, as rendered text
+    for (const std::string& result : {call_mul, std::string("20")}) {
+      ChatResult r = llm.chat(messages, params);
+      ASSERT_EQ(r.tool_calls.size(), 1u) << r.content;
+      nlohmann::json assistant = r.assistant_message();
+      // Re-serialized as JSON.stringify does (no spaces), keys in reverse order, content "".
+      nlohmann::json args = nlohmann::json::parse(r.tool_calls[0].arguments);
+      nlohmann::ordered_json reordered = nlohmann::ordered_json::object();
+      for (auto it = args.rbegin(); it != args.rend(); ++it) reordered[it.key()] = it.value();
+      assistant["tool_calls"][0]["function"]["arguments"] = reordered.dump();
+      assistant["content"] = "";
+      messages.push_back(assistant);
+      messages.push_back(ChatResult::tool_message(r.tool_calls[0], result));
+      env.push_back("\n<|im_start|>tool\n" + result + "<|im_end|>\n<|im_start|>assistant\n");
+    }
+    ChatResult last = llm.chat(messages, params);
+    EXPECT_EQ(last.content, "20");
+    client.end_episode(task("tools"), ep.episode_uuid, reward(1));
+    ASSERT_TRUE(server.engine().wait_for_step(1, 10s));
+    const auto batches = server.batches->copy();
+    ASSERT_EQ(batches.size(), 1u);
+    const auto& samples = batches[0].episodes.at(0).samples;
+    if (!exact) {
+      EXPECT_EQ(samples.size(), 3u) << "re-rendered tool calls differ from the generated ids";
+      EXPECT_EQ(server.engine().pool_snapshot().counters.episodes_split_by_drift, 1);
+      continue;
+    }
+    ASSERT_EQ(samples.size(), 1u);
+    EXPECT_EQ(server.engine().pool_snapshot().counters.episodes_split_by_drift, 0);
+    // Expected: the first prompt (tools, user), then per turn the generated ids (mask 1) and
+    // what the agent added (mask 0).
+    MockBackend tok;
+    const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(params.tools.dump());
+    std::vector<TokenId> expected = tok.render_chat(
+        nlohmann::ordered_json::array({{{"role", "user"}, {"content", call_add}}}), tools, true);
+    std::vector<uint8_t> mask(expected.size(), 0);
+    const std::string generated[] = {call_add, call_mul, "20"};
+    for (int turn = 0; turn < 3; ++turn) {
+      for (TokenId id : tok.encode(generated[turn])) expected.push_back(id), mask.push_back(1);
+      expected.push_back(MockBackend::kImEnd), mask.push_back(1);
+      if (turn < 2)
+        for (TokenId id : tok.encode_rendered(env[turn])) expected.push_back(id), mask.push_back(0);
+    }
+    const Sample& s = samples[0];
+    EXPECT_EQ(s.num_calls, 3);
+    ASSERT_EQ(s.token_ids.size(), expected.size());
+    for (size_t i = 0; i < expected.size(); ++i) {
+      EXPECT_EQ(s.token_ids[i], expected[i]) << "token " << i;
+      EXPECT_EQ(s.loss_mask[i], mask[i]) << "mask " << i;
+    }
+  }
+}
+
 TEST(ServerIntegration, StopEngineMidRolloutThenRestart) {
   TestServer server;
   SwarmClient client(server.url(), fast_client());

@@ -22,11 +22,11 @@
 // Frameworks (versions pinned in tests/js/package.json, all running on Node 20): openai,
 // @openai/agents, @langchain/openai + @langchain/core, ai + @ai-sdk/openai-compatible.
 
-import { spawn } from 'node:child_process';
 import fs from 'node:fs';
-import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+
+import { SwarmServer, assert, withTimeout } from './swarm_server.mjs';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const TEST_TIMEOUT_MS = 30_000;
@@ -54,58 +54,7 @@ const { createOpenAICompatible } = await import('@ai-sdk/openai-compatible');
 const { z } = await import('zod');
 
 // ------------------------------------------------------------------------------ server
-const workdir = fs.mkdtempSync(path.join(os.tmpdir(), 'swarm-tool-loops-'));
-const logPath = path.join(workdir, 'server.log');
-let server = null;
-
-function cleanup() {
-  if (server && server.exitCode === null && server.signalCode === null) server.kill('SIGKILL');
-  server = null;
-  try { fs.rmSync(workdir, { recursive: true, force: true }); } catch { /* best effort */ }
-}
-process.on('exit', cleanup);
-for (const sig of ['SIGINT', 'SIGTERM', 'SIGHUP']) process.on(sig, () => process.exit(1));
-
-const sleep = ms => new Promise(r => setTimeout(r, ms));
-
-async function startServer() {
-  const log = fs.openSync(logPath, 'w');
-  server = spawn(binary, ['start', '--port', '0', '--log-level', 'info'],
-    { cwd: workdir, stdio: ['ignore', log, log] });
-  fs.closeSync(log);
-  let spawnError = null;
-  server.on('error', e => { spawnError = e; });
-  for (let i = 0; i < 200; i++) {
-    const m = fs.readFileSync(logPath, 'utf8').match(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
-    if (m) return `http://127.0.0.1:${m[1]}`;
-    if (spawnError) throw new Error(`cannot start ${binary}: ${spawnError.message}`);
-    if (server.exitCode !== null || server.signalCode !== null) break;
-    await sleep(50);
-  }
-  throw new Error(`server exited early or never reported its port; log:\n${fs.readFileSync(logPath, 'utf8')}`);
-}
-
-async function post(base, route, body) {
-  const res = await fetch(base + route, {
-    method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body),
-  });
-  const text = await res.text();
-  if (!res.ok) throw new Error(`POST ${route}: HTTP ${res.status} ${text}`);
-  return JSON.parse(text);
-}
-
-async function startEngine(base) {
-  await post(base, '/sync_train_config', {
-    yaml_as_string: 'model: mock\nbatch_size: 100\nnum_repeat: 1\nmax_parallel_episodes: 32\n',
-  });
-  await post(base, '/start_engine', {});
-  for (let i = 0; i < 300; i++) {
-    const st = await (await fetch(base + '/get_engine_status')).json();
-    if (st.engine_status === 'ENGINE.ROLLING') return;
-    await sleep(100);
-  }
-  throw new Error('engine never reached ENGINE.ROLLING');
-}
+const server = new SwarmServer(binary, 'swarm-tool-loops-');
 
 // ------------------------------------------------------------------------------ script
 const CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>';
@@ -117,9 +66,6 @@ const ADD_PARAMS = {
 };
 const ADD_TOOL = { type: 'function', function: { name: 'add', description: 'Add two numbers', parameters: ADD_PARAMS } };
 
-function assert(cond, msg) {
-  if (!cond) throw new Error(msg);
-}
 function checkArgs(args, where) {
   assert(args && args.a === 2 && args.b === 3, `${where}: arguments ${JSON.stringify(args)}, expected {a: 2, b: 3}`);
 }
@@ -354,24 +300,16 @@ for (const stream of [false, true]) {
 }
 
 // ------------------------------------------------------------------------------ main
-function withTimeout(promise, ms) {
-  let timer;
-  return Promise.race([
-    promise,
-    new Promise((_, reject) => { timer = setTimeout(() => reject(new Error(`timed out after ${ms / 1000} s`)), ms); }),
-  ]).finally(() => clearTimeout(timer));
-}
-
 let failed = 0;
 try {
-  const base = await startServer();
-  await startEngine(base);
+  await server.start();
+  await server.startEngine('model: mock\nbatch_size: 100\nnum_repeat: 1\nmax_parallel_episodes: 32\n');
   const only = process.env.TOOL_LOOPS_ONLY; // a substring of test names, to run a few
   for (const { name, fn } of tests) {
     if (only && !name.includes(only)) continue;
     let claim = null;
     try {
-      claim = await post(base, '/claim_episode', { client_uuid: 'js', discard_episode_timeout: 120 });
+      claim = await server.post('/claim_episode', { client_uuid: 'js', discard_episode_timeout: 120 });
       assert(claim.success, `claim_episode: ${JSON.stringify(claim)}`);
       await withTimeout(fn({ baseURL: claim.openai_base_url, apiKey: claim.openai_api_key }), TEST_TIMEOUT_MS);
       console.log(`ok ${name}`);
@@ -381,7 +319,7 @@ try {
       console.log(`FAIL ${name}: ${e?.stack ?? e}${cause}`);
     } finally {
       if (claim?.episode_uuid) {
-        await post(base, '/abort_episode', { client_uuid: 'js', episode_uuid: claim.episode_uuid, declare_client_active: false })
+        await server.post('/abort_episode', { client_uuid: 'js', episode_uuid: claim.episode_uuid, declare_client_active: false })
           .catch(e => { console.log(`note: abort_episode ${claim.episode_uuid}: ${e.message}`); });
       }
     }
@@ -391,7 +329,6 @@ try {
   console.log(`FAIL setup: ${e?.stack ?? e}`);
 }
 if (failed) {
-  const tail = fs.existsSync(logPath) ? fs.readFileSync(logPath, 'utf8').split('\n').slice(-40).join('\n') : '';
-  console.log(`${failed} failed; server log tail:\n${tail}`);
+  console.log(`${failed} failed; server log tail:\n${server.logTail()}`);
 }
 process.exit(failed ? 1 : 0);

@@ -94,6 +94,13 @@ def rotate(x, cos, sin):
 
 
 def forward(cfg, w, ids, dtype):
+    x = hidden_states(cfg, w, ids, dtype)
+    head = w.get("lm_head.weight", w["model.embed_tokens.weight"]).to(dtype)
+    return (x @ head.T).float()
+
+
+def hidden_states(cfg, w, ids, dtype):
+    """The final-norm hidden state of every position (the input of the LM head)."""
     H = cfg["hidden_size"]
     nh = cfg["num_attention_heads"]
     nkv = cfg.get("num_key_value_heads", nh)
@@ -137,9 +144,7 @@ def forward(cfg, w, ids, dtype):
         gate = h @ g("mlp.gate_proj.weight").T
         up = h @ g("mlp.up_proj.weight").T
         x = x + (torch.nn.functional.silu(gate) * up) @ g("mlp.down_proj.weight").T
-    x = rms_norm(x, w["model.norm.weight"].to(dtype), eps)
-    head = w.get("lm_head.weight", w["model.embed_tokens.weight"]).to(dtype)
-    return (x @ head.T).float()
+    return rms_norm(x, w["model.norm.weight"].to(dtype), eps)
 
 
 def main():

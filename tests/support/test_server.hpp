@@ -58,6 +58,12 @@ class RecordingBackend : public Backend {
     return inner_->render_chat_with_kwargs(messages, tools, add_generation_prompt, template_kwargs);
   }
   std::string chat_template_source() const override { return inner_->chat_template_source(); }
+  std::optional<std::string> render_chat_text(const nlohmann::ordered_json& messages,
+                                              const nlohmann::ordered_json& tools, bool add_generation_prompt,
+                                              const nlohmann::ordered_json& template_kwargs) const override {
+    return inner_->render_chat_text(messages, tools, add_generation_prompt, template_kwargs);
+  }
+  std::vector<TokenId> encode_rendered(const std::string& text) const override { return inner_->encode_rendered(text); }
   std::vector<TokenId> encode(const std::string& text) const override { return inner_->encode(text); }
   std::string decode(const std::vector<TokenId>& ids) const override { return inner_->decode(ids); }
   std::string token_text(TokenId id) const override { return inner_->token_text(id); }
