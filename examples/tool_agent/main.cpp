@@ -14,11 +14,11 @@
 // of correct answers, tool calls and turns per episode.
 //
 //   swarm-server start --engine mock &
-//   tool_agent --url http://127.0.0.1:10086 --model mock --scripted --steps 2
+//   tool_agent --url http://127.0.0.1:10086 --model mock --scripted --temperature 0 --max-tokens 256 --steps 2
 //
 // --scripted appends the right tool call to each question in the mock engine's scripting
 // convention (the mock answers with the last user or tool message), so the whole loop runs
-// without a model. On the torch engine, use a model whose chat template renders tools
+// without a model (greedy: when sampling, the mock replaces letters, tool names included). On the torch engine, use a model whose chat template renders tools
 // (Qwen2.5 / Qwen3 style, e.g. tests/data/tiny-qwen3 + tests/fixtures/tokenizers/qwen3).
 
 #include <CLI/CLI.hpp>
@@ -90,25 +90,22 @@ class Calculator {
     }
     return false;
   }
-  static long long checked(bool overflow, long long v) {
+  static void check(bool overflow) {
     if (overflow) throw std::runtime_error("overflow");
-    return v;
   }
   long long sum() {
     long long v = product();
     for (;;) {
-      long long r = 0;
-      if (eat('+')) v = checked(__builtin_add_overflow(v, product(), &r), r);
-      else if (eat('-')) v = checked(__builtin_sub_overflow(v, product(), &r), r);
+      if (eat('+')) check(__builtin_add_overflow(v, product(), &v));
+      else if (eat('-')) check(__builtin_sub_overflow(v, product(), &v));
       else return v;
     }
   }
   long long product() {
     long long v = unary();
     for (;;) {
-      long long r = 0;
       if (eat('*')) {
-        v = checked(__builtin_mul_overflow(v, unary(), &r), r);
+        check(__builtin_mul_overflow(v, unary(), &v));
       } else if (eat('/')) {
         const long long d = unary();
         if (d == 0) throw std::runtime_error("division by zero");
@@ -121,7 +118,8 @@ class Calculator {
   long long unary() {
     if (eat('-')) {
       long long r = 0;
-      return checked(__builtin_sub_overflow(0LL, unary(), &r), r);
+      check(__builtin_sub_overflow(0LL, unary(), &r));
+      return r;
     }
     if (eat('(')) {
       if (++depth_ > 32) throw std::runtime_error("too deeply nested");
@@ -134,7 +132,7 @@ class Calculator {
     const size_t begin = pos_;
     long long v = 0;
     while (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9')
-      v = checked(__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, text_[pos_++] - '0', &v), v);
+      check(__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, text_[pos_++] - '0', &v));
     if (pos_ == begin) throw std::runtime_error(pos_ < text_.size() ? "unexpected '" + text_.substr(pos_, 1) + "'"
                                                                     : "expression ends early");
     return v;

@@ -221,6 +221,37 @@ TEST_F(ExampleAgents, DebugAgentAbortsEveryEpisodeAndLeavesTheBatchUntouched) {
   for (const auto& e : batches[0].episodes) EXPECT_EQ(debug_episodes.count(e.episode_uuid), 0u) << e.episode_uuid;
 }
 
+// examples/tool_agent on the mock engine with scripted tool calls: every episode calls the
+// calculator once, gets the right number back as the answer (reward 1), and trains as one
+// sample of two calls (the server splices the generated ids of the tool-call turn).
+TEST_F(ExampleAgents, ToolAgentRunsItsCalculatorLoopAndEachEpisodeIsOneSample) {
+  TestServer server;
+  const Result r = run(SWARM_TOOL_AGENT, {"--url", server.url(), "--model", "mock", "--scripted", "--steps", "2",
+                                          "--batch-size", "2", "--num-repeat", "2", "--workers", "4", "--digits", "4", "--temperature", "0", "--max-tokens", "256"});
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("step 2/2"));
+  static const std::regex step_re(
+      R"(reward=([0-9.]+)  well_formed_call=([0-9.]+)  correct=([0-9.]+)  calls/episode=([0-9.]+)  turns/episode=([0-9.]+))");
+  int steps = 0;
+  for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), step_re); it != std::sregex_iterator(); ++it) {
+    ++steps;
+    EXPECT_EQ((*it)[1], "1.000") << r.output;
+    EXPECT_EQ((*it)[2], "1.00");
+    EXPECT_EQ((*it)[3], "1.00");
+    EXPECT_EQ((*it)[4], "1.00");
+    EXPECT_EQ((*it)[5], "2.00");
+  }
+  EXPECT_EQ(steps, 2) << r.output;
+  const auto batches = server.batches->copy();
+  ASSERT_EQ(batches.size(), 2u);
+  for (const auto& b : batches)
+    for (const auto& e : b.episodes) {
+      ASSERT_EQ(e.samples.size(), 1u) << "the tool loop of episode " << e.episode_uuid << " split";
+      EXPECT_EQ(e.samples[0].num_calls, 2);
+      EXPECT_EQ(e.reward, 1.0);
+    }
+}
+
 TEST_F(ExampleAgents, DebugAgentWithNoConfigureRefusesAnOfflineEngine) {
   TestServer server;
   const Result r = run(SWARM_DEBUG_AGENT, {"--url", server.url(), "--no-configure"});
