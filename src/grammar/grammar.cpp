@@ -1,0 +1,170 @@
+#include "grammar/grammar.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <stdexcept>
+
+namespace swarm::grammar {
+
+uint32_t Grammar::add_rule(std::string name) {
+  rules_.emplace_back();
+  names_.push_back(name.empty() ? "r" + std::to_string(rules_.size() - 1) : std::move(name));
+  return static_cast<uint32_t>(rules_.size() - 1);
+}
+
+void Grammar::add_alternative(uint32_t rule, const std::vector<Element>& sequence) {
+  if (rule >= rules_.size()) throw std::invalid_argument("grammar: no rule " + std::to_string(rule));
+  rules_[rule].push_back(static_cast<uint32_t>(elements_.size()));
+  for (const Element& e : sequence) {
+    if (e.kind == Element::END) throw std::invalid_argument("grammar: END inside a sequence");
+    elements_.push_back(e);
+  }
+  elements_.push_back(Element{});
+}
+
+uint32_t Grammar::rule_of(const std::vector<std::vector<Element>>& alternatives, std::string name) {
+  const uint32_t r = add_rule(std::move(name));
+  for (const auto& alt : alternatives) add_alternative(r, alt);
+  return r;
+}
+
+void Grammar::validate() const {
+  if (root_ >= rules_.size()) throw std::invalid_argument("grammar: no root rule");
+  for (size_t r = 0; r < rules_.size(); ++r)
+    if (rules_[r].empty()) throw std::invalid_argument("grammar: rule '" + names_[r] + "' has no alternatives");
+  for (const Element& e : elements_) {
+    if (e.kind == Element::RULE && e.ref >= rules_.size())
+      throw std::invalid_argument("grammar: reference to rule " + std::to_string(e.ref) + " that does not exist");
+    if (e.kind == Element::BYTES && e.lo > e.hi) throw std::invalid_argument("grammar: empty byte range");
+  }
+}
+
+std::vector<Element> Grammar::literal(std::string_view text) {
+  std::vector<Element> out;
+  out.reserve(text.size());
+  for (unsigned char c : text) out.push_back(Element::byte(c));
+  return out;
+}
+
+// ---------------------------------------------------------------------------------- Matcher
+
+namespace {
+constexpr uint32_t kNoPos = std::numeric_limits<uint32_t>::max();
+constexpr int kMaxExpandDepth = 4096;  // deeper means a left-recursive (broken) grammar
+}  // namespace
+
+Matcher::Matcher(const Grammar& grammar) : g_(&grammar) {
+  grammar.validate();
+  nodes_.push_back({0, kNoPos});  // 0: the empty stack
+  State init;
+  for (uint32_t alt : g_->alternatives(g_->root())) expand(intern(0, alt), init, 0);
+  normalize(init);
+  state_ = std::move(init);
+}
+
+uint32_t Matcher::intern(uint32_t parent, uint32_t pos) {
+  const uint64_t key = (static_cast<uint64_t>(parent) << 32) | pos;
+  auto [it, inserted] = index_.try_emplace(key, static_cast<uint32_t>(nodes_.size()));
+  if (inserted) nodes_.push_back({parent, pos});
+  return it->second;
+}
+
+void Matcher::expand(uint32_t stack, std::vector<uint32_t>& out, int depth) {
+  if (depth > kMaxExpandDepth) throw std::logic_error("grammar: left recursion (expansion too deep)");
+  while (stack != 0) {
+    const Node n = nodes_[stack];
+    const Element& e = g_->element(n.pos);
+    if (e.kind == Element::END) {  // an empty alternative, or the end of one: continue below
+      stack = n.parent;
+      continue;
+    }
+    if (e.kind != Element::RULE) {
+      out.push_back(stack);
+      return;
+    }
+    // Replace the reference by its continuation, then push each alternative of the rule.
+    const uint32_t cont = g_->element(n.pos + 1).kind == Element::END ? n.parent : intern(n.parent, n.pos + 1);
+    for (uint32_t alt : g_->alternatives(e.ref)) expand(intern(cont, alt), out, depth + 1);
+    return;
+  }
+  out.push_back(0);
+}
+
+void Matcher::consume(uint32_t stack, std::vector<uint32_t>& out) {
+  const Node n = nodes_[stack];
+  const uint32_t next = n.pos + 1;
+  expand(g_->element(next).kind == Element::END ? n.parent : intern(n.parent, next), out, 0);
+}
+
+void Matcher::normalize(State& s) {
+  std::sort(s.begin(), s.end());
+  s.erase(std::unique(s.begin(), s.end()), s.end());
+}
+
+Matcher::State Matcher::advance(const State& s, uint8_t b) {
+  State out;
+  for (uint32_t stack : s) {
+    if (stack == 0) continue;
+    const uint64_t key = (static_cast<uint64_t>(stack) << 8) | b;
+    auto it = step_memo_.find(key);
+    if (it == step_memo_.end()) {
+      State next;
+      const Element& e = g_->element(nodes_[stack].pos);
+      if (e.kind == Element::BYTES && e.lo <= b && b <= e.hi) consume(stack, next);
+      normalize(next);
+      it = step_memo_.emplace(key, std::move(next)).first;
+    }
+    out.insert(out.end(), it->second.begin(), it->second.end());
+  }
+  if (s.size() > 1) normalize(out);
+  return out;
+}
+
+Matcher::State Matcher::advance_token(const State& s, uint32_t id) {
+  State out;
+  for (uint32_t stack : s) {
+    if (stack == 0) continue;
+    const Element& e = g_->element(nodes_[stack].pos);
+    if (e.kind == Element::TOKEN && e.ref == id) consume(stack, out);
+  }
+  normalize(out);
+  return out;
+}
+
+bool Matcher::feed_byte(uint8_t b) {
+  State next = advance(state_, b);
+  if (next.empty()) return false;
+  state_ = std::move(next);
+  return true;
+}
+
+bool Matcher::feed_bytes(std::string_view bytes) {
+  State s = state_;
+  for (unsigned char c : bytes) {
+    s = advance(s, c);
+    if (s.empty()) return false;
+  }
+  state_ = std::move(s);
+  return true;
+}
+
+bool Matcher::feed_token(uint32_t id) {
+  State next = advance_token(state_, id);
+  if (next.empty()) return false;
+  state_ = std::move(next);
+  return true;
+}
+
+std::vector<uint32_t> Matcher::allowed_special_tokens(const State& s) const {
+  std::vector<uint32_t> out;
+  for (uint32_t stack : s) {
+    if (stack == 0) continue;
+    const Element& e = g_->element(nodes_[stack].pos);
+    if (e.kind == Element::TOKEN) out.push_back(e.ref);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+}  // namespace swarm::grammar

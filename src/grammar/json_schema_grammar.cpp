@@ -1,0 +1,512 @@
+#include "grammar/json_schema_grammar.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+
+namespace swarm::grammar {
+namespace {
+
+using json = nlohmann::ordered_json;  // properties are generated in the schema's order
+using Seq = std::vector<Element>;
+
+const std::set<std::string> kAnnotations = {"$schema", "$id",     "title",      "description", "default",  "examples",
+                                            "$comment", "deprecated", "readOnly", "writeOnly"};
+const std::set<std::string> kCommon = {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions",
+                                       "nullable"};
+const std::map<std::string, std::set<std::string>> kByType = {
+    {"object", {"properties", "required", "additionalProperties"}},
+    {"array", {"items", "minItems", "maxItems"}},
+    {"string", {"minLength", "maxLength"}},
+    {"integer", {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}},
+    {"number", {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}},
+    {"boolean", {}},
+    {"null", {}},
+};
+
+Seq cat(std::initializer_list<Seq> parts) {
+  Seq out;
+  for (const Seq& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+Seq lit(std::string_view s) { return Grammar::literal(s); }
+Seq ref(uint32_t r) { return {Element::rule(r)}; }
+
+}  // namespace
+
+struct JsonSchemaCompiler::Impl {
+  Grammar& g;
+  const json& root;
+  JsonGrammarLimits limits;
+  std::map<std::string, uint32_t> refs;  // "$ref" target -> rule
+  std::optional<uint32_t> ws_rule, char_rule, chars_rule, digits_rule, any_rule, string_rule, number_rule,
+      integer_rule;
+  std::map<std::pair<int64_t, bool>, uint32_t> char_runs;  // (n, optional) -> rule of up to / exactly n chars
+
+  Impl(Grammar& grammar, const json& r, JsonGrammarLimits l) : g(grammar), root(r), limits(l) {}
+
+  void check_size() {
+    if (g.num_rules() > limits.max_rules)
+      throw SchemaError("schema too large: its grammar exceeds " + std::to_string(limits.max_rules) + " rules");
+  }
+
+  uint32_t ws() {
+    if (ws_rule) return *ws_rule;
+    // sp_k: up to k spaces.
+    uint32_t sp = g.rule_of({{}}, "sp0");
+    for (int k = 1; k <= 16; ++k) sp = g.rule_of({{}, cat({lit(" "), ref(sp)})}, "sp" + std::to_string(k));
+    ws_rule = g.rule_of({{}, lit(" "), cat({lit("\n"), ref(sp)})}, "ws");
+    return *ws_rule;
+  }
+
+  // One character inside a JSON string: unescaped UTF-8 (well-formed) or an escape.
+  uint32_t string_char() {
+    if (char_rule) return *char_rule;
+    const auto B = Element::bytes;
+    const uint32_t hex = g.rule_of({{B('0', '9')}, {B('a', 'f')}, {B('A', 'F')}}, "hex");
+    const uint32_t esc = g.rule_of({{Element::byte('"')}, {Element::byte('\\')}, {Element::byte('/')},
+                                    {Element::byte('b')}, {Element::byte('f')}, {Element::byte('n')},
+                                    {Element::byte('r')}, {Element::byte('t')},
+                                    cat({lit("u"), ref(hex), ref(hex), ref(hex), ref(hex)})},
+                                   "escape");
+    char_rule = g.rule_of({{B(0x20, 0x21)},
+                           {B(0x23, 0x5B)},
+                           {B(0x5D, 0x7F)},
+                           cat({lit("\\"), ref(esc)}),
+                           {B(0xC2, 0xDF), B(0x80, 0xBF)},
+                           {Element::byte(0xE0), B(0xA0, 0xBF), B(0x80, 0xBF)},
+                           {B(0xE1, 0xEC), B(0x80, 0xBF), B(0x80, 0xBF)},
+                           {Element::byte(0xED), B(0x80, 0x9F), B(0x80, 0xBF)},
+                           {B(0xEE, 0xEF), B(0x80, 0xBF), B(0x80, 0xBF)},
+                           {Element::byte(0xF0), B(0x90, 0xBF), B(0x80, 0xBF), B(0x80, 0xBF)},
+                           {B(0xF1, 0xF3), B(0x80, 0xBF), B(0x80, 0xBF), B(0x80, 0xBF)},
+                           {Element::byte(0xF4), B(0x80, 0x8F), B(0x80, 0xBF), B(0x80, 0xBF)}},
+                          "char");
+    return *char_rule;
+  }
+
+  uint32_t chars() {  // any number of characters
+    if (chars_rule) return *chars_rule;
+    const uint32_t r = g.add_rule("chars");
+    g.add_alternative(r, {});
+    g.add_alternative(r, cat({ref(string_char()), ref(r)}));
+    chars_rule = r;
+    return r;
+  }
+
+  // Up to n characters (optional) or exactly n.
+  uint32_t char_run(int64_t n, bool optional) {
+    auto key = std::make_pair(n, optional);
+    if (auto it = char_runs.find(key); it != char_runs.end()) return it->second;
+    uint32_t r;
+    if (n == 0) {
+      r = g.rule_of({{}});
+    } else {
+      const uint32_t prev = char_run(n - 1, optional);
+      r = optional ? g.rule_of({{}, cat({ref(string_char()), ref(prev)})}) : g.rule_of({cat({ref(string_char()), ref(prev)})});
+    }
+    check_size();
+    char_runs[key] = r;
+    return r;
+  }
+
+  uint32_t string(std::optional<int64_t> min_len, std::optional<int64_t> max_len, const std::string& path) {
+    const int64_t lo = min_len.value_or(0);
+    if (lo < 0 || (max_len && *max_len < lo))
+      throw SchemaError("invalid minLength/maxLength at " + path);
+    if (lo > limits.max_repeat_bound || (max_len && *max_len > limits.max_repeat_bound))
+      throw SchemaError("minLength/maxLength above " + std::to_string(limits.max_repeat_bound) + " at " + path +
+                          " is not supported");
+    if (!min_len && !max_len) {
+      if (!string_rule) string_rule = g.rule_of({cat({lit("\""), ref(chars()), lit("\"")})}, "string");
+      return *string_rule;
+    }
+    Seq body = cat({lit("\""), ref(char_run(lo, false))});
+    body.push_back(Element::rule(max_len ? char_run(*max_len - lo, true) : chars()));
+    body.push_back(Element::byte('"'));
+    return g.rule_of({body});
+  }
+
+  uint32_t digits(int max_more) {  // up to max_more further digits
+    uint32_t r = g.rule_of({{}});
+    for (int k = 1; k <= max_more; ++k) r = g.rule_of({{}, {Element::bytes('0', '9'), Element::rule(r)}});
+    return r;
+  }
+
+  uint32_t integer_unbounded() {
+    if (integer_rule) return *integer_rule;
+    if (!digits_rule) digits_rule = digits(18);
+    const uint32_t nat = g.rule_of({lit("0"), {Element::bytes('1', '9'), Element::rule(*digits_rule)}}, "natural");
+    integer_rule = g.rule_of({ref(nat), cat({lit("-"), ref(nat)})}, "integer");
+    return *integer_rule;
+  }
+
+  uint32_t number() {
+    if (number_rule) return *number_rule;
+    const uint32_t integer = integer_unbounded();
+    const uint32_t frac_digits = digits(15);
+    const uint32_t frac = g.rule_of({{}, {Element::byte('.'), Element::bytes('0', '9'), Element::rule(frac_digits)}}, "frac");
+    const uint32_t exp_digits = digits(2);
+    const uint32_t sign = g.rule_of({{}, lit("+"), lit("-")});
+    const uint32_t exp = g.rule_of(
+        {{}, {Element::bytes('E', 'E'), Element::rule(sign), Element::bytes('0', '9'), Element::rule(exp_digits)},
+         {Element::bytes('e', 'e'), Element::rule(sign), Element::bytes('0', '9'), Element::rule(exp_digits)}},
+        "exp");
+    number_rule = g.rule_of({cat({ref(integer), ref(frac), ref(exp)})}, "number");
+    return *number_rule;
+  }
+
+  // Decimal strings of equal length a <= b: every number in [a, b] written with that length.
+  Seq same_length_range(const std::string& a, const std::string& b) {
+    if (a.size() == 1) return {Element::bytes(static_cast<uint8_t>(a[0]), static_cast<uint8_t>(b[0]))};
+    if (a.find_first_not_of('0') == std::string::npos && b.find_first_not_of('9') == std::string::npos)
+      return Seq(a.size(), Element::bytes('0', '9'));  // every digit string of this length
+    if (a[0] == b[0]) return cat({{Element::byte(static_cast<uint8_t>(a[0]))}, same_length_range(a.substr(1), b.substr(1))});
+    const std::string nines(a.size() - 1, '9'), zeros(a.size() - 1, '0');
+    std::vector<Seq> alts;
+    alts.push_back(cat({{Element::byte(static_cast<uint8_t>(a[0]))}, same_length_range(a.substr(1), nines)}));
+    if (a[0] + 1 <= b[0] - 1) {
+      Seq mid{Element::bytes(static_cast<uint8_t>(a[0] + 1), static_cast<uint8_t>(b[0] - 1))};
+      for (size_t i = 1; i < a.size(); ++i) mid.push_back(Element::bytes('0', '9'));
+      alts.push_back(mid);
+    }
+    alts.push_back(cat({{Element::byte(static_cast<uint8_t>(b[0]))}, same_length_range(zeros, b.substr(1))}));
+    check_size();
+    return ref(g.rule_of(alts));
+  }
+
+  // Non-negative integers in [lo, hi] (hi nullopt: unbounded), without leading zeros.
+  std::vector<Seq> natural_range(uint64_t lo, std::optional<uint64_t> hi) {
+    std::vector<Seq> alts;
+    const std::string slo = std::to_string(lo);
+    const size_t max_len = hi ? std::to_string(*hi).size() : 19;
+    for (size_t len = slo.size(); len <= max_len; ++len) {
+      const std::string first = len == slo.size() ? slo : "1" + std::string(len - 1, '0');
+      std::string last = std::string(len, '9');
+      if (hi && len == max_len) last = std::to_string(*hi);
+      if (first.size() != len || last.size() != len || first > last) continue;
+      alts.push_back(same_length_range(first, last));
+    }
+    return alts;
+  }
+
+  uint32_t integer(const json& s, const std::string& path) {
+    std::optional<long double> lo, hi;
+    auto bound = [&](const char* key, bool lower, bool exclusive) {
+      auto it = s.find(key);
+      if (it == s.end()) return;
+      if (!it->is_number()) {
+        if (exclusive && it->is_boolean()) throw SchemaError("boolean '" + std::string(key) + "' (draft 4) at " + path + " is not supported");
+        throw SchemaError("'" + std::string(key) + "' at " + path + " must be a number");
+      }
+      long double v = it->get<long double>();
+      v = lower ? (exclusive ? std::floor(v) + 1 : std::ceil(v)) : (exclusive ? std::ceil(v) - 1 : std::floor(v));
+      if (lower) lo = lo ? std::max(*lo, v) : v;
+      else hi = hi ? std::min(*hi, v) : v;
+    };
+    bound("minimum", true, false);
+    bound("exclusiveMinimum", true, true);
+    bound("maximum", false, false);
+    bound("exclusiveMaximum", false, true);
+    if (!lo && !hi) return integer_unbounded();
+    const long double kLimit = 1e18L;
+    if ((lo && std::fabs(*lo) > kLimit) || (hi && std::fabs(*hi) > kLimit))
+      throw SchemaError("integer bounds beyond 1e18 at " + path + " are not supported");
+    if (lo && hi && *lo > *hi) throw SchemaError("no integer satisfies the bounds at " + path);
+    std::vector<Seq> alts;
+    // Non-negative part.
+    if (!hi || *hi >= 0) {
+      const uint64_t a = lo && *lo > 0 ? static_cast<uint64_t>(*lo) : 0;
+      std::optional<uint64_t> b;
+      if (hi) b = static_cast<uint64_t>(*hi);
+      for (auto& alt : natural_range(a, b)) alts.push_back(alt);
+    }
+    // Negative part: -v for v in [max(1, -hi), -lo].
+    if (!lo || *lo < 0) {
+      const uint64_t a = hi && *hi < 0 ? static_cast<uint64_t>(-*hi) : 1;
+      std::optional<uint64_t> b;
+      if (lo) b = static_cast<uint64_t>(-*lo);
+      for (auto& alt : natural_range(a, b)) alts.push_back(cat({lit("-"), alt}));
+    }
+    check_size();
+    return g.rule_of(alts);
+  }
+
+  uint32_t any_value() {
+    if (any_rule) return *any_rule;
+    const uint32_t value = g.add_rule("any");
+    any_rule = value;
+    const uint32_t w = ws();
+    const uint32_t str = string(std::nullopt, std::nullopt, "#");
+    // object: { ws (string ws : ws value (ws , ws string ws : ws value)*)? ws }
+    const uint32_t member = g.rule_of({cat({ref(str), ref(w), lit(":"), ref(w), ref(value)})}, "member");
+    const uint32_t members_tail = g.add_rule("members_tail");
+    g.add_alternative(members_tail, {});
+    g.add_alternative(members_tail, cat({ref(w), lit(","), ref(w), ref(member), ref(members_tail)}));
+    const uint32_t object = g.rule_of({cat({lit("{"), ref(w), lit("}")}),
+                                       cat({lit("{"), ref(w), ref(member), ref(members_tail), ref(w), lit("}")})},
+                                      "object");
+    const uint32_t items_tail = g.add_rule("items_tail");
+    g.add_alternative(items_tail, {});
+    g.add_alternative(items_tail, cat({ref(w), lit(","), ref(w), ref(value), ref(items_tail)}));
+    const uint32_t array = g.rule_of({cat({lit("["), ref(w), lit("]")}),
+                                      cat({lit("["), ref(w), ref(value), ref(items_tail), ref(w), lit("]")})},
+                                     "array");
+    for (const Seq& alt : std::vector<Seq>{ref(object), ref(array), ref(str), ref(number()), lit("true"), lit("false"),
+                                           lit("null")})
+      g.add_alternative(value, alt);
+    return value;
+  }
+
+  uint32_t literal_values(const json& values) {
+    std::vector<Seq> alts;
+    for (const auto& v : values) alts.push_back(lit(v.dump(-1, ' ', false, json::error_handler_t::strict)));
+    return g.rule_of(alts);
+  }
+
+  uint32_t resolve_ref(const std::string& target, const std::string& path) {
+    if (auto it = refs.find(target); it != refs.end()) return it->second;
+    const json* node = nullptr;
+    if (target == "#") {
+      node = &root;
+    } else {
+      for (const char* prefix : {"#/$defs/", "#/definitions/"}) {
+        const std::string p = prefix;
+        if (target.rfind(p, 0) != 0) continue;
+        const std::string section = p.substr(2, p.size() - 3);
+        const std::string name = target.substr(p.size());
+        if (root.contains(section) && root[section].is_object() && root[section].contains(name))
+          node = &root[section][name];
+      }
+    }
+    if (!node) throw SchemaError("'$ref' at " + path + " points to '" + target + "', which is not in this schema's $defs");
+    // The rule exists before its body, so recursive references close the loop.
+    const uint32_t r = g.add_rule("ref:" + target);
+    refs[target] = r;
+    g.add_alternative(r, ref(value(*node, target)));
+    return r;
+  }
+
+  uint32_t object(const json& s, const std::string& path) {
+    const uint32_t w = ws();
+    std::vector<std::pair<std::string, const json*>> props;
+    if (auto it = s.find("properties"); it != s.end()) {
+      if (!it->is_object()) throw SchemaError("'properties' at " + path + " must be an object");
+      for (auto p = it->begin(); p != it->end(); ++p) props.emplace_back(p.key(), &p.value());
+    }
+    std::set<std::string> required;
+    if (auto it = s.find("required"); it != s.end()) {
+      if (!it->is_array()) throw SchemaError("'required' at " + path + " must be an array");
+      for (const auto& r : *it) {
+        if (!r.is_string()) throw SchemaError("'required' at " + path + " must hold strings");
+        required.insert(r.get<std::string>());
+      }
+    }
+    for (const auto& r : required)
+      if (std::none_of(props.begin(), props.end(), [&](const auto& p) { return p.first == r; }))
+        throw SchemaError("'required' at " + path + " names '" + r + "', which is not in 'properties'");
+    const json* additional = nullptr;
+    bool additional_allowed = true;
+    if (auto it = s.find("additionalProperties"); it != s.end()) {
+      if (it->is_boolean()) additional_allowed = it->get<bool>();
+      else if (it->is_object()) additional = &*it;
+      else throw SchemaError("'additionalProperties' at " + path + " must be a boolean or a schema");
+    }
+    if (props.empty()) {
+      if (!additional_allowed) return g.rule_of({cat({lit("{"), ref(w), lit("}")})});
+      // Any keys; values per additionalProperties.
+      const uint32_t val = additional ? value(*additional, path + "/additionalProperties") : any_value();
+      const uint32_t str = string(std::nullopt, std::nullopt, path);
+      const uint32_t member = g.rule_of({cat({ref(str), ref(w), lit(":"), ref(w), ref(val)})});
+      const uint32_t tail = g.add_rule();
+      g.add_alternative(tail, {});
+      g.add_alternative(tail, cat({ref(w), lit(","), ref(w), ref(member), ref(tail)}));
+      return g.rule_of({cat({lit("{"), ref(w), lit("}")}), cat({lit("{"), ref(w), ref(member), ref(tail), ref(w), lit("}")})});
+    }
+    // rest[i][first]: properties i.. given whether none was written yet.
+    const size_t n = props.size();
+    std::vector<std::array<uint32_t, 2>> rest(n + 1);
+    rest[n] = {g.rule_of({{}}), g.rule_of({{}})};
+    for (size_t i = n; i-- > 0;) {
+      const auto& [name, schema] = props[i];
+      const uint32_t val = value(*schema, path + "/properties/" + name);
+      const Seq key = lit(json(name).dump(-1, ' ', false, json::error_handler_t::strict));
+      for (int first = 0; first < 2; ++first) {
+        std::vector<Seq> alts;
+        Seq present = first ? Seq{} : cat({ref(w), lit(","), ref(w)});
+        present = cat({present, key, ref(w), lit(":"), ref(w), ref(val), ref(rest[i + 1][0])});
+        alts.push_back(present);
+        if (!required.count(name)) alts.push_back(ref(rest[i + 1][first]));
+        rest[i][first] = g.rule_of(alts);
+      }
+      check_size();
+    }
+    return g.rule_of({cat({lit("{"), ref(w), ref(rest[0][1]), ref(w), lit("}")})});
+  }
+
+  uint32_t array(const json& s, const std::string& path) {
+    const uint32_t w = ws();
+    uint32_t item;
+    if (auto it = s.find("items"); it != s.end()) {
+      if (it->is_boolean() && !it->get<bool>()) return g.rule_of({cat({lit("["), ref(w), lit("]")})});
+      item = it->is_boolean() ? any_value() : value(*it, path + "/items");
+    } else {
+      item = any_value();
+    }
+    auto count = [&](const char* key) -> std::optional<int64_t> {
+      auto it = s.find(key);
+      if (it == s.end()) return std::nullopt;
+      if (!it->is_number_integer() || it->get<int64_t>() < 0)
+        throw SchemaError("'" + std::string(key) + "' at " + path + " must be a non-negative integer");
+      return it->get<int64_t>();
+    };
+    const int64_t lo = count("minItems").value_or(0);
+    const std::optional<int64_t> hi = count("maxItems");
+    if (hi && *hi < lo) throw SchemaError("maxItems < minItems at " + path);
+    if (lo > limits.max_repeat_bound || (hi && *hi > limits.max_repeat_bound))
+      throw SchemaError("minItems/maxItems above " + std::to_string(limits.max_repeat_bound) + " at " + path +
+                        " is not supported");
+    if (hi && *hi == 0) return g.rule_of({cat({lit("["), ref(w), lit("]")})});
+    const Seq next = cat({ref(w), lit(","), ref(w), ref(item)});
+    // Optional further items: up to `k` more (unbounded when no maxItems).
+    uint32_t tail;
+    if (!hi) {
+      tail = g.add_rule();
+      g.add_alternative(tail, {});
+      g.add_alternative(tail, cat({next, ref(tail)}));
+    } else {
+      tail = g.rule_of({{}});
+      for (int64_t k = 1; k <= *hi - std::max<int64_t>(lo, 1); ++k) tail = g.rule_of({{}, cat({next, ref(tail)})});
+    }
+    Seq items = ref(item);
+    for (int64_t k = 1; k < lo; ++k) items = cat({items, next});
+    items = cat({items, ref(tail)});
+    std::vector<Seq> alts{cat({lit("["), ref(w), items, ref(w), lit("]")})};
+    if (lo == 0) alts.push_back(cat({lit("["), ref(w), lit("]")}));
+    check_size();
+    return g.rule_of(alts);
+  }
+
+  uint32_t typed(const std::string& type, const json& s, const std::string& path) {
+    if (type == "object") return object(s, path);
+    if (type == "array") return array(s, path);
+    if (type == "boolean") return g.rule_of({lit("true"), lit("false")});
+    if (type == "null") return g.rule_of({lit("null")});
+    if (type == "integer") return integer(s, path);
+    if (type == "number") {
+      for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+        if (s.contains(k))
+          throw SchemaError("'" + std::string(k) + "' on a number at " + path +
+                            " is not supported (bounds are supported on integers)");
+      return number();
+    }
+    if (type == "string") {
+      auto len = [&](const char* key) -> std::optional<int64_t> {
+        auto it = s.find(key);
+        if (it == s.end()) return std::nullopt;
+        if (!it->is_number_integer()) throw SchemaError("'" + std::string(key) + "' at " + path + " must be an integer");
+        return it->get<int64_t>();
+      };
+      return string(len("minLength"), len("maxLength"), path);
+    }
+    throw SchemaError("unknown type '" + type + "' at " + path);
+  }
+
+  uint32_t value(const json& s, const std::string& path) {
+    check_size();
+    if (s.is_boolean()) {
+      if (!s.get<bool>()) throw SchemaError("schema false at " + path + " admits no value");
+      return any_value();
+    }
+    if (!s.is_object()) throw SchemaError("the schema at " + path + " must be an object or a boolean");
+    // Which keywords may appear: those of the types it can have.
+    std::vector<std::string> types;
+    if (auto it = s.find("type"); it != s.end()) {
+      if (it->is_string()) types.push_back(it->get<std::string>());
+      else if (it->is_array())
+        for (const auto& t : *it) {
+          if (!t.is_string()) throw SchemaError("'type' at " + path + " must be a string or an array of strings");
+          types.push_back(t.get<std::string>());
+        }
+      else throw SchemaError("'type' at " + path + " must be a string or an array of strings");
+      for (const auto& t : types)
+        if (!kByType.count(t)) throw SchemaError("unknown type '" + t + "' at " + path);
+    }
+    for (auto it = s.begin(); it != s.end(); ++it) {
+      const std::string& k = it.key();
+      if (kAnnotations.count(k) || kCommon.count(k)) continue;
+      bool known = false;
+      for (const auto& [t, keys] : kByType)
+        if ((types.empty() || std::find(types.begin(), types.end(), t) != types.end()) && keys.count(k)) known = true;
+      if (!known) throw SchemaError("unsupported keyword '" + k + "' at " + path);
+    }
+    if (s.value("nullable", false) && !types.empty() &&
+        std::find(types.begin(), types.end(), "null") == types.end())
+      types.push_back("null");
+    if (auto it = s.find("$ref"); it != s.end()) {
+      if (!it->is_string()) throw SchemaError("'$ref' at " + path + " must be a string");
+      for (auto k = s.begin(); k != s.end(); ++k)
+        if (!kAnnotations.count(k.key()) && k.key() != "$ref" && k.key() != "$defs" && k.key() != "definitions")
+          throw SchemaError("'$ref' with '" + k.key() + "' beside it at " + path + " is not supported");
+      return resolve_ref(it->get<std::string>(), path);
+    }
+    if (auto it = s.find("const"); it != s.end()) return literal_values(json::array({*it}));
+    if (auto it = s.find("enum"); it != s.end()) {
+      if (!it->is_array() || it->empty()) throw SchemaError("'enum' at " + path + " must be a non-empty array");
+      return literal_values(*it);
+    }
+    for (const char* key : {"anyOf", "oneOf"}) {
+      auto it = s.find(key);
+      if (it == s.end()) continue;
+      if (!it->is_array() || it->empty()) throw SchemaError("'" + std::string(key) + "' at " + path + " must be a non-empty array");
+      if (!types.empty()) throw SchemaError("'" + std::string(key) + "' with 'type' beside it at " + path + " is not supported");
+      std::vector<Seq> alts;
+      for (size_t i = 0; i < it->size(); ++i)
+        alts.push_back(ref(value((*it)[i], path + "/" + key + "/" + std::to_string(i))));
+      return g.rule_of(alts);
+    }
+    if (auto it = s.find("allOf"); it != s.end()) {
+      if (!it->is_array() || it->size() != 1)
+        throw SchemaError("'allOf' at " + path + " is supported with exactly one member");
+      return value((*it)[0], path + "/allOf/0");
+    }
+    if (types.empty()) {  // inferred from the keywords, else any value
+      if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")) types = {"object"};
+      else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) types = {"array"};
+      else if (s.contains("minLength") || s.contains("maxLength")) types = {"string"};
+      else if (s.contains("minimum") || s.contains("maximum")) types = {"number"};
+      else return any_value();
+    }
+    if (types.size() == 1) return typed(types[0], s, path);
+    std::vector<Seq> alts;
+    for (const auto& t : types) alts.push_back(ref(typed(t, s, path)));
+    return g.rule_of(alts);
+  }
+};
+
+JsonSchemaCompiler::JsonSchemaCompiler(Grammar& g, const json& root_schema, JsonGrammarLimits limits)
+    : impl_(std::make_unique<Impl>(g, root_schema, limits)) {}
+JsonSchemaCompiler::~JsonSchemaCompiler() = default;
+uint32_t JsonSchemaCompiler::value(const json& schema, const std::string& path) { return impl_->value(schema, path); }
+uint32_t JsonSchemaCompiler::ws() { return impl_->ws(); }
+
+Grammar json_schema_grammar(const json& schema, const JsonGrammarLimits& limits) {
+  if (schema.dump().size() > limits.max_schema_bytes)
+    throw SchemaError("schema too large: more than " + std::to_string(limits.max_schema_bytes) + " bytes");
+  Grammar g;
+  JsonSchemaCompiler c(g, schema, limits);
+  const uint32_t value = c.value(schema, "#");
+  g.set_root(g.rule_of({{Element::rule(value)}}, "root"));
+  g.validate();
+  return g;
+}
+
+Grammar json_object_grammar() {
+  return json_schema_grammar(json{{"type", "object"}});
+}
+
+}  // namespace swarm::grammar

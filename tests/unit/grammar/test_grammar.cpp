@@ -1,0 +1,236 @@
+// Byte grammars, the incremental matcher and JSON Schema -> grammar (issue 21).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "grammar/grammar.hpp"
+#include "grammar/json_schema_grammar.hpp"
+
+namespace swarm::grammar {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+bool accepts(const Grammar& g, const std::string& text) {
+  Matcher m(g);
+  return m.feed_bytes(text) && m.accepting();
+}
+bool prefix_ok(const Grammar& g, const std::string& text) {
+  Matcher m(g);
+  return m.feed_bytes(text);
+}
+
+TEST(Grammar, LiteralsAlternativesAndRightRecursion) {
+  Grammar g;
+  // list ::= "a" | "a" "," list   (one or more a's separated by commas)
+  const uint32_t list = g.add_rule("list");
+  g.add_alternative(list, Grammar::literal("a"));
+  g.add_alternative(list, {Element::byte('a'), Element::byte(','), Element::rule(list)});
+  g.set_root(list);
+  EXPECT_TRUE(accepts(g, "a"));
+  EXPECT_TRUE(accepts(g, "a,a,a"));
+  EXPECT_FALSE(accepts(g, "a,"));      // a prefix, not a sentence
+  EXPECT_TRUE(prefix_ok(g, "a,"));
+  EXPECT_FALSE(prefix_ok(g, "a,,"));
+  EXPECT_FALSE(prefix_ok(g, "b"));
+  Matcher m(g);
+  ASSERT_TRUE(m.feed_bytes("a"));
+  EXPECT_TRUE(m.accepting());
+  EXPECT_FALSE(m.finished());  // ",a" may still follow
+  EXPECT_FALSE(m.feed_byte('x'));
+  EXPECT_TRUE(m.accepting()) << "a refused byte leaves the state as it was";
+}
+
+TEST(Grammar, EmptyAlternativesAndByteRanges) {
+  Grammar g;
+  const uint32_t digits = g.add_rule();
+  g.add_alternative(digits, {});
+  g.add_alternative(digits, {Element::bytes('0', '9'), Element::rule(digits)});
+  g.set_root(g.rule_of({{Element::byte('#'), Element::rule(digits), Element::byte(';')}}));
+  EXPECT_TRUE(accepts(g, "#;"));
+  EXPECT_TRUE(accepts(g, "#0123456789;"));
+  EXPECT_FALSE(accepts(g, "#12a;"));
+  Matcher m(g);
+  ASSERT_TRUE(m.feed_bytes("#1;"));
+  EXPECT_TRUE(m.finished());
+}
+
+TEST(Grammar, SpecialTokensMatchOnlyAsTokens) {
+  Grammar g;
+  g.set_root(g.rule_of({{Element::token(7), Element::byte('x'), Element::token(8)}}));
+  Matcher m(g);
+  EXPECT_EQ(m.allowed_special_tokens(m.state()), std::vector<uint32_t>{7});
+  EXPECT_FALSE(m.feed_bytes("<tool_call>"));
+  EXPECT_FALSE(m.feed_token(8));
+  ASSERT_TRUE(m.feed_token(7));
+  ASSERT_TRUE(m.feed_byte('x'));
+  EXPECT_EQ(m.allowed_special_tokens(m.state()), std::vector<uint32_t>{8});
+  ASSERT_TRUE(m.feed_token(8));
+  EXPECT_TRUE(m.finished());
+}
+
+TEST(Grammar, InvalidGrammarsAreRefused) {
+  Grammar g;
+  const uint32_t r = g.add_rule("empty");
+  g.set_root(r);
+  EXPECT_THROW(Matcher{g}, std::invalid_argument);
+  Grammar left;
+  const uint32_t l = left.add_rule("left");
+  left.add_alternative(l, {Element::rule(l), Element::byte('a')});
+  left.set_root(l);
+  EXPECT_THROW(Matcher{left}, std::logic_error);
+}
+
+// ------------------------------------------------------------------------------ JSON Schema
+
+Grammar schema_grammar(const std::string& schema) { return json_schema_grammar(ojson::parse(schema)); }
+
+TEST(JsonSchemaGrammar, ObjectsFollowTheSchemaOrderRequiredAndOptional) {
+  const Grammar g = schema_grammar(R"({
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}},
+    "required": ["name", "age"], "additionalProperties": false})");
+  EXPECT_TRUE(accepts(g, R"({"name":"Ann","age":31})"));
+  EXPECT_TRUE(accepts(g, R"({"name": "Ann", "age": -4, "tags": ["a", "b"]})"));
+  EXPECT_TRUE(accepts(g, "{\n  \"name\": \"A\\u00e9\\n\",\n  \"age\": 0\n}"));
+  EXPECT_TRUE(accepts(g, R"({"name":"日本語","age":7,"tags":[]})"));
+  EXPECT_FALSE(accepts(g, R"({"age":31,"name":"Ann"})")) << "schema order";
+  EXPECT_FALSE(accepts(g, R"({"name":"Ann"})")) << "age is required";
+  EXPECT_FALSE(accepts(g, R"({"name":"Ann","age":31,"x":1})")) << "no additional properties";
+  EXPECT_FALSE(accepts(g, R"({"name":"Ann","age":3.5})")) << "integer";
+  EXPECT_FALSE(accepts(g, R"({"name":"Ann","age":01})")) << "no leading zeros";
+  EXPECT_FALSE(accepts(g, "{\"name\":\"a\x01\",\"age\":1}")) << "control characters are escaped in JSON";
+  EXPECT_FALSE(prefix_ok(g, "{\"name\":\"\xff")) << "invalid UTF-8";
+  EXPECT_FALSE(prefix_ok(g, "{         ")) << "whitespace is bounded";
+}
+
+TEST(JsonSchemaGrammar, ScalarsEnumsConstAndUnions) {
+  const Grammar g = schema_grammar(R"({"type": "object", "properties": {
+      "kind": {"enum": ["a", "b\"c", 3, null]},
+      "fixed": {"const": {"k": [1, true]}},
+      "either": {"anyOf": [{"type": "boolean"}, {"type": "number"}]},
+      "maybe": {"type": ["string", "null"]},
+      "opt": {"type": "string", "nullable": true}},
+    "required": ["kind", "fixed", "either", "maybe", "opt"]})");
+  EXPECT_TRUE(accepts(g, R"({"kind":"b\"c","fixed":{"k":[1,true]},"either":-1.5e+3,"maybe":null,"opt":"x"})"));
+  EXPECT_TRUE(accepts(g, R"({"kind":3,"fixed":{"k":[1,true]},"either":false,"maybe":"s","opt":null})"));
+  EXPECT_FALSE(accepts(g, R"({"kind":"c","fixed":{"k":[1,true]},"either":false,"maybe":"s","opt":null})"));
+  EXPECT_FALSE(accepts(g, R"({"kind":3,"fixed":{"k":[1, true]},"either":false,"maybe":"s","opt":null})"))
+      << "const is matched as its compact serialization";
+  EXPECT_FALSE(accepts(g, R"({"kind":3,"fixed":{"k":[1,true]},"either":"x","maybe":"s","opt":null})"));
+}
+
+TEST(JsonSchemaGrammar, LengthsCountsAndIntegerBounds) {
+  const Grammar s = schema_grammar(R"({"type": "string", "minLength": 2, "maxLength": 3})");
+  EXPECT_FALSE(accepts(s, R"("a")"));
+  EXPECT_TRUE(accepts(s, R"("ab")"));
+  EXPECT_TRUE(accepts(s, R"("a\nc")")) << "an escape is one character";
+  EXPECT_TRUE(accepts(s, R"("äöü")")) << "characters, not bytes";
+  EXPECT_FALSE(accepts(s, R"("abcd")"));
+  const Grammar a = schema_grammar(R"({"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 2})");
+  EXPECT_FALSE(accepts(a, "[]"));
+  EXPECT_TRUE(accepts(a, "[1]"));
+  EXPECT_TRUE(accepts(a, "[1, 2]"));
+  EXPECT_FALSE(accepts(a, "[1,2,3]"));
+  const Grammar i = schema_grammar(R"({"type": "integer", "minimum": -12, "maximum": 305})");
+  for (int v = -30; v <= 400; ++v) EXPECT_EQ(accepts(i, std::to_string(v)), v >= -12 && v <= 305) << v;
+  const Grammar e = schema_grammar(R"({"type": "integer", "exclusiveMinimum": 0})");
+  EXPECT_FALSE(accepts(e, "0"));
+  EXPECT_FALSE(accepts(e, "-1"));
+  EXPECT_TRUE(accepts(e, "1"));
+  EXPECT_TRUE(accepts(e, "123456789012"));
+  const Grammar neg = schema_grammar(R"({"type": "integer", "maximum": -100})");
+  EXPECT_TRUE(accepts(neg, "-100"));
+  EXPECT_TRUE(accepts(neg, "-99999"));
+  EXPECT_FALSE(accepts(neg, "-99"));
+  EXPECT_FALSE(accepts(neg, "5"));
+}
+
+TEST(JsonSchemaGrammar, RefsIncludingRecursionAndAnnotations) {
+  const Grammar g = schema_grammar(R"({
+    "$schema": "http://json-schema.org/draft-07/schema#", "title": "Tree", "description": "a tree",
+    "$ref": "#/$defs/node",
+    "$defs": {"node": {"type": "object", "properties": {
+      "v": {"type": "integer", "default": 0, "examples": [1]},
+      "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}, "required": ["v"]}}})");
+  EXPECT_TRUE(accepts(g, R"({"v":1})"));
+  EXPECT_TRUE(accepts(g, R"({"v":1,"kids":[{"v":2},{"v":3,"kids":[{"v":4}]}]})"));
+  EXPECT_FALSE(accepts(g, R"({"v":1,"kids":[{}]})"));
+}
+
+TEST(JsonSchemaGrammar, AnyJsonObject) {
+  const Grammar g = json_object_grammar();
+  EXPECT_TRUE(accepts(g, R"({})"));
+  EXPECT_TRUE(accepts(g, R"({"a": [1, {"b": null}, "x", -0.5E-7], "c": {"d": true}})"));
+  EXPECT_FALSE(accepts(g, R"([1])"));
+  EXPECT_FALSE(accepts(g, R"({"a": })"));
+  EXPECT_FALSE(accepts(g, R"({'a': 1})"));
+}
+
+TEST(JsonSchemaGrammar, UnsupportedOrInvalidSchemasNameTheProblem) {
+  auto error_of = [](const std::string& schema) -> std::string {
+    try {
+      schema_grammar(schema);
+    } catch (const SchemaError& e) {
+      return e.what();
+    }
+    return "(accepted)";
+  };
+  EXPECT_NE(error_of(R"({"type": "string", "pattern": "^a$"})").find("unsupported keyword 'pattern' at #"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"type": "object", "properties": {"d": {"type": "string", "format": "date-time"}}})")
+                .find("'format' at #/properties/d"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"type": "strin"})").find("unknown type 'strin'"), std::string::npos);
+  EXPECT_NE(error_of(R"({"$ref": "#/$defs/missing"})").find("missing"), std::string::npos);
+  EXPECT_NE(error_of(R"({"type": "object", "required": ["x"], "properties": {}})").find("'x'"), std::string::npos);
+  EXPECT_NE(error_of(R"({"type": "number", "minimum": 0})").find("'minimum' on a number"), std::string::npos);
+  EXPECT_NE(error_of(R"({"type": "array", "maxItems": 100000})").find("maxItems"), std::string::npos);
+  EXPECT_NE(error_of(R"({"type": "integer", "minimum": 5, "maximum": 1})").find("no integer"), std::string::npos);
+  EXPECT_NE(error_of(R"(5)").find("must be an object or a boolean"), std::string::npos);
+  EXPECT_NE(error_of(R"({"not": {}})").find("unsupported keyword 'not'"), std::string::npos);
+}
+
+// Random walks through a schema's grammar (each step a random allowed byte, closing bytes
+// favoured so that walks end) always give JSON that parses.
+TEST(JsonSchemaGrammar, RandomWalksGiveParsableJson) {
+  const Grammar g = schema_grammar(R"({"type": "object", "properties": {
+      "a": {"type": "integer", "minimum": 3, "maximum": 7}, "b": {"type": "array", "items": {"type": "boolean"}},
+      "c": {"anyOf": [{"type": "string", "maxLength": 4}, {"type": "null"}]}, "d": {}}, "required": ["a", "c"]})");
+  std::mt19937_64 rng(7);
+  int finished = 0;
+  for (int walk = 0; walk < 200; ++walk) {
+    Matcher m(g);
+    std::string out;
+    while (out.size() < 2000) {
+      std::vector<uint8_t> allowed;
+      std::vector<double> weight;
+      for (int b = 0; b < 256; ++b)
+        if (!m.advance(m.state(), static_cast<uint8_t>(b)).empty()) {
+          allowed.push_back(static_cast<uint8_t>(b));
+          weight.push_back(std::string("\"}],").find(static_cast<char>(b)) != std::string::npos ? 40.0 : 1.0);
+        }
+      if (m.accepting() && (allowed.empty() || rng() % 4 == 0)) break;
+      ASSERT_FALSE(allowed.empty()) << out;
+      std::discrete_distribution<size_t> pick(weight.begin(), weight.end());
+      const uint8_t b = allowed[pick(rng)];
+      ASSERT_TRUE(m.feed_byte(b));
+      out.push_back(static_cast<char>(b));
+    }
+    if (!m.accepting()) continue;
+    ++finished;
+    const auto doc = nlohmann::json::parse(out, nullptr, false);
+    ASSERT_FALSE(doc.is_discarded()) << out;
+    ASSERT_TRUE(doc.is_object()) << out;
+    EXPECT_GE(doc["a"].get<int>(), 3);
+    EXPECT_LE(doc["a"].get<int>(), 7);
+    EXPECT_TRUE(doc.contains("c"));
+  }
+  EXPECT_GT(finished, 150);
+}
+
+}  // namespace
+}  // namespace swarm::grammar
