@@ -8,6 +8,7 @@
 
 #include "grammar/grammar.hpp"
 #include "grammar/json_schema_grammar.hpp"
+#include "grammar/token_mask.hpp"
 
 namespace swarm::grammar {
 namespace {
@@ -230,6 +231,69 @@ TEST(JsonSchemaGrammar, RandomWalksGiveParsableJson) {
     EXPECT_TRUE(doc.contains("c"));
   }
   EXPECT_GT(finished, 150);
+}
+
+}  // namespace
+}  // namespace swarm::grammar
+
+// ------------------------------------------------------------------------------ token masks
+namespace swarm::grammar {
+namespace {
+
+// Every token allowed by the masker is one whose bytes the matcher accepts in turn, and the
+// other way round — checked at every step of random walks, against a brute-force scan.
+TEST(TokenMasker, AgreesWithFeedingEveryTokenByItself) {
+  std::vector<std::string> vocab = {"{", "}", "\"", ":", ",", " ", "\n", "  ", "a", "b", "ab", "ba", "\"a", "\":",
+                                    "\":\"", "\",\"", "0", "1", "12", "-", "-1", ".", "e", "true", "tr", "ue", "null",
+                                    "[", "]", "[]", "{}", "\xc3", "\xa9", "\xc3\xa9", "é!", "<|end|>", "<tc>", ""};
+  for (int ch = 0x20; ch < 0x7f; ++ch) vocab.push_back(std::string(1, static_cast<char>(ch)));  // no dead ends
+  std::vector<bool> special(vocab.size(), false);
+  const uint32_t kEnd = 35, kTc = 36;
+  special[kEnd] = special[kTc] = true;
+  auto trie = std::make_shared<TokenTrie>(vocab, special);
+  // <tc> {"k": <an object of the schema>} <tc>
+  Grammar g;
+  JsonSchemaCompiler c(g, ojson::parse(R"({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}},
+      "b": {"type": "string"}, "c": {"type": "boolean"}}, "required": ["b"]})"));
+  const uint32_t value = c.value(ojson::parse(R"({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}},
+      "b": {"type": "string"}, "c": {"type": "boolean"}}, "required": ["b"]})"), "#");
+  g.set_root(g.rule_of({{Element::token(kTc), Element::rule(value), Element::token(kTc)}}));
+  Matcher m(g);
+  TokenMasker masker(trie, {kEnd});
+  std::mt19937_64 rng(3);
+  int finished = 0;
+  for (int walk = 0; walk < 100; ++walk) {
+    Matcher::State s = m.state();
+    for (int step = 0; step < 200; ++step) {
+      const TokenMask& mask = masker.allowed(m, s);
+      std::vector<uint32_t> allowed;
+      for (uint32_t id = 0; id < vocab.size(); ++id) {
+        bool ok;
+        if (id == kEnd) ok = !s.empty() && s.front() == 0;
+        else if (special[id]) ok = !m.advance_token(s, id).empty();
+        else if (vocab[id].empty()) ok = false;
+        else {
+          Matcher::State t = s;
+          for (unsigned char ch : vocab[id])
+            if ((t = m.advance(t, ch)).empty()) break;
+          ok = !t.empty();
+        }
+        ASSERT_EQ(mask_allows(mask, id), ok) << "token " << id << " '" << vocab[id] << "' at step " << step;
+        if (ok) allowed.push_back(id);
+      }
+      ASSERT_FALSE(allowed.empty());
+      const uint32_t pick = allowed[rng() % allowed.size()];
+      if (pick == kEnd) {
+        ++finished;
+        break;
+      }
+      if (special[pick]) s = m.advance_token(s, pick);
+      else
+        for (unsigned char ch : vocab[pick]) s = m.advance(s, ch);
+    }
+  }
+  EXPECT_GT(finished, 0);
+  EXPECT_GT(masker.cache_hits(), 0u);
 }
 
 }  // namespace

@@ -1,0 +1,84 @@
+// Which tokens of a vocabulary a grammar state allows next (issue 21).
+//
+// Byte-level BPE tokens cross grammar boundaries, so a token is allowed when all of its bytes
+// can be fed to the matcher in turn. The vocabulary is kept as a byte trie: one walk over it,
+// pruned where the matcher refuses a byte, finds every allowed token, and tokens sharing a
+// prefix share the work. Special tokens (a tokenizer's added tokens: <|im_end|>, <tool_call>)
+// are not in the trie: they are allowed only where the grammar names them (a TOKEN element),
+// or as end of output (`eos_ids`) where the grammar is complete.
+//
+// Masks are cached by matcher state (an LRU of bounded size): inside a JSON string or between
+// values the state repeats, and a repeated state costs a copy of the bitmask.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "grammar/grammar.hpp"
+
+namespace swarm::grammar {
+
+class TokenTrie {
+ public:
+  /// `token_bytes[id]`: the bytes token `id` stands for. `special[id]`: matched only as a token.
+  /// Empty byte strings (unused ids) are never allowed.
+  TokenTrie(const std::vector<std::string>& token_bytes, const std::vector<bool>& special);
+  size_t vocab_size() const { return vocab_size_; }
+  size_t num_nodes() const { return nodes_.size(); }
+
+ private:
+  friend class TokenMasker;
+  struct Node {
+    uint32_t first_child = 0;  // into children_
+    uint32_t num_children = 0;
+    uint32_t first_token = 0;  // into tokens_: ids whose bytes end here
+    uint32_t num_tokens = 0;
+  };
+  struct Child {
+    uint8_t byte;
+    uint32_t node;
+  };
+  std::vector<Node> nodes_;  // 0 = root
+  std::vector<Child> children_;
+  std::vector<uint32_t> tokens_;
+  size_t vocab_size_ = 0;
+};
+
+/// A bitmask over token ids (bit i of word i / 64).
+using TokenMask = std::vector<uint64_t>;
+inline bool mask_allows(const TokenMask& m, uint32_t id) { return (m[id >> 6] >> (id & 63)) & 1u; }
+
+/// One per compiled grammar and vocabulary, shared by every sequence decoding with it (states
+/// are ids in the matcher's arena, so the cache is only meaningful for one Matcher). Not
+/// thread-safe: used from the thread that samples.
+class TokenMasker {
+ public:
+  /// `eos_ids` (end of output) are allowed where the state is accepting, and are the only
+  /// allowed tokens once it is finished.
+  TokenMasker(std::shared_ptr<const TokenTrie> trie, std::vector<uint32_t> eos_ids, size_t cache_entries = 512);
+
+  /// The tokens allowed after `state` of `matcher`.
+  const TokenMask& allowed(Matcher& matcher, const Matcher::State& state);
+
+  size_t cache_hits() const { return hits_; }
+  size_t cache_misses() const { return misses_; }
+
+ private:
+  void compute(Matcher& matcher, const Matcher::State& state, TokenMask& out);
+  struct StateHash {
+    size_t operator()(const Matcher::State& s) const noexcept;
+  };
+  std::shared_ptr<const TokenTrie> trie_;
+  std::vector<uint32_t> eos_ids_;
+  size_t cache_entries_;
+  std::list<std::pair<Matcher::State, TokenMask>> lru_;  // most recent first
+  std::unordered_map<Matcher::State, std::list<std::pair<Matcher::State, TokenMask>>::iterator, StateHash> index_;
+  std::vector<Matcher::State> scratch_;  // per trie depth
+  size_t hits_ = 0, misses_ = 0;
+};
+
+}  // namespace swarm::grammar
