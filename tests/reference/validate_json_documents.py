@@ -1,0 +1,33 @@
+#!/usr/bin/python3
+"""Independent check of constrained JSON output (issue 21): every line of the input file is
+{"schema": ..., "document": "<text>"}; the text must parse as JSON and validate against the
+schema with python3-jsonschema (Draft 2020-12). Prints a summary; exit 1 on the first failure
+(with the schema and the text), 77 when jsonschema is not installed."""
+import json
+import sys
+
+try:
+    import jsonschema
+except ImportError:
+    print("skip: python3-jsonschema is not installed")
+    sys.exit(77)
+
+
+def main():
+    n = 0
+    with open(sys.argv[1], encoding="utf-8") as f:
+        for line in f:
+            case = json.loads(line)
+            try:
+                doc = json.loads(case["document"])
+                jsonschema.Draft202012Validator(case["schema"]).validate(doc)
+            except Exception as e:  # noqa: BLE001 - any failure is reported with its case
+                print(f"FAIL case {n}: {type(e).__name__}: {e}\nschema: {json.dumps(case['schema'])}\n"
+                      f"document: {case['document']!r}")
+                sys.exit(1)
+            n += 1
+    print(f"ok: {n} documents parse and validate")
+
+
+if __name__ == "__main__":
+    main()
