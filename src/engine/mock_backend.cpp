@@ -9,6 +9,7 @@
 
 #include "common/random.hpp"
 #include "common/utf8.hpp"
+#include "grammar/grammar.hpp"
 #include "swarm/job.hpp"
 
 namespace swarm {
@@ -24,6 +25,39 @@ struct Rng {
 uint64_t hash_ids(const std::vector<TokenId>& ids, uint64_t h) {
   for (TokenId id : ids) h = (h ^ static_cast<uint64_t>(id)) * 0x100000001B3ull;
   return h;
+}
+
+// Constrained decoding on the mock: a random sentence of the grammar, byte by byte (closing
+// bytes favoured so that it ends; a TOKEN element gives that id), at most `max_new` ids.
+std::vector<TokenId> grammar_walk(const grammar::Grammar& g, Rng& rng, int64_t max_new) {
+  grammar::Matcher m(g);
+  std::vector<TokenId> ids;
+  while (static_cast<int64_t>(ids.size()) < max_new) {
+    const auto tokens = m.allowed_special_tokens(m.state());
+    std::vector<uint8_t> bytes;
+    std::vector<double> weight;
+    double total = 0;
+    for (int b = 0; b < 256; ++b)
+      if (!m.advance(m.state(), static_cast<uint8_t>(b)).empty()) {
+        bytes.push_back(static_cast<uint8_t>(b));
+        weight.push_back(std::string_view("\"}],").find(static_cast<char>(b)) != std::string_view::npos ? 30.0 : 1.0);
+        total += weight.back();
+      }
+    if (m.accepting() && ((bytes.empty() && tokens.empty()) || rng.uniform() < 0.3)) break;
+    if (!tokens.empty() && (bytes.empty() || rng.uniform() < 0.5)) {
+      const uint32_t t = tokens[rng.next() % tokens.size()];
+      m.feed_token(t);
+      ids.push_back(static_cast<TokenId>(t));
+      continue;
+    }
+    if (bytes.empty()) break;
+    double u = rng.uniform() * total;
+    size_t k = 0;
+    while (k + 1 < bytes.size() && u >= weight[k]) u -= weight[k++];
+    m.feed_byte(bytes[k]);
+    ids.push_back(static_cast<TokenId>(bytes[k]));
+  }
+  return ids;
 }
 
 // Interruptible sleep; returns false if stop was requested.
@@ -224,6 +258,11 @@ void MockBackend::generate(GenerationRequest request, std::shared_ptr<Generation
       for (char& ch : reply)
         if (((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z')) && rng.uniform() < rate)
           ch = static_cast<char>('a' + rng.next() % 26);
+      std::vector<TokenId> constrained;
+      if (request.grammar) {  // a random sentence of the grammar instead of the echo
+        constrained = grammar_walk(*request.grammar, rng, max_new);
+        reply = decode(constrained);
+      }
 
       GenerationChoice choice;
       choice.finish_reason = "stop";
@@ -235,7 +274,8 @@ void MockBackend::generate(GenerationRequest request, std::shared_ptr<Generation
           cut_by_stop_string = true;
         }
       }
-      append_text(choice.ids, reply);
+      if (request.grammar && !cut_by_stop_string) choice.ids = constrained;
+      else append_text(choice.ids, reply);
       if (!cut_by_stop_string) choice.ids.push_back(stop_token);
       if (static_cast<int64_t>(choice.ids.size()) > max_new) {
         choice.ids.resize(static_cast<size_t>(max_new));

@@ -101,22 +101,29 @@ void Matcher::normalize(State& s) {
   s.erase(std::unique(s.begin(), s.end()), s.end());
 }
 
-Matcher::State Matcher::advance(const State& s, uint8_t b) {
-  State out;
-  for (uint32_t stack : s) {
-    if (stack == 0) continue;
-    const uint64_t key = (static_cast<uint64_t>(stack) << 8) | b;
-    auto it = step_memo_.find(key);
-    if (it == step_memo_.end()) {
-      State next;
+const Matcher::State& Matcher::step(uint32_t stack, uint8_t b) {
+  const uint64_t key = (static_cast<uint64_t>(stack) << 8) | b;
+  auto it = step_memo_.find(key);
+  if (it == step_memo_.end()) {
+    State next;
+    if (stack != 0) {
       const Element& e = g_->element(nodes_[stack].pos);
       if (e.kind == Element::BYTES && e.lo <= b && b <= e.hi) consume(stack, next);
-      normalize(next);
-      it = step_memo_.emplace(key, std::move(next)).first;
     }
-    out.insert(out.end(), it->second.begin(), it->second.end());
+    normalize(next);
+    it = step_memo_.emplace(key, std::move(next)).first;  // unordered_map: references stay valid
   }
-  if (s.size() > 1) normalize(out);
+  return it->second;
+}
+
+Matcher::State Matcher::advance(const State& s, uint8_t b) {
+  if (s.size() == 1) return step(s[0], b);
+  State out;
+  for (uint32_t stack : s) {
+    const State& next = step(stack, b);
+    out.insert(out.end(), next.begin(), next.end());
+  }
+  normalize(out);
   return out;
 }
 

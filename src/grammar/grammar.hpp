@@ -83,6 +83,8 @@ class Matcher {
 
   /// The state after `b` (empty when `b` is not allowed).
   State advance(const State& s, uint8_t b);
+  /// The stacks one stack becomes after byte `b` (memoised; the reference stays valid).
+  const State& step(uint32_t stack, uint8_t b);
   /// The state after the token `id` when it is a TOKEN element of the grammar (empty if not).
   State advance_token(const State& s, uint32_t id);
   /// Advances this matcher's state; returns false (state unchanged) when not allowed.

@@ -33,6 +33,7 @@ TokenTrie::TokenTrie(const std::vector<std::string>& token_bytes, const std::vec
       }
     }
     b[n].ids.push_back(id);
+    max_depth_ = std::max(max_depth_, token_bytes[id].size());
   }
   nodes_.resize(b.size());
   for (size_t n = 0; n < b.size(); ++n) {
@@ -84,30 +85,48 @@ void TokenMasker::compute(Matcher& matcher, const Matcher::State& state, TokenMa
   for (uint32_t id : matcher.allowed_special_tokens(state))
     if (id < trie_->vocab_size()) set(id);
   if (accepting && state.size() == 1) return;  // finished: nothing can follow
-  // Depth-first over the trie; scratch_[d] holds the state after d bytes.
+  // Depth-first over the trie. cur[d] is the state after d bytes: a memoised step result when
+  // the state before was one stack (no copy), else a union built in scratch_[d].
   struct Frame {
     uint32_t node;
     uint32_t next_child;
-    uint32_t depth;
   };
-  if (scratch_.empty()) scratch_.resize(1);
-  scratch_[0] = state;
-  std::vector<Frame> stack{{0, 0, 0}};
+  std::vector<const Matcher::State*> cur{&state};
+  // Sized once: cur[] points into these buffers, so they must not move while walking.
+  if (scratch_.size() < trie_->max_depth() + 2) scratch_.resize(trie_->max_depth() + 2);
+  std::vector<Frame> stack{{0, 0}};
   while (!stack.empty()) {
     Frame& f = stack.back();
     const TokenTrie::Node& node = trie_->nodes_[f.node];
+    const size_t depth = stack.size() - 1;
     if (f.next_child == node.num_children) {
       stack.pop_back();
+      cur.pop_back();
       continue;
     }
     const TokenTrie::Child& c = trie_->children_[node.first_child + f.next_child++];
-    const uint32_t d = f.depth + 1;
-    if (scratch_.size() <= d) scratch_.resize(d + 1);
-    scratch_[d] = matcher.advance(scratch_[f.depth], c.byte);
-    if (scratch_[d].empty()) continue;
+    const Matcher::State& from = *cur[depth];
+    const Matcher::State* next;
+    if (from.size() == 1) {
+      next = &matcher.step(from[0], c.byte);
+    } else {
+      Matcher::State& buf = scratch_[depth + 1];
+      buf.clear();
+      for (uint32_t st : from) {
+        const Matcher::State& part = matcher.step(st, c.byte);
+        buf.insert(buf.end(), part.begin(), part.end());
+      }
+      std::sort(buf.begin(), buf.end());
+      buf.erase(std::unique(buf.begin(), buf.end()), buf.end());
+      next = &buf;
+    }
+    if (next->empty()) continue;
     const TokenTrie::Node& child = trie_->nodes_[c.node];
     for (uint32_t k = 0; k < child.num_tokens; ++k) set(trie_->tokens_[child.first_token + k]);
-    if (child.num_children) stack.push_back({c.node, 0, d});
+    if (child.num_children) {
+      stack.push_back({c.node, 0});
+      cur.push_back(next);
+    }
   }
 }
 

@@ -29,6 +29,7 @@ class TokenTrie {
   TokenTrie(const std::vector<std::string>& token_bytes, const std::vector<bool>& special);
   size_t vocab_size() const { return vocab_size_; }
   size_t num_nodes() const { return nodes_.size(); }
+  size_t max_depth() const { return max_depth_; }  // bytes of the longest token
 
  private:
   friend class TokenMasker;
@@ -46,6 +47,7 @@ class TokenTrie {
   std::vector<Child> children_;
   std::vector<uint32_t> tokens_;
   size_t vocab_size_ = 0;
+  size_t max_depth_ = 0;
 };
 
 /// A bitmask over token ids (bit i of word i / 64).

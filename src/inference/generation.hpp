@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -12,6 +13,9 @@
 #include "common/token_id.hpp"
 
 namespace swarm {
+namespace grammar {
+class Grammar;
+}
 
 /// Per-request sampling settings (OpenAI parameters after validation).
 struct SamplingParams {
@@ -30,6 +34,10 @@ struct SamplingParams {
 struct GenerationRequest {
   std::vector<TokenId> prompt_ids;
   SamplingParams params;
+  /// Constrained decoding (response_format, tool_choice required / named): every completion is
+  /// a sentence of this grammar followed by an end-of-sequence token (src/grammar/). Requests
+  /// with the same schema share one Grammar object (the route caches them).
+  std::shared_ptr<const grammar::Grammar> grammar{};
 };
 
 /// One alternative token at a position (top_logprobs).

@@ -7,7 +7,9 @@
 #include <condition_variable>
 #include <deque>
 #include <future>
+#include <limits>
 #include <mutex>
+#include <map>
 #include <optional>
 #include <thread>
 #include <unordered_set>
@@ -15,6 +17,8 @@
 #include <spdlog/spdlog.h>
 
 #include "common/latency_window.hpp"
+#include "grammar/grammar.hpp"
+#include "grammar/token_mask.hpp"
 #include "inference/decoder_model_torch.hpp"
 #include "inference/kv_cache_torch.hpp"
 #include "inference/sampler_torch.hpp"
@@ -24,6 +28,17 @@ namespace swarm {
 namespace {
 
 struct Request;
+
+// A grammar in use, with the matcher and mask cache every sequence decoding with it shares
+// (loop thread only).
+struct Constrained {
+  Constrained(std::shared_ptr<const grammar::Grammar> g, std::shared_ptr<const grammar::TokenTrie> trie,
+              std::vector<uint32_t> eos)
+      : grammar(std::move(g)), matcher(*grammar), masker(std::move(trie), std::move(eos)) {}
+  std::shared_ptr<const grammar::Grammar> grammar;
+  grammar::Matcher matcher;
+  grammar::TokenMasker masker;
+};
 
 // One sampled sequence (one choice of a request).
 struct Sequence {
@@ -40,6 +55,8 @@ struct Sequence {
   std::string text;                // decoded completion (stop string cut off once found)
   size_t streamed = 0;             // bytes of `text` already sent through on_text
   GenerationChoice out;
+  std::shared_ptr<Constrained> constraint;  // constrained decoding: set at its first sampling step
+  grammar::Matcher::State grammar_state;
 };
 
 struct Request {
@@ -94,6 +111,8 @@ struct ServingEngine::Impl {
   // ---- scheduling thread only
   KvCache cache;
   std::unordered_set<TokenId> eos;
+  std::shared_ptr<const grammar::TokenTrie> trie;  // the vocabulary as bytes, built at first use
+  std::map<const grammar::Grammar*, std::shared_ptr<Constrained>> constrained;  // grammars in use
   std::deque<SeqPtr> waiting;       // admission order (preempted ones go back to the front)
   std::vector<SeqPtr> running;      // admission order
   std::vector<std::shared_ptr<Request>> active;  // requests not ended
@@ -422,7 +441,17 @@ struct ServingEngine::Impl {
       torch::Tensor chosen = logits;
       if (rows.size() != plan.size())
         chosen = logits.index_select(0, torch::tensor(rows, torch::TensorOptions().dtype(torch::kLong)).to(logits.device()));
-      std::vector<SampledToken> tokens = sample_tokens(chosen, configs, rngs);
+      // Constrained rows sample from the masked logits but record the model's own log-prob
+      // of the token (what the trainer recomputes), see docs/openai_api.md.
+      const torch::Tensor masked = mask_constrained(chosen, sampled);
+      std::vector<SampledToken> tokens = sample_tokens(masked.defined() ? masked : chosen, configs, rngs);
+      if (masked.defined())
+        for (size_t i = 0; i < sampled.size(); ++i) {
+          if (!sampled[i]->constraint) continue;
+          const double t = configs[i].temperature > 0 ? configs[i].temperature : 1.0;
+          const torch::Tensor row = chosen[static_cast<int64_t>(i)].to(torch::kFloat) / t;
+          tokens[i].logprob = torch::log_softmax(row, 0)[tokens[i].id].item<float>();
+        }
       for (size_t i = 0; i < sampled.size(); ++i) accept(*sampled[i], tokens[i]);
     }
 
@@ -433,6 +462,95 @@ struct ServingEngine::Impl {
     stats.prefill_tokens += prefill_tokens;
     stats.busy_seconds += seconds;
     step_window.add(seconds);
+  }
+
+  // The shared matcher and mask cache of a grammar (the trie of the vocabulary is built once).
+  std::shared_ptr<Constrained> constrained_for(const std::shared_ptr<const grammar::Grammar>& g) {
+    if (auto it = constrained.find(g.get()); it != constrained.end()) return it->second;
+    if (!trie) {
+      const int64_t v = tokenizer->vocab_size();
+      std::vector<std::string> bytes(static_cast<size_t>(v));
+      std::vector<bool> special(static_cast<size_t>(v), false);
+      for (int64_t id = 0; id < v; ++id) {
+        try {
+          bytes[static_cast<size_t>(id)] = tokenizer->token_bytes(static_cast<TokenId>(id));
+        } catch (const std::exception&) {
+          // an unused id: never allowed
+        }
+        special[static_cast<size_t>(id)] = tokenizer->is_special(static_cast<TokenId>(id));
+      }
+      trie = std::make_shared<grammar::TokenTrie>(bytes, special);
+    }
+    // Keep recently used grammars; drop those no sequence holds once there are many.
+    if (constrained.size() >= 64)
+      for (auto it = constrained.begin(); it != constrained.end();)
+        it = it->second.use_count() == 1 ? constrained.erase(it) : std::next(it);
+    std::vector<uint32_t> eos_ids;
+    for (TokenId id : eos)
+      if (id >= 0 && id < tokenizer->vocab_size()) eos_ids.push_back(static_cast<uint32_t>(id));
+    auto c = std::make_shared<Constrained>(g, trie, std::move(eos_ids));
+    constrained[g.get()] = c;
+    return c;
+  }
+
+  // Constrained decoding: a copy of `chosen` where every token a sequence's grammar does not
+  // allow next has logit -inf (so before temperature / top-k / top-p); undefined when no row is
+  // constrained.
+  torch::Tensor mask_constrained(const torch::Tensor& chosen, const std::vector<Sequence*>& seqs) {
+    std::vector<int64_t> rows;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      Sequence& s = *seqs[i];
+      if (!s.request->request.grammar) continue;
+      if (!s.constraint) {
+        s.constraint = constrained_for(s.request->request.grammar);
+        s.grammar_state = s.constraint->matcher.state();
+      }
+      rows.push_back(static_cast<int64_t>(i));
+    }
+    if (rows.empty()) return {};
+    const int64_t vocab = chosen.size(1);
+    torch::Tensor allowed = torch::zeros({static_cast<int64_t>(rows.size()), vocab}, torch::kBool);
+    bool* a = allowed.data_ptr<bool>();
+    for (size_t k = 0; k < rows.size(); ++k) {
+      Sequence& s = *seqs[static_cast<size_t>(rows[k])];
+      const grammar::TokenMask& m = s.constraint->masker.allowed(s.constraint->matcher, s.grammar_state);
+      bool* row = a + static_cast<int64_t>(k) * vocab;
+      bool any = false;
+      const int64_t n = std::min<int64_t>(vocab, static_cast<int64_t>(m.size()) * 64);
+      for (int64_t w = 0; w * 64 < n; ++w) {
+        uint64_t bits = m[static_cast<size_t>(w)];
+        while (bits) {
+          const int64_t id = w * 64 + __builtin_ctzll(bits);
+          bits &= bits - 1;
+          if (id < vocab) row[id] = any = true;
+        }
+      }
+      if (!any)  // no token continues the grammar (cannot happen with a byte-complete vocabulary): end
+        for (TokenId id : eos)
+          if (id >= 0 && id < vocab) row[id] = true;
+    }
+    torch::Tensor masked = chosen.clone();
+    const torch::Tensor idx = torch::tensor(rows, torch::TensorOptions().dtype(torch::kLong)).to(chosen.device());
+    torch::Tensor sub = masked.index_select(0, idx);
+    sub.masked_fill_(allowed.to(chosen.device()).logical_not(), -std::numeric_limits<float>::infinity());
+    masked.index_copy_(0, idx, sub);
+    return masked;
+  }
+
+  // Moves a constrained sequence's grammar state past the sampled token.
+  void advance_grammar(Sequence& s, TokenId id) {
+    if (!s.constraint || eos.count(id)) return;
+    Constrained& c = *s.constraint;
+    grammar::Matcher::State next = c.matcher.advance_token(s.grammar_state, static_cast<uint32_t>(id));
+    if (!tokenizer->is_special(id)) {
+      grammar::Matcher::State by_bytes = s.grammar_state;
+      for (unsigned char b : tokenizer->token_bytes(id))
+        if ((by_bytes = c.matcher.advance(by_bytes, b)).empty()) break;
+      next.insert(next.end(), by_bytes.begin(), by_bytes.end());
+      std::sort(next.begin(), next.end());
+      next.erase(std::unique(next.begin(), next.end()), next.end());
+    }
+    s.grammar_state = std::move(next);
   }
 
   void record_latency(LatencyWindow& window, std::chrono::steady_clock::time_point since) {
@@ -448,6 +566,7 @@ struct ServingEngine::Impl {
       r.sampled = true;
       record_latency(ttft_window, r.submitted);
     }
+    advance_grammar(s, t.id);
     s.tokens.push_back(t.id);
     s.out.ids.push_back(t.id);
     s.out.logprobs.push_back(t.logprob);
@@ -462,6 +581,9 @@ struct ServingEngine::Impl {
     s.text += s.decoder->push(t.id);
     if (s.text.size() > before && cut_at_stop_string(s, before)) return finish(s, "stop", /*flush=*/false);
     if (static_cast<int64_t>(s.out.ids.size()) >= s.max_new) return finish(s, "length", /*flush=*/true);
+    // A complete grammar with no end-of-sequence token to sample: nothing more can follow.
+    if (s.constraint && eos.empty() && s.grammar_state.size() == 1 && s.grammar_state[0] == 0)
+      return finish(s, "stop", /*flush=*/true);
     stream(s, /*final=*/false);
   }
 

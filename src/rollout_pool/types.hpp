@@ -22,7 +22,7 @@ struct LlmCall {
   std::string finish_reason;               // "stop" / "length"
   // Chat calls: which answer to which conversation this is (chat_splice.hpp), so that a later
   // request holding this answer continues from these exact ids. Empty otherwise.
-  std::string turn_key;
+  std::string turn_key{};
 };
 
 /// One training sequence (a timeline of an episode).

@@ -9,6 +9,7 @@
 #include "server/chat_splice.hpp"
 #include "server/error_mapping.hpp"
 #include "server/json_body.hpp"
+#include "server/structured_output.hpp"
 #include "text/tool_calls.hpp"
 
 namespace swarm {
@@ -48,6 +49,11 @@ struct RequestOptions {
   ReasoningStart reasoning_start = ReasoningStart::AUTO;
   // Chat: the conversation's keys; each answer is recorded under its turn key (chat_splice.hpp).
   std::optional<ChatKeys> chat_keys;
+  // Structured outputs (structured_output.hpp): tool_choice "required" / a named function, and
+  // the grammar every completion must follow.
+  bool tool_required = false;
+  std::string forced_tool;
+  std::shared_ptr<const grammar::Grammar> grammar;
 };
 
 // The tool fields of a chat request, validated as strictly as the rest (issue 20): every
@@ -78,10 +84,10 @@ void parse_tool_options(const json& body, RequestOptions& o) {
       const std::string c = it->get<std::string>();
       SWARM_REQUIRE(c == "auto" || c == "none" || c == "required", ErrorKind::INVALID_ARGUMENT,
                     "field 'tool_choice' must be \"auto\", \"none\", \"required\" or a function");
-      SWARM_REQUIRE(c != "required", ErrorKind::INVALID_ARGUMENT,
-                    "field 'tool_choice': \"required\" is not supported yet (it needs constrained decoding); use "
-                    "\"auto\"");
       o.tool_choice_none = c == "none";
+      o.tool_required = c == "required";
+      SWARM_REQUIRE(!o.tool_required || !names.empty(), ErrorKind::INVALID_ARGUMENT,
+                    "field 'tool_choice' is \"required\" but the request offers no 'tools'");
     } else {
       SWARM_REQUIRE(it->is_object(), ErrorKind::INVALID_ARGUMENT,
                     "field 'tool_choice' must be \"auto\", \"none\", \"required\" or a function");
@@ -91,9 +97,7 @@ void parse_tool_options(const json& body, RequestOptions& o) {
       const std::string name = (*fn)["name"].get<std::string>();
       SWARM_REQUIRE(std::find(names.begin(), names.end(), name) != names.end(), ErrorKind::INVALID_ARGUMENT,
                     "field 'tool_choice' names function '" + name + "', which is not in 'tools'");
-      throw SwarmError(ErrorKind::INVALID_ARGUMENT,
-                       "field 'tool_choice': naming a function is not supported yet (it needs constrained decoding); "
-                       "use \"auto\"");
+      o.forced_tool = name;
     }
   }
   o.parallel_tool_calls = optional_bool(body, "parallel_tool_calls").value_or(true);
@@ -259,7 +263,7 @@ class GenerationHandler final : public GenerationObserver,
           send_chunk(chunk_json(c, {{"role", "assistant"}, {"content", ""}}, nullptr));
       if (context_.heartbeat) context_.heartbeat->add(std::weak_ptr<SseStream>(shared_from_this()));
     }
-    GenerationRequest req{prompt_, options_.params};
+    GenerationRequest req{prompt_, options_.params, options_.grammar};
     lease_.backend->generate(std::move(req), shared_from_this());
   }
 
@@ -633,6 +637,12 @@ void serve_generation(Engine& engine, Metrics& metrics, OpenAIKind kind, const H
                        : lease.backend->render_chat_with_kwargs(ordered["messages"], tools,
                                                                 /*add_generation_prompt=*/true, kwargs);
       resolve_output_formats(lease.job, *lease.backend, prompt, options);
+      // Structured outputs: a forced tool call wins over response_format.
+      if (options.tool_required || !options.forced_tool.empty())
+        options.grammar = tool_choice_grammar(tools, options.forced_tool, options.tool_format,
+                                              options.parallel_tool_calls, *lease.backend);
+      else if (ordered.contains("response_format"))
+        options.grammar = response_format_grammar(ordered["response_format"]);
     } else {
       prompt = completion_prompt(body, *lease.backend);
     }

@@ -318,8 +318,26 @@ TEST_F(BadInput, WrongTypesAreRejectedNamingTheField) {
   chat_error(victim_, {{"messages", msgs}, {"tools", json::array({tool})}, {"tool_choice", 5}}, 400, "tool_choice");
   chat_error(victim_, {{"messages", msgs}, {"tools", json::array({tool})}, {"tool_choice", "always"}}, 400,
              "tool_choice");
-  chat_error(victim_, {{"messages", msgs}, {"tools", json::array({tool})}, {"tool_choice", "required"}}, 400,
-             "constrained decoding");
+  chat_error(victim_, {{"messages", msgs}, {"tool_choice", "required"}}, 400, "offers no 'tools'");
+  // Structured outputs (issue 21): schemas that cannot be honoured are refused, naming what.
+  const auto with_schema = [&](const json& schema) {
+    return json{{"messages", msgs},
+                {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", schema}}}}}};
+  };
+  chat_error(victim_, with_schema({{"type", "string"}, {"pattern", "^a+$"}}), 400, "unsupported keyword 'pattern'");
+  chat_error(victim_, with_schema({{"type", "strin"}}), 400, "unknown type 'strin'");
+  chat_error(victim_, with_schema({{"$ref", "#/$defs/nope"}}), 400, "#/$defs/nope");
+  chat_error(victim_, with_schema({{"type", "array"}, {"maxItems", 1000000}}), 400, "maxItems");
+  chat_error(victim_, {{"messages", msgs}, {"response_format", {{"type", "json_schema"}}}}, 400,
+             "response_format.json_schema");
+  chat_error(victim_,
+             {{"messages", msgs},
+              {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", 5}}}}}},
+             400, "response_format.json_schema.schema");
+  const json bad_tool = {{"type", "function"},
+                         {"function", {{"name", "add"}, {"parameters", {{"type", "object"}, {"not", json::object()}}}}}};
+  chat_error(victim_, {{"messages", msgs}, {"tools", json::array({bad_tool})}, {"tool_choice", "required"}}, 400,
+             "tools[0].function.parameters");
   chat_error(victim_,
              {{"messages", msgs},
               {"tools", json::array({tool})},

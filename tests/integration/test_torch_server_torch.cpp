@@ -10,15 +10,18 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <thread>
 
 #include "client/http_client.hpp"
 #include "engine/torch_backend.hpp"
 #include "model/model_tools.hpp"
 #include "support/client_helpers.hpp"
+#include "support/random_schema.hpp"
 #include "support/test_server.hpp"
 #include "swarm/swarm.hpp"
 #include "text/chat_template.hpp"
@@ -269,6 +272,82 @@ TEST(TorchServer, OpenAIRoutesServeTheModel) {
   EXPECT_NE(metrics.find("swarm_inference{field=\"decode_tokens_total\"}"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("swarm_inference{field=\"kv_blocks_free\"}"), std::string::npos);
   client.abort_episode(ep.episode_uuid);
+}
+
+// Structured outputs on the torch engine (issue 21 §3): a random-weights model sampling at
+// temperature 1 under seeded random schemas. Every completion that finishes (not cut by
+// max_tokens) must parse and validate (python3-jsonschema, independent of our grammar code);
+// forced tool calls come back as calls of the right tool with arguments of its schema.
+TEST(TorchServer, RandomModelFollowsSchemasAndForcedToolCalls) {
+  TestServer server(torch_backend);
+  SwarmClient client(server.url(), fast_client());
+  Job job = tiny_job();
+  job.max_response_length = 160;
+  job.max_llm_calls_per_episode = 2000;  // one episode makes every request
+  job.tool_call_parser = "hermes";  // SmolLM2's template has no tool format of its own
+  client.auto_sync_train_config_and_start_engine(job);
+  OpenAIEndpoint ep = client.begin_episode(600, "train", 60s);
+  OpenAIClient llm(ep);
+  std::mt19937_64 rng(11);
+  const std::string path = (TinyChatModel::root() / "documents.jsonl").string();
+  std::ofstream out(path);
+  int finished = 0, cut = 0;
+  // SWARM_STRUCTURED_SCHEMAS=1000 for the long run (docs/openai_api.md records one).
+  const char* env = std::getenv("SWARM_STRUCTURED_SCHEMAS");
+  const int kSchemas = env ? std::max(1, std::atoi(env)) : 120;
+  for (int i = 0; i < kSchemas; ++i) {
+    const nlohmann::ordered_json schema = swarm::testing::random_schema(rng, 2, false);
+    ChatParams p;
+    p.temperature = 1.0;
+    p.seed = static_cast<uint64_t>(i);
+    p.extra = {{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "s"}, {"schema", json::parse(schema.dump())}}}}}};
+    const ChatResult r = llm.chat({{"user", "Answer in JSON."}}, p);
+    if (r.finish_reason == "length") {
+      ++cut;
+      continue;
+    }
+    ASSERT_EQ(r.finish_reason, "stop");
+    ++finished;
+    out << json{{"schema", json::parse(schema.dump())}, {"document", r.content}}.dump() << "\n";
+  }
+  out.close();
+  std::printf("structured outputs: %d of %d random-model completions finished (%d cut by max_tokens)\n", finished,
+              kSchemas, cut);
+  EXPECT_GE(finished, kSchemas / 3);
+  const auto [rc, output] = swarm::testing::validate_json_documents(path);
+  if (rc != 77) {
+    EXPECT_EQ(rc, 0) << output;
+  }
+
+  // tool_choice: required (any of two tools) and a named one.
+  ChatParams tp;
+  tp.temperature = 1.0;
+  tp.max_tokens = 160;
+  tp.tools = json::array(
+      {{{"type", "function"},
+        {"function", {{"name", "add"}, {"parameters", {{"type", "object"}, {"properties", {{"a", {{"type", "integer"}, {"minimum", 0}, {"maximum", 99}}}}}, {"required", {"a"}}, {"additionalProperties", false}}}}}},
+       {{"type", "function"},
+        {"function", {{"name", "flag"}, {"parameters", {{"type", "object"}, {"properties", {{"on", {{"type", "boolean"}}}}}, {"required", {"on"}}, {"additionalProperties", false}}}}}}});
+  tp.parallel_tool_calls = false;
+  for (const json& choice : {json("required"), json{{"type", "function"}, {"function", {{"name", "flag"}}}}}) {
+    tp.extra = {{"tool_choice", choice}};
+    for (int seed = 0; seed < 3; ++seed) {
+      tp.seed = static_cast<uint64_t>(seed);
+      const ChatResult r = llm.chat({{"user", "Use a tool."}}, tp);
+      if (r.finish_reason == "length") continue;
+      ASSERT_EQ(r.finish_reason, "tool_calls") << r.content;
+      ASSERT_EQ(r.tool_calls.size(), 1u);
+      const json args = json::parse(r.tool_calls[0].arguments);
+      if (choice.is_object()) {
+        EXPECT_EQ(r.tool_calls[0].name, "flag");
+      }
+      if (r.tool_calls[0].name == "add") {
+        EXPECT_TRUE(args["a"].is_number_integer() && args["a"] >= 0 && args["a"] <= 99);
+      } else {
+        EXPECT_TRUE(args["on"].is_boolean()) << r.tool_calls[0].arguments;
+      }
+    }
+  }
 }
 
 TEST(TorchServer, ManyConcurrentEpisodesAllComplete) {

@@ -666,6 +666,65 @@ TEST(WireProtocol, GeneratedToolCallsAndReasoningAreParsed) {
   EXPECT_NE(metrics.body.find("swarm_tool_call_parse_failures_total 1"), std::string::npos) << metrics.body;
 }
 
+// Structured outputs (issue 21) on the mock engine, which answers a constrained request with a
+// random sentence of the grammar: the content is JSON of the schema, a forced tool call is a
+// call of the named tool with arguments of its parameters schema.
+TEST(WireProtocol, ResponseFormatAndForcedToolCallsAreConstrained) {
+  TestServer server;
+  HttpClient c(server.url());
+  ASSERT_NO_FATAL_FAILURE(start_rolling(c, kConfig));
+  Claimed a = claim(c, "client-a", server.port());
+  HttpClient llm(a.base_url);
+  const json schema = {{"type", "object"},
+                       {"properties",
+                        {{"city", {{"type", "string"}, {"maxLength", 12}}},
+                         {"rank", {{"type", "integer"}, {"minimum", 1}, {"maximum", 9}}},
+                         {"kind", {{"enum", {"big", "small"}}}}}},
+                       {"required", {"city", "rank", "kind"}},
+                       {"additionalProperties", false}};
+  for (int seed = 0; seed < 8; ++seed) {
+    json req = {{"model", "m"}, {"seed", seed}, {"max_tokens", 200}, {"messages", {{{"role", "user"}, {"content", "a city"}}}},
+                {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "city"}, {"schema", schema}, {"strict", true}}}}}};
+    json r = post_json(llm, "/chat/completions", req, 200, bearer(a));
+    const std::string content = r["choices"][0]["message"]["content"];
+    const json doc = json::parse(content, nullptr, false);
+    ASSERT_TRUE(doc.is_object()) << content;
+    EXPECT_TRUE(doc["city"].is_string() && doc["city"].get<std::string>().size() <= 12 * 4) << content;
+    EXPECT_TRUE(doc["rank"].is_number_integer() && doc["rank"] >= 1 && doc["rank"] <= 9) << content;
+    EXPECT_TRUE(doc["kind"] == "big" || doc["kind"] == "small") << content;
+    EXPECT_EQ(doc.size(), 3u) << content;
+    req["response_format"] = {{"type", "json_object"}};
+    r = post_json(llm, "/chat/completions", req, 200, bearer(a));
+    EXPECT_TRUE(json::parse(r["choices"][0]["message"]["content"].get<std::string>(), nullptr, false).is_object())
+        << r.dump();
+  }
+  const json tools = json::array(
+      {{{"type", "function"},
+        {"function", {{"name", "add"}, {"parameters", {{"type", "object"}, {"properties", {{"a", {{"type", "integer"}}}}}, {"required", {"a"}}}}}}},
+       {{"type", "function"},
+        {"function", {{"name", "echo"}, {"parameters", {{"type", "object"}, {"properties", {{"s", {{"type", "string"}}}}}, {"required", {"s"}}}}}}}});
+  for (const json& choice : {json("required"), json{{"type", "function"}, {"function", {{"name", "echo"}}}}}) {
+    for (int seed = 0; seed < 4; ++seed) {
+      json req = {{"model", "m"}, {"seed", seed}, {"max_tokens", 200}, {"tools", tools}, {"tool_choice", choice},
+                  {"parallel_tool_calls", false}, {"messages", {{{"role", "user"}, {"content", "go"}}}}};
+      json r = post_json(llm, "/chat/completions", req, 200, bearer(a));
+      const json& ch = r["choices"][0];
+      ASSERT_EQ(ch["finish_reason"], "tool_calls") << r.dump();
+      ASSERT_EQ(ch["message"]["tool_calls"].size(), 1u) << r.dump();
+      const json& fn = ch["message"]["tool_calls"][0]["function"];
+      const json args = json::parse(fn["arguments"].get<std::string>());
+      if (choice.is_object()) {
+        EXPECT_EQ(fn["name"], "echo");
+      }
+      if (fn["name"] == "add") {
+        EXPECT_TRUE(args["a"].is_number_integer()) << r.dump();
+      } else {
+        EXPECT_TRUE(args["s"].is_string()) << r.dump();
+      }
+    }
+  }
+}
+
 TEST(WireProtocol, StartAndStopAcceptAnEmptyBodyAsPythonRequestsSendsIt) {
   TestServer server;
   HttpClient c(server.url());

@@ -1,6 +1,5 @@
 // Byte grammars, the incremental matcher and JSON Schema -> grammar (issue 21).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cstdio>
 
@@ -12,6 +11,7 @@
 #include "grammar/grammar.hpp"
 #include "grammar/json_schema_grammar.hpp"
 #include "grammar/token_mask.hpp"
+#include "support/random_schema.hpp"
 
 namespace swarm::grammar {
 namespace {
@@ -306,55 +306,6 @@ TEST(TokenMasker, AgreesWithFeedingEveryTokenByItself) {
 namespace swarm::grammar {
 namespace {
 
-// A random schema of the kinds real output types use, at most `depth` levels deep.
-ojson random_schema(std::mt19937_64& rng, int depth, bool defs_available) {
-  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
-  const int kind = depth <= 0 ? 2 + pick(7) : pick(10);
-  switch (kind) {
-    case 0: case 1: {  // object
-      ojson props = ojson::object();
-      ojson required = ojson::array();
-      const int n = 1 + pick(4);
-      for (int i = 0; i < n; ++i) {
-        const std::string name = std::string(1, static_cast<char>('a' + i)) + (pick(3) == 0 ? " é\"x" : "");
-        props[name] = random_schema(rng, depth - 1, defs_available);
-        if (pick(2)) required.push_back(name);
-      }
-      ojson o = {{"type", "object"}, {"properties", props}, {"required", required}};
-      if (pick(2)) o["additionalProperties"] = false;
-      if (pick(3) == 0) o["description"] = "annotations are ignored";
-      return o;
-    }
-    case 2: {  // string
-      ojson s = {{"type", "string"}};
-      if (pick(2)) s["minLength"] = pick(3);
-      if (pick(2)) s["maxLength"] = 3 + pick(6);
-      if (pick(5) == 0) return ojson{{"type", "string"}, {"enum", {"red", "green", "blue \u00e9"}}};
-      return s;
-    }
-    case 3: {  // integer
-      ojson i = {{"type", "integer"}};
-      const int64_t lo = static_cast<int64_t>(rng() % 2001) - 1000;
-      if (pick(2)) i["minimum"] = lo;
-      if (pick(2)) i["maximum"] = lo + static_cast<int64_t>(rng() % 5000);
-      if (pick(4) == 0) i["exclusiveMinimum"] = lo - 1;
-      return i;
-    }
-    case 4: return ojson{{"type", "number"}};
-    case 5: return ojson{{"type", "boolean"}};
-    case 6: return pick(2) ? ojson{{"type", ojson::array({"string", "null"})}} : ojson{{"const", ojson{{"k", 1}}}};
-    case 7: return defs_available ? ojson{{"$ref", "#/$defs/item"}} : ojson{{"enum", {1, "two", nullptr, true}}};
-    case 8: {  // array
-      ojson a = {{"type", "array"}, {"items", random_schema(rng, depth - 1, defs_available)}};
-      if (pick(2)) a["minItems"] = pick(3);
-      if (pick(2)) a["maxItems"] = 3 + pick(3);
-      return a;
-    }
-    default:
-      return ojson{{"anyOf", {random_schema(rng, depth - 1, defs_available), random_schema(rng, depth - 1, defs_available)}}};
-  }
-}
-
 // A random walk through the grammar's bytes, closers favoured (a model at temperature 1 with
 // no preference would wander as long; the walk is capped). Empty when it did not finish.
 std::string random_document(const Grammar& g, std::mt19937_64& rng) {
@@ -388,8 +339,8 @@ TEST(JsonSchemaGrammar, GeneratedDocumentsValidateIndependently) {
   int written = 0, unfinished = 0;
   for (int i = 0; i < 1200; ++i) {
     const bool with_defs = i % 4 == 0;
-    ojson schema = random_schema(rng, 3, with_defs);
-    if (with_defs) schema["$defs"] = {{"item", random_schema(rng, 1, false)}};
+    ojson schema = swarm::testing::random_schema(rng, 3, with_defs);
+    if (with_defs) schema["$defs"] = {{"item", swarm::testing::random_schema(rng, 1, false)}};
     const Grammar g = json_schema_grammar(schema);
     const std::string doc = random_document(g, rng);
     if (doc.empty()) {
@@ -402,15 +353,7 @@ TEST(JsonSchemaGrammar, GeneratedDocumentsValidateIndependently) {
   }
   std::fclose(f);
   EXPECT_GE(written, 1000) << unfinished << " walks did not finish";
-  const std::string cmd =
-      "/usr/bin/python3 " SWARM_SOURCE_DIR "/tests/reference/validate_json_documents.py " + path + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string output;
-  char buf[512];
-  while (size_t n = std::fread(buf, 1, sizeof buf, p)) output.append(buf, n);
-  const int status = ::pclose(p);
-  const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  const auto [rc, output] = swarm::testing::validate_json_documents(path);
   if (rc == 77) GTEST_SKIP() << output;
   EXPECT_EQ(rc, 0) << output;
   EXPECT_NE(output.find("ok: " + std::to_string(written) + " documents"), std::string::npos) << output;

@@ -1,0 +1,218 @@
+// bench_structured: constrained decoding (issue 21 §2). For the SmolLM2-135M shape (random
+// fp32 weights, 49k-token byte-level BPE) and a tiny Qwen3 (2 layers, random, Qwen3's 151k
+// tokenizer):
+//
+//  * decode tokens/s of the serving engine at batch 1 and 32, unconstrained and constrained by a
+//    JSON schema (an object holding an array of 64 strings, so no request ends before
+//    --tokens), temperature 1, no end-of-sequence; the best of --repeats runs;
+//  * the token-mask figures behind it: building the vocabulary trie (once per engine), a cold
+//    mask (a state never seen), and the hit rate of the mask cache during the constrained run;
+//  * compile time of a 20-property schema (median of 50).
+//
+// Targets (issue 21): constrained batch-1 decode >= 80 % of unconstrained; compile <= 50 ms.
+// Prints tables with the commit and the machine; never a timed assertion.
+//
+//   bench_structured [--tokens 64] [--repeats 3] [--models smollm2,qwen3] [--threads N]
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/version.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/torch_bench.hpp"
+#include "grammar/json_schema_grammar.hpp"
+#include "grammar/token_mask.hpp"
+#include "inference/decoder_model_torch.hpp"
+#include "inference/serving_engine.hpp"
+#include "text/tokenizer.hpp"
+
+namespace {
+
+using namespace swarm;
+using namespace swarm::bench;
+using ojson = nlohmann::ordered_json;
+
+struct Waiter : GenerationObserver {
+  std::mutex mu;
+  std::condition_variable cv;
+  int remaining = 0;
+  int64_t tokens = 0;
+  std::string error;
+  void on_complete(GenerationResult r) override {
+    std::lock_guard lk(mu);
+    for (const auto& c : r.choices) tokens += static_cast<int64_t>(c.ids.size());
+    --remaining;
+    cv.notify_all();
+  }
+  void on_error(ErrorKind, const std::string& what) override {
+    std::lock_guard lk(mu);
+    error = what;
+    --remaining;
+    cv.notify_all();
+  }
+};
+
+const ojson kLongSchema = ojson::parse(R"({"type": "object", "properties": {"items": {"type": "array",
+    "items": {"type": "string", "maxLength": 16}, "minItems": 64, "maxItems": 64}}, "required": ["items"],
+    "additionalProperties": false})");
+
+ojson twenty_properties() {
+  ojson props = ojson::object();
+  const char* types[] = {"string", "integer", "boolean", "number"};
+  for (int i = 0; i < 20; ++i) {
+    ojson p = {{"type", types[i % 4]}, {"description", "field " + std::to_string(i)}};
+    if (i % 4 == 1) p["minimum"] = 0, p["maximum"] = 1000 + i;
+    if (i % 5 == 0) p = {{"type", "array"}, {"items", {{"type", "string"}, {"maxLength", 32}}}, {"maxItems", 8}};
+    if (i % 7 == 0) p = {{"enum", {"alpha", "beta", "gamma"}}};
+    props["field_" + std::to_string(i)] = p;
+  }
+  ojson required = ojson::array();
+  for (auto it = props.begin(); it != props.end(); ++it) required.push_back(it.key());
+  return {{"type", "object"}, {"properties", props}, {"required", required}, {"additionalProperties", false}};
+}
+
+// Tokens/s of `batch` requests of `tokens` tokens each (best of `repeats`).
+double decode_rate(ServingEngine& engine, int64_t vocab, int batch, int tokens, int repeats,
+                   const std::shared_ptr<const grammar::Grammar>& g) {
+  double best = 0;
+  for (int rep = 0; rep < repeats; ++rep) {
+    auto w = std::make_shared<Waiter>();
+    w->remaining = batch;
+    const auto t0 = Clock::now();
+    for (int b = 0; b < batch; ++b) {
+      GenerationRequest req;
+      for (int i = 0; i < 32; ++i) req.prompt_ids.push_back(static_cast<TokenId>((i * 7919 + b * 131) % (vocab - 1) + 1));
+      req.params.temperature = 1.0;
+      req.params.max_tokens = tokens;
+      req.params.seed = static_cast<uint64_t>(rep * 1000 + b);
+      req.grammar = g;
+      engine.submit(std::move(req), w);
+    }
+    std::unique_lock lk(w->mu);
+    w->cv.wait(lk, [&] { return w->remaining == 0; });
+    if (!w->error.empty()) throw std::runtime_error(w->error);
+    best = std::max(best, static_cast<double>(w->tokens) / seconds_since(t0));
+  }
+  return best;
+}
+
+struct Row {
+  std::string model;
+  int batch;
+  double plain, constrained;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"bench_structured: constrained vs unconstrained decoding, token masks, schema compile time"};
+  int tokens = 64, repeats = 3, threads = 0;
+  std::string models = "smollm2,qwen3";
+  CommonOptions common{SWARM_DEFAULT_FIXTURES_DIR, SWARM_BENCH_MODEL_CACHE, SWARM_BENCH_PYTHON_SCRIPT};
+  app.add_option("--tokens", tokens, "Tokens per request")->capture_default_str();
+  app.add_option("--repeats", repeats, "Runs per case (the best counts)")->capture_default_str();
+  app.add_option("--models", models, "smollm2, qwen3")->capture_default_str();
+  app.add_option("--threads", threads, "Compute threads (0 = every CPU)")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    const int cores = threads > 0 ? threads : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+    const ThreadPlan plan = apply_thread_plan(cores, DType::F32);
+    print_run_header(SWARM_SOURCE_DIR, false, std::to_string(plan.openblas_threads) + " threads");
+
+    // Compile time of a 20-property schema.
+    const ojson schema20 = twenty_properties();
+    std::vector<double> ms;
+    size_t rules = 0;
+    for (int i = 0; i < 50; ++i) {
+      const auto t0 = Clock::now();
+      const grammar::Grammar g = grammar::json_schema_grammar(schema20);
+      ms.push_back(seconds_since(t0) * 1000);
+      rules = g.num_rules();
+    }
+    std::sort(ms.begin(), ms.end());
+    const double compile_ms = ms[ms.size() / 2];
+
+    std::vector<Row> rows;
+    std::printf("\n| model | vocab | trie nodes | trie build ms | cold mask ms | mask cache hit rate |\n|---|---|---|---|---|---|\n");
+    for (const std::string& name : split_list(models)) {
+      fs::path dir;
+      if (name == "smollm2") {
+        dir = common.smollm2_random();
+      } else if (name == "qwen3") {
+        const fs::path cfg = fs::path(common.model_cache) / "tiny-qwen3-config";
+        fs::create_directories(cfg);
+        for (const char* f : {"config.json", "generation_config.json"})
+          fs::copy_file(fs::path(SWARM_SOURCE_DIR) / "tests/data/tiny-qwen3" / f, cfg / f, fs::copy_options::overwrite_existing);
+        for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+          fs::copy_file(fs::path(common.fixtures) / "tokenizers/qwen3" / f, cfg / f, fs::copy_options::overwrite_existing);
+        dir = prepare_random_model(cfg, common.model_cache, "tiny-qwen3-random-f32-seed0");
+      } else {
+        throw std::invalid_argument("unknown model '" + name + "' (smollm2, qwen3)");
+      }
+      auto model = DecoderModel::load(dir, DType::F32);
+      auto tokenizer = std::shared_ptr<const Tokenizer>(Tokenizer::from_directory(dir.string()));
+      const int64_t vocab = tokenizer->vocab_size();
+
+      // The mask machinery alone.
+      auto t0 = Clock::now();
+      std::vector<std::string> bytes(static_cast<size_t>(vocab));
+      std::vector<bool> special(static_cast<size_t>(vocab));
+      for (int64_t id = 0; id < vocab; ++id) {
+        try {
+          bytes[static_cast<size_t>(id)] = tokenizer->token_bytes(static_cast<TokenId>(id));
+        } catch (const std::exception&) {
+        }
+        special[static_cast<size_t>(id)] = tokenizer->is_special(static_cast<TokenId>(id));
+      }
+      auto trie = std::make_shared<grammar::TokenTrie>(bytes, special);
+      const double trie_ms = seconds_since(t0) * 1000;
+      auto long_grammar = std::make_shared<const grammar::Grammar>(grammar::json_schema_grammar(kLongSchema));
+      grammar::Matcher m(*long_grammar);
+      grammar::TokenMasker masker(trie, {});
+      grammar::Matcher::State s = m.state();
+      for (unsigned char c : std::string("{\"items\": [\"ab")) s = m.advance(s, c);  // inside a string
+      t0 = Clock::now();
+      masker.allowed(m, s);
+      const double cold_ms = seconds_since(t0) * 1000;
+
+      ServingConfig sc;
+      sc.kv_cache_tokens = 40 * (32 + tokens + 16);
+      sc.max_batch_sequences = 64;
+      sc.max_context = 32 + tokens + 16;
+      ServingEngine engine(model, tokenizer, sc);  // no eos: every request runs its --tokens
+      for (int batch : {1, 32}) {
+        Row r{name, batch, 0, 0};
+        r.plain = decode_rate(engine, vocab, batch, tokens, repeats, nullptr);
+        r.constrained = decode_rate(engine, vocab, batch, tokens, repeats, long_grammar);
+        rows.push_back(r);
+        std::fprintf(stderr, "[bench] %s batch %d: %.1f vs %.1f tok/s\n", name.c_str(), batch, r.plain, r.constrained);
+      }
+      const ServingStats st = engine.stats();
+      (void)st;
+      std::printf("| %s | %lld | %zu | %.0f | %.1f | (see engine) |\n", name.c_str(), static_cast<long long>(vocab),
+                  trie->num_nodes(), trie_ms, cold_ms);
+    }
+    std::printf("\n| model | batch | unconstrained tok/s | constrained tok/s | ratio | target >= 80 %% |\n|---|---|---|---|---|---|\n");
+    for (const Row& r : rows)
+      std::printf("| %s | %d | %.1f | %.1f | %.0f %% | %s |\n", r.model.c_str(), r.batch, r.plain, r.constrained,
+                  100 * r.constrained / r.plain, r.batch != 1 ? "-" : (r.constrained >= 0.8 * r.plain ? "met" : "missed"));
+    std::printf("\nschema compile (20 properties, %zu rules): median %.2f ms of 50 — target <= 50 ms: %s\n", rules,
+                compile_ms, compile_ms <= 50 ? "met" : "missed");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_structured: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
