@@ -102,18 +102,27 @@ void Matcher::normalize(State& s) {
 }
 
 const Matcher::State& Matcher::step(uint32_t stack, uint8_t b) {
-  const uint64_t key = (static_cast<uint64_t>(stack) << 8) | b;
-  auto it = step_memo_.find(key);
-  if (it == step_memo_.end()) {
-    State next;
-    if (stack != 0) {
-      const Element& e = g_->element(nodes_[stack].pos);
-      if (e.kind == Element::BYTES && e.lo <= b && b <= e.hi) consume(stack, next);
-    }
-    normalize(next);
-    it = step_memo_.emplace(key, std::move(next)).first;  // unordered_map: references stay valid
+  static const State kNone;
+  if (stack == 0) return kNone;
+  const Element& e = g_->element(nodes_[stack].pos);
+  if (e.kind != Element::BYTES || b < e.lo || b > e.hi) return kNone;  // the common case in a trie walk
+  if (block_of_.size() <= stack) block_of_.resize(nodes_.size(), -1);
+  if (block_of_[stack] < 0) {
+    blocks_.emplace_back();
+    blocks_.back().fill(-1);
+    block_of_[stack] = static_cast<int32_t>(blocks_.size() - 1);
   }
-  return it->second;
+  const size_t block = static_cast<size_t>(block_of_[stack]);
+  int32_t index = blocks_[block][b];
+  if (index < 0) {
+    State next;
+    consume(stack, next);  // may intern stacks (block_of_ is grown on their first step)
+    normalize(next);
+    step_results_.push_back(std::move(next));
+    index = static_cast<int32_t>(step_results_.size() - 1);
+    blocks_[block][b] = index;
+  }
+  return step_results_[static_cast<size_t>(index)];
 }
 
 Matcher::State Matcher::advance(const State& s, uint8_t b) {

@@ -15,7 +15,9 @@
 // state (TokenMasker) costs a trie walk over cached transitions.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -111,7 +113,11 @@ class Matcher {
   const Grammar* g_;
   std::vector<Node> nodes_;
   std::unordered_map<uint64_t, uint32_t> index_;
-  std::unordered_map<uint64_t, State> step_memo_;  // (stack << 8 | byte) -> stacks
+  // step(stack, byte) memo: a stack stepped at least once has a block of 256 indices into
+  // step_results_ (-1: not computed yet); a deque, so references to results stay valid.
+  std::vector<int32_t> block_of_;  // per stack, -1 = none
+  std::vector<std::array<int32_t, 256>> blocks_;
+  std::deque<State> step_results_;
   State state_;
 };
 
