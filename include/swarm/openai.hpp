@@ -38,7 +38,7 @@ struct ChatParams {
   /// Tools the model may call: an array of {"type": "function", "function": {name,
   /// description, parameters}} (null: none sent).
   nlohmann::json tools = nullptr;
-  std::optional<std::string> tool_choice;      // "auto" or "none"
+  std::optional<std::string> tool_choice;      // "auto", "none" or "required" (a named function: extra)
   std::optional<bool> parallel_tool_calls;
   nlohmann::json extra = nlohmann::json::object();
 };

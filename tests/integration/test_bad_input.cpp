@@ -328,6 +328,10 @@ TEST_F(BadInput, WrongTypesAreRejectedNamingTheField) {
   chat_error(victim_, with_schema({{"type", "strin"}}), 400, "unknown type 'strin'");
   chat_error(victim_, with_schema({{"$ref", "#/$defs/nope"}}), 400, "#/$defs/nope");
   chat_error(victim_, with_schema({{"type", "array"}, {"maxItems", 1000000}}), 400, "maxItems");
+  // Small to send, too large to compile: 100 arrays of up to 256 items (the grammar is bounded).
+  json huge = {{"type", "object"}, {"properties", json::object()}};
+  for (int i = 0; i < 100; ++i) huge["properties"]["p" + std::to_string(i)] = {{"type", "array"}, {"maxItems", 256}};
+  chat_error(victim_, with_schema(huge), 400, "schema too large");
   chat_error(victim_, {{"messages", msgs}, {"response_format", {{"type", "json_schema"}}}}, 400,
              "response_format.json_schema");
   chat_error(victim_,
