@@ -18,7 +18,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-import { SwarmServer, assert, withTimeout } from './swarm_server.mjs';
+import { SwarmServer, assert, bodyRecorder, withTimeout } from './swarm_server.mjs';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const ROOT = path.resolve(HERE, '..', '..');
@@ -49,15 +49,7 @@ function makeModel() {
   return out;
 }
 
-function recorder() {
-  const bodies = [];
-  const wrapped = async (url, init) => {
-    const u = typeof url === 'string' ? url : url.url ?? String(url);
-    if (u.endsWith('/chat/completions') && typeof init?.body === 'string') bodies.push(JSON.parse(init.body));
-    return fetch(url, init);
-  };
-  return { fetch: wrapped, bodies };
-}
+const recorder = bodyRecorder;
 
 // Short strings, enums, bounded integers: a random model finishes within max_tokens.
 const Weather = z.object({

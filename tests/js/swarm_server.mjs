@@ -84,3 +84,15 @@ export function withTimeout(promise, ms) {
     new Promise((_, reject) => { timer = setTimeout(() => reject(new Error(`timed out after ${ms / 1000} s`)), ms); }),
   ]).finally(() => clearTimeout(timer));
 }
+
+// A fetch that keeps every chat request body (handed to a framework or its OpenAI client), so a
+// test can check what went over the wire.
+export function bodyRecorder() {
+  const bodies = [];
+  const wrapped = async (url, init) => {
+    const u = typeof url === 'string' ? url : url.url ?? String(url);
+    if (u.endsWith('/chat/completions') && typeof init?.body === 'string') bodies.push(JSON.parse(init.body));
+    return fetch(url, init);
+  };
+  return { fetch: wrapped, bodies };
+}

@@ -26,7 +26,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-import { SwarmServer, assert, withTimeout } from './swarm_server.mjs';
+import { SwarmServer, assert, bodyRecorder, withTimeout } from './swarm_server.mjs';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const TEST_TIMEOUT_MS = 30_000;
@@ -87,15 +87,7 @@ function checkRanOnce(calls, where) {
 // its OpenAI client), so a test can check what went over the wire: temperature 0 in every
 // request, and a last request that sends the server's call back (an assistant message with
 // tool_calls, then a `tool` message answering that call's id with "5").
-function recorder() {
-  const bodies = [];
-  const wrapped = async (url, init) => {
-    const u = typeof url === 'string' ? url : url.url ?? String(url);
-    if (u.endsWith('/chat/completions') && typeof init?.body === 'string') bodies.push(JSON.parse(init.body));
-    return fetch(url, init);
-  };
-  return { fetch: wrapped, bodies };
-}
+const recorder = bodyRecorder;
 function checkWire({ bodies }, where, stream) {
   assert(bodies.length === 2, `${where}: ${bodies.length} chat requests, expected 2`);
   for (const b of bodies) assert(!!b.stream === stream, `${where}: a request has stream ${b.stream}, expected ${stream}`);

@@ -198,6 +198,29 @@ TEST(JsonSchemaGrammar, UnsupportedOrInvalidSchemasNameTheProblem) {
   EXPECT_NE(error_of(R"({"not": {}})").find("unsupported keyword 'not'"), std::string::npos);
 }
 
+// A random walk through the grammar's bytes, closers favoured (a model at temperature 1 with
+// no preference would wander as long; the walk is capped). Empty when it did not finish.
+std::string random_document(const Grammar& g, std::mt19937_64& rng) {
+  Matcher m(g);
+  std::string out;
+  while (out.size() < 3000) {
+    std::vector<uint8_t> allowed;
+    std::vector<double> weight;
+    for (int b = 0; b < 256; ++b)
+      if (!m.advance(m.state(), static_cast<uint8_t>(b)).empty()) {
+        allowed.push_back(static_cast<uint8_t>(b));
+        weight.push_back(std::string("\"}],").find(static_cast<char>(b)) != std::string::npos ? 30.0 : 1.0);
+      }
+    if (m.accepting() && (allowed.empty() || rng() % 3 == 0)) return out;
+    if (allowed.empty()) return "";
+    std::discrete_distribution<size_t> pick(weight.begin(), weight.end());
+    const uint8_t b = allowed[pick(rng)];
+    m.feed_byte(b);
+    out.push_back(static_cast<char>(b));
+  }
+  return "";
+}
+
 // Random walks through a schema's grammar (each step a random allowed byte, closing bytes
 // favoured so that walks end) always give JSON that parses.
 TEST(JsonSchemaGrammar, RandomWalksGiveParsableJson) {
@@ -207,24 +230,8 @@ TEST(JsonSchemaGrammar, RandomWalksGiveParsableJson) {
   std::mt19937_64 rng(7);
   int finished = 0;
   for (int walk = 0; walk < 200; ++walk) {
-    Matcher m(g);
-    std::string out;
-    while (out.size() < 2000) {
-      std::vector<uint8_t> allowed;
-      std::vector<double> weight;
-      for (int b = 0; b < 256; ++b)
-        if (!m.advance(m.state(), static_cast<uint8_t>(b)).empty()) {
-          allowed.push_back(static_cast<uint8_t>(b));
-          weight.push_back(std::string("\"}],").find(static_cast<char>(b)) != std::string::npos ? 40.0 : 1.0);
-        }
-      if (m.accepting() && (allowed.empty() || rng() % 4 == 0)) break;
-      ASSERT_FALSE(allowed.empty()) << out;
-      std::discrete_distribution<size_t> pick(weight.begin(), weight.end());
-      const uint8_t b = allowed[pick(rng)];
-      ASSERT_TRUE(m.feed_byte(b));
-      out.push_back(static_cast<char>(b));
-    }
-    if (!m.accepting()) continue;
+    const std::string out = random_document(g, rng);
+    if (out.empty()) continue;
     ++finished;
     const auto doc = nlohmann::json::parse(out, nullptr, false);
     ASSERT_FALSE(doc.is_discarded()) << out;
@@ -305,29 +312,6 @@ TEST(TokenMasker, AgreesWithFeedingEveryTokenByItself) {
 // ------------------------------------------------------------------------------ property test
 namespace swarm::grammar {
 namespace {
-
-// A random walk through the grammar's bytes, closers favoured (a model at temperature 1 with
-// no preference would wander as long; the walk is capped). Empty when it did not finish.
-std::string random_document(const Grammar& g, std::mt19937_64& rng) {
-  Matcher m(g);
-  std::string out;
-  while (out.size() < 3000) {
-    std::vector<uint8_t> allowed;
-    std::vector<double> weight;
-    for (int b = 0; b < 256; ++b)
-      if (!m.advance(m.state(), static_cast<uint8_t>(b)).empty()) {
-        allowed.push_back(static_cast<uint8_t>(b));
-        weight.push_back(std::string("\"}],").find(static_cast<char>(b)) != std::string::npos ? 30.0 : 1.0);
-      }
-    if (m.accepting() && (allowed.empty() || rng() % 3 == 0)) return out;
-    if (allowed.empty()) return "";
-    std::discrete_distribution<size_t> pick(weight.begin(), weight.end());
-    const uint8_t b = allowed[pick(rng)];
-    m.feed_byte(b);
-    out.push_back(static_cast<char>(b));
-  }
-  return "";
-}
 
 // 1,200 seeded random schemas, a document generated under each one's grammar, all validated by
 // python3-jsonschema (tests/reference/validate_json_documents.py), which shares no code with us.
