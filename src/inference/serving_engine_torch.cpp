@@ -34,7 +34,7 @@ struct Request;
 struct Constrained {
   Constrained(std::shared_ptr<const grammar::Grammar> g, std::shared_ptr<const grammar::TokenTrie> trie,
               std::vector<uint32_t> eos)
-      : grammar(std::move(g)), matcher(*grammar), masker(std::move(trie), std::move(eos)) {}
+      : grammar(std::move(g)), matcher(*grammar), masker(std::move(trie), std::move(eos), /*cache_entries=*/128) {}
   std::shared_ptr<const grammar::Grammar> grammar;
   grammar::Matcher matcher;
   grammar::TokenMasker masker;
@@ -466,7 +466,15 @@ struct ServingEngine::Impl {
 
   // The shared matcher and mask cache of a grammar (the trie of the vocabulary is built once).
   std::shared_ptr<Constrained> constrained_for(const std::shared_ptr<const grammar::Grammar>& g) {
-    if (auto it = constrained.find(g.get()); it != constrained.end()) return it->second;
+    // Memory stays bounded: a matcher whose arena of parse stacks has grown past its bound
+    // (e.g. deeply nested free JSON over a long run) is replaced by a fresh one for new
+    // sequences; at most kMaxGrammars grammars are kept, each with at most 128 cached masks.
+    constexpr size_t kMaxArena = 1 << 16;  // stacks; each stepped one holds a 1 KiB memo block
+    constexpr size_t kMaxGrammars = 16;
+    if (auto it = constrained.find(g.get()); it != constrained.end()) {
+      if (it->second->matcher.arena_size() < kMaxArena) return it->second;
+      constrained.erase(it);
+    }
     if (!trie) {
       const int64_t v = tokenizer->vocab_size();
       std::vector<std::string> bytes(static_cast<size_t>(v));
@@ -482,13 +490,13 @@ struct ServingEngine::Impl {
       trie = std::make_shared<grammar::TokenTrie>(bytes, special);
     }
     // Keep recently used grammars; drop those no sequence holds once there are many.
-    if (constrained.size() >= 64)
+    if (constrained.size() >= kMaxGrammars)
       for (auto it = constrained.begin(); it != constrained.end();)
         it = it->second.use_count() == 1 ? constrained.erase(it) : std::next(it);
     std::vector<uint32_t> eos_ids;
     for (TokenId id : eos)
       if (id >= 0 && id < tokenizer->vocab_size()) eos_ids.push_back(static_cast<uint32_t>(id));
-    auto c = std::make_shared<Constrained>(g, trie, std::move(eos_ids));
+    auto c = std::make_shared<Constrained>(g, trie, std::move(eos_ids));  // masks: 128 cached
     constrained[g.get()] = c;
     return c;
   }
