@@ -13,22 +13,26 @@ TokenTrie::TokenTrie(const std::vector<std::string>& token_bytes, const std::vec
   for (uint32_t id = 0; id < token_bytes.size(); ++id)
     if (!special[id] && !token_bytes[id].empty()) order.push_back(id);
   std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return token_bytes[a] < token_bytes[b]; });
-  // Build with per-node child maps first, then flatten breadth-first.
+  // Sorted byte strings give the nodes in preorder as they are created: a new node is always
+  // a child of the current path, and a shared prefix is always the last child made.
   struct Build {
-    std::vector<std::pair<uint8_t, uint32_t>> kids;
+    uint32_t parent;
+    uint8_t byte;
+    uint16_t depth;
+    uint32_t last_child = 0;  // 0 = none
     std::vector<uint32_t> ids;
   };
-  std::vector<Build> b(1);
+  std::vector<Build> b(1, Build{0, 0, 0, 0, {}});
   for (uint32_t id : order) {
     uint32_t n = 0;
     for (unsigned char c : token_bytes[id]) {
-      auto& kids = b[n].kids;
-      if (!kids.empty() && kids.back().first == c) {
-        n = kids.back().second;  // sorted input: a shared prefix is always the last child
+      const uint32_t last = b[n].last_child;
+      if (last != 0 && b[last].byte == c) {
+        n = last;
       } else {
         const uint32_t child = static_cast<uint32_t>(b.size());
-        kids.emplace_back(c, child);
-        b.emplace_back();
+        b.push_back(Build{n, c, static_cast<uint16_t>(b[n].depth + 1), 0, {}});
+        b[n].last_child = child;
         n = child;
       }
     }
@@ -38,13 +42,15 @@ TokenTrie::TokenTrie(const std::vector<std::string>& token_bytes, const std::vec
   nodes_.resize(b.size());
   for (size_t n = 0; n < b.size(); ++n) {
     Node& node = nodes_[n];
-    node.first_child = static_cast<uint32_t>(children_.size());
-    node.num_children = static_cast<uint32_t>(b[n].kids.size());
-    for (const auto& [c, child] : b[n].kids) children_.push_back({c, child});
+    node.end = static_cast<uint32_t>(n + 1);
+    node.byte = b[n].byte;
+    node.depth = b[n].depth;
     node.first_token = static_cast<uint32_t>(tokens_.size());
     node.num_tokens = static_cast<uint32_t>(b[n].ids.size());
     tokens_.insert(tokens_.end(), b[n].ids.begin(), b[n].ids.end());
   }
+  for (size_t n = b.size(); n-- > 1;)  // children come after their parent: fold ends upwards
+    nodes_[b[n].parent].end = std::max(nodes_[b[n].parent].end, nodes_[n].end);
 }
 
 size_t TokenMasker::StateHash::operator()(const Matcher::State& s) const noexcept {
@@ -85,48 +91,36 @@ void TokenMasker::compute(Matcher& matcher, const Matcher::State& state, TokenMa
   for (uint32_t id : matcher.allowed_special_tokens(state))
     if (id < trie_->vocab_size()) set(id);
   if (accepting && state.size() == 1) return;  // finished: nothing can follow
-  // Depth-first over the trie. cur[d] is the state after d bytes: a memoised step result when
-  // the state before was one stack (no copy), else a union built in scratch_[d].
-  struct Frame {
-    uint32_t node;
-    uint32_t next_child;
-  };
-  std::vector<const Matcher::State*> cur{&state};
-  // Sized once: cur[] points into these buffers, so they must not move while walking.
+  // A preorder scan. cur[d] is the state after d bytes: a memoised step result when the state
+  // before was one stack (no copy), else a union built in scratch_[d].
   if (scratch_.size() < trie_->max_depth() + 2) scratch_.resize(trie_->max_depth() + 2);
-  std::vector<Frame> stack{{0, 0}};
-  while (!stack.empty()) {
-    Frame& f = stack.back();
-    const TokenTrie::Node& node = trie_->nodes_[f.node];
-    const size_t depth = stack.size() - 1;
-    if (f.next_child == node.num_children) {
-      stack.pop_back();
-      cur.pop_back();
-      continue;
-    }
-    const TokenTrie::Child& c = trie_->children_[node.first_child + f.next_child++];
-    const Matcher::State& from = *cur[depth];
+  std::vector<const Matcher::State*> cur(trie_->max_depth() + 2, nullptr);
+  cur[0] = &state;
+  const auto& nodes = trie_->nodes_;
+  for (uint32_t i = 1; i < nodes.size();) {
+    const TokenTrie::Node& node = nodes[i];
+    const Matcher::State& from = *cur[node.depth - 1];
     const Matcher::State* next;
     if (from.size() == 1) {
-      next = &matcher.step(from[0], c.byte);
+      next = &matcher.step(from[0], node.byte);
     } else {
-      Matcher::State& buf = scratch_[depth + 1];
+      Matcher::State& buf = scratch_[node.depth];
       buf.clear();
       for (uint32_t st : from) {
-        const Matcher::State& part = matcher.step(st, c.byte);
+        const Matcher::State& part = matcher.step(st, node.byte);
         buf.insert(buf.end(), part.begin(), part.end());
       }
       std::sort(buf.begin(), buf.end());
       buf.erase(std::unique(buf.begin(), buf.end()), buf.end());
       next = &buf;
     }
-    if (next->empty()) continue;
-    const TokenTrie::Node& child = trie_->nodes_[c.node];
-    for (uint32_t k = 0; k < child.num_tokens; ++k) set(trie_->tokens_[child.first_token + k]);
-    if (child.num_children) {
-      stack.push_back({c.node, 0});
-      cur.push_back(next);
+    if (next->empty()) {
+      i = node.end;  // nothing below can match either
+      continue;
     }
+    for (uint32_t k = 0; k < node.num_tokens; ++k) set(trie_->tokens_[node.first_token + k]);
+    cur[node.depth] = next;
+    ++i;
   }
 }
 

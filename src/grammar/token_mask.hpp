@@ -33,18 +33,16 @@ class TokenTrie {
 
  private:
   friend class TokenMasker;
+  // Nodes in depth-first preorder (0 = root): the subtree of node n is [n, end), so a walk is a
+  // linear scan that jumps to `end` when the grammar refuses a node's byte.
   struct Node {
-    uint32_t first_child = 0;  // into children_
-    uint32_t num_children = 0;
+    uint32_t end = 0;          // one past the last node of this subtree
     uint32_t first_token = 0;  // into tokens_: ids whose bytes end here
     uint32_t num_tokens = 0;
+    uint16_t depth = 0;        // bytes from the root
+    uint8_t byte = 0;          // the byte leading here from the parent
   };
-  struct Child {
-    uint8_t byte;
-    uint32_t node;
-  };
-  std::vector<Node> nodes_;  // 0 = root
-  std::vector<Child> children_;
+  std::vector<Node> nodes_;
   std::vector<uint32_t> tokens_;
   size_t vocab_size_ = 0;
   size_t max_depth_ = 0;

@@ -34,7 +34,7 @@ struct Request;
 struct Constrained {
   Constrained(std::shared_ptr<const grammar::Grammar> g, std::shared_ptr<const grammar::TokenTrie> trie,
               std::vector<uint32_t> eos)
-      : grammar(std::move(g)), matcher(*grammar), masker(std::move(trie), std::move(eos), /*cache_entries=*/128) {}
+      : grammar(std::move(g)), matcher(*grammar), masker(std::move(trie), std::move(eos), /*cache_entries=*/512) {}
   std::shared_ptr<const grammar::Grammar> grammar;
   grammar::Matcher matcher;
   grammar::TokenMasker masker;
@@ -468,8 +468,9 @@ struct ServingEngine::Impl {
   std::shared_ptr<Constrained> constrained_for(const std::shared_ptr<const grammar::Grammar>& g) {
     // Memory stays bounded: a matcher whose arena of parse stacks has grown past its bound
     // (e.g. deeply nested free JSON over a long run) is replaced by a fresh one for new
-    // sequences; at most kMaxGrammars grammars are kept, each with at most 128 cached masks.
-    constexpr size_t kMaxArena = 1 << 16;  // stacks; each stepped one holds a 1 KiB memo block
+    // sequences; at most kMaxGrammars grammars are kept, each with at most 512 cached masks
+    // (sequences decoding the same schema in step share states, and masks).
+    constexpr size_t kMaxArena = 1 << 18;  // stacks; each stepped one holds a 1 KiB memo block
     constexpr size_t kMaxGrammars = 16;
     if (auto it = constrained.find(g.get()); it != constrained.end()) {
       if (it->second->matcher.arena_size() < kMaxArena) return it->second;
@@ -496,7 +497,7 @@ struct ServingEngine::Impl {
     std::vector<uint32_t> eos_ids;
     for (TokenId id : eos)
       if (id >= 0 && id < tokenizer->vocab_size()) eos_ids.push_back(static_cast<uint32_t>(id));
-    auto c = std::make_shared<Constrained>(g, trie, std::move(eos_ids));  // masks: 128 cached
+    auto c = std::make_shared<Constrained>(g, trie, std::move(eos_ids));  // masks: 512 cached
     constrained[g.get()] = c;
     return c;
   }
