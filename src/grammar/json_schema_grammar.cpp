@@ -21,7 +21,7 @@ const std::set<std::string> kCommon = {"type", "enum", "const", "anyOf", "oneOf"
 const std::map<std::string, std::set<std::string>> kByType = {
     {"object", {"properties", "required", "additionalProperties"}},
     {"array", {"items", "minItems", "maxItems"}},
-    {"string", {"minLength", "maxLength"}},
+    {"string", {"minLength", "maxLength", "format"}},
     {"integer", {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}},
     {"number", {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}},
     {"boolean", {}},
@@ -236,6 +236,63 @@ struct JsonSchemaCompiler::Impl {
     return g.rule_of(alts);
   }
 
+  // Strings of a `format`, exactly as RFC 3339 / RFC 4122 define them (upper-case T and Z):
+  // date (days per month, 29 February only in leap years), time (with an offset), date-time,
+  // uuid. Other formats are refused: an unchecked format would silently not be honoured.
+  uint32_t formatted_string(const std::string& format, const std::string& path) {
+    const auto B = Element::bytes;
+    const auto D = [&](char lo, char hi) { return Element::bytes(static_cast<uint8_t>(lo), static_cast<uint8_t>(hi)); };
+    const auto digit = D('0', '9');
+    auto date = [&]() {
+      // Leap years: the last two digits a non-zero multiple of 4, or 00 after a multiple of 4.
+      std::vector<Seq> leap_tail, leap_century;
+      for (int v = 4; v <= 96; v += 4)
+        leap_tail.push_back(lit(std::string(1, static_cast<char>('0' + v / 10)) + static_cast<char>('0' + v % 10)));
+      for (int v = 0; v <= 96; v += 4)
+        leap_century.push_back(lit(std::string(1, static_cast<char>('0' + v / 10)) + static_cast<char>('0' + v % 10) + "00"));
+      const uint32_t tail = g.rule_of(leap_tail);
+      const uint32_t century = g.rule_of(leap_century);
+      const uint32_t leap_year = g.rule_of({{digit, digit, Element::rule(tail)}, ref(century)}, "leap_year");
+      const uint32_t year = g.rule_of({{digit, digit, digit, digit}}, "year");
+      const uint32_t d28 = g.rule_of({{Element::byte('0'), D('1', '9')}, {Element::byte('1'), digit}, {Element::byte('2'), D('0', '8')}});
+      const uint32_t d30 = g.rule_of({ref(d28), lit("29"), lit("30")});
+      const uint32_t d31 = g.rule_of({ref(d30), lit("31")});
+      std::vector<Seq> alts;
+      for (const char* m : {"01", "03", "05", "07", "08", "10", "12"}) alts.push_back(cat({ref(year), lit("-"), lit(m), lit("-"), ref(d31)}));
+      for (const char* m : {"04", "06", "09", "11"}) alts.push_back(cat({ref(year), lit("-"), lit(m), lit("-"), ref(d30)}));
+      alts.push_back(cat({ref(year), lit("-02-"), ref(d28)}));
+      alts.push_back(cat({ref(leap_year), lit("-02-29")}));
+      return g.rule_of(alts, "date");
+    };
+    auto time = [&]() {
+      const uint32_t hour = g.rule_of({{D('0', '1'), digit}, {Element::byte('2'), D('0', '3')}}, "hour");
+      const uint32_t minute = g.rule_of({{D('0', '5'), digit}}, "minute");
+      const uint32_t frac = g.rule_of({{}, {Element::byte('.'), digit, Element::rule(digits(8))}}, "secfrac");
+      const uint32_t offset = g.rule_of({lit("Z"), cat({{B('+', '+')}, ref(hour), lit(":"), ref(minute)}),
+                                         cat({{B('-', '-')}, ref(hour), lit(":"), ref(minute)})}, "offset");
+      return g.rule_of({cat({ref(hour), lit(":"), ref(minute), lit(":"), ref(minute), ref(frac), ref(offset)})}, "time");
+    };
+    Seq body;
+    if (format == "date") {
+      body = ref(date());
+    } else if (format == "time") {
+      body = ref(time());
+    } else if (format == "date-time") {
+      body = cat({ref(date()), lit("T"), ref(time())});
+    } else if (format == "uuid") {
+      const uint32_t hex = g.rule_of({{digit}, {D('a', 'f')}, {D('A', 'F')}}, "hexdigit");
+      for (int group : {8, 4, 4, 4, 12}) {
+        if (!body.empty()) body.push_back(Element::byte('-'));
+        for (int i = 0; i < group; ++i) body.push_back(Element::rule(hex));
+      }
+    } else {
+      throw SchemaError("'format' '" + format + "' at " + path +
+                        " is not supported (supported: date, time, date-time, uuid)");
+    }
+    check_size();
+    return g.rule_of({cat({lit("\""), body, lit("\"")})});
+  }
+
   uint32_t any_value() {
     if (any_rule) return *any_rule;
     const uint32_t value = g.add_rule("any");
@@ -405,6 +462,12 @@ struct JsonSchemaCompiler::Impl {
       return number();
     }
     if (type == "string") {
+      if (auto f = s.find("format"); f != s.end()) {
+        if (!f->is_string()) throw SchemaError("'format' at " + path + " must be a string");
+        if (s.contains("minLength") || s.contains("maxLength"))
+          throw SchemaError("'format' with minLength/maxLength at " + path + " is not supported");
+        return formatted_string(f->get<std::string>(), path);
+      }
       auto len = [&](const char* key) -> std::optional<int64_t> {
         auto it = s.find(key);
         if (it == s.end()) return std::nullopt;

@@ -2,9 +2,9 @@
 // schema, for constrained decoding of `response_format` and tool-call arguments.
 //
 // Supported: type (a name or a list), object (properties, required, additionalProperties
-// false / true / a schema), array (items, minItems, maxItems, prefixItems), string (enum,
-// const, minLength, maxLength), integer (minimum, maximum, exclusiveMinimum,
-// exclusiveMaximum), number (no bounds), boolean, null, enum and const of any JSON value,
+// false / true / a schema), array (items, minItems, maxItems), string (enum, const,
+// minLength, maxLength, format date / time / date-time / uuid), integer (minimum, maximum,
+// exclusiveMinimum, exclusiveMaximum), number (no bounds), boolean, null, enum and const of any JSON value,
 // anyOf, oneOf (as anyOf: the alternatives of real output types are disjoint), allOf with one
 // member, nullable (OpenAPI), $ref to "#", "#/$defs/NAME" or "#/definitions/NAME" (recursive
 // references included). Annotations ($schema, $id, title, description, default, examples,

@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """Independent check of constrained JSON output (issue 21): every line of the input file is
 {"schema": ..., "document": "<text>"}; the text must parse as JSON and validate against the
-schema with python3-jsonschema (Draft 2020-12). Prints a summary; exit 1 on the first failure
-(with the schema and the text), 77 when jsonschema is not installed."""
+schema with python3-jsonschema (Draft 2020-12, formats checked where it can). Prints a
+summary; exit 1 on the first failure (with the schema and the text), 77 when jsonschema is not
+installed."""
 import json
 import sys
 
@@ -20,7 +21,10 @@ def main():
             case = json.loads(line)
             try:
                 doc = json.loads(case["document"])
-                jsonschema.Draft202012Validator(case["schema"]).validate(doc)
+                # Formats are asserted where python can check them (date, uuid; date-time and
+                # time need the optional rfc3339-validator package).
+                checker = jsonschema.draft202012_format_checker
+                jsonschema.Draft202012Validator(case["schema"], format_checker=checker).validate(doc)
             except Exception as e:  # noqa: BLE001 - any failure is reported with its case
                 print(f"FAIL case {n}: {type(e).__name__}: {e}\nschema: {json.dumps(case['schema'])}\n"
                       f"document: {case['document']!r}")

@@ -35,6 +35,10 @@ inline nlohmann::ordered_json random_schema(std::mt19937_64& rng, int depth, boo
       if (pick(2)) s["minLength"] = pick(3);
       if (pick(2)) s["maxLength"] = 3 + pick(6);
       if (pick(5) == 0) return nlohmann::ordered_json{{"type", "string"}, {"enum", {"red", "green", "blue \u00e9"}}};
+      if (pick(6) == 0) {
+        const char* formats[] = {"date", "uuid", "date-time", "time"};
+        return nlohmann::ordered_json{{"type", "string"}, {"format", formats[pick(4)]}};
+      }
       return s;
     }
     case 3: {  // integer

@@ -153,6 +153,28 @@ TEST(JsonSchemaGrammar, LengthsCountsAndIntegerBounds) {
   EXPECT_FALSE(accepts(neg, "5"));
 }
 
+TEST(JsonSchemaGrammar, FormatsDateTimeDateTimeAndUuid) {
+  const Grammar date = schema_grammar(R"({"type": "string", "format": "date"})");
+  for (const char* ok : {"\"2024-02-29\"", "\"2000-02-29\"", "\"1999-12-31\"", "\"2021-04-30\"", "\"0000-02-29\""})
+    EXPECT_TRUE(accepts(date, ok)) << ok;
+  for (const char* bad : {"\"2023-02-29\"", "\"1900-02-29\"", "\"2021-04-31\"", "\"2021-13-01\"", "\"2021-00-10\"",
+                          "\"2021-01-00\"", "\"21-01-01\""})
+    EXPECT_FALSE(accepts(date, bad)) << bad;
+  const Grammar time = schema_grammar(R"({"type": "string", "format": "time"})");
+  EXPECT_TRUE(accepts(time, "\"23:59:59Z\""));
+  EXPECT_TRUE(accepts(time, "\"00:00:00.123456789+05:30\""));
+  EXPECT_FALSE(accepts(time, "\"24:00:00Z\""));
+  EXPECT_FALSE(accepts(time, "\"12:60:00Z\""));
+  EXPECT_FALSE(accepts(time, "\"12:00:00\"")) << "an offset is required";
+  const Grammar dt = schema_grammar(R"({"type": "string", "format": "date-time"})");
+  EXPECT_TRUE(accepts(dt, "\"2024-01-31T10:20:30Z\""));
+  EXPECT_FALSE(accepts(dt, "\"2024-01-31 10:20:30Z\""));
+  const Grammar uuid = schema_grammar(R"({"type": "string", "format": "uuid"})");
+  EXPECT_TRUE(accepts(uuid, "\"123e4567-e89b-12d3-a456-426614174000\""));
+  EXPECT_FALSE(accepts(uuid, "\"123e4567e89b12d3a456426614174000\""));
+  EXPECT_THROW(schema_grammar(R"({"type": "string", "format": "date", "maxLength": 3})"), SchemaError);
+}
+
 TEST(JsonSchemaGrammar, RefsIncludingRecursionAndAnnotations) {
   const Grammar g = schema_grammar(R"({
     "$schema": "http://json-schema.org/draft-07/schema#", "title": "Tree", "description": "a tree",
@@ -185,8 +207,8 @@ TEST(JsonSchemaGrammar, UnsupportedOrInvalidSchemasNameTheProblem) {
   };
   EXPECT_NE(error_of(R"({"type": "string", "pattern": "^a$"})").find("unsupported keyword 'pattern' at #"),
             std::string::npos);
-  EXPECT_NE(error_of(R"({"type": "object", "properties": {"d": {"type": "string", "format": "date-time"}}})")
-                .find("'format' at #/properties/d"),
+  EXPECT_NE(error_of(R"({"type": "object", "properties": {"d": {"type": "string", "format": "email"}}})")
+                .find("'format' 'email' at #/properties/d is not supported"),
             std::string::npos);
   EXPECT_NE(error_of(R"({"type": "strin"})").find("unknown type 'strin'"), std::string::npos);
   EXPECT_NE(error_of(R"({"$ref": "#/$defs/missing"})").find("missing"), std::string::npos);
