@@ -168,16 +168,7 @@ int main(int argc, char** argv) {
 
       // The mask machinery alone.
       auto t0 = Clock::now();
-      std::vector<std::string> bytes(static_cast<size_t>(vocab));
-      std::vector<bool> special(static_cast<size_t>(vocab));
-      for (int64_t id = 0; id < vocab; ++id) {
-        try {
-          bytes[static_cast<size_t>(id)] = tokenizer->token_bytes(static_cast<TokenId>(id));
-        } catch (const std::exception&) {
-        }
-        special[static_cast<size_t>(id)] = tokenizer->is_special(static_cast<TokenId>(id));
-      }
-      auto trie = std::make_shared<grammar::TokenTrie>(bytes, special);
+      const std::shared_ptr<const grammar::TokenTrie> trie = vocabulary_trie(*tokenizer);
       const double trie_ms = seconds_since(t0) * 1000;
       auto long_grammar = std::make_shared<const grammar::Grammar>(grammar::json_schema_grammar(kLongSchema));
       grammar::Matcher m(*long_grammar);
@@ -205,7 +196,7 @@ int main(int argc, char** argv) {
           if (grammar::mask_allows(mask, id)) ok.push_back(id);
         if (ok.empty()) break;
         const uint32_t pick = ok[rng() % ok.size()];
-        for (unsigned char c : bytes[pick]) ws = walk.advance(ws, c);
+        for (unsigned char c : tokenizer->token_bytes(static_cast<TokenId>(pick))) ws = walk.advance(ws, c);
       }
       const double steady_ms = walked ? mask_seconds * 1000 / walked : 0;
       const double hit_rate = walked ? static_cast<double>(walk_masker.cache_hits()) / walked : 0;

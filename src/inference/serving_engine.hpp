@@ -32,6 +32,13 @@ namespace swarm {
 
 class DecoderModel;
 class Tokenizer;
+namespace grammar {
+class TokenTrie;
+}
+
+/// The tokenizer's vocabulary as a byte trie for constrained decoding: every id's bytes, special
+/// tokens matched only as tokens, unused ids never allowed.
+std::shared_ptr<const grammar::TokenTrie> vocabulary_trie(const Tokenizer& tokenizer);
 
 struct ServingConfig {
   int64_t kv_cache_tokens = 4096;      // KV capacity (rounded up to whole blocks)

@@ -76,6 +76,21 @@ using SeqPtr = std::unique_ptr<Sequence>;
 
 }  // namespace
 
+std::shared_ptr<const grammar::TokenTrie> vocabulary_trie(const Tokenizer& tokenizer) {
+  const int64_t v = tokenizer.vocab_size();
+  std::vector<std::string> bytes(static_cast<size_t>(v));
+  std::vector<bool> special(static_cast<size_t>(v), false);
+  for (int64_t id = 0; id < v; ++id) {
+    try {
+      bytes[static_cast<size_t>(id)] = tokenizer.token_bytes(static_cast<TokenId>(id));
+    } catch (const std::exception&) {
+      // an unused id: never allowed
+    }
+    special[static_cast<size_t>(id)] = tokenizer.is_special(static_cast<TokenId>(id));
+  }
+  return std::make_shared<grammar::TokenTrie>(bytes, special);
+}
+
 struct ServingEngine::Impl {
   Impl(std::shared_ptr<DecoderModel> m, std::shared_ptr<const Tokenizer> t, ServingConfig c)
       : model(std::move(m)), tokenizer(std::move(t)), config(std::move(c)),
@@ -476,20 +491,7 @@ struct ServingEngine::Impl {
       if (it->second->matcher.arena_size() < kMaxArena) return it->second;
       constrained.erase(it);
     }
-    if (!trie) {
-      const int64_t v = tokenizer->vocab_size();
-      std::vector<std::string> bytes(static_cast<size_t>(v));
-      std::vector<bool> special(static_cast<size_t>(v), false);
-      for (int64_t id = 0; id < v; ++id) {
-        try {
-          bytes[static_cast<size_t>(id)] = tokenizer->token_bytes(static_cast<TokenId>(id));
-        } catch (const std::exception&) {
-          // an unused id: never allowed
-        }
-        special[static_cast<size_t>(id)] = tokenizer->is_special(static_cast<TokenId>(id));
-      }
-      trie = std::make_shared<grammar::TokenTrie>(bytes, special);
-    }
+    if (!trie) trie = vocabulary_trie(*tokenizer);
     // Keep recently used grammars; drop those no sequence holds once there are many.
     if (constrained.size() >= kMaxGrammars)
       for (auto it = constrained.begin(); it != constrained.end();)
