@@ -56,6 +56,7 @@ constexpr int kMaxExpandDepth = 4096;  // deeper means a left-recursive (broken)
 Matcher::Matcher(const Grammar& grammar) : g_(&grammar) {
   grammar.validate();
   nodes_.push_back({0, kNoPos});  // 0: the empty stack
+  state_id(State{});               // state id 0: dead
   State init;
   for (uint32_t alt : g_->alternatives(g_->root())) expand(intern(0, alt), init, 0);
   normalize(init);
@@ -169,6 +170,32 @@ bool Matcher::feed_token(uint32_t id) {
   if (next.empty()) return false;
   state_ = std::move(next);
   return true;
+}
+
+size_t Matcher::SetHash::operator()(const State& s) const noexcept {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (uint32_t v : s) h = (h ^ v) * 0x100000001b3ull;
+  return static_cast<size_t>(h ^ (h >> 29));
+}
+
+Matcher::StateId Matcher::state_id(const State& s) {
+  auto [it, inserted] = set_index_.try_emplace(s, static_cast<StateId>(sets_.size()));
+  if (inserted) {
+    sets_.push_back(s);
+    set_block_.push_back(-1);
+  }
+  return it->second;
+}
+
+Matcher::StateId Matcher::step_id_slow(StateId id, uint8_t b) {
+  if (set_block_[id] < 0) {
+    set_blocks_.emplace_back();
+    set_blocks_.back().fill(kUnknown);
+    set_block_[id] = static_cast<int32_t>(set_blocks_.size() - 1);
+  }
+  const StateId next = id == 0 ? 0 : state_id(advance(sets_[id], b));  // sets_ is a deque: stable
+  set_blocks_[static_cast<size_t>(set_block_[id])][b] = next;
+  return next;
 }
 
 std::vector<uint32_t> Matcher::allowed_special_tokens(const State& s) const {

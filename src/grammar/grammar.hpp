@@ -96,7 +96,23 @@ class Matcher {
   /// TOKEN elements that may come next.
   std::vector<uint32_t> allowed_special_tokens(const State& s) const;
 
-  size_t arena_size() const { return nodes_.size(); }
+  /// States as ids (a lazily built DFA over the stack sets): equal states are one id, id 0 is
+  /// the dead (empty) state, and a byte step between ids is one table lookup once computed.
+  using StateId = uint32_t;
+  StateId state_id(const State& s);
+  const State& state_of(StateId id) const { return sets_[id]; }
+  /// The state after byte `b` (memoised per id and byte; 0 when `b` is not allowed).
+  StateId step_id(StateId id, uint8_t b) {
+    const int32_t block = set_block_[id];
+    if (block >= 0) {
+      const uint32_t next = set_blocks_[static_cast<size_t>(block)][b];
+      if (next != kUnknown) return next;
+    }
+    return step_id_slow(id, b);
+  }
+
+  /// Parse stacks plus interned states: what bounds this matcher's memory.
+  size_t arena_size() const { return nodes_.size() + sets_.size(); }
 
  private:
   struct Node {
@@ -109,6 +125,11 @@ class Matcher {
   // The stack with its top element consumed.
   void consume(uint32_t stack, std::vector<uint32_t>& out);
   static void normalize(State& s);
+  StateId step_id_slow(StateId id, uint8_t b);
+  static constexpr uint32_t kUnknown = 0xffffffffu;
+  struct SetHash {
+    size_t operator()(const State& s) const noexcept;
+  };
 
   const Grammar* g_;
   std::vector<Node> nodes_;
@@ -118,6 +139,11 @@ class Matcher {
   std::vector<int32_t> block_of_;  // per stack, -1 = none
   std::vector<std::array<int32_t, 256>> blocks_;
   std::deque<State> step_results_;
+  // Interned states (deque: references stay valid) and their per-byte transitions.
+  std::deque<State> sets_;
+  std::unordered_map<State, StateId, SetHash> set_index_;
+  std::vector<int32_t> set_block_;  // per state id, -1 = none
+  std::vector<std::array<uint32_t, 256>> set_blocks_;
   State state_;
 };
 

@@ -53,19 +53,13 @@ TokenTrie::TokenTrie(const std::vector<std::string>& token_bytes, const std::vec
     nodes_[b[n].parent].end = std::max(nodes_[b[n].parent].end, nodes_[n].end);
 }
 
-size_t TokenMasker::StateHash::operator()(const Matcher::State& s) const noexcept {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (uint32_t v : s) h = (h ^ v) * 0x100000001b3ull;
-  return static_cast<size_t>(h);
-}
-
 TokenMasker::TokenMasker(std::shared_ptr<const TokenTrie> trie, std::vector<uint32_t> eos_ids, size_t cache_entries)
     : trie_(std::move(trie)), eos_ids_(std::move(eos_ids)), cache_entries_(std::max<size_t>(1, cache_entries)) {
   for (uint32_t id : eos_ids_)
     if (id >= trie_->vocab_size()) throw std::invalid_argument("TokenMasker: eos id beyond the vocabulary");
 }
 
-const TokenMask& TokenMasker::allowed(Matcher& matcher, const Matcher::State& state) {
+const TokenMask& TokenMasker::allowed(Matcher& matcher, Matcher::StateId state) {
   if (auto it = index_.find(state); it != index_.end()) {
     ++hits_;
     lru_.splice(lru_.begin(), lru_, it->second);
@@ -79,47 +73,35 @@ const TokenMask& TokenMasker::allowed(Matcher& matcher, const Matcher::State& st
     lru_.pop_back();
   }
   lru_.emplace_front(state, std::move(mask));
-  index_.emplace(lru_.front().first, lru_.begin());
+  index_.emplace(state, lru_.begin());
   return lru_.front().second;
 }
 
-void TokenMasker::compute(Matcher& matcher, const Matcher::State& state, TokenMask& out) {
+void TokenMasker::compute(Matcher& matcher, Matcher::StateId state_id, TokenMask& out) {
   const auto set = [&out](uint32_t id) { out[id >> 6] |= uint64_t{1} << (id & 63); };
+  const Matcher::State& state = matcher.state_of(state_id);
   const bool accepting = !state.empty() && state.front() == 0;
   if (accepting)
     for (uint32_t id : eos_ids_) set(id);
   for (uint32_t id : matcher.allowed_special_tokens(state))
     if (id < trie_->vocab_size()) set(id);
   if (accepting && state.size() == 1) return;  // finished: nothing can follow
-  // A preorder scan. cur[d] is the state after d bytes: a memoised step result when the state
-  // before was one stack (no copy), else a union built in scratch_[d].
-  if (scratch_.size() < trie_->max_depth() + 2) scratch_.resize(trie_->max_depth() + 2);
-  std::vector<const Matcher::State*> cur(trie_->max_depth() + 2, nullptr);
-  cur[0] = &state;
-  const auto& nodes = trie_->nodes_;
-  for (uint32_t i = 1; i < nodes.size();) {
+  // A preorder scan; cur_[d] is the state after the d bytes leading to the node. A step is a
+  // lookup in the matcher's memoised transitions between state ids (0: refused).
+  cur_.assign(trie_->max_depth() + 2, 0);
+  cur_[0] = state_id;
+  const TokenTrie::Node* nodes = trie_->nodes_.data();
+  const uint32_t* tokens = trie_->tokens_.data();
+  const uint32_t n = static_cast<uint32_t>(trie_->nodes_.size());
+  for (uint32_t i = 1; i < n;) {
     const TokenTrie::Node& node = nodes[i];
-    const Matcher::State& from = *cur[node.depth - 1];
-    const Matcher::State* next;
-    if (from.size() == 1) {
-      next = &matcher.step(from[0], node.byte);
-    } else {
-      Matcher::State& buf = scratch_[node.depth];
-      buf.clear();
-      for (uint32_t st : from) {
-        const Matcher::State& part = matcher.step(st, node.byte);
-        buf.insert(buf.end(), part.begin(), part.end());
-      }
-      std::sort(buf.begin(), buf.end());
-      buf.erase(std::unique(buf.begin(), buf.end()), buf.end());
-      next = &buf;
-    }
-    if (next->empty()) {
+    const Matcher::StateId next = matcher.step_id(cur_[node.depth - 1u], node.byte);
+    if (next == 0) {
       i = node.end;  // nothing below can match either
       continue;
     }
-    for (uint32_t k = 0; k < node.num_tokens; ++k) set(trie_->tokens_[node.first_token + k]);
-    cur[node.depth] = next;
+    for (uint32_t k = 0; k < node.num_tokens; ++k) set(tokens[node.first_token + k]);
+    cur_[node.depth] = next;
     ++i;
   }
 }

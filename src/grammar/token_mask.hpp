@@ -62,22 +62,22 @@ class TokenMasker {
   TokenMasker(std::shared_ptr<const TokenTrie> trie, std::vector<uint32_t> eos_ids, size_t cache_entries = 512);
 
   /// The tokens allowed after `state` of `matcher`.
-  const TokenMask& allowed(Matcher& matcher, const Matcher::State& state);
+  const TokenMask& allowed(Matcher& matcher, const Matcher::State& state) {
+    return allowed(matcher, matcher.state_id(state));
+  }
+  const TokenMask& allowed(Matcher& matcher, Matcher::StateId state);
 
   size_t cache_hits() const { return hits_; }
   size_t cache_misses() const { return misses_; }
 
  private:
-  void compute(Matcher& matcher, const Matcher::State& state, TokenMask& out);
-  struct StateHash {
-    size_t operator()(const Matcher::State& s) const noexcept;
-  };
+  void compute(Matcher& matcher, Matcher::StateId state, TokenMask& out);
   std::shared_ptr<const TokenTrie> trie_;
   std::vector<uint32_t> eos_ids_;
   size_t cache_entries_;
-  std::list<std::pair<Matcher::State, TokenMask>> lru_;  // most recent first
-  std::unordered_map<Matcher::State, std::list<std::pair<Matcher::State, TokenMask>>::iterator, StateHash> index_;
-  std::vector<Matcher::State> scratch_;  // per trie depth
+  std::list<std::pair<Matcher::StateId, TokenMask>> lru_;  // most recent first
+  std::unordered_map<Matcher::StateId, std::list<std::pair<Matcher::StateId, TokenMask>>::iterator> index_;
+  std::vector<Matcher::StateId> cur_;  // per trie depth: the state after that many bytes
   size_t hits_ = 0, misses_ = 0;
 };
 

@@ -22,6 +22,7 @@
 #include "inference/decoder_model_torch.hpp"
 #include "inference/kv_cache_torch.hpp"
 #include "inference/sampler_torch.hpp"
+#include "kernels/cpu/serving_ops_torch.hpp"
 #include "text/tokenizer.hpp"
 
 namespace swarm {
@@ -56,7 +57,7 @@ struct Sequence {
   size_t streamed = 0;             // bytes of `text` already sent through on_text
   GenerationChoice out;
   std::shared_ptr<Constrained> constraint;  // constrained decoding: set at its first sampling step
-  grammar::Matcher::State grammar_state;
+  grammar::Matcher::StateId grammar_state = 0;  // in constraint->matcher
 };
 
 struct Request {
@@ -460,13 +461,7 @@ struct ServingEngine::Impl {
       // of the token (what the trainer recomputes), see docs/openai_api.md.
       const torch::Tensor masked = mask_constrained(chosen, sampled);
       std::vector<SampledToken> tokens = sample_tokens(masked.defined() ? masked : chosen, configs, rngs);
-      if (masked.defined())
-        for (size_t i = 0; i < sampled.size(); ++i) {
-          if (!sampled[i]->constraint) continue;
-          const double t = configs[i].temperature > 0 ? configs[i].temperature : 1.0;
-          const torch::Tensor row = chosen[static_cast<int64_t>(i)].to(torch::kFloat) / t;
-          tokens[i].logprob = torch::log_softmax(row, 0)[tokens[i].id].item<float>();
-        }
+      if (masked.defined()) record_model_logprobs(chosen, sampled, configs, tokens);
       for (size_t i = 0; i < sampled.size(); ++i) accept(*sampled[i], tokens[i]);
     }
 
@@ -514,54 +509,128 @@ struct ServingEngine::Impl {
       if (!s.request->request.grammar) continue;
       if (!s.constraint) {
         s.constraint = constrained_for(s.request->request.grammar);
-        s.grammar_state = s.constraint->matcher.state();
+        s.grammar_state = s.constraint->matcher.state_id(s.constraint->matcher.state());
       }
       rows.push_back(static_cast<int64_t>(i));
     }
     if (rows.empty()) return {};
     const int64_t vocab = chosen.size(1);
+    // Each row's mask as bits; a row that allows nothing (cannot happen with a byte-complete
+    // vocabulary) may end instead.
+    std::vector<const grammar::TokenMask*> masks;
+    std::vector<grammar::TokenMask> fallback;
+    fallback.reserve(rows.size());
+    for (int64_t r : rows) {
+      Sequence& s = *seqs[static_cast<size_t>(r)];
+      const grammar::TokenMask& m = s.constraint->masker.allowed(s.constraint->matcher, s.grammar_state);
+      const int64_t words = std::min<int64_t>(static_cast<int64_t>(m.size()), (vocab + 63) / 64);
+      bool any = false;
+      for (int64_t w = 0; w < words && !any; ++w) any = m[static_cast<size_t>(w)] != 0;
+      if (any) {
+        masks.push_back(&m);
+        continue;
+      }
+      fallback.emplace_back((vocab + 63) / 64, 0);
+      for (TokenId id : eos)
+        if (id >= 0 && id < vocab) fallback.back()[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63);
+      masks.push_back(&fallback.back());
+    }
+    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+    if (chosen.is_cpu() && chosen.scalar_type() == torch::kFloat && chosen.is_contiguous()) {
+      // Write -inf straight into a copy of the rows: inside a JSON string almost every word of
+      // the mask is all ones and costs one compare.
+      torch::Tensor masked = chosen.clone();
+      float* base = masked.data_ptr<float>();
+      for (size_t k = 0; k < rows.size(); ++k) {
+        float* row = base + rows[k] * vocab;
+        const grammar::TokenMask& m = *masks[k];
+        for (int64_t w = 0; w * 64 < vocab; ++w) {
+          const uint64_t bits = w < static_cast<int64_t>(m.size()) ? m[static_cast<size_t>(w)] : 0;
+          if (bits == ~uint64_t{0}) continue;
+          const int64_t end = std::min<int64_t>(64, vocab - w * 64);
+          for (int64_t j = 0; j < end; ++j)
+            if (!((bits >> j) & 1u)) row[w * 64 + j] = kNegInf;
+        }
+      }
+      return masked;
+    }
+    // Elsewhere (an accelerator, other dtypes): a boolean tensor of the allowed tokens.
     torch::Tensor allowed = torch::zeros({static_cast<int64_t>(rows.size()), vocab}, torch::kBool);
     bool* a = allowed.data_ptr<bool>();
     for (size_t k = 0; k < rows.size(); ++k) {
-      Sequence& s = *seqs[static_cast<size_t>(rows[k])];
-      const grammar::TokenMask& m = s.constraint->masker.allowed(s.constraint->matcher, s.grammar_state);
       bool* row = a + static_cast<int64_t>(k) * vocab;
-      bool any = false;
+      const grammar::TokenMask& m = *masks[k];
       const int64_t n = std::min<int64_t>(vocab, static_cast<int64_t>(m.size()) * 64);
       for (int64_t w = 0; w * 64 < n; ++w) {
         uint64_t bits = m[static_cast<size_t>(w)];
         while (bits) {
           const int64_t id = w * 64 + __builtin_ctzll(bits);
           bits &= bits - 1;
-          if (id < vocab) row[id] = any = true;
+          if (id < vocab) row[id] = true;
         }
       }
-      if (!any)  // no token continues the grammar (cannot happen with a byte-complete vocabulary): end
-        for (TokenId id : eos)
-          if (id >= 0 && id < vocab) row[id] = true;
     }
     torch::Tensor masked = chosen.clone();
     const torch::Tensor idx = torch::tensor(rows, torch::TensorOptions().dtype(torch::kLong)).to(chosen.device());
     torch::Tensor sub = masked.index_select(0, idx);
-    sub.masked_fill_(allowed.to(chosen.device()).logical_not(), -std::numeric_limits<float>::infinity());
+    sub.masked_fill_(allowed.to(chosen.device()).logical_not(), kNegInf);
     masked.index_copy_(0, idx, sub);
     return masked;
+  }
+
+  // The log-prob of each constrained row's token under the model's own (unmasked) distribution
+  // at the row's temperature: what the trainer recomputes.
+  void record_model_logprobs(const torch::Tensor& chosen, const std::vector<Sequence*>& seqs,
+                             const std::vector<SamplingConfig>& configs, std::vector<SampledToken>& tokens) {
+    std::vector<int64_t> rows;
+    std::vector<float> temps;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      if (!seqs[i]->constraint) continue;
+      rows.push_back(static_cast<int64_t>(i));
+      temps.push_back(configs[i].temperature > 0 ? static_cast<float>(configs[i].temperature) : 1.0f);
+    }
+    const torch::Tensor idx = torch::tensor(rows, torch::TensorOptions().dtype(torch::kLong)).to(chosen.device());
+    const torch::Tensor x = chosen.index_select(0, idx).to(torch::kFloat).contiguous();
+    if (x.is_cpu()) {  // one fused pass per row (max and normaliser), as the sampler does
+      const std::vector<SoftmaxRowStats> stats = softmax_row_stats(x, temps);
+      const float* base = x.data_ptr<float>();
+      const int64_t vocab = x.size(1);
+      for (size_t k = 0; k < rows.size(); ++k) {
+        SampledToken& t = tokens[static_cast<size_t>(rows[k])];
+        const float v = base[static_cast<int64_t>(k) * vocab + t.id] / temps[k];
+        t.logprob = v - stats[k].max - stats[k].log_sum;
+      }
+      return;
+    }
+    const torch::Tensor t = torch::tensor(temps, torch::TensorOptions().dtype(torch::kFloat)).to(x.device()).view({-1, 1});
+    const torch::Tensor logp = torch::log_softmax(x / t, 1).to(torch::kCPU).contiguous();
+    const float* lp = logp.data_ptr<float>();
+    for (size_t k = 0; k < rows.size(); ++k) {
+      SampledToken& tok = tokens[static_cast<size_t>(rows[k])];
+      tok.logprob = lp[static_cast<int64_t>(k) * logp.size(1) + tok.id];
+    }
   }
 
   // Moves a constrained sequence's grammar state past the sampled token.
   void advance_grammar(Sequence& s, TokenId id) {
     if (!s.constraint || eos.count(id)) return;
-    Constrained& c = *s.constraint;
-    grammar::Matcher::State next = c.matcher.advance_token(s.grammar_state, static_cast<uint32_t>(id));
+    grammar::Matcher& m = s.constraint->matcher;
+    const grammar::Matcher::State& before = m.state_of(s.grammar_state);
+    grammar::Matcher::State next = m.advance_token(before, static_cast<uint32_t>(id));
     if (!tokenizer->is_special(id)) {
-      grammar::Matcher::State by_bytes = s.grammar_state;
+      grammar::Matcher::StateId by_bytes = s.grammar_state;
       for (unsigned char b : tokenizer->token_bytes(id))
-        if ((by_bytes = c.matcher.advance(by_bytes, b)).empty()) break;
-      next.insert(next.end(), by_bytes.begin(), by_bytes.end());
+        if ((by_bytes = m.step_id(by_bytes, b)) == 0) break;
+      if (next.empty()) {
+        s.grammar_state = by_bytes;
+        return;
+      }
+      const grammar::Matcher::State& bytes_state = m.state_of(by_bytes);
+      next.insert(next.end(), bytes_state.begin(), bytes_state.end());
       std::sort(next.begin(), next.end());
       next.erase(std::unique(next.begin(), next.end()), next.end());
     }
-    s.grammar_state = std::move(next);
+    s.grammar_state = m.state_id(next);
   }
 
   void record_latency(LatencyWindow& window, std::chrono::steady_clock::time_point since) {
@@ -593,7 +662,8 @@ struct ServingEngine::Impl {
     if (s.text.size() > before && cut_at_stop_string(s, before)) return finish(s, "stop", /*flush=*/false);
     if (static_cast<int64_t>(s.out.ids.size()) >= s.max_new) return finish(s, "length", /*flush=*/true);
     // A complete grammar with no end-of-sequence token to sample: nothing more can follow.
-    if (s.constraint && eos.empty() && s.grammar_state.size() == 1 && s.grammar_state[0] == 0)
+    if (s.constraint && eos.empty() && s.constraint->matcher.state_of(s.grammar_state).size() == 1 &&
+        s.constraint->matcher.state_of(s.grammar_state)[0] == 0)
       return finish(s, "stop", /*flush=*/true);
     stream(s, /*final=*/false);
   }

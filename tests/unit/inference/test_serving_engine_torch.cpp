@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -17,8 +18,10 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
+#include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
+#include "grammar/json_schema_grammar.hpp"
 #include "inference/decoder_model_torch.hpp"
 #include "inference/serving_engine.hpp"
 #include "text/tokenizer.hpp"
@@ -449,6 +452,52 @@ TEST_F(ServingEngineTest, RunExclusiveRunsBetweenStepsAndRethrows) {
   auto v = run(engine, greedy(prompt(kPrompts[3]), 2));
   ASSERT_TRUE(v->result);
   EXPECT_EQ(v->result->policy_version, 7);
+}
+
+// Constrained decoding (issue 21) samples from the masked logits but records the model's own
+// log-prob of each token (what the trainer recomputes from the weights): checked against the
+// full forward's unmasked log_softmax at every step. The test also shows the two distributions
+// differ at some step (renormalising over the allowed tokens would give other numbers).
+TEST_F(ServingEngineTest, ConstrainedSamplingRecordsTheModelsOwnLogprobs) {
+  ServingEngine engine(model_, tokenizer_, config());
+  const auto g = std::make_shared<const grammar::Grammar>(grammar::json_schema_grammar(nlohmann::ordered_json::parse(
+      R"({"type": "string", "minLength": 3, "maxLength": 12})")));  // the vocabulary has '"', not '{'
+  const std::vector<TokenId> p = prompt(kPrompts[1]);
+  GenerationRequest r;
+  r.prompt_ids = p;
+  r.params.temperature = 1.0;
+  r.params.max_tokens = 40;
+  r.params.seed = 11;
+  r.params.logprobs = true;
+  r.grammar = g;
+  auto c = run(engine, r);
+  ASSERT_TRUE(c->result) << c->error;
+  const GenerationChoice& ch = c->result->choices[0];
+  ASSERT_GE(ch.ids.size(), 3u);
+  ASSERT_EQ(ch.logprobs.size(), ch.ids.size());
+  ASSERT_FALSE(ch.text.empty());
+  EXPECT_EQ(ch.text[0], '"') << ch.text;
+  if (ch.finish_reason == "stop") {
+    const auto doc = nlohmann::json::parse(ch.text);
+    ASSERT_TRUE(doc.is_string()) << ch.text;
+    EXPECT_GE(doc.get<std::string>().size(), 3u) << ch.text;
+  }
+  c10::InferenceMode guard;
+  std::vector<int64_t> seq(p.begin(), p.end());
+  seq.insert(seq.end(), ch.ids.begin(), ch.ids.end());
+  const int64_t n = static_cast<int64_t>(seq.size());
+  const at::Tensor logits = model_->forward_full(at::tensor(seq, at::kLong).view({1, n}),
+                                                 at::tensor(std::vector<int64_t>{n}, at::kLong));
+  double largest_gap = 0;  // between the model's log-prob and the best any renormalisation could give
+  for (size_t i = 0; i < ch.ids.size(); ++i) {
+    const at::Tensor row = logits[0][static_cast<int64_t>(p.size() + i) - 1].log_softmax(-1);
+    const float model_lp = row[ch.ids[i]].item<float>();
+    EXPECT_NEAR(ch.logprobs[i], model_lp, 1e-4) << "token " << i;
+    largest_gap = std::max(largest_gap, static_cast<double>(-model_lp));
+  }
+  // A masked, renormalised distribution gives forced tokens (e.g. the '"name"' key) log-prob ~0;
+  // the model's own distribution does not: some recorded value is far below 0.
+  EXPECT_GT(largest_gap, 1.0);
 }
 
 }  // namespace
