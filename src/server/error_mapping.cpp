@@ -7,6 +7,7 @@
 
 #include "common/error.hpp"
 #include "rollout_pool/rollout_pool.hpp"
+#include "server/chat_dialect.hpp"
 #include "server/json_body.hpp"
 #include "swarm/errors.hpp"
 
@@ -33,6 +34,12 @@ const char* code_for(ErrorKind kind) {
 HttpResponse error_response(ErrorStyle style, int status, const std::string& type, const std::string& message,
                             const std::string& code) {
   nlohmann::json body;
+  if (style == ErrorStyle::ANTHROPIC) {
+    HttpResponse r;
+    r.status = status;
+    r.body = dump_json(anthropic_error_body(status, message));
+    return r;
+  }
   body["error"] = {{"message", message}, {"type", type}, {"code", code.empty() ? nullptr : nlohmann::json(code)}};
   // FastAPI's shape beside ours: AgentJet's Python client reads the top-level `detail`.
   body["detail"] = message;

@@ -10,7 +10,8 @@ namespace swarm {
 /// Which error body shape a route family uses.
 enum class ErrorStyle {
   COMMAND,  // {"success": false, "error": {...}} — swarm command routes
-  OPENAI,   // {"error": {...}} — OpenAI routes
+  OPENAI,     // {"error": {...}} — OpenAI routes
+  ANTHROPIC,  // {"type": "error", "error": {"type", "message"}} — /v1/messages routes
 };
 
 /// Maps the in-flight exception (call inside a catch block) to a response:

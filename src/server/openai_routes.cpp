@@ -4,8 +4,10 @@
 #include <ctime>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "common/error.hpp"
+#include "server/chat_dialect.hpp"
 #include "server/chat_splice.hpp"
 #include "server/error_mapping.hpp"
 #include "server/json_body.hpp"
@@ -19,7 +21,7 @@ using json = nlohmann::json;
 
 constexpr int64_t kMaxChoices = 16;
 constexpr int64_t kMaxTopLogprobs = 20;
-constexpr size_t kMaxStopStrings = 4;
+constexpr size_t kMaxStopStrings = 16;
 constexpr size_t kMaxStopTokenIds = 64;
 
 std::string bearer_key(const HttpRequest& request) {
@@ -248,17 +250,19 @@ class GenerationHandler final : public GenerationObserver,
  public:
   GenerationHandler(Engine& engine, Metrics& metrics, OpenAIKind kind, GenerationLease lease, std::string api_key,
                     std::shared_ptr<ResponseSink> sink, RequestOptions options, std::vector<TokenId> prompt,
-                    OpenAIContext context, std::string request_body)
+                    OpenAIContext context, std::string request_body, std::unique_ptr<ChatDialect> dialect = nullptr)
       : engine_(engine), metrics_(metrics), kind_(kind), lease_(std::move(lease)), api_key_(std::move(api_key)),
         sink_(std::move(sink)), options_(std::move(options)), prompt_(std::move(prompt)),
-        id_((kind == OpenAIKind::CHAT ? "chatcmpl-" : "cmpl-") + random_hex(12)), created_(std::time(nullptr)),
-        model_(lease_.backend->model_id()), context_(context), request_body_(std::move(request_body)) {}
+        id_((kind == OpenAIKind::COMPLETION ? "cmpl-" : "chatcmpl-") + random_hex(12)), created_(std::time(nullptr)),
+        model_(lease_.backend->model_id()), context_(context), request_body_(std::move(request_body)),
+        dialect_(std::move(dialect)) {}
 
   void start() {
     if (options_.stream) {
       // Opened at once; the heartbeat keeps it alive while the first token is not ready.
       sink_->start_stream(200, "text/event-stream");
-      if (kind_ == OpenAIKind::CHAT)
+      if (dialect_) send_raw(dialect_->stream_start(static_cast<int64_t>(prompt_.size())));
+      else if (kind_ == OpenAIKind::CHAT)
         for (int64_t c = 0; c < options_.params.n; ++c)
           send_chunk(chunk_json(c, {{"role", "assistant"}, {"content", ""}}, nullptr));
       if (context_.heartbeat) context_.heartbeat->add(std::weak_ptr<SseStream>(shared_from_this()));
@@ -270,8 +274,13 @@ class GenerationHandler final : public GenerationObserver,
   void on_text(int64_t choice, const std::string& delta) override {
     if (!options_.stream || delta.empty()) return;
     lease_.pool->touch(lease_.ticket.episode_uuid);
-    if (kind_ != OpenAIKind::CHAT) {
+    if (kind_ == OpenAIKind::COMPLETION) {
       send_chunk(text_chunk_json(choice, delta, nullptr));
+      return;
+    }
+    if (dialect_) {
+      std::lock_guard lk(dialect_mu_);
+      send_raw(dialect_->stream_events(parser(static_cast<size_t>(choice)).feed(delta)));
       return;
     }
     send_events(static_cast<size_t>(choice), parser(static_cast<size_t>(choice)).feed(delta));
@@ -299,6 +308,7 @@ class GenerationHandler final : public GenerationObserver,
       engine_.cancel_generation(lease_);
     const int64_t prompt_tokens = static_cast<int64_t>(prompt_.size()) * options_.params.n;
     metrics_.observe_tokens(prompt_tokens, completion_tokens);
+    if (dialect_) return answer_in_dialect(result);
     json usage = {{"prompt_tokens", static_cast<int64_t>(prompt_.size())},
                   {"completion_tokens", completion_tokens},
                   {"total_tokens", static_cast<int64_t>(prompt_.size()) + completion_tokens}};
@@ -356,7 +366,14 @@ class GenerationHandler final : public GenerationObserver,
   void on_error(ErrorKind kind, const std::string& message) override {
     for (int64_t i = 0; i < options_.params.n; ++i) engine_.cancel_generation(lease_);
     HttpResponse err = error_response(ErrorStyle::OPENAI, http_status_for(kind), error_type_for(kind), message);
-    if (options_.stream) {
+    if (kind_ == OpenAIKind::ANTHROPIC_MESSAGES) err.body = dump_json(anthropic_error_body(err.status, message));
+    if (options_.stream && dialect_) {
+      {
+        std::lock_guard lk(dialect_mu_);
+        send_raw(dialect_->stream_error(kind, message));
+      }
+      end_stream();
+    } else if (options_.stream) {
       send_raw("data: " + err.body + "\n\n");
       end_stream();
     } else {
@@ -372,6 +389,47 @@ class GenerationHandler final : public GenerationObserver,
   }
 
  private:
+  // The answer of an Anthropic / Responses request (one choice), recorded already.
+  void answer_in_dialect(const GenerationResult& result) {
+    if (result.choices.empty()) return on_error(ErrorKind::INTERNAL, "no choice was generated");
+    const GenerationChoice& ch = result.choices.front();
+    DialectAnswer a;
+    a.parsed = parse_assistant_output(ch.text, options_.tool_format, options_.reasoning_format, options_.parallel_tool_calls,
+                                      options_.reasoning_start);
+    metrics_.observe_tool_call_parse_failures(a.parsed.parse_failures);
+    a.finish_reason = ch.finish_reason;
+    a.stop_sequence = matched_stop_string(ch);
+    a.prompt_tokens = static_cast<int64_t>(prompt_.size());
+    a.completion_tokens = static_cast<int64_t>(ch.ids.size());
+    std::lock_guard lk(dialect_mu_);
+    const json whole = dialect_->answer(a);
+    if (context_.last_chat) context_.last_chat->record(std::move(request_body_), dump_json(whole), dialect_->api());
+    if (options_.stream) {
+      send_raw(dialect_->stream_events(parser(0).finish()));
+      send_raw(dialect_->stream_finish(a));
+      end_stream();
+      return;
+    }
+    HttpResponse r;
+    r.body = dump_json(whole);
+    sink_->respond(std::move(r));
+  }
+
+  // The stop string that ended a choice ("" when it ended otherwise): generation stops on the
+  // token that completes it, so it lies in the last tokens' text.
+  std::string matched_stop_string(const GenerationChoice& ch) const {
+    if (ch.finish_reason != "stop" || options_.params.stop.empty()) return "";
+    std::string tail;
+    for (size_t i = ch.ids.size() > 16 ? ch.ids.size() - 16 : 0; i < ch.ids.size(); ++i) tail += lease_.backend->token_text(ch.ids[i]);
+    std::string best;
+    size_t best_pos = std::string::npos;
+    for (const std::string& stop : options_.params.stop) {
+      const size_t pos = stop.empty() ? std::string::npos : tail.rfind(stop);
+      if (pos != std::string::npos && (best_pos == std::string::npos || pos < best_pos)) best_pos = pos, best = stop;
+    }
+    return best;
+  }
+
   json base_object(const char* object) const {
     return {{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}};
   }
@@ -500,7 +558,7 @@ class GenerationHandler final : public GenerationObserver,
     std::lock_guard lk(write_mu_);
     if (ended_) return false;
     if (now - last_write_ >= silence) {
-      sink_->write(": keep-alive\n\n");
+      sink_->write(dialect_ ? dialect_->keep_alive() : std::string(": keep-alive\n\n"));
       last_write_ = now;
     }
     return true;
@@ -519,7 +577,7 @@ class GenerationHandler final : public GenerationObserver,
     std::lock_guard lk(write_mu_);
     if (ended_) return;
     ended_ = true;
-    sink_->write("data: [DONE]\n\n");
+    if (!dialect_) sink_->write("data: [DONE]\n\n");
     sink_->end_stream();
   }
 
@@ -536,6 +594,8 @@ class GenerationHandler final : public GenerationObserver,
   std::string model_;
   OpenAIContext context_;
   std::string request_body_;  // kept for LastChatCall (chat only)
+  std::unique_ptr<ChatDialect> dialect_;  // Anthropic / Responses requests: how answers are written
+  std::mutex dialect_mu_;
   std::mutex write_mu_;
   bool ended_ = false;  // under write_mu_
   std::mutex parse_mu_;  // guards parsers_ / calls_sent_ growth (a backend may report from several threads)
@@ -546,9 +606,9 @@ class GenerationHandler final : public GenerationObserver,
 
 }  // namespace
 
-void LastChatCall::record(std::string request_body, std::string response) {
+void LastChatCall::record(std::string request_body, std::string response, std::string api) {
   std::lock_guard lk(mu_);
-  call_ = Call{std::move(request_body), std::move(response)};
+  call_ = Call{std::move(request_body), std::move(response), std::move(api)};
 }
 
 std::optional<LastChatCall::Call> LastChatCall::get() const {
@@ -601,51 +661,115 @@ HttpResponse openai_models(Engine& engine) {
   return r;
 }
 
+namespace {
+
+// The chat path shared by every chat-like API: tool options, the prompt (exact ids spliced
+// after the turns this episode generated, else a fresh render), output formats and structured
+// outputs. `ordered` is the body with key order kept (templates print tools and tool-call
+// arguments with `tojson`, and Python keeps the order the agent sent).
+std::vector<TokenId> chat_prompt(const json& body, nlohmann::ordered_json& ordered, RequestOptions& options,
+                                 const GenerationLease& lease) {
+  auto messages = body.find("messages");
+  SWARM_REQUIRE(messages != body.end() && messages->is_array(), ErrorKind::INVALID_ARGUMENT,
+                messages == body.end() ? "missing required field 'messages'" : "field 'messages' must be an array");
+  parse_tool_options(body, options);
+  normalize_messages(ordered["messages"]);
+  const nlohmann::ordered_json tools = ordered.contains("tools") ? ordered["tools"] : nlohmann::ordered_json();
+  const nlohmann::ordered_json kwargs = ordered.contains("chat_template_kwargs") && ordered["chat_template_kwargs"].is_object()
+                                            ? ordered["chat_template_kwargs"]
+                                            : nlohmann::ordered_json::object();
+  options.chat_keys = chat_keys(ordered["messages"], tools, kwargs);
+  std::optional<std::vector<TokenId>> spliced;
+  if (lease.job.exact_history_tokens)
+    spliced = splice_chat_prompt(*lease.backend, ordered["messages"], tools, kwargs, *options.chat_keys,
+                                 [&lease](const std::string& key) { return lease.pool->turn_ids(lease.ticket.episode_uuid, key); });
+  std::vector<TokenId> prompt =
+      spliced ? std::move(*spliced)
+              : lease.backend->render_chat_with_kwargs(ordered["messages"], tools, /*add_generation_prompt=*/true, kwargs);
+  resolve_output_formats(lease.job, *lease.backend, prompt, options);
+  // Structured outputs: a forced tool call wins over response_format.
+  if (options.tool_required || !options.forced_tool.empty())
+    options.grammar = tool_choice_grammar(tools, options.forced_tool, options.tool_format, options.parallel_tool_calls,
+                                          *lease.backend);
+  else if (ordered.contains("response_format"))
+    options.grammar = response_format_grammar(ordered["response_format"]);
+  return prompt;
+}
+
+// An Anthropic / Responses body in the internal chat form (both key orders), with the notes of
+// what was dropped.
+struct ConvertedRequest {
+  nlohmann::ordered_json original, chat;
+  json body;
+  std::vector<std::string> notes;
+};
+
+ConvertedRequest convert_request(OpenAIKind kind, const std::string& text) {
+  ConvertedRequest c;
+  (void)parse_json_object(text);  // the same checks (size, object) and messages as every route
+  c.original = nlohmann::ordered_json::parse(text);
+  c.chat = kind == OpenAIKind::ANTHROPIC_MESSAGES ? anthropic_to_chat(c.original, c.notes) : responses_to_chat(c.original, c.notes);
+  c.body = json::parse(c.chat.dump());
+  for (const std::string& note : c.notes) spdlog::debug("{}: {}", kind == OpenAIKind::RESPONSES ? "/v1/responses" : "/v1/messages", note);
+  return c;
+}
+
+}  // namespace
+
+std::string anthropic_api_key(const HttpRequest& request) {
+  const std::string& key = request.header("x-api-key");
+  if (!key.empty()) return key;
+  SWARM_REQUIRE(!request.header("authorization").empty(), ErrorKind::UNAUTHORIZED,
+                "missing API key: send 'x-api-key: <openai_api_key>' (or 'Authorization: Bearer ...') as returned by "
+                "claim_episode");
+  return bearer_key(request);
+}
+
+HttpResponse anthropic_count_tokens(Engine& engine, const HttpRequest& request) {
+  const std::string api_key = anthropic_api_key(request);
+  GenerationLease lease = engine.begin_generation(api_key);
+  struct Release {  // counting records no call
+    Engine& engine;
+    const GenerationLease& lease;
+    ~Release() { engine.cancel_generation(lease); }
+  } release{engine, lease};
+  ConvertedRequest c = convert_request(OpenAIKind::ANTHROPIC_MESSAGES, request.body);
+  RequestOptions options = parse_options(c.body, OpenAIKind::CHAT, lease.job);
+  const std::vector<TokenId> prompt = chat_prompt(c.body, c.chat, options, lease);
+  HttpResponse r;
+  r.body = dump_json({{"input_tokens", static_cast<int64_t>(prompt.size())}});
+  return r;
+}
+
 void serve_generation(Engine& engine, Metrics& metrics, OpenAIKind kind, const HttpRequest& request,
                       std::shared_ptr<ResponseSink> sink, OpenAIContext context) {
-  const std::string api_key = bearer_key(request);
+  const bool dialect_kind = kind == OpenAIKind::ANTHROPIC_MESSAGES || kind == OpenAIKind::RESPONSES;
+  const std::string api_key = kind == OpenAIKind::ANTHROPIC_MESSAGES ? anthropic_api_key(request) : bearer_key(request);
   GenerationLease lease = engine.begin_generation(api_key);
   int64_t reserved = 1;
   try {
-    const json body = parse_json_object(request.body);
-    RequestOptions options = parse_options(body, kind, lease.job);
-    std::vector<TokenId> prompt;
-    if (kind == OpenAIKind::CHAT) {
-      auto messages = body.find("messages");
-      SWARM_REQUIRE(messages != body.end() && messages->is_array(), ErrorKind::INVALID_ARGUMENT,
-                    messages == body.end() ? "missing required field 'messages'" : "field 'messages' must be an array");
-      parse_tool_options(body, options);
-      // Parsed again keeping key order: templates print tools / tool-call arguments with
-      // `tojson`, and Python keeps the order the agent sent.
-      auto ordered = nlohmann::ordered_json::parse(request.body);
-      normalize_messages(ordered["messages"]);
-      const nlohmann::ordered_json tools = ordered.contains("tools") ? ordered["tools"] : nlohmann::ordered_json();
-      const nlohmann::ordered_json kwargs =
-          ordered.contains("chat_template_kwargs") && ordered["chat_template_kwargs"].is_object()
-              ? ordered["chat_template_kwargs"]
-              : nlohmann::ordered_json::object();
-      // Assistant turns this episode generated keep their exact ids; only what the agent added
-      // after the latest of them is rendered (chat_splice.hpp). Otherwise a fresh render.
-      options.chat_keys = chat_keys(ordered["messages"], tools, kwargs);
-      std::optional<std::vector<TokenId>> spliced;
-      if (lease.job.exact_history_tokens)
-        spliced = splice_chat_prompt(*lease.backend, ordered["messages"], tools, kwargs, *options.chat_keys,
-                                     [&lease](const std::string& key) {
-                                       return lease.pool->turn_ids(lease.ticket.episode_uuid, key);
-                                     });
-      prompt = spliced ? std::move(*spliced)
-                       : lease.backend->render_chat_with_kwargs(ordered["messages"], tools,
-                                                                /*add_generation_prompt=*/true, kwargs);
-      resolve_output_formats(lease.job, *lease.backend, prompt, options);
-      // Structured outputs: a forced tool call wins over response_format.
-      if (options.tool_required || !options.forced_tool.empty())
-        options.grammar = tool_choice_grammar(tools, options.forced_tool, options.tool_format,
-                                              options.parallel_tool_calls, *lease.backend);
-      else if (ordered.contains("response_format"))
-        options.grammar = response_format_grammar(ordered["response_format"]);
+    std::unique_ptr<ChatDialect> dialect;
+    json body;
+    nlohmann::ordered_json ordered;
+    if (dialect_kind) {
+      ConvertedRequest c = convert_request(kind, request.body);
+      body = std::move(c.body);
+      ordered = std::move(c.chat);
+      dialect = kind == OpenAIKind::ANTHROPIC_MESSAGES
+                    ? make_anthropic_dialect(lease.backend->model_id())
+                    : make_responses_dialect(lease.backend->model_id(), c.original, std::move(c.notes));
     } else {
-      prompt = completion_prompt(body, *lease.backend);
+      body = parse_json_object(request.body);
+      if (kind == OpenAIKind::CHAT) ordered = nlohmann::ordered_json::parse(request.body);
     }
+    RequestOptions options = parse_options(body, kind == OpenAIKind::COMPLETION ? kind : OpenAIKind::CHAT, lease.job);
+    if (dialect_kind) {
+      const auto asked = optional_int(body, "max_tokens");
+      if (asked && *asked > options.params.max_tokens)
+        spdlog::debug("{}: max_tokens {} clamped to {} (max_response_length)", dialect->api(), *asked, options.params.max_tokens);
+    }
+    std::vector<TokenId> prompt =
+        kind == OpenAIKind::COMPLETION ? completion_prompt(body, *lease.backend) : chat_prompt(body, ordered, options, lease);
     SWARM_REQUIRE(static_cast<int64_t>(prompt.size()) <= lease.job.max_prompt_length, ErrorKind::INVALID_ARGUMENT,
                   "prompt is " + std::to_string(prompt.size()) + " tokens; max_prompt_length is " +
                       std::to_string(lease.job.max_prompt_length));
@@ -653,7 +777,7 @@ void serve_generation(Engine& engine, Metrics& metrics, OpenAIKind kind, const H
     for (; reserved < options.params.n; ++reserved) lease.pool->begin_call(api_key);
     auto handler = std::make_shared<GenerationHandler>(
         engine, metrics, kind, lease, api_key, std::move(sink), std::move(options), std::move(prompt), context,
-        kind == OpenAIKind::CHAT && context.last_chat ? request.body : std::string());
+        kind != OpenAIKind::COMPLETION && context.last_chat ? request.body : std::string(), std::move(dialect));
     reserved = 0;  // the handler owns the reservations now
     handler->start();
   } catch (...) {

@@ -1,4 +1,6 @@
-// OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models.
+// OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models; and the agent
+// harnesses' APIs served through the chat path (chat_dialect.hpp): /v1/messages (Anthropic),
+// /v1/messages/count_tokens, /v1/responses (OpenAI Responses).
 #pragma once
 
 #include <chrono>
@@ -16,7 +18,7 @@
 
 namespace swarm {
 
-enum class OpenAIKind { CHAT, COMPLETION };
+enum class OpenAIKind { CHAT, COMPLETION, ANTHROPIC_MESSAGES, RESPONSES };
 
 /// The most recent chat request and the ChatCompletion answered to it (streamed answers are
 /// assembled into one), for AgentJet's overwatch (POST /replay_latest_llm_call). Thread-safe.
@@ -24,9 +26,10 @@ class LastChatCall {
  public:
   struct Call {
     std::string request_body;  // as the agent sent it
-    std::string response;      // a ChatCompletion, JSON text
+    std::string response;      // the answer in the request's API (a ChatCompletion for chat), JSON text
+    std::string api;           // "chat_completions", "anthropic_messages" or "responses"
   };
-  void record(std::string request_body, std::string response);
+  void record(std::string request_body, std::string response, std::string api = "chat_completions");
   std::optional<Call> get() const;
 
  private:
@@ -78,5 +81,12 @@ HttpResponse openai_models(Engine& engine);
 /// answered through the sink.
 void serve_generation(Engine& engine, Metrics& metrics, OpenAIKind kind, const HttpRequest& request,
                       std::shared_ptr<ResponseSink> sink, OpenAIContext context = {});
+
+/// POST /v1/messages/count_tokens: {"input_tokens"} of the prompt the same body would get on
+/// /v1/messages (generation prompt included). Records no call.
+HttpResponse anthropic_count_tokens(Engine& engine, const HttpRequest& request);
+
+/// The episode key of an Anthropic-style request: `x-api-key`, else `Authorization: Bearer`.
+std::string anthropic_api_key(const HttpRequest& request);
 
 }  // namespace swarm

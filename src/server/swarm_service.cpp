@@ -48,7 +48,14 @@ constexpr Route kRoutes[] = {
     {"/v1/chat/completions", "POST", true},
     {"/v1/completions", "POST", true},
     {"/v1/models", "GET", true},
+    // agent harnesses (docs/harnesses.md): Anthropic Messages, OpenAI Responses
+    {"/v1/messages", "POST", true},
+    {"/v1/messages/count_tokens", "POST", true},
+    {"/v1/responses", "POST", true},
 };
+
+// Anthropic's routes answer errors in Anthropic's shape.
+bool anthropic_path(const std::string& path) { return path.rfind("/v1/messages", 0) == 0; }
 
 // Records status and latency when the answer is handed to the transport.
 class MeteredSink final : public ResponseSink {
@@ -187,7 +194,9 @@ void SwarmService::handle(HttpRequest&& request, std::shared_ptr<ResponseSink> r
   const std::string route_name = route ? route->path : (path_known ? request.path : "other");
   auto sink = std::make_shared<MeteredSink>(std::move(raw_sink), metrics_, route_name);
   const bool openai_path = request.path.rfind("/v1/", 0) == 0;
-  const ErrorStyle style = openai_path ? ErrorStyle::OPENAI : ErrorStyle::COMMAND;
+  const ErrorStyle style = anthropic_path(request.path) ? ErrorStyle::ANTHROPIC
+                           : openai_path               ? ErrorStyle::OPENAI
+                                                       : ErrorStyle::COMMAND;
   if (!route) {
     if (path_known)
       sink->respond(error_response(style, 405, "invalid_request_error",
@@ -202,7 +211,7 @@ void SwarmService::handle(HttpRequest&& request, std::shared_ptr<ResponseSink> r
     try {
       handle_openai(route_name, std::move(request), sink);
     } catch (...) {
-      sink->respond(error_response_from_current_exception(ErrorStyle::OPENAI, route_name));
+      sink->respond(error_response_from_current_exception(style, route_name));
     }
     return;
   }
@@ -257,7 +266,7 @@ HttpResponse SwarmService::handle_command(const std::string& route, const HttpRe
     if (!call) throw SwarmError(ErrorKind::NOT_FOUND, "No LLM call has been made yet");
     json input = json::parse(call->request_body, nullptr, /*allow_exceptions=*/false);
     if (input.is_discarded()) input = call->request_body;
-    return json_response({{"input", input}, {"output", json::parse(call->response)}});
+    return json_response({{"input", input}, {"output", json::parse(call->response)}, {"api", call->api}});
   }
   if (route == "/sync_train_code") {  // the body is the zip itself (Content-Type: application/zip)
     const EngineState state = engine_.status().state;  // the state first, as AgentJet answers
@@ -320,6 +329,7 @@ HttpResponse SwarmService::handle_command(const std::string& route, const HttpRe
       std::string authority = request.header("host");
       if (authority.empty()) authority = fallback_authority_();
       out["openai_base_url"] = "http://" + authority + "/v1";
+      out["anthropic_base_url"] = "http://" + authority;  // what ANTHROPIC_BASE_URL takes (no /v1)
     }
     return json_response(out);
   }
@@ -387,8 +397,15 @@ void SwarmService::handle_openai(const std::string& route, HttpRequest&& request
     sink->respond(openai_models(engine_));
     return;
   }
-  serve_generation(engine_, metrics_, route == "/v1/chat/completions" ? OpenAIKind::CHAT : OpenAIKind::COMPLETION,
-                   request, std::move(sink), OpenAIContext{&last_chat_, &heartbeat_});
+  if (route == "/v1/messages/count_tokens") {
+    sink->respond(anthropic_count_tokens(engine_, request));
+    return;
+  }
+  const OpenAIKind kind = route == "/v1/chat/completions" ? OpenAIKind::CHAT
+                          : route == "/v1/messages"       ? OpenAIKind::ANTHROPIC_MESSAGES
+                          : route == "/v1/responses"      ? OpenAIKind::RESPONSES
+                                                          : OpenAIKind::COMPLETION;
+  serve_generation(engine_, metrics_, kind, request, std::move(sink), OpenAIContext{&last_chat_, &heartbeat_});
 }
 
 }  // namespace swarm
