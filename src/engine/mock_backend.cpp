@@ -267,22 +267,26 @@ void MockBackend::generate(GenerationRequest request, std::shared_ptr<Generation
       GenerationChoice choice;
       choice.finish_reason = "stop";
       bool cut_by_stop_string = false;
+      std::string matched;  // as the torch engine: the ids hold the stop string, the text does not
       for (const auto& s : p.stop) {
         size_t pos = s.empty() ? std::string::npos : reply.find(s);
         if (pos != std::string::npos) {
           reply.resize(pos);
+          matched = s;
           cut_by_stop_string = true;
         }
       }
+      const size_t text_ids = reply.size();  // ids past these are the stop string: never streamed
       if (request.grammar && !cut_by_stop_string) choice.ids = constrained;
-      else append_text(choice.ids, reply);
+      else append_text(choice.ids, reply + matched);
       if (!cut_by_stop_string) choice.ids.push_back(stop_token);
       if (static_cast<int64_t>(choice.ids.size()) > max_new) {
         choice.ids.resize(static_cast<size_t>(max_new));
         choice.finish_reason = "length";
       }
       std::string pending;
-      for (TokenId id : choice.ids) {
+      for (size_t k = 0; k < choice.ids.size(); ++k) {
+        const TokenId id = choice.ids[k];
         // Greedy (temperature 0) picks are confident; sampled ones less so.
         float lp = static_cast<float>(-(p.temperature <= 0 ? 0.05 : 2.5) * rng.uniform()) - 0.001f;
         choice.logprobs.push_back(lp);
@@ -292,7 +296,7 @@ void MockBackend::generate(GenerationRequest request, std::shared_ptr<Generation
             alts.push_back({static_cast<TokenId>(rng.next() % 256), lp - 0.5f - static_cast<float>(k)});
           choice.top.push_back(std::move(alts));
         }
-        if (id < 256) {
+        if (id < 256 && (!cut_by_stop_string || k < text_ids)) {
           pending += static_cast<char>(id);
           size_t ready = utf8_complete_prefix(pending);
           if (ready > 0) {
@@ -303,6 +307,8 @@ void MockBackend::generate(GenerationRequest request, std::shared_ptr<Generation
       }
       if (!pending.empty()) observer->on_text(c, utf8_sanitize(pending));
       choice.text = utf8_sanitize(decode(choice.ids));
+      if (cut_by_stop_string && choice.text.size() >= matched.size() && choice.finish_reason == "stop")
+        choice.text.resize(choice.text.size() - matched.size());
       result.choices.push_back(std::move(choice));
     }
     observer->on_complete(std::move(result));

@@ -244,7 +244,9 @@ class ResponsesDialect final : public ChatDialect {
   std::string stream_start(int64_t prompt_tokens) override {
     (void)prompt_tokens;
     json r = response_json("in_progress", json::array(), nullptr);
-    return event("response.created", {{"response", r}}) + event("response.in_progress", {{"response", r}});
+    std::string out = event("response.created", {{"response", r}});  // in this order: sequence numbers
+    out += event("response.in_progress", {{"response", r}});
+    return out;
   }
 
   std::string stream_events(const std::vector<StreamEvent>& events) override {
@@ -300,8 +302,9 @@ class ResponsesDialect final : public ChatDialect {
   std::string stream_error(ErrorKind kind, const std::string& message) override {
     json r = response_json("failed", output_, nullptr);
     r["error"] = {{"code", kind == ErrorKind::UNAVAILABLE ? "server_is_overloaded" : "server_error"}, {"message", message}};
-    return event("error", {{"code", error_type_for(kind)}, {"message", message}, {"param", nullptr}}) +
-           event("response.failed", {{"response", std::move(r)}});
+    std::string out = event("error", {{"code", error_type_for(kind)}, {"message", message}, {"param", nullptr}});
+    out += event("response.failed", {{"response", std::move(r)}});
+    return out;
   }
 
   const char* api() const override { return "responses"; }
