@@ -3,17 +3,22 @@
 # Usage: scripts/setup.sh            (as root, or with sudo available)
 set -euo pipefail
 
-# The JS reference tokenizer of the tokenizer parity test (tests/js, pinned by its
-# package-lock.json), installed once npm is there: when this script exits successfully.
+# The Node packages of the tests, pinned by their package-lock.json files, installed once npm
+# is there (when this script exits successfully): tests/js (the reference tokenizer, the agent
+# frameworks and SDKs) and tests/harness (Claude Code, the Claude Agent SDK and Codex, ~1 GB of
+# native binaries; SWARM_SKIP_HARNESSES=1 leaves them out and their tests skip).
 install_js_reference() {
-  local js_dir
-  js_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/js"
-  # Also when package-lock.json changed since the last install (npm writes
-  # node_modules/.package-lock.json at each), so existing checkouts get new packages.
-  if { [ ! -d "$js_dir/node_modules" ] || [ "$js_dir/package-lock.json" -nt "$js_dir/node_modules/.package-lock.json" ]; } &&
-    command -v npm >/dev/null 2>&1; then
-    npm ci --prefix "$js_dir" --silent --no-audit --no-fund
-  fi
+  local root dir
+  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests"
+  command -v npm >/dev/null 2>&1 || return 0
+  for dir in "$root/js" "$root/harness"; do
+    [ "$dir" = "$root/harness" ] && [ "${SWARM_SKIP_HARNESSES:-0}" = 1 ] && continue
+    # Also when package-lock.json changed since the last install (npm writes
+    # node_modules/.package-lock.json at each), so existing checkouts get new packages.
+    if [ ! -d "$dir/node_modules" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
+      npm ci --prefix "$dir" --silent --no-audit --no-fund
+    fi
+  done
 }
 trap 'status=$?; if [ "$status" -eq 0 ]; then install_js_reference || status=$?; fi; exit "$status"' EXIT
 
