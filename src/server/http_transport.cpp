@@ -70,10 +70,12 @@ constexpr auto kLingerLimit = std::chrono::seconds(2);
 thread_local const void* t_io_thread_of = nullptr;
 
 // Transport-level errors (413, 431, malformed HTTP) come before routing, so they carry
-// every shape: the OpenAI error object, the command routes' "success": false and FastAPI's
-// "detail" (AgentJet's client); clients ignore the fields they do not know.
+// every shape: the OpenAI error object, the command routes' "success": false, FastAPI's
+// "detail" (AgentJet's client) and Anthropic's top-level "type": "error"; clients ignore the
+// fields they do not know.
 std::string error_json(std::string_view message, const char* type, std::string_view code) {
   nlohmann::json j;
+  j["type"] = "error";
   j["error"] = {{"message", message}, {"type", type}, {"code", code}};
   j["detail"] = message;
   j["success"] = false;

@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <functional>
+#include <iterator>
+#include <random>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -315,6 +318,76 @@ TEST(HarnessApis, BadInputGetsEachApisErrorShape) {
   const json ok = post_json(c, "/v1/messages", {{"max_tokens", 8}, {"temperature", 0}, {"messages", json::array({{{"role", "user"}, {"content", "fine"}}})}},
                             200, anthropic(e));
   EXPECT_EQ(ok["content"][0]["text"], "fine");
+}
+
+// Mutated harness requests (keys dropped, values replaced by other JSON types, blocks
+// duplicated), seeded: every answer is 200 or a 4xx in the route's own shape, never a 5xx, and
+// the episode keeps being served.
+TEST(HarnessApis, MutatedRequestsNeverGetA5xx) {
+  TestServer server;
+  HttpClient c(server.url());
+  const Episode e = start_and_claim(c);
+  const json anthropic_req = {
+      {"max_tokens", 16}, {"temperature", 0}, {"stream", false},
+      {"system", json::array({{{"type", "text"}, {"text", "s"}}})},
+      {"messages", json::array({{{"role", "user"}, {"content", json::array({{{"type", "text"}, {"text", "hi"}}})}},
+                                {{"role", "assistant"}, {"content", json::array({{{"type", "thinking"}, {"thinking", "t"}, {"signature", "x"}},
+                                                                                 {{"type", "tool_use"}, {"id", "a"}, {"name", "Bash"}, {"input", {{"command", "ls"}}}}})}},
+                                {{"role", "user"}, {"content", json::array({{{"type", "tool_result"}, {"tool_use_id", "a"}, {"content", "ok"}}})}}})},
+      {"tools", json::array({{{"name", "Bash"}, {"input_schema", {{"type", "object"}}}}})},
+      {"tool_choice", {{"type", "auto"}}},
+      {"stop_sequences", {"Z"}}};
+  const json responses_req = {
+      {"max_output_tokens", 16}, {"temperature", 0}, {"instructions", "i"},
+      {"input", json::array({{{"role", "developer"}, {"content", "d"}},
+                             {{"type", "message"}, {"role", "user"}, {"content", json::array({{{"type", "input_text"}, {"text", "hi"}}})}},
+                             {{"type", "reasoning"}, {"summary", json::array({{{"type", "summary_text"}, {"text", "r"}}})}},
+                             {{"type", "function_call"}, {"call_id", "c"}, {"name", "f"}, {"arguments", "{}"}},
+                             {{"type", "function_call_output"}, {"call_id", "c"}, {"output", "o"}}})},
+      {"tools", json::array({{{"type", "function"}, {"name", "f"}, {"parameters", {{"type", "object"}}}},
+                             {{"type", "namespace"}, {"name", "n"}, {"tools", json::array({{{"type", "function"}, {"name", "g"}}})}}})},
+      {"tool_choice", "auto"},
+      {"text", {{"format", {{"type", "text"}}}}}};
+  std::mt19937_64 rng(22);
+  const json replacements[] = {nullptr, 7, -1, 2.5, "s", true, json::array(), json::object(), json::array({1, "x"}),
+                               json({{"type", "image"}})};
+  // Replaces one random node of `j` (or drops an object key, or duplicates an array element).
+  std::function<void(json&, int)> mutate = [&](json& j, int depth) {
+    if ((j.is_object() || j.is_array()) && !j.empty() && depth < 6 && rng() % 4 != 0) {
+      auto it = j.begin();
+      std::advance(it, static_cast<long>(rng() % j.size()));
+      if (rng() % 8 == 0) {
+        if (j.is_object()) j.erase(it.key());
+        else j.push_back(*it);
+        return;
+      }
+      return mutate(*it, depth + 1);
+    }
+    j = replacements[rng() % std::size(replacements)];
+  };
+  int ok = 0, refused = 0;
+  for (int i = 0; i < 1500; ++i) {
+    const bool anthropic_route = i % 2 == 0;
+    json req = anthropic_route ? anthropic_req : responses_req;
+    for (int k = 1 + static_cast<int>(rng() % 3); k > 0; --k) mutate(req, 0);
+    const auto r = post_raw(c, anthropic_route ? "/v1/messages" : "/v1/responses", req.dump(),
+                            anthropic_route ? anthropic(e) : swarm::testing::bearer(e.key));
+    ASSERT_LT(r.status, 500) << req.dump() << " -> " << r.body;
+    if (r.status == 200) {
+      ++ok;
+      continue;
+    }
+    ++refused;
+    EXPECT_GE(r.status, 400) << r.body;
+    const json j = json::parse(r.body, nullptr, false);
+    ASSERT_TRUE(j.is_object() && j.contains("error")) << r.body;
+    if (anthropic_route) EXPECT_EQ(j["type"], "error") << r.body;
+  }
+  EXPECT_GT(ok, 100);
+  EXPECT_GT(refused, 100);
+  const json still = post_json(c, "/v1/messages", {{"max_tokens", 8}, {"temperature", 0}, {"messages", json::array({{{"role", "user"}, {"content", "fine"}}})}},
+                               200, anthropic(e));
+  EXPECT_EQ(still["content"][0]["text"], "fine");
 }
 
 }  // namespace

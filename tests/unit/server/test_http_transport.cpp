@@ -287,7 +287,7 @@ TEST_F(HttpTransportTest, OversizedBodyGets413AndServerKeepsServing) {
   EXPECT_EQ(r.body,
             R"({"detail":"request body exceeds 1024 bytes",)"
             R"("error":{"code":"payload_too_large","message":"request body exceeds 1024 bytes",)"
-            R"("type":"invalid_request_error"},"success":false})");
+            R"("type":"invalid_request_error"},"success":false,"type":"error"})");
   EXPECT_EQ(get_header(r, "connection"), "close");
   EXPECT_EQ(client.request("POST", "/small", std::string(1000, 'y')).status, 200);
 
