@@ -1,6 +1,7 @@
 #include "server/openai_routes.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <ctime>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -765,8 +766,14 @@ void serve_generation(Engine& engine, Metrics& metrics, OpenAIKind kind, const H
     RequestOptions options = parse_options(body, kind == OpenAIKind::COMPLETION ? kind : OpenAIKind::CHAT, lease.job);
     if (dialect_kind) {
       const auto asked = optional_int(body, "max_tokens");
-      if (asked && *asked > options.params.max_tokens)
-        spdlog::debug("{}: max_tokens {} clamped to {} (max_response_length)", dialect->api(), *asked, options.params.max_tokens);
+      static std::atomic<bool> told{false};  // harnesses ask for 32k-128k on every call: said once at info
+      if (asked && *asked > options.params.max_tokens) {
+        if (!told.exchange(true))
+          spdlog::info("{}: max_tokens {} clamped to {} (the job's max_response_length; said once)", dialect->api(),
+                       *asked, options.params.max_tokens);
+        else
+          spdlog::debug("{}: max_tokens {} clamped to {}", dialect->api(), *asked, options.params.max_tokens);
+      }
     }
     std::vector<TokenId> prompt =
         kind == OpenAIKind::COMPLETION ? completion_prompt(body, *lease.backend) : chat_prompt(body, ordered, options, lease);
