@@ -60,6 +60,7 @@ struct Job {
   double weight_decay = 0.01;
   double grad_clip = 1.0;
   std::string advantage_estimator = "grpo";
+  std::string group_by = "task";  // task | task_agent_turn (AT-GRPO)
   double clip_ratio_low = 0.2;
   double clip_ratio_high = 0.28;
   std::string loss_agg_mode = "token-mean";

@@ -25,10 +25,18 @@ struct WorkflowOutput {
   std::optional<bool> is_success;
   std::string metadata_json = "{}";           // a JSON object, kept as text
   std::map<std::string, double> log_metrics;  // reported as metrics
-  /// One reward per turn (AgentJet's list `reward`), kept with reward null: the episode is
-  /// recorded in the pool information (`turn_reward_episodes`) but not trained on until
-  /// per-turn rewards are.
+  /// One reward per LLM call of the episode, in call order (wire: `turn_rewards`, or
+  /// AgentJet's list `reward`, whose sum is then the episode's reward). Trained with
+  /// `group_by: task_agent_turn` (each call's group compares this number); checked against the
+  /// episode's calls at end_episode.
   std::vector<double> turn_rewards;
+  /// Optional, per call: one number per completion token of that call (wire: `token_rewards`),
+  /// recorded on the samples' tokens (`Sample::token_rewards`) for dense-credit estimators.
+  std::vector<std::vector<double>> token_rewards;
+  /// Set by the server when turn_rewards came as AgentJet's list `reward`: a list whose length
+  /// is not the number of calls then trains on its sum only (no 400, as AgentJet counts turns
+  /// its own way).
+  bool turn_rewards_from_list = false;
 };
 
 }  // namespace swarm

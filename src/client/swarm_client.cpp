@@ -120,10 +120,23 @@ json output_to_json(const WorkflowOutput& out) {
     throw ConfigError("workflow_output.reward must be a finite number, got " + std::to_string(*out.reward));
   json metrics = json::object();
   for (const auto& [name, value] : out.log_metrics) metrics[name] = value;
-  return json{{"reward", out.reward ? json(*out.reward) : json(nullptr)},
-              {"is_success", out.is_success ? json(*out.is_success) : json(nullptr)},
-              {"metadata", parse_json_text(out.metadata_json, "workflow_output.metadata_json", true)},
-              {"log_metrics", std::move(metrics)}};
+  json j{{"reward", out.reward ? json(*out.reward) : json(nullptr)},
+         {"is_success", out.is_success ? json(*out.is_success) : json(nullptr)},
+         {"metadata", parse_json_text(out.metadata_json, "workflow_output.metadata_json", true)},
+         {"log_metrics", std::move(metrics)}};
+  const auto finite = [](const std::vector<double>& v, const char* what) {
+    for (double x : v)
+      if (!std::isfinite(x)) throw ConfigError(std::string("workflow_output.") + what + " must hold finite numbers");
+  };
+  if (!out.turn_rewards.empty()) {
+    finite(out.turn_rewards, "turn_rewards");
+    j["turn_rewards"] = out.turn_rewards;
+  }
+  if (!out.token_rewards.empty()) {
+    for (const auto& call : out.token_rewards) finite(call, "token_rewards");
+    j["token_rewards"] = out.token_rewards;
+  }
+  return j;
 }
 
 /// Jittered exponential backoff: each wait is 50-100% of the current step.

@@ -79,6 +79,9 @@ const std::vector<Field>& field_table() {
       {"weight_decay", &Job::weight_decay, "AdamW weight decay."},
       {"grad_clip", &Job::grad_clip, "Gradient norm clipping; 0 disables."},
       {"advantage_estimator", &Job::advantage_estimator, "grpo, grpo_no_std (Dr.GRPO) or reinforce_baseline."},
+      {"group_by", &Job::group_by,
+       "What a GRPO group is: task (every sample of a task, on the episode reward) or task_agent_turn (AT-GRPO: "
+       "the calls of one task, one agent, one turn index, on workflow_output.turn_rewards)."},
       {"clip_ratio_low", &Job::clip_ratio_low, "PPO clip epsilon below 1."},
       {"clip_ratio_high", &Job::clip_ratio_high, "PPO clip epsilon above 1."},
       {"loss_agg_mode", &Job::loss_agg_mode, "token-mean or seq-mean-token-mean."},
@@ -341,6 +344,7 @@ void Job::validate() const {
   if (weight_decay < 0) bad("weight_decay", "must be >= 0");
   if (grad_clip < 0) bad("grad_clip", "must be >= 0");
   require_one_of("advantage_estimator", advantage_estimator, {"grpo", "grpo_no_std", "reinforce_baseline"});
+  require_one_of("group_by", group_by, {"task", "task_agent_turn"});
   if (clip_ratio_low < 0 || clip_ratio_low >= 1) bad("clip_ratio_low", "must be in [0, 1)");
   if (clip_ratio_high < 0) bad("clip_ratio_high", "must be >= 0");
   require_one_of("loss_agg_mode", loss_agg_mode, {"token-mean", "seq-mean-token-mean"});

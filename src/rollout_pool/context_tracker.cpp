@@ -1,6 +1,7 @@
 #include "rollout_pool/context_tracker.hpp"
 
 #include <algorithm>
+#include <map>
 #include <string>
 
 #include "common/error.hpp"
@@ -21,15 +22,17 @@ bool is_prefix_of(const std::vector<TokenId>& prefix, const std::vector<TokenId>
 void append_context(Sample& s, const std::vector<TokenId>& ids, size_t from) {
   for (size_t i = from; i < ids.size(); ++i) {
     s.token_ids.push_back(ids[i]);
+    s.token_call.push_back(-1);
     s.loss_mask.push_back(0);
     s.rollout_logprobs.push_back(0.0f);
     s.policy_versions.push_back(-1);
   }
 }
 
-void append_completion(Sample& s, const LlmCall& call) {
+void append_completion(Sample& s, const LlmCall& call, int32_t call_in_sample) {
   for (size_t i = 0; i < call.completion_ids.size(); ++i) {
     s.token_ids.push_back(call.completion_ids[i]);
+    s.token_call.push_back(call_in_sample);
     s.loss_mask.push_back(1);
     s.rollout_logprobs.push_back(call.completion_logprobs[i]);
     s.policy_versions.push_back(call.policy_version);
@@ -40,6 +43,7 @@ void append_completion(Sample& s, const LlmCall& call) {
 
 std::vector<Sample> merge_calls_into_samples(const std::vector<LlmCall>& calls) {
   std::vector<Timeline> timelines;
+  std::map<std::string, int32_t> turns_of_agent;
   for (size_t c = 0; c < calls.size(); ++c) {
     const LlmCall& call = calls[c];
     SWARM_CHECK(call.completion_logprobs.size() == call.completion_ids.size(),
@@ -65,7 +69,8 @@ std::vector<Sample> merge_calls_into_samples(const std::vector<LlmCall>& calls) 
       from = best->sample.token_ids.size();
     }
     append_context(best->sample, call.prompt_ids, from);
-    append_completion(best->sample, call);
+    best->sample.calls.push_back({static_cast<int32_t>(c), call.agent, turns_of_agent[call.agent]++});
+    append_completion(best->sample, call, static_cast<int32_t>(best->sample.calls.size() - 1));
     best->sample.num_calls += 1;
     best->last_extended = static_cast<int64_t>(c);
   }

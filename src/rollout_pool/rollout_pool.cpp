@@ -234,15 +234,30 @@ EndOutcome RolloutPool::end_episode(const std::string& client_uuid,
       return outcome;
     }
     if (declare_client_active) register_active_client_locked(client_uuid);
+    // Finer rewards must match the calls the episode made (before anything is changed).
+    const size_t made = ep.calls.size();
+    const bool turns_match = output.turn_rewards.size() == made;
+    SWARM_REQUIRE(output.turn_rewards.empty() || turns_match || output.turn_rewards_from_list, ErrorKind::INVALID_ARGUMENT,
+                  "end_episode: workflow_output.turn_rewards has " + std::to_string(output.turn_rewards.size()) +
+                      " numbers but episode " + episode_uuid + " made " + std::to_string(made) +
+                      " LLM calls (one per call, in call order)");
+    SWARM_REQUIRE(output.token_rewards.empty() || output.token_rewards.size() == made, ErrorKind::INVALID_ARGUMENT,
+                  "end_episode: workflow_output.token_rewards has " + std::to_string(output.token_rewards.size()) +
+                      " lists but episode " + episode_uuid + " made " + std::to_string(made) + " LLM calls");
+    for (size_t c = 0; c < output.token_rewards.size(); ++c)
+      SWARM_REQUIRE(output.token_rewards[c].size() == ep.calls[c].completion_ids.size(), ErrorKind::INVALID_ARGUMENT,
+                    "end_episode: workflow_output.token_rewards[" + std::to_string(c) + "] has " +
+                        std::to_string(output.token_rewards[c].size()) + " numbers but call " + std::to_string(c) +
+                        " generated " + std::to_string(ep.calls[c].completion_ids.size()) + " tokens");
+    if (!output.turn_rewards.empty()) {
+      counters_.ended_with_turn_rewards++;
+      TurnRewardEpisode kept{episode_uuid, client_uuid, task_id, output.turn_rewards};
+      if (kept.turn_rewards.size() > config_.max_turn_rewards) kept.turn_rewards.resize(config_.max_turn_rewards);
+      turn_reward_episodes_.push_back(std::move(kept));
+      while (turn_reward_episodes_.size() > config_.turn_reward_history) turn_reward_episodes_.pop_front();
+    }
     if (!output.reward) {
       counters_.ended_without_reward++;
-      if (!output.turn_rewards.empty()) {
-        counters_.ended_with_turn_rewards++;
-        TurnRewardEpisode kept{episode_uuid, client_uuid, task_id, output.turn_rewards};
-        if (kept.turn_rewards.size() > config_.max_turn_rewards) kept.turn_rewards.resize(config_.max_turn_rewards);
-        turn_reward_episodes_.push_back(std::move(kept));
-        while (turn_reward_episodes_.size() > config_.turn_reward_history) turn_reward_episodes_.pop_front();
-      }
       free_slot_locked(episode_uuid, true);
       outcome.accepted = false;
       outcome.note = "episode " + episode_uuid +
@@ -268,8 +283,20 @@ EndOutcome RolloutPool::end_episode(const std::string& client_uuid,
   finished.is_success = output.is_success;
   finished.log_metrics = output.log_metrics;
   finished.optional_task_id = std::move(optional_task_id);
+  if (output.turn_rewards.size() == calls.size()) finished.turn_rewards = output.turn_rewards;
   try {
     finished.samples = merge_calls_into_samples(calls);
+    if (!output.token_rewards.empty())
+      for (Sample& s : finished.samples) {
+        s.token_rewards.assign(s.token_ids.size(), 0.0f);
+        std::vector<size_t> next(s.calls.size(), 0);  // per call of the sample: its next completion token
+        for (size_t t = 0; t < s.token_ids.size(); ++t) {
+          const int32_t k = s.token_call[t];
+          if (k < 0) continue;
+          const auto& rewards = output.token_rewards[static_cast<size_t>(s.calls[static_cast<size_t>(k)].index)];
+          s.token_rewards[t] = static_cast<float>(rewards[next[static_cast<size_t>(k)]++]);
+        }
+      }
   } catch (...) {
     // Never leave an "ending" episode behind: ROLLING_POST would wait for it forever.
     std::lock_guard lock(mu_);
@@ -291,6 +318,10 @@ EndOutcome RolloutPool::end_episode(const std::string& client_uuid,
     return outcome;
   }
   counters_.ended++;
+  if (output.turn_rewards_from_list && output.turn_rewards.size() != calls.size())
+    outcome.note = "episode " + episode_uuid + " sent a list reward of " + std::to_string(output.turn_rewards.size()) +
+                   " values for " + std::to_string(calls.size()) + " LLM calls: trained on their sum (" +
+                   std::to_string(finished.reward) + ") as the episode's reward, not per call";
   // More than one sample: some request's history did not extend an earlier one (edited,
   // truncated or re-rendered to other ids), so the episode trains as several samples.
   if (finished.samples.size() > 1) counters_.episodes_split_by_drift++;

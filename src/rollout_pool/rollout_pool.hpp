@@ -103,7 +103,7 @@ struct AgreeResult {
   std::string failure_reason;  // empty on success
 };
 
-/// An episode that ended with one reward per turn instead of one reward (not trained yet).
+/// A train episode that sent one reward per LLM call (turn_rewards, or AgentJet's list reward).
 struct TurnRewardEpisode {
   std::string episode_uuid;
   std::string client_uuid;
@@ -117,7 +117,7 @@ struct PoolCounters {
   int64_t ended = 0;              // accepted end_episode (train + eval)
   int64_t ended_eval = 0;
   int64_t ended_without_reward = 0;
-  int64_t ended_with_turn_rewards = 0;  // of those, the ones that sent a reward per turn
+  int64_t ended_with_turn_rewards = 0;  // train episodes that sent turn_rewards (or a list reward)
   int64_t episodes_split_by_drift = 0;  // train episodes whose calls made more than one sample
   int64_t aborted = 0;
   int64_t timed_out = 0;

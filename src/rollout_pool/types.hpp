@@ -23,6 +23,16 @@ struct LlmCall {
   // Chat calls: which answer to which conversation this is (chat_splice.hpp), so that a later
   // request holding this answer continues from these exact ids. Empty otherwise.
   std::string turn_key{};
+  // The agent that made the call (request field `swarm.agent` or header `x-swarm-agent`;
+  // "" = unnamed), for AT-GRPO grouping (group_by: task_agent_turn).
+  std::string agent{};
+};
+
+/// One LLM call merged into a sample.
+struct SampleCall {
+  int32_t index = 0;  // the call's position among all calls of its episode (turn_rewards index)
+  std::string agent;  // LlmCall::agent
+  int32_t turn = 0;   // how many calls of the same agent came before it in the episode
 };
 
 /// One training sequence (a timeline of an episode).
@@ -35,6 +45,9 @@ struct Sample {
   std::vector<float> rollout_logprobs;    // log-prob at sampling time; 0 where mask is 0
   std::vector<int64_t> policy_versions;   // per token; -1 where mask is 0
   int num_calls = 0;                      // LLM calls merged into this timeline
+  std::vector<SampleCall> calls;          // those calls, in order
+  std::vector<int32_t> token_call;        // per token: index into `calls` where mask is 1, else -1
+  std::vector<float> token_rewards;       // per token (workflow_output.token_rewards); empty when none
 };
 
 /// A finished episode waiting in the pool for a batch.
@@ -47,6 +60,7 @@ struct FinishedEpisode {
   std::map<std::string, double> log_metrics;
   std::string optional_task_id;  // the task the client claimed it for (AgentJet's throttle policy)
   std::vector<Sample> samples;
+  std::vector<double> turn_rewards;  // one per LLM call of the episode (call order), or empty
   int64_t finish_seq = 0;  // order of arrival, for the safety valve
 };
 

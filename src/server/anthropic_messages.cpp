@@ -225,6 +225,7 @@ ojson anthropic_to_chat(const ojson& body, std::vector<std::string>& notes) {
   for (const char* key : {"max_tokens", "temperature", "top_p", "top_k", "stream"})
     if (auto it = body.find(key); it != body.end() && !it->is_null()) chat[key] = *it;
   if (auto it = body.find("stop_sequences"); it != body.end() && !it->is_null()) chat["stop"] = *it;
+  if (auto it = body.find("swarm"); it != body.end()) chat["swarm"] = *it;  // swarm.agent (AT-GRPO)
   return chat;
 }
 

@@ -204,7 +204,7 @@ ojson responses_to_chat(const ojson& body, std::vector<std::string>& notes) {
       bad("field 'tool_choice' asks for a tool call but the request offers no function 'tools'");
   }
   if (auto it = body.find("max_output_tokens"); it != body.end() && !it->is_null()) chat["max_tokens"] = *it;
-  for (const char* key : {"temperature", "top_p", "parallel_tool_calls", "stream"})
+  for (const char* key : {"temperature", "top_p", "parallel_tool_calls", "stream", "swarm"})
     if (auto it = body.find(key); it != body.end() && !it->is_null()) chat[key] = *it;
   if (const auto text = body.find("text"); text != body.end() && text->is_object() && text->contains("format")) {
     const ojson& f = (*text)["format"];

@@ -57,7 +57,26 @@ struct RequestOptions {
   bool tool_required = false;
   std::string forced_tool;
   std::shared_ptr<const grammar::Grammar> grammar;
+  // The agent that makes the call (AT-GRPO grouping): `swarm.agent` in the body, else the
+  // `x-swarm-agent` header; "" = unnamed.
+  std::string agent;
 };
+
+constexpr size_t kMaxAgentName = 64;
+
+std::string agent_of(const json& body, const HttpRequest& request) {
+  std::string agent = request.header("x-swarm-agent");
+  if (auto it = body.find("swarm"); it != body.end() && !it->is_null()) {
+    SWARM_REQUIRE(it->is_object(), ErrorKind::INVALID_ARGUMENT, "field 'swarm' must be an object");
+    if (auto a = it->find("agent"); a != it->end() && !a->is_null()) {
+      SWARM_REQUIRE(a->is_string(), ErrorKind::INVALID_ARGUMENT, "field 'swarm.agent' must be a string");
+      agent = a->get<std::string>();
+    }
+  }
+  SWARM_REQUIRE(agent.size() <= kMaxAgentName, ErrorKind::INVALID_ARGUMENT,
+                "the agent name (swarm.agent / x-swarm-agent) may have at most " + std::to_string(kMaxAgentName) + " bytes");
+  return agent;
+}
 
 // The tool fields of a chat request, validated as strictly as the rest (issue 20): every
 // error names the field.
@@ -298,6 +317,7 @@ class GenerationHandler final : public GenerationObserver,
       call.completion_logprobs = choice.logprobs;
       call.policy_version = result.policy_version;
       call.finish_reason = choice.finish_reason;
+      call.agent = options_.agent;
       if (options_.chat_keys) {
         const ParsedAssistant parsed = parse_assistant_output(choice.text, options_.tool_format, options_.reasoning_format,
                                                               options_.parallel_tool_calls, options_.reasoning_start);
@@ -764,6 +784,7 @@ void serve_generation(Engine& engine, Metrics& metrics, OpenAIKind kind, const H
       if (kind == OpenAIKind::CHAT) ordered = nlohmann::ordered_json::parse(request.body);
     }
     RequestOptions options = parse_options(body, kind == OpenAIKind::COMPLETION ? kind : OpenAIKind::CHAT, lease.job);
+    options.agent = agent_of(body, request);
     if (dialect_kind) {
       const auto asked = optional_int(body, "max_tokens");
       static std::atomic<bool> told{false};  // harnesses ask for 32k-128k on every call: said once at info

@@ -137,8 +137,20 @@ void add_log_metric(const std::string& name, const json& value, bool nested, Wor
 
 struct ParsedOutput {
   WorkflowOutput output;
-  std::optional<size_t> list_reward_size;  // `reward` was a list (per turn) of this size; output.reward is null
 };
+
+// A list of finite numbers (`what` names the field in errors).
+std::vector<double> finite_numbers(const json& list, const std::string& what) {
+  if (!list.is_array()) throw SwarmError(ErrorKind::INVALID_ARGUMENT, "field '" + what + "' must be a list of finite numbers");
+  std::vector<double> out;
+  out.reserve(list.size());
+  for (const json& x : list) {
+    if (!x.is_number() || !std::isfinite(x.get<double>()))
+      throw SwarmError(ErrorKind::INVALID_ARGUMENT, "field '" + what + "' must be a list of finite numbers");
+    out.push_back(x.get<double>());
+  }
+  return out;
+}
 
 ParsedOutput parse_workflow_output(const json& body) {
   const json* wo = optional_object(body, "workflow_output");
@@ -147,17 +159,30 @@ ParsedOutput parse_workflow_output(const json& body) {
   WorkflowOutput& out = parsed.output;
   const auto reward = wo->find("reward");
   if (reward != wo->end() && reward->is_array()) {
-    // AgentJet's client may send one reward per turn. Accepted, not trained until turn
-    // rewards are (the episode is dropped, as AgentJet's trainer drops it).
-    for (const json& x : *reward) {
+    // AgentJet's client may send one reward per turn: read as turn_rewards, the episode's
+    // reward being their sum (its return).
+    for (const json& x : *reward)
       if (!x.is_number() || !std::isfinite(x.get<double>()))
         throw SwarmError(ErrorKind::INVALID_ARGUMENT,
                          "field 'workflow_output.reward' must be a number, a list of finite numbers or null");
-    }
-    parsed.list_reward_size = reward->size();
-    for (const json& x : *reward) out.turn_rewards.push_back(x.get<double>());
+    out.turn_rewards = finite_numbers(*reward, "workflow_output.reward");
+    out.turn_rewards_from_list = true;
+    double sum = 0;
+    for (double r : out.turn_rewards) sum += r;
+    out.reward = sum;
   } else {
     out.reward = optional_number(*wo, "reward");
+  }
+  if (auto it = wo->find("turn_rewards"); it != wo->end() && !it->is_null()) {
+    if (reward != wo->end() && reward->is_array())
+      throw SwarmError(ErrorKind::INVALID_ARGUMENT, "send either a list 'workflow_output.reward' or 'turn_rewards', not both");
+    out.turn_rewards = finite_numbers(*it, "workflow_output.turn_rewards");
+  }
+  if (auto it = wo->find("token_rewards"); it != wo->end() && !it->is_null()) {
+    if (!it->is_array())
+      throw SwarmError(ErrorKind::INVALID_ARGUMENT, "field 'workflow_output.token_rewards' must be a list (one list per LLM call)");
+    for (size_t c = 0; c < it->size(); ++c)
+      out.token_rewards.push_back(finite_numbers((*it)[c], "workflow_output.token_rewards[" + std::to_string(c) + "]"));
   }
   out.is_success = optional_bool(*wo, "is_success");
   if (const json* md = optional_object(*wo, "metadata")) out.metadata_json = dump_json(*md);
@@ -340,11 +365,6 @@ HttpResponse SwarmService::handle_command(const std::string& route, const HttpRe
     ParsedOutput parsed = parse_workflow_output(body);
     EndOutcome outcome =
         engine_.end_episode(client, episode, task_id, parsed.output, optional_bool(body, "declare_client_active").value_or(true));
-    if (parsed.list_reward_size && !outcome.accepted) {
-      outcome.note = "episode " + episode + " sent a list reward (" + std::to_string(*parsed.list_reward_size) +
-                     " values, one per turn); per-turn rewards are not trained yet: it is kept in the pool "
-                     "information (turn_reward_episodes) and will not be trained on";
-    }
     json out = {{"success", true}, {"accepted", outcome.accepted}};
     if (!outcome.note.empty()) out["note"] = outcome.note;
     return json_response(out);

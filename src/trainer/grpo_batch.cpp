@@ -18,6 +18,12 @@ AdvantageEstimator parse_advantage_estimator(const std::string& name) {
                    "unknown advantage_estimator '" + name + "' (grpo, grpo_no_std, reinforce_baseline)");
 }
 
+GroupBy parse_group_by(const std::string& name) {
+  if (name == "task") return GroupBy::TASK;
+  if (name == "task_agent_turn") return GroupBy::TASK_AGENT_TURN;
+  throw SwarmError(ErrorKind::INVALID_ARGUMENT, "unknown group_by '" + name + "' (task, task_agent_turn)");
+}
+
 LossAggregation parse_loss_aggregation(const std::string& name) {
   if (name == "token-mean") return LossAggregation::TOKEN_MEAN;
   if (name == "seq-mean-token-mean") return LossAggregation::SEQ_MEAN_TOKEN_MEAN;
@@ -45,9 +51,116 @@ int64_t count_trained(const Sample& s) {
   return n;
 }
 
+double advantage_of(AdvantageEstimator estimator, double reward, double mean, double std, double batch_mean, double eps) {
+  switch (estimator) {
+    case AdvantageEstimator::GRPO: return (reward - mean) / (std + eps);
+    case AdvantageEstimator::GRPO_NO_STD: return reward - mean;
+    case AdvantageEstimator::REINFORCE_BASELINE: return reward - batch_mean;
+  }
+  return 0.0;
+}
+
+void fill_stats(PreparedBatch& out) {
+  if (out.sequences.empty()) return;
+  double sum = 0.0, sq = 0.0;
+  out.stats.min = out.stats.max = out.sequences.front().advantage;
+  for (const auto& s : out.sequences) {
+    sum += s.advantage;
+    sq += s.advantage * s.advantage;
+    out.stats.min = std::min(out.stats.min, s.advantage);
+    out.stats.max = std::max(out.stats.max, s.advantage);
+  }
+  const double n = static_cast<double>(out.sequences.size());
+  out.stats.mean = sum / n;
+  out.stats.std = std::sqrt(std::max(0.0, sq / n - out.stats.mean * out.stats.mean));
+}
+
+// AT-GRPO (prepare_batch's comment).
+PreparedBatch prepare_by_agent_turn(const TrainBatch& batch, AdvantageEstimator estimator, double eps) {
+  struct Unit {
+    const Sample* sample;
+    size_t call;  // index into sample->calls
+    double reward;
+    double advantage = 0.0;
+  };
+  std::vector<Unit> units;
+  std::vector<std::vector<size_t>> groups;  // indices into units
+  std::unordered_map<std::string, size_t> group_of;
+  double batch_sum = 0.0;
+  for (const FinishedEpisode& ep : batch.episodes)
+    for (const Sample& s : ep.samples)
+      for (size_t k = 0; k < s.calls.size(); ++k) {
+        const SampleCall& call = s.calls[k];
+        const double reward = ep.turn_rewards.empty() ? s.reward : ep.turn_rewards.at(static_cast<size_t>(call.index));
+        const std::string key = s.task_id + '\x1f' + call.agent + '\x1f' + std::to_string(call.turn);
+        auto [it, fresh] = group_of.try_emplace(key, groups.size());
+        if (fresh) groups.emplace_back();
+        groups[it->second].push_back(units.size());
+        units.push_back({&s, k, reward});
+        batch_sum += reward;
+      }
+  const double batch_mean = units.empty() ? 0.0 : batch_sum / static_cast<double>(units.size());
+  PreparedBatch out;
+  out.stats.groups = static_cast<int64_t>(groups.size());
+  std::unordered_map<const Sample*, std::vector<size_t>> units_of;  // the sample's units with signal
+  for (const auto& members : groups) {
+    const double n = static_cast<double>(members.size());
+    double sum = 0.0;
+    for (size_t u : members) sum += units[u].reward;
+    const double mean = sum / n;
+    double sq = 0.0;
+    bool all_equal = true;
+    for (size_t u : members) {
+      sq += (units[u].reward - mean) * (units[u].reward - mean);
+      all_equal = all_equal && units[u].reward == units[members.front()].reward;
+    }
+    if (all_equal) {
+      ++out.stats.zero_variance_groups;
+      out.stats.skipped_samples += static_cast<int64_t>(members.size());
+      continue;
+    }
+    const double std = std::sqrt(sq / (n - 1.0));
+    for (size_t u : members) {
+      units[u].advantage = advantage_of(estimator, units[u].reward, mean, std, batch_mean, eps);
+      units_of[units[u].sample].push_back(u);
+    }
+  }
+  // Sequences: samples with at least one unit with signal, grouped by task for mini-batches.
+  std::unordered_map<std::string, size_t> task_group;
+  for (const FinishedEpisode& ep : batch.episodes)
+    for (const Sample& s : ep.samples) {
+      auto it = units_of.find(&s);
+      const int64_t trained = count_trained(s);
+      if (it == units_of.end() || trained == 0) continue;
+      std::vector<double> per_call(s.calls.size(), 0.0);
+      for (size_t u : it->second) per_call[units[u].call] = units[u].advantage;
+      TrainSequence seq;
+      seq.sample = &s;
+      seq.length = static_cast<int64_t>(s.token_ids.size());
+      seq.trained_tokens = trained;
+      seq.token_advantage.assign(s.token_ids.size(), 0.0f);
+      double sum = 0.0;
+      for (size_t t = 0; t < s.token_ids.size(); ++t) {
+        const int32_t k = t < s.token_call.size() ? s.token_call[t] : -1;
+        if (k < 0 || !s.loss_mask[t]) continue;
+        seq.token_advantage[t] = static_cast<float>(per_call[static_cast<size_t>(k)]);
+        if (t >= 1) sum += per_call[static_cast<size_t>(k)];
+      }
+      seq.advantage = sum / static_cast<double>(trained);
+      auto [g, fresh] = task_group.try_emplace(s.task_id, out.groups.size());
+      if (fresh) out.groups.emplace_back();
+      seq.group = static_cast<int64_t>(g->second);
+      out.groups[g->second].push_back(out.sequences.size());
+      out.sequences.push_back(std::move(seq));
+    }
+  fill_stats(out);
+  return out;
+}
+
 }  // namespace
 
-PreparedBatch prepare_batch(const TrainBatch& batch, AdvantageEstimator estimator, double eps) {
+PreparedBatch prepare_batch(const TrainBatch& batch, AdvantageEstimator estimator, double eps, GroupBy group_by) {
+  if (group_by == GroupBy::TASK_AGENT_TURN) return prepare_by_agent_turn(batch, estimator, eps);
   // Group every sample by task, in order of the task's first arrival.
   std::vector<std::vector<const Sample*>> groups;
   std::unordered_map<std::string, size_t> group_of;
@@ -92,30 +205,14 @@ PreparedBatch prepare_batch(const TrainBatch& batch, AdvantageEstimator estimato
       seq.group = static_cast<int64_t>(out.groups.size());
       seq.length = static_cast<int64_t>(s->token_ids.size());
       seq.trained_tokens = trained;
-      switch (estimator) {
-        case AdvantageEstimator::GRPO: seq.advantage = (s->reward - mean) / (std + eps); break;
-        case AdvantageEstimator::GRPO_NO_STD: seq.advantage = s->reward - mean; break;
-        case AdvantageEstimator::REINFORCE_BASELINE: seq.advantage = s->reward - batch_mean; break;
-      }
+      seq.advantage = advantage_of(estimator, s->reward, mean, std, batch_mean, eps);
       kept.push_back(out.sequences.size());
       out.sequences.push_back(seq);
     }
     if (!kept.empty()) out.groups.push_back(std::move(kept));
   }
 
-  if (!out.sequences.empty()) {
-    double sum = 0.0, sq = 0.0;
-    out.stats.min = out.stats.max = out.sequences.front().advantage;
-    for (const auto& s : out.sequences) {
-      sum += s.advantage;
-      sq += s.advantage * s.advantage;
-      out.stats.min = std::min(out.stats.min, s.advantage);
-      out.stats.max = std::max(out.stats.max, s.advantage);
-    }
-    const double n = static_cast<double>(out.sequences.size());
-    out.stats.mean = sum / n;
-    out.stats.std = std::sqrt(std::max(0.0, sq / n - out.stats.mean * out.stats.mean));
-  }
+  fill_stats(out);
   return out;
 }
 

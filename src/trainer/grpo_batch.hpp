@@ -18,10 +18,16 @@ enum class AdvantageEstimator {
   REINFORCE_BASELINE,  // r - mean of the whole batch (one global baseline)
 };
 enum class LossAggregation { TOKEN_MEAN, SEQ_MEAN_TOKEN_MEAN };
+/// What a GRPO group is (job key `group_by`).
+enum class GroupBy {
+  TASK,             // every sample of a task's episodes, on the episode reward (DESIGN §6)
+  TASK_AGENT_TURN,  // AT-GRPO: the calls of one task, one agent, one turn index, on turn rewards
+};
 enum class KlEstimator { K1, K3 };
 
 /// Job names → enums; INVALID_ARGUMENT naming the value for anything else.
 AdvantageEstimator parse_advantage_estimator(const std::string& name);
+GroupBy parse_group_by(const std::string& name);
 LossAggregation parse_loss_aggregation(const std::string& name);
 KlEstimator parse_kl_estimator(const std::string& name);
 
@@ -30,7 +36,8 @@ KlEstimator parse_kl_estimator(const std::string& name);
 struct TrainSequence {
   const Sample* sample = nullptr;
   int64_t group = 0;           // index into PreparedBatch::groups
-  double advantage = 0.0;
+  double advantage = 0.0;      // GroupBy::TASK_AGENT_TURN: the mean over its trained tokens (statistics)
+  std::vector<float> token_advantage;  // per token when they differ within the sample (AT-GRPO); else empty
   int64_t length = 0;          // tokens
   int64_t trained_tokens = 0;  // loss-mask-1 tokens at positions >= 1 (position 0 has no prediction)
 };
@@ -55,7 +62,16 @@ struct PreparedBatch {
 /// whose rewards are all equal (they would only add zero-advantage tokens to the loss's
 /// denominator; counted in stats). Group std is the unbiased sample std (as torch.std); a group
 /// of one sample has zero variance. Samples without trained tokens are dropped too.
-PreparedBatch prepare_batch(const TrainBatch& batch, AdvantageEstimator estimator, double eps = 1e-6);
+///
+/// GroupBy::TASK_AGENT_TURN (AT-GRPO, PettingLLMs): the unit is one LLM call of a sample; the
+/// calls of one task made by one agent at one turn index (its n-th call in the episode) form a
+/// group, each with its reward `turn_rewards[call]` (the episode's reward when the episode sent
+/// none). A call's advantage applies to its completion tokens (`token_advantage`); a call whose
+/// group has zero variance gets 0 (its tokens stay in the loss's denominator); a sample none of
+/// whose calls is in a group with signal is left out (stats count groups and calls then).
+/// `PreparedBatch::groups` stays per task (mini-batches take whole tasks).
+PreparedBatch prepare_batch(const TrainBatch& batch, AdvantageEstimator estimator, double eps = 1e-6,
+                            GroupBy group_by = GroupBy::TASK);
 
 /// Mini-batches (one optimizer step each): consecutive groups, `tasks_per_mini_batch` groups
 /// each (0 = all groups in one). Returns indices into `batch.sequences`.

@@ -138,6 +138,7 @@ TrainerOptions TrainerOptions::from_job(const Job& job) {
   o.weight_decay = job.weight_decay;
   o.grad_clip = job.grad_clip;
   o.advantage_estimator = parse_advantage_estimator(job.advantage_estimator);
+  o.group_by = parse_group_by(job.group_by);
   o.clip_ratio_low = job.clip_ratio_low;
   o.clip_ratio_high = job.clip_ratio_high;
   o.loss_aggregation = parse_loss_aggregation(job.loss_agg_mode);
@@ -260,7 +261,8 @@ GrpoTrainer::MicroBatchInputs GrpoTrainer::build_inputs(const PreparedBatch& bat
       if (!s.loss_mask[static_cast<size_t>(t)]) continue;
       positions.push_back(b * T + t - 1);
       targets.push_back(s.token_ids[static_cast<size_t>(t)]);
-      adv.push_back(static_cast<float>(seq.advantage));
+      adv.push_back(seq.token_advantage.empty() ? static_cast<float>(seq.advantage)
+                                                : seq.token_advantage[static_cast<size_t>(t)]);
       rollout.push_back(t < static_cast<int64_t>(s.rollout_logprobs.size()) ? s.rollout_logprobs[static_cast<size_t>(t)]
                                                                              : 0.0f);
       weight.push_back(w);
@@ -524,7 +526,7 @@ std::map<std::string, double> GrpoTrainer::train(const TrainBatch& batch, int64_
                                                  const ExclusiveRunner& exclusive, std::stop_token stop) {
   const auto t_start = std::chrono::steady_clock::now();
   std::map<std::string, double> m;
-  const PreparedBatch prepared = prepare_batch(batch, options_.advantage_estimator);
+  const PreparedBatch prepared = prepare_batch(batch, options_.advantage_estimator, 1e-6, options_.group_by);
   const double lr = learning_rate_at(options_.learning_rate, options_.lr_schedule, options_.lr_warmup_steps,
                                      options_.total_training_steps, step - 1);
   m["lr"] = lr;

@@ -43,6 +43,7 @@ struct TrainerOptions {
   double adam_beta2 = 0.999;
   double adam_eps = 1e-8;
   AdvantageEstimator advantage_estimator = AdvantageEstimator::GRPO;
+  GroupBy group_by = GroupBy::TASK;
   double clip_ratio_low = 0.2;
   double clip_ratio_high = 0.28;
   LossAggregation loss_aggregation = LossAggregation::TOKEN_MEAN;

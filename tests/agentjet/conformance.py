@@ -1009,17 +1009,17 @@ def scenario_client_session(base, ow):
             raise AssertionError(f"the client took branch {branch!r}: {c1.last}")
         except SwarmClientError:
             assert "WEIGHT_SYNCING" not in c1.last.detail(), c1.last
-    with check("end_episode with a list reward [0.5, 1.0]: 200 success true, accepted false; not counted"):
+    with check("end_episode with a list reward [0.5, 1.0]: 200 success true, accepted, trained on the sum (turn rewards)"):
         claim = c2.claim()
         c2.end_episode("tlist", claim["episode_uuid"], workflow_output([0.5, 1.0], "tlist"))
-        eq(c2.last.json().get("accepted"), False, "accepted")
+        eq(c2.last.json().get("accepted"), True, "accepted")
         info = ow.fetch_pool()
-        eq(info["completed_episodes"], 1, "completed_episodes")
-        assert "tlist" not in info["completed_tasks_details"], info["completed_tasks_details"]
+        eq(info["completed_episodes"], 2, "completed_episodes")
+        assert "tlist" in info["completed_tasks_details"], info["completed_tasks_details"]
     with check("eval episode: claimed and ended (success true), not counted in the batch"):
         claim = c2.claim(episode_type="eval")
         eq(c2.end_episode("teval", claim["episode_uuid"], workflow_output(1.0, "teval")), "ended", "end branch")
-        eq(ow.fetch_pool()["completed_episodes"], 1, "completed_episodes")
+        eq(ow.fetch_pool()["completed_episodes"], 2, "completed_episodes")
     with check("claim_episode with episode_type banana: 400 with detail"):
         eq(c2.begin_episode_attempt(episode_type="banana")[0], "error_retry_15s", "claim branch")
         c2.last.expect(400)
@@ -1064,10 +1064,10 @@ def scenario_client_session(base, ow):
         eq(c2.end_episode("t1", claims[1]["episode_uuid"], workflow_output(1.0, "t1")), "ended", "end t1 #2")
         st, seen = wait_step(c1.http, g0)
         eq(st["global_step"], g0 + 1, "global_step after the sync")
-    with check("pool information in the next batch: zero counts, empty details"):
+    with check("pool information in the next batch: only the list-reward episode's task (incomplete) carried over"):
         info = ow.fetch_pool()
-        eq(info["completed_episodes"], 0, "completed_episodes")
-        eq(info["completed_tasks_details"], {}, "completed_tasks_details")
+        eq(info["completed_episodes"], 1, "completed_episodes")
+        eq(list(info["completed_tasks_details"]), ["tlist"], "completed_tasks_details")
         eq(info["engine_status"], ROLLING, "engine_status")
     with check("overwatch: get_verbose_logs non-empty after the state changes"):
         entries = ow.verbose_logs()

@@ -401,7 +401,8 @@ TEST(WireProtocol, WholeLifecycleWithRawJson) {
 
 // What AgentJet's Python client may send in workflow_output: log_metrics whose values are
 // lists (recorded as their mean) or objects (flattened to "name/key", non-numbers skipped),
-// and a list reward (one per turn): accepted, dropped from training with the reason.
+// and a list reward (one per turn): read as turn rewards, the episode trained on their sum (a
+// length other than the episode's calls is no error: AgentJet counts turns its own way).
 TEST(WireProtocol, AgentJetShapedWorkflowOutputs) {
   TestServer server;
   HttpClient c(server.url());
@@ -438,17 +439,18 @@ TEST(WireProtocol, AgentJetShapedWorkflowOutputs) {
                                 {"task_id", "t1"},
                                 {"workflow_output", {{"reward", {1.0, 0.0, 0.5}}, {"metadata", {{"task_id", "t1"}}}}}});
   EXPECT_EQ(list_reward["success"], true) << list_reward.dump();
-  EXPECT_EQ(list_reward["accepted"], false) << list_reward.dump();
-  EXPECT_NE(list_reward.value("note", "").find("list reward (3 values"), std::string::npos) << list_reward.dump();
+  EXPECT_EQ(list_reward["accepted"], true) << list_reward.dump();
+  EXPECT_NE(list_reward.value("note", "").find("list reward of 3 values for 0 LLM calls: trained on their sum (1.5"),
+            std::string::npos)
+      << list_reward.dump();
   json info = get_json(c, "/get_current_batch_rollout_pool_information");
-  EXPECT_EQ(info["counters"]["ended_without_reward"], 1) << info.dump();
+  EXPECT_EQ(info["counters"]["ended_without_reward"], 0) << info.dump();
   EXPECT_EQ(info["counters"]["ended_with_turn_rewards"], 1) << info.dump();
-  // Kept (for per-turn training later), not trained: no task group has it.
   ASSERT_EQ(info["turn_reward_episodes"].size(), 1u) << info.dump();
   EXPECT_EQ(info["turn_reward_episodes"][0]["episode_uuid"], t.episode_uuid);
   EXPECT_EQ(info["turn_reward_episodes"][0]["task_id"], "t1");
   EXPECT_EQ(info["turn_reward_episodes"][0]["turn_rewards"], json({1.0, 0.0, 0.5}));
-  EXPECT_EQ(info["completed_episodes"], 0) << info.dump();
+  EXPECT_EQ(info["completed_episodes"], 1) << info.dump();
 
   // Still refused: a list with something other than numbers, a top-level string metric.
   Claimed u = claim(c, "train-client", port);
@@ -737,6 +739,82 @@ TEST(WireProtocol, StartAndStopAcceptAnEmptyBodyAsPythonRequestsSendsIt) {
   EXPECT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(parse_body(r)["success"], true);
   EXPECT_EQ(get_json(c, "/get_engine_status")["engine_status"], "ENGINE.OFFLINE");
+}
+
+}  // namespace
+
+namespace {
+
+// Finer rewards and agent names (issue 23): `swarm.agent` / `x-swarm-agent` name each call's
+// agent, workflow_output.turn_rewards / token_rewards must match the episode's calls (400s
+// naming the numbers), and what is accepted reaches the training batch: the episode's turn
+// rewards, each merged call's agent and turn index, the token rewards on the generated tokens.
+TEST(WireProtocol, AgentNamesTurnRewardsAndTokenRewardsReachTheBatch) {
+  TestServer server;
+  HttpClient c(server.url());
+  ASSERT_NO_FATAL_FAILURE(start_rolling(c, "model: mock-model\nbatch_size: 1\nnum_repeat: 1\ngroup_by: task_agent_turn\n"));
+  const Claimed e = claim(c, "client-a", server.port());
+  HttpClient llm(e.base_url);
+  json messages = json::array({{{"role", "user"}, {"content", "plan it"}}});
+  json first = post_json(llm, "/chat/completions",
+                         {{"messages", messages}, {"temperature", 0}, {"return_token_ids", true}, {"swarm", {{"agent", "planner"}}}},
+                         200, bearer(e));
+  messages.push_back(first["choices"][0]["message"]);
+  messages.push_back({{"role", "user"}, {"content", "check it"}});
+  Headers checker = bearer(e);
+  checker.push_back({"x-swarm-agent", "checker"});
+  json second = post_json(llm, "/chat/completions", {{"messages", messages}, {"temperature", 0}, {"return_token_ids", true}}, 200, checker);
+  post_json(llm, "/chat/completions", {{"messages", messages}, {"swarm", 5}}, 400, bearer(e));
+  post_json(llm, "/chat/completions", {{"messages", messages}, {"swarm", {{"agent", std::string(65, 'a')}}}}, 400, bearer(e));
+  const size_t n0 = first["choices"][0]["token_ids"].size(), n1 = second["choices"][0]["token_ids"].size();
+
+  const auto end = [&](json output, int status) {
+    output["metadata"] = json::object();
+    return post_json(c, "/end_episode", {{"client_uuid", "client-a"}, {"episode_uuid", e.episode_uuid}, {"task_id", "t"},
+                                         {"workflow_output", output}}, status);
+  };
+  json bad = end({{"reward", 1.0}, {"turn_rewards", {1.0, 0.0, 0.0}}}, 400);
+  EXPECT_NE(bad["error"]["message"].get<std::string>().find("turn_rewards has 3 numbers but episode"), std::string::npos) << bad.dump();
+  EXPECT_NE(bad["error"]["message"].get<std::string>().find("made 2 LLM calls"), std::string::npos) << bad.dump();
+  bad = end({{"reward", 1.0}, {"token_rewards", {std::vector<double>(n0, 0.0), std::vector<double>(n1 + 1, 0.0)}}}, 400);
+  EXPECT_NE(bad["error"]["message"].get<std::string>().find("token_rewards[1] has " + std::to_string(n1 + 1) + " numbers"),
+            std::string::npos)
+      << bad.dump();
+  end({{"reward", 1.0}, {"turn_rewards", {1.0, "x"}}}, 400);
+  end({{"reward", {1.0, 2.0}}, {"turn_rewards", {1.0, 0.0}}}, 400);  // a list reward and turn_rewards: which?
+
+  std::vector<double> tr0(n0, 0.0), tr1(n1, 0.0);
+  tr0.back() = 1.0;
+  tr1.front() = -1.0;
+  json ok = end({{"reward", 1.0}, {"turn_rewards", {1.0, 0.25}}, {"token_rewards", {tr0, tr1}}}, 200);
+  EXPECT_EQ(ok["accepted"], true) << ok.dump();
+  ASSERT_TRUE(server.engine().wait_for_step(1, 10s));
+  const auto batches = server.batches->copy();
+  ASSERT_EQ(batches.size(), 1u);
+  const auto& ep = batches[0].episodes.at(0);
+  EXPECT_EQ(ep.turn_rewards, (std::vector<double>{1.0, 0.25}));
+  ASSERT_EQ(ep.samples.size(), 1u);
+  const auto& s = ep.samples[0];
+  ASSERT_EQ(s.calls.size(), 2u);
+  EXPECT_EQ(s.calls[0].agent, "planner");
+  EXPECT_EQ(s.calls[1].agent, "checker");
+  EXPECT_EQ(s.calls[1].index, 1);
+  EXPECT_EQ(s.calls[1].turn, 0);  // the checker's first call
+  ASSERT_EQ(s.token_rewards.size(), s.token_ids.size());
+  ASSERT_EQ(s.token_call.size(), s.token_ids.size());
+  // Token by token: rewards only where they were earned, on the call that earned them.
+  std::vector<float> earned;
+  for (size_t t = 0; t < s.token_ids.size(); ++t) {
+    if (s.token_call[t] < 0) {
+      EXPECT_EQ(s.token_rewards[t], 0.0f) << t;
+      EXPECT_EQ(s.loss_mask[t], 0) << t;
+      continue;
+    }
+    earned.push_back(s.token_rewards[t]);
+  }
+  std::vector<float> expected(tr0.begin(), tr0.end());
+  expected.insert(expected.end(), tr1.begin(), tr1.end());
+  EXPECT_EQ(earned, expected);
 }
 
 }  // namespace

@@ -183,3 +183,76 @@ TEST(GrpoBatch, ParsesJobNames) {
 
 }  // namespace
 }  // namespace swarm
+
+namespace swarm {
+namespace {
+
+// A sample of two calls (as merge_calls_into_samples builds it): 2 prompt tokens, the
+// planner's 2 generated tokens, 1 environment token, the checker's 2 generated tokens.
+FinishedEpisode two_agent_episode(const std::string& task, std::vector<double> turn_rewards, double reward = 0.0) {
+  FinishedEpisode e;
+  e.task_id = task;
+  e.reward = reward;
+  e.turn_rewards = std::move(turn_rewards);
+  Sample s;
+  s.task_id = task;
+  s.reward = reward;
+  s.calls = {{0, "planner", 0}, {1, "checker", 0}};
+  const int call_of[] = {-1, -1, 0, 0, -1, 1, 1};
+  for (int t = 0; t < 7; ++t) {
+    s.token_ids.push_back(t + 1);
+    s.loss_mask.push_back(call_of[t] >= 0 ? 1 : 0);
+    s.token_call.push_back(call_of[t]);
+    s.rollout_logprobs.push_back(call_of[t] >= 0 ? -0.5f : 0.f);
+    s.policy_versions.push_back(call_of[t] >= 0 ? 0 : -1);
+  }
+  s.num_calls = 2;
+  e.samples.push_back(std::move(s));
+  return e;
+}
+
+// AT-GRPO: the planner's calls are compared with the planner's, the checker's with the
+// checker's, each on its own turn reward; the advantages land on each call's tokens.
+TEST(GrpoBatch, TaskAgentTurnGroupsCallsOfOneAgentAndTurnOnTurnRewards) {
+  TrainBatch b;
+  b.episodes.push_back(two_agent_episode("t", {1, 0}));
+  b.episodes.push_back(two_agent_episode("t", {0, 0}));
+  b.episodes.push_back(two_agent_episode("t", {1, 1}));
+  b.episodes.push_back(two_agent_episode("u", {1, 0}));  // u: both groups have zero variance
+  b.episodes.push_back(two_agent_episode("u", {1, 0}));
+  const PreparedBatch p = prepare_batch(b, AdvantageEstimator::GRPO, 0.0, GroupBy::TASK_AGENT_TURN);
+  EXPECT_EQ(p.stats.groups, 4);  // (t, planner, 0), (t, checker, 0), (u, planner, 0), (u, checker, 0)
+  EXPECT_EQ(p.stats.zero_variance_groups, 2);
+  EXPECT_EQ(p.stats.skipped_samples, 4);  // the calls of u's groups
+  ASSERT_EQ(p.sequences.size(), 3u);
+  ASSERT_EQ(p.groups.size(), 1u);
+  const double s = std::sqrt(1.0 / 3.0);  // both t groups: one value apart from the other two
+  const double planner[] = {(1 - 2.0 / 3) / s, (0 - 2.0 / 3) / s, (1 - 2.0 / 3) / s};
+  const double checker[] = {(0 - 1.0 / 3) / s, (0 - 1.0 / 3) / s, (1 - 1.0 / 3) / s};
+  for (size_t e = 0; e < 3; ++e) {
+    const auto& adv = p.sequences[e].token_advantage;
+    ASSERT_EQ(adv.size(), 7u);
+    const double expected[] = {0, 0, planner[e], planner[e], 0, checker[e], checker[e]};
+    for (size_t t = 0; t < 7; ++t) EXPECT_NEAR(adv[t], expected[t], 1e-6) << "episode " << e << " token " << t;
+    EXPECT_NEAR(p.sequences[e].advantage, (planner[e] * 2 + checker[e] * 2) / 4, 1e-6);
+  }
+  // The broken-on-purpose check: grouping by task alone on the same batch (every episode's reward
+  // 0) finds no signal at all, so these per-call advantages come from the turn grouping.
+  EXPECT_TRUE(prepare_batch(b, AdvantageEstimator::GRPO, 0.0, GroupBy::TASK).sequences.empty());
+}
+
+TEST(GrpoBatch, TaskAgentTurnFallsBackToTheEpisodeRewardAndParsesItsName) {
+  TrainBatch b;
+  b.episodes.push_back(two_agent_episode("t", {}, 1.0));
+  b.episodes.push_back(two_agent_episode("t", {}, 0.0));
+  const PreparedBatch p = prepare_batch(b, AdvantageEstimator::GRPO_NO_STD, 0.0, GroupBy::TASK_AGENT_TURN);
+  ASSERT_EQ(p.sequences.size(), 2u);
+  EXPECT_FLOAT_EQ(p.sequences[0].token_advantage[2], 0.5f);
+  EXPECT_FLOAT_EQ(p.sequences[1].token_advantage[6], -0.5f);
+  EXPECT_EQ(parse_group_by("task_agent_turn"), GroupBy::TASK_AGENT_TURN);
+  EXPECT_EQ(parse_group_by("task"), GroupBy::TASK);
+  EXPECT_THROW(parse_group_by("agent"), SwarmError);
+}
+
+}  // namespace
+}  // namespace swarm
