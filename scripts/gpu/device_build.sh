@@ -5,7 +5,9 @@
 # `apt-get download`, see the list in docs/gpu.md) and are unpacked into a private prefix.
 #
 # Usage (repo root, on the GPU machine): OUT=<dir for logs> bash scripts/gpu/device_build.sh [DEPS_DIR]
-# Writes to $OUT: configure.log, build.log, env.txt, smoke.log, server.log, metrics.jsonl.
+# Writes to $OUT: configure.log, build.log, env.txt, smoke.log, server.log, metrics.jsonl (and
+# run.log for RUN). Knobs: TARGETS (what to build), RUN (a command after the build), SKIP_SMOKE=1,
+# STEPS, BUILD_TIMEOUT, SMOKE_TIMEOUT, RUN_TIMEOUT.
 set -uo pipefail
 deps_dir="${1:-.devdeps}"
 out="${OUT:-/tmp/swarm-gpu-out}"
@@ -40,6 +42,12 @@ log "configure rc=$?"
 targets="${TARGETS:-swarm-server swarm-model train_agent}"
 timeout "${BUILD_TIMEOUT:-330}" cmake --build build-gpu -j "$(nproc)" --target $targets -- -k 0 >"$out/build.log" 2>&1
 log "build rc=$? ($(grep -c 'error:' "$out/build.log") error lines)"
+# RUN: a command to run after the build (e.g. a test binary), its output in run.log.
+if [ -n "${RUN:-}" ]; then
+  timeout "${RUN_TIMEOUT:-120}" bash -c "$RUN" >"$out/run.log" 2>&1
+  log "run rc=$?"
+fi
+[ "${SKIP_SMOKE:-0}" = 1 ] && { log "done (no smoke)"; exit 0; }
 if [ ! -x build-gpu/swarm-server ] || [ ! -x build-gpu/train_agent ]; then log "no binaries: stop"; exit 0; fi
 
 build-gpu/swarm-model init --preset tiny-char --out /tmp/tiny-char --seed 1 >/dev/null 2>&1
