@@ -76,6 +76,7 @@ struct Job {
   int64_t save_freq = 0;             // 0 = checkpoint only on stop
   // --- torch inference engine (ignored by the mock engine)
   int64_t engine_threads = 0;        // intra-op compute threads; 0 = every online CPU
+  std::string device = "auto";       // auto | cpu | cuda (torch engine)
   int64_t kv_cache_tokens = 0;       // KV cache size in tokens; 0 = automatic
   int64_t kv_block_size = 16;        // tokens per KV cache block
   int64_t max_batch_sequences = 64;  // sequences in one forward step

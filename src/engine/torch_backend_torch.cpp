@@ -55,8 +55,14 @@ int compute_threads(const Job& job, int local_world_size) {
   return std::max(1, cores / std::max(1, local_world_size));
 }
 
-torch::Device rank_device(const DistConfig& dist) {
-  if (!torch::cuda::is_available()) return torch::Device(torch::kCPU);
+// The one place the device is chosen (job key `device`): cpu, cuda (an error where this
+// libtorch has no CUDA or sees no GPU), or auto (cuda when there is one, else cpu).
+torch::Device rank_device(const DistConfig& dist, const std::string& wanted = "auto") {
+  const bool cuda = torch::cuda::is_available();
+  SWARM_REQUIRE(wanted != "cuda" || cuda, ErrorKind::INVALID_ARGUMENT,
+                "device: cuda, but this swarm-server's libtorch has no CUDA or sees no GPU (build against a CUDA "
+                "libtorch, docs/gpu.md; or use device: auto / cpu)");
+  if (wanted == "cpu" || !cuda) return torch::Device(torch::kCPU);
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(dist.rank % std::max(1, dist.local_world_size)));
 }
 
@@ -122,7 +128,7 @@ class TorchBackend final : public Backend {
     followers_booted_ = true;
     bool replies_pending = true;
     try {
-      std::shared_ptr<Collectives> comm = make_collectives(dist, rank_device(dist).is_cuda());
+      std::shared_ptr<Collectives> comm = make_collectives(dist, rank_device(dist, job.device).is_cuda());
       boot_rank0(job, dir, stop, std::move(comm));
       replies_pending = false;
       followers_->collect(kFollowerLoadTimeout);
@@ -161,7 +167,7 @@ class TorchBackend final : public Backend {
     }
     cancelled();
 
-    const torch::Device device = rank_device(dist_);
+    const torch::Device device = rank_device(dist_, job.device);
     RankModel loaded = load_rank_model(job, dir, resuming, device, std::move(comm));
     model_ = std::move(loaded.model);
     trainer_ = std::move(loaded.trainer);
@@ -435,7 +441,7 @@ int run_torch_follower(const DistConfig& dist) {
         const std::filesystem::path dir = model_directory(job, resume);
         DistConfig store = dist;
         store.master_port = message->header.at("store_port").get<int>();
-        const torch::Device device = rank_device(dist);
+        const torch::Device device = rank_device(dist, job.device);
         std::shared_ptr<Collectives> comm = make_collectives(store, device.is_cuda());
         configure_compute_threads(compute_threads(job, dist.local_world_size),
                                   job.dtype == "bf16" ? DType::BF16 : DType::F32);

@@ -97,6 +97,9 @@ const std::vector<Field>& field_table() {
       {"seed", &Job::seed, "Random seed for sampling and initialisation."},
       {"total_training_steps", &Job::total_training_steps, "Stop after this many policy steps; 0 = never."},
       {"save_freq", &Job::save_freq, "Checkpoint every N steps; 0 = only on stop_engine."},
+      {"device", &Job::device,
+       "Where the torch engine runs: auto (the GPU when its libtorch has CUDA and sees one, else the CPU), cpu, or "
+       "cuda (an error at boot when there is no GPU to use). docs/gpu.md."},
       {"engine_threads", &Job::engine_threads,
        "Torch engine: compute threads for inference and training; 0 means every online CPU."},
       {"kv_cache_tokens", &Job::kv_cache_tokens,
@@ -359,6 +362,7 @@ void Job::validate() const {
   if (lr_schedule == "cosine" && total_training_steps <= lr_warmup_steps)
     bad("lr_schedule", "cosine needs total_training_steps > lr_warmup_steps (the decay ends at the last step)");
   if (engine_threads < 0) bad("engine_threads", "must be >= 0");
+  require_one_of("device", device, {"auto", "cpu", "cuda"});
   if (kv_cache_tokens < 0) bad("kv_cache_tokens", "must be >= 0");
   if (kv_block_size < 1 || kv_block_size > 1024) bad("kv_block_size", "must be in [1, 1024]");
   if (max_batch_sequences < 1) bad("max_batch_sequences", "must be >= 1");

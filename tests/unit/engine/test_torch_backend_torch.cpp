@@ -173,3 +173,36 @@ TEST(TorchBackend, ResumeFromADirectoryWithoutTrainerStateFails) {
 
 }  // namespace
 }  // namespace swarm
+
+namespace swarm {
+namespace {
+
+// The job's `device` (issue 27): cpu always boots on the CPU; cuda boots on the GPU where there
+// is one and is a clear error where there is none (every CI machine: Debian's libtorch is
+// CPU-only); a bad value is refused when the config is read.
+TEST(TorchBackend, DeviceKeyChoosesTheDeviceOrSaysWhyNot) {
+  Job cpu = tiny_job();
+  cpu.device = "cpu";
+  auto b = booted(cpu);
+  EXPECT_FALSE(generate_greedy(*b, "Once upon a time").choices.at(0).ids.empty());
+  Job cuda = tiny_job();
+  cuda.device = "cuda";
+  if (torch::cuda::is_available()) {
+    EXPECT_NO_THROW(booted(cuda));
+  } else {
+    try {
+      booted(cuda);
+      FAIL() << "device: cuda booted without a GPU";
+    } catch (const SwarmError& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::INVALID_ARGUMENT);
+      EXPECT_NE(std::string(e.what()).find("device: cuda, but this swarm-server's libtorch has no CUDA"), std::string::npos)
+          << e.what();
+    }
+  }
+  Job bad = tiny_job();
+  bad.device = "tpu";
+  EXPECT_THROW(bad.validate(), std::exception);
+}
+
+}  // namespace
+}  // namespace swarm
