@@ -14,7 +14,8 @@ namespace {
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
-[[noreturn]] void bad(const std::string& message) { throw SwarmError(ErrorKind::INVALID_ARGUMENT, message); }
+using dialect_detail::bad;
+using dialect_detail::blank;
 
 // The text of a content that is a string or a list of blocks; only text blocks are allowed
 // (`where` names the field in errors).
@@ -241,7 +242,7 @@ class AnthropicDialect final : public ChatDialect {
     json content = json::array();
     if (a.parsed.reasoning)
       content.push_back({{"type", "thinking"}, {"thinking", *a.parsed.reasoning}, {"signature", thinking_signature(*a.parsed.reasoning)}});
-    if (a.parsed.content && !trimmed_empty(*a.parsed.content)) content.push_back({{"type", "text"}, {"text", *a.parsed.content}});
+    if (a.parsed.content && !blank(*a.parsed.content)) content.push_back({{"type", "text"}, {"text", *a.parsed.content}});
     for (const auto& call : a.parsed.tool_calls) content.push_back(tool_use_json(call.name, input_of(call.arguments)));
     json m = message_json(std::move(content), stop_reason(a, !a.parsed.tool_calls.empty()),
                           a.stop_sequence.empty() ? json(nullptr) : json(a.stop_sequence));
@@ -271,7 +272,7 @@ class AnthropicDialect final : public ChatDialect {
           // Whitespace between blocks (after </think>, before a tool call) opens no text block.
           if (open_ != Block::TEXT) {
             pending_ws_ += e.text;
-            if (trimmed_empty(pending_ws_)) break;
+            if (blank(pending_ws_)) break;
             out += close_block();
             out += open_block(Block::TEXT, {{"type", "text"}, {"text", ""}});
             out += delta({{"type", "text_delta"}, {"text", pending_ws_}});
@@ -314,7 +315,6 @@ class AnthropicDialect final : public ChatDialect {
  private:
   enum class Block { NONE, THINKING, TEXT, TOOL_USE };
 
-  static bool trimmed_empty(const std::string& s) { return s.find_first_not_of(" \t\r\n") == std::string::npos; }
 
   static json input_of(const std::string& arguments) {
     json input = json::parse(arguments, nullptr, /*allow_exceptions=*/false);

@@ -19,6 +19,13 @@
 
 namespace swarm {
 
+namespace dialect_detail {
+/// A 400 naming what is wrong (the conversions' one error).
+[[noreturn]] inline void bad(const std::string& message) { throw SwarmError(ErrorKind::INVALID_ARGUMENT, message); }
+/// Only whitespace (or nothing): such text between blocks opens no text block / message item.
+inline bool blank(const std::string& s) { return s.find_first_not_of(" \t\r\n") == std::string::npos; }
+}  // namespace dialect_detail
+
 /// One finished answer, as the dialects describe it.
 struct DialectAnswer {
   ParsedAssistant parsed;      // the whole text split (reasoning, content, tool calls)

@@ -11,7 +11,8 @@ namespace {
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
-[[noreturn]] void bad(const std::string& message) { throw SwarmError(ErrorKind::INVALID_ARGUMENT, message); }
+using dialect_detail::bad;
+using dialect_detail::blank;
 
 // The text of a message content: a string, or parts (input_text / output_text / text /
 // refusal); images and files are refused (text-only models).
@@ -236,7 +237,7 @@ class ResponsesDialect final : public ChatDialect {
   json answer(const DialectAnswer& a) override {
     json output = json::array();
     if (a.parsed.reasoning) output.push_back(reasoning_item(*a.parsed.reasoning));
-    if (a.parsed.content && !trimmed_empty(*a.parsed.content)) output.push_back(message_item(*a.parsed.content, "completed"));
+    if (a.parsed.content && !blank(*a.parsed.content)) output.push_back(message_item(*a.parsed.content, "completed"));
     for (const auto& call : a.parsed.tool_calls) output.push_back(call_item("call_" + random_hex(12), call.name, call.arguments, "completed"));
     return response_json(final_status(a), std::move(output), &a);
   }
@@ -266,7 +267,7 @@ class ResponsesDialect final : public ChatDialect {
         case StreamEvent::CONTENT:
           if (open_ != Item::MESSAGE) {
             pending_ws_ += e.text;
-            if (trimmed_empty(pending_ws_)) break;
+            if (blank(pending_ws_)) break;
             out += close_item();
             out += open_item(Item::MESSAGE, message_item("", "in_progress"));
             out += event("response.content_part.added", {{"item_id", item_id()}, {"output_index", index_}, {"content_index", 0},
@@ -312,7 +313,6 @@ class ResponsesDialect final : public ChatDialect {
  private:
   enum class Item { NONE, REASONING, MESSAGE, CALL };
 
-  static bool trimmed_empty(const std::string& s) { return s.find_first_not_of(" \t\r\n") == std::string::npos; }
   static json text_part(const std::string& text) { return {{"type", "output_text"}, {"text", text}, {"annotations", json::array()}}; }
 
   static std::string final_status(const DialectAnswer& a) {
