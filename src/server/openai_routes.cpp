@@ -730,7 +730,7 @@ ConvertedRequest convert_request(OpenAIKind kind, const std::string& text) {
   (void)parse_json_object(text);  // the same checks (size, object) and messages as every route
   c.original = nlohmann::ordered_json::parse(text);
   c.chat = kind == OpenAIKind::ANTHROPIC_MESSAGES ? anthropic_to_chat(c.original, c.notes) : responses_to_chat(c.original, c.notes);
-  c.body = json::parse(c.chat.dump());
+  c.body = c.chat;  // the same value without key order (no re-parse)
   for (const std::string& note : c.notes) spdlog::debug("{}: {}", kind == OpenAIKind::RESPONSES ? "/v1/responses" : "/v1/messages", note);
   return c;
 }

@@ -139,14 +139,15 @@ struct ParsedOutput {
   WorkflowOutput output;
 };
 
-// A list of finite numbers (`what` names the field in errors).
-std::vector<double> finite_numbers(const json& list, const std::string& what) {
-  if (!list.is_array()) throw SwarmError(ErrorKind::INVALID_ARGUMENT, "field '" + what + "' must be a list of finite numbers");
+// A list of finite numbers (`what` names the field in errors; `expected` says what it may be).
+std::vector<double> finite_numbers(const json& list, const std::string& what,
+                                   const std::string& expected = "a list of finite numbers") {
+  if (!list.is_array()) throw SwarmError(ErrorKind::INVALID_ARGUMENT, "field '" + what + "' must be " + expected);
   std::vector<double> out;
   out.reserve(list.size());
   for (const json& x : list) {
     if (!x.is_number() || !std::isfinite(x.get<double>()))
-      throw SwarmError(ErrorKind::INVALID_ARGUMENT, "field '" + what + "' must be a list of finite numbers");
+      throw SwarmError(ErrorKind::INVALID_ARGUMENT, "field '" + what + "' must be " + expected);
     out.push_back(x.get<double>());
   }
   return out;
@@ -161,11 +162,8 @@ ParsedOutput parse_workflow_output(const json& body) {
   if (reward != wo->end() && reward->is_array()) {
     // AgentJet's client may send one reward per turn: read as turn_rewards, the episode's
     // reward being their sum (its return).
-    for (const json& x : *reward)
-      if (!x.is_number() || !std::isfinite(x.get<double>()))
-        throw SwarmError(ErrorKind::INVALID_ARGUMENT,
-                         "field 'workflow_output.reward' must be a number, a list of finite numbers or null");
-    out.turn_rewards = finite_numbers(*reward, "workflow_output.reward");
+    out.turn_rewards =
+        finite_numbers(*reward, "workflow_output.reward", "a number, a list of finite numbers or null");
     out.turn_rewards_from_list = true;
     double sum = 0;
     for (double r : out.turn_rewards) sum += r;
