@@ -203,30 +203,37 @@ SWARM_INLINE void stats_rows(const StatsArgs& a, int64_t begin, int64_t end) {
     const float t = a.temps[r];
     SoftmaxRowStats& st = a.out[r];
     auto scaled = [t](V v) { return t == 1.f ? v : v / t; };
+    // The maximum and its first index in one pass: each lane keeps the index of its first
+    // maximum (a strict >), then the lowest index among the lanes holding the row's maximum.
+    using I = typename Vec<W>::ints;
     V mv = V{} - kInf, nan{};
+    I at{}, lane{};
+    for (int k = 0; k < W; ++k) lane[k] = k;
     int64_t j = 0;
-    for (; j < vec; j += W) {
+    for (; j < vec; j += W, lane += W) {
       const V v = scaled(load_vec<W>(x + j));
-      mv = v > mv ? v : mv;
+      const auto gt = v > mv;
+      mv = gt ? v : mv;
+      at = gt ? lane : at;
       nan = v != v ? V{} + 1.f : nan;
     }
     float m = -kInf;
     bool has_nan = hsum(nan) != 0.f;
     for (int k = 0; k < W; ++k) m = std::max(m, mv[k]);
+    int64_t argmax = 0;
+    if (m != -kInf) {
+      argmax = n;
+      for (int k = 0; k < W; ++k)
+        if (mv[k] == m) argmax = std::min<int64_t>(argmax, at[k]);
+    }
     for (; j < n; ++j) {
       const float v = t == 1.f ? x[j] : x[j] / t;
       has_nan = has_nan || v != v;
-      m = std::max(m, v);
+      if (v > m) m = v, argmax = j;
     }
     st.max = m;
     st.has_nan = has_nan;
-    st.argmax = 0;
-    for (j = 0; j < n; ++j) {
-      if ((t == 1.f ? x[j] : x[j] / t) == m) {
-        st.argmax = j;
-        break;
-      }
-    }
+    st.argmax = argmax;
     if (has_nan || m == -kInf) {
       st.log_sum = 0;
       continue;

@@ -50,12 +50,14 @@ std::vector<Element> Grammar::literal(std::string_view text) {
 
 namespace {
 constexpr uint32_t kNoPos = std::numeric_limits<uint32_t>::max();
+constexpr uint32_t kHolePos = kNoPos - 1;
 constexpr int kMaxExpandDepth = 4096;  // deeper means a left-recursive (broken) grammar
 }  // namespace
 
 Matcher::Matcher(const Grammar& grammar) : g_(&grammar) {
   grammar.validate();
   nodes_.push_back({0, kNoPos});  // 0: the empty stack
+  hole_ = intern(0, kHolePos);
   state_id(State{});               // state id 0: dead
   State init;
   for (uint32_t alt : g_->alternatives(g_->root())) expand(intern(0, alt), init, 0);
@@ -73,6 +75,10 @@ uint32_t Matcher::intern(uint32_t parent, uint32_t pos) {
 void Matcher::expand(uint32_t stack, std::vector<uint32_t>& out, int depth) {
   if (depth > kMaxExpandDepth) throw std::logic_error("grammar: left recursion (expansion too deep)");
   while (stack != 0) {
+    if (stack == hole_) {  // a local stack popped into its hole: it stays there
+      out.push_back(stack);
+      return;
+    }
     const Node n = nodes_[stack];
     const Element& e = g_->element(n.pos);
     if (e.kind == Element::END) {  // an empty alternative, or the end of one: continue below
@@ -104,7 +110,7 @@ void Matcher::normalize(State& s) {
 
 const Matcher::State& Matcher::step(uint32_t stack, uint8_t b) {
   static const State kNone;
-  if (stack == 0) return kNone;
+  if (stack == 0 || stack == hole_) return kNone;
   const Element& e = g_->element(nodes_[stack].pos);
   if (e.kind != Element::BYTES || b < e.lo || b > e.hi) return kNone;  // the common case in a trie walk
   if (block_of_.size() <= stack) block_of_.resize(nodes_.size(), -1);
@@ -140,8 +146,7 @@ Matcher::State Matcher::advance(const State& s, uint8_t b) {
 Matcher::State Matcher::advance_token(const State& s, uint32_t id) {
   State out;
   for (uint32_t stack : s) {
-    if (stack == 0) continue;
-    const Element& e = g_->element(nodes_[stack].pos);
+    const Element& e = top(stack);
     if (e.kind == Element::TOKEN && e.ref == id) consume(stack, out);
   }
   normalize(out);
@@ -201,13 +206,39 @@ Matcher::StateId Matcher::step_id_slow(StateId id, uint8_t b) {
 std::vector<uint32_t> Matcher::allowed_special_tokens(const State& s) const {
   std::vector<uint32_t> out;
   for (uint32_t stack : s) {
-    if (stack == 0) continue;
-    const Element& e = g_->element(nodes_[stack].pos);
+    const Element& e = top(stack);
     if (e.kind == Element::TOKEN) out.push_back(e.ref);
   }
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
+}
+
+Matcher::Local Matcher::local_view(uint32_t stack, int depth) {
+  std::array<uint32_t, 8> pos{};
+  if (depth < 1 || depth > static_cast<int>(pos.size())) throw std::invalid_argument("local_view: depth 1..8");
+  uint32_t s = stack;
+  int kept = 0;
+  for (; kept < depth && s != 0 && s != hole_; ++kept) {
+    pos[static_cast<size_t>(kept)] = nodes_[s].pos;
+    s = nodes_[s].parent;
+  }
+  if (s == 0 || s == hole_) return {stack, kNoBelow};  // nothing below to cut
+  uint32_t local = hole_;
+  for (int i = kept; i-- > 0;) local = intern(local, pos[static_cast<size_t>(i)]);
+  return {local, s};
+}
+
+std::array<uint64_t, 4> Matcher::first_bytes(uint32_t stack) {
+  std::array<uint64_t, 4> bits{};
+  std::vector<uint32_t> tops;
+  expand(stack, tops, 0);
+  for (uint32_t t : tops) {
+    const Element& e = top(t);
+    if (e.kind != Element::BYTES) continue;
+    for (unsigned b = e.lo; b <= e.hi; ++b) bits[b >> 6] |= uint64_t{1} << (b & 63);
+  }
+  return bits;
 }
 
 }  // namespace swarm::grammar

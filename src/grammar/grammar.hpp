@@ -114,6 +114,26 @@ class Matcher {
   /// Parse stacks plus interned states: what bounds this matcher's memory.
   size_t arena_size() const { return nodes_.size() + sets_.size(); }
 
+  // Local views of stacks, for masks that are shared between contexts (TokenMasker): the top
+  // `depth` frames of a stack over a placeholder bottom, the hole. A run of the local stack
+  // mirrors the real one until it pops into the hole, where the real run goes on in the frames
+  // below (`below`). The hole is a stack of its own: it matches no byte and no token, and it
+  // is never the empty stack, so a state holding it is alive.
+  struct Local {
+    uint32_t stack = 0;  // the truncated stack (the stack itself when it is shallower)
+    uint32_t below = 0;  // what the hole stands for; kNoBelow when nothing was cut
+  };
+  static constexpr uint32_t kNoBelow = 0xffffffffu;
+  Local local_view(uint32_t stack, int depth);
+  uint32_t hole() const { return hole_; }
+  /// The bytes the stack can match first (after expanding its rule references): a 256-bit set.
+  std::array<uint64_t, 4> first_bytes(uint32_t stack);
+  /// The element on top of a stack (END for the empty stack and the hole).
+  const Element& top(uint32_t stack) const {
+    static const Element kEnd{};
+    return stack == 0 || stack == hole_ ? kEnd : g_->element(nodes_[stack].pos);
+  }
+
  private:
   struct Node {
     uint32_t parent;  // stack below (0 = bottom)
@@ -132,6 +152,7 @@ class Matcher {
   };
 
   const Grammar* g_;
+  uint32_t hole_ = 0;
   std::vector<Node> nodes_;
   std::unordered_map<uint64_t, uint32_t> index_;
   // step(stack, byte) memo: a stack stepped at least once has a block of 256 indices into

@@ -14,8 +14,8 @@ namespace {
 using json = nlohmann::ordered_json;  // properties are generated in the schema's order
 using Seq = std::vector<Element>;
 
-const std::set<std::string> kAnnotations = {"$schema", "$id",     "title",      "description", "default",  "examples",
-                                            "$comment", "deprecated", "readOnly", "writeOnly"};
+const std::set<std::string> kAnnotations = {"$schema",  "$id",       "title",    "description", "default",      "examples",
+                                            "$comment", "deprecated", "readOnly", "writeOnly",   "discriminator"};
 const std::set<std::string> kCommon = {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions",
                                        "nullable"};
 const std::map<std::string, std::set<std::string>> kByType = {
@@ -479,6 +479,101 @@ struct JsonSchemaCompiler::Impl {
     throw SchemaError("unknown type '" + type + "' at " + path);
   }
 
+  // What is known of the values a schema admits, to prove oneOf's branches exclusive: the JSON
+  // types (an integer-valued number is of both "integer" and "number"), the enumerated values
+  // (const / enum), and the required properties whose values are enumerated (discriminators).
+  enum TypeBit : unsigned { kObject = 1, kArray = 2, kString = 4, kInteger = 8, kFraction = 16, kBool = 32, kNull = 64 };
+  struct Admits {
+    unsigned types = 127;
+    std::optional<std::vector<json>> values;
+    std::map<std::string, std::vector<json>> tags;
+  };
+  static unsigned type_bits(const std::string& t) {
+    if (t == "object") return kObject;
+    if (t == "array") return kArray;
+    if (t == "string") return kString;
+    if (t == "integer") return kInteger;
+    if (t == "number") return kInteger | kFraction;
+    if (t == "boolean") return kBool;
+    if (t == "null") return kNull;
+    return 127;
+  }
+  static unsigned value_bits(const json& v) {
+    if (v.is_object()) return kObject;
+    if (v.is_array()) return kArray;
+    if (v.is_string()) return kString;
+    if (v.is_boolean()) return kBool;
+    if (v.is_null()) return kNull;
+    if (v.is_number_integer() || v.is_number_unsigned()) return kInteger;
+    const double d = v.get<double>();
+    return std::floor(d) == d ? kInteger : kFraction;
+  }
+  static std::optional<std::vector<json>> enumerated(const json& s) {
+    if (!s.is_object()) return std::nullopt;
+    if (auto it = s.find("const"); it != s.end()) return std::vector<json>{*it};
+    if (auto it = s.find("enum"); it != s.end() && it->is_array()) return std::vector<json>(it->begin(), it->end());
+    return std::nullopt;
+  }
+  const json* ref_target(const std::string& target) const {
+    if (target == "#") return &root;
+    for (const char* prefix : {"#/$defs/", "#/definitions/"}) {
+      const std::string p = prefix;
+      if (target.rfind(p, 0) != 0) continue;
+      const std::string section = p.substr(2, p.size() - 3), name = target.substr(p.size());
+      if (root.contains(section) && root[section].is_object() && root[section].contains(name)) return &root[section][name];
+    }
+    return nullptr;
+  }
+  Admits admits(const json& s, int depth) const {
+    Admits a;
+    if (!s.is_object() || depth > 16) return a;
+    if (auto it = s.find("$ref"); it != s.end() && it->is_string()) {
+      const json* target = ref_target(it->get<std::string>());
+      return target ? admits(*target, depth + 1) : a;
+    }
+    if (auto values = enumerated(s)) {
+      a.types = 0;
+      for (const auto& v : *values) a.types |= value_bits(v);
+      a.values = std::move(values);
+      return a;
+    }
+    for (const char* key : {"anyOf", "oneOf"})
+      if (auto it = s.find(key); it != s.end() && it->is_array()) {
+        a.types = 0;
+        for (const auto& b : *it) a.types |= admits(b, depth + 1).types;
+        return a;
+      }
+    if (auto it = s.find("allOf"); it != s.end() && it->is_array() && it->size() == 1) return admits((*it)[0], depth + 1);
+    if (auto it = s.find("type"); it != s.end()) {
+      a.types = 0;
+      if (it->is_string()) a.types = type_bits(it->get<std::string>());
+      else if (it->is_array())
+        for (const auto& t : *it) a.types |= t.is_string() ? type_bits(t.get<std::string>()) : 127;
+      if (s.value("nullable", false)) a.types |= kNull;
+    }
+    if (auto props = s.find("properties"); props != s.end() && props->is_object())
+      if (auto req = s.find("required"); req != s.end() && req->is_array())
+        for (const auto& r : *req)
+          if (r.is_string() && props->contains(r.get<std::string>()))
+            if (auto values = enumerated((*props)[r.get<std::string>()])) a.tags[r.get<std::string>()] = *values;
+    return a;
+  }
+  static bool share_a_value(const std::vector<json>& x, const std::vector<json>& y) {
+    for (const auto& v : x)
+      for (const auto& w : y)
+        if (v == w) return true;
+    return false;
+  }
+  // True when no JSON value can validate against both.
+  static bool exclusive(const Admits& a, const Admits& b) {
+    if ((a.types & b.types) == 0) return true;
+    if (a.values && b.values) return !share_a_value(*a.values, *b.values);
+    if (a.types == kObject && b.types == kObject)
+      for (const auto& [name, values] : a.tags)
+        if (auto it = b.tags.find(name); it != b.tags.end() && !share_a_value(values, it->second)) return true;
+    return false;
+  }
+
   uint32_t value(const json& s, const std::string& path) {
     check_size();
     if (s.is_boolean()) {
@@ -527,6 +622,19 @@ struct JsonSchemaCompiler::Impl {
       if (it == s.end()) continue;
       if (!it->is_array() || it->empty()) throw SchemaError("'" + std::string(key) + "' at " + path + " must be a non-empty array");
       if (!types.empty()) throw SchemaError("'" + std::string(key) + "' with 'type' beside it at " + path + " is not supported");
+      if (std::string(key) == "oneOf") {
+        // Exactly one branch must match. Generated as anyOf, which is the same language when no
+        // value can match two branches; anything else is refused rather than generated wrong.
+        std::vector<Admits> branches;
+        for (const auto& b : *it) branches.push_back(admits(b, 0));
+        for (size_t i = 0; i < branches.size(); ++i)
+          for (size_t j = i + 1; j < branches.size(); ++j)
+            if (!exclusive(branches[i], branches[j]))
+              throw SchemaError("'oneOf' at " + path + ": branches " + std::to_string(i) + " and " + std::to_string(j) +
+                                " may both match, which is not supported (supported: branches of different types, "
+                                "different const/enum values, or objects with a required property of different "
+                                "const values); use anyOf");
+      }
       std::vector<Seq> alts;
       for (size_t i = 0; i < it->size(); ++i)
         alts.push_back(ref(value((*it)[i], path + "/" + key + "/" + std::to_string(i))));

@@ -5,10 +5,12 @@
 // false / true / a schema), array (items, minItems, maxItems), string (enum, const,
 // minLength, maxLength, format date / time / date-time / uuid), integer (minimum, maximum,
 // exclusiveMinimum, exclusiveMaximum), number (no bounds), boolean, null, enum and const of any JSON value,
-// anyOf, oneOf (as anyOf: the alternatives of real output types are disjoint), allOf with one
-// member, nullable (OpenAPI), $ref to "#", "#/$defs/NAME" or "#/definitions/NAME" (recursive
-// references included). Annotations ($schema, $id, title, description, default, examples,
-// $comment, deprecated, readOnly, writeOnly) are ignored. Any other keyword is a SchemaError
+// anyOf, oneOf (when its branches are provably exclusive — different types, different const /
+// enum values, or objects with a required property of different const values — it is the same
+// language as anyOf; other oneOfs are refused), allOf with one member, nullable (OpenAPI), $ref
+// to "#", "#/$defs/NAME" or "#/definitions/NAME" (recursive references included). Annotations
+// ($schema, $id, title, description, default, examples, $comment, deprecated, readOnly,
+// writeOnly, and OpenAPI's discriminator, which only names the tag) are ignored. Any other keyword is a SchemaError
 // naming it and where it is: never silently unconstrained.
 //
 // Generation order and whitespace: object properties come in the schema's order (required

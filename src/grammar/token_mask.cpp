@@ -51,10 +51,23 @@ TokenTrie::TokenTrie(const std::vector<std::string>& token_bytes, const std::vec
   }
   for (size_t n = b.size(); n-- > 1;)  // children come after their parent: fold ends upwards
     nodes_[b[n].parent].end = std::max(nodes_[b[n].parent].end, nodes_[n].end);
+  parent_.resize(b.size());
+  for (size_t n = 0; n < b.size(); ++n) parent_[n] = b[n].parent;
+  for (size_t n = 1; n < b.size(); ++n)
+    if (nodes_[n].depth >= 2) by_byte_[nodes_[n].byte].push_back(static_cast<uint32_t>(n));
+  child_start_.fill(static_cast<uint32_t>(nodes_.size()));
+  for (size_t n = nodes_.size(); n-- > 1;)  // root children come in increasing byte order
+    if (nodes_[n].depth == 1)
+      for (int c = nodes_[n].byte; c >= 0 && child_start_[static_cast<size_t>(c)] > n; --c)
+        child_start_[static_cast<size_t>(c)] = static_cast<uint32_t>(n);
 }
 
-TokenMasker::TokenMasker(std::shared_ptr<const TokenTrie> trie, std::vector<uint32_t> eos_ids, size_t cache_entries)
-    : trie_(std::move(trie)), eos_ids_(std::move(eos_ids)), cache_entries_(std::max<size_t>(1, cache_entries)) {
+TokenMasker::TokenMasker(std::shared_ptr<const TokenTrie> trie, std::vector<uint32_t> eos_ids, size_t cache_entries,
+                         size_t local_entries)
+    : trie_(std::move(trie)),
+      eos_ids_(std::move(eos_ids)),
+      cache_entries_(std::max<size_t>(1, cache_entries)),
+      local_entries_(std::max<size_t>(1, local_entries)) {
   for (uint32_t id : eos_ids_)
     if (id >= trie_->vocab_size()) throw std::invalid_argument("TokenMasker: eos id beyond the vocabulary");
 }
@@ -77,32 +90,136 @@ const TokenMask& TokenMasker::allowed(Matcher& matcher, Matcher::StateId state) 
   return lru_.front().second;
 }
 
-void TokenMasker::compute(Matcher& matcher, Matcher::StateId state_id, TokenMask& out) {
-  const auto set = [&out](uint32_t id) { out[id >> 6] |= uint64_t{1} << (id & 63); };
-  const Matcher::State& state = matcher.state_of(state_id);
-  const bool accepting = !state.empty() && state.front() == 0;
-  if (accepting)
-    for (uint32_t id : eos_ids_) set(id);
-  for (uint32_t id : matcher.allowed_special_tokens(state))
-    if (id < trie_->vocab_size()) set(id);
-  if (accepting && state.size() == 1) return;  // finished: nothing can follow
+void TokenMasker::walk(Matcher& matcher, uint32_t from, uint32_t end, Matcher::StateId parent_state, TokenMask& out) {
   // A preorder scan; cur_[d] is the state after the d bytes leading to the node. A step is a
   // lookup in the matcher's memoised transitions between state ids (0: refused).
-  cur_.assign(trie_->max_depth() + 2, 0);
-  cur_[0] = state_id;
   const TokenTrie::Node* nodes = trie_->nodes_.data();
   const uint32_t* tokens = trie_->tokens_.data();
-  const uint32_t n = static_cast<uint32_t>(trie_->nodes_.size());
-  for (uint32_t i = 1; i < n;) {
+  if (cur_.size() < trie_->max_depth() + 2) cur_.assign(trie_->max_depth() + 2, 0);
+  cur_[nodes[from].depth - 1u] = parent_state;
+  for (uint32_t i = from; i < end;) {
     const TokenTrie::Node& node = nodes[i];
     const Matcher::StateId next = matcher.step_id(cur_[node.depth - 1u], node.byte);
     if (next == 0) {
       i = node.end;  // nothing below can match either
       continue;
     }
-    for (uint32_t k = 0; k < node.num_tokens; ++k) set(tokens[node.first_token + k]);
+    for (uint32_t k = 0; k < node.num_tokens; ++k) {
+      const uint32_t id = tokens[node.first_token + k];
+      out[id >> 6] |= uint64_t{1} << (id & 63);
+    }
     cur_[node.depth] = next;
     ++i;
+  }
+}
+
+const TokenMask& TokenMasker::local_mask(Matcher& matcher, uint32_t local_stack) {
+  if (auto it = local_index_.find(local_stack); it != local_index_.end()) {
+    ++local_hits_;
+    local_lru_.splice(local_lru_.begin(), local_lru_, it->second);
+    return it->second->second;
+  }
+  ++local_misses_;
+  TokenMask mask((trie_->vocab_size() + 63) / 64, 0);
+  const uint32_t n = static_cast<uint32_t>(trie_->nodes_.size());
+  if (n > 1) walk(matcher, 1, n, matcher.state_id(Matcher::State{local_stack}), mask);
+  if (local_index_.size() >= local_entries_) {
+    local_index_.erase(local_lru_.back().first);
+    local_lru_.pop_back();
+  }
+  local_lru_.emplace_front(local_stack, std::move(mask));
+  local_index_.emplace(local_stack, local_lru_.begin());
+  return local_lru_.front().second;
+}
+
+TokenMask TokenMasker::scan(Matcher& matcher, Matcher::StateId state_id) {
+  TokenMask out((trie_->vocab_size() + 63) / 64, 0);
+  const Matcher::State& state = matcher.state_of(state_id);
+  const bool accepting = !state.empty() && state.front() == 0;
+  if (accepting)
+    for (uint32_t id : eos_ids_) out[id >> 6] |= uint64_t{1} << (id & 63);
+  for (uint32_t id : matcher.allowed_special_tokens(state))
+    if (id < trie_->vocab_size()) out[id >> 6] |= uint64_t{1} << (id & 63);
+  const uint32_t n = static_cast<uint32_t>(trie_->nodes_.size());
+  if (n > 1 && state_id != 0) walk(matcher, 1, n, state_id, out);
+  return out;
+}
+
+void TokenMasker::compute(Matcher& matcher, Matcher::StateId state_id, TokenMask& out) {
+  const auto set = [&out](uint32_t id) { out[id >> 6] |= uint64_t{1} << (id & 63); };
+  const Matcher::State state = matcher.state_of(state_id);  // a copy: interning below may grow the arena
+  const bool accepting = !state.empty() && state.front() == 0;
+  if (accepting)
+    for (uint32_t id : eos_ids_) set(id);
+  for (uint32_t id : matcher.allowed_special_tokens(state))
+    if (id < trie_->vocab_size()) set(id);
+  if (accepting && state.size() == 1) return;  // finished: nothing can follow
+  // 1. Per stack: what its cut view accepts on its own (cached), and the trie nodes where a
+  //    token may go on below the cut: a byte the frames below match first, inside the subtree
+  //    of the stack's first byte.
+  candidates_.clear();
+  if (first_bytes_.size() > 65536) first_bytes_.clear();
+  for (uint32_t stack : state) {
+    const Element& top = matcher.top(stack);
+    if (top.kind != Element::BYTES) continue;
+    const Matcher::Local view = matcher.local_view(stack, kLocalDepth);
+    const TokenMask& local = local_mask(matcher, view.stack);
+    for (size_t w = 0; w < out.size(); ++w) out[w] |= local[w];
+    if (view.below == Matcher::kNoBelow) continue;
+    auto fb = first_bytes_.find(view.below);
+    if (fb == first_bytes_.end()) fb = first_bytes_.emplace(view.below, matcher.first_bytes(view.below)).first;
+    const uint32_t lo = trie_->child_start_[top.lo], hi = trie_->child_start_[top.hi + 1u];
+    for (unsigned c = 0; c < 256; ++c) {
+      if (!((fb->second[c >> 6] >> (c & 63)) & 1u)) continue;
+      const std::vector<uint32_t>& nodes = trie_->by_byte_[c];
+      auto first = std::lower_bound(nodes.begin(), nodes.end(), lo);
+      auto last = std::lower_bound(first, nodes.end(), hi);
+      candidates_.insert(candidates_.end(), first, last);
+    }
+  }
+  if (candidates_.empty()) return;
+  std::sort(candidates_.begin(), candidates_.end());
+  candidates_.erase(std::unique(candidates_.begin(), candidates_.end()), candidates_.end());
+  // 2. Each candidate's subtree with the real state, reached along the candidate's path (paths
+  //    share their prefixes; a refused prefix skips every candidate below it).
+  const TokenTrie::Node* nodes = trie_->nodes_.data();
+  const uint32_t* parent = trie_->parent_.data();
+  path_nodes_.assign(trie_->max_depth() + 2, 0);
+  path_states_.assign(trie_->max_depth() + 2, 0);
+  path_states_[0] = state_id;
+  size_t path_len = 1;  // depths 0 .. path_len-1 of path_nodes_/path_states_ are valid
+  uint32_t covered = 0;  // candidates before this preorder index are done
+  std::vector<uint32_t> up;
+  for (uint32_t cand : candidates_) {
+    if (cand < covered) continue;
+    up.clear();
+    for (uint32_t x = parent[cand]; x != 0; x = parent[x]) {
+      const size_t d = nodes[x].depth;
+      if (d < path_len && path_nodes_[d] == x) break;
+      up.push_back(x);
+    }
+    bool dead = false;
+    for (size_t k = up.size(); k-- > 0;) {
+      const uint32_t x = up[k];
+      const size_t d = nodes[x].depth;
+      path_nodes_[d] = x;
+      path_states_[d] = matcher.step_id(path_states_[d - 1], nodes[x].byte);
+      path_len = d + 1;
+      if (path_states_[d] == 0) {
+        covered = nodes[x].end;
+        dead = true;
+        break;
+      }
+    }
+    if (dead) continue;
+    const size_t pd = nodes[parent[cand]].depth;
+    if (path_states_[pd] == 0) {  // the candidate's parent was refused on an earlier path
+      covered = std::max(covered, nodes[parent[cand]].end);
+      continue;
+    }
+    path_len = pd + 1;
+    walk(matcher, cand, nodes[cand].end, path_states_[pd], out);
+    covered = nodes[cand].end;
   }
 }
 

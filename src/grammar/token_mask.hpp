@@ -9,8 +9,18 @@
 //
 // Masks are cached by matcher state (an LRU of bounded size): inside a JSON string or between
 // values the state repeats, and a repeated state costs a copy of the bitmask.
+//
+// A new state is not scanned whole. Each of its stacks is cut to its top frames over a hole
+// (Matcher::local_view): what the cut stack accepts without reaching the hole is the same
+// wherever that stack occurs — inside the 16th character of any string of up to 16, whatever
+// property it belongs to — so it is computed once and cached by the cut stack (the idea of
+// xgrammar's context-independent tokens). What it accepts through the hole depends on the
+// frames below; those tokens continue, after the hole, with a byte the frames below can match
+// first (for string content: the closing quote), so only the trie nodes of those bytes are
+// walked with the real state. The union is exactly the full scan's mask (tested against it).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -43,6 +53,9 @@ class TokenTrie {
     uint8_t byte = 0;          // the byte leading here from the parent
   };
   std::vector<Node> nodes_;
+  std::vector<uint32_t> parent_;                   // per node (root: 0)
+  std::array<uint32_t, 257> child_start_{};        // first node under a root child of byte >= b
+  std::array<std::vector<uint32_t>, 256> by_byte_;  // nodes of depth >= 2 whose byte is b, in preorder
   std::vector<uint32_t> tokens_;
   size_t vocab_size_ = 0;
   size_t max_depth_ = 0;
@@ -59,7 +72,8 @@ class TokenMasker {
  public:
   /// `eos_ids` (end of output) are allowed where the state is accepting, and are the only
   /// allowed tokens once it is finished.
-  TokenMasker(std::shared_ptr<const TokenTrie> trie, std::vector<uint32_t> eos_ids, size_t cache_entries = 512);
+  TokenMasker(std::shared_ptr<const TokenTrie> trie, std::vector<uint32_t> eos_ids, size_t cache_entries = 512,
+              size_t local_entries = 256);
 
   /// The tokens allowed after `state` of `matcher`.
   const TokenMask& allowed(Matcher& matcher, const Matcher::State& state) {
@@ -69,16 +83,33 @@ class TokenMasker {
 
   size_t cache_hits() const { return hits_; }
   size_t cache_misses() const { return misses_; }
+  size_t local_hits() const { return local_hits_; }
+  size_t local_misses() const { return local_misses_; }
+
+  /// The mask of a state by one scan of the whole trie (the reference the cached path is tested
+  /// against; not cached).
+  TokenMask scan(Matcher& matcher, Matcher::StateId state);
 
  private:
   void compute(Matcher& matcher, Matcher::StateId state, TokenMask& out);
+  // Sets every token in the subtree of trie node `from` (whose parent is reached in `state`)
+  // that the matcher accepts.
+  void walk(Matcher& matcher, uint32_t from, uint32_t end, Matcher::StateId parent_state, TokenMask& out);
+  const TokenMask& local_mask(Matcher& matcher, uint32_t local_stack);
+  static constexpr int kLocalDepth = 2;
   std::shared_ptr<const TokenTrie> trie_;
   std::vector<uint32_t> eos_ids_;
   size_t cache_entries_;
   std::list<std::pair<Matcher::StateId, TokenMask>> lru_;  // most recent first
   std::unordered_map<Matcher::StateId, std::list<std::pair<Matcher::StateId, TokenMask>>::iterator> index_;
   std::vector<Matcher::StateId> cur_;  // per trie depth: the state after that many bytes
-  size_t hits_ = 0, misses_ = 0;
+  size_t local_entries_;
+  std::list<std::pair<uint32_t, TokenMask>> local_lru_;  // by cut stack, most recent first
+  std::unordered_map<uint32_t, std::list<std::pair<uint32_t, TokenMask>>::iterator> local_index_;
+  std::unordered_map<uint32_t, std::array<uint64_t, 4>> first_bytes_;  // by stack below a cut
+  std::vector<uint32_t> candidates_, path_nodes_;
+  std::vector<Matcher::StateId> path_states_;
+  size_t hits_ = 0, misses_ = 0, local_hits_ = 0, local_misses_ = 0;
 };
 
 }  // namespace swarm::grammar

@@ -40,18 +40,22 @@ std::vector<std::pair<int32_t, float>> top_of(const float* row, const std::vecto
 // Masked tokens have probability 0 and can never be chosen.
 int32_t draw_untruncated(const float* probs, int64_t V, SamplerRng& rng) {
   const double u = rng.uniform();
-  double total = 0.0;
-  for (int64_t i = 0; i < V; ++i) total += probs[i];
-  const double target = u * total;
+  double part[4] = {0, 0, 0, 0};  // four chains: a serial sum would wait on every add
+  int64_t i = 0;
+  for (; i + 4 <= V; i += 4)
+    for (int k = 0; k < 4; ++k) part[k] += probs[i + k];
+  for (; i < V; ++i) part[0] += probs[i];
+  const double target = u * ((part[0] + part[1]) + (part[2] + part[3]));
+  // No branch on masked tokens (constrained rows zero tokens in irregular patterns): a zero
+  // leaves the running sum as it is, so the first index past the target has probability > 0.
   double c = 0.0;
-  int32_t last = 0;
-  for (int64_t i = 0; i < V; ++i) {
-    if (probs[i] <= 0.f) continue;
+  for (i = 0; i < V; ++i) {
     c += probs[i];
-    last = static_cast<int32_t>(i);
-    if (c > target) return last;
+    if (c > target) return static_cast<int32_t>(i);
   }
-  return last;  // rounding at the very top
+  for (i = V; i-- > 0;)  // rounding at the very top: the last token that can be drawn
+    if (probs[i] > 0.f) return static_cast<int32_t>(i);
+  return 0;
 }
 
 // Non-greedy draw over one row of scaled log-probabilities; `finite` = ids with finite logprob.

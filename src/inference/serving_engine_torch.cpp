@@ -459,9 +459,7 @@ struct ServingEngine::Impl {
         chosen = logits.index_select(0, torch::tensor(rows, torch::TensorOptions().dtype(torch::kLong)).to(logits.device()));
       // Constrained rows sample from the masked logits but record the model's own log-prob
       // of the token (what the trainer recomputes), see docs/openai_api.md.
-      const torch::Tensor masked = mask_constrained(chosen, sampled);
-      std::vector<SampledToken> tokens = sample_tokens(masked.defined() ? masked : chosen, configs, rngs);
-      if (masked.defined()) record_model_logprobs(chosen, sampled, configs, tokens);
+      std::vector<SampledToken> tokens = sample_rows(chosen, sampled, configs, rngs);
       for (size_t i = 0; i < sampled.size(); ++i) accept(*sampled[i], tokens[i]);
     }
 
@@ -499,10 +497,11 @@ struct ServingEngine::Impl {
     return c;
   }
 
-  // Constrained decoding: a copy of `chosen` where every token a sequence's grammar does not
-  // allow next has logit -inf (so before temperature / top-k / top-p); undefined when no row is
-  // constrained.
-  torch::Tensor mask_constrained(const torch::Tensor& chosen, const std::vector<Sequence*>& seqs) {
+  // Sampling, with constrained decoding: every token a sequence's grammar does not allow next
+  // gets logit -inf (so before temperature / top-k / top-p), and the row records the model's
+  // own log-prob of the token it drew.
+  std::vector<SampledToken> sample_rows(torch::Tensor& chosen, const std::vector<Sequence*>& seqs,
+                                        const std::vector<SamplingConfig>& configs, std::vector<SamplerRng*>& rngs) {
     std::vector<int64_t> rows;
     for (size_t i = 0; i < seqs.size(); ++i) {
       Sequence& s = *seqs[i];
@@ -513,7 +512,7 @@ struct ServingEngine::Impl {
       }
       rows.push_back(static_cast<int64_t>(i));
     }
-    if (rows.empty()) return {};
+    if (rows.empty()) return sample_tokens(chosen, configs, rngs);
     const int64_t vocab = chosen.size(1);
     // Each row's mask as bits; a row that allows nothing (cannot happen with a byte-complete
     // vocabulary) may end instead.
@@ -535,12 +534,21 @@ struct ServingEngine::Impl {
         if (id >= 0 && id < vocab) fallback.back()[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63);
       masks.push_back(&fallback.back());
     }
+    std::vector<float> temps;
+    for (int64_t r : rows) {
+      const double t = configs[static_cast<size_t>(r)].temperature;
+      temps.push_back(t > 0 ? static_cast<float>(t) : 1.0f);
+    }
     constexpr float kNegInf = -std::numeric_limits<float>::infinity();
     if (chosen.is_cpu() && chosen.scalar_type() == torch::kFloat && chosen.is_contiguous()) {
-      // Write -inf straight into a copy of the rows: inside a JSON string almost every word of
-      // the mask is all ones and costs one compare.
-      torch::Tensor masked = chosen.clone();
-      float* base = masked.data_ptr<float>();
+      // The model's own statistics first (one fused pass per row), then -inf straight into the
+      // rows (`chosen` is this step's own tensor): inside a JSON string almost every word of the
+      // mask is all ones and costs one compare. A drawn token is allowed, so its logit is the
+      // model's.
+      const bool all = rows.size() == seqs.size();
+      const torch::Tensor idx = torch::tensor(rows, torch::TensorOptions().dtype(torch::kLong));
+      const std::vector<SoftmaxRowStats> stats = softmax_row_stats(all ? chosen : chosen.index_select(0, idx), temps);
+      float* base = chosen.data_ptr<float>();
       for (size_t k = 0; k < rows.size(); ++k) {
         float* row = base + rows[k] * vocab;
         const grammar::TokenMask& m = *masks[k];
@@ -548,13 +556,19 @@ struct ServingEngine::Impl {
           const uint64_t bits = w < static_cast<int64_t>(m.size()) ? m[static_cast<size_t>(w)] : 0;
           if (bits == ~uint64_t{0}) continue;
           const int64_t end = std::min<int64_t>(64, vocab - w * 64);
-          for (int64_t j = 0; j < end; ++j)
-            if (!((bits >> j) & 1u)) row[w * 64 + j] = kNegInf;
+          float* at = row + w * 64;
+          for (int64_t j = 0; j < end; ++j) at[j] = (bits >> j) & 1u ? at[j] : kNegInf;  // no branch
         }
       }
-      return masked;
+      std::vector<SampledToken> tokens = sample_tokens(chosen, configs, rngs);
+      for (size_t k = 0; k < rows.size(); ++k) {
+        SampledToken& t = tokens[static_cast<size_t>(rows[k])];
+        t.logprob = base[rows[k] * vocab + t.id] / temps[k] - stats[k].max - stats[k].log_sum;
+      }
+      return tokens;
     }
-    // Elsewhere (an accelerator, other dtypes): a boolean tensor of the allowed tokens.
+    // Elsewhere (an accelerator, other dtypes): a boolean tensor of the allowed tokens, and the
+    // model's log-probs from log_softmax of the unmasked rows.
     torch::Tensor allowed = torch::zeros({static_cast<int64_t>(rows.size()), vocab}, torch::kBool);
     bool* a = allowed.data_ptr<bool>();
     for (size_t k = 0; k < rows.size(); ++k) {
@@ -570,45 +584,21 @@ struct ServingEngine::Impl {
         }
       }
     }
-    torch::Tensor masked = chosen.clone();
     const torch::Tensor idx = torch::tensor(rows, torch::TensorOptions().dtype(torch::kLong)).to(chosen.device());
+    const torch::Tensor unmasked = chosen.index_select(0, idx).to(torch::kFloat);
+    torch::Tensor masked = chosen.clone();
     torch::Tensor sub = masked.index_select(0, idx);
     sub.masked_fill_(allowed.to(chosen.device()).logical_not(), kNegInf);
     masked.index_copy_(0, idx, sub);
-    return masked;
-  }
-
-  // The log-prob of each constrained row's token under the model's own (unmasked) distribution
-  // at the row's temperature: what the trainer recomputes.
-  void record_model_logprobs(const torch::Tensor& chosen, const std::vector<Sequence*>& seqs,
-                             const std::vector<SamplingConfig>& configs, std::vector<SampledToken>& tokens) {
-    std::vector<int64_t> rows;
-    std::vector<float> temps;
-    for (size_t i = 0; i < seqs.size(); ++i) {
-      if (!seqs[i]->constraint) continue;
-      rows.push_back(static_cast<int64_t>(i));
-      temps.push_back(configs[i].temperature > 0 ? static_cast<float>(configs[i].temperature) : 1.0f);
-    }
-    const torch::Tensor idx = torch::tensor(rows, torch::TensorOptions().dtype(torch::kLong)).to(chosen.device());
-    const torch::Tensor x = chosen.index_select(0, idx).to(torch::kFloat).contiguous();
-    if (x.is_cpu()) {  // one fused pass per row (max and normaliser), as the sampler does
-      const std::vector<SoftmaxRowStats> stats = softmax_row_stats(x, temps);
-      const float* base = x.data_ptr<float>();
-      const int64_t vocab = x.size(1);
-      for (size_t k = 0; k < rows.size(); ++k) {
-        SampledToken& t = tokens[static_cast<size_t>(rows[k])];
-        const float v = base[static_cast<int64_t>(k) * vocab + t.id] / temps[k];
-        t.logprob = v - stats[k].max - stats[k].log_sum;
-      }
-      return;
-    }
-    const torch::Tensor t = torch::tensor(temps, torch::TensorOptions().dtype(torch::kFloat)).to(x.device()).view({-1, 1});
-    const torch::Tensor logp = torch::log_softmax(x / t, 1).to(torch::kCPU).contiguous();
+    std::vector<SampledToken> tokens = sample_tokens(masked, configs, rngs);
+    const torch::Tensor t = torch::tensor(temps, torch::TensorOptions().dtype(torch::kFloat)).to(chosen.device()).view({-1, 1});
+    const torch::Tensor logp = torch::log_softmax(unmasked / t, 1).to(torch::kCPU).contiguous();
     const float* lp = logp.data_ptr<float>();
     for (size_t k = 0; k < rows.size(); ++k) {
       SampledToken& tok = tokens[static_cast<size_t>(rows[k])];
-      tok.logprob = lp[static_cast<int64_t>(k) * logp.size(1) + tok.id];
+      tok.logprob = lp[static_cast<int64_t>(k) * vocab + tok.id];
     }
+    return tokens;
   }
 
   // Moves a constrained sequence's grammar state past the sampled token.

@@ -127,6 +127,39 @@ TEST(JsonSchemaGrammar, ScalarsEnumsConstAndUnions) {
   EXPECT_FALSE(accepts(g, R"({"kind":3,"fixed":{"k":[1,true]},"either":"x","maybe":"s","opt":null})"));
 }
 
+// oneOf is generated only when no value can match two branches (then it is anyOf's language):
+// branches of different types, different enumerated values, or tagged objects (pydantic's
+// discriminated unions, $refs and `discriminator` included); an overlapping oneOf is a 400.
+TEST(JsonSchemaGrammar, OneOfOnlyWithExclusiveBranches) {
+  const Grammar g = schema_grammar(R"({"type": "object", "properties": {
+      "pet": {"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
+              "discriminator": {"propertyName": "kind", "mapping": {"cat": "#/$defs/Cat", "dog": "#/$defs/Dog"}}},
+      "n": {"oneOf": [{"type": "string"}, {"type": "integer"}, {"type": "null"}]},
+      "e": {"oneOf": [{"enum": [1, 2]}, {"const": 3}, {"type": "string"}]}},
+    "required": ["pet", "n", "e"],
+    "$defs": {"Cat": {"type": "object", "properties": {"kind": {"const": "cat"}, "lives": {"type": "integer"}}, "required": ["kind"]},
+              "Dog": {"type": "object", "properties": {"kind": {"type": "string", "enum": ["dog"]}}, "required": ["kind"]}}})");
+  EXPECT_TRUE(accepts(g, R"({"pet":{"kind":"cat","lives":9},"n":null,"e":3})"));
+  EXPECT_TRUE(accepts(g, R"({"pet":{"kind":"dog"},"n":"x","e":"s"})"));
+  EXPECT_FALSE(accepts(g, R"({"pet":{"kind":"dog","lives":9},"n":"x","e":"s"})"));
+  auto refused = [](const char* schema) {
+    try {
+      json_schema_grammar(ojson::parse(schema));
+    } catch (const SchemaError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  for (const char* overlapping : {R"({"oneOf": [{"type": "number"}, {"type": "integer"}]})",
+                                  R"({"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]})",
+                                  R"({"oneOf": [{"enum": [1, 2]}, {"enum": [2, 3]}]})",
+                                  R"({"oneOf": [{"type": "object"}, {"type": "object", "properties": {"a": {"const": 1}}, "required": ["a"]}]})",
+                                  R"({"oneOf": [{"const": 1}, {"type": "integer"}]})"}) {
+    const std::string what = refused(overlapping);
+    EXPECT_NE(what.find("'oneOf' at #: branches"), std::string::npos) << overlapping << ": " << what;
+  }
+}
+
 TEST(JsonSchemaGrammar, LengthsCountsAndIntegerBounds) {
   const Grammar s = schema_grammar(R"({"type": "string", "minLength": 2, "maxLength": 3})");
   EXPECT_FALSE(accepts(s, R"("a")"));
@@ -326,6 +359,59 @@ TEST(TokenMasker, AgreesWithFeedingEveryTokenByItself) {
   }
   EXPECT_GT(finished, 0);
   EXPECT_GT(masker.cache_hits(), 0u);
+}
+
+// The cached path (cut stacks' masks shared between contexts, plus the walks below the cut)
+// gives exactly the mask of a scan of the whole trie, at every step of random walks over 300
+// random schemas and a counted-string schema, with caches small enough to evict all the time.
+// The vocabulary has many multi-byte tokens that cross JSON boundaries (`ab",`, `"}`, `1,"`).
+TEST(TokenMasker, CachedMasksEqualTheFullScan) {
+  std::mt19937_64 rng(21);
+  std::vector<std::string> vocab;
+  for (int ch = 0x20; ch < 0x7f; ++ch) vocab.push_back(std::string(1, static_cast<char>(ch)));
+  vocab.push_back("\\n");
+  vocab.push_back("\\u00e9");
+  vocab.push_back("\\u00");
+  vocab.push_back("\xc3\xa9");
+  vocab.push_back("\xc3");
+  vocab.push_back("\xa9");
+  const std::string alphabet = "\"\"\"\",,::{}[] \n\tabcxyz019-.eE+\\tfrulen";
+  for (int i = 0; i < 3000; ++i) {
+    std::string t;
+    const int len = 2 + static_cast<int>(rng() % 7);
+    for (int k = 0; k < len; ++k) t += alphabet[rng() % alphabet.size()];
+    vocab.push_back(t);
+  }
+  const uint32_t kEnd = static_cast<uint32_t>(vocab.size());
+  vocab.push_back("<|end|>");
+  std::vector<bool> special(vocab.size(), false);
+  special[kEnd] = true;
+  auto trie = std::make_shared<TokenTrie>(vocab, special);
+  std::vector<ojson> schemas{ojson::parse(R"({"type": "object", "properties": {"a": {"type": "string", "maxLength": 6},
+      "b": {"type": "array", "items": {"type": "string", "minLength": 2, "maxLength": 5}}}, "required": ["a", "b"]})")};
+  for (int i = 0; i < 300; ++i) schemas.push_back(swarm::testing::random_schema(rng, 3, false));
+  size_t steps = 0, local_hits = 0;
+  for (const ojson& schema : schemas) {
+    const Grammar g = json_schema_grammar(schema);
+    Matcher m(g);
+    TokenMasker masker(trie, {kEnd}, /*cache_entries=*/4, /*local_entries=*/8);
+    Matcher::StateId s = m.state_id(m.state());
+    for (int step = 0; step < 60; ++step, ++steps) {
+      const TokenMask mask = masker.allowed(m, s);
+      ASSERT_EQ(mask, masker.scan(m, s)) << schema.dump() << " at step " << step;
+      std::vector<uint32_t> allowed;
+      for (uint32_t id = 0; id < vocab.size(); ++id)
+        if (mask_allows(mask, id)) allowed.push_back(id);
+      ASSERT_FALSE(allowed.empty()) << schema.dump();
+      const uint32_t pick = allowed[rng() % allowed.size()];
+      if (pick == kEnd) break;
+      for (unsigned char ch : vocab[pick]) s = m.step_id(s, ch);
+      ASSERT_NE(s, 0u);
+    }
+    local_hits += masker.local_hits();
+  }
+  EXPECT_GT(steps, 3000u);
+  EXPECT_GT(local_hits, 0u);  // cut stacks are shared between states
 }
 
 }  // namespace

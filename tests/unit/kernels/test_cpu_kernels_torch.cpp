@@ -487,6 +487,18 @@ TEST(ServingOps, SoftmaxRowStatsAndRowsMatchLogSoftmax) {
       EXPECT_EQ(p.masked_select(finite.logical_not()).sum().item<float>(), 0.f) << "masked logits: probability 0";
     }
   }
+  // Ties: the first index of the maximum, wherever the copies fall (same lane, other lanes, the
+  // tail), as torch.argmax gives it; a row of -inf and a row whose maximum is only in the tail.
+  for (int64_t v : {7, 37, 1000}) {
+    std::mt19937 rng(static_cast<unsigned>(v));
+    for (int trial = 0; trial < 50; ++trial) {
+      at::Tensor x = at::randint(0, 3, {1, v}).to(at::kFloat);  // many equal values
+      if (trial % 7 == 0) x.fill_(-kInf), x[0][static_cast<int64_t>(rng() % v)] = 2.0;
+      if (trial == 1) x.fill_(-kInf);
+      const SoftmaxRowStats st = softmax_row_stats(x, {1.0f})[0];
+      EXPECT_EQ(st.argmax, trial == 1 ? 0 : at::argmax(x[0]).item<int64_t>()) << "v=" << v << " trial " << trial;
+    }
+  }
   at::Tensor bad = at::zeros({2, 40});
   bad[0][7] = std::numeric_limits<float>::quiet_NaN();
   bad[1].fill_(-kInf);
