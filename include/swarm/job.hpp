@@ -67,6 +67,13 @@ struct Job {
   bool use_kl_loss = false;
   double kl_coef = 0.001;
   std::string kl_estimator = "k3";
+  // --- PPO with a critic (algorithm: ppo, advantage_estimator: gae; docs/concepts.md)
+  double gamma = 1.0;                  // GAE discount
+  double lam = 1.0;                    // GAE lambda
+  double critic_learning_rate = 1e-5;
+  double cliprange_value = 0.5;        // clipped value loss
+  int64_t critic_warmup = 0;           // policy steps that train only the critic
+  std::string critic_model;            // "" = a value head on a copy of the policy's trunk
   int64_t ppo_epochs = 1;
   int64_t ppo_mini_batch_size = 0;   // tasks per mini-batch; 0 = the whole batch
   int64_t micro_batch_max_tokens = 8192;

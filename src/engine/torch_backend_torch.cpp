@@ -66,6 +66,16 @@ torch::Device rank_device(const DistConfig& dist, const std::string& wanted = "a
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(dist.rank % std::max(1, dist.local_world_size)));
 }
 
+// The model directory a rank loads: the checkpoint when resuming, else the job's model.
+std::filesystem::path model_directory(const Job& job, const std::filesystem::path& resume) {
+  const std::filesystem::path dir = resume.empty() ? std::filesystem::path(job.model) : resume;
+  SWARM_REQUIRE(std::filesystem::is_directory(dir), ErrorKind::INVALID_ARGUMENT,
+                "model '" + dir.string() + "' is not a directory (the torch engine needs a Hugging Face model directory)");
+  SWARM_REQUIRE(std::filesystem::is_regular_file(dir / "config.json"), ErrorKind::INVALID_ARGUMENT,
+                "model directory '" + dir.string() + "' has no config.json");
+  return dir;
+}
+
 // What a training rank holds: the model in the compute dtype (rank 0 also serves from it) and
 // the trainer over it, sharded through `comm`.
 struct RankModel {
@@ -82,19 +92,17 @@ RankModel load_rank_model(const Job& job, const std::filesystem::path& dir, bool
   // precision, not from the rounded bf16 copy (a resumed run restores them from its state).
   std::shared_ptr<DecoderModel> master;
   if (dtype != DType::F32 && !resuming) master = DecoderModel::load(dir, DType::F32, device);
-  r.trainer = std::make_unique<GrpoTrainer>(r.model, TrainerOptions::from_job(job), std::move(comm), master.get());
+  // PPO with critic_model: the critic's trunk is that directory (its layout even when resuming:
+  // the checkpoint's trainer state then holds its trained weights).
+  std::shared_ptr<DecoderModel> critic, critic_master;
+  if (job.algorithm == "ppo" && !job.critic_model.empty()) {
+    critic = DecoderModel::load(model_directory(job, job.critic_model), dtype, device);
+    if (dtype != DType::F32 && !resuming) critic_master = DecoderModel::load(job.critic_model, DType::F32, device);
+  }
+  r.trainer = std::make_unique<GrpoTrainer>(r.model, TrainerOptions::from_job(job), std::move(comm), master.get(),
+                                            critic.get(), critic_master.get());
   if (resuming) load_trainer_state(dir / "trainer_state", *r.trainer);
   return r;
-}
-
-// The model directory a rank loads: the checkpoint when resuming, else the job's model.
-std::filesystem::path model_directory(const Job& job, const std::filesystem::path& resume) {
-  const std::filesystem::path dir = resume.empty() ? std::filesystem::path(job.model) : resume;
-  SWARM_REQUIRE(std::filesystem::is_directory(dir), ErrorKind::INVALID_ARGUMENT,
-                "model '" + dir.string() + "' is not a directory (the torch engine needs a Hugging Face model directory)");
-  SWARM_REQUIRE(std::filesystem::is_regular_file(dir / "config.json"), ErrorKind::INVALID_ARGUMENT,
-                "model directory '" + dir.string() + "' has no config.json");
-  return dir;
 }
 
 class TorchBackend final : public Backend {

@@ -27,7 +27,6 @@ struct Field {
 // The single source of truth for every key: load, dump, validation and docs use it.
 const std::vector<Field>& field_table() {
   static const std::vector<Field> table = {
-      {"algorithm", &Job::algorithm, "RL algorithm. Only `grpo` is supported."},
       {"project_name", &Job::project_name, "Project name (names the experiment directory)."},
       {"experiment_name", &Job::experiment_name, "Experiment name (names the experiment directory)."},
       {"experiment_dir", &Job::experiment_dir,
@@ -78,7 +77,9 @@ const std::vector<Field>& field_table() {
       {"lr_warmup_steps", &Job::lr_warmup_steps, "Linear warm-up steps."},
       {"weight_decay", &Job::weight_decay, "AdamW weight decay."},
       {"grad_clip", &Job::grad_clip, "Gradient norm clipping; 0 disables."},
-      {"advantage_estimator", &Job::advantage_estimator, "grpo, grpo_no_std (Dr.GRPO) or reinforce_baseline."},
+      {"advantage_estimator", &Job::advantage_estimator,
+       "grpo, grpo_no_std (Dr.GRPO), reinforce_baseline, or gae (per-token generalised advantage estimation from "
+       "the critic; algorithm: ppo)."},
       {"group_by", &Job::group_by,
        "What a GRPO group is: task (every sample of a task, on the episode reward) or task_agent_turn (AT-GRPO: "
        "the calls of one task, one agent, one turn index, on workflow_output.turn_rewards)."},
@@ -88,6 +89,18 @@ const std::vector<Field>& field_table() {
       {"use_kl_loss", &Job::use_kl_loss, "Add a KL penalty to a frozen reference model."},
       {"kl_coef", &Job::kl_coef, "KL penalty coefficient (when use_kl_loss)."},
       {"kl_estimator", &Job::kl_estimator, "k1 or k3."},
+      {"algorithm", &Job::algorithm,
+       "grpo (group-relative advantages, no critic) or ppo (a value model trained beside the policy; needs "
+       "advantage_estimator: gae)."},
+      {"gamma", &Job::gamma, "PPO: GAE discount over generated tokens, in [0, 1]."},
+      {"lam", &Job::lam, "PPO: GAE lambda, in [0, 1]."},
+      {"critic_learning_rate", &Job::critic_learning_rate, "PPO: the critic's AdamW learning rate."},
+      {"cliprange_value", &Job::cliprange_value,
+       "PPO: how far a value may move from the value at rollout time before its loss is clipped."},
+      {"critic_warmup", &Job::critic_warmup, "PPO: the first N policy steps train the critic only."},
+      {"critic_model", &Job::critic_model,
+       "PPO: the critic's trunk, a Hugging Face model directory with the policy's vocabulary; empty means a copy "
+       "of the policy's own trunk. A value head (zero at the start) reads its last hidden state."},
       {"ppo_epochs", &Job::ppo_epochs, "Passes over each batch."},
       {"ppo_mini_batch_size", &Job::ppo_mini_batch_size,
        "Tasks per optimizer step within a batch; 0 means the whole batch."},
@@ -315,7 +328,6 @@ void Job::validate() const {
     if (const auto* p = std::get_if<double Job::*>(&f.member); p && !std::isfinite(this->**p))
       bad(f.key, "must be finite");
   }
-  require_one_of("algorithm", algorithm, {"grpo"});
   if (model.empty()) bad("model", "is required (a Hugging Face model directory)");
   if (project_name.empty()) bad("project_name", "must not be empty");
   if (experiment_name.empty()) bad("experiment_name", "must not be empty");
@@ -346,13 +358,25 @@ void Job::validate() const {
   if (lr_warmup_steps < 0) bad("lr_warmup_steps", "must be >= 0");
   if (weight_decay < 0) bad("weight_decay", "must be >= 0");
   if (grad_clip < 0) bad("grad_clip", "must be >= 0");
-  require_one_of("advantage_estimator", advantage_estimator, {"grpo", "grpo_no_std", "reinforce_baseline"});
+  require_one_of("advantage_estimator", advantage_estimator, {"grpo", "grpo_no_std", "reinforce_baseline", "gae"});
   require_one_of("group_by", group_by, {"task", "task_agent_turn"});
   if (clip_ratio_low < 0 || clip_ratio_low >= 1) bad("clip_ratio_low", "must be in [0, 1)");
   if (clip_ratio_high < 0) bad("clip_ratio_high", "must be >= 0");
   require_one_of("loss_agg_mode", loss_agg_mode, {"token-mean", "seq-mean-token-mean"});
   if (kl_coef < 0) bad("kl_coef", "must be >= 0");
   require_one_of("kl_estimator", kl_estimator, {"k1", "k3"});
+  require_one_of("algorithm", algorithm, {"grpo", "ppo"});
+  if (algorithm == "ppo" && advantage_estimator != "gae")
+    bad("advantage_estimator", "must be gae with algorithm: ppo (the critic's values are its baseline)");
+  if (algorithm != "ppo" && advantage_estimator == "gae")
+    bad("advantage_estimator", "gae needs algorithm: ppo (a critic to supply the values)");
+  if (algorithm == "ppo" && group_by != "task")
+    bad("group_by", "must be task with algorithm: ppo (groups are GRPO's; GAE credits each token)");
+  if (gamma < 0 || gamma > 1) bad("gamma", "must be in [0, 1]");
+  if (lam < 0 || lam > 1) bad("lam", "must be in [0, 1]");
+  if (critic_learning_rate <= 0) bad("critic_learning_rate", "must be > 0");
+  if (cliprange_value <= 0) bad("cliprange_value", "must be > 0");
+  if (critic_warmup < 0) bad("critic_warmup", "must be >= 0");
   if (ppo_epochs < 1) bad("ppo_epochs", "must be >= 1");
   if (ppo_mini_batch_size < 0) bad("ppo_mini_batch_size", "must be >= 0");
   if (micro_batch_max_tokens < 1) bad("micro_batch_max_tokens", "must be >= 1");

@@ -50,6 +50,21 @@ std::string shard_file_name(int rank, int world) {
   return "optimizer-rank" + std::to_string(rank) + "-of-" + std::to_string(world) + ".safetensors";
 }
 
+void write_named(const fs::path& file, const std::map<std::string, torch::Tensor>& state) {
+  std::vector<std::pair<std::string, torch::Tensor>> named(state.begin(), state.end());
+  std::vector<torch::Tensor> keep;
+  write_safetensors(file, as_tensor_data(named, keep));
+}
+
+std::map<std::string, torch::Tensor> read_named(const fs::path& file, const std::string& what) {
+  SWARM_REQUIRE(fs::exists(file), ErrorKind::INVALID_ARGUMENT,
+                "no " + what + " " + file.string() + " (was the checkpoint written with another number of ranks" +
+                    " or another algorithm?)");
+  std::map<std::string, torch::Tensor> state;
+  for (const auto& [name, t] : load_state_dict(file)) state[name] = t.clone();
+  return state;
+}
+
 }  // namespace
 
 void save_hf_model(const fs::path& dir, const DecoderModel& model, const fs::path& source_dir) {
@@ -72,12 +87,12 @@ void save_hf_model(const fs::path& dir, const DecoderModel& model, const fs::pat
 
 void save_trainer_state(const fs::path& dir, const GrpoTrainer& trainer) {
   fs::create_directories(dir);
-  const auto state = trainer.optimizer_state();
-  std::vector<std::pair<std::string, torch::Tensor>> named(state.begin(), state.end());
-  std::vector<torch::Tensor> keep;
-  const auto data = as_tensor_data(named, keep);
   const Collectives& comm = trainer.collectives();
-  write_safetensors(dir / shard_file_name(comm.rank(), comm.world_size()), data);
+  write_named(dir / shard_file_name(comm.rank(), comm.world_size()), trainer.optimizer_state());
+  if (const Critic* critic = trainer.critic()) {  // PPO: the critic's weights and its optimizer shard
+    write_named(dir / ("critic-" + shard_file_name(comm.rank(), comm.world_size())), critic->parameters().state());
+    if (comm.rank() == 0) write_named(dir / "critic.safetensors", critic->weights());
+  }
   if (comm.rank() == 0) {
     const TrainerOptions& o = trainer.options();
     const json j = {{"format", "swarm-trainer-state-1"},
@@ -85,6 +100,7 @@ void save_trainer_state(const fs::path& dir, const GrpoTrainer& trainer) {
                     {"optimizer_steps", trainer.optimizer_steps()},
                     {"parameters", trainer.parameter_count()},
                     {"optimizer", "adamw"},
+                    {"critic", trainer.critic() != nullptr},
                     {"adam_beta1", o.adam_beta1},
                     {"adam_beta2", o.adam_beta2},
                     {"adam_eps", o.adam_eps},
@@ -95,12 +111,13 @@ void save_trainer_state(const fs::path& dir, const GrpoTrainer& trainer) {
 
 void load_trainer_state(const fs::path& dir, GrpoTrainer& trainer) {
   auto& comm = trainer.collectives();
-  const fs::path file = dir / shard_file_name(comm.rank(), comm.world_size());
-  SWARM_REQUIRE(fs::exists(file), ErrorKind::INVALID_ARGUMENT,
-                "no trainer state " + file.string() + " (was the checkpoint written with another number of ranks?)");
-  std::map<std::string, torch::Tensor> state;
-  for (const auto& [name, t] : load_state_dict(file)) state[name] = t.clone();
-  trainer.load_optimizer_state(state);
+  trainer.load_optimizer_state(read_named(dir / shard_file_name(comm.rank(), comm.world_size()), "trainer state"));
+  if (Critic* critic = trainer.critic()) {
+    critic->load_weights(read_named(dir / "critic.safetensors", "critic weights"));
+    critic->parameters().load_state(
+        read_named(dir / ("critic-" + shard_file_name(comm.rank(), comm.world_size())), "critic optimizer state"),
+        "critic optimizer state");
+  }
 }
 
 }  // namespace swarm

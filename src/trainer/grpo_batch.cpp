@@ -14,8 +14,9 @@ AdvantageEstimator parse_advantage_estimator(const std::string& name) {
   if (name == "grpo") return AdvantageEstimator::GRPO;
   if (name == "grpo_no_std") return AdvantageEstimator::GRPO_NO_STD;
   if (name == "reinforce_baseline") return AdvantageEstimator::REINFORCE_BASELINE;
+  if (name == "gae") return AdvantageEstimator::GAE;
   throw SwarmError(ErrorKind::INVALID_ARGUMENT,
-                   "unknown advantage_estimator '" + name + "' (grpo, grpo_no_std, reinforce_baseline)");
+                   "unknown advantage_estimator '" + name + "' (grpo, grpo_no_std, reinforce_baseline, gae)");
 }
 
 GroupBy parse_group_by(const std::string& name) {
@@ -56,6 +57,7 @@ double advantage_of(AdvantageEstimator estimator, double reward, double mean, do
     case AdvantageEstimator::GRPO: return (reward - mean) / (std + eps);
     case AdvantageEstimator::GRPO_NO_STD: return reward - mean;
     case AdvantageEstimator::REINFORCE_BASELINE: return reward - batch_mean;
+    case AdvantageEstimator::GAE: return 0.0;  // per token, from the critic (the trainer)
   }
   return 0.0;
 }
@@ -157,9 +159,33 @@ PreparedBatch prepare_by_agent_turn(const TrainBatch& batch, AdvantageEstimator 
   return out;
 }
 
+// GAE (prepare_batch's comment): every sample with trained tokens, grouped by task.
+PreparedBatch prepare_for_gae(const TrainBatch& batch) {
+  PreparedBatch out;
+  std::unordered_map<std::string, size_t> task_group;
+  for (const FinishedEpisode& ep : batch.episodes)
+    for (const Sample& s : ep.samples) {
+      const int64_t trained = count_trained(s);
+      if (trained == 0) continue;
+      TrainSequence seq;
+      seq.sample = &s;
+      seq.episode = &ep;
+      seq.length = static_cast<int64_t>(s.token_ids.size());
+      seq.trained_tokens = trained;
+      auto [g, fresh] = task_group.try_emplace(s.task_id, out.groups.size());
+      if (fresh) out.groups.emplace_back();
+      seq.group = static_cast<int64_t>(g->second);
+      out.groups[g->second].push_back(out.sequences.size());
+      out.sequences.push_back(std::move(seq));
+    }
+  out.stats.groups = static_cast<int64_t>(out.groups.size());
+  return out;
+}
+
 }  // namespace
 
 PreparedBatch prepare_batch(const TrainBatch& batch, AdvantageEstimator estimator, double eps, GroupBy group_by) {
+  if (estimator == AdvantageEstimator::GAE) return prepare_for_gae(batch);
   if (group_by == GroupBy::TASK_AGENT_TURN) return prepare_by_agent_turn(batch, estimator, eps);
   // Group every sample by task, in order of the task's first arrival.
   std::vector<std::vector<const Sample*>> groups;

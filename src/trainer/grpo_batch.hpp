@@ -16,6 +16,7 @@ enum class AdvantageEstimator {
   GRPO,                // (r - mean) / (std + eps) within the task group
   GRPO_NO_STD,         // r - mean within the task group (Dr.GRPO)
   REINFORCE_BASELINE,  // r - mean of the whole batch (one global baseline)
+  GAE,                 // PPO: per-token GAE from the critic's values (the trainer computes them)
 };
 enum class LossAggregation { TOKEN_MEAN, SEQ_MEAN_TOKEN_MEAN };
 /// What a GRPO group is (job key `group_by`).
@@ -35,6 +36,7 @@ KlEstimator parse_kl_estimator(const std::string& name);
 /// which must outlive it.
 struct TrainSequence {
   const Sample* sample = nullptr;
+  const FinishedEpisode* episode = nullptr;  // AdvantageEstimator::GAE (where its rewards were earned)
   int64_t group = 0;           // index into PreparedBatch::groups
   double advantage = 0.0;      // GroupBy::TASK_AGENT_TURN: the mean over its trained tokens (statistics)
   std::vector<float> token_advantage;  // per token when they differ within the sample (AT-GRPO); else empty
@@ -70,6 +72,9 @@ struct PreparedBatch {
 /// group has zero variance gets 0 (its tokens stay in the loss's denominator); a sample none of
 /// whose calls is in a group with signal is left out (stats count groups and calls then).
 /// `PreparedBatch::groups` stays per task (mini-batches take whole tasks).
+///
+/// AdvantageEstimator::GAE: every sample with trained tokens is kept, grouped by task, with
+/// advantage 0: the trainer computes per-token advantages from its critic's values (gae.hpp).
 PreparedBatch prepare_batch(const TrainBatch& batch, AdvantageEstimator estimator, double eps = 1e-6,
                             GroupBy group_by = GroupBy::TASK);
 

@@ -12,6 +12,7 @@
 
 #include "common/error.hpp"
 #include "inference/decoder_model_torch.hpp"
+#include "trainer/gae.hpp"
 #include "swarm/job.hpp"
 
 namespace swarm {
@@ -24,10 +25,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // Rows of the [N, vocab] fp32 work of the LM head handled at a time: 64 x 49152 x 4 B = 12 MiB,
 // small enough to stay in the malloc heap and mostly in cache.
 constexpr int64_t kHeadChunkRows = 64;
-// Elements per chunk of the flat-buffer passes (gradient accumulation, AdamW): 4 MiB in fp32,
-// cache-sized while keeping the number of (OpenMP-parallel) ops per step small.
-constexpr int64_t kFlatChunk = int64_t{1} << 20;
-
 // Every step allocates and frees the same large temporaries (activations, their gradients, the
 // LM head's work). glibc serves blocks above its mmap threshold (32 MiB at most) with fresh
 // mappings and unmaps them on free, so each step first-touches gigabytes of new pages (measured:
@@ -43,22 +40,6 @@ void tune_allocator_for_training() {
     mallopt(M_MMAP_MAX, 0);
     mallopt(M_TRIM_THRESHOLD, -1);
   });
-}
-
-// dst (fp32) += src (any floating dtype), in chunks: on the CPU a mixed-dtype add_ converts the
-// whole of src to fp32 first (a full-size temporary per parameter); chunk by chunk the
-// conversion stays small and in cache. Same sums, element by element.
-void add_in_chunks(torch::Tensor dst, const torch::Tensor& src) {
-  const torch::Tensor flat = src.reshape(-1);
-  const int64_t n = flat.numel();
-  if (flat.scalar_type() == dst.scalar_type() || n <= kFlatChunk || !dst.is_cpu()) {
-    dst.add_(flat);
-    return;
-  }
-  for (int64_t off = 0; off < n; off += kFlatChunk) {
-    const int64_t len = std::min(kFlatChunk, n - off);
-    dst.narrow(0, off, len).add_(flat.narrow(0, off, len));
-  }
 }
 
 // log_softmax(logits)[target] and, optionally, the entropy of the softmax, for every row of
@@ -148,6 +129,12 @@ TrainerOptions TrainerOptions::from_job(const Job& job) {
   o.ppo_epochs = job.ppo_epochs;
   o.ppo_mini_batch_size = job.ppo_mini_batch_size;
   o.micro_batch_max_tokens = job.micro_batch_max_tokens;
+  o.ppo = job.algorithm == "ppo";
+  o.gamma = job.gamma;
+  o.lam = job.lam;
+  o.critic_learning_rate = job.critic_learning_rate;
+  o.cliprange_value = job.cliprange_value;
+  o.critic_warmup = job.critic_warmup;
   return o;
 }
 
@@ -177,63 +164,39 @@ struct GrpoTrainer::MicroBatchInputs {
 };
 
 GrpoTrainer::GrpoTrainer(std::shared_ptr<DecoderModel> serving_model, TrainerOptions options,
-                         std::shared_ptr<Collectives> comm, const DecoderModel* master_source)
+                         std::shared_ptr<Collectives> comm, const DecoderModel* master_source,
+                         const DecoderModel* critic_source, const DecoderModel* critic_master)
     : serving_(std::move(serving_model)), options_(std::move(options)), comm_(std::move(comm)) {
   SWARM_CHECK(serving_ != nullptr, "GrpoTrainer needs a model");
   if (!comm_) comm_ = make_single_process_collectives();
   SWARM_REQUIRE(options_.micro_batch_max_tokens >= 1 && options_.ppo_epochs >= 1, ErrorKind::INVALID_ARGUMENT,
                 "micro_batch_max_tokens and ppo_epochs must be >= 1");
+  SWARM_REQUIRE(options_.ppo == (options_.advantage_estimator == AdvantageEstimator::GAE), ErrorKind::INVALID_ARGUMENT,
+                "PPO trains with advantage_estimator gae, and gae needs PPO's critic");
   tune_allocator_for_training();
   torch::NoGradGuard no_grad;
-  const auto& params = serving_->parameters();
-  for (const auto& [name, t] : params) {
-    offsets_.push_back(numel_);
-    numel_ += t.numel();
-  }
-  const int64_t world = comm_->world_size();
-  shard_ = (numel_ + world - 1) / world;
-  const auto dev = serving_->device();
-  const auto compute = torch::TensorOptions().dtype(serving_->scalar_type()).device(dev);
-  const auto f32 = torch::TensorOptions().dtype(torch::kFloat).device(dev);
-
-  weights_ = torch::zeros({shard_ * world}, compute);
-  std::vector<torch::Tensor> views;
-  views.reserve(params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    const torch::Tensor& t = params[i].second;
-    torch::Tensor flat = weights_.narrow(0, offsets_[i], t.numel());
-    flat.copy_(t.reshape(-1));
-    views.push_back(flat.view(t.sizes()).detach().requires_grad_(true));
-  }
-  train_model_ = serving_->with_parameters(std::move(views));
-  grad_ = torch::zeros({shard_ * world}, f32);
-
-  const int64_t begin = comm_->rank() * shard_;
-  if (world == 1 && serving_->scalar_type() == torch::kFloat) {
-    master_ = weights_;  // the fp32 weights are their own master copy
-  } else if (master_source != nullptr) {
-    torch::Tensor full = torch::zeros({shard_ * world}, f32);
-    const auto& src = master_source->parameters();
-    SWARM_REQUIRE(src.size() == params.size(), ErrorKind::INVALID_ARGUMENT,
+  std::vector<std::pair<std::string, torch::Tensor>> master;
+  if (master_source != nullptr) {
+    SWARM_REQUIRE(master_source->parameters().size() == serving_->parameters().size(), ErrorKind::INVALID_ARGUMENT,
                   "master_source has a different parameter list");
-    for (size_t i = 0; i < src.size(); ++i) {
-      SWARM_REQUIRE(src[i].first == params[i].first && src[i].second.numel() == params[i].second.numel(),
-                    ErrorKind::INVALID_ARGUMENT, "master_source parameter '" + src[i].first + "' does not match");
-      full.narrow(0, offsets_[i], src[i].second.numel()).copy_(src[i].second.reshape(-1));
-    }
-    master_ = full.narrow(0, begin, shard_).clone();
-  } else {
-    master_ = weights_.narrow(0, begin, shard_).to(torch::kFloat).clone();
+    master.assign(master_source->parameters().begin(), master_source->parameters().end());
   }
-  exp_avg_ = torch::zeros({shard_}, f32);
-  exp_avg_sq_ = torch::zeros({shard_}, f32);
-
+  policy_ = std::make_unique<FlatParameters>(serving_->parameters(), serving_->scalar_type(), serving_->device(), comm_,
+                                             master_source != nullptr ? &master : nullptr);
+  train_model_ = serving_->with_parameters(policy_->leaves());
   if (options_.use_kl_loss) {
-    ref_weights_ = weights_.clone();
-    std::vector<torch::Tensor> ref_views;
-    for (size_t i = 0; i < params.size(); ++i)
-      ref_views.push_back(ref_weights_.narrow(0, offsets_[i], params[i].second.numel()).view(params[i].second.sizes()));
-    ref_model_ = serving_->with_parameters(std::move(ref_views));
+    for (size_t i = 0; i < policy_->size(); ++i) ref_weights_.push_back(policy_->view(i).clone());
+    ref_model_ = serving_->with_parameters(ref_weights_);
+  }
+  if (options_.ppo) {
+    const DecoderModel& trunk = critic_source != nullptr ? *critic_source : *serving_;
+    if (critic_source != nullptr)
+      SWARM_REQUIRE(critic_source->config().vocab_size == serving_->config().vocab_size &&
+                        critic_source->device() == serving_->device(),
+                    ErrorKind::INVALID_ARGUMENT,
+                    "critic_model must have the policy's vocabulary (vocab_size " +
+                        std::to_string(serving_->config().vocab_size) + ") and run on its device");
+    critic_ = std::make_unique<Critic>(trunk, comm_, critic_source != nullptr ? critic_master : master_source);
   }
 }
 
@@ -353,7 +316,7 @@ LossSums GrpoTrainer::accumulate_gradients(const PreparedBatch& batch, const std
     for (size_t i = 0; i < params.size(); ++i) {
       torch::Tensor& leaf = params[i].second;
       if (!leaf.grad().defined()) continue;
-      add_in_chunks(grad_.narrow(0, offsets_[i], leaf.numel()), leaf.grad());
+      policy_->accumulate(i, leaf.grad());
       leaf.mutable_grad().reset();
     }
   }
@@ -376,82 +339,21 @@ LossSums GrpoTrainer::accumulate_gradients(const PreparedBatch& batch, const std
   return s;
 }
 
-void GrpoTrainer::zero_gradients() { grad_.zero_(); }
+void GrpoTrainer::zero_gradients() { policy_->zero_gradients(); }
 
 std::map<std::string, torch::Tensor> GrpoTrainer::gradients() const {
   std::map<std::string, torch::Tensor> out;
-  const auto& params = serving_->parameters();
-  for (size_t i = 0; i < params.size(); ++i)
-    out[params[i].first] = grad_.narrow(0, offsets_[i], params[i].second.numel()).view(params[i].second.sizes()).clone();
+  for (size_t i = 0; i < policy_->size(); ++i) out[policy_->name(i)] = policy_->gradient(i).clone();
   return out;
 }
 
 std::map<std::string, torch::Tensor> GrpoTrainer::weights() const {
   std::map<std::string, torch::Tensor> out;
-  const auto& params = serving_->parameters();
-  for (size_t i = 0; i < params.size(); ++i)
-    out[params[i].first] = weights_.narrow(0, offsets_[i], params[i].second.numel()).view(params[i].second.sizes());
+  for (size_t i = 0; i < policy_->size(); ++i) out[policy_->name(i)] = policy_->view(i);
   return out;
 }
 
-double GrpoTrainer::optimizer_step(double lr) {
-  torch::NoGradGuard no_grad;
-  const int world = comm_->world_size();
-  torch::Tensor g = grad_;
-  if (world > 1) {
-    g = torch::empty({shard_}, grad_.options());
-    comm_->reduce_scatter_sum(grad_, g);
-  }
-  // Sum of squares chunk by chunk (no full-size temporary), accumulated in double.
-  const int64_t chunk = g.is_cpu() ? kFlatChunk : std::max<int64_t>(shard_, 1);
-  torch::Tensor sq = torch::zeros({1}, g.options().dtype(torch::kDouble));
-  for (int64_t off = 0; off < g.numel(); off += chunk)
-    sq.add_(g.narrow(0, off, std::min(chunk, g.numel() - off)).square().sum());
-  if (world > 1) comm_->all_reduce_sum(sq);
-  const double norm = std::sqrt(sq.item<double>());
-  if (!std::isfinite(norm)) {
-    // A non-finite gradient would poison the weights and both moments: skip this update.
-    spdlog::warn("trainer: gradient norm is {}; optimizer step skipped (weights unchanged)", norm);
-    return norm;
-  }
-  double coef = 1.0;
-  if (options_.grad_clip > 0) coef = options_.grad_clip / (norm + 1e-6);  // as torch.nn.utils.clip_grad_norm_
-  ++adam_steps_;
-  const double b1 = options_.adam_beta1, b2 = options_.adam_beta2;
-  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(adam_steps_));
-  const double bc2 = 1.0 - std::pow(b2, static_cast<double>(adam_steps_));
-  // AdamW with decoupled weight decay, the same arithmetic as torch.optim.AdamW (single-tensor),
-  // in place and chunk by chunk: the elementwise ops give the same numbers on any slice, and
-  // one chunk's seven passes run in cache with one small scratch buffer instead of full-size
-  // temporaries. On one rank the compute-dtype weights are refreshed in the same pass.
-  const bool refresh_here = world == 1 && !master_.is_same(weights_);
-  torch::Tensor denom = torch::empty({std::min(chunk, shard_)}, master_.options());
-  for (int64_t off = 0; off < shard_; off += chunk) {
-    const int64_t len = std::min(chunk, shard_ - off);
-    torch::Tensor gc = g.narrow(0, off, len), p = master_.narrow(0, off, len);
-    torch::Tensor m = exp_avg_.narrow(0, off, len), v = exp_avg_sq_.narrow(0, off, len);
-    torch::Tensor d = denom.narrow(0, 0, len);
-    if (coef < 1.0) gc.mul_(coef);
-    p.mul_(1.0 - lr * options_.weight_decay);
-    m.lerp_(gc, 1.0 - b1);
-    v.mul_(b2).addcmul_(gc, gc, 1.0 - b2);
-    at::sqrt_out(d, v).div_(std::sqrt(bc2)).add_(options_.adam_eps);
-    p.addcdiv_(m, d, -lr / bc1);
-    if (refresh_here) weights_.narrow(0, off, len).copy_(p);
-  }
-  if (!refresh_here) refresh_weights_from_master();
-  return norm;
-}
-
-void GrpoTrainer::refresh_weights_from_master() {
-  torch::NoGradGuard no_grad;
-  if (comm_->world_size() == 1) {
-    if (!master_.is_same(weights_)) weights_.copy_(master_);
-    return;
-  }
-  const torch::Tensor mine = master_.to(weights_.scalar_type());
-  comm_->all_gather(mine, weights_);
-}
+double GrpoTrainer::optimizer_step(double lr) { return policy_->step(lr, options_.adamw()); }
 
 double GrpoTrainer::sync_to_serving(const ExclusiveRunner& exclusive) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -460,7 +362,7 @@ double GrpoTrainer::sync_to_serving(const ExclusiveRunner& exclusive) {
     auto& params = serving_->parameters();
     for (size_t i = 0; i < params.size(); ++i) {
       torch::Tensor& dst = params[i].second;
-      dst.copy_(weights_.narrow(0, offsets_[i], dst.numel()).view(dst.sizes()));
+      dst.copy_(policy_->view(i));
     }
   };
   if (exclusive) {
@@ -471,62 +373,115 @@ double GrpoTrainer::sync_to_serving(const ExclusiveRunner& exclusive) {
   return seconds_since(t0);
 }
 
-std::map<std::string, torch::Tensor> GrpoTrainer::optimizer_state() const {
-  const auto f64 = torch::TensorOptions().dtype(torch::kDouble);
-  std::map<std::string, torch::Tensor> out = {
-          {"exp_avg", exp_avg_.to(torch::kCPU, false, true)},
-          {"exp_avg_sq", exp_avg_sq_.to(torch::kCPU, false, true)},
-          {"step", torch::tensor({static_cast<double>(adam_steps_)}, f64)},
-          {"layout", torch::tensor({static_cast<double>(numel_), static_cast<double>(comm_->world_size()),
-                                    static_cast<double>(comm_->rank())},
-                                   f64)}};
-  // fp32 on one rank: the master weights are the model weights, which a checkpoint stores anyway.
-  if (!master_.is_same(weights_)) out["master"] = master_.detach().to(torch::kCPU, torch::kFloat, false, true);
-  return out;
-}
+std::map<std::string, torch::Tensor> GrpoTrainer::optimizer_state() const { return policy_->state(); }
 
 void GrpoTrainer::load_optimizer_state(const std::map<std::string, torch::Tensor>& state) {
-  torch::NoGradGuard no_grad;
-  for (const char* key : {"exp_avg", "exp_avg_sq", "step", "layout"})
-    SWARM_REQUIRE(state.count(key) != 0, ErrorKind::INVALID_ARGUMENT,
-                  std::string("optimizer state has no '") + key + "'");
-  const bool own_master = !master_.is_same(weights_);
-  SWARM_REQUIRE(!own_master || state.count("master") != 0, ErrorKind::INVALID_ARGUMENT,
-                "optimizer state has no 'master' weights (saved in fp32 on one rank, loaded otherwise?)");
-  const torch::Tensor layout = state.at("layout").to(torch::kDouble);
-  SWARM_REQUIRE(layout.numel() == 3 && static_cast<int64_t>(layout[0].item<double>()) == numel_ &&
-                    static_cast<int>(layout[1].item<double>()) == comm_->world_size() &&
-                    static_cast<int>(layout[2].item<double>()) == comm_->rank(),
-                ErrorKind::INVALID_ARGUMENT,
-                "optimizer state was saved for another model or rank layout (parameters, world size, rank)");
-  for (const char* key : {"exp_avg", "exp_avg_sq"})
-    SWARM_REQUIRE(state.at(key).numel() == shard_, ErrorKind::INVALID_ARGUMENT,
-                  std::string("optimizer state '") + key + "' has the wrong size");
-  if (own_master) {
-    SWARM_REQUIRE(state.at("master").numel() == shard_, ErrorKind::INVALID_ARGUMENT,
-                  "optimizer state 'master' has the wrong size");
-    master_.copy_(state.at("master").reshape(-1));
-  }
-  exp_avg_.copy_(state.at("exp_avg").reshape(-1));
-  exp_avg_sq_.copy_(state.at("exp_avg_sq").reshape(-1));
-  adam_steps_ = static_cast<int64_t>(state.at("step").to(torch::kDouble).item<double>());
-  refresh_weights_from_master();
+  policy_->load_state(state, "optimizer state");
 }
 
 bool GrpoTrainer::stop_requested_anywhere(const std::stop_token& stop) {
   // A stop reaches one rank (rank 0 serves stop_engine); the others learn of it here, so they
   // all leave the step together instead of waiting in a collective until it times out.
   if (comm_->world_size() == 1) return stop.stop_requested();
-  torch::Tensor flag = torch::full({1}, stop.stop_requested() ? 1.0 : 0.0, grad_.options());  // on the collectives' device
+  torch::Tensor flag = torch::full({1}, stop.stop_requested() ? 1.0 : 0.0, policy_->grad_options());  // on the collectives' device
   comm_->all_reduce_sum(flag);
   return flag.item<float>() > 0.f;
+}
+
+GrpoTrainer::GaeTargets GrpoTrainer::compute_advantages(PreparedBatch& batch) {
+  SWARM_CHECK(critic_ != nullptr, "GAE needs the critic (algorithm: ppo)");
+  const int rank = comm_->rank(), world = comm_->world_size();
+  std::vector<size_t> mine;
+  for (const auto& mb : split_mini_batches(batch, options_.ppo_mini_batch_size))
+    for (size_t idx : shard_for_rank(batch, mb, rank, world)) mine.push_back(idx);
+  const size_t n = batch.sequences.size();
+  GaeTargets out;
+  out.returns.resize(n);
+  out.old_values.resize(n);
+  std::vector<GaeResult> gae(n);
+  std::vector<std::vector<uint8_t>> masks(n);
+  for (const auto& micro : plan_micro_batches(batch, mine, options_.micro_batch_max_tokens)) {
+    const MicroBatchInputs in = build_inputs(batch, micro);
+    torch::Tensor v;
+    {
+      torch::NoGradGuard no_grad;
+      v = critic_->values(in.ids, in.lengths, in.positions).to(torch::kCPU).contiguous();
+    }
+    const float* vp = v.data_ptr<float>();
+    int64_t at = 0;
+    for (size_t k = 0; k < micro.size(); ++k) {
+      const size_t idx = micro[k];
+      const TrainSequence& seq = batch.sequences[idx];
+      const Sample& s = *seq.sample;
+      masks[idx] = s.loss_mask;
+      masks[idx][0] = 0;  // position 0 is never predicted (build_inputs trains t >= 1)
+      std::vector<float> values(s.token_ids.size(), 0.0f);
+      for (size_t t = 1; t < s.token_ids.size(); ++t)
+        if (masks[idx][t]) values[t] = vp[at++];
+      out.old_values[idx] = v.narrow(0, at - in.counts[k], in.counts[k]).clone();
+      gae[idx] = compute_gae(place_rewards(s, *seq.episode), values, masks[idx], options_.gamma, options_.lam);
+    }
+  }
+  // Whitened over the whole batch (every rank's tokens): mean 0, unit (unbiased) variance, as
+  // whiten_advantages does on one rank.
+  const auto f64 = torch::TensorOptions().dtype(torch::kDouble);
+  double sum = 0.0, count = 0.0;
+  for (size_t idx : mine)
+    for (size_t t = 0; t < masks[idx].size(); ++t)
+      if (masks[idx][t]) sum += gae[idx].advantages[t], count += 1.0;
+  torch::Tensor sc = torch::tensor({sum, count}, f64);
+  if (world > 1) comm_->all_reduce_sum(sc);
+  sum = sc[0].item<double>(), count = sc[1].item<double>();
+  const double mean = count > 0 ? sum / count : 0.0;
+  double sq = 0.0;
+  for (size_t idx : mine)
+    for (size_t t = 0; t < masks[idx].size(); ++t)
+      if (masks[idx][t]) sq += (gae[idx].advantages[t] - mean) * (gae[idx].advantages[t] - mean);
+  torch::Tensor sqt = torch::tensor({sq}, f64);
+  if (world > 1) comm_->all_reduce_sum(sqt);
+  const double var = count > 1 ? sqt.item<double>() / (count - 1.0) : 0.0;
+  const double scale = 1.0 / std::sqrt(var + 1e-8);
+  AdvantageStats& st = batch.stats;
+  bool first = true;
+  double adv_sum = 0.0, adv_sq = 0.0, tokens = 0.0;
+  for (size_t idx : mine) {
+    TrainSequence& seq = batch.sequences[idx];
+    seq.token_advantage.assign(masks[idx].size(), 0.0f);
+    std::vector<float> returns;
+    double seq_sum = 0.0;
+    for (size_t t = 0; t < masks[idx].size(); ++t) {
+      if (!masks[idx][t]) continue;
+      const float a = static_cast<float>((gae[idx].advantages[t] - mean) * scale);
+      seq.token_advantage[t] = a;
+      returns.push_back(gae[idx].returns[t]);
+      seq_sum += a;
+      adv_sum += a, adv_sq += static_cast<double>(a) * a, tokens += 1.0;
+      st.min = first ? a : std::min(st.min, static_cast<double>(a));
+      st.max = first ? a : std::max(st.max, static_cast<double>(a));
+      first = false;
+    }
+    seq.advantage = returns.empty() ? 0.0 : seq_sum / static_cast<double>(returns.size());
+    out.returns[idx] = torch::tensor(returns, torch::TensorOptions().dtype(torch::kFloat));
+  }
+  st.mean = tokens > 0 ? adv_sum / tokens : 0.0;
+  st.std = tokens > 0 ? std::sqrt(std::max(0.0, adv_sq / tokens - st.mean * st.mean)) : 0.0;
+  return out;
 }
 
 std::map<std::string, double> GrpoTrainer::train(const TrainBatch& batch, int64_t step,
                                                  const ExclusiveRunner& exclusive, std::stop_token stop) {
   const auto t_start = std::chrono::steady_clock::now();
   std::map<std::string, double> m;
-  const PreparedBatch prepared = prepare_batch(batch, options_.advantage_estimator, 1e-6, options_.group_by);
+  PreparedBatch prepared = prepare_batch(batch, options_.advantage_estimator, 1e-6, options_.group_by);
+  GaeTargets targets;
+  double gae_seconds = 0.0;
+  if (critic_ && !prepared.sequences.empty()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    targets = compute_advantages(prepared);
+    gae_seconds = seconds_since(t0);
+  }
+  // PPO's critic warm-up: the first critic_warmup steps train the critic only.
+  const bool policy_trains = !critic_ || step > options_.critic_warmup;
   const double lr = learning_rate_at(options_.learning_rate, options_.lr_schedule, options_.lr_warmup_steps,
                                      options_.total_training_steps, step - 1);
   m["lr"] = lr;
@@ -553,7 +508,7 @@ std::map<std::string, double> GrpoTrainer::train(const TrainBatch& batch, int64_
   const bool on_policy = options_.ppo_epochs == 1 && minis.size() == 1;
   std::vector<torch::Tensor> old(prepared.sequences.size());
   double old_seconds = 0.0;
-  if (!on_policy) {
+  if (!on_policy && policy_trains) {
     const auto t0 = std::chrono::steady_clock::now();
     for (const auto& mb : minis)
       for (const auto& micro : plan_micro_batches(prepared, shard_for_rank(prepared, mb, rank, world),
@@ -566,8 +521,9 @@ std::map<std::string, double> GrpoTrainer::train(const TrainBatch& batch, int64_
 
   const auto t_update = std::chrono::steady_clock::now();
   LossSums sums;
-  double grad_norm_sum = 0.0, grad_norm_max = 0.0, tokens_processed = 0.0;
-  int64_t opt_steps = 0;
+  ValueLossSums value_sums;
+  double grad_norm_sum = 0.0, grad_norm_max = 0.0, tokens_processed = 0.0, critic_grad_norm_sum = 0.0;
+  int64_t opt_steps = 0, critic_steps = 0;
   for (int64_t epoch = 0; epoch < options_.ppo_epochs; ++epoch) {
     for (const auto& mb : minis) {
       if (stop_requested_anywhere(stop)) throw SwarmError(ErrorKind::CONFLICT, "training step cancelled");
@@ -576,37 +532,76 @@ std::map<std::string, double> GrpoTrainer::train(const TrainBatch& batch, int64_
         norm += options_.loss_aggregation == LossAggregation::TOKEN_MEAN
                     ? static_cast<double>(prepared.sequences[idx].trained_tokens)
                     : 1.0;
-      zero_gradients();
-      for (const auto& micro :
-           plan_micro_batches(prepared, shard_for_rank(prepared, mb, rank, world), options_.micro_batch_max_tokens)) {
-        std::vector<torch::Tensor> olds;
-        if (!on_policy)
-          for (size_t idx : micro) olds.push_back(old[idx]);
-        sums.add(accumulate_gradients(prepared, micro, olds, norm));
-        for (size_t idx : micro) tokens_processed += static_cast<double>(prepared.sequences[idx].length);
+      const auto micros =
+          plan_micro_batches(prepared, shard_for_rank(prepared, mb, rank, world), options_.micro_batch_max_tokens);
+      if (policy_trains) {
+        zero_gradients();
+        for (const auto& micro : micros) {
+          std::vector<torch::Tensor> olds;
+          if (!on_policy)
+            for (size_t idx : micro) olds.push_back(old[idx]);
+          sums.add(accumulate_gradients(prepared, micro, olds, norm));
+          for (size_t idx : micro) tokens_processed += static_cast<double>(prepared.sequences[idx].length);
+        }
+        const double gn = optimizer_step(lr);
+        grad_norm_sum += gn;
+        grad_norm_max = std::max(grad_norm_max, gn);
+        ++opt_steps;
       }
-      const double gn = optimizer_step(lr);
-      grad_norm_sum += gn;
-      grad_norm_max = std::max(grad_norm_max, gn);
-      ++opt_steps;
+      if (critic_) {  // the value loss over the same tokens, normalised alike
+        critic_->zero_gradients();
+        for (const auto& micro : micros) {
+          const MicroBatchInputs in = build_inputs(prepared, micro);
+          std::vector<torch::Tensor> returns, olds;
+          for (size_t idx : micro) returns.push_back(targets.returns[idx]), olds.push_back(targets.old_values[idx]);
+          const auto dev = serving_->device();
+          value_sums.add(critic_->accumulate_gradients(in.ids, in.lengths, in.positions, torch::cat(returns).to(dev),
+                                                       torch::cat(olds).to(dev), in.weight, norm,
+                                                       options_.cliprange_value));
+        }
+        critic_grad_norm_sum += critic_->optimizer_step(options_.critic_learning_rate, options_.adamw());
+        ++critic_steps;
+      }
     }
   }
   const double update_seconds = seconds_since(t_update);
 
   if (world > 1) {  // every rank computed a share: sum the sums, max the maxima
     torch::Tensor v = torch::tensor({sums.loss, sums.pg_loss, sums.kl, sums.entropy, sums.clipped_low,
-                                     sums.clipped_high, sums.mismatch_sum, sums.tokens, tokens_processed},
+                                     sums.clipped_high, sums.mismatch_sum, sums.tokens, tokens_processed,
+                                     value_sums.loss, value_sums.clipped, value_sums.value_sum, value_sums.error_sum,
+                                     value_sums.tokens},
                                     torch::TensorOptions().dtype(torch::kDouble));
     comm_->all_reduce_sum(v);
     sums.loss = v[0].item<double>(), sums.pg_loss = v[1].item<double>(), sums.kl = v[2].item<double>();
     sums.entropy = v[3].item<double>(), sums.clipped_low = v[4].item<double>(), sums.clipped_high = v[5].item<double>();
     sums.mismatch_sum = v[6].item<double>(), sums.tokens = v[7].item<double>(), tokens_processed = v[8].item<double>();
+    value_sums.loss = v[9].item<double>(), value_sums.clipped = v[10].item<double>();
+    value_sums.value_sum = v[11].item<double>(), value_sums.error_sum = v[12].item<double>();
+    value_sums.tokens = v[13].item<double>();
     torch::Tensor mx = torch::tensor({sums.mismatch_max}, torch::TensorOptions().dtype(torch::kDouble));
     torch::Tensor all = torch::empty({world}, mx.options());
     comm_->all_gather(mx, all);
     sums.mismatch_max = all.max().item<double>();
   }
 
+  if (critic_) {
+    const double vt = std::max(1.0, value_sums.tokens);
+    m["critic_loss"] = value_sums.loss / static_cast<double>(std::max<int64_t>(1, critic_steps));
+    m["critic_value_mean"] = value_sums.value_sum / vt;
+    m["critic_value_mse"] = value_sums.error_sum / vt;
+    m["critic_clip_frac"] = value_sums.clipped / vt;
+    m["critic_grad_norm"] = critic_grad_norm_sum / static_cast<double>(std::max<int64_t>(1, critic_steps));
+    m["critic_optimizer_steps"] = static_cast<double>(critic_steps);
+    m["gae_seconds"] = gae_seconds;
+  }
+  if (!policy_trains) {  // critic warm-up: the policy is unchanged, nothing to sync
+    m["optimizer_steps"] = 0;
+    m["weights_updated"] = 0;
+    m["weight_sync_seconds"] = 0;
+    m["trainer_seconds"] = seconds_since(t_start);
+    return m;
+  }
   const double sync_seconds = sync_to_serving(exclusive);
   const double tokens = std::max(1.0, sums.tokens);
   m["loss"] = sums.loss / static_cast<double>(opt_steps);

@@ -1,15 +1,12 @@
-// The GRPO trainer: policy updates of a DecoderModel from collected episodes (DESIGN §6).
+// The GRPO trainer: policy updates of a DecoderModel from collected episodes (DESIGN §6), and
+// PPO's with a critic (algorithm: ppo, critic_torch.hpp).
 //
-// Memory layout. Every parameter lives in one flat buffer in the compute dtype (`weights`);
-// the training model's parameters are views into it, so autograd sees them as leaves and the
-// optimizer updates them with one pass over a flat vector. fp32 master weights and the AdamW
-// moments are kept for this rank's shard of that vector only (the whole vector on one rank);
-// gradients are accumulated into a flat fp32 buffer over micro-batches, reduce-scattered to the
-// shards, clipped by the global norm, applied, and the updated shards all-gathered back into
-// `weights` (in fp32 on one rank the master weights *are* `weights`).
+// The trained parameters are one FlatParameters (flat_parameters_torch.hpp): a flat buffer in
+// the compute dtype that the training model's parameters are views of, fp32 master weights and
+// AdamW moments for this rank's shard.
 //
-// The serving model keeps its own parameter tensors: weight sync copies `weights` into them
-// while the serving engine is paused between steps (the caller's `exclusive` runner), so the
+// The serving model keeps its own parameter tensors: weight sync copies the trained weights into
+// them while the serving engine is paused between steps (the caller's `exclusive` runner), so the
 // engine never samples from half-updated weights and no file is written.
 #pragma once
 
@@ -25,6 +22,8 @@
 #include <torch/types.h>
 
 #include "trainer/collectives_torch.hpp"
+#include "trainer/critic_torch.hpp"
+#include "trainer/flat_parameters_torch.hpp"
 #include "trainer/grpo_batch.hpp"
 
 namespace swarm {
@@ -53,8 +52,16 @@ struct TrainerOptions {
   int64_t ppo_epochs = 1;
   int64_t ppo_mini_batch_size = 0;  // task groups per optimizer step; 0 = all
   int64_t micro_batch_max_tokens = 8192;
+  // PPO (algorithm: ppo, advantage_estimator: GAE): the critic and GAE.
+  bool ppo = false;
+  double gamma = 1.0;
+  double lam = 1.0;
+  double critic_learning_rate = 1e-5;
+  double cliprange_value = 0.5;
+  int64_t critic_warmup = 0;
 
   static TrainerOptions from_job(const Job& job);
+  AdamWOptions adamw() const { return {weight_decay, grad_clip, adam_beta1, adam_beta2, adam_eps}; }
 };
 
 /// What one micro-batch's loss pass computed (sums over its tokens, for the step's metrics).
@@ -82,8 +89,12 @@ class GrpoTrainer {
   /// during sync). `master_source`, when given, supplies the initial fp32 master weights (a copy
   /// of the checkpoint loaded in fp32, so bf16 training does not start from rounded weights).
   /// `comm` defaults to a single process.
+  /// With options.ppo a critic is made from `critic_source` (job key critic_model; its fp32
+  /// master weights from `critic_master` as for the policy), or from the serving model's
+  /// weights when null.
   GrpoTrainer(std::shared_ptr<DecoderModel> serving_model, TrainerOptions options,
-              std::shared_ptr<Collectives> comm = nullptr, const DecoderModel* master_source = nullptr);
+              std::shared_ptr<Collectives> comm = nullptr, const DecoderModel* master_source = nullptr,
+              const DecoderModel* critic_source = nullptr, const DecoderModel* critic_master = nullptr);
   ~GrpoTrainer();
   GrpoTrainer(const GrpoTrainer&) = delete;
   GrpoTrainer& operator=(const GrpoTrainer&) = delete;
@@ -119,9 +130,23 @@ class GrpoTrainer {
   /// Copies the trained weights into the serving model (the weight sync); returns its seconds.
   double sync_to_serving(const ExclusiveRunner& exclusive);
 
+  /// GAE over every sequence of `batch` this rank trains (the union of its shards of the
+  /// mini-batches): the critic's values, rewards placed where they were earned, advantages
+  /// whitened over the whole batch (all ranks). Fills each sequence's token_advantage and
+  /// advantage (its mean) and returns per sequence the returns and old values of its trained
+  /// tokens (empty tensors for sequences of other ranks).
+  struct GaeTargets {
+    std::vector<torch::Tensor> returns, old_values;  // per sequence: [trained tokens] fp32
+  };
+  GaeTargets compute_advantages(PreparedBatch& batch);
+
+  /// The critic (null unless options.ppo).
+  Critic* critic() noexcept { return critic_.get(); }
+  const Critic* critic() const noexcept { return critic_.get(); }
+
   // ---- state (checkpoints)
-  int64_t optimizer_steps() const noexcept { return adam_steps_; }
-  int64_t parameter_count() const noexcept { return numel_; }
+  int64_t optimizer_steps() const noexcept { return policy_->steps(); }
+  int64_t parameter_count() const noexcept { return policy_->numel(); }
   /// This rank's optimizer state (master shard, moments, step counter) as named fp32 tensors.
   std::map<std::string, torch::Tensor> optimizer_state() const;
   /// Restores what optimizer_state returned (same world size and model); also refreshes the
@@ -141,20 +166,13 @@ class GrpoTrainer {
   bool stop_requested_anywhere(const std::stop_token& stop);
 
   std::shared_ptr<DecoderModel> serving_;
-  std::shared_ptr<DecoderModel> train_model_;  // parameters are views into weights_
+  std::shared_ptr<DecoderModel> train_model_;  // parameters are views into policy_
   std::shared_ptr<DecoderModel> ref_model_;    // frozen initial weights (KL loss only)
   TrainerOptions options_;
   std::shared_ptr<Collectives> comm_;
-
-  std::vector<int64_t> offsets_;  // per parameter, into the flat buffers
-  int64_t numel_ = 0;             // parameters in all
-  int64_t shard_ = 0;             // elements per rank (flat buffers are padded to shard_ × world)
-  torch::Tensor weights_;         // [shard_ × world] compute dtype
-  torch::Tensor ref_weights_;     // copy of the initial weights_ (KL loss only)
-  torch::Tensor grad_;            // [shard_ × world] fp32
-  torch::Tensor master_;          // [shard_] fp32 (aliases weights_ in fp32 on one rank)
-  torch::Tensor exp_avg_, exp_avg_sq_;  // [shard_] fp32
-  int64_t adam_steps_ = 0;
+  std::unique_ptr<FlatParameters> policy_;
+  std::vector<torch::Tensor> ref_weights_;     // copies of the initial weights (KL loss only)
+  std::unique_ptr<Critic> critic_;
 };
 
 }  // namespace swarm

@@ -157,7 +157,15 @@ TEST(JobTest, InvalidEnumNamesKeyAndOptions) {
   expect_config_error("model: m\nsample_collection_method: whenever\n",
                       {"sample_collection_method", "whenever", "rollout_until_finish_enough_episodes",
                        "rollout_until_finish_enough_tasks", "rollout_until_finish_enough_non_dummy_tasks"});
-  expect_config_error("model: m\nalgorithm: ppo\n", {"algorithm", "ppo", "grpo"});
+  expect_config_error("model: m\nalgorithm: sac\n", {"algorithm", "sac", "grpo", "ppo"});
+  // PPO's keys go together: its critic is GAE's baseline, and GRPO's groups are not its credit.
+  expect_config_error("model: m\nalgorithm: ppo\n", {"advantage_estimator", "gae", "algorithm: ppo"});
+  expect_config_error("model: m\nadvantage_estimator: gae\n", {"advantage_estimator", "algorithm: ppo"});
+  expect_config_error("model: m\nalgorithm: ppo\nadvantage_estimator: gae\ngroup_by: task_agent_turn\n",
+                      {"group_by"});
+  expect_config_error("model: m\nalgorithm: ppo\nadvantage_estimator: gae\nlam: 1.5\n", {"lam", "[0, 1]"});
+  expect_config_error("model: m\nalgorithm: ppo\nadvantage_estimator: gae\ncliprange_value: 0\n", {"cliprange_value"});
+  EXPECT_NO_THROW(swarm::Job::from_yaml("model: m\nalgorithm: ppo\nadvantage_estimator: gae\ngamma: 0.99\nlam: 0.95\n"));
   expect_config_error("model: m\ndtype: fp8\n", {"dtype", "fp32", "bf16"});
 }
 

@@ -1,0 +1,108 @@
+#include "trainer/critic_torch.hpp"
+
+#include <torch/torch.h>
+
+#include "common/error.hpp"
+#include "inference/decoder_model_torch.hpp"
+
+namespace swarm {
+namespace {
+
+std::vector<std::pair<std::string, torch::Tensor>> with_value_head(const DecoderModel& model, torch::ScalarType dtype) {
+  std::vector<std::pair<std::string, torch::Tensor>> out(model.parameters().begin(), model.parameters().end());
+  const int64_t hidden = model.config().hidden_size;
+  const auto opts = torch::TensorOptions().dtype(dtype).device(model.device());
+  out.emplace_back("value_head.weight", torch::zeros({hidden}, opts));
+  out.emplace_back("value_head.bias", torch::zeros({1}, opts));
+  return out;
+}
+
+}  // namespace
+
+void ValueLossSums::add(const ValueLossSums& o) {
+  loss += o.loss;
+  clipped += o.clipped;
+  value_sum += o.value_sum;
+  error_sum += o.error_sum;
+  tokens += o.tokens;
+}
+
+Critic::Critic(const DecoderModel& trunk, std::shared_ptr<Collectives> comm, const DecoderModel* master_source) {
+  torch::NoGradGuard no_grad;
+  const auto initial = with_value_head(trunk, trunk.scalar_type());
+  std::vector<std::pair<std::string, torch::Tensor>> master;
+  if (master_source != nullptr) master = with_value_head(*master_source, torch::kFloat);
+  params_ = std::make_unique<FlatParameters>(initial, trunk.scalar_type(), trunk.device(), std::move(comm),
+                                             master_source != nullptr ? &master : nullptr);
+  trunk_params_ = trunk.parameters().size();
+  std::vector<torch::Tensor> leaves = params_->leaves();
+  head_w_ = leaves[trunk_params_];
+  head_b_ = leaves[trunk_params_ + 1];
+  leaves.resize(trunk_params_);
+  trunk_ = trunk.with_parameters(std::move(leaves));
+}
+
+Critic::~Critic() = default;
+
+torch::Tensor Critic::values(const torch::Tensor& ids, const torch::Tensor& lengths, const torch::Tensor& positions) {
+  const torch::Tensor hidden = trunk_->final_hidden(ids, lengths);  // [B, T, H]
+  const torch::Tensor h = hidden.reshape({-1, hidden.size(-1)}).index_select(0, positions);
+  const torch::Tensor x = trunk_->final_norm(h).to(torch::kFloat);
+  return at::matmul(x, head_w_.to(torch::kFloat)) + head_b_.to(torch::kFloat);  // [N]
+}
+
+ValueLossSums Critic::accumulate_gradients(const torch::Tensor& ids, const torch::Tensor& lengths,
+                                           const torch::Tensor& positions, const torch::Tensor& returns,
+                                           const torch::Tensor& old_values, const torch::Tensor& weight, double norm,
+                                           double cliprange) {
+  SWARM_REQUIRE(norm > 0, ErrorKind::INVALID_ARGUMENT, "value loss normaliser must be > 0");
+  const torch::Tensor v = values(ids, lengths, positions);
+  SWARM_CHECK(v.numel() == returns.numel() && v.numel() == old_values.numel(),
+              "critic: values, returns and old values differ in length");
+  const torch::Tensor clipped_v = old_values + torch::clamp(v - old_values, -cliprange, cliprange);
+  const torch::Tensor l1 = (v - returns).square();
+  const torch::Tensor l2 = (clipped_v - returns).square();
+  const torch::Tensor per_token = 0.5 * torch::maximum(l1, l2);
+  const torch::Tensor loss = (per_token * (weight / norm)).sum();
+  loss.backward();
+  {
+    torch::NoGradGuard no_grad;
+    auto& trunk_params = trunk_->parameters();
+    auto take = [&](size_t i, torch::Tensor& leaf) {
+      if (!leaf.grad().defined()) return;
+      params_->accumulate(i, leaf.grad());
+      leaf.mutable_grad().reset();
+    };
+    for (size_t i = 0; i < trunk_params.size(); ++i) take(i, trunk_params[i].second);
+    take(trunk_params_, head_w_);
+    take(trunk_params_ + 1, head_b_);
+  }
+  torch::NoGradGuard no_grad;
+  ValueLossSums s;
+  s.loss = loss.item<double>();
+  s.clipped = (l2.detach() > l1.detach()).sum().item<double>();
+  s.value_sum = v.detach().sum().item<double>();
+  s.error_sum = l1.detach().sum().item<double>();
+  s.tokens = static_cast<double>(v.numel());
+  return s;
+}
+
+std::map<std::string, torch::Tensor> Critic::weights() const {
+  std::map<std::string, torch::Tensor> out;
+  for (size_t i = 0; i < params_->size(); ++i) out[params_->name(i)] = params_->view(i);
+  return out;
+}
+
+void Critic::load_weights(const std::map<std::string, torch::Tensor>& named) {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_->size(); ++i) {
+    auto it = named.find(params_->name(i));
+    SWARM_REQUIRE(it != named.end(), ErrorKind::INVALID_ARGUMENT, "critic weights have no '" + params_->name(i) + "'");
+    torch::Tensor dst = params_->view(i);
+    SWARM_REQUIRE(it->second.sizes() == dst.sizes(), ErrorKind::INVALID_ARGUMENT,
+                  "critic weight '" + params_->name(i) + "' has the wrong shape");
+    dst.copy_(it->second);
+  }
+}
+
+}  // namespace swarm
