@@ -133,9 +133,15 @@ TEST(TorchBackend, AStepStoppedBeforeItsFirstUpdateStillLetsTheLastStepBeSaved) 
 
 // The resume test: 2 steps, checkpoint, resume in a new backend, 2 more steps equals
 // 4 uninterrupted steps, bit for bit (weights and optimizer state).
-void check_exact_resume(const std::string& dtype) {
+void check_exact_resume(const std::string& dtype, bool ppo = false) {
   ScratchDir scratch;
-  const Job job = tiny_job(dtype);
+  Job job = tiny_job(dtype);
+  if (ppo) {  // PPO: the critic's weights and optimizer shard travel with the checkpoint too
+    job.algorithm = "ppo";
+    job.advantage_estimator = "gae";
+    job.lam = 0.95;
+    job.critic_learning_rate = 2e-3;
+  }
   const TrainBatch batches[4] = {random_batch(2, 4, 41), random_batch(2, 4, 42), random_batch(3, 3, 43),
                                  random_batch(2, 4, 44)};
   const fs::path at2 = scratch.path() / "at2", straight = scratch.path() / "straight", resumed = scratch.path() / "resumed";
@@ -161,10 +167,18 @@ void check_exact_resume(const std::string& dtype) {
   EXPECT_EQ(read_file(straight / "trainer_state/optimizer-rank0-of-1.safetensors"),
             read_file(resumed / "trainer_state/optimizer-rank0-of-1.safetensors"));
   EXPECT_NE(read_file(at2 / "model.safetensors"), read_file(straight / "model.safetensors"));
+  if (ppo) {
+    for (const char* f : {"trainer_state/critic.safetensors", "trainer_state/critic-optimizer-rank0-of-1.safetensors"})
+      EXPECT_EQ(read_file(straight / f), read_file(resumed / f)) << f;
+    EXPECT_NE(read_file(at2 / "trainer_state/critic.safetensors"),
+              read_file(straight / "trainer_state/critic.safetensors"));
+  }
 }
 
 TEST(TorchBackend, ResumeContinuesBitExactlyFp32) { check_exact_resume("fp32"); }
 TEST(TorchBackend, ResumeContinuesBitExactlyBf16) { check_exact_resume("bf16"); }
+TEST(TorchBackend, PpoResumeContinuesBitExactlyFp32) { check_exact_resume("fp32", true); }
+TEST(TorchBackend, PpoResumeContinuesBitExactlyBf16) { check_exact_resume("bf16", true); }
 
 TEST(TorchBackend, ResumeFromADirectoryWithoutTrainerStateFails) {
   ScratchDir scratch;
