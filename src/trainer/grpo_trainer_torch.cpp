@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <mutex>
 
 #include <malloc.h>
@@ -462,6 +463,18 @@ GrpoTrainer::GaeTargets GrpoTrainer::compute_advantages(PreparedBatch& batch) {
     }
     seq.advantage = returns.empty() ? 0.0 : seq_sum / static_cast<double>(returns.size());
     out.returns[idx] = torch::tensor(returns, torch::TensorOptions().dtype(torch::kFloat));
+  }
+  if (world > 1) {  // the statistics of the whole batch, as on one rank
+    torch::Tensor sums = torch::tensor({adv_sum, adv_sq, tokens}, f64);
+    comm_->all_reduce_sum(sums);
+    adv_sum = sums[0].item<double>(), adv_sq = sums[1].item<double>(), tokens = sums[2].item<double>();
+    const double big = std::numeric_limits<double>::max();
+    torch::Tensor mine_range = torch::tensor({first ? big : st.min, first ? -big : st.max}, f64);
+    torch::Tensor all = torch::empty({2 * world}, f64);
+    comm_->all_gather(mine_range, all);
+    const torch::Tensor r = all.view({world, 2});
+    st.min = r.select(1, 0).min().item<double>();
+    st.max = r.select(1, 1).max().item<double>();
   }
   st.mean = tokens > 0 ? adv_sum / tokens : 0.0;
   st.std = tokens > 0 ? std::sqrt(std::max(0.0, adv_sq / tokens - st.mean * st.mean)) : 0.0;

@@ -63,8 +63,28 @@ TrainerOptions options() {
 }
 
 const std::vector<TrainBatch>& batches() {
-  static const std::vector<TrainBatch> b = {testing::random_batch(2, 4, 51), testing::random_batch(3, 3, 52)};
+  static const std::vector<TrainBatch> b = [] {
+    std::vector<TrainBatch> v = {testing::random_batch(2, 4, 51), testing::random_batch(3, 3, 52)};
+    // Per-token rewards (+1 even id, -1 odd): GRPO ignores them, PPO's GAE credits them.
+    for (auto& batch : v)
+      for (auto& ep : batch.episodes)
+        for (auto& s : ep.samples) {
+          s.token_rewards.assign(s.token_ids.size(), 0.0f);
+          for (size_t t = 0; t < s.token_ids.size(); ++t)
+            if (s.loss_mask[t]) s.token_rewards[t] = s.token_ids[t] % 2 == 0 ? 1.0f : -1.0f;
+        }
+    return v;
+  }();
   return b;
+}
+
+TrainerOptions ppo_options() {
+  TrainerOptions o = options();
+  o.ppo = true;
+  o.advantage_estimator = AdvantageEstimator::GAE;
+  o.lam = 0.95;
+  o.critic_learning_rate = 2e-3;
+  return o;
 }
 
 // ---------------------------------------------------------------- files between processes
@@ -117,6 +137,7 @@ struct TrainResult {
   Tensors weights;                // full, by name, compute dtype
   Tensors state;                  // optimizer_state() of this rank
   std::vector<Metrics> metrics;  // per policy step
+  Tensors critic, critic_state;   // PPO: the critic's weights and this rank's optimizer state
 };
 
 std::shared_ptr<DecoderModel> load_model(DType dtype) { return DecoderModel::load(tinystories(), dtype); }
@@ -135,6 +156,10 @@ TrainResult train_two_steps(GrpoTrainer& trainer) {
     r.metrics.push_back(trainer.train(batches()[i], static_cast<int64_t>(i + 1), nullptr));
   r.weights = cloned(trainer.weights());
   r.state = cloned(trainer.optimizer_state());
+  if (const Critic* c = trainer.critic()) {
+    r.critic = cloned(c->weights());
+    r.critic_state = cloned(c->parameters().state());
+  }
   return r;
 }
 
@@ -274,6 +299,8 @@ RankOutputs run_training_job(const std::string& role, const fs::path& dir) {
     for (const auto& [k, v] : all) {
       if (k.rfind("weight/", 0) == 0) res.weights[k.substr(7)] = v;
       if (k.rfind("state/", 0) == 0) res.state[k.substr(6)] = v;
+      if (k.rfind("critic/", 0) == 0) res.critic[k.substr(7)] = v;
+      if (k.rfind("cstate/", 0) == 0) res.critic_state[k.substr(7)] = v;
     }
     for (size_t s = 0; s < batches().size(); ++s)
       res.metrics.push_back(metrics_from_tensors(all, "metric" + std::to_string(s + 1) + "/"));
@@ -438,6 +465,46 @@ TEST(GrpoDistributed, Bf16TwoRanksTrain) {
   }
 }
 
+// PPO over 2 ranks: the critic is sharded like the policy (each rank holds half of its AdamW
+// state), GAE's whitening spans both ranks' tokens, and the result is the 1-rank run's up to
+// the order of fp32 sums (the same tolerances as TwoRanksMatchOneRank, for the policy and the
+// critic alike).
+TEST(GrpoDistributed, PpoTwoRanksMatchOneRank) {
+  ScratchDir scratch;
+  const Tensors initial = initial_weights(DType::F32);
+  GrpoTrainer one(load_model(DType::F32), ppo_options());
+  Tensors critic0 = cloned(one.critic()->weights());
+  const TrainResult single = train_two_steps(one);
+  const int64_t params = single.state.at("exp_avg").numel();
+  const RankOutputs job = run_training_job("Ppo", scratch.path());
+  check_sharding(job, single, params);
+  expect_bit_identical(job.rank[0].critic, job.rank[1].critic);
+  const int64_t critic_params = single.critic_state.at("exp_avg").numel();
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(job.rank[r].critic_state.at("exp_avg").numel(), (critic_params + kWorld - 1) / kWorld) << r;
+    EXPECT_EQ(job.rank[r].critic_state.at("step").item<double>(), 2) << r;
+  }
+  for (size_t s = 0; s < single.metrics.size(); ++s) {
+    const Metrics &a = job.rank[0].metrics[s], &b = single.metrics[s];
+    for (const char* key : {"critic_loss", "critic_value_mse", "critic_value_mean", "critic_grad_norm", "advantage_std"}) {
+      ASSERT_TRUE(a.contains(key) && b.contains(key)) << key;
+      EXPECT_LE(std::abs(a.at(key) - job.rank[1].metrics[s].at(key)), 1e-9 * std::max(1.0, std::abs(a.at(key))))
+          << "ranks disagree on " << key;
+      EXPECT_LE(std::abs(a.at(key) - b.at(key)), 1e-5 * std::max(1.0, std::abs(b.at(key)))) << key << " step " << s;
+    }
+    std::printf("ppo step %zu: critic loss %.9g vs %.9g, value mse %.9g vs %.9g (2 ranks vs 1)\n", s + 1,
+                a.at("critic_loss"), b.at("critic_loss"), a.at("critic_value_mse"), b.at("critic_value_mse"));
+  }
+  const Closeness w = closeness(job.rank[0].weights, single.weights, update_scale(single.weights, initial), 1e-4);
+  const Closeness c = closeness(job.rank[0].critic, single.critic, update_scale(single.critic, critic0), 1e-4);
+  std::printf("ppo 2 ranks vs 1: policy max rel to update %.3g (%.4f%% over 1e-4), critic %.3g (%.4f%%)\n", w.max_rel,
+              100 * w.frac_over, c.max_rel, 100 * c.frac_over);
+  EXPECT_LE(w.frac_over, 2e-3);
+  EXPECT_LE(w.max_rel, 0.1);
+  EXPECT_LE(c.frac_over, 2e-3);
+  EXPECT_LE(c.max_rel, 0.1);
+}
+
 TEST(GrpoDistributed, DeadRankFailsTheOtherClearly) {
   ScratchDir scratch;
   const auto start = Clock::now();
@@ -460,17 +527,19 @@ DistConfig rank_config(std::chrono::milliseconds timeout) {
   return c;
 }
 
-void training_rank(DType dtype) {
+void training_rank(DType dtype, bool ppo = false) {
   const DistConfig config = rank_config(std::chrono::seconds(20));
   std::shared_ptr<Collectives> comm = make_collectives(config);
   ASSERT_EQ(comm->backend_name(), "gloo");
   auto model = load_model(dtype);
   std::shared_ptr<DecoderModel> master = dtype == DType::F32 ? nullptr : load_model(DType::F32);
-  GrpoTrainer trainer(model, options(), comm, master.get());
+  GrpoTrainer trainer(model, ppo ? ppo_options() : options(), comm, master.get());
   const TrainResult r = train_two_steps(trainer);
   Tensors out;
   for (const auto& [k, v] : r.weights) out["weight/" + k] = v;
   for (const auto& [k, v] : r.state) out["state/" + k] = v;
+  for (const auto& [k, v] : r.critic) out["critic/" + k] = v;
+  for (const auto& [k, v] : r.critic_state) out["cstate/" + k] = v;
   for (size_t s = 0; s < r.metrics.size(); ++s) {
     const Tensors m = metrics_as_tensors(r.metrics[s], "metric" + std::to_string(s + 1) + "/");
     out.insert(m.begin(), m.end());
@@ -479,6 +548,7 @@ void training_rank(DType dtype) {
 }
 
 void fp32_rank() { training_rank(DType::F32); }
+void ppo_rank() { training_rank(DType::F32, true); }
 void bf16_rank() { training_rank(DType::BF16); }
 
 // Rank 1 dies (no clean shutdown) right after building its trainer; rank 0's train() must fail
@@ -503,7 +573,7 @@ void dead_rank() {
 
 // In a spawned rank only: registers GrpoDistRank.<role>.
 [[maybe_unused]] const bool kRankTestRegistered = swarm::testing::register_rank_test(
-    kRoleVar, "GrpoDistRank", {{"Fp32", fp32_rank}, {"Bf16", bf16_rank}, {"DeadRank", dead_rank}});
+    kRoleVar, "GrpoDistRank", {{"Fp32", fp32_rank}, {"Bf16", bf16_rank}, {"Ppo", ppo_rank}, {"DeadRank", dead_rank}});
 
 }  // namespace
 }  // namespace swarm
