@@ -64,6 +64,10 @@ struct Settings {
   double weight_decay = 0.0;
   double grad_clip = 1.0;
   std::string advantage_estimator = "grpo";
+  std::string algorithm = "grpo";  // ppo: a critic and GAE (advantage_estimator gae)
+  double gamma = 1.0, lam = 1.0, critic_learning_rate = 1e-3;
+  int critic_warmup = 0;
+  bool token_credit = false;  // send the position credit per token (workflow_output.token_rewards)
   std::string loss_agg_mode = "token-mean";
   int ppo_epochs = 1;
   int ppo_mini_batch_size = 0;
@@ -112,8 +116,15 @@ swarm::Job make_job(const Settings& s, const std::vector<const CLI::Option*>& gi
     if (s.job_file.empty()) return true;
     return std::any_of(given.begin(), given.end(), [&](const CLI::Option* o) { return o->check_name(flag); });
   };
-  job.algorithm = "grpo";
   job.model = s.model;
+  if (use("--algorithm")) job.algorithm = s.algorithm;
+  if (job.algorithm == "ppo") {
+    job.advantage_estimator = "gae";
+    if (use("--gamma")) job.gamma = s.gamma;
+    if (use("--lam")) job.lam = s.lam;
+    if (use("--critic-learning-rate")) job.critic_learning_rate = s.critic_learning_rate;
+    if (use("--critic-warmup")) job.critic_warmup = s.critic_warmup;
+  }
   job.batch_size = s.batch_size;
   job.num_repeat = s.num_repeat;
   if (use("--project")) job.project_name = s.project_name;
@@ -124,7 +135,7 @@ swarm::Job make_job(const Settings& s, const std::vector<const CLI::Option*>& gi
   if (use("--lr-warmup-steps")) job.lr_warmup_steps = s.lr_warmup_steps;
   if (use("--weight-decay")) job.weight_decay = s.weight_decay;
   if (use("--grad-clip")) job.grad_clip = s.grad_clip;
-  if (use("--advantage")) job.advantage_estimator = s.advantage_estimator;
+  if (use("--advantage") && job.algorithm != "ppo") job.advantage_estimator = s.advantage_estimator;
   if (use("--loss-agg")) job.loss_agg_mode = s.loss_agg_mode;
   if (use("--ppo-epochs")) job.ppo_epochs = s.ppo_epochs;
   if (use("--ppo-mini-batch-size")) job.ppo_mini_batch_size = s.ppo_mini_batch_size;
@@ -140,6 +151,36 @@ swarm::Job make_job(const Settings& s, const std::vector<const CLI::Option*>& gi
   // The cosine schedule decays to 0 at the last step of this run.
   if (job.lr_schedule == "cosine" && job.total_training_steps == 0) job.total_training_steps = s.steps;
   return job;
+}
+
+// --token-credit: position credit earned token by token. Each completion token earns
+// partial_weight / max(len(reply), len(answer)) for every character it wrote that matches the
+// answer at the same position; an exact reply's last token gets what is left up to 1. The
+// tokens' rewards add up to the position-credit score, which becomes the episode's reward.
+std::vector<double> token_credit(const swarm::ChatResult& reply, const std::string& answer, double partial_weight,
+                                 double* total) {
+  std::vector<double> out;
+  const nlohmann::json* content = nullptr;
+  if (reply.raw.contains("choices") && !reply.raw["choices"].empty()) {
+    const auto& lp = reply.raw["choices"][0]["logprobs"];
+    if (lp.is_object() && lp.contains("content") && lp["content"].is_array()) content = &lp["content"];
+  }
+  if (content == nullptr) throw std::runtime_error("--token-credit: the reply has no logprobs.content");
+  const std::string& text = reply.content;
+  const double scale = partial_weight / static_cast<double>(std::max<size_t>(1, std::max(text.size(), answer.size())));
+  size_t pos = 0;
+  double sum = 0;
+  for (const auto& tok : *content) {
+    const std::string t = tok.value("token", "");
+    double r = 0;
+    for (size_t j = 0; j < t.size(); ++j, ++pos)
+      if (pos < text.size() && pos < answer.size() && text[pos] == answer[pos] && t[j] == text[pos]) r += scale;
+    out.push_back(r);
+    sum += r;
+  }
+  if (text == answer && !out.empty()) out.back() += 1.0 - sum, sum = 1.0;
+  *total = sum;
+  return out;
 }
 
 std::string family_summary(const StepStats& st, const std::vector<std::string>& families) {
@@ -231,10 +272,12 @@ int run(const Settings& s, const std::vector<const CLI::Option*>& given) {
       swarm::ChatParams params;
       params.max_tokens = max_tokens_for(inst.family);
       params.temperature = s.temperature;
+      params.logprobs = s.token_credit;  // the completion's tokens, to credit each one
       if (!s.random_sampling) params.seed = tasks::mix_seed(s.seed, inst.seed, static_cast<uint64_t>(attempt));
       const swarm::ChatResult reply = llm.chat({{"user", inst.prompt}}, params);
       swarm::WorkflowOutput out;
       out.reward = tasks::score(inst, reply.content, reward_options);
+      if (s.token_credit) out.token_rewards = {token_credit(reply, inst.answer, s.partial_weight, &*out.reward)};
       out.is_success = tasks::is_exact(inst, reply.content);
       out.log_metrics["exact"] = *out.is_success ? 1.0 : 0.0;
       out.log_metrics["reply_chars"] = static_cast<double>(reply.content.size());
@@ -394,6 +437,16 @@ int main(int argc, char** argv) {
   app.add_option("--lr-warmup-steps", s.lr_warmup_steps, "Linear warm-up steps")->capture_default_str();
   app.add_option("--weight-decay", s.weight_decay, "AdamW weight decay")->capture_default_str();
   app.add_option("--grad-clip", s.grad_clip, "Gradient norm clip; 0 disables")->capture_default_str();
+  app.add_option("--algorithm", s.algorithm, "grpo, or ppo (a critic and GAE: advantage_estimator gae)")
+      ->capture_default_str();
+  app.add_option("--gamma", s.gamma, "PPO: GAE discount")->capture_default_str();
+  app.add_option("--lam", s.lam, "PPO: GAE lambda")->capture_default_str();
+  app.add_option("--critic-learning-rate", s.critic_learning_rate, "PPO: the critic's learning rate")
+      ->capture_default_str();
+  app.add_option("--critic-warmup", s.critic_warmup, "PPO: steps that train only the critic")->capture_default_str();
+  app.add_flag("--token-credit", s.token_credit,
+               "Send the position credit per completion token (workflow_output.token_rewards): PPO's GAE credits "
+               "each character where it was written; the episode's reward is their sum");
   app.add_option("--advantage", s.advantage_estimator, "grpo, grpo_no_std or reinforce_baseline")
       ->capture_default_str()
       ->check(CLI::IsMember({"grpo", "grpo_no_std", "reinforce_baseline"}));
