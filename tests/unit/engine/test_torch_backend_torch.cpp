@@ -14,6 +14,7 @@
 
 #include "engine/torch_backend.hpp"
 #include "inference/decoder_model_torch.hpp"
+#include "model/model_tools.hpp"
 #include "support/scratch_dir.hpp"
 #include "support/train_batches.hpp"
 #include "swarm/job.hpp"
@@ -179,6 +180,37 @@ TEST(TorchBackend, ResumeContinuesBitExactlyFp32) { check_exact_resume("fp32"); 
 TEST(TorchBackend, ResumeContinuesBitExactlyBf16) { check_exact_resume("bf16"); }
 TEST(TorchBackend, PpoResumeContinuesBitExactlyFp32) { check_exact_resume("fp32", true); }
 TEST(TorchBackend, PpoResumeContinuesBitExactlyBf16) { check_exact_resume("bf16", true); }
+
+// critic_model: the critic's trunk is another model directory (here a second TinyStories: the
+// same vocabulary); one with another vocabulary is refused at boot, naming the key.
+TEST(TorchBackend, PpoCriticModelIsAnotherDirectoryWithThePolicysVocabulary) {
+  ScratchDir scratch;
+  Job job = tiny_job();
+  job.algorithm = "ppo";
+  job.advantage_estimator = "gae";
+  job.critic_model = tinystories().string();
+  {
+    auto b = booted(job);
+    const TrainStepReport r = b->train_step(random_batch(2, 4, 41), 1, {});
+    EXPECT_TRUE(r.metrics.count("critic_loss")) << "a PPO step reports its critic";
+    EXPECT_EQ(r.metrics.at("weights_updated"), 1);
+    b->release();
+  }
+  InitModelOptions other;
+  other.preset = "tiny-char";
+  other.out = scratch.path() / "tiny-char";
+  other.dtype = DType::F32;
+  init_random_model(other);
+  job.critic_model = other.out.string();
+  auto b = make_torch_backend();
+  try {
+    b->boot(job, {});
+    ADD_FAILURE() << "a critic_model with another vocabulary should be refused";
+  } catch (const SwarmError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::INVALID_ARGUMENT) << e.what();
+    EXPECT_NE(std::string(e.what()).find("critic_model"), std::string::npos) << e.what();
+  }
+}
 
 TEST(TorchBackend, ResumeFromADirectoryWithoutTrainerStateFails) {
   ScratchDir scratch;
