@@ -214,11 +214,16 @@ class Mapper {
     YAML::Node est = get("trainer_common.algorithm.adv_estimator");
     if (!is_null(est)) {
       const std::string e = as_string("trainer_common.algorithm.adv_estimator", est);
-      if (e != "grpo")
+      if (e != "grpo" && e != "gae")
         bad("ajet.trainer_common.algorithm.adv_estimator",
-            "'" + e + "' is not supported; swarm trains with grpo (or, in its own keys, grpo_no_std or "
-            "reinforce_baseline: set swarm.advantage_estimator)");
-      set("advantage_estimator", "grpo", "ajet.trainer_common.algorithm.adv_estimator");
+            "'" + e + "' is not supported; swarm trains with grpo or gae (PPO with a critic; or, in its own keys, "
+            "grpo_no_std or reinforce_baseline: set swarm.advantage_estimator)");
+      if (e == "gae") {  // verl's PPO: a critic and GAE
+        set("algorithm", "ppo", "ajet.trainer_common.algorithm.adv_estimator");
+        direct("trainer_common.algorithm.gamma", "gamma");
+        direct("trainer_common.algorithm.lam", "lam");
+      }
+      set("advantage_estimator", e, "ajet.trainer_common.algorithm.adv_estimator");
     }
     direct("trainer_common.optim.lr", "learning_rate");
     direct("trainer_common.optim.weight_decay", "weight_decay");

@@ -417,8 +417,12 @@ TEST(AgentJetConfig, MapsTheKeysThatMeanSomethingHere) {
 
 TEST(AgentJetConfig, RefusesWhatItCannotHonourNamingTheKey) {
   expect_config_error(agentjet_with("lora_rank: 0", "lora_rank: 8"), {"ajet.lora.lora_rank", "LoRA"});
-  expect_config_error(agentjet_with("adv_estimator: grpo", "adv_estimator: gae"),
-                      {"ajet.trainer_common.algorithm.adv_estimator", "gae"});
+  expect_config_error(agentjet_with("adv_estimator: grpo", "adv_estimator: rloo"),
+                      {"ajet.trainer_common.algorithm.adv_estimator", "rloo"});
+  // gae is verl's PPO: a critic beside the policy.
+  const Job ppo = Job::from_yaml(agentjet_with("adv_estimator: grpo", "adv_estimator: gae"));
+  EXPECT_EQ(ppo.algorithm, "ppo");
+  EXPECT_EQ(ppo.advantage_estimator, "gae");
   expect_config_error(agentjet_with("use_kl_in_reward: false", "use_kl_in_reward: true"),
                       {"ajet.trainer_common.use_kl_in_reward"});
   expect_config_error(agentjet_with("kl_loss_type: low_var_kl", "kl_loss_type: mse"), {"ajet.trainer_common.kl_loss_type"});
