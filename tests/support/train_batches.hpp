@@ -42,4 +42,16 @@ inline TrainBatch random_batch(int tasks, int per_task, uint32_t seed, int vocab
   return b;
 }
 
+/// Per generated token, +1 for an even token id and -1 for an odd one (workflow_output.token_rewards):
+/// dense credit a policy can follow token by token (PPO's GAE; GRPO ignores it).
+inline TrainBatch with_token_rewards(TrainBatch b) {
+  for (auto& ep : b.episodes)
+    for (auto& s : ep.samples) {
+      s.token_rewards.assign(s.token_ids.size(), 0.0f);
+      for (size_t t = 0; t < s.token_ids.size(); ++t)
+        if (s.loss_mask[t]) s.token_rewards[t] = s.token_ids[t] % 2 == 0 ? 1.0f : -1.0f;
+    }
+  return b;
+}
+
 }  // namespace swarm::testing

@@ -63,18 +63,9 @@ TrainerOptions options() {
 }
 
 const std::vector<TrainBatch>& batches() {
-  static const std::vector<TrainBatch> b = [] {
-    std::vector<TrainBatch> v = {testing::random_batch(2, 4, 51), testing::random_batch(3, 3, 52)};
-    // Per-token rewards (+1 even id, -1 odd): GRPO ignores them, PPO's GAE credits them.
-    for (auto& batch : v)
-      for (auto& ep : batch.episodes)
-        for (auto& s : ep.samples) {
-          s.token_rewards.assign(s.token_ids.size(), 0.0f);
-          for (size_t t = 0; t < s.token_ids.size(); ++t)
-            if (s.loss_mask[t]) s.token_rewards[t] = s.token_ids[t] % 2 == 0 ? 1.0f : -1.0f;
-        }
-    return v;
-  }();
+  // Per-token rewards: GRPO ignores them, PPO's GAE credits them.
+  static const std::vector<TrainBatch> b = {testing::with_token_rewards(testing::random_batch(2, 4, 51)),
+                                            testing::with_token_rewards(testing::random_batch(3, 3, 52))};
   return b;
 }
 

@@ -59,17 +59,8 @@ Inputs inputs_of(const std::vector<const Sample*>& samples) {
   return in;
 }
 
-// Per generated token, +1 for an even token id and -1 for an odd one: dense credit a policy can
-// follow token by token.
 TrainBatch batch_with_token_rewards(uint32_t seed) {
-  TrainBatch b = swarm::testing::random_batch(2, 4, seed);
-  for (auto& ep : b.episodes)
-    for (auto& s : ep.samples) {
-      s.token_rewards.assign(s.token_ids.size(), 0.0f);
-      for (size_t t = 0; t < s.token_ids.size(); ++t)
-        if (s.loss_mask[t]) s.token_rewards[t] = s.token_ids[t] % 2 == 0 ? 1.0f : -1.0f;
-    }
-  return b;
+  return swarm::testing::with_token_rewards(swarm::testing::random_batch(2, 4, seed));
 }
 
 TrainerOptions ppo_options() {
