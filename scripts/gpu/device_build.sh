@@ -42,6 +42,13 @@ log "configure rc=$?"
 targets="${TARGETS:-swarm-server swarm-model train_agent}"
 timeout "${BUILD_TIMEOUT:-330}" cmake --build build-gpu -j "$(nproc)" --target $targets -- -k 0 >"$out/build.log" 2>&1
 log "build rc=$? ($(grep -c 'error:' "$out/build.log") error lines)"
+# PyTorch's wheels export their own copies of std::filesystem functions from libtorch.so (64 of
+# them in 2.11); loaded ahead of libstdc++ they win symbol lookup, and e.g.
+# std::filesystem::remove_all(path, error_code&) then jumps to address 0 (every checkpoint
+# test, test_safetensors_torch and the test scratch directories crashed so on the H200). Preloading
+# the system libstdc++ keeps the standard library's own (verified: those tests then pass).
+export LD_PRELOAD="$(g++ -print-file-name=libstdc++.so.6)"
+log "LD_PRELOAD=$LD_PRELOAD (see above)"
 # RUN: a command to run after the build (e.g. a test binary), its output in run.log.
 if [ -n "${RUN:-}" ]; then
   timeout "${RUN_TIMEOUT:-120}" bash -c "$RUN" >"$out/run.log" 2>&1
