@@ -2,7 +2,8 @@
 //
 // Each episode is one conversation on a generated task (examples/tasks: "sort 5092"):
 //   1. the **proposer** answers the task;
-//   2. the **checker**, shown the proposal, says whether it is right ("yes" / "no").
+//   2. the **checker**, shown the proposal, says whether it is right ("yes" / "no": its first
+//      letter, y or n, is the verdict).
 // Every call names its agent (`"swarm": {"agent": ...}` in the request), and the episode ends
 // with one reward per call (`turn_rewards`): the proposer's is the verifier's score of its
 // answer, the checker's is 1 when its verdict matches the truth (exact answer <=> "yes"), else
@@ -49,6 +50,7 @@ struct Settings {
   int max_tokens = 16;
   double temperature = 1.0;
   double learning_rate = 5e-4;
+  std::string group_by = "task_agent_turn";  // task: GRPO on the episode's reward (the contrast)
   uint64_t seed = 1;
   bool force_restart = false;
   double step_timeout_s = 600;
@@ -59,14 +61,14 @@ struct EpisodeResult {
   bool exact = false;
 };
 
-// "yes" / "no" at the start of the reply (any case); anything else is no verdict.
+// The verdict is the reply's first letter, any case: y (yes) or n (no) — "yes", "y", "No" and
+// "n" all count, so a model learning from scratch can find a verdict one character long;
+// anything else is no verdict.
 int verdict(const std::string& reply) {
   const std::string r = swarm::tasks::normalize_reply(reply);
-  std::string lower;
-  for (char c : r.substr(0, 3)) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (lower.rfind("yes", 0) == 0) return 1;
-  if (lower.rfind("no", 0) == 0) return 0;
-  return -1;
+  if (r.empty()) return -1;
+  const char c = static_cast<char>(std::tolower(static_cast<unsigned char>(r[0])));
+  return c == 'y' ? 1 : c == 'n' ? 0 : -1;
 }
 
 EpisodeResult run_episode(const Settings& s, const swarm::tasks::TaskInstance& task, const swarm::OpenAIEndpoint& ep) {
@@ -103,12 +105,13 @@ int run(const Settings& s) {
   job.temperature = s.temperature;
   job.learning_rate = s.learning_rate;
   job.seed = static_cast<int64_t>(s.seed);
-  job.group_by = "task_agent_turn";
+  job.group_by = s.group_by;
   job.max_prompt_length = 256;
   job.max_response_length = s.max_tokens;
   std::printf("at_grpo_agent: %s, model %s, %d steps of %d tasks x %d episodes (%s, difficulty %d), "
-              "roles proposer + checker, group_by task_agent_turn\n",
-              s.url.c_str(), s.model.c_str(), s.steps, s.batch_size, s.num_repeat, mix.to_string().c_str(), s.difficulty);
+              "roles proposer + checker, group_by %s\n",
+              s.url.c_str(), s.model.c_str(), s.steps, s.batch_size, s.num_repeat, mix.to_string().c_str(), s.difficulty,
+              s.group_by.c_str());
   client.auto_sync_train_config_and_start_engine(job, s.force_restart);
   std::fflush(stdout);
 
@@ -187,6 +190,11 @@ int main(int argc, char** argv) {
   app.add_option("--temperature", s.temperature, "Sampling temperature")->capture_default_str()->check(CLI::Range(0.0, 2.0));
   app.add_option("--learning-rate", s.learning_rate, "AdamW learning rate")->capture_default_str();
   app.add_option("--seed", s.seed, "Seed of the tasks")->capture_default_str();
+  app.add_option("--group-by", s.group_by,
+                 "task_agent_turn (AT-GRPO: each role compared on its own turn reward) or task (GRPO on the "
+                 "episode's reward, the proposer's score, for both calls: the contrast)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"task_agent_turn", "task"}));
   app.add_flag("--force-restart", s.force_restart, "Stop and reconfigure the engine even if it is running");
   app.add_option("--step-timeout", s.step_timeout_s, "Seconds to wait for one policy step")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
