@@ -8,9 +8,10 @@
 #   margin    required rise of each family's mean reward, last 15 steps minus first 15 steps
 #
 # Thresholds (tests/CMakeLists.txt) come from repeated runs of this recipe on the 2-core CI
-# machine; see the table there. The recipe: shaped partial credit (a dense signal for a model
-# that starts from noise), replies capped at the family's longest answer, 16 tasks x 16
-# episodes per step, AdamW lr 1e-3.
+# machine; see the table there. The recipe is the demo's (scripts/demo.sh): tiny-char widened to
+# 2 layers x 192, shaped partial credit (a dense signal for a model that starts from noise),
+# replies capped at the family's longest answer, 16 tasks x 16 episodes per step, AdamW lr 5e-4,
+# 4 optimizer steps per policy step (4 tasks per mini-batch).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../support/server_port.sh"
 server_bin="$1" model_bin="$2" agent_bin="$3" families="$4" steps="$5" margin="$6" seed="${7:-1}"
@@ -21,7 +22,8 @@ trap '[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*" >&2; tail -30 "$work/server.log" >&2 2>/dev/null || true; exit 1; }
 cd "$work"
 
-"$model_bin" init --preset tiny-char --out model --seed "$seed" >/dev/null || fail "swarm-model init --preset tiny-char"
+"$model_bin" init --preset tiny-char --set hidden_size=192 --set num_hidden_layers=2 --out model \
+  --seed "$seed" >/dev/null || fail "swarm-model init --preset tiny-char"
 
 "$server_bin" start --port 0 --engine torch >server.log 2>&1 &
 pid=$!
@@ -29,7 +31,7 @@ wait_for_port server.log "$pid" 300 0.1 || fail "$server_problem"
 
 start=$(date +%s)
 "$agent_bin" --url "http://127.0.0.1:$port" --model model --tasks "$families" --steps "$steps" \
-  --batch-size 16 --num-repeat 16 --workers 64 --learning-rate 1e-3 --partial-credit shaped \
+  --batch-size 16 --num-repeat 16 --workers 64 --learning-rate 5e-4 --ppo-mini-batch-size 4 --partial-credit shaped \
   --partial-weight 0.5 --max-tokens 0 --max-token-slack 0 --temperature 1 --seed "$seed" \
   --metrics-out metrics.jsonl >agent.log 2>&1 || { tail -20 agent.log >&2; fail "train_agent failed"; }
 elapsed=$(( $(date +%s) - start ))
