@@ -80,6 +80,11 @@ struct Job {
   std::string dtype = "fp32";
   int64_t seed = 42;
   int64_t total_training_steps = 0;  // 0 = until stopped
+  // --- asynchronous training (docs/concepts.md "Asynchronous training")
+  int64_t max_staleness = 0;                   // η: 0 = synchronous (stop the world per step)
+  std::string off_policy_correction = "auto";  // auto | none | tis | decoupled
+  double is_cap = 2.0;                         // importance-weight cap (tis, decoupled)
+  std::string kv_cache_on_swap = "keep";       // keep | recompute (in-flight sequences at a swap)
   int64_t save_freq = 0;             // 0 = checkpoint only on stop
   // --- torch inference engine (ignored by the mock engine)
   int64_t engine_threads = 0;        // intra-op compute threads; 0 = every online CPU
@@ -110,6 +115,8 @@ struct Job {
   int64_t effective_max_parallel_episodes() const;
   /// `max_cached_episodes` with its default applied.
   int64_t effective_max_cached_episodes() const;
+  /// off_policy_correction with `auto` resolved: none when synchronous, decoupled otherwise.
+  std::string effective_off_policy_correction() const;
 
   /// Description of one configuration key, for docs and `--help`.
   struct FieldInfo {

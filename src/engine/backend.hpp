@@ -119,7 +119,17 @@ class Backend {
   /// save_checkpoint wrote) instead of job.model. Called before boot.
   void set_resume_checkpoint(std::filesystem::path checkpoint) { resume_checkpoint_ = std::move(checkpoint); }
 
+  /// Told around each weight swap inside train_step (the moment generation pauses and the
+  /// serving weights change): true before, false after, on whichever thread swaps. The engine
+  /// sets it before boot (asynchronous training shows the swap as ENGINE.WEIGHT_SYNCING).
+  using SwapListener = std::function<void(bool swapping)>;
+  void set_swap_listener(SwapListener listener) { swap_listener_ = std::move(listener); }
+
  protected:
+  void notify_swap(bool swapping) const {
+    if (swap_listener_) swap_listener_(swapping);
+  }
+  SwapListener swap_listener_;
   [[noreturn]] void unsupported(const std::string& what) const;
   std::filesystem::path resume_checkpoint_;  // empty: start from job.model
 };

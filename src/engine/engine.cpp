@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <array>
 #include <filesystem>
 
 #include "engine/run_files.hpp"
@@ -22,6 +24,37 @@ PoolConfig pool_config_from(const Job& job) {
   if (!parse_collection_method(job.sample_collection_method, &c.method))
     throw SwarmError(ErrorKind::INVALID_ARGUMENT, "unknown sample_collection_method");
   return c;
+}
+
+// How old what a step trains is: per trained token, the lag between the weights the trainer
+// starts from (`trainer_version`) and the weights that sampled it. Synchronous runs have lag 0
+// except for task groups carried over from an earlier batch; asynchronous runs stay within η.
+void add_staleness_metrics(const TrainBatch& batch, int64_t trainer_version, std::map<std::string, double>& m) {
+  constexpr int64_t kLastBucket = 8;  // lags 0..7 each, then "8 or more"
+  std::array<int64_t, kLastBucket + 1> count{};
+  int64_t tokens = 0, max_lag = 0, off_policy = 0;
+  double sum = 0.0;
+  for (const FinishedEpisode& e : batch.episodes) {
+    bool off = false;
+    for (const Sample& s : e.samples)
+      for (size_t t = 0; t < s.policy_versions.size(); ++t) {
+        if (!s.loss_mask[t] || s.policy_versions[t] < 0) continue;
+        const int64_t lag = std::max<int64_t>(0, trainer_version - s.policy_versions[t]);
+        ++count[static_cast<size_t>(std::min(lag, kLastBucket))];
+        ++tokens;
+        sum += static_cast<double>(lag);
+        max_lag = std::max(max_lag, lag);
+        off = off || lag > 0;
+      }
+    off_policy += off ? 1 : 0;
+  }
+  m["staleness_max"] = static_cast<double>(max_lag);
+  m["staleness_mean"] = tokens > 0 ? sum / static_cast<double>(tokens) : 0.0;
+  for (int64_t k = 0; k <= std::min(max_lag, kLastBucket); ++k)
+    m[k == kLastBucket ? "staleness_lag8plus_share" : "staleness_lag" + std::to_string(k) + "_share"] =
+        tokens > 0 ? static_cast<double>(count[static_cast<size_t>(k)]) / static_cast<double>(tokens) : 0.0;
+  m["episodes_off_policy"] = static_cast<double>(off_policy);
+  m["stale_dropped_episodes"] = static_cast<double>(batch.stale_dropped);
 }
 
 }  // namespace
@@ -71,7 +104,8 @@ void Engine::enter_locked(EngineState next, const std::string& detail) {
   const double seconds = seconds_between(state_since_, clock_->now());
   state_ = next;
   state_since_ = clock_->now();
-  if (next == EngineState::ROLLING) rolling_since_ = state_since_;
+  // (Asynchronous runs leave ROLLING only for the swap: their collection time runs from batch to batch.)
+  if (next == EngineState::ROLLING && (max_staleness_ == 0 || prev == EngineState::BOOTING)) rolling_since_ = state_since_;
   if (prev == EngineState::ROLLING) rolling_left_ = state_since_;
   if (next == EngineState::BOOTING)
     booting_since_unix_ = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -88,6 +122,7 @@ void Engine::enter_locked(EngineState next, const std::string& detail) {
 // drained → WEIGHT_SYNCING (which hands the batch to the control thread).
 void Engine::maybe_advance_locked() {
   if (!pool_) return;
+  if (max_staleness_ > 0) return advance_async_locked();
   if (state_ == EngineState::ROLLING && pool_->batch_ready()) {
     pool_->set_accepting_claims(false);
     enter_locked(EngineState::ROLLING_POST, "batch complete; waiting for " + std::to_string(pool_->running()) +
@@ -98,12 +133,79 @@ void Engine::maybe_advance_locked() {
     const int64_t next_step = global_step_ + 1;
     enter_locked(EngineState::WEIGHT_SYNCING, "policy update for step " + std::to_string(next_step) + " on " +
                                                   std::to_string(batch->episodes.size()) + " episodes");
+    trainer_step_ = next_step;
     const uint64_t epoch = epoch_;
     std::stop_token stop = run_stop_.get_token();
     const double rollout_seconds = seconds_between(rolling_since_, clock_->now());
     post([this, epoch, batch, next_step, rollout_seconds, stop] {
       run_train(epoch, batch, next_step, rollout_seconds, stop);
     });
+  }
+}
+
+// Asynchronous training. A batch taken now trains on the weights of version w = policy_version_
+// (the trainer is idle, so they are the ones serving), and no token of it may be older than
+// w - η: older cached episodes are dropped first. Then collection goes on while the trainer works.
+void Engine::advance_async_locked() {
+  if (state_ != EngineState::ROLLING && state_ != EngineState::WEIGHT_SYNCING) return;
+  if (trainer_step_ == 0) {
+    const int64_t min_version = policy_version_ - max_staleness_;
+    stale_dropped_since_step_ += pool_->drop_stale(min_version);
+    if (pool_->batch_ready()) {
+      int64_t dropped = 0;
+      auto batch = std::make_shared<TrainBatch>(pool_->take_batch_fresh(min_version, &dropped));
+      batch->stale_dropped = stale_dropped_since_step_ + dropped;
+      stale_dropped_since_step_ = 0;
+      if (batch->stale_dropped > 0)
+        spdlog::warn("engine: {} episode(s) dropped as too stale for step {} (a token older than version {}, "
+                     "max_staleness {})",
+                     batch->stale_dropped, global_step_ + 1, min_version, max_staleness_);
+      const int64_t next_step = global_step_ + 1;
+      trainer_step_ = next_step;
+      const uint64_t epoch = epoch_;
+      std::stop_token stop = run_stop_.get_token();
+      const double rollout_seconds = seconds_between(rolling_since_, clock_->now());
+      rolling_since_ = clock_->now();
+      if (config_ && config_->total_training_steps > 0 && next_step >= config_->total_training_steps) {
+        // The last step: nothing more will train, so no new episodes.
+        pool_->set_accepting_claims(false);
+        enter_locked(EngineState::ROLLING_POST, "training the last step (" + std::to_string(next_step) +
+                                                    ", total_training_steps) on " +
+                                                    std::to_string(batch->episodes.size()) + " episodes");
+      } else {
+        detail_ = "trainer on step " + std::to_string(next_step) + " (" + std::to_string(batch->episodes.size()) +
+                  " episodes); collecting episodes for step " + std::to_string(next_step + 1);
+        state_cv_.notify_all();
+      }
+      post([this, epoch, batch, next_step, rollout_seconds, stop] {
+        run_train(epoch, batch, next_step, rollout_seconds, stop);
+      });
+    }
+  }
+  update_admission_locked();
+}
+
+// The pool's admission bound: an episode claimed now (version w) trains in batch T+1 or later,
+// T the batches taken (w, or w + 1 while the trainer works), at a lag of T - w plus one per batch
+// queued before it. Unconsumed episodes (running + cached) beyond (η + 1 - (T - w)) batches would
+// be trained too stale, so new claims wait; the take-time drop above is the guarantee.
+void Engine::update_admission_locked() {
+  if (!pool_ || max_staleness_ == 0) return;
+  const int64_t ahead = trainer_step_ != 0 ? 1 : 0;
+  pool_->set_train_admission_limit((max_staleness_ + 1 - ahead) * episodes_per_batch_);
+}
+
+// The backend swaps weights inside train_step; asynchronous runs show that moment (only it) as
+// WEIGHT_SYNCING. Claims, ends and calls go on meanwhile; generation waits for the copy.
+void Engine::on_weight_swap(uint64_t epoch, bool swapping) {
+  std::lock_guard lk(mu_);
+  if (epoch != epoch_ || max_staleness_ == 0) return;
+  if (swapping && state_ == EngineState::ROLLING) {
+    enter_locked(EngineState::WEIGHT_SYNCING,
+                 "swapping in the weights of step " + std::to_string(trainer_step_) + " (generation paused)");
+  } else if (!swapping && state_ == EngineState::WEIGHT_SYNCING) {
+    enter_locked(EngineState::ROLLING, "collecting episodes for step " + std::to_string(trainer_step_ + 1) +
+                                           " (step " + std::to_string(trainer_step_) + " finishing)");
   }
 }
 
@@ -186,6 +288,7 @@ void Engine::stop_engine(const std::string& reason) {
 void Engine::end_run_locked(const std::string& reason, bool save) {
   run_stop_.request_stop();
   ++epoch_;
+  trainer_step_ = 0;
   if (pool_) {
     pool_->cancel_all();
     accumulate_counters_locked();
@@ -271,6 +374,7 @@ void Engine::run_boot(uint64_t epoch, Job job, std::string resume_from, std::sto
       backend->set_resume_checkpoint(cp);
       spdlog::info("engine: resuming from {} (step {})", cp.string(), resumed->global_step);
     }
+    backend->set_swap_listener([this, epoch](bool swapping) { on_weight_swap(epoch, swapping); });
     backend->boot(job, stop);
   } catch (const std::exception& e) {
     error = e.what();
@@ -292,6 +396,11 @@ void Engine::run_boot(uint64_t epoch, Job job, std::string resume_from, std::sto
         options_.resume_from.clear();  // later runs of this process start from their job's model
       }
       pool_ = std::make_shared<RolloutPool>(pool_config_from(job), clock_);
+      max_staleness_ = job.max_staleness;
+      trainer_step_ = 0;
+      episodes_per_batch_ = job.batch_size * job.num_repeat;
+      stale_dropped_since_step_ = 0;
+      update_admission_locked();
       pool_->set_accepting_claims(true);
       enter_locked(EngineState::ROLLING, "collecting episodes for step " + std::to_string(global_step_ + 1));
       return;
@@ -339,6 +448,7 @@ void Engine::run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_
     int64_t split = 0;
     for (const auto& e : batch->episodes) split += e.samples.size() > 1 ? 1 : 0;
     report.metrics["episodes_split_by_drift"] = static_cast<double>(split);
+    add_staleness_metrics(*batch, next_step - 1, report.metrics);
     if (options_.write_run_files && job->save_freq > 0 && next_step % job->save_freq == 0) {
       {
         std::lock_guard lk(mu_);
@@ -382,12 +492,21 @@ void Engine::run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_
   }
   global_step_ = next_step;
   policy_version_ = next_step;
+  trainer_step_ = 0;
   steps_.push_back(report);
   while (steps_.size() > options_.step_history) steps_.pop_front();
   spdlog::info("engine: step {} done in {:.2f}s: {} episodes, {} samples, {} tokens, reward mean {:.4f}",
                next_step, report.seconds, report.episodes, report.samples, report.tokens, report.reward_mean);
   if (config_ && config_->total_training_steps > 0 && global_step_ >= config_->total_training_steps) {
     end_run_locked("finished: reached total_training_steps = " + std::to_string(config_->total_training_steps));
+    return;
+  }
+  if (max_staleness_ > 0) {  // collection never stopped: hand over the next batch if it is ready
+    if (state_ == EngineState::ROLLING) {
+      detail_ = "collecting episodes for step " + std::to_string(global_step_ + 1);
+      state_cv_.notify_all();
+    }
+    maybe_advance_locked();
     return;
   }
   pool_->set_accepting_claims(true);
@@ -444,7 +563,9 @@ std::string claim_refused_cause(EngineState state) {
 
 ClaimResult Engine::claim_episode(const ClaimRequest& request) {
   std::lock_guard lk(mu_);
-  if (state_ != EngineState::ROLLING || !pool_) {
+  const bool collecting =
+      state_ == EngineState::ROLLING || (max_staleness_ > 0 && state_ == EngineState::WEIGHT_SYNCING);
+  if (!collecting || !pool_) {
     ClaimResult r;
     r.fail_cause = claim_refused_cause(state_);
     // Validate anyway so a bad request is reported as such in every state.
@@ -464,7 +585,8 @@ EndOutcome Engine::end_episode(const std::string& client_uuid, const std::string
                 "episode " + episode_uuid + " not found: the engine is " + engine_state_wire(state_));
   // No episode runs while the weights sync (ROLLING_POST drained them), so an end now is late.
   // A 400 naming the state: AgentJet's client discards the episode quietly on exactly that.
-  SWARM_REQUIRE(state_ != EngineState::WEIGHT_SYNCING, ErrorKind::INVALID_ARGUMENT,
+  // (Asynchronous training's WEIGHT_SYNCING is only the swap: episodes run through it.)
+  SWARM_REQUIRE(state_ != EngineState::WEIGHT_SYNCING || max_staleness_ > 0, ErrorKind::INVALID_ARGUMENT,
                 "episode " + episode_uuid + " is not running: the engine is ENGINE.WEIGHT_SYNCING (it ended, was "
                 "aborted or timed out before the weight sync); its output is discarded");
   EndOutcome outcome = pool_->end_episode(client_uuid, episode_uuid, task_id, output, declare_client_active);
@@ -478,8 +600,9 @@ bool Engine::abort_episode(const std::string& client_uuid, const std::string& ep
   if (!pool_) return false;  // no episodes run in this state
   // In ROLLING the slot goes back to the pool; in ROLLING_POST the record is deleted so
   // zombies never block weight sync.
-  const bool aborted =
-      pool_->abort_episode(client_uuid, episode_uuid, state_ != EngineState::ROLLING, declare_client_active);
+  const bool collecting =
+      state_ == EngineState::ROLLING || (max_staleness_ > 0 && state_ == EngineState::WEIGHT_SYNCING);
+  const bool aborted = pool_->abort_episode(client_uuid, episode_uuid, !collecting, declare_client_active);
   if (aborted) maybe_advance_locked();
   return aborted;
 }
@@ -507,7 +630,9 @@ AgreeResult Engine::agree_sync_weight(const std::string& client_uuid) {
 
 bool Engine::can_continue_episode(const std::string& client_uuid, const std::string& episode_uuid) const {
   std::lock_guard lk(mu_);
-  return pool_ && (state_ == EngineState::ROLLING || state_ == EngineState::ROLLING_POST) &&
+  return pool_ &&
+         (state_ == EngineState::ROLLING || state_ == EngineState::ROLLING_POST ||
+          (max_staleness_ > 0 && state_ == EngineState::WEIGHT_SYNCING)) &&
          pool_->can_continue(client_uuid, episode_uuid);
 }
 
@@ -554,6 +679,8 @@ EngineSnapshot Engine::status() const {
   s.transitions = transitions_;
   s.booting_since_unix = booting_since_unix_;
   s.experiment_dir = experiment_dir_;
+  s.max_staleness = max_staleness_;
+  s.trainer_step = trainer_step_;
   s.counters = past_counters_;
   if (pool_) s.counters += pool_->counters();
   return s;

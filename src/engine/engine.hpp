@@ -56,6 +56,8 @@ struct EngineSnapshot {
   std::map<std::string, int64_t> transitions;  // "FROM->TO" → count
   std::optional<double> booting_since_unix;    // wall-clock seconds BOOTING began (while BOOTING)
   std::string experiment_dir;                  // absolute; of the current or last run ("" before one)
+  int64_t max_staleness = 0;                   // of the current run: 0 = synchronous
+  int64_t trainer_step = 0;                    // the policy step the trainer is computing; 0 = idle
   PoolCounters counters;                       // cumulative over every run of this process
 };
 
@@ -138,6 +140,11 @@ class Engine {
  private:
   void enter_locked(EngineState next, const std::string& detail);
   void maybe_advance_locked();
+  // Asynchronous training (max_staleness >= 1): hands a complete batch to the trainer while
+  // collection goes on, and keeps the pool's admission bound in step with it.
+  void advance_async_locked();
+  void update_admission_locked();
+  void on_weight_swap(uint64_t epoch, bool swapping);
   void post(std::function<void()> task);
   void control_loop();
   void janitor_loop(std::stop_token stop);
@@ -178,6 +185,12 @@ class Engine {
   // made run_train discard the result), and the last step checkpointed.
   int64_t backend_step_ = 0;
   int64_t checkpointed_step_ = 0;
+  // Asynchronous training (under mu_): η of the run, the step the trainer computes (0 = idle),
+  // the episodes per batch the admission bound counts in, and stale drops since the last step.
+  int64_t max_staleness_ = 0;
+  int64_t trainer_step_ = 0;
+  int64_t episodes_per_batch_ = 0;
+  int64_t stale_dropped_since_step_ = 0;
 
   // control thread: boot, train, release run here in order
   std::mutex task_mu_;

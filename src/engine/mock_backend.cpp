@@ -306,6 +306,7 @@ void MockBackend::generate(GenerationRequest request, std::shared_ptr<Generation
         }
       }
       if (!pending.empty()) observer->on_text(c, utf8_sanitize(pending));
+      choice.versions.assign(choice.ids.size(), version);
       choice.text = utf8_sanitize(decode(choice.ids));
       if (cut_by_stop_string && choice.text.size() >= matched.size() && choice.finish_reason == "stop")
         choice.text.resize(choice.text.size() - matched.size());
@@ -322,6 +323,10 @@ void MockBackend::generate(GenerationRequest request, std::shared_ptr<Generation
 TrainStepReport MockBackend::train_step(const TrainBatch& batch, int64_t next_global_step, std::stop_token stop) {
   auto start = std::chrono::steady_clock::now();
   if (!sleep_for(train_seconds_, stop)) throw SwarmError(ErrorKind::CONFLICT, "training step cancelled");
+  // The simulated weight swap: generations from now on are stamped with the new version.
+  notify_swap(true);
+  policy_version_ = next_global_step;
+  notify_swap(false);
   TrainStepReport report = summarize_batch(batch);
   report.global_step = next_global_step;
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -281,8 +281,15 @@ class TorchBackend final : public Backend {
     // generation steps, so every token sampled afterwards is stamped with the version it came from.
     auto exclusive = [&](const std::function<void()>& sync) {
       auto sync_and_stamp = [&] {
+        notify_swap(true);
         sync();
-        if (engine) engine->set_policy_version(next_global_step);
+        if (engine) {
+          engine->set_policy_version(next_global_step);
+          // Sequences generating across the swap (asynchronous training) either keep their KV
+          // cache or are prefilled again with the new weights (kv_cache_on_swap).
+          if (job_.kv_cache_on_swap == "recompute") engine->recompute_running();
+        }
+        notify_swap(false);
       };
       if (engine) {
         engine->run_exclusive(sync_and_stamp);

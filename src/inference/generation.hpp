@@ -50,6 +50,8 @@ struct TokenAlternative {
 struct GenerationChoice {
   std::vector<TokenId> ids;        // includes a generated stop token (e.g. <|im_end|>)
   std::vector<float> logprobs;     // log-prob of each sampled id
+  std::vector<int64_t> versions;   // the weights version that sampled each id (a generation
+                                   // running across a weight swap holds two)
   std::vector<std::vector<TokenAlternative>> top;  // per position, when requested
   std::string text;                // decoded text without stop token / stop string
   std::string finish_reason;       // "stop" or "length"
@@ -57,7 +59,8 @@ struct GenerationChoice {
 
 struct GenerationResult {
   std::vector<GenerationChoice> choices;
-  int64_t policy_version = 0;      // weights version that produced every token
+  int64_t policy_version = 0;      // the oldest weights version that sampled a token of it (the
+                                   // serving version when nothing was sampled)
 };
 
 /// Receives the progress of one generation. Called from the backend's thread (the mock

@@ -100,6 +100,12 @@ class ServingEngine {
   /// For weight sync: the model's parameters may be written inside `fn`.
   void run_exclusive(std::function<void()> fn);
 
+  /// Only inside a function run_exclusive runs (a weight swap): every running sequence gives
+  /// back its KV blocks and is prefilled again from its tokens so far before it samples again,
+  /// so what it samples next attends only to keys and values of the weights now loaded (job
+  /// key kv_cache_on_swap: recompute). Counted as preemptions.
+  void recompute_running();
+
   /// Fails every pending and running request with UNAVAILABLE(`reason`), frees the cache and
   /// refuses new submissions. Idempotent; the destructor calls it.
   void shutdown(const std::string& reason);

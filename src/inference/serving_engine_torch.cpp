@@ -640,6 +640,7 @@ struct ServingEngine::Impl {
     s.tokens.push_back(t.id);
     s.out.ids.push_back(t.id);
     s.out.logprobs.push_back(t.logprob);
+    s.out.versions.push_back(policy_version.load(std::memory_order_relaxed));  // changes only between steps
     if (s.sampling.top_logprobs > 0) {
       std::vector<TokenAlternative> alts;
       alts.reserve(t.top.size());
@@ -710,6 +711,8 @@ struct ServingEngine::Impl {
     r->ended = true;
     std::erase(active, r);
     r->result.policy_version = policy_version.load();
+    for (const GenerationChoice& c : r->result.choices)
+      if (!c.versions.empty()) r->result.policy_version = std::min(r->result.policy_version, c.versions.front());
     {
       std::lock_guard lk(stats_mu);
       ++stats.completed_requests;
@@ -775,6 +778,13 @@ void ServingEngine::run_exclusive(std::function<void()> fn) {
   }
   impl_->cv.notify_one();
   done.get();
+}
+
+void ServingEngine::recompute_running() {
+  SWARM_CHECK(std::this_thread::get_id() == impl_->thread.get_id(),
+              "ServingEngine::recompute_running is only for functions run_exclusive runs");
+  // Back to front onto the waiting queue's front: they are readmitted in the order they ran.
+  while (!impl_->running.empty()) impl_->preempt_last();
 }
 
 void ServingEngine::shutdown(const std::string& reason) { impl_->shutdown(reason); }

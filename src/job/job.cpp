@@ -110,6 +110,21 @@ const std::vector<Field>& field_table() {
       {"seed", &Job::seed, "Random seed for sampling and initialisation."},
       {"total_training_steps", &Job::total_training_steps, "Stop after this many policy steps; 0 = never."},
       {"save_freq", &Job::save_freq, "Checkpoint every N steps; 0 = only on stop_engine."},
+      {"max_staleness", &Job::max_staleness,
+       "Asynchronous training: 0 trains synchronously (collection stops while the trainer updates); N >= 1 keeps "
+       "agents generating while the trainer works, and no token trains in step v+1 that weights older than v - N "
+       "generated (new episodes wait when they could not meet that; one that finishes too stale anyway is "
+       "dropped and counted). Needs a task or episode collection method."},
+      {"off_policy_correction", &Job::off_policy_correction,
+       "How tokens sampled by older weights are corrected: none, tis (truncated importance sampling: each "
+       "token's loss times min(pi_old / pi_behaviour, is_cap)), decoupled (AReaL's decoupled PPO: clipped around "
+       "the recomputed proximal policy, weighted by pi_prox / pi_behaviour, tokens above is_cap left out), or auto "
+       "(none when max_staleness is 0, decoupled otherwise)."},
+      {"is_cap", &Job::is_cap, "The importance-weight cap of tis and decoupled (>= 1)."},
+      {"kv_cache_on_swap", &Job::kv_cache_on_swap,
+       "Asynchronous training, torch engine: what happens to a sequence generating when new weights go in: keep "
+       "(its KV cache stays; later tokens attend to keys the old weights computed) or recompute (its tokens so "
+       "far are prefilled again with the new weights)."},
       {"device", &Job::device,
        "Where the torch engine runs: auto (the GPU when its libtorch has CUDA and sees one, else the CPU), cpu, or "
        "cuda (an error at boot when there is no GPU to use). docs/gpu.md."},
@@ -383,6 +398,14 @@ void Job::validate() const {
   require_one_of("dtype", dtype, {"fp32", "bf16"});
   if (total_training_steps < 0) bad("total_training_steps", "must be >= 0");
   if (save_freq < 0) bad("save_freq", "must be >= 0");
+  if (max_staleness < 0) bad("max_staleness", "must be >= 0");
+  require_one_of("off_policy_correction", off_policy_correction, {"auto", "none", "tis", "decoupled"});
+  if (!(is_cap >= 1.0) || !std::isfinite(is_cap)) bad("is_cap", "must be a finite number >= 1");
+  require_one_of("kv_cache_on_swap", kv_cache_on_swap, {"keep", "recompute"});
+  if (max_staleness > 0 && (sample_collection_method == "rollout_until_any_client_agree_sync_weight" ||
+                            sample_collection_method == "rollout_until_all_clients_agree_sync_weight"))
+    bad("max_staleness", "must be 0 with the agree collection methods (their clients hold every weight sync "
+                         "themselves); use a task or episode method for asynchronous training");
   if (lr_schedule == "cosine" && total_training_steps <= lr_warmup_steps)
     bad("lr_schedule", "cosine needs total_training_steps > lr_warmup_steps (the decay ends at the last step)");
   if (engine_threads < 0) bad("engine_threads", "must be >= 0");
@@ -401,6 +424,11 @@ int64_t Job::effective_max_parallel_episodes() const {
 
 int64_t Job::effective_max_cached_episodes() const {
   return max_cached_episodes > 0 ? max_cached_episodes : 4 * batch_size * num_repeat;
+}
+
+std::string Job::effective_off_policy_correction() const {
+  if (off_policy_correction != "auto") return off_policy_correction;
+  return max_staleness > 0 ? "decoupled" : "none";
 }
 
 std::vector<Job::FieldInfo> Job::fields() {

@@ -109,6 +109,19 @@ ClaimResult RolloutPool::claim(const ClaimRequest& request) {
         "sync). Try again later.";
     return result;
   }
+  if (request.episode_type == EpisodeType::TRAIN && train_admission_limit_ >= 0) {
+    int64_t running_train = 0;
+    for (const auto& [id, ep] : episodes_) running_train += ep->claimed && ep->type == EpisodeType::TRAIN ? 1 : 0;
+    const bool could_progress = batch_ready_locked() || running_train > 0;
+    if (running_train + finished_cached_ >= train_admission_limit_ && could_progress) {
+      counters_.claims_held_by_staleness++;
+      result.fail_cause = "No available episodes to claim. The staleness bound (max_staleness) holds new episodes "
+                          "until the trainer has caught up (" + std::to_string(running_train + finished_cached_) +
+                          " train episodes running or waiting, bound " + std::to_string(train_admission_limit_) +
+                          "); try again later.";
+      return result;
+    }
+  }
   if (unclaimed_.empty()) {
     // "No available episodes to claim." is what AgentJet's client retries on quickly (2 s).
     result.fail_cause = "No available episodes to claim. All " + std::to_string(config_.max_parallel_episodes) +
@@ -303,6 +316,10 @@ EndOutcome RolloutPool::end_episode(const std::string& client_uuid,
     free_slot_locked(episode_uuid, true);
     throw;
   }
+  for (const Sample& s : finished.samples)
+    for (size_t t = 0; t < s.policy_versions.size(); ++t)
+      if (s.loss_mask[t] && (finished.min_version < 0 || s.policy_versions[t] < finished.min_version))
+        finished.min_version = s.policy_versions[t];
   for (Sample& s : finished.samples) {
     s.task_id = task_id;
     s.episode_uuid = episode_uuid;
@@ -409,6 +426,10 @@ int64_t RolloutPool::running() const {
 
 TrainBatch RolloutPool::take_batch() {
   std::lock_guard lock(mu_);
+  return take_batch_locked();
+}
+
+TrainBatch RolloutPool::take_batch_locked() {
   TrainBatch batch;
   const bool take_all = config_.method == CollectionMethod::ENOUGH_EPISODES || is_agree_method(config_.method);
   std::vector<std::string> kept;
@@ -431,6 +452,45 @@ TrainBatch RolloutPool::take_batch() {
   eval_log_metrics_.clear();
   eval_episodes_ = 0;
   return batch;
+}
+
+int64_t RolloutPool::drop_stale(int64_t min_version) {
+  std::lock_guard lock(mu_);
+  return drop_stale_locked(min_version);
+}
+
+int64_t RolloutPool::drop_stale_locked(int64_t min_version) {
+  int64_t n = 0;
+  {
+    auto too_old = [&](const FinishedEpisode& e) { return e.min_version >= 0 && e.min_version < min_version; };
+    std::vector<std::string> emptied;
+    for (const std::string& task_id : group_order_) {
+      auto& eps = groups_.at(task_id)->episodes;
+      const auto before = eps.size();
+      std::erase_if(eps, too_old);
+      n += static_cast<int64_t>(before - eps.size());
+      if (eps.empty()) emptied.push_back(task_id);
+    }
+    for (const std::string& task_id : emptied) {
+      groups_.erase(task_id);
+      std::erase(group_order_, task_id);
+    }
+    finished_cached_ -= n;
+    counters_.stale_dropped_episodes += n;
+  }
+  return n;
+}
+
+TrainBatch RolloutPool::take_batch_fresh(int64_t min_version, int64_t* dropped) {
+  std::lock_guard lock(mu_);
+  const int64_t n = drop_stale_locked(min_version);
+  if (dropped != nullptr) *dropped = n;
+  return take_batch_locked();
+}
+
+void RolloutPool::set_train_admission_limit(int64_t limit) {
+  std::lock_guard lock(mu_);
+  train_admission_limit_ = limit;
 }
 
 void RolloutPool::cancel_all() {
@@ -763,6 +823,8 @@ constexpr std::pair<const char*, int64_t PoolCounters::*> kCounterFields[] = {
     {"valve_dropped_groups", &PoolCounters::valve_dropped_groups},
     {"valve_dropped_episodes", &PoolCounters::valve_dropped_episodes},
     {"batches_taken", &PoolCounters::batches_taken},
+    {"stale_dropped_episodes", &PoolCounters::stale_dropped_episodes},
+    {"claims_held_by_staleness", &PoolCounters::claims_held_by_staleness},
 };
 }  // namespace
 

@@ -127,6 +127,8 @@ struct PoolCounters {
   int64_t valve_dropped_groups = 0;
   int64_t valve_dropped_episodes = 0;
   int64_t batches_taken = 0;
+  int64_t stale_dropped_episodes = 0;  // asynchronous training: too old to train (max_staleness)
+  int64_t claims_held_by_staleness = 0;  // train claims refused by the admission bound
 
   /// Field-by-field sum (the counters of several runs or pools).
   PoolCounters& operator+=(const PoolCounters& other);
@@ -169,6 +171,11 @@ class RolloutPool {
 
   /// While false, claims fail with a cause and freed slots are not re-registered.
   void set_accepting_claims(bool accepting);
+
+  /// Asynchronous training's admission bound: while train episodes running plus finished ones
+  /// cached reach `limit`, train claims are refused (retryably) unless refusing could never end
+  /// (no batch ready and nothing running). -1 (the default) = no bound.
+  void set_train_admission_limit(int64_t limit);
 
   /// Claims the oldest unclaimed episode. Never throws for "not now" conditions.
   ClaimResult claim(const ClaimRequest& request);
@@ -224,6 +231,12 @@ class RolloutPool {
   /// all complete groups (incomplete ones stay cached), for the episode and agree methods
   /// every cached finished train episode. Eval metrics and the active-client list are reset.
   TrainBatch take_batch();
+  /// take_batch for asynchronous training: first every cached episode with a token older than
+  /// `min_version` is dropped (counted in stale_dropped_episodes; versions only grow, so it
+  /// could never train), then the batch is taken as take_batch does. Returns the drops too.
+  TrainBatch take_batch_fresh(int64_t min_version, int64_t* dropped);
+  /// Drops (and counts) every cached episode with a token older than `min_version`; returns how many.
+  int64_t drop_stale(int64_t min_version);
 
   /// Cancels every claimed and unclaimed episode and clears the cache (stop_engine).
   void cancel_all();
@@ -259,6 +272,8 @@ class RolloutPool {
   void register_slots_locked();
   void free_slot_locked(const std::string& episode_uuid, bool reregister);
   bool batch_ready_locked() const;
+  TrainBatch take_batch_locked();
+  int64_t drop_stale_locked(int64_t min_version);
   void apply_safety_valve_locked();
   void drop_group_locked(const std::string& task_id);
   int64_t running_locked() const;
@@ -280,6 +295,7 @@ class RolloutPool {
   std::map<std::string, std::unique_ptr<Group>> groups_;  // finished train episodes by task
   std::vector<std::string> group_order_;                  // task ids, by first arrival
   int64_t finished_cached_ = 0;
+  int64_t train_admission_limit_ = -1;
   int64_t finish_seq_ = 0;
   std::deque<double> recent_rewards_;
   // Eval stats since the last batch, as running sums so they stay bounded.

@@ -18,7 +18,7 @@ struct LlmCall {
   std::vector<TokenId> prompt_ids;
   std::vector<TokenId> completion_ids;
   std::vector<float> completion_logprobs;  // same length as completion_ids
-  int64_t policy_version = 0;              // version of the weights that generated it
+  int64_t policy_version = 0;              // version of the weights that generated its first token
   std::string finish_reason;               // "stop" / "length"
   // Chat calls: which answer to which conversation this is (chat_splice.hpp), so that a later
   // request holding this answer continues from these exact ids. Empty otherwise.
@@ -26,6 +26,9 @@ struct LlmCall {
   // The agent that made the call (request field `swarm.agent` or header `x-swarm-agent`;
   // "" = unnamed), for AT-GRPO grouping (group_by: task_agent_turn).
   std::string agent{};
+  // Per completion token, the weights version that sampled it, when they differ (a generation
+  // that ran across a weight swap); empty otherwise (all policy_version).
+  std::vector<int64_t> completion_versions{};
 };
 
 /// One LLM call merged into a sample.
@@ -62,12 +65,14 @@ struct FinishedEpisode {
   std::vector<Sample> samples;
   std::vector<double> turn_rewards;  // one per LLM call of the episode (call order), or empty
   int64_t finish_seq = 0;  // order of arrival, for the safety valve
+  int64_t min_version = -1;  // the oldest weights version that sampled a token of it (-1: none)
 };
 
 /// What WEIGHT_SYNCING trains on.
 struct TrainBatch {
   std::vector<FinishedEpisode> episodes;  // grouped by task_id in order of first arrival
   int64_t num_tasks = 0;
+  int64_t stale_dropped = 0;  // asynchronous training: episodes dropped as too stale since the last batch
   int64_t num_samples() const {
     int64_t n = 0;
     for (const auto& e : episodes) n += static_cast<int64_t>(e.samples.size());

@@ -315,7 +315,9 @@ class GenerationHandler final : public GenerationObserver,
       call.prompt_ids = prompt_;
       call.completion_ids = choice.ids;
       call.completion_logprobs = choice.logprobs;
-      call.policy_version = result.policy_version;
+      call.policy_version = choice.versions.empty() ? result.policy_version : choice.versions.front();
+      if (!choice.versions.empty() && choice.versions.back() != choice.versions.front())
+        call.completion_versions = choice.versions;  // it ran across a weight swap
       call.finish_reason = choice.finish_reason;
       call.agent = options_.agent;
       if (options_.chat_keys) {

@@ -136,7 +136,17 @@ TrainerOptions TrainerOptions::from_job(const Job& job) {
   o.critic_learning_rate = job.critic_learning_rate;
   o.cliprange_value = job.cliprange_value;
   o.critic_warmup = job.critic_warmup;
+  o.off_policy = parse_off_policy_correction(job.effective_off_policy_correction());
+  o.is_cap = job.is_cap;
   return o;
+}
+
+OffPolicyCorrection parse_off_policy_correction(const std::string& name) {
+  if (name == "none") return OffPolicyCorrection::NONE;
+  if (name == "tis") return OffPolicyCorrection::TIS;
+  if (name == "decoupled") return OffPolicyCorrection::DECOUPLED;
+  throw SwarmError(ErrorKind::INVALID_ARGUMENT,
+                   "off_policy_correction must be none, tis or decoupled (auto is resolved by the job), got " + name);
 }
 
 void LossSums::add(const LossSums& o) {
@@ -148,6 +158,10 @@ void LossSums::add(const LossSums& o) {
   clipped_high += o.clipped_high;
   mismatch_sum += o.mismatch_sum;
   mismatch_max = std::max(mismatch_max, o.mismatch_max);
+  is_weight_sum += o.is_weight_sum;
+  is_ratio_sum += o.is_ratio_sum;
+  is_ratio_max = std::max(is_ratio_max, o.is_ratio_max);
+  is_capped += o.is_capped;
   tokens += o.tokens;
 }
 
@@ -290,7 +304,19 @@ LossSums GrpoTrainer::accumulate_gradients(const PreparedBatch& batch, const std
   const torch::Tensor pg_unclipped = -in.advantage * ratio;
   const torch::Tensor pg_clipped =
       -in.advantage * torch::clamp(ratio, 1.0 - options_.clip_ratio_low, 1.0 + options_.clip_ratio_high);
-  const torch::Tensor pg = torch::maximum(pg_unclipped, pg_clipped);
+  torch::Tensor pg = torch::maximum(pg_unclipped, pg_clipped);
+  // Off-policy correction: a detached per-token weight from the old (proximal) policy's and the
+  // behaviour policy's log-probs (what the sampler recorded).
+  torch::Tensor is_weight;
+  if (options_.off_policy != OffPolicyCorrection::NONE) {
+    const torch::Tensor raw = torch::exp(old.detach() - in.rollout);
+    if (options_.off_policy == OffPolicyCorrection::TIS) {
+      is_weight = torch::clamp_max(raw, options_.is_cap);
+    } else {
+      is_weight = torch::where(raw > options_.is_cap, torch::zeros_like(raw), raw);
+    }
+    pg = pg * is_weight;
+  }
   const torch::Tensor w = in.weight / norm;
   const torch::Tensor pg_loss = (pg * w).sum();
   torch::Tensor loss = pg_loss;
@@ -335,6 +361,11 @@ LossSums GrpoTrainer::accumulate_gradients(const PreparedBatch& batch, const std
   if (mismatch.numel() > 0) {
     s.mismatch_sum = mismatch.sum().item<double>();
     s.mismatch_max = mismatch.max().item<double>();
+    const torch::Tensor raw = torch::exp(old - in.rollout);  // pi_old / pi_behaviour, applied or not
+    s.is_ratio_sum = raw.sum().item<double>();
+    s.is_ratio_max = raw.max().item<double>();
+    s.is_capped = (raw > options_.is_cap).sum().item<double>();
+    s.is_weight_sum = is_weight.defined() ? is_weight.sum().item<double>() : static_cast<double>(raw.numel());
   }
   s.tokens = static_cast<double>(lp.numel());
   return s;
@@ -583,7 +614,7 @@ std::map<std::string, double> GrpoTrainer::train(const TrainBatch& batch, int64_
     torch::Tensor v = torch::tensor({sums.loss, sums.pg_loss, sums.kl, sums.entropy, sums.clipped_low,
                                      sums.clipped_high, sums.mismatch_sum, sums.tokens, tokens_processed,
                                      value_sums.loss, value_sums.clipped, value_sums.value_sum, value_sums.error_sum,
-                                     value_sums.tokens},
+                                     value_sums.tokens, sums.is_weight_sum, sums.is_ratio_sum, sums.is_capped},
                                     torch::TensorOptions().dtype(torch::kDouble));
     comm_->all_reduce_sum(v);
     sums.loss = v[0].item<double>(), sums.pg_loss = v[1].item<double>(), sums.kl = v[2].item<double>();
@@ -592,10 +623,13 @@ std::map<std::string, double> GrpoTrainer::train(const TrainBatch& batch, int64_
     value_sums.loss = v[9].item<double>(), value_sums.clipped = v[10].item<double>();
     value_sums.value_sum = v[11].item<double>(), value_sums.error_sum = v[12].item<double>();
     value_sums.tokens = v[13].item<double>();
-    torch::Tensor mx = torch::tensor({sums.mismatch_max}, torch::TensorOptions().dtype(torch::kDouble));
-    torch::Tensor all = torch::empty({world}, mx.options());
+    sums.is_weight_sum = v[14].item<double>(), sums.is_ratio_sum = v[15].item<double>();
+    sums.is_capped = v[16].item<double>();
+    torch::Tensor mx = torch::tensor({sums.mismatch_max, sums.is_ratio_max}, torch::TensorOptions().dtype(torch::kDouble));
+    torch::Tensor all = torch::empty({world, 2}, mx.options());
     comm_->all_gather(mx, all);
-    sums.mismatch_max = all.max().item<double>();
+    const torch::Tensor maxima = std::get<0>(all.max(0));
+    sums.mismatch_max = maxima[0].item<double>(), sums.is_ratio_max = maxima[1].item<double>();
   }
 
   if (critic_) {
@@ -625,6 +659,12 @@ std::map<std::string, double> GrpoTrainer::train(const TrainBatch& batch, int64_
   m["clip_frac_high"] = sums.clipped_high / tokens;
   m["logprob_mismatch_mean"] = sums.mismatch_sum / tokens;
   m["logprob_mismatch_max"] = sums.mismatch_max;
+  // Behaviour vs proximal (the trainer's old policy): the ratio whether or not it is applied, the
+  // weight the correction applied (1 with none), and the share of tokens over is_cap.
+  m["is_ratio_mean"] = sums.is_ratio_sum / tokens;
+  m["is_ratio_max"] = sums.is_ratio_max;
+  m["is_weight_mean"] = sums.is_weight_sum / tokens;
+  m["is_capped_share"] = sums.is_capped / tokens;
   m["grad_norm"] = grad_norm_sum / static_cast<double>(opt_steps);
   m["grad_norm_max"] = grad_norm_max;
   m["optimizer_steps"] = static_cast<double>(opt_steps);

@@ -31,6 +31,16 @@ namespace swarm {
 class DecoderModel;
 struct Job;
 
+/// How tokens sampled by older weights than the trainer's are corrected (job key
+/// off_policy_correction; docs/concepts.md "Asynchronous training").
+enum class OffPolicyCorrection {
+  NONE,       // PPO ratio against the recomputed old policy; behaviour log-probs only reported
+  TIS,        // ... times min(pi_old / pi_behaviour, is_cap) per token (truncated importance sampling)
+  DECOUPLED,  // AReaL: clipped around pi_prox (= the recomputed old policy), times pi_prox / pi_behaviour;
+              // tokens whose weight exceeds is_cap get weight 0
+};
+OffPolicyCorrection parse_off_policy_correction(const std::string& name);
+
 struct TrainerOptions {
   double learning_rate = 1e-6;
   std::string lr_schedule = "constant";
@@ -59,6 +69,8 @@ struct TrainerOptions {
   double critic_learning_rate = 1e-5;
   double cliprange_value = 0.5;
   int64_t critic_warmup = 0;
+  OffPolicyCorrection off_policy = OffPolicyCorrection::NONE;
+  double is_cap = 2.0;
 
   static TrainerOptions from_job(const Job& job);
   AdamWOptions adamw() const { return {weight_decay, grad_clip, adam_beta1, adam_beta2, adam_eps}; }
@@ -74,6 +86,10 @@ struct LossSums {
   double clipped_high = 0.0;  // tokens clipped at 1 + clip_ratio_high (positive advantage)
   double mismatch_sum = 0.0;  // sum |trainer old log-prob - rollout log-prob|
   double mismatch_max = 0.0;
+  double is_weight_sum = 0.0;  // applied importance weights (tis / decoupled; 1 per token otherwise)
+  double is_ratio_sum = 0.0;   // pi_old / pi_behaviour per token, whether applied or not
+  double is_ratio_max = 0.0;
+  double is_capped = 0.0;      // tokens whose ratio exceeds is_cap (truncated or left out when applied)
   double tokens = 0.0;
   void add(const LossSums& o);
 };

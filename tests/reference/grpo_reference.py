@@ -8,7 +8,9 @@ torch.optim.AdamW, so the C++ trainer is checked against code that shares nothin
 stdin: {"model_dir": str,
         "param_names": [str],                  # order of the raw outputs
         "sequences": [{"ids": [int], "mask": [0|1], "advantage": float,
-                       "old": [float]}],       # old log-prob per trained token (positions >= 1, mask 1)
+                       "old": [float],         # old log-prob per trained token (positions >= 1, mask 1)
+                       "rollout": [float]}],   # behaviour log-prob per trained token (with "correction")
+        "correction": "none" | "tis" | "decoupled", "is_cap": float,   # optional (none)
         "norm": float,                         # trained tokens (token-mean) or sequences
         "agg": "token-mean" | "seq-mean-token-mean",
         "clip_low": float, "clip_high": float,
@@ -17,7 +19,7 @@ stdin: {"model_dir": str,
         "out_grads": path, "out_weights": path}
 Writes the gradients and the updated weights as raw little-endian float32, parameters in
 param_names order, and prints {"loss", "pg_loss", "entropy_sum", "clipped_low",
-"clipped_high", "tokens", "grad_norm"} on stdout.
+"clipped_high", "tokens", "grad_norm", "is_weight_sum", "is_capped"} on stdout.
 """
 import json
 import os
@@ -50,6 +52,9 @@ def main():
     pg_total = torch.zeros((), dtype=torch.float64)
     entropy_sum = 0.0
     clipped_low = clipped_high = tokens = 0
+    correction, cap = req.get("correction", "none"), req.get("is_cap", 2.0)
+    is_weight_sum = 0.0
+    is_capped = 0
     for seq in req["sequences"]:
         ids = seq["ids"]
         mask = torch.tensor(seq["mask"][1:], dtype=torch.bool)
@@ -63,6 +68,18 @@ def main():
         pg1 = -adv * ratio
         pg2 = -adv * torch.clamp(ratio, 1 - lo, 1 + hi)
         pg = torch.maximum(pg1, pg2)
+        # pi_old / pi_behaviour per token; counted over the cap whether or not it is applied.
+        raw = torch.exp(old - torch.tensor(seq.get("rollout", seq["old"]), dtype=torch.float32))
+        is_capped += int((raw > cap).sum())
+        if correction != "none":
+            # Off-policy correction: the ratio truncated at the cap (tis) or zero above it
+            # (decoupled), constant in the gradient.
+            if correction == "tis":
+                isw = torch.clamp(raw, max=cap)
+            else:
+                isw = torch.where(raw > cap, torch.zeros_like(raw), raw)
+            pg = pg * isw
+            is_weight_sum += float(isw.sum())
         weight = 1.0 if req["agg"] == "token-mean" else 1.0 / lp.numel()
         term = (pg * weight).sum() / req["norm"]
         pg_total = pg_total + term.double()
@@ -105,7 +122,8 @@ def main():
 
     json.dump({"loss": float(loss), "pg_loss": float(pg_total), "entropy_sum": entropy_sum,
                "clipped_low": clipped_low, "clipped_high": clipped_high, "tokens": tokens,
-               "grad_norm": float(grad_norm)}, sys.stdout)
+               "grad_norm": float(grad_norm), "is_weight_sum": is_weight_sum, "is_capped": is_capped},
+              sys.stdout)
 
 
 if __name__ == "__main__":

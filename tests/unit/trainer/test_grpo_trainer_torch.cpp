@@ -82,7 +82,33 @@ struct ParityCase {
   LossAggregation agg = LossAggregation::TOKEN_MEAN;
   bool kl = false;
   KlEstimator kl_estimator = KlEstimator::K3;
+  OffPolicyCorrection correction = OffPolicyCorrection::NONE;
 };
+
+// Sets each trained token's behaviour (rollout) log-prob to its old log-prob minus
+// 0.8 cos(...), so pi_old / pi_behaviour spans [0.45, 2.2], across a cap of 1.5. `prepared`
+// points into `batch`; its sequences read the new values.
+std::vector<std::vector<float>> set_behaviour_logprobs(TrainBatch& batch, const PreparedBatch& prepared,
+                                                       const std::vector<torch::Tensor>& old) {
+  std::vector<std::vector<float>> out(prepared.sequences.size());
+  for (size_t i = 0; i < prepared.sequences.size(); ++i) {
+    Sample* sample = nullptr;
+    for (auto& e : batch.episodes)
+      for (auto& smp : e.samples)
+        if (&smp == prepared.sequences[i].sample) sample = &smp;
+    EXPECT_NE(sample, nullptr);
+    if (sample == nullptr) continue;
+    int64_t k = 0;
+    for (size_t t = 1; t < sample->token_ids.size(); ++t) {
+      if (!sample->loss_mask[t]) continue;
+      const float v = old[i][k].item<float>() - 0.8f * std::cos(static_cast<float>(k) * 2.3f + static_cast<float>(i));
+      sample->rollout_logprobs[t] = v;
+      out[i].push_back(v);
+      ++k;
+    }
+  }
+  return out;
+}
 
 // Loss, gradients and one AdamW step on a fixed batch, C++ vs python3-torch, in fp32.
 void check_parity(const ParityCase& pc) {
@@ -92,9 +118,11 @@ void check_parity(const ParityCase& pc) {
   o.use_kl_loss = pc.kl;
   o.kl_estimator = pc.kl_estimator;
   o.kl_coef = 0.5;
+  o.off_policy = pc.correction;
+  o.is_cap = 1.5;
   auto model = DecoderModel::load(tinystories(), DType::F32);
   GrpoTrainer trainer(model, o);
-  const TrainBatch batch = random_batch(2, 4, 11);
+  TrainBatch batch = random_batch(2, 4, 11);
   const PreparedBatch prepared = prepare_batch(batch, o.advantage_estimator);
   ASSERT_EQ(prepared.sequences.size(), 8u);
   const auto seqs = all_indices(prepared);
@@ -103,6 +131,7 @@ void check_parity(const ParityCase& pc) {
   std::vector<torch::Tensor> old = trainer.token_logprobs(prepared, seqs);
   for (size_t i = 0; i < old.size(); ++i)
     old[i] = old[i] + 0.35f * torch::sin(torch::arange(old[i].numel(), torch::kFloat) * 1.7f + float(i));
+  const auto behaviour = set_behaviour_logprobs(batch, prepared, old);
   double norm = 0;
   for (const auto& s : prepared.sequences)
     norm += pc.agg == LossAggregation::TOKEN_MEAN ? static_cast<double>(s.trained_tokens) : 1.0;
@@ -135,10 +164,15 @@ void check_parity(const ParityCase& pc) {
     js["mask"] = s.sample->loss_mask;
     js["advantage"] = s.advantage;
     js["old"] = std::vector<float>(old[i].data_ptr<float>(), old[i].data_ptr<float>() + old[i].numel());
+    js["rollout"] = behaviour[i];
     req["sequences"].push_back(js);
   }
   req["norm"] = norm;
   req["agg"] = pc.agg == LossAggregation::TOKEN_MEAN ? "token-mean" : "seq-mean-token-mean";
+  req["correction"] = pc.correction == OffPolicyCorrection::TIS         ? "tis"
+                      : pc.correction == OffPolicyCorrection::DECOUPLED ? "decoupled"
+                                                                        : "none";
+  req["is_cap"] = o.is_cap;
   req["clip_low"] = o.clip_ratio_low;
   req["clip_high"] = o.clip_ratio_high;
   req["kl"] = pc.kl ? json{{"coef", o.kl_coef}, {"estimator", pc.kl_estimator == KlEstimator::K1 ? "k1" : "k3"}}
@@ -162,6 +196,15 @@ void check_parity(const ParityCase& pc) {
   EXPECT_EQ(sums.clipped_low, ref["clipped_low"].get<double>());
   EXPECT_EQ(sums.clipped_high, ref["clipped_high"].get<double>());
   EXPECT_GT(sums.clipped_low + sums.clipped_high, 0) << "the case should exercise clipping";
+  // Every token's pi_old / pi_behaviour is reported, applied or not; the cap is crossed.
+  EXPECT_EQ(sums.is_capped, ref["is_capped"].get<double>());
+  if (pc.correction != OffPolicyCorrection::NONE) {
+    EXPECT_GT(sums.is_capped, 0) << "the case should cross the cap";
+    EXPECT_LT(sums.is_capped, sums.tokens);
+    EXPECT_NEAR(sums.is_weight_sum, ref["is_weight_sum"].get<double>(), 1e-4 * sums.tokens);
+  } else {
+    EXPECT_EQ(sums.is_weight_sum, sums.tokens);  // weight 1 per token
+  }
   EXPECT_NEAR(grad_norm, ref["grad_norm"].get<double>(), 1e-5 * ref["grad_norm"].get<double>());
 
   const auto ref_grads = read_raw(req["out_grads"].get<std::string>(), shapes);
@@ -189,6 +232,13 @@ TEST(GrpoTrainerParity, SeqMeanTokenMeanMatchesPythonTorch) {
   check_parity({LossAggregation::SEQ_MEAN_TOKEN_MEAN, false, KlEstimator::K3});
 }
 TEST(GrpoTrainerParity, KlK1MatchesPythonTorch) { check_parity({LossAggregation::TOKEN_MEAN, true, KlEstimator::K1}); }
+// Asynchronous training's corrections (issue 24 §2): behaviour log-probs away from the old ones.
+TEST(GrpoTrainerParity, TruncatedImportanceSamplingMatchesPythonTorch) {
+  check_parity({LossAggregation::TOKEN_MEAN, false, KlEstimator::K3, OffPolicyCorrection::TIS});
+}
+TEST(GrpoTrainerParity, DecoupledPpoMatchesPythonTorch) {
+  check_parity({LossAggregation::SEQ_MEAN_TOKEN_MEAN, false, KlEstimator::K3, OffPolicyCorrection::DECOUPLED});
+}
 
 // Mean log-prob the model gives each sequence's trained tokens.
 std::vector<double> mean_logprobs(GrpoTrainer& trainer, const PreparedBatch& p) {
