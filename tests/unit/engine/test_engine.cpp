@@ -7,7 +7,10 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <mutex>
+#include <random>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "common/clock.hpp"
@@ -543,6 +546,299 @@ TEST_F(EngineTest, ResumeFromANonCheckpointFailsTheBootClearly) {
   engine->start_engine();
   ASSERT_TRUE(engine->wait_for_state(EngineState::OFFLINE, 5s));
   EXPECT_NE(engine->status().detail.find("neither a checkpoint"), std::string::npos) << engine->status().detail;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ asynchronous training (issue 24)
+namespace {
+
+// The oldest version that sampled a trained token of each batch the trainer received, by step.
+std::vector<int64_t> oldest_trained_versions(Probe& probe) {
+  std::lock_guard lk(probe.mu);
+  std::vector<int64_t> out;
+  for (const auto& b : probe.batches) {
+    int64_t oldest = std::numeric_limits<int64_t>::max();
+    for (const auto& e : b.episodes)
+      for (const auto& s : e.samples)
+        for (size_t t = 0; t < s.policy_versions.size(); ++t)
+          if (s.loss_mask[t]) oldest = std::min(oldest, s.policy_versions[t]);
+    out.push_back(oldest);
+  }
+  return out;
+}
+
+TEST_F(EngineTest, AsyncKeepsCollectingWhileTheTrainerWorks) {
+  boot(config_yaml(1, 2, "max_staleness: 1\nmock_train_seconds: 1.0\n"));
+  auto a = claim(), b = claim();
+  call(a.api_key, "one");
+  call(b.api_key, "two");
+  end(a, "t", 1.0);
+  end(b, "t", 0.0);
+  // The batch went to the trainer; collection never stopped.
+  auto st = engine->status();
+  EXPECT_EQ(st.state, EngineState::ROLLING);
+  EXPECT_EQ(st.trainer_step, 1);
+  EXPECT_EQ(st.max_staleness, 1);
+  EXPECT_NE(st.detail.find("trainer on step 1"), std::string::npos) << st.detail;
+  auto c = claim();  // claims go on while step 1 trains
+  call(c.api_key, "three");
+  ASSERT_TRUE(engine->wait_for_step(1, 5s));
+  st = engine->status();
+  EXPECT_EQ(st.trainer_step, 0);
+  // Only the swap was WEIGHT_SYNCING; nothing was drained.
+  EXPECT_EQ(st.transitions["ROLLING->WEIGHT_SYNCING"], 1);
+  EXPECT_EQ(st.transitions["WEIGHT_SYNCING->ROLLING"], 1);
+  EXPECT_EQ(st.transitions["ROLLING->ROLLING_POST"], 0);
+  // The episode claimed before the swap ends normally; its next call uses the new weights.
+  call(c.api_key, "four");
+  end(c, "u", 1.0);
+  const auto& s = engine->pool_snapshot();
+  ASSERT_EQ(s.tasks.size(), 1u);
+  const auto report = engine->step_history().back();
+  EXPECT_EQ(report.metrics.at("staleness_max"), 0);  // step 1 trained what version 0 generated
+}
+
+TEST_F(EngineTest, AsyncAdmissionHoldsClaimsBeyondTheBound) {
+  // η = 1, 2 episodes per batch: an idle trainer admits 2 batches' worth, a busy one 1.
+  boot(config_yaml(1, 2, "max_staleness: 1\nmock_train_seconds: 30\nmax_parallel_episodes: 8\n"));
+  std::vector<ClaimedEpisode> eps;
+  for (int i = 0; i < 4; ++i) eps.push_back(claim());
+  ClaimResult held = engine->claim_episode({"c1", EpisodeType::TRAIN, 60});
+  EXPECT_FALSE(held.episode.has_value());
+  EXPECT_NE(held.fail_cause.find("No available episodes to claim. The staleness bound"), std::string::npos)
+      << held.fail_cause;
+  EXPECT_TRUE(engine->claim_episode({"c1", EpisodeType::EVAL, 60}).episode.has_value());  // eval never trains
+  end(eps[0], "t", 1.0);
+  end(eps[1], "t", 0.0);  // the batch goes to the trainer (busy for 30 s)
+  EXPECT_EQ(engine->status().trainer_step, 1);
+  EXPECT_FALSE(engine->claim_episode({"c1", EpisodeType::TRAIN, 60}).episode.has_value());  // 2 running >= 2
+  EXPECT_TRUE(engine->abort_episode("c1", eps[2].episode_uuid));
+  EXPECT_TRUE(engine->abort_episode("c1", eps[3].episode_uuid));
+  claim();  // 0 running + 0 cached < 2
+  claim();
+  EXPECT_FALSE(engine->claim_episode({"c1", EpisodeType::TRAIN, 60}).episode.has_value());
+  EXPECT_GE(engine->status().counters.claims_held_by_staleness, 3);
+  // stop_engine in the middle of the update: OFFLINE at once, the trainer idle, restartable.
+  engine->stop_engine();
+  EXPECT_EQ(engine->status().state, EngineState::OFFLINE);
+  EXPECT_EQ(engine->status().trainer_step, 0);
+  wait_released(probe);
+  boot(config_yaml(1, 2, "max_staleness: 1\n"));
+  end(claim(), "t", 1.0);
+  end(claim(), "t", 0.0);
+  EXPECT_TRUE(engine->wait_for_step(1, 5s));
+}
+
+TEST_F(EngineTest, AsyncAdmissionNeverHoldsWhenOnlyNewClaimsCanCompleteTheBatch) {
+  boot(config_yaml(2, 2, "max_staleness: 1\n"));  // bound: 2 x 4 episodes
+  for (int i = 0; i < 8; ++i) end(claim(), "t" + std::to_string(i), 1.0);  // 8 groups of one
+  // 8 cached reach the bound, but nothing runs and no batch is ready: holding would deadlock.
+  auto e = claim();
+  end(e, "t0", 0.0);
+  end(claim(), "t1", 0.0);
+  EXPECT_TRUE(engine->wait_for_step(1, 5s));
+}
+
+TEST_F(EngineTest, AsyncDropsEpisodesTooStaleToTrain) {
+  boot(config_yaml(1, 2, "max_staleness: 1\nsave_freq: 0\n"));
+  auto slow = claim();
+  call(slow.api_key, "old thoughts");  // version 0
+  for (int step = 1; step <= 2; ++step) {
+    auto a = claim(), b = claim();
+    call(a.api_key, "x");
+    call(b.api_key, "y");
+    end(a, "f" + std::to_string(step), 1.0);
+    end(b, "f" + std::to_string(step), 0.0);
+    ASSERT_TRUE(engine->wait_for_step(step, 5s));
+  }
+  // Version 2 serves; a batch now trains on it and may hold nothing older than version 1.
+  end(slow, "late", 1.0);
+  EXPECT_EQ(engine->status().counters.stale_dropped_episodes, 1);
+  auto a = claim(), b = claim();
+  call(a.api_key, "x");
+  call(b.api_key, "y");
+  end(a, "late", 1.0);
+  end(b, "late", 0.0);
+  ASSERT_TRUE(engine->wait_for_step(3, 5s));
+  const auto report = engine->step_history().back();
+  EXPECT_EQ(report.metrics.at("stale_dropped_episodes"), 1);
+  EXPECT_EQ(report.episodes, 2);
+  const auto oldest = oldest_trained_versions(*probe);
+  ASSERT_EQ(oldest.size(), 3u);
+  EXPECT_EQ(oldest[2], 2);
+}
+
+// Many steps, agents of very different speeds: every batch the trainer receives for step k
+// (trained on the weights of version k - 1) holds no token older than k - 1 - η.
+void check_bound_with_slow_and_fast_agents(EngineTest* t, Engine& engine, Probe& probe, int eta) {
+  constexpr int kSteps = 14;
+  std::atomic<bool> done{false};
+  std::atomic<int> next_episode{0};
+  std::vector<std::thread> agents;
+  for (int a = 0; a < 6; ++a)
+    agents.emplace_back([&, a] {
+      std::mt19937 rng(static_cast<uint32_t>(a * 7919 + eta));
+      while (!done) {
+        ClaimResult r = engine.claim_episode({"agent-" + std::to_string(a), EpisodeType::TRAIN, 60});
+        if (!r.episode) {
+          std::this_thread::sleep_for(1ms);
+          continue;
+        }
+        const int n = next_episode++;
+        try {
+          for (int turn = 0; turn < 2; ++turn) {
+            GenerationLease lease = engine.begin_generation(r.episode->api_key);
+            struct Obs : GenerationObserver {
+              std::optional<GenerationResult> result;
+              void on_complete(GenerationResult res) override { result = std::move(res); }
+              void on_error(ErrorKind, const std::string&) override {}
+            };
+            auto obs = std::make_shared<Obs>();
+            nlohmann::json m = nlohmann::json::array({{{"role", "user"}, {"content", "turn " + std::to_string(turn)}}});
+            GenerationRequest req{lease.backend->render_chat(m, nullptr, true), {}};
+            auto prompt = req.prompt_ids;
+            lease.backend->generate(req, obs);
+            if (!obs->result) throw std::runtime_error("generation failed");
+            auto& ch = obs->result->choices.at(0);
+            LlmCall c{prompt, ch.ids, ch.logprobs, ch.versions.front(), ch.finish_reason};
+            engine.finish_generation(lease, std::move(c));
+            // Agents 0 and 1 think for long between turns; the others barely.
+            const int ms = a < 2 ? static_cast<int>(rng() % 120) : static_cast<int>(rng() % 4);
+            std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+          }
+          WorkflowOutput out;
+          out.reward = static_cast<double>(rng() % 2);
+          engine.end_episode("agent-" + std::to_string(a), r.episode->episode_uuid, "task-" + std::to_string(n / 2), out);
+        } catch (const std::exception&) {
+          // the run ended under it
+        }
+      }
+    });
+  const bool reached = engine.wait_for_step(kSteps, 60s);
+  done = true;
+  for (auto& th : agents) th.join();
+  ASSERT_TRUE(reached) << engine.status().detail;
+  const auto oldest = oldest_trained_versions(probe);
+  ASSERT_GE(oldest.size(), static_cast<size_t>(kSteps));
+  int64_t max_lag = 0;
+  for (size_t k = 1; k <= oldest.size(); ++k) {
+    const int64_t trainer_version = static_cast<int64_t>(k) - 1;
+    EXPECT_GE(oldest[k - 1], trainer_version - eta) << "step " << k;
+    max_lag = std::max(max_lag, trainer_version - oldest[k - 1]);
+  }
+  // Not vacuous: the fast agents ran ahead of the trainer, so some steps trained older tokens.
+  EXPECT_GE(max_lag, 1);
+  for (const auto& r : engine.step_history()) EXPECT_LE(r.metrics.at("staleness_max"), eta);
+  std::printf("eta %d: max lag trained %lld, stale drops %lld, claims held %lld\n", eta,
+              static_cast<long long>(max_lag), static_cast<long long>(engine.status().counters.stale_dropped_episodes),
+              static_cast<long long>(engine.status().counters.claims_held_by_staleness));
+  (void)t;
+}
+
+TEST_F(EngineTest, AsyncBoundHoldsWithSlowAndFastAgentsEta1) {
+  boot(config_yaml(2, 2, "max_staleness: 1\nmock_train_seconds: 0.05\nmax_parallel_episodes: 16\n"));
+  check_bound_with_slow_and_fast_agents(this, *engine, *probe, 1);
+}
+
+TEST_F(EngineTest, AsyncBoundHoldsWithSlowAndFastAgentsEta2) {
+  boot(config_yaml(2, 2, "max_staleness: 2\nmock_train_seconds: 0.05\nmax_parallel_episodes: 16\n"));
+  check_bound_with_slow_and_fast_agents(this, *engine, *probe, 2);
+}
+
+TEST_F(EngineTest, AsyncLastStepTakesNoNewEpisodesAndEndsTheRun) {
+  boot(config_yaml(1, 1, "max_staleness: 2\ntotal_training_steps: 2\nmock_train_seconds: 0.3\n"));
+  end(claim(), "a", 1.0);
+  end(claim(), "b", 1.0);  // step 1 trains; collection goes on; this completes step 2's batch
+  ASSERT_TRUE(engine->wait_for_step(1, 5s));
+  ASSERT_TRUE(engine->wait_for_state(EngineState::ROLLING_POST, 5s)) << engine->status().detail;
+  EXPECT_FALSE(engine->claim_episode({"c1", EpisodeType::TRAIN, 60}).episode.has_value());
+  ASSERT_TRUE(engine->wait_for_state(EngineState::OFFLINE, 5s));
+  EXPECT_NE(engine->status().detail.find("total_training_steps"), std::string::npos);
+  EXPECT_EQ(engine->status().global_step, 2);
+}
+
+TEST_F(EngineTest, AsyncStopMidUpdateCheckpointsTheLastStepAndResumeContinues) {
+  boot(config_yaml(1, 1, "max_staleness: 1\nmock_train_seconds: 0.2\nsave_freq: 0\n"));
+  end(claim(), "a", 1.0);
+  ASSERT_TRUE(engine->wait_for_step(1, 5s));
+  end(claim(), "b", 1.0);  // step 2 is training now
+  EXPECT_EQ(engine->status().trainer_step, 2);
+  engine->stop_engine();
+  wait_released(probe);
+  ASSERT_TRUE(fs::exists(experiment_dir() / "checkpoints" / "step-1"));  // the last finished step
+  EXPECT_FALSE(fs::exists(experiment_dir() / "checkpoints" / "step-2"));
+  EngineOptions o;
+  o.clock = clock;
+  o.janitor_interval_seconds = 0;
+  o.factory = [p = probe] { return std::make_unique<ProbeBackend>(p); };
+  o.resume_from = experiment_dir().string();
+  engine = std::make_unique<Engine>(o);
+  boot(config_yaml(1, 1, "max_staleness: 1\n"));
+  EXPECT_EQ(engine->status().global_step, 1);
+  end(claim(), "c", 1.0);
+  ASSERT_TRUE(engine->wait_for_step(2, 5s));
+}
+
+// max_staleness: 0 is the synchronous engine: the same script gives the same transitions, the
+// same batches and the same drain (ROLLING_POST waits for the episode still running).
+TEST_F(EngineTest, MaxStalenessZeroRunsTheSynchronousStateMachine) {
+  int released_runs = 0;
+  auto script = [&](const std::string& extra) {
+    make_engine();  // a fresh engine: transitions count from zero
+    boot(config_yaml(1, 2, extra));
+    auto late = claim();
+    call(late.api_key, "slow");
+    for (int step = 1; step <= 2; ++step) {
+      auto a = claim(), b = claim();
+      call(a.api_key, "a" + std::to_string(step));
+      call(b.api_key, "b" + std::to_string(step));
+      end(a, "t" + std::to_string(step), 1.0);
+      end(b, "t" + std::to_string(step), 0.0);
+      if (step == 1) {
+        EXPECT_EQ(engine->status().state, EngineState::ROLLING_POST);  // waiting for `late`
+        end(late, "late", 1.0);
+      }
+      EXPECT_TRUE(engine->wait_for_step(step, 5s));
+      EXPECT_TRUE(engine->wait_for_state(EngineState::ROLLING, 5s));
+    }
+    auto st = engine->status();
+    engine->stop_engine();
+    wait_released(probe, ++released_runs);
+    std::lock_guard lk(probe->mu);
+    auto batches = std::move(probe->batches);
+    probe->batches.clear();
+    return std::make_pair(st.transitions, batches);
+  };
+  const auto [t_default, b_default] = script("");
+  const auto [t_zero, b_zero] = script("max_staleness: 0\noff_policy_correction: auto\n");
+  EXPECT_EQ(t_default, t_zero);
+  ASSERT_EQ(b_default.size(), b_zero.size());
+  for (size_t k = 0; k < b_default.size(); ++k) {
+    ASSERT_EQ(b_default[k].episodes.size(), b_zero[k].episodes.size());
+    for (size_t e = 0; e < b_default[k].episodes.size(); ++e) {
+      const auto &x = b_default[k].episodes[e], &y = b_zero[k].episodes[e];
+      EXPECT_EQ(x.task_id, y.task_id);
+      EXPECT_EQ(x.reward, y.reward);
+      ASSERT_EQ(x.samples.size(), y.samples.size());
+      for (size_t i = 0; i < x.samples.size(); ++i) {
+        EXPECT_EQ(x.samples[i].token_ids, y.samples[i].token_ids);
+        EXPECT_EQ(x.samples[i].policy_versions, y.samples[i].policy_versions);
+      }
+    }
+  }
+  EXPECT_EQ(t_zero.at("ROLLING->ROLLING_POST"), 2);
+}
+
+TEST_F(EngineTest, AsyncNeedsATaskOrEpisodeCollectionMethod) {
+  try {
+    engine->sync_train_config(
+        config_yaml(1, 1, "max_staleness: 1\nsample_collection_method: rollout_until_all_clients_agree_sync_weight\n"));
+    FAIL();
+  } catch (const SwarmError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::INVALID_ARGUMENT);
+    EXPECT_NE(std::string(e.what()).find("max_staleness"), std::string::npos);
+  }
 }
 
 }  // namespace

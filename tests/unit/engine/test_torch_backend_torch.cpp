@@ -176,6 +176,36 @@ void check_exact_resume(const std::string& dtype, bool ppo = false) {
   }
 }
 
+// max_staleness 0 is the synchronous trainer, bit for bit (issue 24 §1): its `auto` correction is
+// none, and the asynchronous knobs change nothing. The batches' rollout log-probs are far from the
+// model's, so a correction applied by mistake (weights up to is_cap 1.1) would change the update.
+TEST(TorchBackend, MaxStalenessZeroTrainsExactlyAsTheSynchronousTrainer) {
+  ScratchDir scratch;
+  auto weights_after_steps = [&](const Job& job, const std::string& name) {
+    auto b = booted(job);
+    b->train_step(random_batch(2, 4, 51), 1, {});
+    b->train_step(random_batch(3, 3, 52), 2, {});
+    const fs::path dir = scratch.path() / name;
+    fs::create_directories(dir);
+    b->save_checkpoint(dir);
+    b->release();
+    return read_file(dir / "model.safetensors");
+  };
+  Job plain = tiny_job();
+  plain.ppo_epochs = 2;  // old log-probs recomputed, as with mini-batches
+  Job zero = plain;
+  zero.max_staleness = 0;
+  zero.off_policy_correction = "auto";
+  zero.is_cap = 1.1;
+  zero.kv_cache_on_swap = "recompute";
+  Job tis = plain;
+  tis.off_policy_correction = "tis";
+  tis.is_cap = 1.1;
+  const std::string a = weights_after_steps(plain, "plain"), b = weights_after_steps(zero, "zero");
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, weights_after_steps(tis, "tis")) << "the case should make a correction visible";
+}
+
 TEST(TorchBackend, ResumeContinuesBitExactlyFp32) { check_exact_resume("fp32"); }
 TEST(TorchBackend, ResumeContinuesBitExactlyBf16) { check_exact_resume("bf16"); }
 TEST(TorchBackend, PpoResumeContinuesBitExactlyFp32) { check_exact_resume("fp32", true); }

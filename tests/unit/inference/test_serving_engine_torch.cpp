@@ -40,6 +40,7 @@ class Collector : public GenerationObserver {
     std::lock_guard lk(mu_);
     streamed[choice] += delta;
     ++text_calls;
+    ++text_events;
     if (cancel_on_text) cancel = true;
   }
   void on_complete(GenerationResult r) override {
@@ -64,6 +65,7 @@ class Collector : public GenerationObserver {
 
   std::map<int64_t, std::string> streamed;
   int text_calls = 0;
+  std::atomic<int> text_events{0};  // text_calls, readable while the engine runs
   int ends = 0;
   std::optional<GenerationResult> result;
   std::optional<ErrorKind> error_kind;
@@ -238,6 +240,52 @@ TEST_F(ServingEngineTest, TinyKvCacheWaitsAndPreemptsWithoutChangingResults) {
   }
   EXPECT_GT(engine.stats().preemptions, 0) << "the cache was meant to be too small for every sequence";
   expect_blocks_all_free(engine);
+}
+
+// Asynchronous training swaps weights while sequences generate (issue 24 §1): every token keeps
+// the version that sampled it, and the swap changes nothing else (here the weights stay the same,
+// so the ids are the greedy reference's) whether the KV cache is kept or recomputed.
+void check_generation_across_a_swap(std::shared_ptr<DecoderModel> model, std::shared_ptr<const Tokenizer> tokenizer,
+                                    ServingConfig cfg, const std::vector<TokenId>& ids, const Reference& ref,
+                                    bool recompute) {
+  cfg.eos_token_ids = {};
+  ServingEngine engine(model, tokenizer, cfg);
+  engine.set_policy_version(3);
+  GenerationRequest r;
+  r.prompt_ids = ids;
+  r.params.temperature = 0.0;
+  r.params.max_tokens = static_cast<int64_t>(ref.ids.size());
+  r.params.logprobs = true;
+  auto c = std::make_shared<Collector>();
+  engine.submit(r, c);
+  for (int i = 0; i < 2000 && c->text_events < 10; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const int64_t preemptions_before = engine.stats().preemptions;
+  engine.run_exclusive([&] {
+    engine.set_policy_version(4);
+    if (recompute) engine.recompute_running();
+  });
+  ASSERT_TRUE(c->wait());
+  ASSERT_TRUE(c->result) << c->error;
+  const GenerationChoice& ch = c->result->choices.at(0);
+  EXPECT_EQ(ch.ids, ref.ids);
+  ASSERT_EQ(ch.logprobs.size(), ref.logprobs.size());
+  for (size_t i = 0; i < ch.logprobs.size(); ++i) EXPECT_NEAR(ch.logprobs[i], ref.logprobs[i], 1e-4) << i;
+  ASSERT_EQ(ch.versions.size(), ch.ids.size());
+  EXPECT_EQ(ch.versions.front(), 3);
+  EXPECT_EQ(ch.versions.back(), 4) << "the swap came after the generation ended; lengthen it";
+  EXPECT_TRUE(std::is_sorted(ch.versions.begin(), ch.versions.end()));
+  EXPECT_EQ(c->result->policy_version, 3);  // the oldest version in it
+  EXPECT_EQ(engine.stats().preemptions - preemptions_before, recompute ? 1 : 0);
+}
+
+TEST_F(ServingEngineTest, AGenerationAcrossASwapKeepsItsKvCacheAndCarriesBothVersions) {
+  const auto ids = prompt(kPrompts[2]);
+  check_generation_across_a_swap(model_, tokenizer_, config(), ids, greedy_reference(ids, 160, {}), false);
+}
+
+TEST_F(ServingEngineTest, AGenerationAcrossASwapRecomputedCarriesBothVersions) {
+  const auto ids = prompt(kPrompts[2]);
+  check_generation_across_a_swap(model_, tokenizer_, config(), ids, greedy_reference(ids, 160, {}), true);
 }
 
 TEST_F(ServingEngineTest, SameSeedSameTokensWhateverTheBatch) {
