@@ -17,11 +17,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -73,6 +75,12 @@ struct Settings {
   int ppo_mini_batch_size = 0;
   std::string dtype = "fp32";
   int engine_threads = 0;
+  // asynchronous training and agent timing
+  int max_staleness = 0;
+  std::string off_policy_correction = "auto";
+  bool stream = false;      // workers claim continuously instead of one batch per step
+  double think_ms = 0;      // median of a long-tailed pause before each episode ends
+  double target_reward = 0; // streaming: stop once the last 10 steps' mean reward reaches it
   std::string project_name = "tasks";
   std::string experiment_name = "train-agent";
   // output
@@ -87,7 +95,16 @@ struct StepStats {
   double reward_sum = 0;
   int episodes = 0;
   int exact = 0;
+  void add(const std::string& family, double r) {
+    reward_sum += r;
+    ++episodes;
+    exact += r >= 1.0;
+    auto& [sum, n] = by_family[family];
+    sum += r;
+    ++n;
+  }
   double mean() const { return episodes ? reward_sum / episodes : 0.0; }
+  double exact_rate() const { return episodes ? static_cast<double>(exact) / episodes : 0.0; }
   double family_mean(const std::string& f) const {
     auto it = by_family.find(f);
     return it == by_family.end() || it->second.second == 0 ? 0.0 : it->second.first / it->second.second;
@@ -141,6 +158,8 @@ swarm::Job make_job(const Settings& s, const std::vector<const CLI::Option*>& gi
   if (use("--ppo-mini-batch-size")) job.ppo_mini_batch_size = s.ppo_mini_batch_size;
   if (use("--dtype")) job.dtype = s.dtype;
   if (use("--engine-threads")) job.engine_threads = s.engine_threads;
+  if (use("--max-staleness")) job.max_staleness = s.max_staleness;
+  if (use("--off-policy-correction")) job.off_policy_correction = s.off_policy_correction;
   if (use("--seed")) job.seed = static_cast<int64_t>(s.seed);
   if (s.job_file.empty()) {
     job.max_prompt_length = 64;  // the prompts are a few characters
@@ -183,6 +202,39 @@ std::vector<double> token_credit(const swarm::ChatResult& reply, const std::stri
   return out;
 }
 
+// One episode: the chat call, its verdict (and per-token credit), the optional think time.
+swarm::WorkflowOutput play_episode(const Settings& s, const tasks::RewardOptions& reward_options,
+                                   const tasks::TaskInstance& inst, int attempt, int max_tokens,
+                                   const swarm::OpenAIEndpoint& ep, StepScratch& scratch) {
+  swarm::OpenAIClient llm(ep, std::chrono::seconds(120));
+  swarm::ChatParams params;
+  params.max_tokens = max_tokens;
+  params.temperature = s.temperature;
+  params.logprobs = s.token_credit;  // the completion's tokens, to credit each one
+  if (!s.random_sampling) params.seed = tasks::mix_seed(s.seed, inst.seed, static_cast<uint64_t>(attempt));
+  const swarm::ChatResult reply = llm.chat({{"user", inst.prompt}}, params);
+  swarm::WorkflowOutput out;
+  out.reward = tasks::score(inst, reply.content, reward_options);
+  if (s.token_credit) out.token_rewards = {token_credit(reply, inst.answer, s.partial_weight, &*out.reward)};
+  out.is_success = tasks::is_exact(inst, reply.content);
+  out.log_metrics["exact"] = *out.is_success ? 1.0 : 0.0;
+  out.log_metrics["reply_chars"] = static_cast<double>(reply.content.size());
+  scratch.completion_tokens += reply.usage.completion_tokens;
+  if (s.show_samples > 0) {
+    std::lock_guard lk(scratch.mu);
+    if (static_cast<int>(scratch.samples.size()) < s.show_samples)
+      scratch.samples.push_back({inst.prompt, inst.answer, reply.content, *out.reward});
+  }
+  if (s.think_ms > 0) {
+    // An agent's own work before it reports (tools, checks): long-tailed, median think_ms
+    // (lognormal, sigma 1: mean 1.65x, one in a hundred over 10x the median).
+    std::mt19937_64 rng(tasks::mix_seed(s.seed ^ 0x7468696e6bull, inst.seed, static_cast<uint64_t>(attempt)));
+    std::lognormal_distribution<double> pause(std::log(s.think_ms), 1.0);
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(pause(rng)));
+  }
+  return out;
+}
+
 std::string family_summary(const StepStats& st, const std::vector<std::string>& families) {
   std::string out;
   char buf[64];
@@ -202,6 +254,198 @@ double window_mean(const std::vector<StepStats>& steps, size_t begin, size_t end
   return sum / static_cast<double>(end - begin);
 }
 
+swarm::Task make_task(const tasks::TaskInstance& inst) {
+  swarm::Task task;
+  task.task_id = inst.id;
+  task.main_query = inst.prompt;
+  task.env_type = inst.family;
+  task.metadata_json = nlohmann::json{{"answer", inst.answer}, {"difficulty", inst.difficulty}}.dump();
+  return task;
+}
+
+// Prints one line per policy step (and appends it to --metrics-out), then the run's summary.
+class Reporter {
+ public:
+  Reporter(const Settings& s, std::vector<std::string> families) : s_(s), families_(std::move(families)) {
+    if (!s.metrics_out.empty()) {
+      metrics_.open(s.metrics_out, std::ios::app);
+      if (!metrics_) throw swarm::ConfigError("cannot open --metrics-out " + s.metrics_out);
+    }
+  }
+
+  void step(int64_t global_step, const StepStats& st, StepScratch& scratch, double rollout_s, double elapsed) {
+    history_.push_back(st);
+    const int step = static_cast<int>(history_.size());
+    const double tokens_per_s = rollout_s > 0 ? static_cast<double>(scratch.completion_tokens) / rollout_s : 0.0;
+    std::printf(
+        "step %d/%d  global_step=%lld  reward=%.3f (%s)  exact=%.2f  episodes=%d  tok/s=%.0f  "
+        "rollout=%.1fs  step=%.1fs  total=%.0fs\n",
+        step, s_.steps, static_cast<long long>(global_step), st.mean(), family_summary(st, families_).c_str(),
+        st.exact_rate(), st.episodes, tokens_per_s, rollout_s, elapsed, seconds_since(t0_));
+    for (const auto& smp : scratch.samples)
+      std::printf("    %-16s -> %-12s (answer %s, reward %.2f)\n", smp.prompt.c_str(),
+                  nlohmann::json(smp.reply).dump().c_str(), smp.answer.c_str(), smp.reward);
+    std::fflush(stdout);
+    if (!metrics_.is_open()) return;
+    nlohmann::json line = {{"step", step},
+                           {"global_step", global_step},
+                           {"reward_mean", st.mean()},
+                           {"exact_rate", st.exact_rate()},
+                           {"episodes", st.episodes},
+                           {"completion_tokens", scratch.completion_tokens.load()},
+                           {"tokens_per_second", tokens_per_s},
+                           {"rollout_seconds", rollout_s},
+                           {"step_seconds", elapsed},
+                           {"elapsed_seconds", seconds_since(t0_)}};
+    for (const auto& f : families_) line["reward_by_family"][f] = st.family_mean(f);
+    metrics_ << line.dump() << "\n";
+    metrics_.flush();
+  }
+
+  // Mean reward of the last `n` steps (all of them when fewer).
+  double recent_reward(size_t n) const {
+    const size_t k = std::min(n, history_.size());
+    return window_mean(history_, history_.size() - k, history_.size(), [](const StepStats& st) { return st.mean(); });
+  }
+  size_t steps() const { return history_.size(); }
+
+  // The first and last tenth-or-10 steps.
+  void summary() const {
+    const size_t n = history_.size();
+    const size_t w = std::max<size_t>(1, std::min<size_t>(10, n / 2));
+    const auto reward = [](const StepStats& st) { return st.mean(); };
+    const auto exact = [](const StepStats& st) { return st.exact_rate(); };
+    const double total_s = seconds_since(t0_);
+    std::printf(
+        "summary: %zu steps in %.0fs (%.2f s/step); reward first %zu steps %.3f -> last %zu steps %.3f; "
+        "exact %.2f -> %.2f\n",
+        n, total_s, n ? total_s / static_cast<double>(n) : 0.0, w, window_mean(history_, 0, w, reward), w,
+        window_mean(history_, n - w, n, reward), window_mean(history_, 0, w, exact),
+        window_mean(history_, n - w, n, exact));
+    for (const auto& f : families_) {
+      const auto fam = [&](const StepStats& st) { return st.family_mean(f); };
+      std::printf("summary: %-8s reward %.3f -> %.3f\n", f.c_str(), window_mean(history_, 0, w, fam),
+                  window_mean(history_, n - w, n, fam));
+    }
+  }
+
+ private:
+  const Settings& s_;
+  std::vector<std::string> families_;
+  std::ofstream metrics_;
+  std::vector<StepStats> history_;
+  const Clock::time_point t0_ = Clock::now();
+};
+
+// --stream (always with --max-staleness >= 1): `--workers` agents claim episodes continuously
+// instead of one batch per step, so they keep generating while the server trains (the server
+// holds their claims when the staleness bound says so). Tasks come as groups of num_repeat
+// episodes of one task id, in order; a step's line covers the episodes that ended between two
+// policy updates. Ends after `--steps` updates, or once the last 10 steps' mean reward reaches
+// --target-reward.
+int drive_streaming(const Settings& s, const tasks::TaskMix& mix, const tasks::RewardOptions& reward_options,
+                    const std::function<int(const std::string&)>& max_tokens_for, swarm::SwarmClient& client,
+                    Reporter& report) {
+  const int64_t start_step = client.get_engine_status().global_step;
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> next_episode{0};
+  std::atomic<int> failures{0};
+  std::mutex mu;  // guards window and scratch
+  StepStats window;
+  auto scratch = std::make_unique<StepScratch>();
+  auto window_t0 = Clock::now();
+
+  auto worker = [&] {
+    while (!stop) {
+      const int64_t n = next_episode++;
+      const int64_t group = n / s.num_repeat;
+      const int attempt = static_cast<int>(n % s.num_repeat);
+      const uint64_t task_seed = tasks::mix_seed(s.seed, 0x5354524541ull, static_cast<uint64_t>(group)) & 0xFFFFFFFFull;
+      const tasks::TaskInstance inst = mix.sample(s.difficulty, task_seed);
+      const swarm::Task task = make_task(inst);
+      std::optional<swarm::OpenAIEndpoint> ep;
+      while (!stop && !ep) {
+        try {
+          ep = client.begin_episode(600, "train", std::chrono::milliseconds(1000));
+        } catch (const swarm::TimeoutError&) {
+        }
+      }
+      if (!ep) break;
+      try {
+        StepScratch* sc;
+        {
+          std::lock_guard lk(mu);
+          sc = scratch.get();
+        }
+        swarm::WorkflowOutput out = play_episode(s, reward_options, inst, attempt, max_tokens_for(inst.family), *ep, *sc);
+        if (stop) {
+          client.abort_episode(ep->episode_uuid);
+          break;
+        }
+        if (client.end_episode(task, ep->episode_uuid, out)) {
+          std::lock_guard lk(mu);
+          window.add(inst.family, *out.reward);
+        }
+      } catch (const std::exception& e) {
+        if (++failures <= 5) std::fprintf(stderr, "train_agent: episode failed (aborted): %s\n", e.what());
+        try {
+          client.abort_episode(ep->episode_uuid);
+        } catch (const std::exception&) {
+        }
+      }
+    }
+  };
+  std::vector<std::thread> workers;
+  for (int i = 0; i < s.workers; ++i) workers.emplace_back(worker);
+
+  int rc = 0;
+  int64_t seen = start_step;
+  std::vector<std::unique_ptr<StepScratch>> retired;  // the workers may still hold one
+  auto last_progress = Clock::now();
+  while (report.steps() < static_cast<size_t>(s.steps)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const swarm::EngineStatus status = client.get_engine_status();
+    if (status.engine_status == "ENGINE.OFFLINE") {
+      std::fprintf(stderr, "train_agent: error: the engine went offline%s%s\n",
+                   status.engine_status_detail.empty() ? "" : ": ", status.engine_status_detail.c_str());
+      rc = 1;
+      break;
+    }
+    if (status.global_step == seen) {
+      if (seconds_since(last_progress) > s.step_timeout_s) {
+        std::fprintf(stderr, "train_agent: error: global_step stayed at %lld for %.0f s (engine %s)\n",
+                     static_cast<long long>(seen), s.step_timeout_s, status.engine_status.c_str());
+        rc = 1;
+        break;
+      }
+      continue;
+    }
+    seen = status.global_step;
+    last_progress = Clock::now();
+    StepStats st;
+    std::unique_ptr<StepScratch> done;
+    {
+      std::lock_guard lk(mu);
+      st = std::exchange(window, StepStats{});
+      done = std::exchange(scratch, std::make_unique<StepScratch>());
+    }
+    const double elapsed = seconds_since(window_t0);
+    window_t0 = Clock::now();
+    // A worker may still add its tokens to the old scratch: it lives until the workers end.
+    report.step(status.global_step, st, *done, elapsed, elapsed);
+    retired.push_back(std::move(done));
+    if (s.target_reward > 0 && report.steps() >= 10 && report.recent_reward(10) >= s.target_reward) {
+      std::printf("train_agent: the last 10 steps' mean reward %.3f reached --target-reward %.3f after %zu steps\n",
+                  report.recent_reward(10), s.target_reward, report.steps());
+      break;
+    }
+  }
+  stop = true;
+  for (auto& t : workers) t.join();
+  report.summary();
+  return rc;
+}
+
 int run(const Settings& s, const std::vector<const CLI::Option*>& given) {
   const tasks::TaskMix mix = tasks::TaskMix::parse(s.task_mix);
   const std::vector<std::string> families = mix.families();
@@ -215,6 +459,11 @@ int run(const Settings& s, const std::vector<const CLI::Option*>& given) {
   swarm::SwarmClientOptions options;
   options.run_claim_deadline = std::chrono::milliseconds(static_cast<int64_t>(s.step_timeout_s * 1000 / 4));
   options.max_connections = static_cast<size_t>(s.workers) + 4;
+  if (s.stream || s.max_staleness > 0) {
+    // Streaming agents ask again soon when a claim is held (staleness bound, a weight sync).
+    options.backoff_initial = std::chrono::milliseconds(20);
+    options.backoff_max = std::chrono::milliseconds(250);
+  }
   swarm::SwarmClient client(s.url, options);
 
   const swarm::Job job = make_job(s, given, max_response_tokens);
@@ -232,15 +481,9 @@ int run(const Settings& s, const std::vector<const CLI::Option*>& given) {
               static_cast<long long>(status.global_step));
   std::fflush(stdout);
 
-  std::ofstream metrics;
-  if (!s.metrics_out.empty()) {
-    metrics.open(s.metrics_out, std::ios::app);
-    if (!metrics) throw swarm::ConfigError("cannot open --metrics-out " + s.metrics_out);
-  }
+  Reporter report(s, families);
+  if (s.stream || s.max_staleness > 0) return drive_streaming(s, mix, reward_options, max_tokens_for, client, report);
 
-  std::vector<StepStats> history;
-  std::vector<double> step_seconds;
-  const auto run_t0 = Clock::now();
   for (int step = 1; step <= s.steps; ++step) {
     const auto t0 = Clock::now();
     const int64_t step_before = client.get_engine_status().global_step;
@@ -251,13 +494,7 @@ int run(const Settings& s, const std::vector<const CLI::Option*>& given) {
     for (int i = 0; i < s.batch_size; ++i) {
       const uint64_t task_seed =
           tasks::mix_seed(s.seed, static_cast<uint64_t>(step_before), static_cast<uint64_t>(i)) & 0xFFFFFFFFull;
-      const tasks::TaskInstance inst = mix.sample(s.difficulty, task_seed);
-      swarm::Task task;
-      task.task_id = inst.id;
-      task.main_query = inst.prompt;
-      task.env_type = inst.family;
-      task.metadata_json = nlohmann::json{{"answer", inst.answer}, {"difficulty", inst.difficulty}}.dump();
-      for (int r = 0; r < s.num_repeat; ++r) batch.push_back(task);
+      batch.insert(batch.end(), static_cast<size_t>(s.num_repeat), make_task(mix.sample(s.difficulty, task_seed)));
     }
 
     StepScratch scratch;
@@ -268,26 +505,7 @@ int run(const Settings& s, const std::vector<const CLI::Option*>& given) {
         std::lock_guard lk(scratch.mu);
         attempt = scratch.attempts[task.task_id]++;
       }
-      swarm::OpenAIClient llm(ep, std::chrono::seconds(120));
-      swarm::ChatParams params;
-      params.max_tokens = max_tokens_for(inst.family);
-      params.temperature = s.temperature;
-      params.logprobs = s.token_credit;  // the completion's tokens, to credit each one
-      if (!s.random_sampling) params.seed = tasks::mix_seed(s.seed, inst.seed, static_cast<uint64_t>(attempt));
-      const swarm::ChatResult reply = llm.chat({{"user", inst.prompt}}, params);
-      swarm::WorkflowOutput out;
-      out.reward = tasks::score(inst, reply.content, reward_options);
-      if (s.token_credit) out.token_rewards = {token_credit(reply, inst.answer, s.partial_weight, &*out.reward)};
-      out.is_success = tasks::is_exact(inst, reply.content);
-      out.log_metrics["exact"] = *out.is_success ? 1.0 : 0.0;
-      out.log_metrics["reply_chars"] = static_cast<double>(reply.content.size());
-      scratch.completion_tokens += reply.usage.completion_tokens;
-      if (s.show_samples > 0) {
-        std::lock_guard lk(scratch.mu);
-        if (static_cast<int>(scratch.samples.size()) < s.show_samples)
-          scratch.samples.push_back({inst.prompt, inst.answer, reply.content, *out.reward});
-      }
-      return out;
+      return play_episode(s, reward_options, inst, attempt, max_tokens_for(inst.family), ep, scratch);
     };
     const swarm::RunSummary summary = client.run_episodes_until_all_complete(batch, workflow, s.workers);
     const double rollout_s = seconds_since(t0);
@@ -298,16 +516,8 @@ int run(const Settings& s, const std::vector<const CLI::Option*>& given) {
     }
 
     StepStats st;
-    for (size_t i = 0; i < batch.size(); ++i) {
-      if (!summary.rewards[i]) continue;
-      const double r = *summary.rewards[i];
-      st.reward_sum += r;
-      ++st.episodes;
-      st.exact += r >= 1.0;
-      auto& [sum, n] = st.by_family[batch[i].env_type];
-      sum += r;
-      ++n;
-    }
+    for (size_t i = 0; i < batch.size(); ++i)
+      if (summary.rewards[i]) st.add(batch[i].env_type, *summary.rewards[i]);
 
     // The batch is complete; the server now trains and syncs weights.
     const auto wait_until = Clock::now() + std::chrono::duration<double>(s.step_timeout_s);
@@ -326,55 +536,9 @@ int run(const Settings& s, const std::vector<const CLI::Option*>& given) {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    const double elapsed = seconds_since(t0);
-    const double tokens_per_s = rollout_s > 0 ? static_cast<double>(scratch.completion_tokens) / rollout_s : 0.0;
-    history.push_back(st);
-    step_seconds.push_back(elapsed);
-    std::printf(
-        "step %d/%d  global_step=%lld  reward=%.3f (%s)  exact=%.2f  episodes=%d  tok/s=%.0f  "
-        "rollout=%.1fs  step=%.1fs  total=%.0fs\n",
-        step, s.steps, static_cast<long long>(status.global_step), st.mean(), family_summary(st, families).c_str(),
-        st.episodes ? static_cast<double>(st.exact) / st.episodes : 0.0, st.episodes, tokens_per_s, rollout_s, elapsed,
-        seconds_since(run_t0));
-    for (const auto& smp : scratch.samples)
-      std::printf("    %-16s -> %-12s (answer %s, reward %.2f)\n", smp.prompt.c_str(),
-                  nlohmann::json(smp.reply).dump().c_str(), smp.answer.c_str(), smp.reward);
-    std::fflush(stdout);
-    if (metrics.is_open()) {
-      nlohmann::json line = {{"step", step},
-                             {"global_step", status.global_step},
-                             {"reward_mean", st.mean()},
-                             {"exact_rate", st.episodes ? static_cast<double>(st.exact) / st.episodes : 0.0},
-                             {"episodes", st.episodes},
-                             {"completion_tokens", scratch.completion_tokens.load()},
-                             {"tokens_per_second", tokens_per_s},
-                             {"rollout_seconds", rollout_s},
-                             {"step_seconds", elapsed},
-                             {"elapsed_seconds", seconds_since(run_t0)}};
-      for (const auto& f : families) line["reward_by_family"][f] = st.family_mean(f);
-      metrics << line.dump() << "\n";
-      metrics.flush();
-    }
+    report.step(status.global_step, st, scratch, rollout_s, seconds_since(t0));
   }
-
-  // Summary: the first and last tenth-or-10 steps.
-  const size_t n = history.size();
-  const size_t w = std::max<size_t>(1, std::min<size_t>(10, n / 2));
-  const auto reward = [](const StepStats& st) { return st.mean(); };
-  const auto exact = [](const StepStats& st) {
-    return st.episodes ? static_cast<double>(st.exact) / st.episodes : 0.0;
-  };
-  const double total_s = seconds_since(run_t0);
-  std::printf(
-      "summary: %zu steps in %.0fs (%.2f s/step); reward first %zu steps %.3f -> last %zu steps %.3f; "
-      "exact %.2f -> %.2f\n",
-      n, total_s, n ? total_s / static_cast<double>(n) : 0.0, w, window_mean(history, 0, w, reward), w,
-      window_mean(history, n - w, n, reward), window_mean(history, 0, w, exact), window_mean(history, n - w, n, exact));
-  for (const auto& f : families) {
-    const auto fam = [&](const StepStats& st) { return st.family_mean(f); };
-    std::printf("summary: %-8s reward %.3f -> %.3f\n", f.c_str(), window_mean(history, 0, w, fam),
-                window_mean(history, n - w, n, fam));
-  }
+  report.summary();
   return 0;
 }
 
@@ -468,6 +632,23 @@ int main(int argc, char** argv) {
   app.add_option("--experiment", s.experiment_name, "Job experiment_name")->capture_default_str();
   app.add_option("--metrics-out", s.metrics_out, "Append one JSON line per step to this file");
   app.add_option("--show-samples", s.show_samples, "Print this many replies of each step")->capture_default_str();
+  app.add_option("--max-staleness", s.max_staleness,
+                 "Asynchronous training (Job max_staleness): 0 = synchronous; N >= 1 trains while the agents go on "
+                 "generating, nothing older than N versions (implies --stream)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--off-policy-correction", s.off_policy_correction, "auto, none, tis or decoupled")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "none", "tis", "decoupled"}));
+  app.add_flag("--stream", s.stream,
+               "Workers claim episodes continuously (groups of --num-repeat, in order) instead of one batch per step");
+  app.add_option("--think-ms", s.think_ms,
+                 "Each episode pauses before it ends: long-tailed (lognormal, sigma 1), this median in ms")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--target-reward", s.target_reward,
+                 "With --stream: stop once the last 10 steps' mean reward reaches this (0 = run --steps)")
+      ->capture_default_str();
   app.add_option("--step-timeout", s.step_timeout_s, "Seconds to wait for one policy step")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

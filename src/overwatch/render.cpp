@@ -248,6 +248,20 @@ std::vector<std::string> state_lines(const PoolInfo& p, const Style& st, size_t 
   line += st.paint(" · policy v", kDim) + std::to_string(p.policy_version);
   line += st.paint(" · claims ", kDim) + (p.accepting_claims ? st.paint("open", kGreen) : st.paint("closed", kYellow));
   out.push_back(line);
+  if (p.has_training) {
+    // The mode, the trainer beside the collection, and how stale the last step's tokens were.
+    std::string t = st.paint("  training ", kDim) +
+                    (p.max_staleness > 0 ? fmt::format("async (max_staleness {})", p.max_staleness)
+                                         : std::string("synchronous"));
+    t += st.paint(" · trainer ", kDim) +
+         (p.trainer_step > 0 ? st.paint(fmt::format("on step {}", p.trainer_step), kBold) : std::string("idle"));
+    if (!p.step_history.empty()) {
+      const StepPoint& last = p.step_history.back();
+      t += st.paint(" · staleness ", kDim) + fmt::format("mean {:.2f} max {:.0f}", last.staleness_mean, last.staleness_max);
+      if (last.stale_dropped > 0) t += st.paint(fmt::format(" · {} stale dropped", last.stale_dropped), kYellow);
+    }
+    out.push_back(t);
+  }
   if (!p.engine_status_detail.empty()) {
     const auto wrapped = wrap_text(sanitize(p.engine_status_detail), width > 12 ? width - 10 : 2);
     for (size_t k = 0; k < wrapped.size() && k < 2; ++k)
@@ -469,6 +483,10 @@ std::vector<std::string> traffic_lines(const FrameInput& in, const PoolInfo& p, 
   add("late calls", "late_calls_dropped", kYellow);
   add("valve drops", "valve_dropped_episodes", kYellow);
   add("batches", "batches_taken", nullptr);
+  if (p.max_staleness > 0) {  // asynchronous training's bound at work
+    add("stale drops", "stale_dropped_episodes", kYellow);
+    add("claims held", "claims_held_by_staleness", nullptr);
+  }
   for (auto& l : pack(events, width, st)) out.push_back(std::move(l));
   return out;
 }

@@ -75,6 +75,12 @@ PoolInfo pool_information_from_json(const json& j) {
   p.seconds_in_state = get_double(j, "seconds_in_state");
   p.global_step = get_int(j, "global_step");
   p.policy_version = get_int(j, "policy_version");
+  if (j.contains("training")) {
+    const json& training = get_object(j, "training");
+    p.has_training = true;
+    p.max_staleness = get_int(training, "max_staleness");
+    p.trainer_step = get_int(training, "trainer_step");
+  }
   p.sample_collection_method = get_string(j, "sample_collection_method");
   p.accepting_claims = get_bool(j, "accepting_claims");
   p.batch_size = get_int(j, "batch_size");
@@ -125,6 +131,12 @@ PoolInfo pool_information_from_json(const json& j) {
     pt.episodes = get_int(s, "episodes");
     pt.tasks = get_int(s, "tasks");
     pt.seconds = get_double(s, "seconds");
+    if (s.contains("metrics") && s["metrics"].is_object()) {
+      const json& m = s["metrics"];
+      pt.staleness_mean = get_double(m, "staleness_mean");
+      pt.staleness_max = get_double(m, "staleness_max");
+      pt.stale_dropped = static_cast<int64_t>(get_double(m, "stale_dropped_episodes"));
+    }
     p.step_history.push_back(pt);
   }
   for (const auto& [k, v] : get_object(j, "eval_metrics").items())

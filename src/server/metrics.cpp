@@ -43,6 +43,10 @@ std::string Metrics::render(const EngineSnapshot& st, const PoolSnapshot& pool,
   out += fmt::format("swarm_global_step {}\n", st.global_step);
   header("swarm_policy_version", "gauge", "Version of the weights serving generation.");
   out += fmt::format("swarm_policy_version {}\n", st.policy_version);
+  header("swarm_max_staleness", "gauge", "The run's max_staleness (0 = synchronous training).");
+  out += fmt::format("swarm_max_staleness {}\n", st.max_staleness);
+  header("swarm_trainer_step", "gauge", "The policy step the trainer is computing; 0 when idle.");
+  out += fmt::format("swarm_trainer_step {}\n", st.trainer_step);
 
   const auto& c = st.counters;
   header("swarm_episodes_total", "counter", "Episode events since the server started.");
@@ -55,7 +59,8 @@ std::string Metrics::render(const EngineSnapshot& st, const PoolSnapshot& pool,
            {"split_by_drift", c.episodes_split_by_drift},
            {"aborted", c.aborted},
            {"timed_out", c.timed_out},
-           {"cancelled", c.cancelled}})
+           {"cancelled", c.cancelled},
+           {"stale_dropped", c.stale_dropped_episodes}})
     out += fmt::format("swarm_episodes_total{{event=\"{}\"}} {}\n", event, v);
   header("swarm_llm_calls_total", "counter", "LLM calls recorded into episodes.");
   out += fmt::format("swarm_llm_calls_total {}\n", c.llm_calls);

@@ -111,6 +111,11 @@ nlohmann::json pool_information_json(const EngineSnapshot& st, const PoolSnapsho
       {"seconds_in_state", st.seconds_in_state},
       {"global_step", st.global_step},
       {"policy_version", st.policy_version},
+      // Synchronous or asynchronous training (max_staleness) and what the trainer is doing.
+      {"training",
+       {{"mode", st.max_staleness > 0 ? "asynchronous" : "synchronous"},
+        {"max_staleness", st.max_staleness},
+        {"trainer_step", st.trainer_step}}},
       {"sample_collection_method", collection_method_name(pool.config.method)},
       {"accepting_claims", pool.accepting_claims},
       {"batch_size", pool.config.batch_size},

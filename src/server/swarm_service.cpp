@@ -257,6 +257,8 @@ HttpResponse SwarmService::handle_command(const std::string& route, const HttpRe
                           {"engine_status_detail", st.detail},
                           {"global_step", st.global_step},
                           {"policy_version", st.policy_version},
+                          {"max_staleness", st.max_staleness},
+                          {"trainer_step", st.trainer_step},
                           {"seconds_in_state", st.seconds_in_state},
                           {"config_synced", st.config_synced},
                           {"engine", st.backend},

@@ -3,9 +3,10 @@
 # swarm-server on the torch engine, examples/train_agent through the public SDK) must raise the
 # reward of each task family it trains on, within a bounded number of steps.
 #
-# Usage: learn_tasks.sh <swarm-server> <swarm-model> <train_agent> <families> <steps> <margin> [seed]
+# Usage: learn_tasks.sh <swarm-server> <swarm-model> <train_agent> <families> <steps> <margin> [seed] [flags]
 #   families  a train_agent task mix, e.g. "sort:1,base:1"
 #   margin    required rise of each family's mean reward, last 15 steps minus first 15 steps
+#   flags     more train_agent flags, e.g. "--max-staleness 2 --think-ms 20" (asynchronous training)
 #
 # Thresholds (tests/CMakeLists.txt) come from repeated runs of this recipe on the 2-core CI
 # machine; see the table there. The recipe is the demo's (scripts/demo.sh): tiny-char widened to
@@ -15,6 +16,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../support/server_port.sh"
 server_bin="$1" model_bin="$2" agent_bin="$3" families="$4" steps="$5" margin="$6" seed="${7:-1}"
+read -r -a extra_flags <<<"${8:-}"
 python=/usr/bin/python3
 work="$(mktemp -d)"
 pid=""
@@ -33,7 +35,7 @@ start=$(date +%s)
 "$agent_bin" --url "http://127.0.0.1:$port" --model model --tasks "$families" --steps "$steps" \
   --batch-size 16 --num-repeat 16 --workers 64 --learning-rate 5e-4 --ppo-mini-batch-size 4 --partial-credit shaped \
   --partial-weight 0.5 --max-tokens 0 --max-token-slack 0 --temperature 1 --seed "$seed" \
-  --metrics-out metrics.jsonl >agent.log 2>&1 || { tail -20 agent.log >&2; fail "train_agent failed"; }
+  --metrics-out metrics.jsonl "${extra_flags[@]}" >agent.log 2>&1 || { tail -20 agent.log >&2; fail "train_agent failed"; }
 elapsed=$(( $(date +%s) - start ))
 kill -TERM "$pid"
 wait "$pid" || true

@@ -374,6 +374,38 @@ TEST(OverwatchRender, DashboardLines) {
   EXPECT_EQ(all.find('\x1b'), std::string::npos);    // --no-color means none
 }
 
+// Asynchronous training (issue 24 §4): the mode, the trainer beside the collection, and how stale
+// the last step's tokens were; an older server without "training" shows no such line.
+TEST(OverwatchRender, TrainingModeTrainerAndStaleness) {
+  json j = pool_json();
+  j["training"] = {{"mode", "asynchronous"}, {"max_staleness", 2}, {"trainer_step", 4}};
+  j["step_history"][2]["metrics"] = {{"staleness_mean", 1.25}, {"staleness_max", 2}, {"stale_dropped_episodes", 3}};
+  j["counters"]["stale_dropped_episodes"] = 5;
+  j["counters"]["claims_held_by_staleness"] = 7;
+  Monitor m("http://127.0.0.1:10086", 1.0);
+  Snapshot snap = sample_snapshot();
+  snap.pool = pool_information_from_json(j);
+  const auto t0 = Monitor::Clock::time_point{} + 1000s;
+  m.on_poll_ok(snap, t0);
+  auto lines = render_frame(m.frame(t0), plain(100));
+  const std::string all = joined(lines);
+  SCOPED_TRACE(all);
+  EXPECT_EQ(lines[2], "  training async (max_staleness 2) · trainer on step 4 · staleness mean 1.25 max 2 · 3 stale "
+                      "dropped");
+  EXPECT_NE(all.find("stale drops 5"), std::string::npos);
+  EXPECT_NE(all.find("claims held 7"), std::string::npos);
+
+  j["training"] = {{"mode", "synchronous"}, {"max_staleness", 0}, {"trainer_step", 0}};
+  j["step_history"][2]["metrics"] = {{"staleness_mean", 0.0}, {"staleness_max", 0}};
+  snap.pool = pool_information_from_json(j);
+  m.on_poll_ok(snap, t0 + 1s);
+  lines = render_frame(m.frame(t0 + 1s), plain(100));
+  EXPECT_EQ(lines[2], "  training synchronous · trainer idle · staleness mean 0.00 max 0");
+  EXPECT_EQ(joined(lines).find("stale drops"), std::string::npos);
+
+  EXPECT_EQ(joined(render_frame(sample_frame(), plain(100))).find("  training "), std::string::npos);
+}
+
 TEST(OverwatchRender, ActiveTargetFollowsTheMethod) {
   FrameInput f = sample_frame();
   f.snapshot->pool.sample_collection_method = "rollout_until_finish_enough_episodes";
