@@ -436,8 +436,12 @@ TrainBatch RolloutPool::take_batch_locked() {
   for (const std::string& task_id : group_order_) {
     auto it = groups_.find(task_id);
     Group& g = *it->second;
-    if (!take_all && static_cast<int64_t>(g.episodes.size()) < config_.num_repeat) {
+    if (!take_all && !complete_locked(g)) {
       kept.push_back(task_id);
+      continue;
+    }
+    if (g.episodes.empty()) {  // every member was dropped as stale: nothing to train
+      groups_.erase(it);
       continue;
     }
     finished_cached_ -= static_cast<int64_t>(g.episodes.size());
@@ -463,15 +467,29 @@ int64_t RolloutPool::drop_stale_locked(int64_t min_version) {
   int64_t n = 0;
   {
     auto too_old = [&](const FinishedEpisode& e) { return e.min_version >= 0 && e.min_version < min_version; };
-    std::vector<std::string> emptied;
+    // A group emptied by drops stays (as its drop count) while more members may come; it goes
+    // once it is complete, or, oldest first, when there are more such records than episodes
+    // the cache may hold.
+    std::vector<std::string> gone;
+    int64_t empty_groups = 0;
     for (const std::string& task_id : group_order_) {
-      auto& eps = groups_.at(task_id)->episodes;
-      const auto before = eps.size();
-      std::erase_if(eps, too_old);
-      n += static_cast<int64_t>(before - eps.size());
-      if (eps.empty()) emptied.push_back(task_id);
+      Group& g = *groups_.at(task_id);
+      const auto before = g.episodes.size();
+      std::erase_if(g.episodes, too_old);
+      const auto dropped = static_cast<int64_t>(before - g.episodes.size());
+      g.stale_dropped += dropped;
+      n += dropped;
+      if (g.episodes.empty()) {
+        if (complete_locked(g)) gone.push_back(task_id);
+        else ++empty_groups;
+      }
     }
-    for (const std::string& task_id : emptied) {
+    for (const std::string& task_id : group_order_) {
+      if (empty_groups <= config_.max_cached_episodes) break;
+      const Group& g = *groups_.at(task_id);
+      if (g.episodes.empty() && !complete_locked(g)) gone.push_back(task_id), --empty_groups;
+    }
+    for (const std::string& task_id : gone) {
       groups_.erase(task_id);
       std::erase(group_order_, task_id);
     }
@@ -554,7 +572,7 @@ PoolSnapshot RolloutPool::snapshot() const {
     }
     info.reward_mean = stats.mean;
     info.reward_std = stats.std;
-    info.complete = info.episodes >= config_.num_repeat;
+    info.complete = complete_locked(g);
     info.dummy = stats.all_equal;
     if (info.complete) {
       snap.complete_tasks++;
@@ -662,7 +680,7 @@ bool RolloutPool::batch_ready_locked() const {
   }
   int64_t complete = 0;
   for (const auto& [task_id, g] : groups_) {
-    if (static_cast<int64_t>(g->episodes.size()) < config_.num_repeat) continue;
+    if (g->episodes.empty() || !complete_locked(*g)) continue;
     if (config_.method == CollectionMethod::ENOUGH_NON_DUMMY_TASKS &&
         reward_stats(g->episodes).all_equal) {
       continue;
@@ -726,8 +744,8 @@ void RolloutPool::apply_safety_valve_locked() {
     if (is_agree_method(config_.method)) return group_order_.empty() ? nullptr : &group_order_.front();
     for (const std::string& task_id : group_order_) {
       const Group& g = *groups_.at(task_id);
-      const bool complete = static_cast<int64_t>(g.episodes.size()) >= config_.num_repeat;
-      if (!dummies && !complete) return &task_id;
+      const bool complete = complete_locked(g);
+      if (!dummies && !complete && !g.episodes.empty()) return &task_id;
       if (dummies && complete && reward_stats(g.episodes).all_equal) return &task_id;
     }
     return nullptr;

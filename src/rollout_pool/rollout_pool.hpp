@@ -265,7 +265,15 @@ class RolloutPool {
   };
   struct Group {
     std::vector<FinishedEpisode> episodes;  // in order of arrival
+    // Asynchronous training: members that arrived but were dropped as too stale. They still
+    // count toward num_repeat, so the rest of the group trains without them (the agent will
+    // not run the task again).
+    int64_t stale_dropped = 0;
   };
+  // Whether a group has its num_repeat arrivals (kept ones plus stale drops).
+  bool complete_locked(const Group& g) const {
+    return static_cast<int64_t>(g.episodes.size()) + g.stale_dropped >= config_.num_repeat;
+  }
   friend class RolloutPoolTestPeer;  // tests inspect the unclaimed FIFO
 
   // All private helpers assume mu_ is held.

@@ -1077,5 +1077,74 @@ TEST_F(RolloutPoolTest, TaskGroupsListTheirEpisodesRewardsAndThrottledClients) {
   EXPECT_EQ(s.counters.episodes_split_by_drift, 0);  // one call each: one sample each
 }
 
+
+// ---------------------------------------------------------------- asynchronous training (issue 24)
+
+namespace {
+
+// One episode of `task` whose single call was sampled by weights `version`.
+void run_versioned(RolloutPool& pool, const std::string& task, double reward, int64_t version) {
+  ClaimResult r = pool.claim(ClaimRequest{"client-a", EpisodeType::TRAIN, 60.0});
+  ASSERT_TRUE(r.episode.has_value()) << r.fail_cause;
+  CallTicket t = pool.begin_call(r.episode->api_key);
+  ASSERT_TRUE(pool.finish_call(t.episode_uuid, make_call({1, 2}, {3, 4}, version)));
+  pool.end_episode("client-a", r.episode->episode_uuid, task, reward_of(reward));
+}
+
+}  // namespace
+
+// A member dropped as too stale still counts toward num_repeat: the agent will not run the task
+// again, so the rest of the group completes and trains without it.
+TEST_F(RolloutPoolTest, StaleDropsCountTowardTheirGroupAndTheRestTrains) {
+  PoolConfig c = small_config();
+  c.batch_size = 1;
+  c.num_repeat = 3;
+  auto pool = make_pool(c);
+  run_versioned(*pool, "t", 1.0, 0);  // old
+  run_versioned(*pool, "t", 0.0, 2);
+  EXPECT_EQ(pool->drop_stale(1), 1);
+  EXPECT_FALSE(pool->batch_ready());  // 1 kept + 1 dropped of 3
+  run_versioned(*pool, "t", 1.0, 2);
+  EXPECT_TRUE(pool->batch_ready());
+  int64_t dropped = -1;
+  const TrainBatch b = pool->take_batch_fresh(1, &dropped);
+  EXPECT_EQ(dropped, 0);
+  ASSERT_EQ(b.episodes.size(), 2u);
+  for (const auto& e : b.episodes) EXPECT_EQ(e.min_version, 2);
+  EXPECT_EQ(pool->counters().stale_dropped_episodes, 1);
+
+  // A group whose every member so far was dropped waits, as a count, for the others.
+  run_versioned(*pool, "u", 1.0, 0);
+  EXPECT_EQ(pool->drop_stale(1), 1);
+  EXPECT_EQ(pool->snapshot().tasks.size(), 1u);
+  run_versioned(*pool, "u", 0.0, 3);
+  run_versioned(*pool, "u", 1.0, 3);
+  EXPECT_TRUE(pool->batch_ready());
+  EXPECT_EQ(pool->take_batch_fresh(1, nullptr).episodes.size(), 2u);
+  EXPECT_TRUE(pool->snapshot().tasks.empty());
+
+  // All members dropped: the group goes, nothing to train.
+  for (int i = 0; i < 3; ++i) run_versioned(*pool, "v", 1.0, 0);
+  EXPECT_EQ(pool->drop_stale(1), 3);
+  EXPECT_TRUE(pool->snapshot().tasks.empty());
+  EXPECT_EQ(pool->snapshot().finished_episodes, 0);
+}
+
+TEST_F(RolloutPoolTest, AdmissionLimitHoldsTrainClaimsOnly) {
+  PoolConfig c = small_config();
+  c.max_parallel_episodes = 8;
+  auto pool = make_pool(c);
+  pool->set_train_admission_limit(2);
+  ClaimedEpisode a = claim_ok(*pool), b = claim_ok(*pool);
+  ClaimResult held = pool->claim(ClaimRequest{"client-a", EpisodeType::TRAIN, 60.0});
+  EXPECT_FALSE(held.episode.has_value());
+  EXPECT_NE(held.fail_cause.find("staleness bound"), std::string::npos) << held.fail_cause;
+  claim_ok(*pool, "client-a", EpisodeType::EVAL);
+  EXPECT_EQ(pool->counters().claims_held_by_staleness, 1);
+  pool->set_train_admission_limit(-1);
+  claim_ok(*pool);
+  (void)a, (void)b;
+}
+
 }  // namespace
 }  // namespace swarm
