@@ -115,7 +115,7 @@ struct Job {
   int64_t effective_max_parallel_episodes() const;
   /// `max_cached_episodes` with its default applied.
   int64_t effective_max_cached_episodes() const;
-  /// off_policy_correction with `auto` resolved: none when synchronous, decoupled otherwise.
+  /// off_policy_correction with `auto` resolved: none when synchronous, tis otherwise.
   std::string effective_off_policy_correction() const;
 
   /// Description of one configuration key, for docs and `--help`.

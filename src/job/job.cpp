@@ -119,7 +119,7 @@ const std::vector<Field>& field_table() {
        "How tokens sampled by older weights are corrected: none, tis (truncated importance sampling: each "
        "token's loss times min(pi_old / pi_behaviour, is_cap)), decoupled (AReaL's decoupled PPO: clipped around "
        "the recomputed proximal policy, weighted by pi_prox / pi_behaviour, tokens above is_cap left out), or auto "
-       "(none when max_staleness is 0, decoupled otherwise)."},
+       "(none when max_staleness is 0, tis otherwise: the best of the three in the learning runs, docs/concepts.md)."},
       {"is_cap", &Job::is_cap, "The importance-weight cap of tis and decoupled (>= 1)."},
       {"kv_cache_on_swap", &Job::kv_cache_on_swap,
        "Asynchronous training, torch engine: what happens to a sequence generating when new weights go in: keep "
@@ -428,7 +428,7 @@ int64_t Job::effective_max_cached_episodes() const {
 
 std::string Job::effective_off_policy_correction() const {
   if (off_policy_correction != "auto") return off_policy_correction;
-  return max_staleness > 0 ? "decoupled" : "none";
+  return max_staleness > 0 ? "tis" : "none";
 }
 
 std::vector<Job::FieldInfo> Job::fields() {
