@@ -671,6 +671,9 @@ TEST_F(EngineTest, AsyncDropsEpisodesTooStaleToTrain) {
 
 // Many steps, agents of very different speeds: every batch the trainer receives for step k
 // (trained on the weights of version k - 1) holds no token older than k - 1 - η.
+// Broken on purpose (2026-11-26): with the take-time drop disabled (`too_old` always false in
+// RolloutPool::drop_stale_locked) admission alone let tokens 3 versions old train at η = 1 and 4
+// at η = 2; both tests (and AsyncDropsEpisodesTooStaleToTrain) failed.
 void check_bound_with_slow_and_fast_agents(EngineTest* t, Engine& engine, Probe& probe, int eta) {
   constexpr int kSteps = 14;
   std::atomic<bool> done{false};
