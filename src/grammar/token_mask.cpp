@@ -66,28 +66,21 @@ TokenMasker::TokenMasker(std::shared_ptr<const TokenTrie> trie, std::vector<uint
                          size_t local_entries)
     : trie_(std::move(trie)),
       eos_ids_(std::move(eos_ids)),
-      cache_entries_(std::max<size_t>(1, cache_entries)),
-      local_entries_(std::max<size_t>(1, local_entries)) {
+      cache_(cache_entries),
+      local_cache_(local_entries) {
   for (uint32_t id : eos_ids_)
     if (id >= trie_->vocab_size()) throw std::invalid_argument("TokenMasker: eos id beyond the vocabulary");
 }
 
 const TokenMask& TokenMasker::allowed(Matcher& matcher, Matcher::StateId state) {
-  if (auto it = index_.find(state); it != index_.end()) {
+  if (const TokenMask* cached = cache_.find(state)) {
     ++hits_;
-    lru_.splice(lru_.begin(), lru_, it->second);
-    return it->second->second;
+    return *cached;
   }
   ++misses_;
   TokenMask mask((trie_->vocab_size() + 63) / 64, 0);
   compute(matcher, state, mask);
-  if (index_.size() >= cache_entries_) {
-    index_.erase(lru_.back().first);
-    lru_.pop_back();
-  }
-  lru_.emplace_front(state, std::move(mask));
-  index_.emplace(state, lru_.begin());
-  return lru_.front().second;
+  return cache_.insert(state, std::move(mask));
 }
 
 void TokenMasker::walk(Matcher& matcher, uint32_t from, uint32_t end, Matcher::StateId parent_state, TokenMask& out) {
@@ -114,22 +107,15 @@ void TokenMasker::walk(Matcher& matcher, uint32_t from, uint32_t end, Matcher::S
 }
 
 const TokenMask& TokenMasker::local_mask(Matcher& matcher, uint32_t local_stack) {
-  if (auto it = local_index_.find(local_stack); it != local_index_.end()) {
+  if (const TokenMask* cached = local_cache_.find(local_stack)) {
     ++local_hits_;
-    local_lru_.splice(local_lru_.begin(), local_lru_, it->second);
-    return it->second->second;
+    return *cached;
   }
   ++local_misses_;
   TokenMask mask((trie_->vocab_size() + 63) / 64, 0);
   const uint32_t n = static_cast<uint32_t>(trie_->nodes_.size());
   if (n > 1) walk(matcher, 1, n, matcher.state_id(Matcher::State{local_stack}), mask);
-  if (local_index_.size() >= local_entries_) {
-    local_index_.erase(local_lru_.back().first);
-    local_lru_.pop_back();
-  }
-  local_lru_.emplace_front(local_stack, std::move(mask));
-  local_index_.emplace(local_stack, local_lru_.begin());
-  return local_lru_.front().second;
+  return local_cache_.insert(local_stack, std::move(mask));
 }
 
 TokenMask TokenMasker::scan(Matcher& matcher, Matcher::StateId state_id) {

@@ -20,6 +20,7 @@
 // walked with the real state. The union is exactly the full scan's mask (tested against it).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <list>
@@ -99,13 +100,36 @@ class TokenMasker {
   static constexpr int kLocalDepth = 2;
   std::shared_ptr<const TokenTrie> trie_;
   std::vector<uint32_t> eos_ids_;
-  size_t cache_entries_;
-  std::list<std::pair<Matcher::StateId, TokenMask>> lru_;  // most recent first
-  std::unordered_map<Matcher::StateId, std::list<std::pair<Matcher::StateId, TokenMask>>::iterator> index_;
+  // Masks by key, least recently used out first beyond `capacity`.
+  template <class Key>
+  class MaskCache {
+   public:
+    explicit MaskCache(size_t capacity) : capacity_(std::max<size_t>(1, capacity)) {}
+    /// The key's mask, now the most recent; nullptr when it is not cached.
+    const TokenMask* find(const Key& key) {
+      auto it = index_.find(key);
+      if (it == index_.end()) return nullptr;
+      lru_.splice(lru_.begin(), lru_, it->second);
+      return &it->second->second;
+    }
+    const TokenMask& insert(const Key& key, TokenMask mask) {
+      if (index_.size() >= capacity_) {
+        index_.erase(lru_.back().first);
+        lru_.pop_back();
+      }
+      lru_.emplace_front(key, std::move(mask));
+      index_.emplace(key, lru_.begin());
+      return lru_.front().second;
+    }
+
+   private:
+    size_t capacity_;
+    std::list<std::pair<Key, TokenMask>> lru_;  // most recent first
+    std::unordered_map<Key, typename std::list<std::pair<Key, TokenMask>>::iterator> index_;
+  };
+  MaskCache<Matcher::StateId> cache_;              // by matcher state
   std::vector<Matcher::StateId> cur_;  // per trie depth: the state after that many bytes
-  size_t local_entries_;
-  std::list<std::pair<uint32_t, TokenMask>> local_lru_;  // by cut stack, most recent first
-  std::unordered_map<uint32_t, std::list<std::pair<uint32_t, TokenMask>>::iterator> local_index_;
+  MaskCache<uint32_t> local_cache_;                // by cut stack
   std::unordered_map<uint32_t, std::array<uint64_t, 4>> first_bytes_;  // by stack below a cut
   std::vector<uint32_t> candidates_, path_nodes_;
   std::vector<Matcher::StateId> path_states_;

@@ -58,22 +58,40 @@ GaeResult compute_gae(const std::vector<float>& rewards, const std::vector<float
   return r;
 }
 
+MaskedSum masked_sum(const std::vector<const std::vector<float>*>& values,
+                     const std::vector<const std::vector<uint8_t>*>& masks) {
+  SWARM_REQUIRE(values.size() == masks.size(), ErrorKind::INVALID_ARGUMENT, "masked_sum: one mask per sample");
+  MaskedSum out;
+  for (size_t s = 0; s < values.size(); ++s)
+    for (size_t t = 0; t < values[s]->size(); ++t)
+      if ((*masks[s])[t]) out.sum += (*values[s])[t], ++out.count;
+  return out;
+}
+
+double masked_squared_deviation(const std::vector<const std::vector<float>*>& values,
+                                const std::vector<const std::vector<uint8_t>*>& masks, double mean) {
+  SWARM_REQUIRE(values.size() == masks.size(), ErrorKind::INVALID_ARGUMENT,
+                "masked_squared_deviation: one mask per sample");
+  double sq = 0.0;
+  for (size_t s = 0; s < values.size(); ++s)
+    for (size_t t = 0; t < values[s]->size(); ++t)
+      if ((*masks[s])[t]) sq += ((*values[s])[t] - mean) * ((*values[s])[t] - mean);
+  return sq;
+}
+
+double whitening_scale(double squared_deviation, double count, double eps) {
+  const double var = count > 1 ? squared_deviation / (count - 1.0) : 0.0;
+  return 1.0 / std::sqrt(var + eps);
+}
+
 void whiten_advantages(std::vector<std::vector<float>*> advantages, const std::vector<const std::vector<uint8_t>*>& masks,
                        bool shift_mean, double eps) {
-  SWARM_REQUIRE(advantages.size() == masks.size(), ErrorKind::INVALID_ARGUMENT, "whiten_advantages: one mask per sample");
-  double sum = 0.0;
-  int64_t count = 0;
-  for (size_t s = 0; s < advantages.size(); ++s)
-    for (size_t t = 0; t < advantages[s]->size(); ++t)
-      if ((*masks[s])[t]) sum += (*advantages[s])[t], ++count;
-  if (count == 0) return;
-  const double mean = sum / static_cast<double>(count);
-  double sq = 0.0;
-  for (size_t s = 0; s < advantages.size(); ++s)
-    for (size_t t = 0; t < advantages[s]->size(); ++t)
-      if ((*masks[s])[t]) sq += ((*advantages[s])[t] - mean) * ((*advantages[s])[t] - mean);
-  const double var = count > 1 ? sq / static_cast<double>(count - 1) : 0.0;
-  const double scale = 1.0 / std::sqrt(var + eps);
+  const std::vector<const std::vector<float>*> values(advantages.begin(), advantages.end());
+  const MaskedSum total = masked_sum(values, masks);
+  if (total.count == 0) return;
+  const double mean = total.sum / static_cast<double>(total.count);
+  const double scale =
+      whitening_scale(masked_squared_deviation(values, masks, mean), static_cast<double>(total.count), eps);
   for (size_t s = 0; s < advantages.size(); ++s)
     for (size_t t = 0; t < advantages[s]->size(); ++t) {
       if (!(*masks[s])[t]) continue;

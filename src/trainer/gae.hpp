@@ -31,6 +31,20 @@ struct GaeResult {
 GaeResult compute_gae(const std::vector<float>& rewards, const std::vector<float>& values,
                       const std::vector<uint8_t>& loss_mask, double gamma, double lambda);
 
+/// The two passes of whitening over the tokens with mask 1 of several samples, separable so that
+/// ranks can add theirs up in between: the sum and count, then the squared deviations from a mean.
+struct MaskedSum {
+  double sum = 0.0;
+  int64_t count = 0;
+};
+MaskedSum masked_sum(const std::vector<const std::vector<float>*>& values,
+                     const std::vector<const std::vector<uint8_t>*>& masks);
+double masked_squared_deviation(const std::vector<const std::vector<float>*>& values,
+                                const std::vector<const std::vector<uint8_t>*>& masks, double mean);
+/// 1 / sqrt(unbiased variance + eps) of `count` values whose squared deviations add up to
+/// `squared_deviation` (variance 0 for a single value).
+double whitening_scale(double squared_deviation, double count, double eps = 1e-8);
+
 /// Whitens advantages over the tokens with mask 1 of several samples at once (mean 0, unit
 /// variance; the mean is kept when `shift_mean` is false, as verl's masked_whiten does for
 /// returns). Unbiased variance; a single token or zero variance leaves the values centred only.

@@ -457,22 +457,17 @@ GrpoTrainer::GaeTargets GrpoTrainer::compute_advantages(PreparedBatch& batch) {
   // Whitened over the whole batch (every rank's tokens): mean 0, unit (unbiased) variance, as
   // whiten_advantages does on one rank.
   const auto f64 = torch::TensorOptions().dtype(torch::kDouble);
-  double sum = 0.0, count = 0.0;
-  for (size_t idx : mine)
-    for (size_t t = 0; t < masks[idx].size(); ++t)
-      if (masks[idx][t]) sum += gae[idx].advantages[t], count += 1.0;
-  torch::Tensor sc = torch::tensor({sum, count}, f64);
+  std::vector<const std::vector<float>*> my_advantages;
+  std::vector<const std::vector<uint8_t>*> my_masks;
+  for (size_t idx : mine) my_advantages.push_back(&gae[idx].advantages), my_masks.push_back(&masks[idx]);
+  const MaskedSum local = masked_sum(my_advantages, my_masks);
+  torch::Tensor sc = torch::tensor({local.sum, static_cast<double>(local.count)}, f64);
   if (world > 1) comm_->all_reduce_sum(sc);
-  sum = sc[0].item<double>(), count = sc[1].item<double>();
-  const double mean = count > 0 ? sum / count : 0.0;
-  double sq = 0.0;
-  for (size_t idx : mine)
-    for (size_t t = 0; t < masks[idx].size(); ++t)
-      if (masks[idx][t]) sq += (gae[idx].advantages[t] - mean) * (gae[idx].advantages[t] - mean);
-  torch::Tensor sqt = torch::tensor({sq}, f64);
+  const double count = sc[1].item<double>();
+  const double mean = count > 0 ? sc[0].item<double>() / count : 0.0;
+  torch::Tensor sqt = torch::tensor({masked_squared_deviation(my_advantages, my_masks, mean)}, f64);
   if (world > 1) comm_->all_reduce_sum(sqt);
-  const double var = count > 1 ? sqt.item<double>() / (count - 1.0) : 0.0;
-  const double scale = 1.0 / std::sqrt(var + 1e-8);
+  const double scale = whitening_scale(sqt.item<double>(), count);
   AdvantageStats& st = batch.stats;
   bool first = true;
   double adv_sum = 0.0, adv_sq = 0.0, tokens = 0.0;

@@ -11,25 +11,16 @@
 # base at difficulty 1, 16 tasks x 16 episodes per step, AdamW lr 1e-3, proposer replies of at
 # most 4 tokens. Thresholds: tests/CMakeLists.txt.
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/../support/server_port.sh"
 server_bin="$1" model_bin="$2" agent_bin="$3" steps="$4" proposer_margin="$5" checker_margin="$6" seed="${7:-1}"
-python=/usr/bin/python3
-work="$(mktemp -d)"
-pid=""
-trap '[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; tail -30 "$work/server.log" >&2 2>/dev/null || true; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/../support/learning.sh"
 cd "$work"
 
 "$model_bin" init --preset tiny-char --out model --seed "$seed" >/dev/null || fail "swarm-model init --preset tiny-char"
-"$server_bin" start --port 0 --engine torch >server.log 2>&1 &
-pid=$!
-wait_for_port server.log "$pid" 300 0.1 || fail "$server_problem"
+start_server
 "$agent_bin" --url "http://127.0.0.1:$port" --model model --steps "$steps" --seed "$seed" --tasks base \
   --difficulty 1 --batch-size 16 --num-repeat 16 --workers 64 --learning-rate 1e-3 --max-tokens 4 >agent.log 2>&1 ||
   { tail -20 agent.log >&2; fail "at_grpo_agent failed"; }
-kill -TERM "$pid"
-wait "$pid" || true
-pid=""
+stop_server
 
 cat >check.py <<'EOF'
 import re, sys

@@ -12,13 +12,8 @@
 # 16 tasks x 16 episodes per step, AdamW lr 1e-3, replies capped at the family's longest answer.
 # PPO: algorithm ppo, lam 0.95, critic lr 1e-3. Thresholds: tests/CMakeLists.txt.
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/../support/server_port.sh"
 server_bin="$1" model_bin="$2" agent_bin="$3" family="$4" steps="$5" margin="$6" seed="${7:-1}"
-python=/usr/bin/python3
-work="$(mktemp -d)"
-pid=""
-trap '[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; tail -30 "$work"/*/server.log >&2 2>/dev/null || true; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/../support/learning.sh"
 
 # run NAME [train_agent flags...]: one training run in $work/NAME, metrics in NAME/metrics.jsonl.
 run() {
@@ -27,9 +22,7 @@ run() {
   mkdir -p "$work/$name"
   cd "$work/$name"
   "$model_bin" init --preset tiny-char --out model --seed "$seed" >/dev/null || fail "swarm-model init --preset tiny-char"
-  "$server_bin" start --port 0 --engine torch >server.log 2>&1 &
-  pid=$!
-  wait_for_port server.log "$pid" 300 0.1 || fail "$name: $server_problem"
+  start_server
   local start
   start=$(date +%s)
   "$agent_bin" --url "http://127.0.0.1:$port" --model model --tasks "$family:1" --steps "$steps" \
@@ -37,9 +30,7 @@ run() {
     --temperature 1 --seed "$seed" --metrics-out metrics.jsonl "$@" >agent.log 2>&1 ||
     { tail -20 agent.log >&2; fail "$name: train_agent failed"; }
   echo "$name: $(( $(date +%s) - start ))s"
-  kill -TERM "$pid"
-  wait "$pid" || true
-  pid=""
+  stop_server
 }
 
 run ppo --algorithm ppo --lam 0.95 --critic-learning-rate 1e-3 --token-credit --partial-credit position

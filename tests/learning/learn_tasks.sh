@@ -14,22 +14,15 @@
 # replies capped at the family's longest answer, 16 tasks x 16 episodes per step, AdamW lr 5e-4,
 # 4 optimizer steps per policy step (4 tasks per mini-batch).
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/../support/server_port.sh"
 server_bin="$1" model_bin="$2" agent_bin="$3" families="$4" steps="$5" margin="$6" seed="${7:-1}"
 read -r -a extra_flags <<<"${8:-}"
-python=/usr/bin/python3
-work="$(mktemp -d)"
-pid=""
-trap '[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; tail -30 "$work/server.log" >&2 2>/dev/null || true; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/../support/learning.sh"
 cd "$work"
 
 "$model_bin" init --preset tiny-char --set hidden_size=192 --set num_hidden_layers=2 --out model \
   --seed "$seed" >/dev/null || fail "swarm-model init --preset tiny-char"
 
-"$server_bin" start --port 0 --engine torch >server.log 2>&1 &
-pid=$!
-wait_for_port server.log "$pid" 300 0.1 || fail "$server_problem"
+start_server
 
 start=$(date +%s)
 "$agent_bin" --url "http://127.0.0.1:$port" --model model --tasks "$families" --steps "$steps" \
@@ -37,9 +30,7 @@ start=$(date +%s)
   --partial-weight 0.5 --max-tokens 0 --max-token-slack 0 --temperature 1 --seed "$seed" \
   --metrics-out metrics.jsonl "${extra_flags[@]}" >agent.log 2>&1 || { tail -20 agent.log >&2; fail "train_agent failed"; }
 elapsed=$(( $(date +%s) - start ))
-kill -TERM "$pid"
-wait "$pid" || true
-pid=""
+stop_server
 
 # Per family: mean reward over the first and the last 15 steps.
 cat >check.py <<'EOF'
