@@ -85,11 +85,13 @@ std::vector<nlohmann::json> read_jsonl(const fs::path& p) {
 
 class EngineTest : public ::testing::Test {
  protected:
-  void make_engine() {
+  // A fresh engine (a new process), resuming from `resume_from` when given.
+  void make_engine(const std::string& resume_from = "") {
     EngineOptions o;
     o.clock = clock;
     o.janitor_interval_seconds = 0;  // tests drive tick() by hand
     o.factory = [p = probe] { return std::make_unique<ProbeBackend>(p); };
+    o.resume_from = resume_from;
     engine = std::make_unique<Engine>(o);
   }
   void SetUp() override { make_engine(); }
@@ -505,12 +507,7 @@ TEST_F(EngineTest, StopCheckpointsUnsavedStepsAndResumeContinuesFromThem) {
   ASSERT_TRUE(fs::exists(cp / "engine_state.json"));
 
   // A new process (engine) resumes from the experiment directory: step, version and counters.
-  EngineOptions o;
-  o.clock = clock;
-  o.janitor_interval_seconds = 0;
-  o.factory = [p = probe] { return std::make_unique<ProbeBackend>(p); };
-  o.resume_from = experiment_dir().string();
-  engine = std::make_unique<Engine>(o);
+  make_engine(experiment_dir().string());
   boot(config_yaml(1, 1));
   EXPECT_EQ(engine->status().global_step, 2);
   EXPECT_EQ(engine->status().policy_version, 2);
@@ -535,13 +532,8 @@ TEST_F(EngineTest, NoCheckpointAfterAFailedStepOrWithoutTraining) {
 }
 
 TEST_F(EngineTest, ResumeFromANonCheckpointFailsTheBootClearly) {
-  EngineOptions o;
-  o.clock = clock;
-  o.janitor_interval_seconds = 0;
-  o.factory = [p = probe] { return std::make_unique<ProbeBackend>(p); };
   fs::create_directories(experiment_root() / "empty");
-  o.resume_from = (experiment_root() / "empty").string();
-  engine = std::make_unique<Engine>(o);
+  make_engine((experiment_root() / "empty").string());
   engine->sync_train_config(config_yaml(1, 1));
   engine->start_engine();
   ASSERT_TRUE(engine->wait_for_state(EngineState::OFFLINE, 5s));
@@ -770,12 +762,7 @@ TEST_F(EngineTest, AsyncStopMidUpdateCheckpointsTheLastStepAndResumeContinues) {
   wait_released(probe);
   ASSERT_TRUE(fs::exists(experiment_dir() / "checkpoints" / "step-1"));  // the last finished step
   EXPECT_FALSE(fs::exists(experiment_dir() / "checkpoints" / "step-2"));
-  EngineOptions o;
-  o.clock = clock;
-  o.janitor_interval_seconds = 0;
-  o.factory = [p = probe] { return std::make_unique<ProbeBackend>(p); };
-  o.resume_from = experiment_dir().string();
-  engine = std::make_unique<Engine>(o);
+  make_engine(experiment_dir().string());
   boot(config_yaml(1, 1, "max_staleness: 1\n"));
   EXPECT_EQ(engine->status().global_step, 1);
   end(claim(), "c", 1.0);
