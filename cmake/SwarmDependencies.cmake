@@ -8,6 +8,8 @@ find_package(spdlog REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+# The swarm exchange (SAPO): the NATS C client (Debian libnats-dev)
+pkg_check_modules(NATS REQUIRED IMPORTED_TARGET libnats)
 find_package(PNG REQUIRED)  # swarm-plot writes its charts with libpng
 if(SWARM_BUILD_TESTS)
   find_package(GTest REQUIRED)

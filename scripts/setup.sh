@@ -36,6 +36,8 @@ PACKAGES=(
   python3-yaml python3-jsonschema
   # tools used by tests and benchmarks
   nodejs npm tmux procps curl
+  # the swarm exchange (SAPO experience sharing): the NATS broker and its C client
+  nats-server libnats-dev
   # swarm-plot writes its PNG charts with libpng
   libpng-dev
   # libFuzzer targets (tests/fuzz): clang >= 15, whose std::source_location works with libstdc++ 12

@@ -86,6 +86,18 @@ struct Job {
   double is_cap = 2.0;                         // importance-weight cap (tis, decoupled)
   std::string kv_cache_on_swap = "keep";       // keep | recompute (in-flight sequences at a swap)
   int64_t save_freq = 0;             // 0 = checkpoint only on stop
+  // --- swarm experience sharing over NATS JetStream (SAPO; docs/sapo.md)
+  std::string exchange_url;                    // "" = off; nats://host:4222 (tls://, user:pass@ in the URL)
+  std::string exchange_credentials;            // NATS .creds file (JWT + nkey seed); "" = none
+  std::string swarm_name = "default";          // namespaces the subjects and names the stream
+  std::string node_id;                         // "" = a random id kept in the experiment directory
+  bool exchange_publish = true;                // publish this node's train groups
+  bool exchange_consume = true;                // receive the other nodes' groups
+  int64_t sapo_external_groups = 0;            // J: external groups added to each policy step
+  double exchange_max_age_seconds = 600.0;     // older groups are neither kept nor trained
+  int64_t exchange_buffer_groups = 256;        // received groups held at most (oldest dropped)
+  std::string exchange_trusted_nodes;          // comma-separated node ids; "" = every node
+  int64_t exchange_max_message_bytes = 1048576;  // larger groups are neither published nor accepted
   // --- torch inference engine (ignored by the mock engine)
   int64_t engine_threads = 0;        // intra-op compute threads; 0 = every online CPU
   std::string device = "auto";       // auto | cpu | cuda (torch engine)

@@ -5,8 +5,11 @@
 #include <algorithm>
 #include <array>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "engine/run_files.hpp"
+#include "engine/sapo.hpp"
 #include "swarm/errors.hpp"
 
 namespace swarm {
@@ -295,6 +298,7 @@ void Engine::end_run_locked(const std::string& reason, bool save) {
     pool_.reset();
   }
   if (state_ != EngineState::OFFLINE) enter_locked(EngineState::OFFLINE, reason);
+  if (exchange_) post([x = std::move(exchange_)]() mutable { x.reset(); });  // joins its thread
   if (backend_) {
     // Released on the control thread, after any boot/train of the old run has returned;
     // generations still in flight keep their own reference until they finish. Steps trained
@@ -364,6 +368,7 @@ void Engine::control_loop() {
 
 void Engine::run_boot(uint64_t epoch, Job job, std::string resume_from, std::stop_token stop) {
   std::shared_ptr<Backend> backend;
+  std::shared_ptr<Exchange> exchange;
   std::optional<EngineCheckpointState> resumed;
   std::string error;
   try {
@@ -376,6 +381,7 @@ void Engine::run_boot(uint64_t epoch, Job job, std::string resume_from, std::sto
     }
     backend->set_swap_listener([this, epoch](bool swapping) { on_weight_swap(epoch, swapping); });
     backend->boot(job, stop);
+    if (!job.exchange_url.empty()) exchange = make_exchange(job, backend->model_id());
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -396,6 +402,8 @@ void Engine::run_boot(uint64_t epoch, Job job, std::string resume_from, std::sto
         options_.resume_from.clear();  // later runs of this process start from their job's model
       }
       pool_ = std::make_shared<RolloutPool>(pool_config_from(job), clock_);
+      exchange_ = std::move(exchange);
+      exchange_rng_.seed(static_cast<uint64_t>(job.seed) * 7919u + static_cast<uint64_t>(global_step_));
       max_staleness_ = job.max_staleness;
       trainer_step_ = 0;
       episodes_per_batch_ = job.batch_size * job.num_repeat;
@@ -407,20 +415,114 @@ void Engine::run_boot(uint64_t epoch, Job job, std::string resume_from, std::sto
     }
   }
   // stop_engine came while booting: this backend belongs to a cancelled run.
+  exchange.reset();
   if (backend) backend->release();
+}
+
+// ------------------------------------------------------------------ swarm experience sharing
+
+std::shared_ptr<Exchange> Engine::make_exchange(const Job& job, const std::string& model) const {
+  ExchangeConfig c;
+  c.url = job.exchange_url;
+  c.credentials_file = job.exchange_credentials;
+  c.swarm_name = job.swarm_name;
+  c.node_id = job.node_id;
+  if (c.node_id.empty()) {
+    // A random id, kept in the experiment directory so that a restart is the same node.
+    const auto file = experiment_path(job) / "node_id";
+    std::ifstream in(file);
+    std::getline(in, c.node_id);
+    if (!valid_swarm_token(c.node_id)) {
+      std::random_device rd;
+      char id[17];
+      std::snprintf(id, sizeof id, "%08x%08x", rd(), rd());
+      c.node_id = std::string("node-") + id;
+      if (options_.write_run_files) {
+        std::error_code ec;
+        std::filesystem::create_directories(file.parent_path(), ec);
+        std::ofstream(file) << c.node_id << '\n';
+      }
+    }
+  }
+  c.publish = job.exchange_publish;
+  c.consume = job.exchange_consume;
+  c.max_age_seconds = job.exchange_max_age_seconds;
+  c.buffer_groups = job.exchange_buffer_groups;
+  std::stringstream trusted(job.exchange_trusted_nodes);
+  for (std::string id; std::getline(trusted, id, ',');)
+    if (!id.empty()) c.trusted_nodes.push_back(id);
+  c.max_message_bytes = job.exchange_max_message_bytes;
+  spdlog::info("engine: swarm '{}' as node {} via {} (publish {}, consume {}, {} external group(s) per step)",
+               c.swarm_name, c.node_id, redact_url(c.url), c.publish, c.consume, job.sapo_external_groups);
+  (void)model;
+  return std::make_shared<Exchange>(std::move(c));
+}
+
+std::map<std::string, double> Engine::share_experience(Exchange& exchange, const Backend& backend, const Job& job,
+                                                       TrainBatch& batch, int64_t policy_step) {
+  std::map<std::string, double> m;
+  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  int64_t local_episodes = 0;
+  double local_reward = 0.0;
+  for (const FinishedEpisode& e : batch.episodes) {
+    ++local_episodes;
+    local_reward += e.reward;
+  }
+  if (job.exchange_publish)
+    for (const SapoGroup& g : sapo_groups_of_batch(batch, exchange.config().node_id, backend.model_id(), policy_step, now))
+      exchange.publish(g);
+  int64_t used = 0, episodes = 0;
+  if (job.sapo_external_groups > 0) {
+    for (const SapoGroup& g : exchange.draw(static_cast<size_t>(job.sapo_external_groups), exchange_rng_)) {
+      try {
+        std::vector<FinishedEpisode> eps = reencode_sapo_group(g, backend, policy_step, backend.max_context_length());
+        episodes += static_cast<int64_t>(eps.size());
+        for (FinishedEpisode& e : eps) batch.episodes.push_back(std::move(e));
+        ++batch.num_tasks;
+        ++used;
+      } catch (const std::exception& e) {
+        spdlog::warn("engine: an external group from {} (task '{}') could not be re-encoded: {}", g.node_id, g.task_id,
+                     e.what());
+        exchange.note_unusable(g, SapoDrop::REENCODE);
+      }
+    }
+    if (used < job.sapo_external_groups)
+      spdlog::info("engine: step {} trains on {} of {} external group(s) (the buffer held no more)", policy_step + 1,
+                   used, job.sapo_external_groups);
+  }
+  const ExchangeStatus st = exchange.status();
+  m["external_groups"] = static_cast<double>(used);
+  m["external_episodes"] = static_cast<double>(episodes);
+  m["local_episodes"] = static_cast<double>(local_episodes);
+  if (local_episodes > 0) m["local_reward_mean"] = local_reward / static_cast<double>(local_episodes);
+  m["exchange_published"] = static_cast<double>(st.published);
+  m["exchange_received"] = static_cast<double>(st.received);
+  m["exchange_accepted"] = static_cast<double>(st.accepted);
+  m["exchange_buffered"] = static_cast<double>(st.buffered);
+  m["exchange_outbox"] = static_cast<double>(st.outbox);
+  m["exchange_connected"] = st.connected ? 1.0 : 0.0;
+  int64_t dropped = 0;
+  for (const auto& [reason, n] : st.dropped)
+    if (reason != "own") dropped += n;
+  m["exchange_dropped"] = static_cast<double>(dropped);
+  return m;
 }
 
 void Engine::run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_t next_step, double rollout_seconds,
                        std::stop_token stop) {
   std::shared_ptr<Backend> backend;
+  std::shared_ptr<Exchange> exchange;
   std::optional<Job> job;
   PoolCounters counters;
   {
     std::lock_guard lk(mu_);
     if (epoch != epoch_) return;
     backend = backend_;
+    exchange = exchange_;
     job = config_;
   }
+  std::map<std::string, double> sapo_metrics;
+  if (exchange && job) sapo_metrics = share_experience(*exchange, *backend, *job, *batch, next_step - 1);
   TrainStepReport report;
   std::string error;
   TimePoint rolling_left;
@@ -449,6 +551,7 @@ void Engine::run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_
     for (const auto& e : batch->episodes) split += e.samples.size() > 1 ? 1 : 0;
     report.metrics["episodes_split_by_drift"] = static_cast<double>(split);
     add_staleness_metrics(*batch, next_step - 1, report.metrics);
+    report.metrics.insert(sapo_metrics.begin(), sapo_metrics.end());
     if (options_.write_run_files && job->save_freq > 0 && next_step % job->save_freq == 0) {
       {
         std::lock_guard lk(mu_);
@@ -683,6 +786,13 @@ EngineSnapshot Engine::status() const {
   s.trainer_step = trainer_step_;
   s.counters = past_counters_;
   if (pool_) s.counters += pool_->counters();
+  if (exchange_) {
+    s.exchange = exchange_->status();
+    if (!s.exchange->ready)
+      s.detail += std::string(s.detail.empty() ? "" : "; ") + "exchange " +
+                  (s.exchange->connected ? "not ready" : "unreachable") + " (" + s.exchange->url + ")" +
+                  (s.exchange->last_error.empty() ? "" : ": " + s.exchange->last_error) + "; training on local groups";
+  }
   return s;
 }
 

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <stop_token>
 #include <string>
 #include <thread>
@@ -17,6 +18,7 @@
 
 #include "common/clock.hpp"
 #include "engine/backend.hpp"
+#include "exchange/exchange.hpp"
 #include "rollout_pool/rollout_pool.hpp"
 #include "swarm/job.hpp"
 
@@ -58,6 +60,7 @@ struct EngineSnapshot {
   std::string experiment_dir;                  // absolute; of the current or last run ("" before one)
   int64_t max_staleness = 0;                   // of the current run: 0 = synchronous
   int64_t trainer_step = 0;                    // the policy step the trainer is computing; 0 = idle
+  std::optional<ExchangeStatus> exchange;      // swarm experience sharing of the current run, when on
   PoolCounters counters;                       // cumulative over every run of this process
 };
 
@@ -154,6 +157,11 @@ class Engine {
   /// Control thread: writes checkpoint step-<step> of `backend` (atomically) and returns its seconds.
   double checkpoint(Backend& backend, const Job& job, int64_t step, const PoolCounters& counters);
   void accumulate_counters_locked();
+  // Swarm experience sharing (control thread): the run's exchange, and per step publishing the
+  // batch's groups and adding J re-encoded external ones to it (returns the step's metrics).
+  std::shared_ptr<Exchange> make_exchange(const Job& job, const std::string& model) const;
+  std::map<std::string, double> share_experience(Exchange& exchange, const Backend& backend, const Job& job,
+                                                 TrainBatch& batch, int64_t policy_step);
   /// Ends the current run (any state → OFFLINE): cancels episodes, releases the backend, and
   /// (when `save`) first saves a checkpoint of steps trained since the last one.
   void end_run_locked(const std::string& reason, bool save = true);
@@ -191,6 +199,10 @@ class Engine {
   int64_t trainer_step_ = 0;
   int64_t episodes_per_batch_ = 0;
   int64_t stale_dropped_since_step_ = 0;
+  // Swarm experience sharing (SAPO) of the current run; null when exchange_url is empty. The
+  // draw's random source is the control thread's.
+  std::shared_ptr<Exchange> exchange_;
+  std::mt19937_64 exchange_rng_;
 
   // control thread: boot, train, release run here in order
   std::mutex task_mu_;

@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <fstream>
 #include <functional>
@@ -125,6 +126,33 @@ const std::vector<Field>& field_table() {
        "Asynchronous training, torch engine: what happens to a sequence generating when new weights go in: keep "
        "(its KV cache stays; later tokens attend to keys the old weights computed) or recompute (its tokens so "
        "far are prefilled again with the new weights)."},
+      {"exchange_url", &Job::exchange_url,
+       "Swarm experience sharing (SAPO, docs/sapo.md): the NATS server of the swarm, e.g. nats://127.0.0.1:4222 "
+       "(nats://user:password@host:4222 or tls://host:4222 for a public broker); empty turns sharing off."},
+      {"exchange_credentials", &Job::exchange_credentials,
+       "A NATS credentials file (.creds: user JWT and nkey seed) for the exchange; empty = none (or what the URL "
+       "holds)."},
+      {"swarm_name", &Job::swarm_name,
+       "The swarm this node joins: its subjects are swarm.<swarm_name>.groups.<node_id> in stream "
+       "SWARM_<swarm_name> (letters, digits, - and _)."},
+      {"node_id", &Job::node_id,
+       "This node's name in the swarm (letters, digits, - and _); empty = a random id kept in the experiment "
+       "directory (file node_id)."},
+      {"exchange_publish", &Job::exchange_publish, "Publish each trained task group of this node to the swarm."},
+      {"exchange_consume", &Job::exchange_consume, "Receive the other nodes' groups into the local buffer."},
+      {"sapo_external_groups", &Job::sapo_external_groups,
+       "J: external task groups drawn uniformly from the buffer and trained in each policy step beside the "
+       "batch_size local ones (I). 0 = share without training on others."},
+      {"exchange_max_age_seconds", &Job::exchange_max_age_seconds,
+       "Groups older than this are dropped on receipt and on draw; also the stream's retention (max age) when "
+       "this node creates it."},
+      {"exchange_buffer_groups", &Job::exchange_buffer_groups,
+       "External groups kept locally for drawing (bounded; the oldest is dropped when full)."},
+      {"exchange_trusted_nodes", &Job::exchange_trusted_nodes,
+       "Comma-separated node ids whose groups are accepted; empty accepts every node that can publish to the "
+       "stream (the broker's credentials are the other trust control)."},
+      {"exchange_max_message_bytes", &Job::exchange_max_message_bytes,
+       "Largest group message published or accepted (bytes); larger ones are dropped and counted."},
       {"device", &Job::device,
        "Where the torch engine runs: auto (the GPU when its libtorch has CUDA and sees one, else the CPU), cpu, or "
        "cuda (an error at boot when there is no GPU to use). docs/gpu.md."},
@@ -402,6 +430,30 @@ void Job::validate() const {
   require_one_of("off_policy_correction", off_policy_correction, {"auto", "none", "tis", "decoupled"});
   if (!(is_cap >= 1.0) || !std::isfinite(is_cap)) bad("is_cap", "must be a finite number >= 1");
   require_one_of("kv_cache_on_swap", kv_cache_on_swap, {"keep", "recompute"});
+  const auto name_ok = [](const std::string& v) {
+    return !v.empty() && v.size() <= 64 &&
+           std::all_of(v.begin(), v.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'; });
+  };
+  if (!exchange_url.empty() && exchange_url.rfind("nats://", 0) != 0 && exchange_url.rfind("tls://", 0) != 0)
+    bad("exchange_url", "must start with nats:// or tls:// (or be empty to turn sharing off)");
+  if (!name_ok(swarm_name)) bad("swarm_name", "must be 1-64 letters, digits, - or _");
+  if (!node_id.empty() && !name_ok(node_id)) bad("node_id", "must be 1-64 letters, digits, - or _ (or empty)");
+  if (sapo_external_groups < 0) bad("sapo_external_groups", "must be >= 0");
+  if (sapo_external_groups > 0 && exchange_url.empty())
+    bad("sapo_external_groups", "needs exchange_url (the swarm to draw external groups from)");
+  if (sapo_external_groups > 0 && !exchange_consume) bad("sapo_external_groups", "needs exchange_consume: true");
+  if (!(exchange_max_age_seconds > 0) || !std::isfinite(exchange_max_age_seconds))
+    bad("exchange_max_age_seconds", "must be a finite number > 0");
+  if (exchange_buffer_groups < 1) bad("exchange_buffer_groups", "must be >= 1");
+  if (exchange_buffer_groups < sapo_external_groups)
+    bad("exchange_buffer_groups", "must be >= sapo_external_groups (the groups one step draws)");
+  {
+    std::stringstream ss(exchange_trusted_nodes);
+    for (std::string id; std::getline(ss, id, ',');)
+      if (!name_ok(id)) bad("exchange_trusted_nodes", "must be comma-separated node ids (letters, digits, - or _)");
+  }
+  if (exchange_max_message_bytes < 1024 || exchange_max_message_bytes > (int64_t{64} << 20))
+    bad("exchange_max_message_bytes", "must be in [1024, 67108864]");
   if (max_staleness > 0 && (sample_collection_method == "rollout_until_any_client_agree_sync_weight" ||
                             sample_collection_method == "rollout_until_all_clients_agree_sync_weight"))
     bad("max_staleness", "must be 0 with the agree collection methods (their clients hold every weight sync "

@@ -297,6 +297,10 @@ EndOutcome RolloutPool::end_episode(const std::string& client_uuid,
   finished.log_metrics = output.log_metrics;
   finished.optional_task_id = std::move(optional_task_id);
   if (output.turn_rewards.size() == calls.size()) finished.turn_rewards = output.turn_rewards;
+  if (!calls.empty() && std::all_of(calls.begin(), calls.end(), [](const LlmCall& c) { return !c.exchange_record.empty(); })) {
+    for (LlmCall& c : calls) finished.exchange_calls.push_back(std::move(c.exchange_record));
+    finished.metadata_json = output.metadata_json;
+  }
   try {
     finished.samples = merge_calls_into_samples(calls);
     if (!output.token_rewards.empty())

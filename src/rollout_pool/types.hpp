@@ -29,6 +29,9 @@ struct LlmCall {
   // Per completion token, the weights version that sampled it, when they differ (a generation
   // that ran across a weight swap); empty otherwise (all policy_version).
   std::vector<int64_t> completion_versions{};
+  // Swarm experience sharing (exchange_publish): the call as text for other nodes, a JSON object
+  // (exchange/sapo_message.hpp: messages, tools, completion, text, finish_reason); "" otherwise.
+  std::string exchange_record{};
 };
 
 /// One LLM call merged into a sample.
@@ -66,6 +69,11 @@ struct FinishedEpisode {
   std::vector<double> turn_rewards;  // one per LLM call of the episode (call order), or empty
   int64_t finish_seq = 0;  // order of arrival, for the safety valve
   int64_t min_version = -1;  // the oldest weights version that sampled a token of it (-1: none)
+  // Swarm experience sharing: LlmCall::exchange_record of each call in order (empty when not
+  // publishing, or when a call has none), and workflow_output.metadata as JSON text.
+  std::vector<std::string> exchange_calls;
+  std::string metadata_json;
+  std::string from_node;  // set on groups received from another swarm node ("" = local)
 };
 
 /// What WEIGHT_SYNCING trains on.

@@ -60,6 +60,9 @@ struct RequestOptions {
   // The agent that makes the call (AT-GRPO grouping): `swarm.agent` in the body, else the
   // `x-swarm-agent` header; "" = unnamed.
   std::string agent;
+  // Swarm experience sharing (exchange_publish): what the agent sent, as text for other nodes
+  // ({"messages", "tools"} or {"prompt"}); each choice adds its completion (LlmCall::exchange_record).
+  std::shared_ptr<const nlohmann::ordered_json> exchange_request;
 };
 
 constexpr size_t kMaxAgentName = 64;
@@ -320,6 +323,7 @@ class GenerationHandler final : public GenerationObserver,
         call.completion_versions = choice.versions;  // it ran across a weight swap
       call.finish_reason = choice.finish_reason;
       call.agent = options_.agent;
+      if (options_.exchange_request) call.exchange_record = exchange_record(choice);
       if (options_.chat_keys) {
         const ParsedAssistant parsed = parse_assistant_output(choice.text, options_.tool_format, options_.reasoning_format,
                                                               options_.parallel_tool_calls, options_.reasoning_start);
@@ -510,6 +514,25 @@ class GenerationHandler final : public GenerationObserver,
     }
     if (options_.return_token_ids) j["token_ids"] = ch.ids;
     return j;
+  }
+
+  // The call as text for the swarm (exchange/sapo_message.hpp): the request's messages (or
+  // prompt), the answer as the client saw it, and the generated tokens' text as generated.
+  std::string exchange_record(const GenerationChoice& choice) const {
+    nlohmann::ordered_json record = *options_.exchange_request;
+    if (kind_ != OpenAIKind::COMPLETION) {
+      std::string finish = choice.finish_reason;
+      const json message = message_json(choice.text, finish, false);
+      nlohmann::ordered_json completion = {{"role", "assistant"}, {"content", message["content"]}};
+      if (message.contains("reasoning_content")) completion["reasoning_content"] = message["reasoning_content"];
+      if (message.contains("tool_calls")) completion["tool_calls"] = message["tool_calls"];
+      record["completion"] = std::move(completion);
+    }
+    std::string text;
+    for (TokenId id : choice.ids) text += lease_.backend->token_text(id);
+    record["text"] = std::move(text);
+    record["finish_reason"] = choice.finish_reason;
+    return record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   }
 
   // The assistant message of a whole generated text: reasoning split off, tool calls parsed
@@ -800,6 +823,19 @@ void serve_generation(Engine& engine, Metrics& metrics, OpenAIKind kind, const H
     }
     std::vector<TokenId> prompt =
         kind == OpenAIKind::COMPLETION ? completion_prompt(body, *lease.backend) : chat_prompt(body, ordered, options, lease);
+    if (!lease.job.exchange_url.empty() && lease.job.exchange_publish) {
+      auto request = std::make_shared<nlohmann::ordered_json>(nlohmann::ordered_json::object());
+      if (kind == OpenAIKind::COMPLETION) {
+        std::string text;
+        for (TokenId id : prompt) text += lease.backend->token_text(id);
+        (*request)["prompt"] = std::move(text);
+      } else {
+        (*request)["messages"] = ordered["messages"];
+        if (ordered.contains("tools") && ordered["tools"].is_array() && !ordered["tools"].empty())
+          (*request)["tools"] = ordered["tools"];
+      }
+      options.exchange_request = std::move(request);
+    }
     SWARM_REQUIRE(static_cast<int64_t>(prompt.size()) <= lease.job.max_prompt_length, ErrorKind::INVALID_ARGUMENT,
                   "prompt is " + std::to_string(prompt.size()) + " tokens; max_prompt_length is " +
                       std::to_string(lease.job.max_prompt_length));

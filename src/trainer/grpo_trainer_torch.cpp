@@ -300,6 +300,9 @@ LossSums GrpoTrainer::accumulate_gradients(const PreparedBatch& batch, const std
   const torch::Tensor old = old_logprobs.empty() ? lp.detach() : torch::cat(old_logprobs).to(lp.device());
   SWARM_CHECK(old.numel() == lp.numel(), "old log-probs do not match the micro-batch's trained tokens");
 
+  // The behaviour policy's log-probs; tokens that carry none (NaN: groups from other swarm
+  // nodes, re-encoded here) count as on-policy, their recomputed old log-prob.
+  const torch::Tensor behaviour = torch::where(torch::isnan(in.rollout), old.detach(), in.rollout);
   const torch::Tensor ratio = torch::exp(lp - old);
   const torch::Tensor pg_unclipped = -in.advantage * ratio;
   const torch::Tensor pg_clipped =
@@ -309,7 +312,7 @@ LossSums GrpoTrainer::accumulate_gradients(const PreparedBatch& batch, const std
   // behaviour policy's log-probs (what the sampler recorded).
   torch::Tensor is_weight;
   if (options_.off_policy != OffPolicyCorrection::NONE) {
-    const torch::Tensor raw = torch::exp(old.detach() - in.rollout);
+    const torch::Tensor raw = torch::exp(old.detach() - behaviour);
     if (options_.off_policy == OffPolicyCorrection::TIS) {
       is_weight = torch::clamp_max(raw, options_.is_cap);
     } else {
@@ -357,11 +360,11 @@ LossSums GrpoTrainer::accumulate_gradients(const PreparedBatch& batch, const std
   const torch::Tensor clipped = pg_clipped.detach() > pg_unclipped.detach();
   s.clipped_low = (clipped & (ratio.detach() < 1.0)).sum().item<double>();
   s.clipped_high = (clipped & (ratio.detach() > 1.0)).sum().item<double>();
-  const torch::Tensor mismatch = (old - in.rollout).abs();
+  const torch::Tensor mismatch = (old - behaviour).abs();
   if (mismatch.numel() > 0) {
     s.mismatch_sum = mismatch.sum().item<double>();
     s.mismatch_max = mismatch.max().item<double>();
-    const torch::Tensor raw = torch::exp(old - in.rollout);  // pi_old / pi_behaviour, applied or not
+    const torch::Tensor raw = torch::exp(old - behaviour);  // pi_old / pi_behaviour, applied or not
     s.is_ratio_sum = raw.sum().item<double>();
     s.is_ratio_max = raw.max().item<double>();
     s.is_capped = (raw > options_.is_cap).sum().item<double>();

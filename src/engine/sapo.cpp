@@ -1,0 +1,134 @@
+#include "engine/sapo.hpp"
+
+#include <cmath>
+#include <limits>
+#include <map>
+
+#include "common/error.hpp"
+#include "engine/backend.hpp"
+#include "rollout_pool/context_tracker.hpp"
+
+namespace swarm {
+
+using OJson = nlohmann::ordered_json;
+
+std::vector<SapoGroup> sapo_groups_of_batch(const TrainBatch& batch, const std::string& node_id,
+                                            const std::string& model, int64_t policy_step, double created) {
+  std::vector<SapoGroup> groups;
+  std::map<std::string, size_t> index;
+  for (const FinishedEpisode& ep : batch.episodes) {
+    if (!ep.from_node.empty() || ep.exchange_calls.empty()) continue;
+    SapoEpisode out;
+    out.reward = ep.reward;
+    bool ok = true;
+    for (const std::string& record : ep.exchange_calls) {
+      OJson call = OJson::parse(record, nullptr, /*allow_exceptions=*/false);
+      if (!call.is_object()) {
+        ok = false;
+        break;
+      }
+      out.calls.push_back(std::move(call));
+    }
+    if (!ep.metadata_json.empty()) {
+      OJson meta = OJson::parse(ep.metadata_json, nullptr, false);
+      if (meta.is_object()) out.metadata = std::move(meta);
+    }
+    if (!ok) continue;
+    auto [it, inserted] = index.emplace(ep.task_id, groups.size());
+    if (inserted) {
+      SapoGroup g;
+      g.node_id = node_id;
+      g.model = model;
+      g.policy_step = policy_step;
+      g.created = created;
+      g.task_id = ep.task_id;
+      groups.push_back(std::move(g));
+    }
+    groups[it->second].episodes.push_back(std::move(out));
+  }
+  return groups;
+}
+
+namespace {
+
+std::string rstrip_whitespace(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.pop_back();
+  return s;
+}
+
+// One call in this node's tokens.
+LlmCall reencode_call(const OJson& call, const Backend& backend, int64_t version) {
+  LlmCall out;
+  const std::string text = call.value("text", std::string());
+  if (call.contains("messages")) {
+    const OJson& messages = call["messages"];
+    const OJson tools = call.contains("tools") && call["tools"].is_array() ? call["tools"] : OJson();
+    OJson completion = call["completion"];
+    // The reasoning field name differs between clients; templates read reasoning_content.
+    if (completion.contains("reasoning") && !completion.contains("reasoning_content"))
+      completion["reasoning_content"] = completion["reasoning"];
+    completion.erase("reasoning");
+    OJson full = messages;
+    full.push_back(completion);
+    const OJson kwargs = OJson::object();
+    const auto prompt_text = backend.render_chat_text(messages, tools, /*add_generation_prompt=*/true, kwargs);
+    const auto full_text = backend.render_chat_text(full, tools, /*add_generation_prompt=*/false, kwargs);
+    if (prompt_text && full_text && full_text->size() > prompt_text->size() &&
+        full_text->compare(0, prompt_text->size(), *prompt_text) == 0) {
+      // The answer as this node's template writes it after this prompt (its end-of-turn token
+      // included; what the template adds after it is not generated).
+      out.prompt_ids = backend.encode_rendered(*prompt_text);
+      out.completion_ids = backend.encode_rendered(rstrip_whitespace(full_text->substr(prompt_text->size())));
+    } else {
+      // A template that renders the history differently once an answer follows (or none that
+      // renders as text): the prompt rendered, the sender's generated text as it was.
+      out.prompt_ids = backend.render_chat(messages, tools, /*add_generation_prompt=*/true);
+      out.completion_ids = backend.encode_rendered(text);
+    }
+  } else {
+    out.prompt_ids = backend.encode_rendered(call.value("prompt", std::string()));
+    out.completion_ids = backend.encode_rendered(text);
+  }
+  out.completion_logprobs.assign(out.completion_ids.size(), std::numeric_limits<float>::quiet_NaN());
+  out.policy_version = version;
+  out.finish_reason = call.value("finish_reason", std::string("stop"));
+  return out;
+}
+
+}  // namespace
+
+std::vector<FinishedEpisode> reencode_sapo_group(const SapoGroup& group, const Backend& backend, int64_t version,
+                                                 int64_t max_context) {
+  std::vector<FinishedEpisode> out;
+  const std::string task_id = "sapo/" + group.node_id + "/" + group.task_id;
+  for (size_t e = 0; e < group.episodes.size(); ++e) {
+    const SapoEpisode& episode = group.episodes[e];
+    std::vector<LlmCall> calls;
+    for (const auto& call : episode.calls) {
+      LlmCall c = reencode_call(call, backend, version);
+      const auto length = static_cast<int64_t>(c.prompt_ids.size() + c.completion_ids.size());
+      SWARM_REQUIRE(length <= max_context, ErrorKind::INVALID_ARGUMENT,
+                    "a call of " + std::to_string(length) + " tokens does not fit the context (" +
+                        std::to_string(max_context) + ")");
+      SWARM_REQUIRE(!c.completion_ids.empty(), ErrorKind::INVALID_ARGUMENT, "a call with an empty completion");
+      calls.push_back(std::move(c));
+    }
+    FinishedEpisode ep;
+    ep.episode_uuid = "sapo-" + group.node_id + "-" + std::to_string(group.policy_step) + "-" + std::to_string(e);
+    ep.client_uuid = "swarm:" + group.node_id;
+    ep.task_id = task_id;
+    ep.reward = episode.reward;
+    ep.samples = merge_calls_into_samples(calls);
+    for (Sample& s : ep.samples) {
+      s.task_id = task_id;
+      s.episode_uuid = ep.episode_uuid;
+      s.reward = ep.reward;
+    }
+    ep.min_version = version;
+    ep.from_node = group.node_id;
+    out.push_back(std::move(ep));
+  }
+  return out;
+}
+
+}  // namespace swarm

@@ -1,0 +1,85 @@
+// The message a node publishes to the swarm for one trained task group (SAPO, docs/sapo.md):
+// every episode as text — the messages the agent sent and the completions (tool calls and
+// reasoning included) — so that a node with another tokenizer or chat template can train on it.
+// Building, validating and parsing; no NATS, no torch.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace swarm {
+
+inline constexpr int kSapoSchemaVersion = 1;
+
+/// One episode of a shared group.
+struct SapoEpisode {
+  double reward = 0.0;
+  /// The calls in order, each an object: chat calls {"messages", "tools"?, "completion",
+  /// "text", "finish_reason"}; completion calls {"prompt", "text", "finish_reason"}. `text` is
+  /// the generated tokens' text as generated (special tokens spelled out).
+  nlohmann::ordered_json calls = nlohmann::ordered_json::array();
+  nlohmann::ordered_json metadata = nlohmann::ordered_json::object();  // workflow_output.metadata
+};
+
+/// One task group as published.
+struct SapoGroup {
+  std::string node_id;
+  std::string model;
+  int64_t policy_step = 0;  // the weights version that generated it
+  double created = 0.0;     // unix seconds when published
+  std::string task_id;
+  std::vector<SapoEpisode> episodes;
+};
+
+/// Why a received message was not kept (counted per reason).
+enum class SapoDrop {
+  MALFORMED,       // not a JSON object, invalid UTF-8
+  SCHEMA,          // wrong schema version, missing or mistyped field, out-of-range value
+  TOO_LARGE,       // over exchange_max_message_bytes
+  NON_FINITE,      // a reward that is NaN, infinite or absurdly large
+  OWN,             // this node's own group (not an error)
+  UNTRUSTED,       // a node outside exchange_trusted_nodes
+  SPOOFED,         // node_id differs from the subject it was published on
+  STALE,           // older than exchange_max_age_seconds
+  ZERO_ADVANTAGE,  // every reward equal: nothing to learn (SAPO's filter)
+  DUPLICATE,       // a message id already received
+  EVICTED,         // the buffer was full and it was the oldest
+  REENCODE,        // this node's template / tokenizer could not encode it, or it is too long
+};
+inline constexpr int kNumSapoDrops = 12;
+const char* sapo_drop_name(SapoDrop d);
+
+/// Limits a received message must meet.
+struct SapoLimits {
+  int64_t max_bytes = 1 << 20;
+  int64_t max_episodes = 1024;
+  int64_t max_calls = 256;       // per episode
+  int64_t max_messages = 4096;   // per call
+  double max_abs_reward = 1e9;
+};
+
+/// The JSON text of a group (schema kSapoSchemaVersion).
+std::string encode_sapo_group(const SapoGroup& group);
+
+/// A parsed message, or why not.
+struct SapoParse {
+  std::optional<SapoGroup> group;
+  SapoDrop drop = SapoDrop::MALFORMED;
+  std::string reason;  // human-readable, for the debug log
+};
+/// Validates everything (sizes, schema, types, finite rewards, UTF-8); never throws.
+SapoParse parse_sapo_group(std::string_view payload, const SapoLimits& limits);
+
+/// Whether every episode has the same reward (no GRPO signal within the group).
+bool sapo_zero_advantage(const SapoGroup& group);
+
+/// Valid as a node id or swarm name: 1-64 of [A-Za-z0-9_-].
+bool valid_swarm_token(std::string_view s);
+
+}  // namespace swarm

@@ -1,0 +1,191 @@
+// The swarm group message: what is published round-trips, and every kind of bad message is
+// refused with its reason (never an exception).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "exchange/exchange.hpp"
+#include "exchange/sapo_message.hpp"
+
+using namespace swarm;
+using OJson = nlohmann::ordered_json;
+
+namespace {
+
+SapoGroup sample_group(const std::string& node = "node-a", std::vector<double> rewards = {1.0, 0.0}) {
+  SapoGroup g;
+  g.node_id = node;
+  g.model = "tiny";
+  g.policy_step = 3;
+  g.created = 1.7e9;
+  g.task_id = "task-7";
+  for (double r : rewards) {
+    SapoEpisode e;
+    e.reward = r;
+    e.calls.push_back({{"messages", OJson::array({{{"role", "user"}, {"content", "2+2? é"}}})},
+                       {"completion", {{"role", "assistant"}, {"content", "4"}}},
+                       {"text", "4<|im_end|>"},
+                       {"finish_reason", "stop"}});
+    e.metadata = {{"source", "test"}};
+    g.episodes.push_back(std::move(e));
+  }
+  return g;
+}
+
+SapoDrop drop_of(const std::string& payload, int64_t max_bytes = 1 << 20) {
+  SapoLimits limits;
+  limits.max_bytes = max_bytes;
+  const SapoParse p = parse_sapo_group(payload, limits);
+  EXPECT_FALSE(p.group.has_value()) << payload.substr(0, 200);
+  EXPECT_FALSE(p.reason.empty());
+  return p.drop;
+}
+
+// The sample message with one field replaced (or removed when `value` is discarded).
+std::string with(const std::string& pointer, const OJson& value) {
+  OJson j = OJson::parse(encode_sapo_group(sample_group()));
+  if (value.is_discarded()) {
+    const auto slash = pointer.rfind('/');
+    j[OJson::json_pointer(pointer.substr(0, slash))].erase(pointer.substr(slash + 1));
+  } else {
+    j[OJson::json_pointer(pointer)] = value;
+  }
+  return j.dump();
+}
+
+TEST(SapoMessage, RoundTripsEveryField) {
+  const SapoGroup g = sample_group();
+  const SapoParse p = parse_sapo_group(encode_sapo_group(g), SapoLimits{});
+  ASSERT_TRUE(p.group.has_value()) << p.reason;
+  EXPECT_EQ(p.group->node_id, "node-a");
+  EXPECT_EQ(p.group->model, "tiny");
+  EXPECT_EQ(p.group->policy_step, 3);
+  EXPECT_DOUBLE_EQ(p.group->created, 1.7e9);
+  EXPECT_EQ(p.group->task_id, "task-7");
+  ASSERT_EQ(p.group->episodes.size(), 2u);
+  EXPECT_EQ(p.group->episodes[0].reward, 1.0);
+  EXPECT_EQ(p.group->episodes[1].reward, 0.0);
+  EXPECT_EQ(p.group->episodes[0].calls, g.episodes[0].calls);
+  EXPECT_EQ(p.group->episodes[0].metadata["source"], "test");
+  EXPECT_FALSE(sapo_zero_advantage(*p.group));
+  EXPECT_TRUE(sapo_zero_advantage(sample_group("n", {0.5, 0.5, 0.5})));
+}
+
+TEST(SapoMessage, MalformedAndInvalidUtf8AreRefused) {
+  EXPECT_EQ(drop_of("not json"), SapoDrop::MALFORMED);
+  EXPECT_EQ(drop_of("[1,2]"), SapoDrop::MALFORMED);
+  EXPECT_EQ(drop_of(""), SapoDrop::MALFORMED);
+  std::string bad = encode_sapo_group(sample_group());
+  bad.replace(bad.find("\xc3\xa9"), 2, "\xc3\x28");  // an invalid UTF-8 sequence inside a string
+  EXPECT_EQ(drop_of(bad), SapoDrop::MALFORMED);
+}
+
+TEST(SapoMessage, OversizedIsRefusedBeforeParsing) {
+  const std::string ok = encode_sapo_group(sample_group());
+  EXPECT_EQ(drop_of(ok, static_cast<int64_t>(ok.size()) - 1), SapoDrop::TOO_LARGE);
+  EXPECT_TRUE(parse_sapo_group(ok, SapoLimits{static_cast<int64_t>(ok.size())}).group.has_value());
+}
+
+TEST(SapoMessage, SchemaViolationsAreRefused) {
+  const OJson discard = OJson::value_t::discarded;
+  EXPECT_EQ(drop_of(with("/schema", 2)), SapoDrop::SCHEMA);
+  EXPECT_EQ(drop_of(with("/schema", "1")), SapoDrop::SCHEMA);
+  EXPECT_EQ(drop_of(with("/node_id", "a.b")), SapoDrop::SCHEMA);  // would break subjects
+  EXPECT_EQ(drop_of(with("/node_id", 5)), SapoDrop::SCHEMA);
+  EXPECT_EQ(drop_of(with("/task_id", discard)), SapoDrop::SCHEMA);
+  EXPECT_EQ(drop_of(with("/policy_step", -1)), SapoDrop::SCHEMA);
+  EXPECT_EQ(drop_of(with("/episodes", OJson::array())), SapoDrop::SCHEMA);
+  EXPECT_EQ(drop_of(with("/episodes/0/reward", "high")), SapoDrop::SCHEMA);
+  EXPECT_EQ(drop_of(with("/episodes/0/calls", OJson::array())), SapoDrop::SCHEMA);
+  EXPECT_EQ(drop_of(with("/episodes/0/calls/0/text", discard)), SapoDrop::SCHEMA);
+  EXPECT_EQ(drop_of(with("/episodes/0/calls/0/messages/0/role", "root")), SapoDrop::SCHEMA);
+  EXPECT_EQ(drop_of(with("/episodes/0/calls/0/messages/0/content", 12)), SapoDrop::SCHEMA);
+  EXPECT_EQ(drop_of(with("/episodes/0/calls/0/completion/role", "user")), SapoDrop::SCHEMA);
+  EXPECT_EQ(drop_of(with("/episodes/0/calls/0/completion", discard)), SapoDrop::SCHEMA);
+  EXPECT_EQ(drop_of(with("/episodes/0/calls/0/completion/tool_calls", OJson::array({{{"function", 3}}}))),
+            SapoDrop::SCHEMA);
+  EXPECT_EQ(drop_of(with("/episodes/0/calls/0/tools", "all")), SapoDrop::SCHEMA);
+  EXPECT_EQ(drop_of(with("/episodes/0/metadata", 1)), SapoDrop::SCHEMA);
+  EXPECT_EQ(drop_of(with("/created", "yesterday")), SapoDrop::SCHEMA);
+}
+
+TEST(SapoMessage, NonFiniteOrAbsurdRewardsAreRefused) {
+  std::string inf = with("/episodes/0/reward", 0.25);
+  inf.replace(inf.find("0.25"), 4, "1e999");  // JSON has no NaN/Infinity; an overflow is a parse error
+  EXPECT_EQ(drop_of(inf), SapoDrop::MALFORMED);
+  std::string nan = with("/episodes/0/reward", 0.25);
+  nan.replace(nan.find("0.25"), 4, "NaN");
+  EXPECT_EQ(drop_of(nan), SapoDrop::MALFORMED);
+  EXPECT_EQ(drop_of(with("/episodes/1/reward", 1e12)), SapoDrop::NON_FINITE);
+}
+
+TEST(SapoMessage, ExchangeReceiveCountsEachReasonAndBuffersTheRest) {
+  ExchangeConfig c;  // no URL: nothing connects; receive() is what the consumer calls
+  c.node_id = "me";
+  c.swarm_name = "t";
+  c.buffer_groups = 2;
+  c.max_message_bytes = 4096;
+  c.trusted_nodes = {"node-a", "node-b", "node-c", "node-d"};
+  c.now = [] { return 1.7e9 + 10; };
+  Exchange x(c);
+  const std::string prefix = "swarm.t.groups.";
+  x.receive(prefix + "me", encode_sapo_group(sample_group("me")), "m1");             // own
+  x.receive(prefix + "stranger", encode_sapo_group(sample_group("stranger")), "s1"); // untrusted
+  x.receive(prefix + "node-a", encode_sapo_group(sample_group("node-b")), "a0");     // spoofed
+  x.receive(prefix + "node-a", "{oops", "a1");                                       // malformed
+  x.receive(prefix + "node-a", std::string(5000, ' '), "a2");                        // too large
+  x.receive(prefix + "node-a", encode_sapo_group(sample_group("node-a", {1, 1})), "a3");  // zero advantage
+  SapoGroup old = sample_group("node-a");
+  old.created = 1.7e9 - 1000;
+  x.receive(prefix + "node-a", encode_sapo_group(old), "a4");  // stale (600 s window)
+  x.receive(prefix + "node-a", encode_sapo_group(sample_group("node-a")), "a5");
+  x.receive(prefix + "node-a", encode_sapo_group(sample_group("node-a")), "a5");  // duplicate id
+  x.receive(prefix + "node-c", encode_sapo_group(sample_group("node-c")), "c1");
+  x.receive(prefix + "node-d", encode_sapo_group(sample_group("node-d")), "d1");  // evicts a5's group
+  const ExchangeStatus st = x.status();
+  EXPECT_EQ(st.received, 11);
+  EXPECT_EQ(st.accepted, 3);
+  EXPECT_EQ(st.buffered, 2);
+  for (const char* reason : {"own", "untrusted", "spoofed", "malformed", "too_large", "zero_advantage", "stale",
+                             "duplicate", "evicted"})
+    EXPECT_EQ(st.dropped.count(reason) ? st.dropped.at(reason) : 0, 1) << reason;
+  EXPECT_EQ(st.peers.at("node-a").received, 7);
+  EXPECT_EQ(st.peers.at("node-a").accepted, 1);
+  EXPECT_EQ(st.peers.count("me"), 0u);
+  std::mt19937_64 rng(1);
+  auto drawn = x.draw(5, rng);
+  ASSERT_EQ(drawn.size(), 2u);  // all there is
+  EXPECT_NE(drawn[0].node_id, drawn[1].node_id);
+  EXPECT_EQ(x.status().buffered, 0);
+  EXPECT_EQ(x.status().used, 2);
+  EXPECT_EQ(x.status().peers.at("node-c").used + x.status().peers.at("node-d").used, 2);
+}
+
+TEST(SapoMessage, DrawIsUniformOverTheBuffer) {
+  ExchangeConfig c;
+  c.node_id = "me";
+  c.swarm_name = "t";
+  c.buffer_groups = 8;
+  c.now = [] { return 1.7e9; };
+  std::map<std::string, int> picked;
+  std::mt19937_64 rng(7);
+  for (int round = 0; round < 800; ++round) {
+    Exchange x(c);
+    for (int k = 0; k < 4; ++k) {
+      SapoGroup g = sample_group("node-" + std::to_string(k));
+      x.receive("swarm.t.groups." + g.node_id, encode_sapo_group(g), "");
+    }
+    ++picked[x.draw(1, rng).at(0).node_id];
+  }
+  // 800 draws of 1 in 4: 200 each expected; 3.5 standard deviations (12.2) either side.
+  for (const auto& [node, n] : picked) EXPECT_NEAR(n, 200, 43) << node;
+  EXPECT_EQ(picked.size(), 4u);
+}
+
+TEST(SapoMessage, RedactsCredentialsInUrls) {
+  EXPECT_EQ(redact_url("nats://user:secret@host:4222"), "nats://***@host:4222");
+  EXPECT_EQ(redact_url("nats://host:4222"), "nats://host:4222");
+}
+
+}  // namespace
