@@ -75,6 +75,7 @@ struct Exchange::Impl {
   jsCtx* js = nullptr;
   natsSubscription* sub = nullptr;
   bool was_connected = false;
+  bool ever_connected = false;
   uint64_t last_seq = 0;  // the last stream sequence handled (a new consumer resumes after it)
   int fetch_errors = 0;
 
@@ -116,11 +117,17 @@ struct Exchange::Impl {
           std::lock_guard lk(mu);
           st.connected = connected;
           if (!connected) st.ready = false;
-          if (connected && st.reconnects++ > 0) spdlog::info("exchange: reconnected to {}", redact_url(self.config_.url));
         }
-        if (connected) spdlog::info("exchange: connected to {} as node {}", redact_url(self.config_.url), self.config_.node_id);
+        if (connected && ever_connected) {
+          std::lock_guard lk(mu);
+          ++st.reconnects;
+        }
+        if (connected)
+          spdlog::info("exchange: {} to {} as node {}", ever_connected ? "reconnected" : "connected",
+                       redact_url(self.config_.url), self.config_.node_id);
         else set_error("lost the broker at " + redact_url(self.config_.url) + "; reconnecting");
         was_connected = connected;
+        ever_connected = ever_connected || connected;
         drop_subscription();  // a fresh consumer after every reconnect (the broker may have lost it)
       }
       if (!connected) {
