@@ -56,12 +56,28 @@ std::string rstrip_whitespace(std::string s) {
   return s;
 }
 
+// Contents as the server renders them (a string: null is "", parts are their texts joined).
+void normalize_contents(OJson& messages) {
+  for (auto& m : messages) {
+    auto it = m.find("content");
+    if (it != m.end() && it->is_string()) continue;
+    std::string text;
+    if (it != m.end() && it->is_array())
+      for (const auto& part : *it) {
+        if (part.is_string()) text += part.get<std::string>();
+        else if (part.is_object() && part.contains("text") && part["text"].is_string()) text += part["text"].get<std::string>();
+      }
+    m["content"] = text;
+  }
+}
+
 // One call in this node's tokens.
 LlmCall reencode_call(const OJson& call, const Backend& backend, int64_t version) {
   LlmCall out;
   const std::string text = call.value("text", std::string());
   if (call.contains("messages")) {
-    const OJson& messages = call["messages"];
+    OJson messages = call["messages"];
+    normalize_contents(messages);
     const OJson tools = call.contains("tools") && call["tools"].is_array() ? call["tools"] : OJson();
     OJson completion = call["completion"];
     // The reasoning field name differs between clients; templates read reasoning_content.
@@ -70,6 +86,7 @@ LlmCall reencode_call(const OJson& call, const Backend& backend, int64_t version
     completion.erase("reasoning");
     OJson full = messages;
     full.push_back(completion);
+    normalize_contents(full);
     const OJson kwargs = OJson::object();
     const auto prompt_text = backend.render_chat_text(messages, tools, /*add_generation_prompt=*/true, kwargs);
     const auto full_text = backend.render_chat_text(full, tools, /*add_generation_prompt=*/false, kwargs);
