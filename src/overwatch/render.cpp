@@ -262,6 +262,32 @@ std::vector<std::string> state_lines(const PoolInfo& p, const Style& st, size_t 
     }
     out.push_back(t);
   }
+  if (p.exchange.present) {
+    // Swarm experience sharing: the broker, what went out and came in, and each peer.
+    const ExchangeInfo& x = p.exchange;
+    std::string l = st.paint("  swarm ", kDim) + sanitize(x.swarm_name) + st.paint(" as ", kDim) + sanitize(x.node_id) +
+                    " " + (x.ready ? st.paint("● connected", kGreen)
+                                   : st.paint(x.connected ? "● connecting" : "● broker unreachable", kYellow));
+    l += st.paint(" · published ", kDim) + std::to_string(x.published);
+    if (x.outbox > 0) l += st.paint(fmt::format(" ({} waiting)", x.outbox), kYellow);
+    l += st.paint(" · accepted ", kDim) + fmt::format("{}/{}", x.accepted, x.received);
+    l += st.paint(" · buffered ", kDim) + std::to_string(x.buffered);
+    l += st.paint(" · used ", kDim) + std::to_string(x.used);
+    if (x.dropped > 0) l += st.paint(fmt::format(" · {} dropped", x.dropped), kYellow);
+    out.push_back(l);
+    constexpr size_t kMaxPeers = 4;
+    for (size_t k = 0; k < x.peers.size() && k < kMaxPeers; ++k) {
+      const ExchangePeerInfo& q = x.peers[k];
+      std::string pl = st.paint("    peer ", kDim) + sanitize(q.node_id);
+      if (!q.model.empty()) pl += st.paint(" (", kDim) + sanitize(q.model) + st.paint(")", kDim);
+      pl += st.paint(" · accepted ", kDim) + std::to_string(q.accepted) + st.paint(" · used ", kDim) + std::to_string(q.used);
+      if (q.dropped > 0) pl += st.paint(fmt::format(" · {} dropped", q.dropped), kYellow);
+      if (q.last_policy_step >= 0) pl += st.paint(" · step ", kDim) + std::to_string(q.last_policy_step);
+      if (q.seconds_since_seen >= 0) pl += st.paint(" · seen ", kDim) + format_duration(q.seconds_since_seen) + " ago";
+      out.push_back(pl);
+    }
+    if (x.peers.size() > kMaxPeers) out.push_back(st.paint(fmt::format("    … {} more peers", x.peers.size() - kMaxPeers), kDim));
+  }
   if (!p.engine_status_detail.empty()) {
     const auto wrapped = wrap_text(sanitize(p.engine_status_detail), width > 12 ? width - 10 : 2);
     for (size_t k = 0; k < wrapped.size() && k < 2; ++k)

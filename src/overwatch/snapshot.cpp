@@ -81,6 +81,39 @@ PoolInfo pool_information_from_json(const json& j) {
     p.max_staleness = get_int(training, "max_staleness");
     p.trainer_step = get_int(training, "trainer_step");
   }
+  if (j.contains("exchange") && j["exchange"].is_object()) {
+    const json& x = j["exchange"];
+    ExchangeInfo& e = p.exchange;
+    e.present = true;
+    e.url = get_string(x, "url");
+    e.swarm_name = get_string(x, "swarm_name");
+    e.node_id = get_string(x, "node_id");
+    e.last_error = get_string(x, "last_error");
+    e.connected = get_bool(x, "connected");
+    e.ready = get_bool(x, "ready");
+    e.published = get_int(x, "published");
+    e.received = get_int(x, "received");
+    e.accepted = get_int(x, "accepted");
+    e.buffered = get_int(x, "buffered");
+    e.used = get_int(x, "used");
+    e.outbox = get_int(x, "outbox");
+    for (const auto& [reason, n] : get_object(x, "dropped").items())
+      if (reason != "own" && n.is_number_integer()) e.dropped += n.get<int64_t>();
+    for (const json& peer : get_array(x, "peers")) {
+      ExchangePeerInfo q;
+      q.node_id = get_string(peer, "node_id");
+      q.model = get_string(peer, "model");
+      q.received = get_int(peer, "received");
+      q.accepted = get_int(peer, "accepted");
+      q.used = get_int(peer, "used");
+      q.dropped = get_int(peer, "dropped");
+      q.last_policy_step = get_int(peer, "last_policy_step");
+      q.seconds_since_seen = peer.contains("seconds_since_seen") && peer["seconds_since_seen"].is_number()
+                                 ? peer["seconds_since_seen"].get<double>()
+                                 : -1.0;
+      e.peers.push_back(std::move(q));
+    }
+  }
   p.sample_collection_method = get_string(j, "sample_collection_method");
   p.accepting_claims = get_bool(j, "accepting_claims");
   p.batch_size = get_int(j, "batch_size");

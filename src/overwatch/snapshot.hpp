@@ -58,6 +58,34 @@ struct StepPoint {
 };
 
 /// GET /get_current_batch_rollout_pool_information.
+/// One peer of the swarm as this server sees it (SAPO).
+struct ExchangePeerInfo {
+  std::string node_id;
+  std::string model;
+  int64_t received = 0;
+  int64_t accepted = 0;
+  int64_t used = 0;
+  int64_t dropped = 0;
+  int64_t last_policy_step = -1;
+  double seconds_since_seen = -1.0;  // -1: never
+};
+
+/// Swarm experience sharing (the pool information's "exchange", when the server has one).
+struct ExchangeInfo {
+  bool present = false;
+  std::string url, swarm_name, node_id, last_error;
+  bool connected = false;
+  bool ready = false;
+  int64_t published = 0;
+  int64_t received = 0;
+  int64_t accepted = 0;
+  int64_t buffered = 0;
+  int64_t used = 0;
+  int64_t outbox = 0;
+  int64_t dropped = 0;  // every reason but "own"
+  std::vector<ExchangePeerInfo> peers;
+};
+
 struct PoolInfo {
   std::string engine_status;
   std::string engine_status_detail;
@@ -86,6 +114,7 @@ struct PoolInfo {
   std::vector<StepPoint> step_history;  // oldest first
   std::vector<std::pair<std::string, double>> eval_metrics;
   std::vector<std::pair<std::string, int64_t>> counters;  // in the server's order
+  ExchangeInfo exchange;
 
   /// A counter by name, 0 when absent.
   int64_t counter(std::string_view name) const;

@@ -61,6 +61,42 @@ void add_agentjet_fields(json& out, const EngineSnapshot& st, const PoolSnapshot
   out["turn_reward_episodes"] = std::move(turns);
 }
 
+// Swarm experience sharing (SAPO): the connection, the counters and what each peer sent.
+json exchange_json(const ExchangeStatus& x) {
+  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  json dropped = json::object();
+  for (const auto& [reason, n] : x.dropped) dropped[reason] = n;
+  json peers = json::array();
+  for (const auto& [node, p] : x.peers)
+    peers.push_back({{"node_id", node},
+                     {"model", p.model},
+                     {"received", p.received},
+                     {"accepted", p.accepted},
+                     {"used", p.used},
+                     {"dropped", p.dropped},
+                     {"last_policy_step", p.last_policy_step},
+                     {"seconds_since_seen", p.last_seen > 0 ? json(std::max(0.0, now - p.last_seen)) : json(nullptr)}});
+  return {{"url", x.url},
+          {"swarm_name", x.swarm_name},
+          {"node_id", x.node_id},
+          {"stream", x.stream},
+          {"connected", x.connected},
+          {"ready", x.ready},
+          {"last_error", x.last_error},
+          {"published", x.published},
+          {"publish_errors", x.publish_errors},
+          {"publish_too_large", x.publish_too_large},
+          {"outbox", x.outbox},
+          {"outbox_dropped", x.outbox_dropped},
+          {"received", x.received},
+          {"accepted", x.accepted},
+          {"buffered", x.buffered},
+          {"used", x.used},
+          {"reconnects", x.reconnects},
+          {"dropped", dropped},
+          {"peers", peers}};
+}
+
 }  // namespace
 
 nlohmann::json pool_information_json(const EngineSnapshot& st, const PoolSnapshot& pool,
@@ -137,6 +173,7 @@ nlohmann::json pool_information_json(const EngineSnapshot& st, const PoolSnapsho
       {"eval_metrics", eval},
       {"counters", c.to_json()},
   };
+  if (st.exchange) out["exchange"] = exchange_json(*st.exchange);
   add_agentjet_fields(out, st, pool, config);
   return out;
 }

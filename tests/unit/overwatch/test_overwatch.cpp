@@ -406,6 +406,40 @@ TEST(OverwatchRender, TrainingModeTrainerAndStaleness) {
   EXPECT_EQ(joined(render_frame(sample_frame(), plain(100))).find("  training "), std::string::npos);
 }
 
+// Swarm experience sharing (issue 25 §2): the broker, the group counters, and each peer; a server
+// without an exchange shows no swarm line.
+TEST(OverwatchRender, SwarmExchangeAndPeers) {
+  json j = pool_json();
+  j["exchange"] = {{"url", "nats://127.0.0.1:4222"}, {"swarm_name", "lab"}, {"node_id", "node-a"},
+                   {"connected", true}, {"ready", true}, {"last_error", ""}, {"published", 12},
+                   {"received", 30}, {"accepted", 9}, {"buffered", 3}, {"used", 6}, {"outbox", 0},
+                   {"dropped", {{"own", 12}, {"zero_advantage", 7}, {"malformed", 2}}},
+                   {"peers", json::array({{{"node_id", "node-b"}, {"model", "tiny-char"}, {"received", 18},
+                                           {"accepted", 9}, {"used", 6}, {"dropped", 9}, {"last_policy_step", 7},
+                                           {"seconds_since_seen", 3.0}}})}};
+  Monitor m("http://127.0.0.1:10086", 1.0);
+  Snapshot snap = sample_snapshot();
+  snap.pool = pool_information_from_json(j);
+  const auto t0 = Monitor::Clock::time_point{} + 1000s;
+  m.on_poll_ok(snap, t0);
+  auto lines = render_frame(m.frame(t0), plain(120));
+  const std::string all = joined(lines);
+  SCOPED_TRACE(all);
+  EXPECT_TRUE(has_line(lines, "  swarm lab as node-a ● connected · published 12 · accepted 9/30 · buffered 3 · used 6 · "
+                              "9 dropped"));
+  EXPECT_TRUE(has_line(lines, "    peer node-b (tiny-char) · accepted 9 · used 6 · 9 dropped · step 7 · seen 3.0s ago"));
+
+  j["exchange"]["connected"] = false;
+  j["exchange"]["ready"] = false;
+  j["exchange"]["outbox"] = 2;
+  snap.pool = pool_information_from_json(j);
+  m.on_poll_ok(snap, t0 + 1s);
+  lines = render_frame(m.frame(t0 + 1s), plain(120));
+  EXPECT_NE(joined(lines).find("● broker unreachable · published 12 (2 waiting)"), std::string::npos) << joined(lines);
+
+  EXPECT_EQ(joined(render_frame(sample_frame(), plain(100))).find("  swarm "), std::string::npos);
+}
+
 TEST(OverwatchRender, ActiveTargetFollowsTheMethod) {
   FrameInput f = sample_frame();
   f.snapshot->pool.sample_collection_method = "rollout_until_finish_enough_episodes";
