@@ -48,6 +48,32 @@ std::string Metrics::render(const EngineSnapshot& st, const PoolSnapshot& pool,
   header("swarm_trainer_step", "gauge", "The policy step the trainer is computing; 0 when idle.");
   out += fmt::format("swarm_trainer_step {}\n", st.trainer_step);
 
+  if (st.exchange) {
+    const ExchangeStatus& x = *st.exchange;
+    header("swarm_exchange_connected", "gauge", "1 while the swarm's NATS broker is connected (SAPO).");
+    out += fmt::format("swarm_exchange_connected {}\n", x.connected ? 1 : 0);
+    header("swarm_exchange_groups_total", "counter", "Task groups shared through the swarm, by event.");
+    for (auto [event, v] : std::initializer_list<std::pair<const char*, int64_t>>{{"published", x.published},
+                                                                               {"received", x.received},
+                                                                               {"accepted", x.accepted},
+                                                                               {"used", x.used},
+                                                                               {"outbox_dropped", x.outbox_dropped},
+                                                                               {"publish_too_large", x.publish_too_large}})
+      out += fmt::format("swarm_exchange_groups_total{{event=\"{}\"}} {}\n", event, v);
+    header("swarm_exchange_buffered_groups", "gauge", "External groups waiting in the local buffer.");
+    out += fmt::format("swarm_exchange_buffered_groups {}\n", x.buffered);
+    header("swarm_exchange_outbox_groups", "gauge", "Own groups waiting for the broker.");
+    out += fmt::format("swarm_exchange_outbox_groups {}\n", x.outbox);
+    header("swarm_exchange_dropped_total", "counter", "Received messages not kept, by reason.");
+    for (const auto& [reason, n] : x.dropped)
+      out += fmt::format("swarm_exchange_dropped_total{{reason=\"{}\"}} {}\n", reason, n);
+    header("swarm_exchange_peer_groups_total", "counter", "Groups from each peer node, by event.");
+    for (const auto& [node, p] : x.peers)
+      for (auto [event, v] : std::initializer_list<std::pair<const char*, int64_t>>{
+               {"received", p.received}, {"accepted", p.accepted}, {"used", p.used}, {"dropped", p.dropped}})
+        out += fmt::format("swarm_exchange_peer_groups_total{{peer=\"{}\",event=\"{}\"}} {}\n", node, event, v);
+  }
+
   const auto& c = st.counters;
   header("swarm_episodes_total", "counter", "Episode events since the server started.");
   for (auto [event, v] : std::initializer_list<std::pair<const char*, int64_t>>{

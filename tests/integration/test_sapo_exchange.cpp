@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "support/client_helpers.hpp"
+#include "support/http_helpers.hpp"
 #include "support/nats_server.hpp"
 #include "support/test_server.hpp"
 #include "swarm/swarm.hpp"
@@ -137,6 +138,18 @@ TEST_F(SapoExchange, TwoServersShareGroupsAndEachStepTrainsIPlusJ) {
   EXPECT_EQ(st.peers.at("node-b").accepted, 2);
   EXPECT_EQ(st.peers.at("node-b").used, 1);
   EXPECT_EQ(st.dropped.at("own"), 4);  // a reads its own groups back from the stream and skips them
+
+  // The same through the wire: the pool information and /metrics.
+  HttpClient http(a.url());
+  const nlohmann::json info = swarm::testing::get_json(http, "/get_current_batch_rollout_pool_information");
+  EXPECT_EQ(info["exchange"]["node_id"], "node-a");
+  EXPECT_EQ(info["exchange"]["published"], 4);
+  EXPECT_EQ(info["exchange"]["peers"][0]["node_id"], "node-b");
+  EXPECT_EQ(info["exchange"]["peers"][0]["used"], 1);
+  const std::string metrics = http.request("GET", "/metrics").body;
+  EXPECT_NE(metrics.find("swarm_exchange_groups_total{event=\"published\"} 4"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("swarm_exchange_peer_groups_total{peer=\"node-b\",event=\"used\"} 1"), std::string::npos);
+  EXPECT_NE(metrics.find("swarm_exchange_connected 1"), std::string::npos);
 }
 
 TEST_F(SapoExchange, HostileMessagesAreDroppedAndCountedAndTrainingGoesOn) {
