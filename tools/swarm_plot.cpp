@@ -1,6 +1,7 @@
 // swarm-plot: a run's metrics.jsonl as a reward-curve PNG (the field against step, a +/- std band, a moving average).
 //   swarm-plot --metrics experiments/echo/echo-agent/metrics.jsonl --out reward.png
 //   swarm-plot --metrics experiments/echo/echo-agent --field loss --title "echo loss" --width 1200 --height 600
+//   swarm-plot --metrics a.jsonl --label "run a" --metrics b.jsonl --label "run b" --out compare.png
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -15,9 +16,13 @@
 int main(int argc, char** argv) {
   namespace plot = swarm::plot;
   CLI::App app{"swarm-plot: draw a run's metrics.jsonl as a reward-curve PNG"};
-  std::string metrics, out = "reward.png", field = "reward_mean", title;
+  std::vector<std::string> metrics, labels;
+  std::string out = "reward.png", field = "reward_mean", title;
   int width = 800, height = 480;
-  app.add_option("--metrics", metrics, "metrics.jsonl of a run (or the run directory holding it)")->required();
+  app.add_option("--metrics", metrics,
+                 "metrics.jsonl of a run (or the run directory holding it); several draw one line each on one chart")
+      ->required();
+  app.add_option("--label", labels, "Legend label of each --metrics, in order (several series)");
   app.add_option("--out", out, "PNG file to write")->capture_default_str();
   app.add_option("--field", field, "Numeric field to plot against step")->capture_default_str();
   app.add_option("--title", title, "Chart title (default: <field>: <project>/<experiment>)");
@@ -30,7 +35,21 @@ int main(int argc, char** argv) {
   }
 
   try {
-    const plot::MetricSeries series = plot::load_metric_series(metrics, field);
+    if (metrics.size() > 1) {  // a comparison: one line (and band) per file
+      std::vector<plot::MetricSeries> all;
+      for (const auto& m : metrics) all.push_back(plot::load_metric_series(m, field));
+      plot::RewardChartOptions options;
+      options.title = title.empty() ? field : title;
+      options.width = width;
+      options.height = height;
+      plot::write_png(out, plot::render_chart(plot::build_comparison_chart(all, labels, options)));
+      std::printf("wrote %s (%dx%d, %zu series)\n", out.c_str(), width, height, all.size());
+      for (size_t k = 0; k < all.size(); ++k)
+        std::printf("%s: %s\n", k < labels.size() ? labels[k].c_str() : metrics[k].c_str(),
+                    plot::summarize(all[k]).c_str());
+      return 0;
+    }
+    const plot::MetricSeries series = plot::load_metric_series(metrics.front(), field);
     if (series.malformed > 0)
       std::fprintf(stderr, "swarm-plot: warning: skipped %zu malformed line(s) of %zu\n", series.malformed,
                    series.lines);
@@ -41,7 +60,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "swarm-plot: note: %zu step(s) logged more than once, the last line kept\n",
                    series.duplicates);
     plot::RewardChartOptions options;
-    options.title = title.empty() ? plot::default_title(metrics, field) : title;
+    options.title = title.empty() ? plot::default_title(metrics.front(), field) : title;
     options.width = width;
     options.height = height;
     const plot::RgbImage image = plot::render_chart(plot::build_reward_chart(series, options));

@@ -37,6 +37,9 @@ struct WorkflowOutput {
   /// is not the number of calls then trains on its sum only (no 400, as AgentJet counts turns
   /// its own way).
   bool turn_rewards_from_list = false;
+  /// Set by the server from end_episode's `task.metadata` (a JSON object as text; "" = none):
+  /// shared with the episode's group over the swarm exchange (docs/sapo.md).
+  std::string task_metadata_json;
 };
 
 }  // namespace swarm

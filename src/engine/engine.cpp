@@ -452,9 +452,8 @@ std::shared_ptr<Exchange> Engine::make_exchange(const Job& job, const std::strin
   for (std::string id; std::getline(trusted, id, ',');)
     if (!id.empty()) c.trusted_nodes.push_back(id);
   c.max_message_bytes = job.exchange_max_message_bytes;
-  spdlog::info("engine: swarm '{}' as node {} via {} (publish {}, consume {}, {} external group(s) per step)",
-               c.swarm_name, c.node_id, redact_url(c.url), c.publish, c.consume, job.sapo_external_groups);
-  (void)model;
+  spdlog::info("engine: swarm '{}' as node {} of model {} via {} (publish {}, consume {}, {} external group(s) per step)",
+               c.swarm_name, c.node_id, model, redact_url(c.url), c.publish, c.consume, job.sapo_external_groups);
   return std::make_shared<Exchange>(std::move(c));
 }
 

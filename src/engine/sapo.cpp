@@ -42,6 +42,10 @@ std::vector<SapoGroup> sapo_groups_of_batch(const TrainBatch& batch, const std::
       g.policy_step = policy_step;
       g.created = created;
       g.task_id = ep.task_id;
+      if (!ep.task_metadata_json.empty()) {
+        OJson tm = OJson::parse(ep.task_metadata_json, nullptr, false);
+        if (tm.is_object()) g.task_metadata = std::move(tm);
+      }
       groups.push_back(std::move(g));
     }
     groups[it->second].episodes.push_back(std::move(out));
@@ -131,7 +135,8 @@ std::vector<FinishedEpisode> reencode_sapo_group(const SapoGroup& group, const B
       calls.push_back(std::move(c));
     }
     FinishedEpisode ep;
-    ep.episode_uuid = "sapo-" + group.node_id + "-" + std::to_string(group.policy_step) + "-" + std::to_string(e);
+    ep.episode_uuid = "sapo-" + group.node_id + "-" + std::to_string(group.policy_step) + "-" +
+                      std::to_string(std::hash<std::string>{}(group.task_id) & 0xffffffffu) + "-" + std::to_string(e);
     ep.client_uuid = "swarm:" + group.node_id;
     ep.task_id = task_id;
     ep.reward = episode.reward;

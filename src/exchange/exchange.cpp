@@ -76,7 +76,8 @@ struct Exchange::Impl {
   natsSubscription* sub = nullptr;
   bool was_connected = false;
   bool ever_connected = false;
-  uint64_t last_seq = 0;  // the last stream sequence handled (a new consumer resumes after it)
+  int64_t last_time_ns = 0;  // the newest message's stream time (a new consumer resumes after it)
+  int publish_attempts = 0;  // failed tries of the outbox's first message while connected
   int fetch_errors = 0;
 
   double now() const { return self.config_.now ? self.config_.now() : system_now(); }
@@ -169,6 +170,8 @@ struct Exchange::Impl {
     const std::string name = "swarm-server " + c.node_id;
     if (s == NATS_OK) s = natsOptions_SetURL(opts, c.url.c_str());
     if (s == NATS_OK) s = natsOptions_SetName(opts, name.c_str());
+    // tls:// means TLS whatever the broker offers (the client would otherwise follow the broker).
+    if (s == NATS_OK && c.url.rfind("tls://", 0) == 0) s = natsOptions_SetSecure(opts, true);
     if (s == NATS_OK && !c.credentials_file.empty())
       s = natsOptions_SetUserCredentialsFromFiles(opts, c.credentials_file.c_str(), nullptr);
     if (s == NATS_OK) s = natsOptions_SetMaxReconnect(opts, -1);
@@ -238,13 +241,11 @@ struct Exchange::Impl {
       so.Stream = stream.c_str();
       so.Config.AckPolicy = js_AckExplicit;
       so.Config.InactiveThreshold = int64_t{300} * 1000000000;
-      if (last_seq > 0) {
-        so.Config.DeliverPolicy = js_DeliverByStartSequence;
-        so.Config.OptStartSeq = last_seq + 1;
-      } else {
-        so.Config.DeliverPolicy = js_DeliverByStartTime;  // replay the window: a late joiner gets it too
-        so.Config.OptStartTime = static_cast<int64_t>((now() - c.max_age_seconds) * 1e9);
-      }
+      // By time, not sequence: a broker that lost its store numbers from 1 again. The first
+      // consumer replays the window (a late joiner gets it too); later ones resume after the
+      // newest message handled (ids seen lately are dropped as duplicates).
+      so.Config.DeliverPolicy = js_DeliverByStartTime;
+      so.Config.OptStartTime = last_time_ns > 0 ? last_time_ns + 1 : static_cast<int64_t>((now() - c.max_age_seconds) * 1e9);
       jerr = static_cast<jsErrCode>(0);
       s = js_PullSubscribe(&sub, js, subjects.c_str(), nullptr, nullptr, &so, &jerr);
       if (s != NATS_OK) {
@@ -291,15 +292,26 @@ struct Exchange::Impl {
       if (ack != nullptr) jsPubAck_Destroy(ack);
       if (msg != nullptr) natsMsg_Destroy(msg);
       if (s != NATS_OK) {
+        // A message the broker will never take (over its max_payload or the stream's message
+        // size), or one refused again and again while connected, is dropped and counted, not
+        // retried forever in front of the others.
+        const bool permanent = s == NATS_MAX_PAYLOAD || static_cast<int>(jerr) == 10054;
+        const bool give_up = permanent || ++publish_attempts >= 5;
         {
           std::lock_guard lk(mu);
           ++st.publish_errors;
+          if (give_up && !outbox.empty() && outbox.front().id == out.id) {
+            outbox.pop_front();
+            ++(permanent ? st.publish_too_large : st.outbox_dropped);
+          }
         }
-        set_error("publishing to " + subject + ": " + nats_error(s, jerr));
+        if (give_up) publish_attempts = 0;
+        set_error("publishing to " + subject + ": " + nats_error(s, jerr) + (give_up ? " (dropped)" : ""));
         // The stream gone (a broker restarted without its store): make it again.
         if (s == NATS_NOT_FOUND || s == NATS_NO_RESPONDERS) drop_subscription();
-        return;  // kept in the outbox; tried again on the next round
+        return;  // otherwise kept in the outbox; tried again on the next round
       }
+      publish_attempts = 0;
       std::lock_guard lk(mu);
       if (!outbox.empty() && outbox.front().id == out.id) outbox.pop_front();
       ++st.published;
@@ -334,7 +346,7 @@ struct Exchange::Impl {
       if (natsMsgHeader_Get(m, "Nats-Msg-Id", &id) == NATS_OK && id != nullptr) msg_id = id;
       jsMsgMetaData* meta = nullptr;
       if (natsMsg_GetMetaData(&meta, m) == NATS_OK && meta != nullptr) {
-        last_seq = std::max<uint64_t>(last_seq, meta->Sequence.Stream);
+        last_time_ns = std::max<int64_t>(last_time_ns, meta->Timestamp);
         jsMsgMetaData_Destroy(meta);
       }
       const char* data = natsMsg_GetData(m);
@@ -348,6 +360,10 @@ struct Exchange::Impl {
 };
 
 Exchange::Exchange(ExchangeConfig config) : config_(std::move(config)), impl_(std::make_unique<Impl>(*this)) {
+  std::random_device rd;
+  char run[9];
+  std::snprintf(run, sizeof run, "%08x", rd());
+  run_id_ = run;
   impl_->st.url = redact_url(config_.url);
   impl_->st.node_id = config_.node_id;
   impl_->st.swarm_name = config_.swarm_name;
@@ -367,14 +383,19 @@ Exchange::~Exchange() {
 std::string Exchange::subject() const { return "swarm." + config_.swarm_name + ".groups." + config_.node_id; }
 std::string Exchange::stream_name() const { return "SWARM_" + config_.swarm_name; }
 
-std::string Exchange::message_id(const SapoGroup& group) {
+std::string Exchange::message_id(const SapoGroup& group) const {
   char hash[17];
   std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(fnv1a(group.task_id)));
-  return group.node_id + ":" + std::to_string(group.policy_step) + ":" + hash;
+  return group.node_id + ":" + run_id_ + ":" + std::to_string(group.policy_step) + ":" + hash;
 }
 
 void Exchange::publish(const SapoGroup& group) {
   if (!config_.publish) return;
+  if (sapo_zero_advantage(group)) {  // every receiver would drop it
+    std::lock_guard lk(impl_->mu);
+    ++impl_->st.publish_skipped_zero_advantage;
+    return;
+  }
   Impl::Outgoing out{message_id(group), encode_sapo_group(group)};
   std::lock_guard lk(impl_->mu);
   if (static_cast<int64_t>(out.payload.size()) > config_.max_message_bytes) {

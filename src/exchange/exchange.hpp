@@ -61,6 +61,7 @@ struct ExchangeStatus {
   int64_t publish_duplicates = 0;  // the broker had the message id already (a republish)
   int64_t publish_errors = 0;
   int64_t publish_too_large = 0;
+  int64_t publish_skipped_zero_advantage = 0;  // every reward equal: not worth sending
   int64_t outbox = 0;              // waiting for the broker
   int64_t outbox_dropped = 0;      // pushed out of a full outbox
   int64_t received = 0;            // messages from the stream, own ones included
@@ -98,11 +99,14 @@ class Exchange {
   const ExchangeConfig& config() const { return config_; }
   std::string subject() const;          // this node's publishing subject
   std::string stream_name() const;      // SWARM_<swarm_name>
-  static std::string message_id(const SapoGroup& group);
+  /// The group's Nats-Msg-Id: "<node>:<run>:<step>:<hash of task id>", the run a random id of
+  /// this Exchange (a node restarted from step 0 does not repeat its ids).
+  std::string message_id(const SapoGroup& group) const;
 
  private:
   struct Impl;
   ExchangeConfig config_;
+  std::string run_id_;
   std::unique_ptr<Impl> impl_;
 };
 

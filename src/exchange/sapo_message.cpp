@@ -38,7 +38,8 @@ std::string encode_sapo_group(const SapoGroup& group) {
   const nlohmann::ordered_json j = {{"schema", kSapoSchemaVersion},      {"kind", "swarm.sapo.group"},
                                     {"node_id", group.node_id},          {"model", group.model},
                                     {"policy_step", group.policy_step},  {"created", group.created},
-                                    {"task_id", group.task_id},          {"episodes", std::move(episodes)}};
+                                    {"task_id", group.task_id},          {"task_metadata", group.task_metadata},
+                                    {"episodes", std::move(episodes)}};
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
@@ -147,6 +148,10 @@ SapoParse parse_sapo_group(std::string_view payload, const SapoLimits& limits) {
     if (!valid_swarm_token(g.node_id)) invalid(SapoDrop::SCHEMA, "node_id '" + g.node_id + "' is not a valid id");
     g.model = string_field(j, "model", "message", 512);
     g.task_id = string_field(j, "task_id", "message", 1024);
+    if (auto tm = j.find("task_metadata"); tm != j.end() && !tm->is_null()) {
+      if (!tm->is_object()) invalid(SapoDrop::SCHEMA, "task_metadata must be an object");
+      g.task_metadata = *tm;
+    }
     const OJson& step = field(j, "policy_step", "message");
     if (!step.is_number_integer() || step.get<int64_t>() < 0) invalid(SapoDrop::SCHEMA, "policy_step must be an integer >= 0");
     g.policy_step = step.get<int64_t>();

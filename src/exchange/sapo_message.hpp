@@ -34,6 +34,7 @@ struct SapoGroup {
   int64_t policy_step = 0;  // the weights version that generated it
   double created = 0.0;     // unix seconds when published
   std::string task_id;
+  nlohmann::ordered_json task_metadata = nlohmann::ordered_json::object();  // the task's metadata, as its client sent it
   std::vector<SapoEpisode> episodes;
 };
 

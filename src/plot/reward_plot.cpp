@@ -190,6 +190,40 @@ ChartSpec build_reward_chart(const MetricSeries& s, const RewardChartOptions& op
   return spec;
 }
 
+ChartSpec build_comparison_chart(const std::vector<MetricSeries>& series, const std::vector<std::string>& labels,
+                                 const RewardChartOptions& options) {
+  static constexpr Rgb kPalette[] = {{31, 119, 180}, {255, 127, 14}, {44, 160, 44},  {214, 39, 40},
+                                     {148, 103, 189}, {140, 86, 75}, {227, 119, 194}, {127, 127, 127}};
+  constexpr size_t kColors = sizeof(kPalette) / sizeof(kPalette[0]);
+  SWARM_REQUIRE(!series.empty(), ErrorKind::INVALID_ARGUMENT, "no series to draw");
+  SWARM_REQUIRE(series.size() <= kColors, ErrorKind::INVALID_ARGUMENT,
+                "at most " + std::to_string(kColors) + " series on one chart");
+  ChartSpec spec;
+  spec.title = options.title;
+  spec.width = options.width;
+  spec.height = options.height;
+  spec.x_label = "step";
+  spec.y_label = series.front().field;
+  spec.integer_x = true;
+  for (size_t k = 0; k < series.size(); ++k) {
+    const MetricSeries& s = series[k];
+    const std::string label = k < labels.size() && !labels[k].empty() ? labels[k] : s.field;
+    spec.integer_x = spec.integer_x && std::all_of(s.steps.begin(), s.steps.end(), [](double x) { return x == std::floor(x); });
+    if (!s.std_field.empty()) {
+      BandSeries band{"", {}, {}, {}, kPalette[k], 0.14};
+      for (size_t i = 0; i < s.values.size(); ++i) {
+        if (!std::isfinite(s.stds[i])) continue;
+        band.x.push_back(s.steps[i]);
+        band.lo.push_back(s.values[i] - s.stds[i]);
+        band.hi.push_back(s.values[i] + s.stds[i]);
+      }
+      if (!band.x.empty()) spec.bands.push_back(std::move(band));
+    }
+    spec.lines.push_back({label, s.steps, s.values, kPalette[k], 2.0});
+  }
+  return spec;
+}
+
 std::string summarize(const MetricSeries& s) {
   if (s.values.empty()) return s.field + ": no points";
   const auto [lo, hi] = std::minmax_element(s.values.begin(), s.values.end());

@@ -300,6 +300,7 @@ EndOutcome RolloutPool::end_episode(const std::string& client_uuid,
   if (!calls.empty() && std::all_of(calls.begin(), calls.end(), [](const LlmCall& c) { return !c.exchange_record.empty(); })) {
     for (LlmCall& c : calls) finished.exchange_calls.push_back(std::move(c.exchange_record));
     finished.metadata_json = output.metadata_json;
+    finished.task_metadata_json = output.task_metadata_json;
   }
   try {
     finished.samples = merge_calls_into_samples(calls);

@@ -73,6 +73,7 @@ struct FinishedEpisode {
   // publishing, or when a call has none), and workflow_output.metadata as JSON text.
   std::vector<std::string> exchange_calls;
   std::string metadata_json;
+  std::string task_metadata_json;  // end_episode's task.metadata, when sharing
   std::string from_node;  // set on groups received from another swarm node ("" = local)
 };
 

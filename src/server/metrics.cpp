@@ -58,8 +58,13 @@ std::string Metrics::render(const EngineSnapshot& st, const PoolSnapshot& pool,
                                                                                {"accepted", x.accepted},
                                                                                {"used", x.used},
                                                                                {"outbox_dropped", x.outbox_dropped},
+                                                                               {"publish_errors", x.publish_errors},
+                                                                               {"publish_duplicates", x.publish_duplicates},
+                                                                               {"publish_skipped_zero_advantage", x.publish_skipped_zero_advantage},
                                                                                {"publish_too_large", x.publish_too_large}})
       out += fmt::format("swarm_exchange_groups_total{{event=\"{}\"}} {}\n", event, v);
+    header("swarm_exchange_reconnects_total", "counter", "Reconnections to the broker after a loss.");
+    out += fmt::format("swarm_exchange_reconnects_total {}\n", x.reconnects);
     header("swarm_exchange_buffered_groups", "gauge", "External groups waiting in the local buffer.");
     out += fmt::format("swarm_exchange_buffered_groups {}\n", x.buffered);
     header("swarm_exchange_outbox_groups", "gauge", "Own groups waiting for the broker.");

@@ -86,6 +86,8 @@ json exchange_json(const ExchangeStatus& x) {
           {"published", x.published},
           {"publish_errors", x.publish_errors},
           {"publish_too_large", x.publish_too_large},
+          {"publish_duplicates", x.publish_duplicates},
+          {"publish_skipped_zero_advantage", x.publish_skipped_zero_advantage},
           {"outbox", x.outbox},
           {"outbox_dropped", x.outbox_dropped},
           {"received", x.received},

@@ -363,6 +363,8 @@ HttpResponse SwarmService::handle_command(const std::string& route, const HttpRe
     const std::string episode = require_string(body, "episode_uuid");
     const std::string task_id = parse_task_id(body);
     ParsedOutput parsed = parse_workflow_output(body);
+    if (const json* task = optional_object(body, "task"))
+      if (const json* md = optional_object(*task, "metadata")) parsed.output.task_metadata_json = dump_json(*md);
     EndOutcome outcome =
         engine_.end_episode(client, episode, task_id, parsed.output, optional_bool(body, "declare_client_active").value_or(true));
     json out = {{"success", true}, {"accepted", outcome.accepted}};

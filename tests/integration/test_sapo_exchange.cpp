@@ -119,7 +119,9 @@ TEST_F(SapoExchange, TwoServersShareGroupsAndEachStepTrainsIPlusJ) {
       EXPECT_EQ(ext.samples[0].token_ids, mine.samples[0].token_ids);
       EXPECT_EQ(ext.samples[0].loss_mask, mine.samples[0].loss_mask);
       for (size_t t = 0; t < ext.samples[0].loss_mask.size(); ++t)
-        if (ext.samples[0].loss_mask[t]) EXPECT_TRUE(std::isnan(ext.samples[0].rollout_logprobs[t]));
+        if (ext.samples[0].loss_mask[t]) {
+          EXPECT_TRUE(std::isnan(ext.samples[0].rollout_logprobs[t]));
+        }
       matched = true;
     }
     EXPECT_TRUE(matched) << ext.task_id;

@@ -179,6 +179,7 @@ TEST(SapoReencode, BatchGroupsCarryEveryLocalEpisodeByTask) {
     e.reward = k;
     e.exchange_calls = {R"({"prompt": "p", "text": "t"})"};
     e.metadata_json = R"({"level": 3})";
+    e.task_metadata_json = R"({"answer": "7"})";
     batch.episodes.push_back(e);
   }
   FinishedEpisode foreign;
@@ -196,6 +197,7 @@ TEST(SapoReencode, BatchGroupsCarryEveryLocalEpisodeByTask) {
   EXPECT_EQ(groups[1].episodes.size(), 2u);
   EXPECT_EQ(groups[1].episodes[1].reward, 3.0);
   EXPECT_EQ(groups[0].episodes[0].metadata["level"], 3);
+  EXPECT_EQ(groups[1].task_metadata["answer"], "7");
   EXPECT_EQ(groups[0].policy_step, 5);
   EXPECT_EQ(groups[0].node_id, "me");
 }

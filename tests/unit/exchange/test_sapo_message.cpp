@@ -20,6 +20,7 @@ SapoGroup sample_group(const std::string& node = "node-a", std::vector<double> r
   g.policy_step = 3;
   g.created = 1.7e9;
   g.task_id = "task-7";
+  g.task_metadata = {{"answer", "4"}};
   for (double r : rewards) {
     SapoEpisode e;
     e.reward = r;
@@ -63,6 +64,7 @@ TEST(SapoMessage, RoundTripsEveryField) {
   EXPECT_EQ(p.group->policy_step, 3);
   EXPECT_DOUBLE_EQ(p.group->created, 1.7e9);
   EXPECT_EQ(p.group->task_id, "task-7");
+  EXPECT_EQ(p.group->task_metadata["answer"], "4");
   ASSERT_EQ(p.group->episodes.size(), 2u);
   EXPECT_EQ(p.group->episodes[0].reward, 1.0);
   EXPECT_EQ(p.group->episodes[1].reward, 0.0);
@@ -107,6 +109,7 @@ TEST(SapoMessage, SchemaViolationsAreRefused) {
             SapoDrop::SCHEMA);
   EXPECT_EQ(drop_of(with("/episodes/0/calls/0/tools", "all")), SapoDrop::SCHEMA);
   EXPECT_EQ(drop_of(with("/episodes/0/metadata", 1)), SapoDrop::SCHEMA);
+  EXPECT_EQ(drop_of(with("/task_metadata", "x")), SapoDrop::SCHEMA);
   EXPECT_EQ(drop_of(with("/created", "yesterday")), SapoDrop::SCHEMA);
 }
 

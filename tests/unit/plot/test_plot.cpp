@@ -356,6 +356,30 @@ TEST(PlotMetrics, ParsesStepsBandsAndSkipsBadLines) {
   EXPECT_TRUE(spec.integer_x);
 }
 
+// swarm-plot with several --metrics: one coloured line per series, each with its own band,
+// labelled as asked (the SAPO experiment's splits on one chart).
+TEST(PlotMetrics, ComparisonChartHasALineAndBandPerSeries) {
+  std::istringstream a("{\"step\":1,\"reward_mean\":0.2,\"reward_std\":0.1}\n{\"step\":2,\"reward_mean\":0.4,\"reward_std\":0.1}\n");
+  std::istringstream b("{\"step\":1,\"reward_mean\":0.3}\n{\"step\":2,\"reward_mean\":0.7}\n");
+  const std::vector<MetricSeries> series = {parse_metric_series(a, "reward_mean", "a"),
+                                            parse_metric_series(b, "reward_mean", "b")};
+  RewardChartOptions opt;
+  opt.title = "splits";
+  const ChartSpec spec = build_comparison_chart(series, {"8/0", "4/4"}, opt);
+  ASSERT_EQ(spec.lines.size(), 2u);
+  EXPECT_EQ(spec.lines[0].label, "8/0");
+  EXPECT_EQ(spec.lines[1].label, "4/4");
+  EXPECT_EQ(spec.lines[1].y, (std::vector<double>{0.3, 0.7}));
+  EXPECT_FALSE(spec.lines[0].color == spec.lines[1].color);
+  ASSERT_EQ(spec.bands.size(), 1u);  // only the series with a std
+  ASSERT_EQ(spec.bands[0].hi.size(), 2u);
+  EXPECT_DOUBLE_EQ(spec.bands[0].hi[1], 0.5);
+  const RgbImage image = render_chart(spec);
+  EXPECT_EQ(image.width(), 800);
+  EXPECT_THROW(build_comparison_chart({}, {}, opt), SwarmError);
+  EXPECT_THROW(build_comparison_chart(std::vector<MetricSeries>(9, series[0]), {}, opt), SwarmError);
+}
+
 TEST(PlotMetrics, ErrorsNameTheProblem) {
   auto error_of = [](const std::string& text, const std::string& field) -> std::string {
     std::istringstream in(text);
