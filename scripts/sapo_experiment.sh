@@ -14,13 +14,13 @@
 #
 # Usage: scripts/sapo_experiment.sh [--build DIR] [--out DIR] [--nodes 4] [--groups 8]
 #          [--splits "8/0 6/2 4/4 2/6"] [--seeds "1 2 3"] [--steps 30] [--num-repeat 8]
-#          [--tasks base] [--learning-rate 5e-4]
+#          [--tasks base] [--learning-rate 5e-4] [--job-extra "record_samples: true"]
 # Needs a build with torch (swarm-server, swarm-model, train_agent, swarm-plot) and nats-server
 # (scripts/setup.sh). Takes about (steps x 4 s) per split and seed with 4 nodes on 2 cores.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="$root/build" out="" nodes=4 groups=8 splits="8/0 6/2 4/4 2/6" seeds="1 2 3" steps=30 repeat=8
-family=base lr=5e-4
+family=base lr=5e-4 extra=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build="$(cd "$2" && pwd)"; shift 2 ;;
@@ -33,7 +33,8 @@ while [ $# -gt 0 ]; do
     --num-repeat) repeat="$2"; shift 2 ;;
     --tasks) family="$2"; shift 2 ;;
     --learning-rate) lr="$2"; shift 2 ;;
-    -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    --job-extra) extra="$2"; shift 2 ;;
+    -h|--help) sed -n '2,22p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "sapo_experiment: unknown argument $1 (--help)" >&2; exit 2 ;;
   esac
 done
@@ -72,7 +73,7 @@ for seed in $seeds; do
     pids=("$nats_pid")
     nats_port=""
     for _ in $(seq 1 200); do
-      nats_port="$(sed -n 's/.*127.0.0.1:\([0-9]*\).*/\1/p' "$run"/ports/*.ports 2>/dev/null | head -1)"
+      nats_port="$(cat "$run"/ports/*.ports 2>/dev/null | sed -n 's/.*127.0.0.1:\([0-9]*\).*/\1/p' | head -1 || true)"
       [ -n "$nats_port" ] && break
       sleep 0.05
     done
@@ -86,7 +87,9 @@ for seed in $seeds; do
       pids+=("$spid")
       wait_for_port "$dir/server.log" "$spid" 600 0.1 || { echo "sapo_experiment: node $n: $server_problem" >&2; exit 1; }
       {
+        echo "model: $base"
         echo "engine_threads: 1"
+        [ -n "$extra" ] && printf '%s\n' "$extra"
         if [ "$j" -gt 0 ]; then
           echo "exchange_url: nats://127.0.0.1:$nats_port"
           echo "swarm_name: sapo"

@@ -98,8 +98,17 @@ LlmCall reencode_call(const OJson& call, const Backend& backend, int64_t version
         full_text->compare(0, prompt_text->size(), *prompt_text) == 0) {
       // The answer as this node's template writes it after this prompt (its end-of-turn token
       // included; what the template adds after it is not generated).
+      std::string answer = rstrip_whitespace(full_text->substr(prompt_text->size()));
+      // A generation cut by max_tokens never wrote the end of its turn: neither does its copy.
+      const auto& content = completion.contains("content") && completion["content"].is_string()
+                                ? completion["content"].get_ref<const std::string&>()
+                                : std::string();
+      if (call.value("finish_reason", std::string()) == "length" && !content.empty()) {
+        const auto at = answer.rfind(content);
+        if (at != std::string::npos) answer.resize(at + content.size());
+      }
       out.prompt_ids = backend.encode_rendered(*prompt_text);
-      out.completion_ids = backend.encode_rendered(rstrip_whitespace(full_text->substr(prompt_text->size())));
+      out.completion_ids = backend.encode_rendered(answer);
     } else {
       // A template that renders the history differently once an answer follows (or none that
       // renders as text): the prompt rendered, the sender's generated text as it was.

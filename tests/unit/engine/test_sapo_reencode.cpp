@@ -100,6 +100,15 @@ TEST(SapoReencode, ChatGroupFromAnotherTokenizerGetsThisNodesIds) {
   }
   // The same group on a Qwen3 node: Qwen3's template (an empty think block before the answer
   // of the last turn) in Qwen3's ids.
+  // A generation cut by max_tokens gets no end-of-turn token in its copy either.
+  SapoGroup cut = chat_group();
+  cut.episodes[0].calls[0]["finish_reason"] = "length";
+  cut.episodes[0].calls[0]["text"] = "4";
+  const auto cut_eps = reencode_sapo_group(cut, smol, 9, 4096);
+  std::vector<TokenId> cut_expected = prompt;
+  for (TokenId id : st.encode("4", false)) cut_expected.push_back(id);
+  EXPECT_EQ(cut_eps.at(0).samples.at(0).token_ids, cut_expected);
+
   const std::vector<FinishedEpisode> back = reencode_sapo_group(chat_group(), qwen, 9, 4096);
   const Tokenizer& qt = qwen.tokenizer();
   std::vector<TokenId> qexpected = qt.encode(prompt_text, false);
