@@ -12,6 +12,8 @@
 #include <sstream>
 
 #include <gtest/gtest.h>
+
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
@@ -278,6 +280,34 @@ TEST(GrpoTrainer, AStepMakesGoodAnswersLikelierAndBadOnesLessLikely) {
   EXPECT_GT(m.at("logprob_mismatch_mean"), 0.1);
   // The serving model now holds exactly the trained weights.
   for (const auto& [name, w] : trainer.weights()) EXPECT_TRUE(torch::equal(model->parameter(name), w)) << name;
+}
+
+// Swarm experience sharing: re-encoded external samples carry no behaviour log-probs (NaN) and
+// count as on-policy. Under an off-policy correction they get weight 1, so the step is the
+// uncorrected step, weight for weight, and no NaN reaches a metric.
+TEST(GrpoTrainer, SamplesWithoutBehaviourLogprobsTrainAsOnPolicy) {
+  TrainBatch external = random_batch(2, 4, 21);
+  for (auto& ep : external.episodes)
+    for (auto& s : ep.samples)
+      for (size_t t = 0; t < s.rollout_logprobs.size(); ++t)
+        if (s.loss_mask[t]) s.rollout_logprobs[t] = std::numeric_limits<float>::quiet_NaN();
+  for (const OffPolicyCorrection c : {OffPolicyCorrection::TIS, OffPolicyCorrection::DECOUPLED}) {
+    TrainerOptions corrected;
+    corrected.learning_rate = 3e-3;
+    corrected.off_policy = c;
+    TrainerOptions plain = corrected;
+    plain.off_policy = OffPolicyCorrection::NONE;
+    auto m1 = DecoderModel::load(tinystories(), DType::F32);
+    auto m2 = DecoderModel::load(tinystories(), DType::F32);
+    GrpoTrainer a(m1, corrected), b(m2, plain);
+    const auto ma = a.train(external, 1, nullptr);
+    b.train(external, 1, nullptr);
+    EXPECT_DOUBLE_EQ(ma.at("is_weight_mean"), 1.0);
+    EXPECT_DOUBLE_EQ(ma.at("is_ratio_max"), 1.0);
+    EXPECT_EQ(ma.at("logprob_mismatch_mean"), 0.0);
+    for (const auto& [k, v] : ma) EXPECT_FALSE(std::isnan(v)) << k;
+    for (const auto& [name, w] : a.weights()) EXPECT_TRUE(torch::equal(m2->parameter(name), w)) << name;
+  }
 }
 
 TEST(GrpoTrainer, BatchWithoutSignalLeavesTheWeightsAlone) {
