@@ -1,5 +1,6 @@
 #include "exchange/exchange.hpp"
 
+#include <fmt/format.h>
 #include <nats/nats.h>
 #include <spdlog/spdlog.h>
 
@@ -10,6 +11,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <map>
 #include <unordered_set>
 
 namespace swarm {
@@ -77,7 +79,8 @@ struct Exchange::Impl {
   bool was_connected = false;
   bool ever_connected = false;
   int64_t last_time_ns = 0;  // the newest message's stream time (a new consumer resumes after it)
-  int publish_attempts = 0;  // failed tries of the outbox's first message while connected
+  int publish_attempts = 0;
+  bool stream_checked = false;  // its limits compared with ours once  // failed tries of the outbox's first message while connected
   int fetch_errors = 0;
 
   double now() const { return self.config_.now ? self.config_.now() : system_now(); }
@@ -229,6 +232,14 @@ struct Exchange::Impl {
       s = js_AddStream(&si, js, &sc, nullptr, &jerr);
       if (s == NATS_OK) spdlog::info("exchange: created stream {} ({}; max age {:.0f}s, {} messages per node)", stream,
                                      subjects, c.max_age_seconds, c.max_msgs_per_node);
+    }
+    if (s == NATS_OK && si != nullptr && si->Config != nullptr && !stream_checked) {
+      stream_checked = true;
+      const int64_t ours = static_cast<int64_t>(c.max_age_seconds * 1e9);
+      if (si->Config->MaxAge != ours)
+        spdlog::info("exchange: stream {} keeps messages {} (its maker's setting; exchange_max_age_seconds here is {:.0f}s)",
+                     stream, si->Config->MaxAge > 0 ? fmt::format("{:.0f}s", si->Config->MaxAge / 1e9) : "without an age limit",
+                     c.max_age_seconds);
     }
     if (si != nullptr) jsStreamInfo_Destroy(si);
     if (s != NATS_OK) {
@@ -451,10 +462,17 @@ void Exchange::receive(const std::string& subject, std::string_view payload, con
   ++peer->accepted;
   ++st.accepted;
   impl_->buffer.push_back({std::move(g)});
-  while (static_cast<int64_t>(impl_->buffer.size()) > config_.buffer_groups) {
-    const std::string& from = impl_->buffer.front().group.node_id;
+  if (static_cast<int64_t>(impl_->buffer.size()) > config_.buffer_groups) {
+    // Full: the oldest group of the peer holding the most goes, so a flooding peer pushes out
+    // its own groups, not the others'.
+    std::map<std::string, int64_t> held;
+    for (const auto& b : impl_->buffer) ++held[b.group.node_id];
+    const auto most = std::max_element(held.begin(), held.end(), [](const auto& x, const auto& y) { return x.second < y.second; });
+    const std::string from = most->first;
+    const auto victim = std::find_if(impl_->buffer.begin(), impl_->buffer.end(),
+                                     [&](const Impl::Buffered& b) { return b.group.node_id == from; });
     impl_->drop_locked(SapoDrop::EVICTED, &impl_->peer_locked(from));
-    impl_->buffer.pop_front();
+    impl_->buffer.erase(victim);
   }
   st.buffered = static_cast<int64_t>(impl_->buffer.size());
   impl_->cv.notify_all();

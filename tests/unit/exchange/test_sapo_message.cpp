@@ -145,7 +145,7 @@ TEST(SapoMessage, ExchangeReceiveCountsEachReasonAndBuffersTheRest) {
   x.receive(prefix + "node-a", encode_sapo_group(sample_group("node-a")), "a5");
   x.receive(prefix + "node-a", encode_sapo_group(sample_group("node-a")), "a5");  // duplicate id
   x.receive(prefix + "node-c", encode_sapo_group(sample_group("node-c")), "c1");
-  x.receive(prefix + "node-d", encode_sapo_group(sample_group("node-d")), "d1");  // evicts a5's group
+  x.receive(prefix + "node-d", encode_sapo_group(sample_group("node-d")), "d1");  // evicts a5's group (all hold 1: the oldest)
   const ExchangeStatus st = x.status();
   EXPECT_EQ(st.received, 11);
   EXPECT_EQ(st.accepted, 3);
@@ -163,6 +163,24 @@ TEST(SapoMessage, ExchangeReceiveCountsEachReasonAndBuffersTheRest) {
   EXPECT_EQ(x.status().buffered, 0);
   EXPECT_EQ(x.status().used, 2);
   EXPECT_EQ(x.status().peers.at("node-c").used + x.status().peers.at("node-d").used, 2);
+}
+
+TEST(SapoMessage, AFloodingPeerEvictsItsOwnGroupsNotTheOthers) {
+  ExchangeConfig c;
+  c.node_id = "me";
+  c.swarm_name = "t";
+  c.buffer_groups = 4;
+  c.now = [] { return 1.7e9; };
+  Exchange x(c);
+  x.receive("swarm.t.groups.quiet", encode_sapo_group(sample_group("quiet")), "q1");
+  for (int k = 0; k < 50; ++k)
+    x.receive("swarm.t.groups.loud", encode_sapo_group(sample_group("loud")), "l" + std::to_string(k));
+  std::mt19937_64 rng(1);
+  int quiet = 0;
+  for (const SapoGroup& g : x.draw(4, rng)) quiet += g.node_id == "quiet";
+  EXPECT_EQ(quiet, 1);
+  EXPECT_EQ(x.status().peers.at("loud").dropped, 47);
+  EXPECT_EQ(x.status().peers.at("quiet").dropped, 0);
 }
 
 TEST(SapoMessage, DrawIsUniformOverTheBuffer) {
