@@ -162,6 +162,23 @@ std::string default_title(const fs::path& metrics_file, const std::string& field
   return field + ": " + (project.empty() ? experiment : project + "/" + experiment);
 }
 
+namespace {
+
+// The +/- std band of a series where it has a std (an empty band when it has none).
+BandSeries std_band(const MetricSeries& s, std::string label, Rgb color, double alpha) {
+  BandSeries band{std::move(label), {}, {}, {}, color, alpha};
+  if (s.std_field.empty()) return band;
+  for (size_t i = 0; i < s.values.size(); ++i) {
+    if (!std::isfinite(s.stds[i])) continue;
+    band.x.push_back(s.steps[i]);
+    band.lo.push_back(s.values[i] - s.stds[i]);
+    band.hi.push_back(s.values[i] + s.stds[i]);
+  }
+  return band;
+}
+
+}  // namespace
+
 ChartSpec build_reward_chart(const MetricSeries& s, const RewardChartOptions& options) {
   ChartSpec spec;
   spec.title = options.title;
@@ -171,16 +188,8 @@ ChartSpec build_reward_chart(const MetricSeries& s, const RewardChartOptions& op
   spec.y_label = s.field;
   spec.integer_x = std::all_of(s.steps.begin(), s.steps.end(), [](double x) { return x == std::floor(x); });
 
-  if (!s.std_field.empty()) {
-    BandSeries band{"+/- " + s.std_field, {}, {}, {}, kRawColor, 0.18};
-    for (size_t i = 0; i < s.values.size(); ++i) {
-      if (!std::isfinite(s.stds[i])) continue;
-      band.x.push_back(s.steps[i]);
-      band.lo.push_back(s.values[i] - s.stds[i]);
-      band.hi.push_back(s.values[i] + s.stds[i]);
-    }
-    if (!band.x.empty()) spec.bands.push_back(std::move(band));
-  }
+  if (BandSeries band = std_band(s, "+/- " + s.std_field, kRawColor, 0.18); !band.x.empty())
+    spec.bands.push_back(std::move(band));
   const size_t n = s.values.size();
   spec.lines.push_back({s.field, s.steps, s.values, kRawColor, n > 200 ? 1.5 : 2.0});
   const size_t window = default_window(n);
@@ -209,16 +218,7 @@ ChartSpec build_comparison_chart(const std::vector<MetricSeries>& series, const 
     const MetricSeries& s = series[k];
     const std::string label = k < labels.size() && !labels[k].empty() ? labels[k] : s.field;
     spec.integer_x = spec.integer_x && std::all_of(s.steps.begin(), s.steps.end(), [](double x) { return x == std::floor(x); });
-    if (!s.std_field.empty()) {
-      BandSeries band{"", {}, {}, {}, kPalette[k], 0.14};
-      for (size_t i = 0; i < s.values.size(); ++i) {
-        if (!std::isfinite(s.stds[i])) continue;
-        band.x.push_back(s.steps[i]);
-        band.lo.push_back(s.values[i] - s.stds[i]);
-        band.hi.push_back(s.values[i] + s.stds[i]);
-      }
-      if (!band.x.empty()) spec.bands.push_back(std::move(band));
-    }
+    if (BandSeries band = std_band(s, "", kPalette[k], 0.14); !band.x.empty()) spec.bands.push_back(std::move(band));
     spec.lines.push_back({label, s.steps, s.values, kPalette[k], 2.0});
   }
   return spec;
