@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <nats/nats.h>
 
+#include <fstream>
 #include <set>
 #include <thread>
 
@@ -267,6 +268,29 @@ TEST_F(SapoExchange, BrokerAwayAtBootTheNodeTrainsAndJoinsLater) {
   nats->restart();
   ASSERT_TRUE(eventually([&] { return exchange_status(node).published == 2; }, 30s))
       << exchange_status(node).last_error;
+}
+
+TEST_F(SapoExchange, NodeIdDefaultsToARandomIdKeptInTheExperimentDirectory) {
+  TestServer node;
+  Job job = sapo_job("", nats->url(), 0);
+  job.experiment_name = "anonymous-" + std::to_string(getpid());
+  const auto id_file = std::filesystem::path(job.experiment_dir) / job.project_name / job.experiment_name / "node_id";
+  std::filesystem::remove(id_file);
+  SwarmClient admin(node.url(), fast_client());
+  admin.auto_sync_train_config_and_start_engine(job);
+  ASSERT_TRUE(eventually([&] { return exchange_status(node).ready; }));
+  const std::string first = exchange_status(node).node_id;
+  EXPECT_TRUE(valid_swarm_token(first)) << first;
+  EXPECT_EQ(first.rfind("node-", 0), 0u) << first;
+  std::ifstream in(id_file);
+  std::string kept;
+  std::getline(in, kept);
+  EXPECT_EQ(kept, first);
+  admin.stop_engine();
+  ASSERT_TRUE(node.engine().wait_for_state(EngineState::OFFLINE, 10s));
+  admin.start_engine();
+  ASSERT_TRUE(eventually([&] { return node.engine().status().exchange.has_value(); }));
+  EXPECT_EQ(exchange_status(node).node_id, first) << "a restart is the same node";
 }
 
 }  // namespace
