@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cctype>
+#include <fstream>
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
@@ -39,8 +41,30 @@ int run_follower(const swarm::DistConfig& dist) {
 #endif
 }
 
+// A token from --<kind>-token-file, else from the environment variable; "" when neither.
+// Throws ConfigError on an unreadable or empty file.
+std::string read_token(const std::string& file, const char* env, const char* what) {
+  std::string token;
+  if (!file.empty()) {
+    std::ifstream in(file);
+    if (!in) throw swarm::ConfigError(std::string("cannot read the ") + what + " token file '" + file + "'");
+    std::getline(in, token);
+  } else if (const char* v = std::getenv(env)) {
+    token = v;
+  }
+  while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
+  while (!token.empty() && std::isspace(static_cast<unsigned char>(token.front()))) token.erase(token.begin());
+  if (!file.empty() && token.empty())
+    throw swarm::ConfigError(std::string("the ") + what + " token file '" + file + "' is empty");
+  if (!token.empty() && token.size() < 16)
+    spdlog::warn("swarm-server: the {} token is {} characters; use 32 or more random ones (openssl rand -hex 32)",
+                 what, token.size());
+  return token;
+}
+
 int run_start(const std::string& host, int port, const std::string& engine, const std::string& config,
               const std::string& log_level, int io_threads, size_t max_body_mb, const std::string& resume, int nproc,
+              const std::string& admin_token_file, const std::string& client_token_file,
               const std::vector<std::string>& argv) {
   auto level = spdlog::level::from_str(log_level);
   if (level == spdlog::level::off && log_level != "off") {
@@ -118,6 +142,13 @@ int run_start(const std::string& host, int port, const std::string& engine, cons
     for (const auto& n : engines) names += (names.empty() ? "" : ", ") + n;
     std::cerr << "swarm-server: engine '" << engine << "' is not available in this build (available: " << names
               << ")\n";
+    return 2;
+  }
+  try {
+    options.tokens.admin = read_token(admin_token_file, "SWARM_ADMIN_TOKEN", "admin");
+    options.tokens.client = read_token(client_token_file, "SWARM_CLIENT_TOKEN", "client");
+  } catch (const swarm::ConfigError& e) {
+    spdlog::error("swarm-server: {}", e.what());
     return 2;
   }
   options.engine.backend = engine;
@@ -198,12 +229,22 @@ int main(int argc, char** argv) {
                     "MASTER_PORT set instead.")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
+  std::string admin_token_file, client_token_file;
+  start->add_option("--admin-token-file", admin_token_file,
+                    "File holding the admin token (else $SWARM_ADMIN_TOKEN): sync_train_config, start_engine, "
+                    "stop_engine, sync_train_code and the routes showing other clients' data then need "
+                    "'Authorization: Bearer <token>'. Off by default.")
+      ->check(CLI::ExistingFile);
+  start->add_option("--client-token-file", client_token_file,
+                    "File holding the client token (else $SWARM_CLIENT_TOKEN): the episode routes (claim, end, "
+                    "abort, can_continue, agree_sync_weight) then need it (or the admin token). Off by default.")
+      ->check(CLI::ExistingFile);
   auto* reference = app.add_subcommand("config-reference", "Print the configuration reference (Markdown)");
   auto* defaults = app.add_subcommand("default-config", "Print a YAML config with every key at its default");
   CLI11_PARSE(app, argc, argv);
   if (*start)
-    return run_start(host, port, engine, config, log_level, io_threads, max_body_mb, resume, nproc,
-                     std::vector<std::string>(argv, argv + argc));
+    return run_start(host, port, engine, config, log_level, io_threads, max_body_mb, resume, nproc, admin_token_file,
+                     client_token_file, std::vector<std::string>(argv, argv + argc));
   if (*reference) {
     std::cout << config_reference_markdown();
     return 0;

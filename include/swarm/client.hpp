@@ -42,6 +42,11 @@ struct SwarmClientOptions {
   size_t max_connections = 32;
   /// What the SDK logs (retries, late episodes, aborted attempts).
   ClientLogLevel log_level = ClientLogLevel::WARN;
+  /// Tokens of a server started with --admin-token-file / --client-token-file, sent as
+  /// `Authorization: Bearer` on the routes that need them (docs/reliability.md). Empty =
+  /// $SWARM_ADMIN_TOKEN / $SWARM_CLIENT_TOKEN when set, else none.
+  std::string admin_token;
+  std::string client_token;
   /// Source of time for the episode lifetime rule; empty = std::chrono::steady_clock.
   /// Tests inject a fake one.
   std::function<std::chrono::steady_clock::time_point()> now;

@@ -4,6 +4,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <atomic>
 #include <condition_variable>
@@ -234,12 +235,29 @@ struct SwarmClient::Impl {
     pool_cv.notify_one();
   }
 
+  // The token a route needs (the server's Access table): control routes the admin token, the
+  // episode routes the client token (or the admin token when there is no client token).
+  wire::Headers auth_headers(const std::string& path) const {
+    static const char* kAdmin[] = {"/sync_train_config", "/start_engine", "/stop_engine", "/sync_train_code",
+                                   "/get_episode_buffer", "/replay_latest_llm_call", "/get_verbose_logs"};
+    static const char* kClient[] = {"/claim_episode", "/end_episode", "/abort_episode", "/can_continue_episode",
+                                    "/agree_sync_weight"};
+    const auto in = [&](const auto& list) {
+      return std::any_of(std::begin(list), std::end(list), [&](const char* p) { return path == p; });
+    };
+    const std::string& token = in(kAdmin) ? opts.admin_token
+                               : in(kClient) ? (opts.client_token.empty() ? opts.admin_token : opts.client_token)
+                                             : std::string();
+    if (token.empty()) return {};
+    return {{"Authorization", "Bearer " + token}};
+  }
+
   json call(const std::string& method, const std::string& path, const json* body,
             std::optional<milliseconds> timeout = std::nullopt) {
     Lease conn(*this);
     conn->set_timeout(timeout ? *timeout : opts.request_timeout);
     try {
-      return wire::call_json(*conn, method, path, body);
+      return wire::call_json(*conn, method, path, body, auth_headers(path));
     } catch (const TransportError&) {
       conn->close();  // start the next request on a fresh connection
       throw;
@@ -290,6 +308,10 @@ SwarmClient::SwarmClient(std::string server_url, SwarmClientOptions opts) : impl
   impl_->url = wire::trim_url(std::move(server_url));
   if (opts.client_uuid.empty()) opts.client_uuid = random_uuid_v4();
   if (opts.max_connections == 0) opts.max_connections = 1;
+  if (opts.admin_token.empty())
+    if (const char* v = std::getenv("SWARM_ADMIN_TOKEN")) opts.admin_token = v;
+  if (opts.client_token.empty())
+    if (const char* v = std::getenv("SWARM_CLIENT_TOKEN")) opts.client_token = v;
   if (opts.request_timeout.count() <= 0) throw ConfigError("SwarmClientOptions.request_timeout must be > 0");
   impl_->opts = std::move(opts);
   static auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();

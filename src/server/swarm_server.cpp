@@ -49,10 +49,14 @@ void SwarmServer::start() {
   });
   impl_->service = std::make_unique<SwarmService>(
       impl_->engine, impl_->metrics,
-      [this] { return impl_->options.http.host + ":" + std::to_string(impl_->http->port()); }, o.sse_keep_alive);
+      [this] { return impl_->options.http.host + ":" + std::to_string(impl_->http->port()); }, o.sse_keep_alive,
+      o.tokens);
   impl_->http->start();
   spdlog::info("swarm-server listening on http://{}:{} (engine: {})", o.http.host, impl_->http->port(),
                o.engine.backend);
+  spdlog::info("swarm-server: control routes {}; episode routes {}",
+               o.tokens.admin.empty() ? "open (no admin token)" : "need the admin token",
+               o.tokens.client.empty() ? "open (no client token)" : "need the client token");
 }
 
 void SwarmServer::stop() {

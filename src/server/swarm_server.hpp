@@ -7,6 +7,7 @@
 
 #include "engine/engine.hpp"
 #include "server/http_types.hpp"
+#include "server/swarm_service.hpp"
 
 namespace swarm {
 
@@ -16,6 +17,8 @@ struct SwarmServerOptions {
   std::string config_path;  // optional YAML synced at start (the engine stays OFFLINE)
   /// A streamed answer silent this long gets an SSE `: keep-alive` comment.
   std::chrono::milliseconds sse_keep_alive = std::chrono::seconds(5);
+  /// Bearer tokens the command routes need (empty = open, AgentJet's default).
+  AccessTokens tokens;
 };
 
 /// Owns the engine, the metrics, the service and the HTTP server. start() binds and

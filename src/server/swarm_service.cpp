@@ -20,39 +20,73 @@ namespace {
 
 using json = nlohmann::json;
 
+// Who may call a route when tokens are configured (AccessTokens).
+enum class Access {
+  OPEN,    // status and metrics: always
+  CLIENT,  // the episode routes: the client token (or the admin token) when one is set
+  ADMIN,   // the run's control and other clients' data: the admin token when one is set
+  EPISODE  // the model endpoints: the episode's own API key (openai_routes.cpp)
+};
+
 struct Route {
   const char* path;
   const char* method;
   bool openai;
+  Access access;
 };
 
 constexpr Route kRoutes[] = {
-    {"/health", "GET", false},
-    {"/get_engine_status", "GET", false},
-    {"/sync_train_config", "POST", false},
-    {"/start_engine", "POST", false},
-    {"/stop_engine", "POST", false},
-    {"/claim_episode", "POST", false},
-    {"/end_episode", "POST", false},
-    {"/abort_episode", "POST", false},
-    {"/can_continue_episode", "POST", false},
-    {"/get_current_batch_rollout_pool_information", "GET", false},
+    {"/health", "GET", false, Access::OPEN},
+    {"/get_engine_status", "GET", false, Access::OPEN},
+    {"/sync_train_config", "POST", false, Access::ADMIN},
+    {"/start_engine", "POST", false, Access::ADMIN},
+    {"/stop_engine", "POST", false, Access::ADMIN},
+    {"/claim_episode", "POST", false, Access::CLIENT},
+    {"/end_episode", "POST", false, Access::CLIENT},
+    {"/abort_episode", "POST", false, Access::CLIENT},
+    {"/can_continue_episode", "POST", false, Access::CLIENT},
+    {"/get_current_batch_rollout_pool_information", "GET", false, Access::OPEN},
     // AgentJet's client and overwatch (docs/agentjet.md)
-    {"/agree_sync_weight", "POST", false},
-    {"/sync_train_code", "POST", false},
-    {"/get_server_experiment_dir", "GET", false},
-    {"/get_episode_buffer", "POST", false},
-    {"/replay_latest_llm_call", "POST", false},
-    {"/get_verbose_logs", "GET", false},
-    {"/metrics", "GET", false},
-    {"/v1/chat/completions", "POST", true},
-    {"/v1/completions", "POST", true},
-    {"/v1/models", "GET", true},
+    {"/agree_sync_weight", "POST", false, Access::CLIENT},
+    {"/sync_train_code", "POST", false, Access::ADMIN},
+    {"/get_server_experiment_dir", "GET", false, Access::OPEN},
+    {"/get_episode_buffer", "POST", false, Access::ADMIN},
+    {"/replay_latest_llm_call", "POST", false, Access::ADMIN},
+    {"/get_verbose_logs", "GET", false, Access::ADMIN},
+    {"/metrics", "GET", false, Access::OPEN},
+    {"/v1/chat/completions", "POST", true, Access::EPISODE},
+    {"/v1/completions", "POST", true, Access::EPISODE},
+    {"/v1/models", "GET", true, Access::EPISODE},
     // agent harnesses (docs/harnesses.md): Anthropic Messages, OpenAI Responses
-    {"/v1/messages", "POST", true},
-    {"/v1/messages/count_tokens", "POST", true},
-    {"/v1/responses", "POST", true},
+    {"/v1/messages", "POST", true, Access::EPISODE},
+    {"/v1/messages/count_tokens", "POST", true, Access::EPISODE},
+    {"/v1/responses", "POST", true, Access::EPISODE},
 };
+
+// Compares in time independent of where the strings differ.
+bool same_secret(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  const size_t n = std::max(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i)
+    diff |= static_cast<unsigned char>((i < a.size() ? a[i] : 0) ^ (i < b.size() ? b[i] : 0));
+  return diff == 0;
+}
+
+// Throws UNAUTHORIZED (401) when the route needs a token this request does not carry.
+void check_access(Access access, const AccessTokens& tokens, const HttpRequest& request, const std::string& route) {
+  if (access == Access::OPEN || access == Access::EPISODE) return;
+  const bool admin_only = access == Access::ADMIN;
+  if (admin_only ? tokens.admin.empty() : tokens.client.empty()) return;
+  const std::string& auth = request.header("authorization");
+  const std::string presented = auth.rfind("Bearer ", 0) == 0 ? auth.substr(7) : std::string();
+  if (!presented.empty() && ((!tokens.admin.empty() && same_secret(presented, tokens.admin)) ||
+                             (!admin_only && same_secret(presented, tokens.client))))
+    return;
+  throw SwarmError(ErrorKind::UNAUTHORIZED,
+                   route + " needs " + (admin_only ? "the admin token" : "the client token") +
+                       (presented.empty() ? ": send 'Authorization: Bearer <token>'" : ": the token sent is not it") +
+                       " (swarm-server --" + (admin_only ? "admin" : "client") + "-token-file; docs/reliability.md)");
+}
 
 // Anthropic's routes answer errors in Anthropic's shape.
 bool anthropic_path(const std::string& path) { return path.rfind("/v1/messages", 0) == 0; }
@@ -201,8 +235,12 @@ std::string parse_task_id(const json& body) {
 }  // namespace
 
 SwarmService::SwarmService(Engine& engine, Metrics& metrics, std::function<std::string()> fallback_authority,
-                           std::chrono::milliseconds keep_alive)
-    : engine_(engine), metrics_(metrics), fallback_authority_(std::move(fallback_authority)), heartbeat_(keep_alive) {
+                           std::chrono::milliseconds keep_alive, AccessTokens tokens)
+    : engine_(engine),
+      metrics_(metrics),
+      fallback_authority_(std::move(fallback_authority)),
+      tokens_(std::move(tokens)),
+      heartbeat_(keep_alive) {
   install_verbose_log_sink();
 }
 
@@ -240,6 +278,7 @@ void SwarmService::handle(HttpRequest&& request, std::shared_ptr<ResponseSink> r
   }
   HttpResponse response;
   try {
+    check_access(route->access, tokens_, request, route_name);
     response = handle_command(route_name, request);
   } catch (...) {
     response = error_response_from_current_exception(ErrorStyle::COMMAND, route_name);

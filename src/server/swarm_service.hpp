@@ -14,13 +14,23 @@ namespace swarm {
 
 /// Routes requests to the engine. Thread-safe (its state — the engine, metrics, the last chat
 /// call, the SSE heartbeat — is). Never throws out of handle(): every error becomes a response.
+/// Who may call what (docs/reliability.md "Who may call what"). Empty = that check is off.
+/// admin: sync_train_config, start_engine, stop_engine, sync_train_code, and the routes that
+/// show other clients' data (get_verbose_logs, replay_latest_llm_call, get_episode_buffer).
+/// client: the episode routes (claim, end, abort, can_continue, agree_sync_weight); the admin
+/// token is accepted there too. Both are sent as `Authorization: Bearer <token>`.
+struct AccessTokens {
+  std::string admin;
+  std::string client;
+};
+
 class SwarmService {
  public:
   /// `fallback_authority` ("host:port") builds openai_base_url when a request has no
   /// Host header.
   /// Streamed answers silent for `keep_alive` get an SSE comment.
   SwarmService(Engine& engine, Metrics& metrics, std::function<std::string()> fallback_authority,
-               std::chrono::milliseconds keep_alive = std::chrono::seconds(5));
+               std::chrono::milliseconds keep_alive = std::chrono::seconds(5), AccessTokens tokens = {});
 
   void handle(HttpRequest&& request, std::shared_ptr<ResponseSink> sink);
 
@@ -31,6 +41,7 @@ class SwarmService {
   Engine& engine_;
   Metrics& metrics_;
   std::function<std::string()> fallback_authority_;
+  AccessTokens tokens_;
   LastChatCall last_chat_;
   SseHeartbeat heartbeat_;
 };

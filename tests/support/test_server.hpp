@@ -104,8 +104,10 @@ class TestServer {
     server = std::make_unique<SwarmServer>(o);
     server->start();
   }
-  explicit TestServer(double janitor_interval_seconds = 0.05, size_t max_body_bytes = 1 << 20) {
+  explicit TestServer(double janitor_interval_seconds = 0.05, size_t max_body_bytes = 1 << 20,
+                      AccessTokens tokens = {}) {
     SwarmServerOptions o;
+    o.tokens = std::move(tokens);
     o.http.host = "127.0.0.1";
     o.http.port = 0;
     o.http.io_threads = 2;

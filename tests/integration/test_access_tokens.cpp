@@ -1,0 +1,108 @@
+// Who may call what (issue 26 §2): with an admin token the run's control routes answer 401 and
+// change nothing without it; with a client token so do the episode routes; status stays open,
+// the model endpoints keep their per-episode keys, and the SDK sends what it is given.
+#include <gtest/gtest.h>
+
+#include "support/client_helpers.hpp"
+#include "support/http_helpers.hpp"
+#include "support/test_server.hpp"
+#include "swarm/swarm.hpp"
+
+using namespace swarm;
+using namespace std::chrono_literals;
+using swarm::testing::fast_client;
+using swarm::testing::reward;
+using swarm::testing::task;
+using swarm::testing::TestServer;
+
+namespace {
+
+const std::string kAdmin = "admin-0123456789abcdef0123456789abcdef";
+const std::string kClient = "client-0123456789abcdef0123456789abcdef";
+
+Job small_job() {
+  Job job;
+  job.model = "mock-model";
+  job.batch_size = 1;
+  job.num_repeat = 2;
+  return job;
+}
+
+int status_of(HttpClient& http, const std::string& method, const std::string& path, const std::string& body,
+              const std::string& token) {
+  std::vector<std::pair<std::string, std::string>> h;
+  if (!token.empty()) h.push_back({"Authorization", "Bearer " + token});
+  return http.request(method, path, body, h).status;
+}
+
+SwarmClientOptions with_tokens(const std::string& admin, const std::string& client) {
+  SwarmClientOptions o = fast_client();
+  o.admin_token = admin;
+  o.client_token = client;
+  return o;
+}
+
+TEST(AccessTokens, ControlRoutesNeedTheAdminTokenAndChangeNothingWithoutIt) {
+  TestServer server(0.05, 1 << 20, AccessTokens{kAdmin, ""});
+  HttpClient http(server.url());
+  const std::string config = nlohmann::json{{"yaml_as_string", small_job().to_yaml()}}.dump();
+  EXPECT_EQ(status_of(http, "POST", "/sync_train_config", config, ""), 401);
+  EXPECT_EQ(status_of(http, "POST", "/sync_train_config", config, kAdmin + "x"), 401);
+  EXPECT_EQ(status_of(http, "POST", "/sync_train_config", config, kClient), 401);
+  EXPECT_FALSE(server.engine().status().config_synced) << "a refused sync changed the config";
+  const HttpClientResponse r = http.request("POST", "/sync_train_config", config);
+  EXPECT_NE(r.body.find("needs the admin token"), std::string::npos) << r.body;
+  // Open: status, pool information, metrics, health.
+  for (const char* path : {"/health", "/get_engine_status", "/get_current_batch_rollout_pool_information", "/metrics"})
+    EXPECT_EQ(status_of(http, "GET", path, "", ""), 200) << path;
+  // Other clients' data is the admin's.
+  EXPECT_EQ(status_of(http, "GET", "/get_verbose_logs", "", ""), 401);
+  EXPECT_EQ(status_of(http, "POST", "/replay_latest_llm_call", "", ""), 401);
+
+  // An SDK without the token is refused; with it the run starts, and stop_engine needs it too.
+  EXPECT_THROW(SwarmClient(server.url(), fast_client()).sync_train_config(small_job()), std::exception);
+  SwarmClient admin(server.url(), with_tokens(kAdmin, ""));
+  admin.auto_sync_train_config_and_start_engine(small_job());
+  ASSERT_TRUE(server.engine().wait_for_state(EngineState::ROLLING, 10s));
+  EXPECT_THROW(SwarmClient(server.url(), fast_client()).stop_engine(), std::exception);
+  EXPECT_EQ(server.engine().status().state, EngineState::ROLLING) << "a refused stop_engine stopped the run";
+  // Without a client token the episode routes stay open: an agent needs no token.
+  SwarmClient agent(server.url(), fast_client());
+  for (int k = 0; k < 2; ++k) {
+    OpenAIEndpoint ep = agent.begin_episode(60, "train", 10s);
+    OpenAIClient(ep).chat({{"user", "hi"}});
+    agent.end_episode(task("t"), ep.episode_uuid, reward(k));
+  }
+  EXPECT_TRUE(server.engine().wait_for_step(1, 10s));
+  admin.stop_engine();
+  EXPECT_TRUE(server.engine().wait_for_state(EngineState::OFFLINE, 10s));
+}
+
+TEST(AccessTokens, EpisodeRoutesNeedTheClientTokenOrTheAdminToken) {
+  TestServer server(0.05, 1 << 20, AccessTokens{kAdmin, kClient});
+  SwarmClient admin(server.url(), with_tokens(kAdmin, ""));
+  admin.auto_sync_train_config_and_start_engine(small_job());
+  HttpClient http(server.url());
+  const std::string claim = nlohmann::json{{"client_uuid", "c1"}, {"episode_type", "train"}}.dump();
+  EXPECT_EQ(status_of(http, "POST", "/claim_episode", claim, ""), 401);
+  EXPECT_EQ(status_of(http, "POST", "/claim_episode", claim, "nope"), 401);
+  EXPECT_EQ(server.engine().pool_snapshot().running, 0) << "a refused claim took a slot";
+  EXPECT_THROW(SwarmClient(server.url(), fast_client()).begin_episode(60, "train", 2s), std::exception);
+
+  // The agent with the client token runs episodes; its model calls use the episode's own key.
+  SwarmClient agent(server.url(), with_tokens("", kClient));
+  for (int k = 0; k < 2; ++k) {
+    OpenAIEndpoint ep = agent.begin_episode(60, "train", 10s);
+    EXPECT_FALSE(OpenAIClient(ep).chat({{"user", "hi"}}).content.empty());
+    EXPECT_TRUE(agent.can_continue_episode(ep.episode_uuid));
+    agent.end_episode(task("t"), ep.episode_uuid, reward(k));
+  }
+  EXPECT_TRUE(server.engine().wait_for_step(1, 10s));
+  // The client token is not the admin's.
+  EXPECT_THROW(agent.stop_engine(), std::exception);
+  EXPECT_NE(server.engine().status().state, EngineState::OFFLINE);
+  // The admin token opens the episode routes too.
+  EXPECT_EQ(status_of(http, "POST", "/claim_episode", claim, kAdmin), 200);
+}
+
+}  // namespace
