@@ -42,6 +42,7 @@ struct Job {
   int64_t max_parallel_episodes = 0;   // 0 = 2 × batch_size × num_repeat
   int64_t max_cached_episodes = 0;     // 0 = 4 × batch_size × num_repeat
   int64_t max_llm_calls_per_episode = 256;
+  int64_t max_claimed_per_client = 0;  // unfinished episodes one client_uuid may hold; 0 = no bound
   // --- lengths and sampling defaults
   int64_t max_prompt_length = 2048;
   int64_t max_response_length = 1024;

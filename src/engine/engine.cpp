@@ -24,6 +24,7 @@ PoolConfig pool_config_from(const Job& job) {
   c.num_repeat = job.num_repeat;
   c.max_cached_episodes = job.effective_max_cached_episodes();
   c.max_llm_calls_per_episode = job.max_llm_calls_per_episode;
+  c.max_claimed_per_client = job.max_claimed_per_client;
   if (!parse_collection_method(job.sample_collection_method, &c.method))
     throw SwarmError(ErrorKind::INVALID_ARGUMENT, "unknown sample_collection_method");
   return c;

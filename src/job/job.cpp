@@ -51,6 +51,10 @@ const std::vector<Field>& field_table() {
       {"max_cached_episodes", &Job::max_cached_episodes,
        "Safety valve: finished episodes cached before the oldest incomplete task groups are "
        "dropped; 0 means 4 x batch_size x num_repeat."},
+      {"max_claimed_per_client", &Job::max_claimed_per_client,
+       "Unfinished episodes one client (client_uuid) may hold at once; a claim beyond it is refused with a "
+       "fail_cause saying so, so one client cannot hoard the slots. 0 = no bound (a client with many workers "
+       "under one client_uuid, like train_agent, holds many)."},
       {"max_llm_calls_per_episode", &Job::max_llm_calls_per_episode,
        "LLM requests one episode may make (bounds memory)."},
       {"max_prompt_length", &Job::max_prompt_length, "Longest prompt in tokens; longer requests get 400."},
@@ -389,6 +393,7 @@ void Job::validate() const {
     bad("max_cached_episodes", "must be 0 or at least batch_size x num_repeat (" +
                                    std::to_string(batch_size * num_repeat) + ")");
   if (max_llm_calls_per_episode < 1) bad("max_llm_calls_per_episode", "must be >= 1");
+  if (max_claimed_per_client < 0) bad("max_claimed_per_client", "must be >= 0 (0 = no bound)");
   if (max_prompt_length < 1) bad("max_prompt_length", "must be >= 1");
   if (max_response_length < 1) bad("max_response_length", "must be >= 1");
   if (temperature < 0 || temperature > 2) bad("temperature", "must be in [0, 2] (the range the OpenAI routes accept)");

@@ -122,6 +122,17 @@ ClaimResult RolloutPool::claim(const ClaimRequest& request) {
       return result;
     }
   }
+  if (config_.max_claimed_per_client > 0) {
+    int64_t held = 0;
+    for (const auto& [id, ep] : episodes_) held += ep->claimed && ep->client_uuid == request.client_uuid ? 1 : 0;
+    if (held >= config_.max_claimed_per_client) {
+      result.fail_cause = "Client " + request.client_uuid + " holds " + std::to_string(held) +
+                          " unfinished episodes, the most one client may (max_claimed_per_client " +
+                          std::to_string(config_.max_claimed_per_client) +
+                          "): end or abort one before claiming another.";
+      return result;
+    }
+  }
   if (unclaimed_.empty()) {
     // "No available episodes to claim." is what AgentJet's client retries on quickly (2 s).
     result.fail_cause = "No available episodes to claim. All " + std::to_string(config_.max_parallel_episodes) +

@@ -25,6 +25,7 @@ struct PoolConfig {
   CollectionMethod method = CollectionMethod::ENOUGH_TASKS;
   int64_t max_cached_episodes = 512;    // safety valve threshold (finished train episodes)
   int64_t max_llm_calls_per_episode = 256;  // bounded memory per episode
+  int64_t max_claimed_per_client = 0;       // unfinished episodes one client_uuid may hold; 0 = no bound
   size_t reward_history = 256;          // recent rewards kept for the monitor
   double client_active_seconds = 600.0; // an active client expires after this long idle
   size_t max_active_clients = 4096;     // bounded: the least recently active go first

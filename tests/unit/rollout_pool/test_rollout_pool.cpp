@@ -194,6 +194,27 @@ TEST_F(RolloutPoolTest, SlotLimitAndFailCause) {
   EXPECT_EQ(pool->counters().claimed, 5);
 }
 
+// max_claimed_per_client (issue 26 §2): a client that hoards slots is refused with a clear
+// cause while the others still claim; ending one lets it claim again.
+TEST_F(RolloutPoolTest, OneClientCannotHoardTheSlots) {
+  PoolConfig c = small_config();
+  c.max_claimed_per_client = 2;
+  auto pool = make_pool(c);
+  const ClaimedEpisode a1 = claim_ok(*pool, "hoarder");
+  const ClaimedEpisode a2 = claim_ok(*pool, "hoarder");
+  ClaimResult r = pool->claim(ClaimRequest{"hoarder", EpisodeType::TRAIN, 60});
+  EXPECT_FALSE(r.episode.has_value());
+  EXPECT_EQ(r.fail_cause, "Client hoarder holds 2 unfinished episodes, the most one client may "
+                          "(max_claimed_per_client 2): end or abort one before claiming another.");
+  EXPECT_EQ(pool->snapshot().unclaimed, 2) << "the refused claim took a slot";
+  claim_ok(*pool, "other");
+  claim_ok(*pool, "other");
+  pool->end_episode("hoarder", a1.episode_uuid, "t", reward_of(0.0));
+  claim_ok(*pool, "hoarder");
+  pool->end_episode("hoarder", a2.episode_uuid, "t", reward_of(1.0));
+  EXPECT_EQ(pool->running(), 3);
+}
+
 TEST_F(RolloutPoolTest, ClaimValidatesRequest) {
   auto pool = make_pool(small_config());
   EXPECT_EQ(kind_of([&] { pool->claim(ClaimRequest{"", EpisodeType::TRAIN, 60}); }),
