@@ -10,6 +10,8 @@ find_package(PkgConfig REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 # The swarm exchange (SAPO): the NATS C client (Debian libnats-dev)
 pkg_check_modules(NATS REQUIRED IMPORTED_TARGET libnats)
+# The episode store (durability of finished episodes): SQLite (Debian libsqlite3-dev)
+pkg_check_modules(SQLITE3 REQUIRED IMPORTED_TARGET sqlite3)
 find_package(PNG REQUIRED)  # swarm-plot writes its charts with libpng
 if(SWARM_BUILD_TESTS)
   find_package(GTest REQUIRED)

@@ -35,9 +35,11 @@ PACKAGES=(
   # AgentJet conformance test: PyYAML dumps the config as its client does; jsonschema checks answers
   python3-yaml python3-jsonschema
   # tools used by tests and benchmarks
-  nodejs npm tmux procps curl
+  nodejs npm tmux procps curl sqlite3
   # the swarm exchange (SAPO experience sharing): the NATS broker and its C client
   nats-server libnats-dev
+  # the episode store (finished episodes survive a crash): SQLite
+  libsqlite3-dev
   # swarm-plot writes its PNG charts with libpng
   libpng-dev
   # libFuzzer targets (tests/fuzz): clang >= 15, whose std::source_location works with libstdc++ 12

@@ -64,8 +64,8 @@ std::string read_token(const std::string& file, const char* env, const char* wha
 
 int run_start(const std::string& host, int port, const std::string& engine, const std::string& config,
               const std::string& log_level, int io_threads, size_t max_body_mb, const std::string& resume, int nproc,
-              const std::string& admin_token_file, const std::string& client_token_file,
-              const std::vector<std::string>& argv) {
+              const std::string& admin_token_file, const std::string& client_token_file, int max_connections,
+              int header_timeout, const std::vector<std::string>& argv) {
   auto level = spdlog::level::from_str(log_level);
   if (level == spdlog::level::off && log_level != "off") {
     std::cerr << "swarm-server: unknown --log-level '" << log_level
@@ -130,6 +130,8 @@ int run_start(const std::string& host, int port, const std::string& engine, cons
   options.http.port = static_cast<uint16_t>(port);
   options.http.io_threads = io_threads;
   options.http.max_body_bytes = max_body_mb * 1024 * 1024;
+  options.http.max_connections = max_connections;
+  options.http.header_timeout_seconds = header_timeout;
 #ifdef SWARM_WITH_TORCH
   if (followers)
     swarm::register_torch_backend(followers, dist);
@@ -239,12 +241,23 @@ int main(int argc, char** argv) {
                     "File holding the client token (else $SWARM_CLIENT_TOKEN): the episode routes (claim, end, "
                     "abort, can_continue, agree_sync_weight) then need it (or the admin token). Off by default.")
       ->check(CLI::ExistingFile);
+  int max_connections = 4096, header_timeout = 10;
+  start->add_option("--max-connections", max_connections,
+                    "Open connections at most; more are answered 503 and closed (the open-file limit is raised to "
+                    "fit)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000));
+  start->add_option("--header-timeout", header_timeout,
+                    "Seconds a request may take from its first byte to the end of its headers, and a new connection "
+                    "to send its first byte (slow clients are cut; bodies and idle keep-alive have 60 s)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3600));
   auto* reference = app.add_subcommand("config-reference", "Print the configuration reference (Markdown)");
   auto* defaults = app.add_subcommand("default-config", "Print a YAML config with every key at its default");
   CLI11_PARSE(app, argc, argv);
   if (*start)
     return run_start(host, port, engine, config, log_level, io_threads, max_body_mb, resume, nproc, admin_token_file,
-                     client_token_file, std::vector<std::string>(argv, argv + argc));
+                     client_token_file, max_connections, header_timeout, std::vector<std::string>(argv, argv + argc));
   if (*reference) {
     std::cout << config_reference_markdown();
     return 0;

@@ -35,6 +35,7 @@
 
 #include "bare_beast.hpp"
 #include "common/child_process.hpp"
+#include "common/machine_info.hpp"
 #include "client/http_client.hpp"
 #include "swarm/errors.hpp"
 
@@ -96,8 +97,24 @@ void post_ok(swarm::HttpClient& http, const std::string& path, const std::string
   if (r.status != 200) throw std::runtime_error("POST " + path + " -> HTTP " + std::to_string(r.status) + ": " + r.body);
 }
 
-void start_engine(swarm::HttpClient& http) {
-  post_ok(http, "/sync_train_config", json{{"yaml_as_string", kTrainConfig}}.dump());
+// The run's files (metrics, checkpoints, the episode store) go here; removed at the end.
+std::string g_experiment_dir;
+
+// `durable`: the job's durable_episodes (the episode store commits each end_episode before it
+// answers). Stops a running engine first.
+void start_engine(swarm::HttpClient& http, bool durable = true, bool fsync = true) {
+  if (get_json(http, "/get_engine_status").value("engine_status", "") != "ENGINE.OFFLINE") {
+    post_ok(http, "/stop_engine", "{}");
+    const auto until = Clock::now() + 30s;
+    while (get_json(http, "/get_engine_status").value("engine_status", "") != "ENGINE.OFFLINE") {
+      if (Clock::now() > until) throw std::runtime_error("engine did not stop within 30 s");
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+  const std::string yaml = std::string(kTrainConfig) + "durable_episodes: " + (durable ? "true" : "false") +
+                           "\ndurable_fsync: " + (fsync ? "true" : "false") + "\nexperiment_dir: " + g_experiment_dir +
+                           "\n";
+  post_ok(http, "/sync_train_config", json{{"yaml_as_string", yaml}}.dump());
   post_ok(http, "/start_engine", "{}");
   const auto until = Clock::now() + 30s;
   while (Clock::now() < until) {
@@ -528,6 +545,7 @@ int main(int argc, char** argv) {
   int io_threads = 2;
   int repeats = 3;
   bool quick = false, skip_memory = false;
+  std::vector<int> persistence_clients{64};
   int bare_port = -1;
   app.add_option("--server-bin", server_bin, "swarm-server binary")->capture_default_str();
   app.add_option("--clients", clients_list, "Concurrent clients per point")->capture_default_str();
@@ -545,6 +563,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 100));
   app.add_flag("--quick", quick, "Smoke run: 1 s points, 1 run each, 50k memory episodes sampled every 10k (unless given)");
   app.add_flag("--skip-memory", skip_memory, "Skip the memory phase");
+  app.add_option("--persistence-clients", persistence_clients,
+                 "Client counts of the persistence phase (durable_episodes off vs on); empty = skip it")
+      ->capture_default_str();
   app.add_option("--bare-beast-port", bare_port, "Internal: act as the bare Beast server on this port")->group("");
   CLI11_PARSE(app, argc, argv);
 
@@ -566,6 +587,13 @@ int main(int argc, char** argv) {
   }
   std::error_code ec;
   const std::string self_exe = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  g_experiment_dir = (std::filesystem::temp_directory_path() / ("bench_server-" + std::to_string(::getpid()))).string();
+  struct RemoveDir {
+    ~RemoveDir() {
+      std::error_code e;
+      std::filesystem::remove_all(g_experiment_dir, e);
+    }
+  } remove_dir;
 
   try {
     const uint16_t swarm_port = pick_free_port();
@@ -584,6 +612,8 @@ int main(int argc, char** argv) {
     swarm::HttpClient control(swarm_url, 30s);
     start_engine(control);
 
+    std::printf("bench_server: commit %s; %s; %s\n", git_commit(SWARM_SOURCE_DIR).c_str(), cpu_model().c_str(),
+                utc_now().c_str());
     std::printf("bench_server: swarm-server (mock engine, %d I/O threads, pid %d) vs bare Beast (%d I/O threads, pid %d)\n",
                 io_threads, swarm_server.pid(), io_threads, bare_server.pid());
     std::printf("loopback; %u hardware threads SHARED by the server under test and this load generator\n",
@@ -711,6 +741,65 @@ int main(int argc, char** argv) {
                   (m.server_cpu_s + m.client_cpu_s) / m.wall_s,
                   std::max(0.0, (m.machine_busy_s - m.server_cpu_s - m.client_cpu_s) / m.wall_s));
       print_errors("memory phase", m.stats);
+    }
+
+    if (!persistence_clients.empty()) {
+      // The cost of durability: the same load with the episode store off, on (fsync every
+      // commit: survives a power cut) and on without fsync (survives a crash of the server),
+      // alternating, in the same server process; the best run of each is shown.
+      std::printf("\npersistence phase: durable_episodes off / on / on with durable_fsync: false (the episode "
+                  "store: SQLite WAL), %d run(s) of %.1f s each, alternating\n",
+                  repeats, seconds);
+      std::printf("%7s %9s %9s %9s %7s %7s %17s %17s %17s %13s %10s %8s\n", "clients", "off ep/s", "on ep/s",
+                  "nofs ep/s", "on/off", "nofs/of", "end p50/p99 off", "end p50/p99 on", "end p50/p99 nofs",
+                  "srv us/ep o/on", "commits/ep", "target");
+      std::fflush(stdout);
+      auto best = [](const std::vector<PointResult>& runs) {
+        return *std::max_element(runs.begin(), runs.end(),
+                                 [](const PointResult& a, const PointResult& b) { return a.rate() < b.rate(); });
+      };
+      for (int c : persistence_clients) {
+        std::vector<PointResult> off, on, nofsync;
+        double commits_per_episode = 0.0;
+        for (int r = 0; r < repeats; ++r) {
+          start_engine(control, false);
+          off.push_back(run_point(Target::SWARM, swarm_url, swarm_server, &control, c, seconds));
+          start_engine(control, true, true);
+          const auto before = get_json(control, "/get_current_batch_rollout_pool_information");
+          on.push_back(run_point(Target::SWARM, swarm_url, swarm_server, &control, c, seconds));
+          const auto after = get_json(control, "/get_current_batch_rollout_pool_information");
+          const double recorded = after["episode_store"].value("recorded", 0.0) -
+                                  before["episode_store"].value("recorded", 0.0);
+          const double commits =
+              after["episode_store"].value("commits", 0.0) - before["episode_store"].value("commits", 0.0);
+          if (recorded > 0) commits_per_episode = commits / recorded;
+          start_engine(control, true, false);
+          nofsync.push_back(run_point(Target::SWARM, swarm_url, swarm_server, &control, c, seconds));
+        }
+        const PointResult a = best(off), b = best(on), n = best(nofsync);
+        const double ratio = a.rate() > 0 ? b.rate() / a.rate() : 0.0;
+        const double ratio_n = a.rate() > 0 ? n.rate() / a.rate() : 0.0;
+        auto us_per_ep = [](const PointResult& p) {
+          return p.server_cpu_s / static_cast<double>(std::max<uint64_t>(1, p.stats.episodes)) * 1e6;
+        };
+        char cpu[32];
+        std::snprintf(cpu, sizeof cpu, "%.0f/%.0f", us_per_ep(a), us_per_ep(b));
+        std::printf("%7d %9.0f %9.0f %9.0f %7.3f %7.3f %17s %17s %17s %13s %10.3f %8s\n", c, a.rate(), b.rate(),
+                    n.rate(), ratio, ratio_n, pair_ms(percentiles(a.stats.end_ns)).c_str(),
+                    pair_ms(percentiles(b.stats.end_ns)).c_str(), pair_ms(percentiles(n.stats.end_ns)).c_str(), cpu,
+                    commits_per_episode, c == 64 ? (ratio >= 0.8 ? "met" : "MISSED") : "-");
+        std::printf("        every run (ep/s): off");
+        for (const auto& p : off) std::printf(" %.0f", p.rate());
+        std::printf("   on");
+        for (const auto& p : on) std::printf(" %.0f", p.rate());
+        std::printf("   no fsync");
+        for (const auto& p : nofsync) std::printf(" %.0f", p.rate());
+        std::printf("\n");
+        for (size_t r = 0; r < on.size(); ++r) print_errors(("persistence on, run " + std::to_string(r + 1)).c_str(), on[r].stats);
+      }
+      std::printf("target (issue 26): episodes/s with the store on (fsync) >= 0.8 x off at 64 clients; commits/ep "
+                  "< 1 = group commit (concurrent end_episode calls share one fsync)\n");
+      std::fflush(stdout);
     }
 
     const json st = get_json(control, "/get_engine_status");

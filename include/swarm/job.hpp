@@ -87,6 +87,9 @@ struct Job {
   double is_cap = 2.0;                         // importance-weight cap (tis, decoupled)
   std::string kv_cache_on_swap = "keep";       // keep | recompute (in-flight sequences at a swap)
   int64_t save_freq = 0;             // 0 = checkpoint only on stop
+  // --- durability (docs/reliability.md)
+  bool durable_episodes = true;      // finished episodes in <experiment>/episodes.sqlite before end_episode answers
+  bool durable_fsync = true;         // fsync every commit (survives a power cut); false: survives a crash only
   // --- swarm experience sharing over NATS JetStream (SAPO; docs/sapo.md)
   std::string exchange_url;                    // "" = off; nats://host:4222 (tls://, user:pass@ in the URL)
   std::string exchange_credentials;            // NATS .creds file (JWT + nkey seed); "" = none

@@ -300,27 +300,34 @@ void Engine::end_run_locked(const std::string& reason, bool save) {
   }
   if (state_ != EngineState::OFFLINE) enter_locked(EngineState::OFFLINE, reason);
   if (exchange_) post([x = std::move(exchange_)]() mutable { x.reset(); });  // joins its thread
+  // The store closes on the control thread after the last checkpoint of the run has pruned it.
+  // What the cancelled pool held stays stored: the next start of this experiment trains on it.
+  std::shared_ptr<EpisodeStore> store = std::move(store_);
   if (backend_) {
     // Released on the control thread, after any boot/train of the old run has returned;
     // generations still in flight keep their own reference until they finish. Steps trained
     // since the last checkpoint are saved first (backend_step_ is read there, after any
     // policy step still running has finished).
     std::optional<Job> job = save && options_.write_run_files ? config_ : std::nullopt;
-    post([this, b = std::move(backend_), job, counters = past_counters_]() mutable {
+    post([this, b = std::move(backend_), job, counters = past_counters_, store]() mutable {
       if (job && backend_step_ > checkpointed_step_) {
         try {
-          checkpoint(*b, *job, backend_step_, counters);
+          checkpoint(*b, *job, backend_step_, counters, store.get());
         } catch (const std::exception& e) {
           spdlog::error("engine: no checkpoint on stop: {}", e.what());
         }
       }
       b->release();
       b.reset();
+      store.reset();  // commits what is queued and closes the database
     });
+  } else if (store) {
+    post([store = std::move(store)]() mutable { store.reset(); });
   }
 }
 
-double Engine::checkpoint(Backend& backend, const Job& job, int64_t step, const PoolCounters& counters) {
+double Engine::checkpoint(Backend& backend, const Job& job, int64_t step, const PoolCounters& counters,
+                          EpisodeStore* store) {
   const auto t0 = std::chrono::steady_clock::now();
   EngineCheckpointState st;
   st.global_step = step;
@@ -330,6 +337,7 @@ double Engine::checkpoint(Backend& backend, const Job& job, int64_t step, const 
   const auto dir = write_checkpoint(experiment_path(job) / "checkpoints", st,
                                     [&](const std::filesystem::path& tmp) { backend.save_checkpoint(tmp); });
   checkpointed_step_ = step;
+  if (store) store->prune_trained_through(step);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   spdlog::info("engine: checkpoint of step {} written to {} in {:.2f}s", step, dir.string(), seconds);
   return seconds;
@@ -370,11 +378,20 @@ void Engine::control_loop() {
 void Engine::run_boot(uint64_t epoch, Job job, std::string resume_from, std::stop_token stop) {
   std::shared_ptr<Backend> backend;
   std::shared_ptr<Exchange> exchange;
+  std::shared_ptr<EpisodeStore> store;
+  StoredEpisodes stored;
   std::optional<EngineCheckpointState> resumed;
   std::string error;
   try {
     backend = std::shared_ptr<Backend>(options_.factory());
-    if (!resume_from.empty()) {
+    // An experiment that crashed before its first checkpoint: nothing to load but its stored
+    // episodes (the weights are the job's model, which generated them).
+    const bool store_only = !resume_from.empty() && !has_checkpoint(resume_from) &&
+                            std::filesystem::exists(std::filesystem::path(resume_from) / "episodes.sqlite");
+    if (store_only) {
+      spdlog::info("engine: resuming {}: no checkpoint yet, so the job's model at step 0, with the episodes it stored",
+                   resume_from);
+    } else if (!resume_from.empty()) {
       const auto cp = resolve_checkpoint(resume_from);
       resumed = read_checkpoint_state(cp);
       backend->set_resume_checkpoint(cp);
@@ -383,6 +400,22 @@ void Engine::run_boot(uint64_t epoch, Job job, std::string resume_from, std::sto
     backend->set_swap_listener([this, epoch](bool swapping) { on_weight_swap(epoch, swapping); });
     backend->boot(job, stop);
     if (!job.exchange_url.empty()) exchange = make_exchange(job, backend->model_id());
+    if (job.durable_episodes && options_.write_run_files) {
+      EpisodeStoreOptions so;
+      so.fsync_every_commit = job.durable_fsync;
+      store = std::make_shared<EpisodeStore>(experiment_path(job) / "episodes.sqlite", so);
+      if (!resume_from.empty()) {
+        // Resuming: what was collected and not trained into the checkpoint trains now.
+        stored = store->pending_for_restart(resumed ? resumed->global_step : 0);
+        spdlog::info("engine: {} finished episode(s) collected before the restart are back in the pool ({} of them "
+                     "trained by steps after the checkpoint, {} unreadable and dropped) from {}",
+                     stored.episodes.size(), stored.retrained, stored.discarded, store->file().string());
+      } else if (const int64_t old = store->discard_all(); old > 0) {
+        spdlog::warn("engine: {} finished episode(s) of an earlier run in {} were not trained and are discarded: this "
+                     "start is a fresh run (swarm-server start --resume trains on them)",
+                     old, store->file().string());
+      }
+    }
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -403,6 +436,11 @@ void Engine::run_boot(uint64_t epoch, Job job, std::string resume_from, std::sto
         options_.resume_from.clear();  // later runs of this process start from their job's model
       }
       pool_ = std::make_shared<RolloutPool>(pool_config_from(job), clock_);
+      if (store) {
+        pool_->set_journal(store);
+        pool_->restore_finished(std::move(stored.episodes));
+      }
+      store_ = std::move(store);
       exchange_ = std::move(exchange);
       exchange_rng_.seed(static_cast<uint64_t>(job.seed) * 7919u + static_cast<uint64_t>(global_step_));
       max_staleness_ = job.max_staleness;
@@ -412,11 +450,13 @@ void Engine::run_boot(uint64_t epoch, Job job, std::string resume_from, std::sto
       update_admission_locked();
       pool_->set_accepting_claims(true);
       enter_locked(EngineState::ROLLING, "collecting episodes for step " + std::to_string(global_step_ + 1));
+      maybe_advance_locked();  // restored episodes may complete a batch already
       return;
     }
   }
   // stop_engine came while booting: this backend belongs to a cancelled run.
   exchange.reset();
+  store.reset();
   if (backend) backend->release();
 }
 
@@ -512,6 +552,7 @@ void Engine::run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_
                        std::stop_token stop) {
   std::shared_ptr<Backend> backend;
   std::shared_ptr<Exchange> exchange;
+  std::shared_ptr<EpisodeStore> store;
   std::optional<Job> job;
   PoolCounters counters;
   {
@@ -519,6 +560,7 @@ void Engine::run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_
     if (epoch != epoch_) return;
     backend = backend_;
     exchange = exchange_;
+    store = store_;
     job = config_;
   }
   std::map<std::string, double> sapo_metrics;
@@ -542,6 +584,12 @@ void Engine::run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_
     report.global_step = next_step;
     backend->set_policy_version(next_step);  // in-process weight sync: new weights now serve
     backend_step_ = next_step;
+    if (store) {  // never trained twice: a restart from a later checkpoint does not reload them
+      std::vector<std::string> trained;
+      for (const FinishedEpisode& e : batch->episodes)
+        if (e.from_node.empty()) trained.push_back(e.episode_uuid);
+      store->mark_trained(std::move(trained), next_step);
+    }
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -559,7 +607,7 @@ void Engine::run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_
         if (pool_) counters += pool_->counters();
       }
       try {
-        report.metrics["checkpoint_seconds"] = checkpoint(*backend, *job, next_step, counters);
+        report.metrics["checkpoint_seconds"] = checkpoint(*backend, *job, next_step, counters, store.get());
       } catch (const std::exception& e) {
         spdlog::error("engine: checkpoint of step {} failed: {}", next_step, e.what());
       }
@@ -683,17 +731,25 @@ ClaimResult Engine::claim_episode(const ClaimRequest& request) {
 EndOutcome Engine::end_episode(const std::string& client_uuid, const std::string& episode_uuid,
                                const std::string& task_id, const WorkflowOutput& output,
                                bool declare_client_active) {
+  std::shared_ptr<RolloutPool> pool;
+  {
+    std::lock_guard lk(mu_);
+    SWARM_REQUIRE(pool_, ErrorKind::NOT_FOUND,
+                  "episode " + episode_uuid + " not found: the engine is " + engine_state_wire(state_));
+    // No episode runs while the weights sync (ROLLING_POST drained them), so an end now is late.
+    // A 400 naming the state: AgentJet's client discards the episode quietly on exactly that.
+    // (Asynchronous training's WEIGHT_SYNCING is only the swap: episodes run through it.)
+    SWARM_REQUIRE(state_ != EngineState::WEIGHT_SYNCING || max_staleness_ > 0, ErrorKind::INVALID_ARGUMENT,
+                  "episode " + episode_uuid + " is not running: the engine is ENGINE.WEIGHT_SYNCING (it ended, was "
+                  "aborted or timed out before the weight sync); its output is discarded");
+    pool = pool_;
+  }
+  // Without the engine's lock: merging the calls and the episode store's commit take time, and
+  // concurrent ends must wait together (one commit), not in turn. The episode counts as running
+  // until the pool has cached it, so the state cannot move past ROLLING_POST meanwhile.
+  EndOutcome outcome = pool->end_episode(client_uuid, episode_uuid, task_id, output, declare_client_active);
   std::lock_guard lk(mu_);
-  SWARM_REQUIRE(pool_, ErrorKind::NOT_FOUND,
-                "episode " + episode_uuid + " not found: the engine is " + engine_state_wire(state_));
-  // No episode runs while the weights sync (ROLLING_POST drained them), so an end now is late.
-  // A 400 naming the state: AgentJet's client discards the episode quietly on exactly that.
-  // (Asynchronous training's WEIGHT_SYNCING is only the swap: episodes run through it.)
-  SWARM_REQUIRE(state_ != EngineState::WEIGHT_SYNCING || max_staleness_ > 0, ErrorKind::INVALID_ARGUMENT,
-                "episode " + episode_uuid + " is not running: the engine is ENGINE.WEIGHT_SYNCING (it ended, was "
-                "aborted or timed out before the weight sync); its output is discarded");
-  EndOutcome outcome = pool_->end_episode(client_uuid, episode_uuid, task_id, output, declare_client_active);
-  maybe_advance_locked();
+  if (pool_ == pool) maybe_advance_locked();
   return outcome;
 }
 
@@ -786,6 +842,10 @@ EngineSnapshot Engine::status() const {
   s.trainer_step = trainer_step_;
   s.counters = past_counters_;
   if (pool_) s.counters += pool_->counters();
+  if (store_) {
+    s.store = store_->stats();
+    s.store_file = store_->file().string();
+  }
   if (exchange_) {
     s.exchange = exchange_->status();
     if (!s.exchange->ready)

@@ -20,6 +20,7 @@
 #include "engine/backend.hpp"
 #include "exchange/exchange.hpp"
 #include "rollout_pool/rollout_pool.hpp"
+#include "store/episode_store.hpp"
 #include "swarm/job.hpp"
 
 namespace swarm {
@@ -61,6 +62,8 @@ struct EngineSnapshot {
   int64_t max_staleness = 0;                   // of the current run: 0 = synchronous
   int64_t trainer_step = 0;                    // the policy step the trainer is computing; 0 = idle
   std::optional<ExchangeStatus> exchange;      // swarm experience sharing of the current run, when on
+  std::optional<EpisodeStoreStats> store;      // the episode store of the current run (durable_episodes)
+  std::string store_file;                      // its database
   PoolCounters counters;                       // cumulative over every run of this process
 };
 
@@ -155,7 +158,9 @@ class Engine {
   void run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_t next_step, double rollout_seconds,
                  std::stop_token stop);
   /// Control thread: writes checkpoint step-<step> of `backend` (atomically) and returns its seconds.
-  double checkpoint(Backend& backend, const Job& job, int64_t step, const PoolCounters& counters);
+  /// Then the episode store (when given) forgets what the checkpoint holds.
+  double checkpoint(Backend& backend, const Job& job, int64_t step, const PoolCounters& counters,
+                    EpisodeStore* store);
   void accumulate_counters_locked();
   // Swarm experience sharing (control thread): the run's exchange, and per step publishing the
   // batch's groups and adding J re-encoded external ones to it (returns the step's metrics).
@@ -202,6 +207,7 @@ class Engine {
   // Swarm experience sharing (SAPO) of the current run; null when exchange_url is empty. The
   // draw's random source is the control thread's.
   std::shared_ptr<Exchange> exchange_;
+  std::shared_ptr<EpisodeStore> store_;  // durable_episodes: finished episodes of the current run
   std::mt19937_64 exchange_rng_;
 
   // control thread: boot, train, release run here in order

@@ -155,8 +155,11 @@ void MockBackend::boot(const Job& job, std::stop_token stop) {
 
 void MockBackend::save_checkpoint(const std::filesystem::path& dir) {
   // No weights: a marker that says which engine wrote it (the engine adds its own state).
-  std::ofstream(dir / "mock_checkpoint.json")
-      << nlohmann::json{{"backend", "mock"}, {"model", model_id_}, {"policy_version", policy_version_.load()}}.dump() << '\n';
+  std::ofstream out(dir / "mock_checkpoint.json", std::ios::binary | std::ios::trunc);
+  out << nlohmann::json{{"backend", "mock"}, {"model", model_id_}, {"policy_version", policy_version_.load()}}.dump()
+      << '\n';
+  out.flush();
+  SWARM_REQUIRE(out.good(), ErrorKind::INTERNAL, "cannot write " + (dir / "mock_checkpoint.json").string());
 }
 
 std::vector<TokenId> MockBackend::render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,

@@ -1,8 +1,13 @@
 #include "engine/run_files.hpp"
 
+#include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -15,6 +20,39 @@
 namespace swarm {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+
+namespace {
+
+// Flushes a file's or a directory's contents to the disk (a checkpoint must survive a power
+// cut once `latest` names it). SwarmError(INTERNAL) when the disk refuses.
+void fsync_path(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  SWARM_REQUIRE(fd >= 0, ErrorKind::INTERNAL, "cannot open " + p.string() + " to sync it: " + std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  SWARM_REQUIRE(rc == 0, ErrorKind::INTERNAL, "cannot sync " + p.string() + " to disk: " + std::strerror(err));
+}
+
+// Temporary directories of checkpoints whose writer died (kill -9, power cut): `.<name>.tmp-<pid>`
+// and `.<name>.old-<pid>` of a process that no longer runs.
+void remove_abandoned_temporaries(const fs::path& checkpoints_dir) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(checkpoints_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name[0] != '.') continue;
+    size_t at = name.rfind(".tmp-");
+    if (at == std::string::npos) at = name.rfind(".old-");
+    if (at == std::string::npos) continue;
+    const std::string pid = name.substr(at + 5);
+    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (std::stol(pid) == ::getpid() || fs::exists("/proc/" + pid)) continue;
+    std::error_code rm;
+    fs::remove_all(entry.path(), rm);
+  }
+}
+
+}  // namespace
 
 void write_file_atomically(const fs::path& path, const std::string& text) {
   std::error_code ec;
@@ -85,6 +123,7 @@ void append_samples(const fs::path& file, const TrainBatch& batch, int64_t step)
 fs::path write_checkpoint(const fs::path& checkpoints_dir, const EngineCheckpointState& state,
                           const std::function<void(const fs::path&)>& write_into) {
   fs::create_directories(checkpoints_dir);
+  remove_abandoned_temporaries(checkpoints_dir);
   const std::string name = "step-" + std::to_string(state.global_step);
   const fs::path final_dir = checkpoints_dir / name;
   const fs::path tmp = checkpoints_dir / ("." + name + ".tmp-" + std::to_string(::getpid()));
@@ -92,11 +131,24 @@ fs::path write_checkpoint(const fs::path& checkpoints_dir, const EngineCheckpoin
   fs::create_directories(tmp);
   try {
     write_into(tmp);
+    // Fault injection for the chaos tests (tests/chaos): die by SIGKILL in the middle of saving
+    // this step, after the weights were written and before anything is renamed into place.
+    if (const char* kill_at = std::getenv("SWARM_TEST_KILL_DURING_CHECKPOINT");
+        kill_at != nullptr && std::to_string(state.global_step) == kill_at)
+      ::kill(::getpid(), SIGKILL);
     const json st = {{"global_step", state.global_step},
                      {"policy_version", state.policy_version},
                      {"pool_counters", state.counters.to_json()},
                      {"job_yaml", state.job_yaml}};
-    std::ofstream(tmp / "engine_state.json") << st.dump(2) << '\n';
+    {
+      std::ofstream out(tmp / "engine_state.json", std::ios::binary | std::ios::trunc);
+      out << st.dump(2) << '\n';
+      out.flush();
+      SWARM_REQUIRE(out.good(), ErrorKind::INTERNAL, "cannot write " + (tmp / "engine_state.json").string());
+    }
+    for (const auto& entry : fs::recursive_directory_iterator(tmp))
+      if (entry.is_regular_file()) fsync_path(entry.path());
+    fsync_path(tmp);
     // Replacing an older checkpoint of the same step: move it aside first (rename cannot
     // replace a non-empty directory), then drop it once the new one is in place.
     fs::path old;
@@ -107,12 +159,21 @@ fs::path write_checkpoint(const fs::path& checkpoints_dir, const EngineCheckpoin
     }
     fs::rename(tmp, final_dir);
     if (!old.empty()) fs::remove_all(old);
-  } catch (...) {
+    fsync_path(checkpoints_dir);
+    write_file_atomically(checkpoints_dir / "latest", name + "\n");
+    fsync_path(checkpoints_dir);
+  } catch (const std::exception& e) {
     std::error_code ec;
     fs::remove_all(tmp, ec);
-    throw;
+    std::string last = "there is no earlier checkpoint";
+    {
+      std::ifstream in(checkpoints_dir / "latest");
+      std::string latest;
+      if (std::getline(in, latest) && !latest.empty() && latest != name)
+        last = "the last good checkpoint, " + (checkpoints_dir / latest).string() + ", is intact and loadable";
+    }
+    throw SwarmError(ErrorKind::INTERNAL, "checkpoint " + name + " could not be written (" + e.what() + "); " + last);
   }
-  write_file_atomically(checkpoints_dir / "latest", name + "\n");
   return final_dir;
 }
 
@@ -133,6 +194,15 @@ fs::path resolve_checkpoint(const fs::path& dir) {
   throw SwarmError(ErrorKind::INVALID_ARGUMENT,
                    "--resume: '" + dir.string() +
                        "' is neither a checkpoint (engine_state.json) nor a directory with a 'latest' checkpoint");
+}
+
+bool has_checkpoint(const fs::path& dir) {
+  try {
+    resolve_checkpoint(dir);
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
 }
 
 EngineCheckpointState read_checkpoint_state(const fs::path& checkpoint) {

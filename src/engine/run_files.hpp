@@ -48,6 +48,8 @@ std::filesystem::path write_checkpoint(const std::filesystem::path& checkpoints_
 /// `dir` as given to --resume: a checkpoint (has engine_state.json), a checkpoints directory
 /// (has `latest`) or an experiment directory (has checkpoints/latest). INVALID_ARGUMENT otherwise.
 std::filesystem::path resolve_checkpoint(const std::filesystem::path& dir);
+/// Whether resolve_checkpoint(dir) finds a checkpoint (never throws).
+bool has_checkpoint(const std::filesystem::path& dir);
 /// Reads engine_state.json of a checkpoint. INVALID_ARGUMENT when missing or malformed.
 EngineCheckpointState read_checkpoint_state(const std::filesystem::path& checkpoint);
 

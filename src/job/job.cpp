@@ -115,6 +115,14 @@ const std::vector<Field>& field_table() {
       {"seed", &Job::seed, "Random seed for sampling and initialisation."},
       {"total_training_steps", &Job::total_training_steps, "Stop after this many policy steps; 0 = never."},
       {"save_freq", &Job::save_freq, "Checkpoint every N steps; 0 = only on stop_engine."},
+      {"durable_episodes", &Job::durable_episodes,
+       "Store every finished train episode in <experiment dir>/episodes.sqlite (SQLite, WAL) before end_episode "
+       "answers success; a restart of the experiment (swarm-server start --resume) trains on those not yet "
+       "trained, so a crash loses nothing acknowledged. Records go once a checkpoint holds their step."},
+      {"durable_fsync", &Job::durable_fsync,
+       "With durable_episodes: fsync every commit, so acknowledged episodes survive a power cut; false keeps "
+       "them through a crash or kill -9 of the server only (faster on slow disks). Concurrent end_episode "
+       "calls share a commit."},
       {"max_staleness", &Job::max_staleness,
        "Asynchronous training: 0 trains synchronously (collection stops while the trainer updates); N >= 1 keeps "
        "agents generating while the trainer works, and no token trains in step v+1 that weights older than v - N "

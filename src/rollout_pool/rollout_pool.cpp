@@ -341,13 +341,31 @@ EndOutcome RolloutPool::end_episode(const std::string& client_uuid,
     s.episode_uuid = episode_uuid;
     s.reward = finished.reward;
   }
+  std::shared_ptr<EpisodeJournal> journal;
+  {
+    std::lock_guard lock(mu_);
+    journal = journal_;
+  }
+  if (journal) {
+    // Durable before the answer: a crash from here on loses nothing acknowledged.
+    try {
+      journal->record(finished);
+    } catch (...) {
+      std::lock_guard lock(mu_);
+      counters_.store_failures++;
+      free_slot_locked(episode_uuid, true);
+      throw;
+    }
+  }
 
   std::lock_guard lock(mu_);
   EndOutcome outcome;
   if (episodes_.find(episode_uuid) == episodes_.end()) {
-    // cancel_all (stop_engine) ran while we merged; it already counted the episode.
+    // cancel_all (stop_engine) ran while we merged; it already counted the episode. A stored
+    // copy stays: the next start of this experiment trains on it.
     outcome.accepted = false;
-    outcome.note = "episode " + episode_uuid + " was cancelled (engine stopped) while ending";
+    outcome.note = "episode " + episode_uuid + " was cancelled (engine stopped) while ending" +
+                   (journal ? "; it is stored and the next start of this experiment trains on it" : "");
     return outcome;
   }
   counters_.ended++;
@@ -482,7 +500,12 @@ int64_t RolloutPool::drop_stale(int64_t min_version) {
 int64_t RolloutPool::drop_stale_locked(int64_t min_version) {
   int64_t n = 0;
   {
-    auto too_old = [&](const FinishedEpisode& e) { return e.min_version >= 0 && e.min_version < min_version; };
+    std::vector<std::string> forgotten;
+    auto too_old = [&](const FinishedEpisode& e) {
+      const bool old = e.min_version >= 0 && e.min_version < min_version;
+      if (old && journal_) forgotten.push_back(e.episode_uuid);
+      return old;
+    };
     // A group emptied by drops stays (as its drop count) while more members may come; it goes
     // once it is complete, or, oldest first, when there are more such records than episodes
     // the cache may hold.
@@ -511,6 +534,7 @@ int64_t RolloutPool::drop_stale_locked(int64_t min_version) {
     }
     finished_cached_ -= n;
     counters_.stale_dropped_episodes += n;
+    if (journal_) journal_->forget(std::move(forgotten));
   }
   return n;
 }
@@ -520,6 +544,19 @@ TrainBatch RolloutPool::take_batch_fresh(int64_t min_version, int64_t* dropped) 
   const int64_t n = drop_stale_locked(min_version);
   if (dropped != nullptr) *dropped = n;
   return take_batch_locked();
+}
+
+void RolloutPool::set_journal(std::shared_ptr<EpisodeJournal> journal) {
+  std::lock_guard lock(mu_);
+  journal_ = std::move(journal);
+}
+
+int64_t RolloutPool::restore_finished(std::vector<FinishedEpisode> episodes) {
+  std::lock_guard lock(mu_);
+  const auto n = static_cast<int64_t>(episodes.size());
+  for (FinishedEpisode& e : episodes) cache_finished_locked(std::move(e));
+  counters_.restored += n;
+  return n;
 }
 
 void RolloutPool::set_train_admission_limit(int64_t limit) {
@@ -783,6 +820,11 @@ void RolloutPool::drop_group_locked(const std::string& task_id) {
   finished_cached_ -= n;
   counters_.valve_dropped_groups++;
   counters_.valve_dropped_episodes += n;
+  if (journal_) {
+    std::vector<std::string> uuids;
+    for (const FinishedEpisode& e : it->second->episodes) uuids.push_back(e.episode_uuid);
+    journal_->forget(std::move(uuids));
+  }
   groups_.erase(it);
   group_order_.erase(std::remove(group_order_.begin(), group_order_.end(), task_id),
                      group_order_.end());
@@ -859,6 +901,8 @@ constexpr std::pair<const char*, int64_t PoolCounters::*> kCounterFields[] = {
     {"batches_taken", &PoolCounters::batches_taken},
     {"stale_dropped_episodes", &PoolCounters::stale_dropped_episodes},
     {"claims_held_by_staleness", &PoolCounters::claims_held_by_staleness},
+    {"restored", &PoolCounters::restored},
+    {"store_failures", &PoolCounters::store_failures},
 };
 }  // namespace
 

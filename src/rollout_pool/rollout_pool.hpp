@@ -14,6 +14,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "common/clock.hpp"
+#include "rollout_pool/journal.hpp"
 #include "rollout_pool/types.hpp"
 
 namespace swarm {
@@ -130,6 +131,8 @@ struct PoolCounters {
   int64_t batches_taken = 0;
   int64_t stale_dropped_episodes = 0;  // asynchronous training: too old to train (max_staleness)
   int64_t claims_held_by_staleness = 0;  // train claims refused by the admission bound
+  int64_t restored = 0;           // finished episodes reloaded from the episode store at a restart
+  int64_t store_failures = 0;     // end_episode refused because the episode could not be stored
 
   /// Field-by-field sum (the counters of several runs or pools).
   PoolCounters& operator+=(const PoolCounters& other);
@@ -172,6 +175,13 @@ class RolloutPool {
 
   /// While false, claims fail with a cause and freed slots are not re-registered.
   void set_accepting_claims(bool accepting);
+
+  /// Makes finished train episodes durable (the episode store): end_episode records each one
+  /// before it answers success, and dropped episodes are forgotten. Null (the default) = none.
+  void set_journal(std::shared_ptr<EpisodeJournal> journal);
+  /// Caches finished episodes reloaded after a restart (they keep their order); returns how
+  /// many. The safety valve applies as for new ones.
+  int64_t restore_finished(std::vector<FinishedEpisode> episodes);
 
   /// Asynchronous training's admission bound: while train episodes running plus finished ones
   /// cached reach `limit`, train claims are refused (retryably) unless refusing could never end
@@ -305,6 +315,7 @@ class RolloutPool {
   std::vector<std::string> group_order_;                  // task ids, by first arrival
   int64_t finished_cached_ = 0;
   int64_t train_admission_limit_ = -1;
+  std::shared_ptr<EpisodeJournal> journal_;
   int64_t finish_seq_ = 0;
   std::deque<double> recent_rewards_;
   // Eval stats since the last batch, as running sums so they stay bounded.

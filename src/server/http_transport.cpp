@@ -11,6 +11,8 @@
 // chunks that queued up while the previous write was in flight.
 #include "server/http_transport.hpp"
 
+#include <sys/resource.h>
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -179,7 +181,10 @@ struct Core {
   HttpHandler handler;
   net::io_context ioc;
   std::chrono::seconds read_timeout{std::max(1, options.read_timeout_seconds)};
+  std::chrono::seconds header_timeout{std::max(1, std::min(options.header_timeout_seconds, options.read_timeout_seconds))};
   size_t max_pipelined = static_cast<size_t>(std::max(1, options.max_pipelined));
+  size_t max_connections = static_cast<size_t>(std::max(1, options.max_connections));
+  std::atomic<std::uint64_t> refused_connections{0};
 
   // Open connections, for stop(). Touched once per connection, not per request.
   std::mutex reg_mu;
@@ -202,6 +207,10 @@ struct Core {
     std::lock_guard lk(reg_mu);
     connections.erase(c);
     if (connections.empty()) reg_cv.notify_all();
+  }
+  size_t open_connections() {
+    std::lock_guard lk(reg_mu);
+    return connections.size();
   }
   std::vector<std::shared_ptr<Connection>> snapshot() {
     std::vector<std::shared_ptr<Connection>> out;
@@ -314,6 +323,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void on_chunk(std::uint64_t id, std::string& data) {
     Slot* s = find_slot(id);
     if (!s || !s->started || s->done || data.empty() || s->head_only) return;
+    if (s->out.size() + write_buf_.size() + data.size() > core_->options.max_stream_backlog_bytes) {
+      // The client stopped reading: drop it rather than buffer without bound. Its handler
+      // sees a disconnect (the sink's write() returns false) and cancels the generation.
+      spdlog::warn("http: dropping {}: {} bytes of a streamed answer wait for it to read (limit {})", remote_address_,
+                   s->out.size() + write_buf_.size() + data.size(), core_->options.max_stream_backlog_bytes);
+      close();
+      return;
+    }
     if (s->chunked) {
       append_number(s->out, data.size(), 16);
       s->out += "\r\n";
@@ -367,6 +384,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   bool idle() const { return slots_.empty() && !writing_; }
 
+  // A request is read in three phases, each with its deadline: waiting for its first byte
+  // (an idle keep-alive connection: read_timeout; a new connection: header_timeout), its
+  // headers (header_timeout from the first byte: a client trickling headers is cut early),
+  // then its body (read_timeout). The deadlines are our own timer (see set_deadline):
+  // tcp_stream's expiry cannot be changed while a read is pending, and a read stays pending
+  // while a long answer is computed (to notice disconnects and to pipeline).
   void maybe_read() {
     if (closed_ || reading_ || stop_reading_ || core_->draining.load(std::memory_order_relaxed))
       return;
@@ -374,12 +397,61 @@ class Connection : public std::enable_shared_from_this<Connection> {
     parser_.emplace();
     parser_->body_limit(core_->options.max_body_bytes);
     parser_->header_limit(kHeaderLimit);
-    // The read timeout is our own deadline (see set_deadline): tcp_stream's expiry cannot
-    // be changed while a read is pending, and a read stays pending while a long answer
-    // is computed (to notice disconnects and to pipeline).
     stream_.expires_never();
     reading_ = true;
-    if (idle()) set_deadline();
+    if (buffer_.size() > 0) return read_header();  // pipelined bytes already here
+    phase_ = Phase::IDLE;
+    if (idle()) set_deadline(next_id_ == 1 ? core_->header_timeout : core_->read_timeout);
+    stream_.async_read_some(buffer_.prepare(4096),
+                            beast::bind_front_handler(&Connection::on_first_bytes, shared_from_this()));
+  }
+
+  void on_first_bytes(beast::error_code ec, std::size_t n) {
+    if (closed_) return;
+    if (ec) {
+      reading_ = false;
+      deadline_ = Clock::time_point::max();
+      return on_read_error(ec == net::error::eof ? beast::error_code(http::error::end_of_stream) : ec);
+    }
+    buffer_.commit(n);
+    read_header();
+  }
+
+  void read_header() {
+    phase_ = Phase::HEADER;
+    set_deadline(core_->header_timeout);
+    http::async_read_header(stream_, buffer_, *parser_,
+                            beast::bind_front_handler(&Connection::on_header, shared_from_this()));
+  }
+
+  void on_header(beast::error_code ec, std::size_t) {
+    if (closed_) return;
+    if (ec) return on_read(ec, 0);
+    phase_ = Phase::BODY;
+    deadline_ = Clock::time_point::max();
+    if (parser_->is_done()) return on_read({}, 0);
+    set_deadline(core_->read_timeout);
+    // Expect: 100-continue: say "go on" before the body when nothing else is being written
+    // (answers to earlier pipelined requests must go first; a client then sends its body
+    // after its own short wait, as RFC 9110 lets it).
+    const auto expect = parser_->get()[http::field::expect];
+    if (parser_->get().version() >= 11 && iequals(expect, "100-continue") && slots_.empty() && !writing_) {
+      writing_ = true;
+      static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+      net::async_write(stream_, net::buffer(kContinue.data(), kContinue.size()),
+                       [self = shared_from_this()](beast::error_code wec, std::size_t) {
+                         self->writing_ = false;
+                         if (self->closed_) return;
+                         if (wec) return self->close();
+                         self->read_body();
+                         self->do_write();
+                       });
+      return;
+    }
+    read_body();
+  }
+
+  void read_body() {
     http::async_read(stream_, buffer_, *parser_,
                      beast::bind_front_handler(&Connection::on_read, shared_from_this()));
   }
@@ -387,6 +459,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void on_read(beast::error_code ec, std::size_t) {
     reading_ = false;
     deadline_ = Clock::time_point::max();
+    phase_ = Phase::IDLE;
     if (closed_) return;
     if (ec) return on_read_error(ec);
 
@@ -515,7 +588,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
         close();
         return;
       }
-      if (reading_) set_deadline();
+      if (reading_ && phase_ == Phase::IDLE) set_deadline(core_->read_timeout);
     }
     maybe_read();
   }
@@ -555,8 +628,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // The idle / slow-request deadline: runs while a read is pending and no answer is
   // owed. One timer per connection, re-armed lazily, so a busy connection costs no
   // timer operations per request.
-  void set_deadline() {
-    deadline_ = Clock::now() + core_->read_timeout;
+  void set_deadline(Clock::duration after) {
+    deadline_ = Clock::now() + after;
     arm_timer();
   }
 
@@ -589,6 +662,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::string remote_address_;
   std::uint64_t next_id_ = 1;
   Clock::time_point deadline_ = Clock::time_point::max();
+  enum class Phase { IDLE, HEADER, BODY } phase_ = Phase::IDLE;  // of the pending read
   bool reading_ = false;
   bool writing_ = false;
   bool stop_reading_ = false;
@@ -696,9 +770,30 @@ struct HttpServer::Impl {
         });
         return;
       }
-      std::make_shared<Connection>(core, std::move(socket), strand)->start();
+      if (core->open_connections() >= core->max_connections) {
+        refuse(std::move(socket));
+      } else {
+        std::make_shared<Connection>(core, std::move(socket), strand)->start();
+      }
       do_accept();
     });
+  }
+
+  // A connection over max_connections: a 503 written without waiting (a fresh socket's send
+  // buffer is empty), then closed. Nothing of it is kept.
+  void refuse(tcp::socket socket) {
+    const auto n = ++core->refused_connections;
+    if (n == 1 || n % 1000 == 0)
+      spdlog::warn("http: {} connection(s) refused with 503: {} are open, the most allowed (--max-connections)", n,
+                   core->max_connections);
+    const std::string body = R"({"error":{"message":"too many open connections; retry later","type":"unavailable","code":"too_many_connections"}})";
+    std::string out = "HTTP/1.1 503 Service Unavailable\r\nServer: swarm\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+                      "Connection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+    beast::error_code ec;
+    socket.non_blocking(true, ec);
+    net::write(socket, net::buffer(out), ec);
+    socket.shutdown(tcp::socket::shutdown_both, ec);
+    socket.close(ec);
   }
 
   std::shared_ptr<Core> core;
@@ -742,6 +837,22 @@ void HttpServer::start() {
   m.acceptor.listen(net::socket_base::max_listen_connections, ec);
   if (ec) fail("listen on");
   m.bound_port = m.acceptor.local_endpoint(ec).port();
+
+  // Each connection is a file descriptor: raise the soft limit (often 1024) to fit
+  // max_connections plus room for files, or lower max_connections to what the hard limit allows.
+  rlimit rl{};
+  const rlim_t want = static_cast<rlim_t>(m.core->max_connections) + 256;
+  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
+    rlimit raised = rl;
+    raised.rlim_cur = rl.rlim_max == RLIM_INFINITY ? want : std::min(want, rl.rlim_max);
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) rl = raised;
+    if (rl.rlim_cur < want) {
+      const size_t fit = rl.rlim_cur > 512 ? static_cast<size_t>(rl.rlim_cur - 256) : static_cast<size_t>(rl.rlim_cur / 2);
+      spdlog::warn("http: the open-file limit is {}: at most {} connections (not {}); raise `ulimit -n`",
+                   static_cast<unsigned long long>(rl.rlim_cur), fit, m.core->max_connections);
+      m.core->max_connections = std::max<size_t>(1, fit);
+    }
+  }
 
   m.started_once = true;
   m.running = true;

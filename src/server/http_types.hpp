@@ -75,6 +75,15 @@ struct HttpServerOptions {
   size_t max_body_bytes = 8 * 1024 * 1024;  // larger bodies get 413
   int read_timeout_seconds = 60;   // idle keep-alive / slow request limit
   int max_pipelined = 16;          // queued requests per connection before reading pauses
+  // Open connections at most; a connection beyond it is answered 503 and closed at once. The
+  // process's open-file limit is raised to fit (HttpServer::start).
+  int max_connections = 4096;
+  // From a request's first byte to the end of its headers (slowloris), and from a new
+  // connection to its first byte. Bodies then have read_timeout_seconds.
+  int header_timeout_seconds = 10;
+  // Bytes of a streamed answer (SSE) waiting for a client that does not read them: past this
+  // the connection is dropped (and the generation with it), so memory stays bounded.
+  size_t max_stream_backlog_bytes = 4 * 1024 * 1024;
 };
 
 }  // namespace swarm

@@ -48,6 +48,23 @@ std::string Metrics::render(const EngineSnapshot& st, const PoolSnapshot& pool,
   header("swarm_trainer_step", "gauge", "The policy step the trainer is computing; 0 when idle.");
   out += fmt::format("swarm_trainer_step {}\n", st.trainer_step);
 
+  if (st.store) {
+    const EpisodeStoreStats& d = *st.store;
+    header("swarm_episode_store_total", "counter",
+           "The episode store (durable_episodes): episodes recorded, commits, failed records, records forgotten/trained/pruned.");
+    for (auto [event, v] : std::initializer_list<std::pair<const char*, int64_t>>{{"recorded", d.recorded},
+                                                                                 {"commits", d.commits},
+                                                                                 {"record_failures", d.record_failures},
+                                                                                 {"forgotten", d.forgotten},
+                                                                                 {"marked_trained", d.marked_trained},
+                                                                                 {"pruned", d.pruned},
+                                                                                 {"bytes", d.bytes}})
+      out += fmt::format("swarm_episode_store_total{{event=\"{}\"}} {}\n", event, v);
+    header("swarm_episode_store_pending", "gauge", "Stored episodes not yet trained (a restart reloads them).");
+    out += fmt::format("swarm_episode_store_pending {}\n", d.pending);
+    header("swarm_episode_store_last_commit_seconds", "gauge", "Duration of the store's last commit.");
+    out += fmt::format("swarm_episode_store_last_commit_seconds {:.6f}\n", d.last_commit_ms / 1000.0);
+  }
   if (st.exchange) {
     const ExchangeStatus& x = *st.exchange;
     header("swarm_exchange_connected", "gauge", "1 while the swarm's NATS broker is connected (SAPO).");
@@ -91,7 +108,9 @@ std::string Metrics::render(const EngineSnapshot& st, const PoolSnapshot& pool,
            {"aborted", c.aborted},
            {"timed_out", c.timed_out},
            {"cancelled", c.cancelled},
-           {"stale_dropped", c.stale_dropped_episodes}})
+           {"stale_dropped", c.stale_dropped_episodes},
+           {"restored", c.restored},
+           {"store_failed", c.store_failures}})
     out += fmt::format("swarm_episodes_total{{event=\"{}\"}} {}\n", event, v);
   header("swarm_llm_calls_total", "counter", "LLM calls recorded into episodes.");
   out += fmt::format("swarm_llm_calls_total {}\n", c.llm_calls);

@@ -176,6 +176,14 @@ nlohmann::json pool_information_json(const EngineSnapshot& st, const PoolSnapsho
       {"counters", c.to_json()},
   };
   if (st.exchange) out["exchange"] = exchange_json(*st.exchange);
+  if (st.store) {
+    const EpisodeStoreStats& d = *st.store;
+    out["episode_store"] = {{"file", st.store_file},          {"pending", d.pending},
+                            {"recorded", d.recorded},         {"record_failures", d.record_failures},
+                            {"commits", d.commits},           {"bytes", d.bytes},
+                            {"marked_trained", d.marked_trained}, {"forgotten", d.forgotten},
+                            {"pruned", d.pruned},             {"last_commit_ms", d.last_commit_ms}};
+  }
   add_agentjet_fields(out, st, pool, config);
   return out;
 }

@@ -276,14 +276,26 @@ void SwarmService::handle(HttpRequest&& request, std::shared_ptr<ResponseSink> r
     }
     return;
   }
-  HttpResponse response;
-  try {
-    check_access(route->access, tokens_, request, route_name);
-    response = handle_command(route_name, request);
-  } catch (...) {
-    response = error_response_from_current_exception(ErrorStyle::COMMAND, route_name);
+  auto run = [this, route, route_name](const HttpRequest& req, const std::shared_ptr<MeteredSink>& out) {
+    HttpResponse response;
+    try {
+      check_access(route->access, tokens_, req, route_name);
+      response = handle_command(route_name, req);
+    } catch (...) {
+      response = error_response_from_current_exception(ErrorStyle::COMMAND, route_name);
+    }
+    out->respond(std::move(response));
+  };
+  if (route_name == "/end_episode") {
+    // It blocks until the episode is durable: on the blocking pool, so the I/O threads go on
+    // serving and concurrent ends share one commit.
+    auto shared = std::make_shared<HttpRequest>(std::move(request));
+    if (!blocking_.submit([run, shared, sink] { run(*shared, sink); }))
+      sink->respond(error_response(ErrorStyle::COMMAND, 503, "unavailable",
+                                   "too many end_episode calls are waiting; retry", "server_busy"));
+    return;
   }
-  sink->respond(std::move(response));
+  run(request, sink);
 }
 
 HttpResponse SwarmService::handle_command(const std::string& route, const HttpRequest& request) {

@@ -1,5 +1,7 @@
 #include "trainer/checkpoint_torch.hpp"
 
+#include "model/file_io.hpp"
+
 #include <fstream>
 #include <vector>
 
@@ -77,7 +79,7 @@ void save_hf_model(const fs::path& dir, const DecoderModel& model, const fs::pat
   SWARM_REQUIRE(in.good(), ErrorKind::INVALID_ARGUMENT, "no config.json in " + source_dir.string());
   json config = json::parse(in);
   config["torch_dtype"] = model.scalar_type() == torch::kBFloat16 ? "bfloat16" : "float32";
-  std::ofstream(dir / "config.json") << config.dump(2) << '\n';
+  write_text_file_atomic(dir / "config.json", config.dump(2) + "\n");  // a full disk says so
   std::vector<std::string> extra = tokenizer_file_names();
   extra.push_back("generation_config.json");
   for (const std::string& name : extra) {
@@ -105,7 +107,7 @@ void save_trainer_state(const fs::path& dir, const GrpoTrainer& trainer) {
                     {"adam_beta2", o.adam_beta2},
                     {"adam_eps", o.adam_eps},
                     {"rng", "none: the trainer draws no random numbers (sampling seeds are per request)"}};
-    std::ofstream(dir / "trainer_state.json") << j.dump(2) << '\n';
+    write_text_file_atomic(dir / "trainer_state.json", j.dump(2) + "\n");
   }
 }
 

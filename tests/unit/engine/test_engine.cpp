@@ -531,6 +531,74 @@ TEST_F(EngineTest, NoCheckpointAfterAFailedStepOrWithoutTraining) {
   EXPECT_FALSE(fs::exists(experiment_dir() / "checkpoints"));
 }
 
+TEST_F(EngineTest, FinishedEpisodesSurviveAStopAndTrainAfterTheRestart) {
+  boot(config_yaml(2, 1));  // a batch is two tasks
+  const ClaimedEpisode first = claim();
+  end(first, "a", 1.0);
+  EXPECT_EQ(engine->status().store->recorded, 1);
+  EXPECT_EQ(engine->status().store->pending, 1);
+  EXPECT_EQ(engine->status().store_file, (experiment_dir() / "episodes.sqlite").string());
+  engine->stop_engine();  // the pool is cancelled; the stored episode is not
+  wait_released(probe);
+
+  // A new process resumes the experiment. Nothing was trained, so there is no checkpoint: it
+  // starts from the job's model with the stored episodes.
+  make_engine(experiment_dir().string());
+  boot(config_yaml(2, 1));
+  EXPECT_EQ(engine->status().global_step, 0);
+  EXPECT_EQ(engine->pool_snapshot().finished_episodes, 1);
+  EXPECT_EQ(engine->status().counters.restored, 1);
+  end(claim(), "b", 0.0);
+  ASSERT_TRUE(engine->wait_for_step(1, 5s));
+  std::lock_guard lk(probe->mu);
+  ASSERT_FALSE(probe->batches.empty());
+  const TrainBatch& b = probe->batches.back();
+  ASSERT_EQ(b.episodes.size(), 2u);
+  EXPECT_EQ(b.episodes[0].episode_uuid, first.episode_uuid);
+  EXPECT_EQ(b.episodes[0].reward, 1.0);
+}
+
+TEST_F(EngineTest, AFreshStartDiscardsTheStoredEpisodesOfAnEarlierRun) {
+  boot(config_yaml(2, 1));
+  end(claim(), "a", 1.0);
+  engine->stop_engine();
+  wait_released(probe);
+  boot(config_yaml(2, 1));  // no --resume: a fresh run from the job's model
+  EXPECT_EQ(engine->pool_snapshot().finished_episodes, 0);
+  EXPECT_EQ(engine->status().store->pending, 0);
+  engine->stop_engine();
+  wait_released(probe, 2);
+  make_engine(experiment_dir().string());  // nothing left to resume with
+  boot(config_yaml(2, 1));
+  EXPECT_EQ(engine->pool_snapshot().finished_episodes, 0);
+}
+
+TEST_F(EngineTest, TrainedEpisodesAreNeverReloadedAndCheckpointsPruneThem) {
+  boot(config_yaml(1, 1));
+  end(claim(), "a", 1.0);
+  ASSERT_TRUE(engine->wait_for_step(1, 5s));
+  ASSERT_TRUE(engine->wait_for_state(EngineState::ROLLING, 5s));
+  engine->stop_engine();  // checkpoint step-1, which prunes the trained record
+  wait_released(probe);
+  make_engine(experiment_dir().string());
+  boot(config_yaml(1, 1));
+  EXPECT_EQ(engine->pool_snapshot().finished_episodes, 0);
+  EXPECT_EQ(engine->status().counters.restored, 0);
+  EXPECT_EQ(engine->status().store->pending, 0);
+}
+
+TEST_F(EngineTest, DurableEpisodesFalseWritesNoStore) {
+  boot(config_yaml(2, 1, "durable_episodes: false\n"));
+  end(claim(), "a", 1.0);
+  EXPECT_FALSE(engine->status().store.has_value());
+  EXPECT_FALSE(fs::exists(experiment_dir() / "episodes.sqlite"));
+  engine->stop_engine();
+  wait_released(probe);
+  make_engine();
+  boot(config_yaml(2, 1, "durable_episodes: false\n"));
+  EXPECT_EQ(engine->pool_snapshot().finished_episodes, 0);
+}
+
 TEST_F(EngineTest, ResumeFromANonCheckpointFailsTheBootClearly) {
   fs::create_directories(experiment_root() / "empty");
   make_engine((experiment_root() / "empty").string());

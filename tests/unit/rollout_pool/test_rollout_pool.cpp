@@ -734,6 +734,100 @@ TEST_F(RolloutPoolTest, SafetyValveDropsOldestIncompleteGroups) {
   EXPECT_EQ(pool->snapshot().tasks.back().episodes, 1);
 }
 
+// ---------------------------------------------------------------- the journal (durability)
+
+// Records what the pool asks of the episode store; fails records on demand.
+class FakeJournal : public EpisodeJournal {
+ public:
+  void record(const FinishedEpisode& e) override {
+    std::lock_guard lk(mu);
+    if (fail) throw SwarmError(ErrorKind::UNAVAILABLE, "disk full (fake)");
+    recorded.push_back(e.episode_uuid);
+    samples.push_back(e.samples.size());
+  }
+  void forget(std::vector<std::string> uuids) override {
+    std::lock_guard lk(mu);
+    forgotten.insert(forgotten.end(), uuids.begin(), uuids.end());
+  }
+  std::mutex mu;
+  bool fail = false;
+  std::vector<std::string> recorded, forgotten;
+  std::vector<size_t> samples;
+};
+
+TEST_F(RolloutPoolTest, EachAcceptedTrainEpisodeIsJournaledBeforeEndAnswers) {
+  auto pool = make_pool(small_config());
+  auto journal = std::make_shared<FakeJournal>();
+  pool->set_journal(journal);
+  ClaimedEpisode ep = claim_ok(*pool);
+  call_ok(*pool, ep);
+  EXPECT_TRUE(pool->end_episode("client-a", ep.episode_uuid, "t1", reward_of(1.0)).accepted);
+  ASSERT_EQ(journal->recorded, std::vector<std::string>{ep.episode_uuid});
+  EXPECT_EQ(journal->samples[0], 1u);  // with its samples, merged before the record
+  // Eval episodes and null rewards never train: not journaled.
+  ClaimedEpisode ev = claim_ok(*pool, "client-a", EpisodeType::EVAL);
+  pool->end_episode("client-a", ev.episode_uuid, "t1", reward_of(1.0));
+  ClaimedEpisode null_reward = claim_ok(*pool);
+  pool->end_episode("client-a", null_reward.episode_uuid, "t1", WorkflowOutput{});
+  EXPECT_EQ(journal->recorded.size(), 1u);
+}
+
+TEST_F(RolloutPoolTest, AFailedJournalRecordRefusesTheEpisodeAndFreesItsSlot) {
+  auto pool = make_pool(small_config());
+  auto journal = std::make_shared<FakeJournal>();
+  pool->set_journal(journal);
+  journal->fail = true;
+  ClaimedEpisode ep = claim_ok(*pool);
+  call_ok(*pool, ep);
+  EXPECT_EQ(kind_of([&] { pool->end_episode("client-a", ep.episode_uuid, "t1", reward_of(1.0)); }),
+            ErrorKind::UNAVAILABLE);
+  const PoolSnapshot s = pool->snapshot();
+  EXPECT_EQ(s.finished_episodes, 0);  // nothing acknowledged, nothing cached
+  EXPECT_EQ(s.running, 0);            // ROLLING_POST does not wait for it
+  EXPECT_EQ(s.unclaimed, small_config().max_parallel_episodes);
+  EXPECT_EQ(s.counters.store_failures, 1);
+  EXPECT_EQ(s.counters.ended, 0);
+}
+
+TEST_F(RolloutPoolTest, DroppedEpisodesAreForgottenByTheJournal) {
+  PoolConfig c = small_config();
+  c.max_parallel_episodes = 8;
+  c.batch_size = 10;
+  c.num_repeat = 4;
+  c.max_cached_episodes = 2;
+  auto pool = make_pool(c);
+  auto journal = std::make_shared<FakeJournal>();
+  pool->set_journal(journal);
+  run_episode(*pool, "t1", 1);
+  run_episode(*pool, "t2", 1);
+  run_episode(*pool, "t3", 1);  // 3 > 2: the valve drops t1
+  ASSERT_EQ(journal->recorded.size(), 3u);
+  EXPECT_EQ(journal->forgotten, std::vector<std::string>{journal->recorded[0]});
+  // Staleness drops too: every cached episode was sampled at version 0.
+  EXPECT_EQ(pool->drop_stale(1), 2);
+  EXPECT_EQ(journal->forgotten.size(), 3u);
+}
+
+TEST_F(RolloutPoolTest, RestoredEpisodesCountTowardTheBatch) {
+  auto pool = make_pool(small_config());  // batch: 2 tasks x 2
+  std::vector<FinishedEpisode> back;
+  for (const char* task : {"t1", "t1", "t2"}) {
+    FinishedEpisode e;
+    e.episode_uuid = std::string("old-") + std::to_string(back.size());
+    e.task_id = task;
+    e.reward = static_cast<double>(back.size());
+    back.push_back(e);
+  }
+  EXPECT_EQ(pool->restore_finished(back), 3);
+  EXPECT_FALSE(pool->batch_ready());
+  run_episode(*pool, "t2", 5.0);
+  EXPECT_TRUE(pool->batch_ready());
+  const TrainBatch b = pool->take_batch();
+  ASSERT_EQ(b.episodes.size(), 4u);
+  EXPECT_EQ(b.episodes[0].episode_uuid, "old-0");  // restored ones keep their order, first
+  EXPECT_EQ(pool->counters().restored, 3);
+}
+
 TEST_F(RolloutPoolTest, SafetyValveNeverDropsCompleteGroups) {
   PoolConfig c = small_config();
   c.batch_size = 10;

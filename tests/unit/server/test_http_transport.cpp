@@ -374,6 +374,126 @@ TEST_F(HttpTransportTest, ReadTimeoutClosesIdleAndSlowConnections) {
 
 // ------------------------------------------------------------------ sinks
 
+TEST_F(HttpTransportTest, HeaderTimeoutCutsTricklingClientsWhileOthersAreServed) {
+  HttpServerOptions o;
+  o.read_timeout_seconds = 30;
+  o.header_timeout_seconds = 1;
+  start(echo_handler(), o);
+  const auto t0 = Clock::now();
+  RawConn silent(port());  // connects, never sends a byte
+  RawConn trickle(port());
+  RawConn kept(port());  // a complete request, then an idle keep-alive connection
+  kept.send("GET /k HTTP/1.1\r\nHost: x\r\n\r\n");
+  ASSERT_TRUE(kept.read_response());
+  std::atomic<bool> stop{false};
+  std::thread slowloris([&] {  // one header byte every 100 ms: never done within 1 s
+    const std::string head = "GET /slow HTTP/1.1\r\nHost: x\r\nX-Padding: " + std::string(200, 'a') + "\r\n\r\n";
+    for (size_t i = 0; i < head.size() && !stop; ++i) {
+      trickle.send(head.substr(i, 1));
+      std::this_thread::sleep_for(100ms);
+    }
+  });
+  // Fresh requests are served at once meanwhile.
+  HttpClient client(url());
+  EXPECT_EQ(client.request("GET", "/fresh").status, 200);
+  EXPECT_TRUE(trickle.wait_closed(4000ms));
+  EXPECT_TRUE(silent.wait_closed(4000ms));
+  const auto cut_after = Clock::now() - t0;
+  stop = true;
+  slowloris.join();
+  EXPECT_LT(cut_after, 5s);  // the header timeout, not the 30 s read timeout
+  // The idle keep-alive connection has the read timeout: still open and serving.
+  kept.send("GET /k2 HTTP/1.1\r\nHost: x\r\n\r\n");
+  auto again = kept.read_response();
+  ASSERT_TRUE(again);
+  EXPECT_NE(again->status_line.find("200"), std::string::npos);
+  EXPECT_EQ(client.request("GET", "/after").status, 200);
+}
+
+TEST_F(HttpTransportTest, ConnectionsOverTheLimitGet503AndTheServerStaysHealthy) {
+  HttpServerOptions o;
+  o.max_connections = 4;
+  start(echo_handler(), o);
+  std::vector<std::unique_ptr<RawConn>> held;
+  for (int i = 0; i < 4; ++i) {
+    held.push_back(std::make_unique<RawConn>(port()));
+    held.back()->send("GET /h HTTP/1.1\r\nHost: x\r\n\r\n");
+    ASSERT_TRUE(held.back()->read_response());  // each is open and counted
+  }
+  RawConn extra(port());
+  extra.send("GET /x HTTP/1.1\r\nHost: x\r\n\r\n");
+  auto r = extra.read_response();
+  ASSERT_TRUE(r);
+  EXPECT_NE(r->status_line.find("503"), std::string::npos) << r->status_line;
+  EXPECT_NE(r->body.find("too many open connections"), std::string::npos) << r->body;
+  EXPECT_NE(r->head.find("retry-after: 1"), std::string::npos);
+  EXPECT_TRUE(extra.wait_closed(2000ms));
+  // The held connections still work; one closed frees a place for a newcomer.
+  held[0]->send("GET /still HTTP/1.1\r\nHost: x\r\n\r\n");
+  ASSERT_TRUE(held[0]->read_response());
+  held.pop_back();
+  ASSERT_TRUE(wait_until([&] {
+    RawConn next(port());
+    next.send("GET /n HTTP/1.1\r\nHost: x\r\n\r\n");
+    auto a = next.read_response();
+    return a && a->status_line.find("200") != std::string::npos;
+  }));
+}
+
+TEST_F(HttpTransportTest, Expect100ContinueIsAnswered) {
+  HttpServerOptions o;
+  o.max_body_bytes = 1000;
+  start(echo_handler(), o);
+  RawConn c(port());
+  c.send("POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n");
+  auto go_on = c.read_response();  // the interim answer, before any body byte was sent
+  ASSERT_TRUE(go_on);
+  EXPECT_EQ(go_on->status_line, "HTTP/1.1 100 Continue");
+  c.send("hello");
+  auto r = c.read_response();
+  ASSERT_TRUE(r);
+  EXPECT_NE(r->status_line.find("200"), std::string::npos);
+  EXPECT_NE(r->body.find("|hello"), std::string::npos) << r->body;
+  // Too big: refused with 413 from the headers alone, no 100 Continue.
+  RawConn big(port());
+  big.send("POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\nExpect: 100-continue\r\n\r\n");
+  auto no = big.read_response();
+  ASSERT_TRUE(no);
+  EXPECT_NE(no->status_line.find("413"), std::string::npos) << no->status_line;
+}
+
+TEST_F(HttpTransportTest, AStreamToAClientThatStopsReadingIsDroppedAtTheBacklogBound) {
+  HttpServerOptions o;
+  o.read_timeout_seconds = 60;  // not the write deadline: the backlog bound must act first
+  o.max_stream_backlog_bytes = 256 * 1024;
+  std::promise<size_t> written;
+  start([&](HttpRequest&& req, std::shared_ptr<ResponseSink> sink) {
+    if (req.path != "/s") return sink->respond({});
+    sink->start_stream(200, "text/event-stream");
+    workers_.spawn([sink, &written] {
+      const std::string chunk = "data: " + std::string(1018, 'x') + "\n\n";
+      size_t total = 0;
+      while (total < (size_t{1} << 30) && sink->write(chunk) && sink->client_connected()) {
+        total += chunk.size();
+        if (total % (64 * 1024) == 0) std::this_thread::sleep_for(1ms);  // let the strand drain
+      }
+      sink->end_stream();
+      written.set_value(total);
+    });
+  }, o);
+  RawConn c(port());
+  c.send("GET /s HTTP/1.1\r\nHost: x\r\n\r\n");  // and never reads
+  auto fut = written.get_future();
+  ASSERT_EQ(fut.wait_for(20s), std::future_status::ready) << "the producer was never stopped";
+  const size_t total = fut.get();
+  std::printf("[ figures ] a client that stopped reading was dropped after %.1f MiB were produced\n",
+              static_cast<double>(total) / (1 << 20));
+  EXPECT_LT(total, size_t{256} << 20);  // bounded: socket buffers + the 256 KiB backlog, not 1 GiB
+  EXPECT_TRUE(c.wait_closed(5000ms));
+  HttpClient client(url());
+  EXPECT_EQ(client.request("GET", "/ok").status, 200);  // and the server goes on serving
+}
+
 TEST_F(HttpTransportTest, AsyncAnswerFromAnotherThread) {
   start([&](HttpRequest&& req, std::shared_ptr<ResponseSink> sink) {
     workers_.spawn([sink, path = req.path] {
