@@ -1,5 +1,7 @@
 #include "engine/engine.hpp"
 
+#include <future>
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -731,8 +733,21 @@ ClaimResult Engine::claim_episode(const ClaimRequest& request) {
 EndOutcome Engine::end_episode(const std::string& client_uuid, const std::string& episode_uuid,
                                const std::string& task_id, const WorkflowOutput& output,
                                bool declare_client_active) {
+  std::promise<EndOutcome> p;
+  std::future<EndOutcome> f = p.get_future();
+  end_episode_async(client_uuid, episode_uuid, task_id, output, declare_client_active,
+                    [&p](EndOutcome o, std::exception_ptr e) {
+                      if (e) p.set_exception(e);
+                      else p.set_value(std::move(o));
+                    });
+  return f.get();
+}
+
+void Engine::end_episode_async(const std::string& client_uuid, const std::string& episode_uuid,
+                               const std::string& task_id, const WorkflowOutput& output, bool declare_client_active,
+                               RolloutPool::EndDone done) {
   std::shared_ptr<RolloutPool> pool;
-  {
+  try {
     std::lock_guard lk(mu_);
     SWARM_REQUIRE(pool_, ErrorKind::NOT_FOUND,
                   "episode " + episode_uuid + " not found: the engine is " + engine_state_wire(state_));
@@ -743,14 +758,25 @@ EndOutcome Engine::end_episode(const std::string& client_uuid, const std::string
                   "episode " + episode_uuid + " is not running: the engine is ENGINE.WEIGHT_SYNCING (it ended, was "
                   "aborted or timed out before the weight sync); its output is discarded");
     pool = pool_;
+  } catch (...) {
+    return done(EndOutcome{}, std::current_exception());
   }
   // Without the engine's lock: merging the calls and the episode store's commit take time, and
   // concurrent ends must wait together (one commit), not in turn. The episode counts as running
-  // until the pool has cached it, so the state cannot move past ROLLING_POST meanwhile.
-  EndOutcome outcome = pool->end_episode(client_uuid, episode_uuid, task_id, output, declare_client_active);
-  std::lock_guard lk(mu_);
-  if (pool_ == pool) maybe_advance_locked();
-  return outcome;
+  // until the pool has cached it, so the state cannot move past ROLLING_POST meanwhile. The
+  // completion holds the pool (it runs on the store's thread, after the commit).
+  auto finish = [this, pool, done](EndOutcome o, std::exception_ptr e) {
+    if (!e) {
+      std::lock_guard lk(mu_);
+      if (pool_ == pool) maybe_advance_locked();
+    }
+    done(std::move(o), e);
+  };
+  try {
+    pool->end_episode_async(client_uuid, episode_uuid, task_id, output, declare_client_active, finish);
+  } catch (...) {
+    done(EndOutcome{}, std::current_exception());  // refused before anything was stored
+  }
 }
 
 bool Engine::abort_episode(const std::string& client_uuid, const std::string& episode_uuid,

@@ -105,6 +105,10 @@ class Engine {
   EndOutcome end_episode(const std::string& client_uuid, const std::string& episode_uuid,
                          const std::string& task_id, const WorkflowOutput& output,
                          bool declare_client_active = true);
+  /// end_episode that does not wait for the episode store: `done` is called exactly once with
+  /// the outcome or the error (a SwarmError), here or later from the store's thread.
+  void end_episode_async(const std::string& client_uuid, const std::string& episode_uuid, const std::string& task_id,
+                         const WorkflowOutput& output, bool declare_client_active, RolloutPool::EndDone done);
   /// False when there was nothing to abort (no such running episode, or no episodes at all in
   /// this state); FORBIDDEN for another client's running episode.
   bool abort_episode(const std::string& client_uuid, const std::string& episode_uuid,

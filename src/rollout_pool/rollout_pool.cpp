@@ -1,5 +1,7 @@
 #include "rollout_pool/rollout_pool.hpp"
 
+#include <future>
+
 #include <nlohmann/json.hpp>
 
 #include <sys/random.h>
@@ -232,12 +234,26 @@ void RolloutPool::touch(const std::string& episode_uuid) {
   if (it != episodes_.end() && it->second->claimed) it->second->last_activity = clock_->now();
 }
 
-EndOutcome RolloutPool::end_episode(const std::string& client_uuid,
-                                    const std::string& episode_uuid, const std::string& task_id,
-                                    const WorkflowOutput& output, bool declare_client_active) {
+EndOutcome RolloutPool::end_episode(const std::string& client_uuid, const std::string& episode_uuid,
+                                    const std::string& task_id, const WorkflowOutput& output,
+                                    bool declare_client_active) {
+  std::promise<EndOutcome> p;
+  std::future<EndOutcome> f = p.get_future();
+  end_episode_async(client_uuid, episode_uuid, task_id, output, declare_client_active,
+                    [&p](EndOutcome o, std::exception_ptr e) {
+                      if (e) p.set_exception(e);
+                      else p.set_value(std::move(o));
+                    });
+  return f.get();
+}
+
+void RolloutPool::end_episode_async(const std::string& client_uuid, const std::string& episode_uuid,
+                                    const std::string& task_id, const WorkflowOutput& output,
+                                    bool declare_client_active, EndDone done) {
   std::vector<LlmCall> calls;
   std::string optional_task_id;
-  {
+  std::optional<EndOutcome> early;  // eval episodes and null rewards: answered without a record
+  [&] {
     std::lock_guard lock(mu_);
     Episode& ep = owned_episode_locked(client_uuid, episode_uuid);
     SWARM_REQUIRE(!task_id.empty(), ErrorKind::INVALID_ARGUMENT,
@@ -255,7 +271,8 @@ EndOutcome RolloutPool::end_episode(const std::string& client_uuid,
       }
       free_slot_locked(episode_uuid, true);
       outcome.batch_ready = batch_ready_locked();
-      return outcome;
+      early = std::move(outcome);
+      return;
     }
     if (declare_client_active) register_active_client_locked(client_uuid);
     // Finer rewards must match the calls the episode made (before anything is changed).
@@ -287,7 +304,8 @@ EndOutcome RolloutPool::end_episode(const std::string& client_uuid,
       outcome.note = "episode " + episode_uuid +
                      " ended without a reward (null); it was dropped and will not be trained on";
       outcome.batch_ready = batch_ready_locked();
-      return outcome;
+      early = std::move(outcome);
+      return;
     }
     // Merging can be long for big contexts: do it outside the lock. The episode stays
     // registered (and running) meanwhile so the batch cannot be taken without it.
@@ -297,7 +315,8 @@ EndOutcome RolloutPool::end_episode(const std::string& client_uuid,
     calls = std::move(ep.calls);
     ep.calls.clear();
     key_to_episode_.erase(ep.api_key);
-  }
+  }();
+  if (early) return done(std::move(*early), nullptr);
 
   FinishedEpisode finished;
   finished.episode_uuid = episode_uuid;
@@ -344,34 +363,45 @@ EndOutcome RolloutPool::end_episode(const std::string& client_uuid,
   std::shared_ptr<EpisodeJournal> journal;
   {
     std::lock_guard lock(mu_);
-    journal = journal_;
+    journal = journal_.lock();
   }
-  if (journal) {
-    // Durable before the answer: a crash from here on loses nothing acknowledged.
-    try {
-      journal->record(finished);
-    } catch (...) {
-      std::lock_guard lock(mu_);
+  // Cached (and answered) once durable: a crash from then on loses nothing acknowledged.
+  const bool list_mismatch = output.turn_rewards_from_list && output.turn_rewards.size() != calls.size();
+  const size_t list_size = output.turn_rewards.size(), n_calls = calls.size();
+  auto fin = std::make_shared<FinishedEpisode>(std::move(finished));
+  auto complete = [this, fin, episode_uuid, list_mismatch, list_size, n_calls, has_journal = journal != nullptr,
+                   done = std::move(done)](std::exception_ptr stored) {
+    std::unique_lock lock(mu_);
+    if (stored) {
       counters_.store_failures++;
       free_slot_locked(episode_uuid, true);
-      throw;
+      lock.unlock();
+      return done(EndOutcome{}, stored);
     }
-  }
+    EndOutcome outcome = cache_ended_locked(std::move(*fin), list_mismatch, list_size, n_calls, has_journal);
+    lock.unlock();
+    done(std::move(outcome), nullptr);
+  };
+  if (journal) journal->record_async(*fin, std::move(complete));
+  else complete(nullptr);
+}
 
-  std::lock_guard lock(mu_);
+EndOutcome RolloutPool::cache_ended_locked(FinishedEpisode finished, bool list_mismatch, size_t list_size,
+                                           size_t n_calls, bool stored) {
+  const std::string episode_uuid = finished.episode_uuid;
   EndOutcome outcome;
   if (episodes_.find(episode_uuid) == episodes_.end()) {
     // cancel_all (stop_engine) ran while we merged; it already counted the episode. A stored
     // copy stays: the next start of this experiment trains on it.
     outcome.accepted = false;
     outcome.note = "episode " + episode_uuid + " was cancelled (engine stopped) while ending" +
-                   (journal ? "; it is stored and the next start of this experiment trains on it" : "");
+                   (stored ? "; it is stored and a --resume of this experiment trains on it" : "");
     return outcome;
   }
   counters_.ended++;
-  if (output.turn_rewards_from_list && output.turn_rewards.size() != calls.size())
-    outcome.note = "episode " + episode_uuid + " sent a list reward of " + std::to_string(output.turn_rewards.size()) +
-                   " values for " + std::to_string(calls.size()) + " LLM calls: trained on their sum (" +
+  if (list_mismatch)
+    outcome.note = "episode " + episode_uuid + " sent a list reward of " + std::to_string(list_size) +
+                   " values for " + std::to_string(n_calls) + " LLM calls: trained on their sum (" +
                    std::to_string(finished.reward) + ") as the episode's reward, not per call";
   // More than one sample: some request's history did not extend an earlier one (edited,
   // truncated or re-rendered to other ids), so the episode trains as several samples.
@@ -503,7 +533,7 @@ int64_t RolloutPool::drop_stale_locked(int64_t min_version) {
     std::vector<std::string> forgotten;
     auto too_old = [&](const FinishedEpisode& e) {
       const bool old = e.min_version >= 0 && e.min_version < min_version;
-      if (old && journal_) forgotten.push_back(e.episode_uuid);
+      if (old && !journal_.expired()) forgotten.push_back(e.episode_uuid);
       return old;
     };
     // A group emptied by drops stays (as its drop count) while more members may come; it goes
@@ -534,7 +564,7 @@ int64_t RolloutPool::drop_stale_locked(int64_t min_version) {
     }
     finished_cached_ -= n;
     counters_.stale_dropped_episodes += n;
-    if (journal_) journal_->forget(std::move(forgotten));
+    if (auto j = journal_.lock()) j->forget(std::move(forgotten));
   }
   return n;
 }
@@ -820,10 +850,10 @@ void RolloutPool::drop_group_locked(const std::string& task_id) {
   finished_cached_ -= n;
   counters_.valve_dropped_groups++;
   counters_.valve_dropped_episodes += n;
-  if (journal_) {
+  if (auto j = journal_.lock()) {
     std::vector<std::string> uuids;
     for (const FinishedEpisode& e : it->second->episodes) uuids.push_back(e.episode_uuid);
-    journal_->forget(std::move(uuids));
+    j->forget(std::move(uuids));
   }
   groups_.erase(it);
   group_order_.erase(std::remove(group_order_.begin(), group_order_.end(), task_id),

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 #include <deque>
+#include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -178,6 +180,7 @@ class RolloutPool {
 
   /// Makes finished train episodes durable (the episode store): end_episode records each one
   /// before it answers success, and dropped episodes are forgotten. Null (the default) = none.
+  /// The pool keeps a weak reference: the caller keeps the journal alive for the run.
   void set_journal(std::shared_ptr<EpisodeJournal> journal);
   /// Caches finished episodes reloaded after a restart (they keep their order); returns how
   /// many. The safety valve applies as for new ones.
@@ -212,6 +215,14 @@ class RolloutPool {
   EndOutcome end_episode(const std::string& client_uuid, const std::string& episode_uuid,
                          const std::string& task_id, const WorkflowOutput& output,
                          bool declare_client_active = true);
+  /// The outcome of end_episode_async: the outcome, or the error (then the outcome is empty).
+  using EndDone = std::function<void(EndOutcome, std::exception_ptr)>;
+  /// end_episode without waiting for the journal: validation errors are thrown at once (and
+  /// `done` is not called); otherwise `done` is called exactly once, from the journal's thread
+  /// once the episode is durable (or could not be stored), or here when there is no journal or
+  /// nothing to store. The episode counts as running until then. end_episode waits for it.
+  void end_episode_async(const std::string& client_uuid, const std::string& episode_uuid, const std::string& task_id,
+                         const WorkflowOutput& output, bool declare_client_active, EndDone done);
 
   /// Drops a claimed episode and its context. `delete_record` (ROLLING_POST) deletes it;
   /// otherwise its slot is re-registered (if accepting). Returns false, and changes nothing,
@@ -299,6 +310,9 @@ class RolloutPool {
   // The claimed, not-yet-ending episode owned by client_uuid; throws NOT_FOUND / FORBIDDEN.
   Episode& owned_episode_locked(const std::string& client_uuid, const std::string& episode_uuid);
   void cache_finished_locked(FinishedEpisode episode);
+  // The end of end_episode once the episode is durable: caches it and frees its slot.
+  EndOutcome cache_ended_locked(FinishedEpisode finished, bool list_mismatch, size_t list_size, size_t n_calls,
+                                bool stored);
   void register_active_client_locked(const std::string& client_uuid);
   void refresh_active_client_locked(const std::string& client_uuid);
   void expire_active_clients_locked();
@@ -315,7 +329,9 @@ class RolloutPool {
   std::vector<std::string> group_order_;                  // task ids, by first arrival
   int64_t finished_cached_ = 0;
   int64_t train_admission_limit_ = -1;
-  std::shared_ptr<EpisodeJournal> journal_;
+  // Weak: the journal's pending completions hold the pool, so a strong reference back would be a
+  // cycle (and the store could end up destroyed on its own thread). Its owner keeps it alive.
+  std::weak_ptr<EpisodeJournal> journal_;
   int64_t finish_seq_ = 0;
   std::deque<double> recent_rewards_;
   // Eval stats since the last batch, as running sums so they stay bounded.

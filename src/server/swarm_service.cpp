@@ -287,12 +287,35 @@ void SwarmService::handle(HttpRequest&& request, std::shared_ptr<ResponseSink> r
     out->respond(std::move(response));
   };
   if (route_name == "/end_episode") {
-    // It blocks until the episode is durable: on the blocking pool, so the I/O threads go on
-    // serving and concurrent ends share one commit.
-    auto shared = std::make_shared<HttpRequest>(std::move(request));
-    if (!blocking_.submit([run, shared, sink] { run(*shared, sink); }))
-      sink->respond(error_response(ErrorStyle::COMMAND, 503, "unavailable",
-                                   "too many end_episode calls are waiting; retry", "server_busy"));
+    // Answered once the episode is durable (the episode store's commit), from the store's
+    // thread: the I/O thread goes on serving meanwhile, and concurrent ends share one commit.
+    try {
+      check_access(route->access, tokens_, request, route_name);
+      const json body = parse_json_object(request.body, false);
+      const std::string client = require_string(body, "client_uuid");
+      const std::string episode = require_string(body, "episode_uuid");
+      const std::string task_id = parse_task_id(body);
+      ParsedOutput parsed = parse_workflow_output(body);
+      if (const json* task = optional_object(body, "task"))
+        if (const json* md = optional_object(*task, "metadata")) parsed.output.task_metadata_json = dump_json(*md);
+      engine_.end_episode_async(client, episode, task_id, parsed.output,
+                                optional_bool(body, "declare_client_active").value_or(true),
+                                [sink, route_name](EndOutcome outcome, std::exception_ptr error) {
+                                  if (error) {
+                                    try {
+                                      std::rethrow_exception(error);
+                                    } catch (...) {
+                                      sink->respond(error_response_from_current_exception(ErrorStyle::COMMAND, route_name));
+                                    }
+                                    return;
+                                  }
+                                  json out = {{"success", true}, {"accepted", outcome.accepted}};
+                                  if (!outcome.note.empty()) out["note"] = outcome.note;
+                                  sink->respond(json_response(out));
+                                });
+    } catch (...) {
+      sink->respond(error_response_from_current_exception(ErrorStyle::COMMAND, route_name));
+    }
     return;
   }
   run(request, sink);
@@ -407,19 +430,6 @@ HttpResponse SwarmService::handle_command(const std::string& route, const HttpRe
       out["openai_base_url"] = "http://" + authority + "/v1";
       out["anthropic_base_url"] = "http://" + authority;  // what ANTHROPIC_BASE_URL takes (no /v1)
     }
-    return json_response(out);
-  }
-  if (route == "/end_episode") {
-    const std::string client = require_string(body, "client_uuid");
-    const std::string episode = require_string(body, "episode_uuid");
-    const std::string task_id = parse_task_id(body);
-    ParsedOutput parsed = parse_workflow_output(body);
-    if (const json* task = optional_object(body, "task"))
-      if (const json* md = optional_object(*task, "metadata")) parsed.output.task_metadata_json = dump_json(*md);
-    EndOutcome outcome =
-        engine_.end_episode(client, episode, task_id, parsed.output, optional_bool(body, "declare_client_active").value_or(true));
-    json out = {{"success", true}, {"accepted", outcome.accepted}};
-    if (!outcome.note.empty()) out["note"] = outcome.note;
     return json_response(out);
   }
   if (route == "/abort_episode") {

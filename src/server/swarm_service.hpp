@@ -6,7 +6,6 @@
 #include <string>
 
 #include "engine/engine.hpp"
-#include "server/blocking_pool.hpp"
 #include "server/http_types.hpp"
 #include "server/metrics.hpp"
 #include "server/openai_routes.hpp"
@@ -45,9 +44,6 @@ class SwarmService {
   AccessTokens tokens_;
   LastChatCall last_chat_;
   SseHeartbeat heartbeat_;
-  // end_episode waits for the episode store's commit (durable_episodes): off the I/O threads.
-  // Last member: destroyed (drained, joined) first, while everything its jobs use still exists.
-  BlockingPool blocking_{32, 4096};
 };
 
 }  // namespace swarm

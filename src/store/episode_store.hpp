@@ -58,8 +58,9 @@ class EpisodeStore final : public EpisodeJournal {
   EpisodeStore(const EpisodeStore&) = delete;
   EpisodeStore& operator=(const EpisodeStore&) = delete;
 
-  // EpisodeJournal: record blocks until its transaction is committed.
-  void record(const FinishedEpisode& episode) override;
+  // EpisodeJournal: `done` runs on the writer thread once the record's transaction is
+  // committed (or failed).
+  void record_async(const FinishedEpisode& episode, Done done) override;
   void forget(std::vector<std::string> episode_uuids) override;
 
   /// Policy step `step` trained these episodes (queued; committed in order with the rest).
@@ -89,9 +90,10 @@ class EpisodeStore final : public EpisodeJournal {
     std::string bytes;
     std::vector<std::string> uuids;
     int64_t step = 0;
-    std::promise<void> done;
+    Done recorded;              // RECORD
+    std::promise<void> done;    // FLUSH
   };
-  bool enqueue(std::unique_ptr<Op> op);  // false (or a throw, for a record) once closing
+  bool enqueue(std::unique_ptr<Op>&& op);  // false (or a throw, for a record) once closing
   void writer_loop();
   void apply(Op& op);   // inside a transaction (writer thread)
   void exec(const char* sql);

@@ -7,6 +7,8 @@
 #include <chrono>
 #include <functional>
 #include <limits>
+#include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -739,12 +741,27 @@ TEST_F(RolloutPoolTest, SafetyValveDropsOldestIncompleteGroups) {
 // Records what the pool asks of the episode store; fails records on demand.
 class FakeJournal : public EpisodeJournal {
  public:
-  void record(const FinishedEpisode& e) override {
-    std::lock_guard lk(mu);
-    if (fail) throw SwarmError(ErrorKind::UNAVAILABLE, "disk full (fake)");
-    recorded.push_back(e.episode_uuid);
-    samples.push_back(e.samples.size());
+  void record_async(const FinishedEpisode& e, Done done) override {
+    std::exception_ptr error;
+    {
+      std::lock_guard lk(mu);
+      if (fail) {
+        error = std::make_exception_ptr(SwarmError(ErrorKind::UNAVAILABLE, "disk full (fake)"));
+      } else {
+        recorded.push_back(e.episode_uuid);
+        samples.push_back(e.samples.size());
+      }
+    }
+    if (defer) {
+      std::lock_guard lk(mu);
+      deferred.push_back([done, error] { done(error); });
+    } else {
+      done(error);
+    }
   }
+  // With `defer`, completions wait here until the test runs them (a commit in progress).
+  bool defer = false;
+  std::vector<std::function<void()>> deferred;
   void forget(std::vector<std::string> uuids) override {
     std::lock_guard lk(mu);
     forgotten.insert(forgotten.end(), uuids.begin(), uuids.end());
@@ -770,6 +787,30 @@ TEST_F(RolloutPoolTest, EachAcceptedTrainEpisodeIsJournaledBeforeEndAnswers) {
   ClaimedEpisode null_reward = claim_ok(*pool);
   pool->end_episode("client-a", null_reward.episode_uuid, "t1", WorkflowOutput{});
   EXPECT_EQ(journal->recorded.size(), 1u);
+}
+
+TEST_F(RolloutPoolTest, AnEndIsAnsweredAndCachedOnlyOnceTheJournalCommitted) {
+  auto pool = make_pool(small_config());
+  auto journal = std::make_shared<FakeJournal>();
+  journal->defer = true;
+  pool->set_journal(journal);
+  ClaimedEpisode ep = claim_ok(*pool);
+  call_ok(*pool, ep);
+  std::optional<EndOutcome> answered;
+  pool->end_episode_async("client-a", ep.episode_uuid, "t1", reward_of(1.0), true,
+                          [&](EndOutcome o, std::exception_ptr e) {
+                            EXPECT_FALSE(e);
+                            answered = o;
+                          });
+  EXPECT_FALSE(answered);  // not durable yet: no answer, not cached, still running
+  EXPECT_EQ(pool->snapshot().finished_episodes, 0);
+  EXPECT_EQ(pool->running(), 1);
+  ASSERT_EQ(journal->deferred.size(), 1u);
+  journal->deferred[0]();  // the commit
+  ASSERT_TRUE(answered);
+  EXPECT_TRUE(answered->accepted);
+  EXPECT_EQ(pool->snapshot().finished_episodes, 1);
+  EXPECT_EQ(pool->running(), 0);
 }
 
 TEST_F(RolloutPoolTest, AFailedJournalRecordRefusesTheEpisodeAndFreesItsSlot) {
