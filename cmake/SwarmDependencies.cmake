@@ -12,6 +12,7 @@ pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 pkg_check_modules(NATS REQUIRED IMPORTED_TARGET libnats)
 # The episode store (durability of finished episodes): SQLite (Debian libsqlite3-dev)
 pkg_check_modules(SQLITE3 REQUIRED IMPORTED_TARGET sqlite3)
+find_package(OpenSSL 3 REQUIRED)  # TLS for the HTTP server and client (Beast over OpenSSL)
 find_package(PNG REQUIRED)  # swarm-plot writes its charts with libpng
 if(SWARM_BUILD_TESTS)
   find_package(GTest REQUIRED)

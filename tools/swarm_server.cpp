@@ -65,7 +65,8 @@ std::string read_token(const std::string& file, const char* env, const char* wha
 int run_start(const std::string& host, int port, const std::string& engine, const std::string& config,
               const std::string& log_level, int io_threads, size_t max_body_mb, const std::string& resume, int nproc,
               const std::string& admin_token_file, const std::string& client_token_file, int max_connections,
-              int header_timeout, const std::vector<std::string>& argv) {
+              int header_timeout, const std::string& tls_cert, const std::string& tls_key,
+              const std::vector<std::string>& argv) {
   auto level = spdlog::level::from_str(log_level);
   if (level == spdlog::level::off && log_level != "off") {
     std::cerr << "swarm-server: unknown --log-level '" << log_level
@@ -132,6 +133,8 @@ int run_start(const std::string& host, int port, const std::string& engine, cons
   options.http.max_body_bytes = max_body_mb * 1024 * 1024;
   options.http.max_connections = max_connections;
   options.http.header_timeout_seconds = header_timeout;
+  options.http.tls_cert_file = tls_cert;
+  options.http.tls_key_file = tls_key;
 #ifdef SWARM_WITH_TORCH
   if (followers)
     swarm::register_torch_backend(followers, dist);
@@ -252,12 +255,22 @@ int main(int argc, char** argv) {
                     "to send its first byte (slow clients are cut; bodies and idle keep-alive have 60 s)")
       ->capture_default_str()
       ->check(CLI::Range(1, 3600));
+  std::string tls_cert, tls_key;
+  auto* tls_cert_opt = start->add_option("--tls-cert", tls_cert,
+                                         "PEM certificate chain: the server then speaks HTTPS only (TLS 1.2+), and "
+                                         "claimed episodes get https:// endpoints. Needs --tls-key. Off by default.")
+                           ->check(CLI::ExistingFile);
+  auto* tls_key_opt = start->add_option("--tls-key", tls_key, "PEM private key (unencrypted) of --tls-cert")
+                          ->check(CLI::ExistingFile);
+  tls_cert_opt->needs(tls_key_opt);
+  tls_key_opt->needs(tls_cert_opt);
   auto* reference = app.add_subcommand("config-reference", "Print the configuration reference (Markdown)");
   auto* defaults = app.add_subcommand("default-config", "Print a YAML config with every key at its default");
   CLI11_PARSE(app, argc, argv);
   if (*start)
     return run_start(host, port, engine, config, log_level, io_threads, max_body_mb, resume, nproc, admin_token_file,
-                     client_token_file, max_connections, header_timeout, std::vector<std::string>(argv, argv + argc));
+                     client_token_file, max_connections, header_timeout, tls_cert, tls_key,
+                     std::vector<std::string>(argv, argv + argc));
   if (*reference) {
     std::cout << config_reference_markdown();
     return 0;

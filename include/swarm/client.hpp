@@ -47,6 +47,10 @@ struct SwarmClientOptions {
   /// $SWARM_ADMIN_TOKEN / $SWARM_CLIENT_TOKEN when set, else none.
   std::string admin_token;
   std::string client_token;
+  /// https:// servers: a PEM file with the CA (or the self-signed certificate) the server's
+  /// certificate must chain to, besides the system's trusted CAs. Empty = $SWARM_CA_FILE when
+  /// set. Passed on to the OpenAIEndpoint of each claimed episode.
+  std::string ca_file;
   /// Source of time for the episode lifetime rule; empty = std::chrono::steady_clock.
   /// Tests inject a fake one.
   std::function<std::chrono::steady_clock::time_point()> now;
@@ -58,6 +62,7 @@ struct OpenAIEndpoint {
   std::string base_url;
   std::string api_key;
   std::string episode_uuid;
+  std::string ca_file;  // https: the CA file of the SwarmClient that claimed it (SwarmClientOptions::ca_file)
 };
 
 /// The server's state machine as reported by `GET /get_engine_status`.

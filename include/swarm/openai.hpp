@@ -98,9 +98,10 @@ struct ChatResult {
 /// that is not what the OpenAI schema says.
 class OpenAIClient {
  public:
-  /// `base_url` like "http://host:port/v1". Throws ConfigError if it is malformed.
-  OpenAIClient(std::string base_url, std::string api_key,
-               std::chrono::milliseconds timeout = std::chrono::seconds(120));
+  /// `base_url` like "http://host:port/v1" or "https://...". Throws ConfigError if it is
+  /// malformed. `ca_file`: as SwarmClientOptions::ca_file (https only).
+  OpenAIClient(std::string base_url, std::string api_key, std::chrono::milliseconds timeout = std::chrono::seconds(120),
+               const std::string& ca_file = {});
   /// Uses the endpoint of a claimed episode.
   explicit OpenAIClient(const OpenAIEndpoint& endpoint,
                         std::chrono::milliseconds timeout = std::chrono::seconds(120));

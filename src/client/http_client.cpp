@@ -4,11 +4,21 @@
 // Blocking calls with timeouts: Beast's tcp_stream only enforces expiry on asynchronous
 // operations, so each step starts an async operation on a private io_context and runs
 // that io_context until it completes (the usual Beast pattern for sync-with-timeout).
+//
+// https:// URLs: the same code over an ssl_stream (with_stream() picks the stream, tcp() is
+// the TCP layer under it). The server's certificate must chain to a trusted CA (the system's,
+// plus ca_file / $SWARM_CA_FILE) and name the host of the URL; anything else fails the
+// handshake with the reason.
 #include "client/http_client.hpp"
+
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl/context.hpp>
+#include <boost/asio/ssl/host_name_verification.hpp>
 #include <boost/beast/core/error.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
@@ -18,6 +28,10 @@
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <boost/beast/http/write.hpp>
+#include <boost/beast/ssl/ssl_stream.hpp>
+#include <cstdlib>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string_view>
 
@@ -32,6 +46,32 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = net::ip::tcp;
 using Clock = std::chrono::steady_clock;
+using TlsStream = beast::ssl_stream<beast::tcp_stream>;
+
+// One client TLS context per CA file, shared by every connection (loading the system's CAs
+// costs milliseconds; an SSL_CTX may be shared across threads once set up).
+std::shared_ptr<net::ssl::context> client_tls_context(const std::string& ca_file) {
+  static std::mutex mu;
+  static std::map<std::string, std::shared_ptr<net::ssl::context>> cache;
+  std::lock_guard lk(mu);
+  auto& slot = cache[ca_file];
+  if (slot) return slot;
+  auto ctx = std::make_shared<net::ssl::context>(net::ssl::context::tls_client);
+  ctx->set_options(net::ssl::context::default_workarounds | net::ssl::context::no_sslv2 | net::ssl::context::no_sslv3 |
+                   net::ssl::context::no_tlsv1 | net::ssl::context::no_tlsv1_1 | net::ssl::context::no_compression);
+  SSL_CTX_set_min_proto_version(ctx->native_handle(), TLS1_2_VERSION);
+  beast::error_code ec;
+  ctx->set_default_verify_paths(ec);  // the system's CAs (and $SSL_CERT_FILE / $SSL_CERT_DIR)
+  if (!ca_file.empty()) {
+    ctx->load_verify_file(ca_file, ec);
+    if (ec)
+      throw TransportError("HttpClient: cannot load the CA file '" + ca_file + "' (PEM certificates expected): " +
+                           ec.message());
+  }
+  ctx->set_verify_mode(net::ssl::verify_peer);
+  slot = std::move(ctx);
+  return slot;
+}
 
 std::string lower(std::string_view s) {
   std::string out(s);
@@ -50,18 +90,25 @@ void copy_headers(const Fields& fields, HttpClientResponse& out) {
 }  // namespace
 
 struct HttpClient::Impl {
-  Impl(const std::string& base_url, std::chrono::milliseconds t) : stream(ioc), timeout(t) {
+  Impl(const std::string& base_url, std::chrono::milliseconds t, std::string ca) : stream(ioc), timeout(t) {
     parse_url(base_url);
+    if (secure) {
+      if (ca.empty())
+        if (const char* v = std::getenv("SWARM_CA_FILE")) ca = v;
+      tls_ctx = client_tls_context(ca);
+    }
   }
 
   void parse_url(const std::string& url) {
-    const std::string_view kHttp = "http://";
     std::string_view u = url;
-    if (u.substr(0, 8) == "https://")
-      throw TransportError("HttpClient: https is not supported (base_url '" + url + "')");
-    if (u.substr(0, kHttp.size()) != kHttp)
-      throw TransportError("HttpClient: base_url must start with http:// (got '" + url + "')");
-    u.remove_prefix(kHttp.size());
+    if (u.substr(0, 8) == "https://") {
+      secure = true;
+      u.remove_prefix(8);
+    } else if (u.substr(0, 7) == "http://") {
+      u.remove_prefix(7);
+    } else {
+      throw TransportError("HttpClient: base_url must start with http:// or https:// (got '" + url + "')");
+    }
     auto slash = u.find('/');
     std::string_view authority = u.substr(0, slash);
     if (slash != std::string_view::npos) {
@@ -82,7 +129,7 @@ struct HttpClient::Impl {
       if (colon != std::string_view::npos) port_part = authority.substr(colon + 1);
     }
     if (host.empty()) throw TransportError("HttpClient: no host in base_url '" + url + "'");
-    port = port_part.empty() ? "80" : std::string(port_part);
+    port = port_part.empty() ? (secure ? "443" : "80") : std::string(port_part);
     if (port.find_first_not_of("0123456789") != std::string::npos || port.size() > 5 ||
         std::stoi(port) > 65535)
       throw TransportError("HttpClient: bad port in base_url '" + url + "'");
@@ -91,6 +138,13 @@ struct HttpClient::Impl {
   }
 
   std::string where() const { return host_header; }
+
+  // The stream requests travel on (TLS for https://), and the TCP layer under it.
+  template <class F>
+  beast::error_code with_stream(F&& f) {
+    return tls ? f(*tls) : f(stream);
+  }
+  beast::tcp_stream& tcp() { return tls ? beast::get_lowest_layer(*tls) : stream; }
 
   // Runs one asynchronous operation to completion on the private io_context.
   template <class Start>
@@ -133,24 +187,46 @@ struct HttpClient::Impl {
       }
     }
     buffer.clear();
-    stream.expires_at(deadline);
+    if (secure) tls = std::make_unique<TlsStream>(ioc, *tls_ctx);  // an SSL session is not reusable
+    tcp().expires_at(deadline);
     ec = run([&](auto handler) {
-      stream.async_connect(endpoints,
-                           [handler](beast::error_code e, const tcp::endpoint&) { handler(e); });
+      tcp().async_connect(endpoints, [handler](beast::error_code e, const tcp::endpoint&) { handler(e); });
     });
     if (ec) {
       if (ec != beast::error::timeout) endpoints.clear();  // re-resolve next time
       fail("connect", ec);
     }
-    stream.socket().set_option(tcp::no_delay(true), ec);
+    tcp().socket().set_option(tcp::no_delay(true), ec);
+    if (tls) handshake();
     connected = true;
   }
 
-  void close() {
-    if (!connected && !stream.socket().is_open()) return;
+  // TLS: SNI with the host name, the certificate checked against the CAs and the URL's host.
+  void handshake() {
     beast::error_code ec;
-    stream.socket().shutdown(tcp::socket::shutdown_both, ec);
-    stream.close();
+    net::ip::make_address(host, ec);
+    if (ec) SSL_set_tlsext_host_name(tls->native_handle(), host.c_str());  // a name, not an IP address
+    tls->set_verify_callback(net::ssl::host_name_verification(host));
+    ec = run([&](auto handler) { tls->async_handshake(net::ssl::stream_base::client, handler); });
+    if (!ec) return;
+    const long verify = SSL_get_verify_result(tls->native_handle());
+    if (verify != X509_V_OK) {
+      close();
+      throw TransportError("HTTPS " + where() + ": the server's certificate is not trusted: " +
+                           X509_verify_cert_error_string(verify) +
+                           " (give its CA with ca_file / $SWARM_CA_FILE, and connect by a name it was issued for)");
+    }
+    if (ec == beast::error::timeout) fail("TLS handshake", ec);
+    close();
+    throw TransportError("HTTPS " + where() + ": TLS handshake failed: " + ec.message() +
+                         " (is the server serving TLS? a plain server needs an http:// URL)");
+  }
+
+  void close() {
+    if (!connected && !tcp().socket().is_open()) return;
+    beast::error_code ec;
+    tcp().socket().shutdown(tcp::socket::shutdown_both, ec);
+    tcp().close();
     connected = false;
     buffer.clear();
   }
@@ -185,8 +261,8 @@ struct HttpClient::Impl {
   bool send(http::request<http::string_body>& req, Clock::time_point deadline, bool& retry) {
     bool reused = connected;
     if (!connected) connect(deadline);
-    stream.expires_at(deadline);
-    auto ec = run([&](auto handler) { http::async_write(stream, req, handler); });
+    tcp().expires_at(deadline);
+    auto ec = with_stream([&](auto& s) { return run([&](auto handler) { http::async_write(s, req, handler); }); });
     if (ec) {
       if (reused && ec != beast::error::timeout) {
         close();
@@ -199,7 +275,10 @@ struct HttpClient::Impl {
   }
 
   net::io_context ioc;
-  beast::tcp_stream stream;
+  beast::tcp_stream stream;          // plain http://
+  std::unique_ptr<TlsStream> tls;    // https://: one per connection
+  std::shared_ptr<net::ssl::context> tls_ctx;
+  bool secure = false;
   beast::flat_buffer buffer;
   std::chrono::milliseconds timeout;
   std::string host, port, prefix, host_header;
@@ -207,8 +286,8 @@ struct HttpClient::Impl {
   bool connected = false;
 };
 
-HttpClient::HttpClient(const std::string& base_url, std::chrono::milliseconds timeout)
-    : impl_(std::make_unique<Impl>(base_url, timeout)) {}
+HttpClient::HttpClient(const std::string& base_url, std::chrono::milliseconds timeout, const std::string& ca_file)
+    : impl_(std::make_unique<Impl>(base_url, timeout, ca_file)) {}
 HttpClient::~HttpClient() = default;
 HttpClient::HttpClient(HttpClient&&) noexcept = default;
 HttpClient& HttpClient::operator=(HttpClient&&) noexcept = default;
@@ -229,8 +308,8 @@ HttpClientResponse HttpClient::request(
     http::response_parser<http::string_body> parser;
     parser.body_limit(boost::none);
     if (req.method() == http::verb::head) parser.skip(true);
-    m.stream.expires_at(deadline);
-    auto ec = m.run([&](auto handler) { http::async_read(m.stream, m.buffer, parser, handler); });
+    m.tcp().expires_at(deadline);
+    auto ec = m.with_stream([&](auto& s) { return m.run([&](auto handler) { http::async_read(s, m.buffer, parser, handler); }); });
     if (ec) {
       // A kept-alive connection the server had already closed: nothing was processed,
       // so one retry on a fresh connection is safe.
@@ -266,9 +345,9 @@ HttpClientResponse HttpClient::request_stream(
     http::response_parser<http::buffer_body> parser;
     parser.body_limit(boost::none);
     if (req.method() == http::verb::head) parser.skip(true);
-    m.stream.expires_at(deadline);
-    auto ec =
-        m.run([&](auto handler) { http::async_read_header(m.stream, m.buffer, parser, handler); });
+    m.tcp().expires_at(deadline);
+    auto ec = m.with_stream(
+        [&](auto& s) { return m.run([&](auto handler) { http::async_read_header(s, m.buffer, parser, handler); }); });
     if (ec) {
       if (reused && attempt == 0 && !parser.got_some() && ec != beast::error::timeout) {
         m.close();
@@ -286,8 +365,9 @@ HttpClientResponse HttpClient::request_stream(
       parser.get().body().size = sizeof piece;
       // Once the body flows the timeout is an inactivity limit: a long stream is fine
       // as long as pieces keep arriving.
-      m.stream.expires_after(m.timeout);
-      ec = m.run([&](auto handler) { http::async_read_some(m.stream, m.buffer, parser, handler); });
+      m.tcp().expires_after(m.timeout);
+      ec = m.with_stream(
+          [&](auto& s) { return m.run([&](auto handler) { http::async_read_some(s, m.buffer, parser, handler); }); });
       if (ec == http::error::need_buffer) ec = {};
       if (ec) m.fail("streaming read", ec);
       const size_t n = sizeof piece - parser.get().body().size;

@@ -22,10 +22,12 @@ struct HttpClientResponse {
 /// be reached, the connection breaks, or the timeout passes. Never throws Beast/Asio types.
 class HttpClient {
  public:
-  /// base_url like "http://127.0.0.1:10086" (a path prefix such as "/v1" is kept and
-  /// prepended to every request path).
-  explicit HttpClient(const std::string& base_url,
-                      std::chrono::milliseconds timeout = std::chrono::seconds(60));
+  /// base_url like "http://127.0.0.1:10086" or "https://host:port" (a path prefix such as
+  /// "/v1" is kept and prepended to every request path). https: the server's certificate must
+  /// chain to the system's CAs or to `ca_file` (PEM; empty = $SWARM_CA_FILE when set) and be
+  /// issued for the URL's host; TransportError says why when it is not.
+  explicit HttpClient(const std::string& base_url, std::chrono::milliseconds timeout = std::chrono::seconds(60),
+                      const std::string& ca_file = {});
   ~HttpClient();
   HttpClient(HttpClient&&) noexcept;
   HttpClient& operator=(HttpClient&&) noexcept;

@@ -112,20 +112,21 @@ struct OpenAIClient::Impl {
   HttpClient http;
   wire::Headers headers;
 
-  Impl(std::string url, std::string key, std::chrono::milliseconds timeout)
+  Impl(std::string url, std::string key, std::chrono::milliseconds timeout, const std::string& ca_file)
       : base_url(wire::trim_url(std::move(url))),
         api_key(std::move(key)),
-        http(wire::make_http_client(base_url, timeout)),
+        http(wire::make_http_client(base_url, timeout, ca_file)),
         headers{{"Authorization", "Bearer " + api_key}} {}
 
   json post(const std::string& path, const json& body) { return wire::call_json(http, "POST", path, &body, headers); }
 };
 
-OpenAIClient::OpenAIClient(std::string base_url, std::string api_key, std::chrono::milliseconds timeout)
-    : impl_(std::make_unique<Impl>(std::move(base_url), std::move(api_key), timeout)) {}
+OpenAIClient::OpenAIClient(std::string base_url, std::string api_key, std::chrono::milliseconds timeout,
+                           const std::string& ca_file)
+    : impl_(std::make_unique<Impl>(std::move(base_url), std::move(api_key), timeout, ca_file)) {}
 
 OpenAIClient::OpenAIClient(const OpenAIEndpoint& endpoint, std::chrono::milliseconds timeout)
-    : OpenAIClient(endpoint.base_url, endpoint.api_key, timeout) {}
+    : OpenAIClient(endpoint.base_url, endpoint.api_key, timeout, endpoint.ca_file) {}
 
 OpenAIClient::~OpenAIClient() = default;
 OpenAIClient::OpenAIClient(OpenAIClient&&) noexcept = default;

@@ -219,7 +219,7 @@ struct SwarmClient::Impl {
       ++open_conns;
     }
     try {
-      return std::make_unique<HttpClient>(wire::make_http_client(url, opts.request_timeout));
+      return std::make_unique<HttpClient>(wire::make_http_client(url, opts.request_timeout, opts.ca_file));
     } catch (...) {
       std::lock_guard lock(pool_mu);
       --open_conns;
@@ -318,7 +318,8 @@ SwarmClient::SwarmClient(std::string server_url, SwarmClientOptions opts) : impl
   impl_->log = std::make_shared<spdlog::logger>("swarm_client", sink);
   impl_->log->set_level(to_spdlog(impl_->opts.log_level));
   // Validate the URL now (no connection is made) and keep the connection for later.
-  impl_->release(std::make_unique<HttpClient>(wire::make_http_client(impl_->url, impl_->opts.request_timeout)));
+  impl_->release(
+      std::make_unique<HttpClient>(wire::make_http_client(impl_->url, impl_->opts.request_timeout, impl_->opts.ca_file)));
   impl_->open_conns = 1;
 }
 
@@ -350,7 +351,7 @@ OpenAIEndpoint SwarmClient::begin_episode(double discard_episode_timeout, const 
       const json r = impl_->post("/claim_episode", body, timeout);
       if (bool_field(r, "success").value_or(false)) {
         OpenAIEndpoint ep{str_field(r, "openai_base_url"), str_field(r, "openai_api_key"),
-                          str_field(r, "episode_uuid")};
+                          str_field(r, "episode_uuid"), impl_->opts.ca_file};
         if (ep.episode_uuid.empty() || ep.base_url.empty())
           throw ClientError("claim_episode: the server's answer lacks episode_uuid or openai_base_url");
         {

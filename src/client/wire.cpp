@@ -14,11 +14,11 @@ std::string snippet(const std::string& s, size_t max = 300) {
 
 }  // namespace
 
-HttpClient make_http_client(const std::string& url, std::chrono::milliseconds timeout) {
+HttpClient make_http_client(const std::string& url, std::chrono::milliseconds timeout, const std::string& ca_file) {
   if (url.rfind("http://", 0) != 0 && url.rfind("https://", 0) != 0)
     throw ConfigError("invalid URL '" + url + "': expected http://host:port[/path]");
   try {
-    return HttpClient(url, timeout);
+    return HttpClient(url, timeout, ca_file);
   } catch (const std::exception& e) {
     throw ConfigError("invalid URL '" + url + "': " + e.what());
   }

@@ -733,14 +733,9 @@ ClaimResult Engine::claim_episode(const ClaimRequest& request) {
 EndOutcome Engine::end_episode(const std::string& client_uuid, const std::string& episode_uuid,
                                const std::string& task_id, const WorkflowOutput& output,
                                bool declare_client_active) {
-  std::promise<EndOutcome> p;
-  std::future<EndOutcome> f = p.get_future();
-  end_episode_async(client_uuid, episode_uuid, task_id, output, declare_client_active,
-                    [&p](EndOutcome o, std::exception_ptr e) {
-                      if (e) p.set_exception(e);
-                      else p.set_value(std::move(o));
-                    });
-  return f.get();
+  return RolloutPool::wait_for_end([&](RolloutPool::EndDone done) {
+    end_episode_async(client_uuid, episode_uuid, task_id, output, declare_client_active, std::move(done));
+  });
 }
 
 void Engine::end_episode_async(const std::string& client_uuid, const std::string& episode_uuid,

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -46,7 +47,10 @@ void remove_abandoned_temporaries(const fs::path& checkpoints_dir) {
     if (at == std::string::npos) continue;
     const std::string pid = name.substr(at + 5);
     if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    if (std::stol(pid) == ::getpid() || fs::exists("/proc/" + pid)) continue;
+    long pid_number = 0;
+    const auto [end, err] = std::from_chars(pid.data(), pid.data() + pid.size(), pid_number);
+    if (err != std::errc() || end != pid.data() + pid.size()) continue;  // not a pid (e.g. too long): not ours
+    if (pid_number == ::getpid() || fs::exists("/proc/" + pid)) continue;
     std::error_code rm;
     fs::remove_all(entry.path(), rm);
   }

@@ -237,13 +237,20 @@ void RolloutPool::touch(const std::string& episode_uuid) {
 EndOutcome RolloutPool::end_episode(const std::string& client_uuid, const std::string& episode_uuid,
                                     const std::string& task_id, const WorkflowOutput& output,
                                     bool declare_client_active) {
+  return wait_for_end([&](EndDone done) {
+    end_episode_async(client_uuid, episode_uuid, task_id, output, declare_client_active, std::move(done));
+  });
+}
+
+EndOutcome RolloutPool::wait_for_end(const std::function<void(EndDone)>& start) {
   std::promise<EndOutcome> p;
   std::future<EndOutcome> f = p.get_future();
-  end_episode_async(client_uuid, episode_uuid, task_id, output, declare_client_active,
-                    [&p](EndOutcome o, std::exception_ptr e) {
-                      if (e) p.set_exception(e);
-                      else p.set_value(std::move(o));
-                    });
+  start([&p](EndOutcome o, std::exception_ptr e) {
+    if (e)
+      p.set_exception(e);
+    else
+      p.set_value(std::move(o));
+  });
   return f.get();
 }
 

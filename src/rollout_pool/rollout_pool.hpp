@@ -223,6 +223,9 @@ class RolloutPool {
   /// nothing to store. The episode counts as running until then. end_episode waits for it.
   void end_episode_async(const std::string& client_uuid, const std::string& episode_uuid, const std::string& task_id,
                          const WorkflowOutput& output, bool declare_client_active, EndDone done);
+  /// Runs an asynchronous end (`start` is given the completion) and waits for its outcome,
+  /// rethrowing its error: the blocking form of every end_episode_async.
+  static EndOutcome wait_for_end(const std::function<void(EndDone)>& start);
 
   /// Drops a claimed episode and its context. `delete_record` (ROLLING_POST) deletes it;
   /// otherwise its slot is re-registered (if accepting). Returns false, and changes nothing,

@@ -9,7 +9,15 @@
 // Answers are serialized to bytes when they arrive (status line, headers, body or
 // chunk framing), which lets one write carry several pipelined answers or stream
 // chunks that queued up while the previous write was in flight.
+//
+// TLS (options.tls_cert_file): the same connection code runs over an ssl_stream; every
+// operation goes through with_stream() (the TLS stream, else the plain one) and tcp() (the
+// TCP layer under it, for deadlines and closing). A TLS handshake has header_timeout to finish.
 #include "server/http_transport.hpp"
+
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
 
 #include <sys/resource.h>
 
@@ -22,6 +30,8 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/ssl/context.hpp>
+#include <boost/asio/ssl/error.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
@@ -34,6 +44,7 @@
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/status.hpp>
 #include <boost/beast/http/string_body.hpp>
+#include <boost/beast/ssl/ssl_stream.hpp>
 #include <charconv>
 #include <chrono>
 #include <condition_variable>
@@ -61,6 +72,7 @@ namespace http = beast::http;
 using tcp = net::ip::tcp;
 using Strand = net::strand<net::io_context::executor_type>;
 using Clock = std::chrono::steady_clock;
+using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 
 constexpr std::uint32_t kHeaderLimit = 64 * 1024;
 // After an error answer that closes the connection we keep reading (and discarding)
@@ -185,6 +197,8 @@ struct Core {
   size_t max_pipelined = static_cast<size_t>(std::max(1, options.max_pipelined));
   size_t max_connections = static_cast<size_t>(std::max(1, options.max_connections));
   std::atomic<std::uint64_t> refused_connections{0};
+  std::atomic<std::uint64_t> failed_handshakes{0};
+  std::unique_ptr<net::ssl::context> tls;  // set by HttpServer::start when TLS is on
 
   // Open connections, for stop(). Touched once per connection, not per request.
   std::mutex reg_mu;
@@ -244,12 +258,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Connection(std::shared_ptr<Core> core, tcp::socket socket, Strand strand)
       : core_(std::move(core)),
         strand_(std::move(strand)),
-        stream_(std::move(socket)),
+        plain_(core_->tls ? beast::tcp_stream(strand_) : beast::tcp_stream(std::move(socket))),
         timer_(strand_) {
+    if (core_->tls) tls_ = std::make_unique<TlsStream>(std::move(socket), *core_->tls);
     beast::error_code ec;
-    auto ep = stream_.socket().remote_endpoint(ec);
+    auto ep = tcp().socket().remote_endpoint(ec);
     if (!ec) remote_address_ = ep.address().to_string();
-    stream_.socket().set_option(tcp::no_delay(true), ec);
+    tcp().socket().set_option(tcp::no_delay(true), ec);
   }
 
   ~Connection() {
@@ -265,6 +280,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
         self->close();
         return;
       }
+      if (self->tls_) return self->handshake();
       self->maybe_read();
     });
   }
@@ -368,14 +384,55 @@ class Connection : public std::enable_shared_from_this<Connection> {
     closed_ = true;
     connected_.store(false, std::memory_order_release);
     beast::error_code ec;
-    stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
-    stream_.close();
+    tcp().socket().shutdown(tcp::socket::shutdown_both, ec);
+    tcp().close();
     timer_.cancel();
     slots_.clear();
     core_->remove(this);
   }
 
  private:
+  // The stream requests travel on: TLS when the server has a certificate, else plain TCP.
+  template <class F>
+  void with_stream(F&& f) {
+    if (tls_)
+      f(*tls_);
+    else
+      f(plain_);
+  }
+  // The TCP layer: deadlines (expires_*), the socket, closing.
+  beast::tcp_stream& tcp() { return tls_ ? beast::get_lowest_layer(*tls_) : plain_; }
+
+  void handshake() {
+    set_deadline(core_->header_timeout);
+    tls_->async_handshake(net::ssl::stream_base::server,
+                          beast::bind_front_handler(&Connection::on_handshake, shared_from_this()));
+  }
+
+  void on_handshake(beast::error_code ec) {
+    deadline_ = Clock::time_point::max();
+    if (closed_) return;
+    if (!ec) return maybe_read();
+    const auto n = ++core_->failed_handshakes;
+    // A plain HTTP request on the TLS port: say so in plain HTTP (OpenSSL read the request
+    // line and recognised it), so a client configured with http:// gets a reason, not a reset.
+    if (ec.category() == net::error::get_ssl_category() && ERR_GET_REASON(static_cast<unsigned long>(ec.value())) == SSL_R_HTTP_REQUEST) {
+      spdlog::debug("http: {} sent plain HTTP to the TLS port", remote_address_);
+      const std::string body = error_json("this server speaks HTTPS only: use an https:// URL",
+                                          error_type_for(ErrorKind::INVALID_ARGUMENT), "tls_required");
+      plain_reply_ = "HTTP/1.1 400 Bad Request\r\nServer: swarm\r\nContent-Type: application/json\r\n"
+                     "Connection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+      tcp().expires_after(core_->header_timeout);
+      net::async_write(tcp(), net::buffer(plain_reply_), [self = shared_from_this()](beast::error_code, std::size_t) {
+        self->close();
+      });
+      return;
+    }
+    if (n == 1 || n % 1000 == 0)
+      spdlog::info("http: {} TLS handshake(s) failed, the latest from {}: {}", n, remote_address_, ec.message());
+    close();
+  }
+
   Slot* find_slot(std::uint64_t id) {
     if (closed_ || slots_.empty() || id < slots_.front().id) return nullptr;
     size_t idx = static_cast<size_t>(id - slots_.front().id);
@@ -397,13 +454,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
     parser_.emplace();
     parser_->body_limit(core_->options.max_body_bytes);
     parser_->header_limit(kHeaderLimit);
-    stream_.expires_never();
+    tcp().expires_never();
     reading_ = true;
     if (buffer_.size() > 0) return read_header();  // pipelined bytes already here
     phase_ = Phase::IDLE;
     if (idle()) set_deadline(next_id_ == 1 ? core_->header_timeout : core_->read_timeout);
-    stream_.async_read_some(buffer_.prepare(4096),
-                            beast::bind_front_handler(&Connection::on_first_bytes, shared_from_this()));
+    with_stream([this](auto& s) {
+      s.async_read_some(buffer_.prepare(4096),
+                        beast::bind_front_handler(&Connection::on_first_bytes, shared_from_this()));
+    });
   }
 
   void on_first_bytes(beast::error_code ec, std::size_t n) {
@@ -420,8 +479,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void read_header() {
     phase_ = Phase::HEADER;
     set_deadline(core_->header_timeout);
-    http::async_read_header(stream_, buffer_, *parser_,
-                            beast::bind_front_handler(&Connection::on_header, shared_from_this()));
+    with_stream([this](auto& s) {
+      http::async_read_header(s, buffer_, *parser_,
+                              beast::bind_front_handler(&Connection::on_header, shared_from_this()));
+    });
   }
 
   void on_header(beast::error_code ec, std::size_t) {
@@ -438,22 +499,25 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (parser_->get().version() >= 11 && iequals(expect, "100-continue") && slots_.empty() && !writing_) {
       writing_ = true;
       static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
-      net::async_write(stream_, net::buffer(kContinue.data(), kContinue.size()),
-                       [self = shared_from_this()](beast::error_code wec, std::size_t) {
-                         self->writing_ = false;
-                         if (self->closed_) return;
-                         if (wec) return self->close();
-                         self->read_body();
-                         self->do_write();
-                       });
+      with_stream([this](auto& s) {
+        net::async_write(s, net::buffer(kContinue.data(), kContinue.size()),
+                         [self = shared_from_this()](beast::error_code wec, std::size_t) {
+                           self->writing_ = false;
+                           if (self->closed_) return;
+                           if (wec) return self->close();
+                           self->read_body();
+                           self->do_write();
+                         });
+      });
       return;
     }
     read_body();
   }
 
   void read_body() {
-    http::async_read(stream_, buffer_, *parser_,
-                     beast::bind_front_handler(&Connection::on_read, shared_from_this()));
+    with_stream([this](auto& s) {
+      http::async_read(s, buffer_, *parser_, beast::bind_front_handler(&Connection::on_read, shared_from_this()));
+    });
   }
 
   void on_read(beast::error_code ec, std::size_t) {
@@ -486,6 +550,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     req.body = std::move(msg.body());
     req.remote_address = remote_address_;
+    req.secure = tls_ != nullptr;
     parser_.reset();
 
     dispatch_request(std::move(req), id);
@@ -559,9 +624,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return;
     }
     writing_ = true;
-    stream_.expires_after(core_->read_timeout);  // a peer that stops reading is dropped
-    net::async_write(stream_, net::buffer(write_buf_),
-                     beast::bind_front_handler(&Connection::on_write, shared_from_this()));
+    tcp().expires_after(core_->read_timeout);  // a peer that stops reading is dropped
+    with_stream([this](auto& s) {
+      net::async_write(s, net::buffer(write_buf_), beast::bind_front_handler(&Connection::on_write, shared_from_this()));
+    });
   }
 
   void on_write(beast::error_code ec, std::size_t) {
@@ -601,28 +667,29 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return;
     }
     beast::error_code ec;
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    tcp().socket().shutdown(tcp::socket::shutdown_send, ec);
     if (ec) {
       close();
       return;
     }
     deadline_ = Clock::now() + std::min<Clock::duration>(core_->read_timeout, kLingerLimit);
     arm_timer();
-    stream_.expires_never();
+    tcp().expires_never();
     linger_read();
   }
 
   void linger_read() {
     buffer_.consume(buffer_.size());
-    stream_.async_read_some(buffer_.prepare(4096),
-                            [self = shared_from_this()](beast::error_code ec, std::size_t) {
-                              if (self->closed_) return;
-                              if (ec) {
-                                self->close();
-                                return;
-                              }
-                              self->linger_read();
-                            });
+    with_stream([this](auto& s) {
+      s.async_read_some(buffer_.prepare(4096), [self = shared_from_this()](beast::error_code ec, std::size_t) {
+        if (self->closed_) return;
+        if (ec) {
+          self->close();
+          return;
+        }
+        self->linger_read();
+      });
+    });
   }
 
   // The idle / slow-request deadline: runs while a read is pending and no answer is
@@ -653,7 +720,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   std::shared_ptr<Core> core_;
   Strand strand_;
-  beast::tcp_stream stream_;
+  beast::tcp_stream plain_;         // the connection's TCP stream, unused (and unopened) with TLS
+  std::unique_ptr<TlsStream> tls_;  // the TLS stream over the connection's TCP stream, or null
+  std::string plain_reply_;         // the 400 a plain HTTP request on the TLS port gets
   net::steady_timer timer_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
@@ -748,6 +817,32 @@ void Connection::dispatch_request(HttpRequest&& req, std::uint64_t id) {
   }
 }
 
+// The server's TLS settings: TLS 1.2 or newer, the certificate chain and its key, checked to
+// belong together. Every failure is a std::runtime_error naming the file and OpenSSL's reason.
+std::unique_ptr<net::ssl::context> load_tls_context(const std::string& cert_file, const std::string& key_file) {
+  if (cert_file.empty() || key_file.empty())
+    throw std::runtime_error("TLS needs both a certificate (--tls-cert) and its private key (--tls-key)");
+  auto ctx = std::make_unique<net::ssl::context>(net::ssl::context::tls_server);
+  ctx->set_options(net::ssl::context::default_workarounds | net::ssl::context::no_sslv2 | net::ssl::context::no_sslv3 |
+                   net::ssl::context::no_tlsv1 | net::ssl::context::no_tlsv1_1 | net::ssl::context::no_compression);
+  SSL_CTX_set_min_proto_version(ctx->native_handle(), TLS1_2_VERSION);
+  // A key with a passphrase would make OpenSSL prompt on the terminal: refuse instead.
+  ctx->set_password_callback([](std::size_t, net::ssl::context::password_purpose) -> std::string { return {}; });
+  beast::error_code ec;
+  ctx->use_certificate_chain_file(cert_file, ec);
+  if (ec) throw std::runtime_error("TLS: cannot load the certificate chain '" + cert_file + "' (PEM expected): " + ec.message());
+  ctx->use_private_key_file(key_file, net::ssl::context::pem, ec);
+  if (ec && ec.category() == net::error::get_ssl_category() &&
+      ERR_GET_REASON(static_cast<unsigned long>(ec.value())) == X509_R_KEY_VALUES_MISMATCH)
+    throw std::runtime_error("TLS: the private key '" + key_file + "' does not belong to the certificate '" + cert_file + "'");
+  if (ec)
+    throw std::runtime_error("TLS: cannot load the private key '" + key_file +
+                             "' (unencrypted PEM expected): " + ec.message());
+  if (SSL_CTX_check_private_key(ctx->native_handle()) != 1)
+    throw std::runtime_error("TLS: the private key '" + key_file + "' does not belong to the certificate '" + cert_file + "'");
+  return ctx;
+}
+
 }  // namespace
 
 struct HttpServer::Impl {
@@ -791,7 +886,7 @@ struct HttpServer::Impl {
                       "Connection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
     beast::error_code ec;
     socket.non_blocking(true, ec);
-    net::write(socket, net::buffer(out), ec);
+    if (!core->tls) net::write(socket, net::buffer(out), ec);  // a TLS client could not read it: just close
     socket.shutdown(tcp::socket::shutdown_both, ec);
     socket.close(ec);
   }
@@ -828,6 +923,7 @@ void HttpServer::start() {
     throw std::runtime_error("HttpServer: cannot " + std::string(what) + " " + o.host + ":" +
                              std::to_string(o.port) + ": " + ec.message());
   };
+  if (!o.tls_cert_file.empty() || !o.tls_key_file.empty()) m.core->tls = load_tls_context(o.tls_cert_file, o.tls_key_file);
   m.acceptor.open(ep.protocol(), ec);
   if (ec) fail("open socket for");
   m.acceptor.set_option(net::socket_base::reuse_address(true), ec);
@@ -878,6 +974,8 @@ void HttpServer::start() {
 }
 
 uint16_t HttpServer::port() const { return impl_->bound_port.load(); }
+
+bool HttpServer::tls() const { return impl_->core->tls != nullptr; }
 
 void HttpServer::stop(int grace_ms) {
   Impl& m = *impl_;

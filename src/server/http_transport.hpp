@@ -18,11 +18,14 @@ class HttpServer {
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
 
-  /// Binds and starts the I/O threads. Throws std::runtime_error if the bind fails.
+  /// Loads the TLS certificate and key when set, binds and starts the I/O threads. Throws
+  /// std::runtime_error if a TLS file cannot be used or the bind fails.
   /// A server starts at most once (std::logic_error otherwise).
   void start();
   /// The bound port (useful with port 0).
   uint16_t port() const;
+  /// Whether connections speak TLS (options.tls_cert_file was loaded by start()).
+  bool tls() const;
   /// Stops accepting, gives in-flight requests up to `grace_ms` to be answered,
   /// closes all connections and joins the I/O threads. Answers given after that are
   /// dropped. Must not be called from a handler / I/O thread (std::logic_error).

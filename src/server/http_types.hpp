@@ -19,6 +19,7 @@ struct HttpRequest {
   std::vector<std::pair<std::string, std::string>> headers;
   std::string body;
   std::string remote_address;  // peer IP, for logs
+  bool secure = false;         // arrived over TLS (the server was started with a certificate)
 
   /// Value of a header (name must be lower-case), or empty if absent.
   const std::string& header(const std::string& lower_name) const {
@@ -84,6 +85,10 @@ struct HttpServerOptions {
   // Bytes of a streamed answer (SSE) waiting for a client that does not read them: past this
   // the connection is dropped (and the generation with it), so memory stays bounded.
   size_t max_stream_backlog_bytes = 4 * 1024 * 1024;
+  // TLS: both set = every connection speaks HTTPS (TLS 1.2 or newer) with this PEM certificate
+  // chain and unencrypted PEM private key; both empty = plain HTTP. Loaded by HttpServer::start.
+  std::string tls_cert_file;
+  std::string tls_key_file;
 };
 
 }  // namespace swarm

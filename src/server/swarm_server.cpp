@@ -52,8 +52,8 @@ void SwarmServer::start() {
       [this] { return impl_->options.http.host + ":" + std::to_string(impl_->http->port()); }, o.sse_keep_alive,
       o.tokens);
   impl_->http->start();
-  spdlog::info("swarm-server listening on http://{}:{} (engine: {})", o.http.host, impl_->http->port(),
-               o.engine.backend);
+  spdlog::info("swarm-server listening on {}://{}:{} (engine: {})", impl_->http->tls() ? "https" : "http", o.http.host,
+               impl_->http->port(), o.engine.backend);
   spdlog::info("swarm-server: control routes {}; episode routes {}",
                o.tokens.admin.empty() ? "open (no admin token)" : "need the admin token",
                o.tokens.client.empty() ? "open (no client token)" : "need the client token");

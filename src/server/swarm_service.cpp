@@ -427,8 +427,9 @@ HttpResponse SwarmService::handle_command(const std::string& route, const HttpRe
     if (result.episode) {
       std::string authority = request.header("host");
       if (authority.empty()) authority = fallback_authority_();
-      out["openai_base_url"] = "http://" + authority + "/v1";
-      out["anthropic_base_url"] = "http://" + authority;  // what ANTHROPIC_BASE_URL takes (no /v1)
+      const char* scheme = request.secure ? "https://" : "http://";
+      out["openai_base_url"] = scheme + authority + "/v1";
+      out["anthropic_base_url"] = scheme + authority;  // what ANTHROPIC_BASE_URL takes (no /v1)
     }
     return json_response(out);
   }

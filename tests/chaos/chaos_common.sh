@@ -23,6 +23,24 @@ make_model() {
   "$model_bin" init --preset tiny-char --out "$1" --seed 1 >/dev/null || fail "swarm-model init"
 }
 
+# chaos_setup EXPERIMENT_ROOT [extra yaml]: the model in ./model, ./job.yaml for it, and $exp
+# (the experiment directory the server will write).
+chaos_setup() {
+  make_model model
+  write_job job.yaml "$work/model" "$1" "${2:-}"
+  exp="$1/swarm/default"
+}
+
+# start_agents UNTIL_STEP DEADLINE [flags...]: one chaos_agent process of 32 agents against $url,
+# recording acknowledged episodes in acked.txt, logging to agent.log (pid in agent_pids).
+start_agents() {
+  local until="$1" deadline="$2"
+  shift 2
+  "$agent_bin" --url "$url" --acked acked.txt --workers 32 --num-repeat 4 --until-step "$until" \
+    --deadline "$deadline" --discard-timeout 20 "$@" >agent.log 2>&1 &
+  agent_pids+=($!)
+}
+
 # write_job FILE MODEL EXPERIMENT_DIR [extra yaml]
 write_job() {
   cat >"$1" <<YAML

@@ -27,14 +27,10 @@ full_disk_cleanup() {
 trap full_disk_cleanup EXIT
 cd "$work"
 
-make_model model
-write_job job.yaml "$work/model" "$mnt/exp"
-exp="$mnt/exp/swarm/default"
+chaos_setup "$mnt/exp"
 start_server server1.log 0
 url="http://127.0.0.1:$port"
-"$agent_bin" --url "$url" --acked acked.txt --workers 32 --num-repeat 4 --until-step 12 --deadline 300 --think-ms 100 \
-  --discard-timeout 20 >agent.log 2>&1 &
-agent_pids+=($!)
+start_agents 12 300 --think-ms 100
 wait_step 2 120
 # Fill the disk, leaving 3 MiB.
 free_kb=$(df -k --output=avail "$mnt" | tail -1 | tr -d ' ')

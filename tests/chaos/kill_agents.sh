@@ -13,11 +13,9 @@ trap chaos_cleanup EXIT
 cd "$work"
 
 target=6
-make_model model
 # Dead agents leave incomplete task groups behind; a cache big enough that the safety valve
 # (which drops such groups, counted) never fires keeps the "nothing lost" check exact.
-write_job job.yaml "$work/model" "$work/exp" "max_cached_episodes: 4096"
-exp="$work/exp/swarm/default"
+chaos_setup "$work/exp" "max_cached_episodes: 4096"
 start_server server.log 0
 url="http://127.0.0.1:$port"
 spawn() {  # spawn SLOT: a fresh agent process in slot SLOT

@@ -12,14 +12,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/chaos_common.sh"
 trap chaos_cleanup EXIT
 cd "$work"
 
-make_model model
-write_job job.yaml "$work/model" "$work/exp"
-exp="$work/exp/swarm/default"
+chaos_setup "$work/exp"
 SWARM_TEST_KILL_DURING_CHECKPOINT=3 start_server server1.log 0
 url="http://127.0.0.1:$port"
-"$agent_bin" --url "$url" --acked acked.txt --workers 32 --num-repeat 4 --until-step 5 --deadline 240 \
-  --discard-timeout 20 >agent.log 2>&1 &
-agent_pids+=($!)
+start_agents 5 240
 for _ in $(seq 1 1200); do
   kill -0 "$server_pid" 2>/dev/null || break
   sleep 0.1

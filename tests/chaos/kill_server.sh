@@ -11,14 +11,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/chaos_common.sh"
 trap chaos_cleanup EXIT
 cd "$work"
 
-make_model model
-write_job job.yaml "$work/model" "$work/exp"
-exp="$work/exp/swarm/default"
+chaos_setup "$work/exp"
 start_server server1.log 0
 url="http://127.0.0.1:$port"
-"$agent_bin" --url "$url" --acked acked.txt --workers 32 --num-repeat 4 --until-step 5 --deadline 240 \
-  --discard-timeout 20 >agent.log 2>&1 &
-agent_pids+=($!)
+start_agents 5 240
 
 # Kill in the middle of step 3's collection: some episodes acknowledged, the batch not complete.
 wait_step 2 120

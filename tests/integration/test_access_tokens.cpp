@@ -5,7 +5,9 @@
 
 #include "support/client_helpers.hpp"
 #include "support/http_helpers.hpp"
+#include "support/scratch_dir.hpp"
 #include "support/test_server.hpp"
+#include "support/tls_cert.hpp"
 #include "swarm/swarm.hpp"
 
 using namespace swarm;
@@ -103,6 +105,52 @@ TEST(AccessTokens, EpisodeRoutesNeedTheClientTokenOrTheAdminToken) {
   EXPECT_NE(server.engine().status().state, EngineState::OFFLINE);
   // The admin token opens the episode routes too.
   EXPECT_EQ(status_of(http, "POST", "/claim_episode", claim, kAdmin), 200);
+}
+
+}  // namespace
+
+namespace {
+
+// TLS (issue 26 §2): a server with a certificate serves the whole protocol over HTTPS; the SDK
+// verifies the certificate against the CA it is given, hands it on to the episode's OpenAI
+// endpoint (an https:// URL), and refuses a server it cannot verify.
+TEST(Tls, TheSdkRunsEpisodesOverHttpsAndVerifiesTheServer) {
+  swarm::testing::ScratchDir dir("swarm-tls-sdk");
+  const auto files = swarm::testing::make_self_signed(dir.path(), "server", "localhost", "DNS:localhost,IP:127.0.0.1");
+  unsetenv("SWARM_CA_FILE");
+  TestServer server(0.05, 1 << 20, AccessTokens{kAdmin, kClient}, files.cert, files.key);
+  ASSERT_EQ(server.url().rfind("https://", 0), 0u);
+
+  SwarmClientOptions unverified = with_tokens(kAdmin, kClient);
+  try {
+    SwarmClient(server.url(), unverified).get_engine_status();
+    FAIL() << "the SDK accepted a certificate it cannot verify";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("not trusted"), std::string::npos) << e.what();
+  }
+
+  SwarmClientOptions o = with_tokens(kAdmin, kClient);
+  o.ca_file = files.cert;
+  SwarmClient client(server.url(), o);
+  client.auto_sync_train_config_and_start_engine(small_job());
+  ASSERT_TRUE(server.engine().wait_for_state(EngineState::ROLLING, 10s));
+  for (int k = 0; k < 2; ++k) {
+    OpenAIEndpoint ep = client.begin_episode(60, "train", 10s);
+    EXPECT_EQ(ep.base_url.rfind("https://", 0), 0u) << ep.base_url;
+    EXPECT_EQ(ep.ca_file, files.cert);
+    const ChatResult r = OpenAIClient(ep).chat({{"user", "hi"}});
+    EXPECT_FALSE(r.content.empty());
+    client.end_episode(task("t"), ep.episode_uuid, reward(k));
+  }
+  EXPECT_TRUE(server.engine().wait_for_step(1, 10s));
+  // Plain HTTP on the same port is refused with a reason; the run goes on.
+  HttpClient plain("http://127.0.0.1:" + std::to_string(server.port()));
+  const HttpClientResponse r = plain.request("GET", "/get_engine_status");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(r.body.find("https://"), std::string::npos) << r.body;
+  EXPECT_EQ(client.get_engine_status().engine_status, "ENGINE.ROLLING");
+  client.stop_engine();
+  EXPECT_TRUE(server.engine().wait_for_state(EngineState::OFFLINE, 10s));
 }
 
 }  // namespace

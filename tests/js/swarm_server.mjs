@@ -38,8 +38,8 @@ export class SwarmServer {
     let spawnError = null;
     this.child.on('error', e => { spawnError = e; });
     for (let i = 0; i < 200; i++) {
-      const m = fs.readFileSync(this.logPath, 'utf8').match(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
-      if (m) return (this.base = `http://127.0.0.1:${m[1]}`);
+      const m = fs.readFileSync(this.logPath, 'utf8').match(/listening on (https?):\/\/127\.0\.0\.1:(\d+)/);
+      if (m) return (this.base = `${m[1]}://127.0.0.1:${m[2]}`);
       if (spawnError) throw new Error(`cannot start ${this.binary}: ${spawnError.message}`);
       if (this.child.exitCode !== null || this.child.signalCode !== null) break;
       await sleep(50);

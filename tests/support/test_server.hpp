@@ -104,10 +104,14 @@ class TestServer {
     server = std::make_unique<SwarmServer>(o);
     server->start();
   }
+  /// A server on the mock backend; `tls_cert` / `tls_key` set: it speaks HTTPS (url() says so).
   explicit TestServer(double janitor_interval_seconds = 0.05, size_t max_body_bytes = 1 << 20,
-                      AccessTokens tokens = {}) {
+                      AccessTokens tokens = {}, const std::string& tls_cert = {}, const std::string& tls_key = {}) {
     SwarmServerOptions o;
     o.tokens = std::move(tokens);
+    o.http.tls_cert_file = tls_cert;
+    o.http.tls_key_file = tls_key;
+    scheme_ = tls_cert.empty() ? "http" : "https";
     o.http.host = "127.0.0.1";
     o.http.port = 0;
     o.http.io_threads = 2;
@@ -118,12 +122,15 @@ class TestServer {
     server->start();
   }
   ~TestServer() { server->stop(); }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(server->port()); }
+  std::string url() const { return scheme_ + "://127.0.0.1:" + std::to_string(server->port()); }
   uint16_t port() const { return server->port(); }
   Engine& engine() { return server->engine(); }
 
   std::shared_ptr<BatchLog> batches = std::make_shared<BatchLog>();
   std::unique_ptr<SwarmServer> server;
+
+ private:
+  std::string scheme_ = "http";
 };
 
 }  // namespace swarm::testing

@@ -703,11 +703,13 @@ TEST_F(HttpTransportTest, ClientConnectionRefused) {
               std::string::npos)
         << e.what();
   }
-  EXPECT_THROW(HttpClient("https://example.com"), TransportError);
+  EXPECT_THROW(HttpClient("ftp://example.com"), TransportError);
   EXPECT_THROW(HttpClient("127.0.0.1:80"), TransportError);
   HttpClient d("http://example.com/v1");
   EXPECT_EQ(d.host(), "example.com");
   EXPECT_EQ(d.port(), "80");
+  HttpClient tls("https://example.com/v1");  // TLS (test_http_tls): port 443 by default, no connection yet
+  EXPECT_EQ(tls.port(), "443");
 }
 
 TEST_F(HttpTransportTest, ClientTimeout) {
