@@ -6,7 +6,9 @@ set -euo pipefail
 # The Node packages of the tests, pinned by their package-lock.json files, installed once npm
 # is there (when this script exits successfully): tests/js (the reference tokenizer, the agent
 # frameworks and SDKs) and tests/harness (Claude Code, the Claude Agent SDK and Codex, ~1 GB of
-# native binaries; SWARM_SKIP_HARNESSES=1 leaves them out and their tests skip).
+# native binaries; SWARM_SKIP_HARNESSES=1 leaves them out and their tests skip), and on
+# x86-64 Linux bench/anchor (llama.cpp from node-llama-cpp for bench_anchor, ~85 MB;
+# SWARM_SKIP_ANCHOR=1 leaves it out and bench_anchor builds without the llama.cpp side).
 install_js_reference() {
   local root dir
   root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests"
@@ -19,6 +21,16 @@ install_js_reference() {
       npm ci --prefix "$dir" --silent --no-audit --no-fund
     fi
   done
+  # llama.cpp for bench_anchor (bench/anchor/package.json): node-llama-cpp's prebuilt linux-x64
+  # CPU libraries and its llama.cpp source bundle. --omit=optional leaves out its CUDA/Vulkan
+  # builds (the CPU package is a direct dependency); --ignore-scripts skips its postinstall,
+  # which would probe the binaries and could fetch and build llama.cpp. Nothing runs at run time.
+  dir="$root/../bench/anchor"
+  if [ "${SWARM_SKIP_ANCHOR:-0}" != 1 ] && [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ]; then
+    if [ ! -d "$dir/node_modules" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
+      npm ci --prefix "$dir" --silent --no-audit --no-fund --omit=optional --ignore-scripts
+    fi
+  fi
 }
 trap 'status=$?; if [ "$status" -eq 0 ]; then install_js_reference || status=$?; fi; exit "$status"' EXIT
 
@@ -40,6 +52,8 @@ PACKAGES=(
   nats-server libnats-dev
   # the episode store (finished episodes survive a crash): SQLite
   libsqlite3-dev
+  # TLS for the HTTP server and the client SDK (--tls-cert / --tls-key); openssl makes test certificates
+  libssl-dev openssl
   # swarm-plot writes its PNG charts with libpng
   libpng-dev
   # libFuzzer targets (tests/fuzz): clang >= 15, whose std::source_location works with libstdc++ 12

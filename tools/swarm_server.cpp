@@ -84,6 +84,9 @@ int run_start(const std::string& host, int port, const std::string& engine, cons
     return 2;
   }
   if (dist.rank > 0) return run_follower(dist);
+#ifdef SWARM_WITH_TORCH
+  if (engine == "torch") spdlog::info("swarm-server: {}", swarm::compute_paths_summary());
+#endif
   if (nproc > 1 && dist.world_size > 1) {
     spdlog::error("swarm-server: --nproc starts the ranks itself; do not also set WORLD_SIZE (={})", dist.world_size);
     return 2;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -47,16 +48,44 @@ inline std::string load_average() {
   return a + " " + b + " " + c;
 }
 
+/// The instruction-set level of the CPU kernels (kernels/cpu/cpu_dispatch.hpp) from the CPU's
+/// flags: avx512bf16, avx512, avx2 or base, lowered by SWARM_CPU_LEVEL as the kernels are (the
+/// variable is then named).
+inline std::string cpu_level() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, flags;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) == 0) {
+      flags = " " + line.substr(line.find(':') + 1) + " ";
+      break;
+    }
+  }
+  auto has = [&](const char* f) { return flags.find(std::string(" ") + f + " ") != std::string::npos; };
+  int level = 0;
+  if (has("avx2") && has("fma") && has("bmi2")) level = 1;
+  if (level == 1 && has("avx512f") && has("avx512bw") && has("avx512vl") && has("avx512dq")) level = 2;
+  if (level == 2 && has("avx512_bf16")) level = 3;
+  static const char* kNames[] = {"base", "avx2", "avx512", "avx512bf16"};
+  std::string name = kNames[level];
+  if (const char* cap = std::getenv("SWARM_CPU_LEVEL")) {
+    for (int l = 0; l < level; ++l)
+      if (std::string(cap) == kNames[l]) name = kNames[l];
+    name += std::string(" (SWARM_CPU_LEVEL=") + cap + ")";
+  }
+  return name;
+}
+
+/// The CPU's model name followed by its kernel level in brackets, e.g. "AMD EPYC [avx2]".
 inline std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
   std::string line;
   while (std::getline(in, line)) {
     if (line.rfind("model name", 0) == 0) {
       auto colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(colon + 2);
+      if (colon != std::string::npos) return line.substr(colon + 2) + " [" + cpu_level() + "]";
     }
   }
-  return "unknown";
+  return "unknown [" + cpu_level() + "]";
 }
 
 /// The checked-out commit, read from .git without running git; "unknown" when not found.

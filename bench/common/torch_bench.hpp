@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "inference/decoder_model_torch.hpp"
+#include "kernels/cpu/widening_linear_torch.hpp"
 #include "model/model_config.hpp"
 #include "model/model_tools.hpp"
 #include "model/safetensors.hpp"
@@ -240,6 +241,11 @@ inline void print_run_header(const fs::path& source_dir, bool quick, const std::
               utc_now().c_str(), load_average().c_str());
   std::printf("torch %s (libtorch C++), intra-op threads %d, inter-op threads %d; OpenBLAS: %s\n", TORCH_VERSION,
               at::get_num_threads(), at::get_num_interop_threads(), blas.c_str());
+  const char* dnnl = std::getenv("DNNL_MAX_CPU_ISA");
+  const char* aten = std::getenv("ATEN_CPU_CAPABILITY");
+  std::printf("CPU level %s: bf16 matmuls %s%s%s%s%s\n", cpu_level().c_str(),
+              swarm::bf16_matmul_widens() ? "widened to fp32 GEMM (no AVX512_BF16)" : "on AVX512_BF16 dot products",
+              dnnl ? "; DNNL_MAX_CPU_ISA=" : "", dnnl ? dnnl : "", aten ? "; ATEN_CPU_CAPABILITY=" : "", aten ? aten : "");
   std::printf("commit %s; %s run\n", git_commit(source_dir).c_str(), quick ? "quick" : "full");
   std::fflush(stdout);
 }

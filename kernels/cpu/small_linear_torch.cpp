@@ -365,11 +365,15 @@ void split_over_threads(int64_t begin, int64_t end, int64_t grain, int threads, 
 
 void set_small_linear_threads(int n) { g_threads.store(std::max(0, n)); }
 
+int small_linear_threads() { return g_threads.load() > 0 ? g_threads.load() : at::get_num_threads(); }
+
 int64_t small_linear_max_rows(at::ScalarType dtype) {
 #if SWARM_HAVE_X86_KERNELS
   if (dtype == at::kBFloat16 && cpu_has_avx512_bf16()) return kSmallLinearBf16MaxRows;
 #endif
-  return dtype == at::kBFloat16 ? 4 : kSmallLinearMaxRows;
+  // Without bf16 dot products the alternative is the widened fp32 GEMM (widening_linear_torch.hpp),
+  // which streaming the bf16 weights once beats at up to 8 rows as in fp32.
+  return kSmallLinearMaxRows;
 }
 
 namespace {

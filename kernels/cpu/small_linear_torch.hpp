@@ -11,8 +11,8 @@
 namespace swarm {
 
 /// Largest number of rows the widening kernel (fp32, and bf16 on CPUs without AVX512_BF16)
-/// takes. Measured here with the AVX-512 copy (SmolLM2 decode, 2 cores): it beats at::linear up
-/// to 8 rows in fp32 (OpenBLAS) and up to 4 in bf16 (oneDNN).
+/// takes. Measured with the AVX-512 copy (SmolLM2 decode, 2 cores): it beats at::linear up to 8
+/// rows in fp32 (OpenBLAS); in bf16 the alternative there is the widened fp32 GEMM too.
 constexpr int64_t kSmallLinearMaxRows = 8;
 
 /// Largest number of rows of the bf16 dot-product kernel (CPUs with AVX512_BF16). Measured here
@@ -22,7 +22,7 @@ constexpr int64_t kSmallLinearMaxRows = 8;
 constexpr int64_t kSmallLinearBf16MaxRows = 384;
 
 /// How many rows small_linear takes, and beats at::linear at, for this dtype on this CPU:
-/// kSmallLinearMaxRows for fp32; for bf16 kSmallLinearBf16MaxRows with AVX512_BF16, else 4.
+/// kSmallLinearBf16MaxRows for bf16 with AVX512_BF16, else kSmallLinearMaxRows.
 int64_t small_linear_max_rows(at::ScalarType dtype);
 
 /// Threads small_linear splits its work over; 0 (the default) = libtorch's intra-op thread
@@ -30,6 +30,8 @@ int64_t small_linear_max_rows(at::ScalarType dtype);
 /// configure_compute_threads), yet streaming the weights at a few rows needs every core, and no
 /// BLAS call overlaps it (measured: SmolLM2 fp32 decode at batch 1, 63.5 -> 110 tokens/s).
 void set_small_linear_threads(int n);
+/// The threads small_linear uses now (set_small_linear_threads, else libtorch's count).
+int small_linear_threads();
 
 /// x [M, in] (fp32 or bf16), w [out, in] of x's dtype, bias [out] or undefined; contiguous
 /// CPU tensors, 1 <= M <= max(kSmallLinearMaxRows, small_linear_max_rows(dtype)). Accumulates

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "common/dist_config.hpp"
 #include "engine/backend.hpp"
@@ -28,5 +29,10 @@ void register_torch_backend(std::shared_ptr<RankLeader> followers, const DistCon
 /// (returns 0). Throws SwarmError(UNAVAILABLE) when rank 0 cannot be reached or goes away
 /// mid-message.
 int run_torch_follower(const DistConfig& dist);
+
+/// One line for the start-up log: the CPU, the instruction-set level the CPU kernels run at
+/// (base / avx2 / avx512 / avx512bf16, lowered by SWARM_CPU_LEVEL), the path of bf16 matmuls
+/// (native bf16 dot products, or widened to fp32 GEMM), and the libtorch version.
+std::string compute_paths_summary();
 
 }  // namespace swarm

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <map>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <optional>
 #include <thread>
@@ -14,11 +15,14 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 #include <torch/cuda.h>
+#include <torch/version.h>
 
 #include "engine/rank_channel.hpp"
 #include "inference/decoder_model_torch.hpp"
 #include "inference/kv_cache_torch.hpp"
 #include "inference/serving_engine.hpp"
+#include "kernels/cpu/cpu_dispatch.hpp"
+#include "kernels/cpu/widening_linear_torch.hpp"
 #include "swarm/job.hpp"
 #include "text/chat_template.hpp"
 #include "text/tokenizer.hpp"
@@ -44,6 +48,34 @@ auto on_own_thread(F&& fn) -> decltype(fn()) {
   std::thread(std::move(task)).join();
   return result.get();
 }
+// The compute dtype of job key `dtype`: fp32, bf16, or auto: bf16 where it computes fast (a GPU,
+// a CPU with AVX512_BF16's dot products), fp32 on other CPUs, where bf16 matmuls are widened to
+// fp32 GEMM anyway (widening_linear_torch.hpp) and bf16 would only round every activation.
+// `why` (optional) gets the reason, for the log.
+DType compute_dtype(const Job& job, const torch::Device& device, std::string* why = nullptr) {
+  std::string reason;
+  DType d = DType::F32;
+  if (job.dtype == "bf16") {
+    d = DType::BF16;
+    reason = "dtype: bf16";
+    if (device.is_cpu() && bf16_matmul_widens())
+      reason += std::string(" (CPU level ") + cpu_level_name(cpu_level()) +
+                ": no bf16 dot products, so matmuls are widened to fp32 GEMM; weights stay bf16)";
+  } else if (job.dtype == "auto") {
+    const bool fast = device.is_cuda() || !bf16_matmul_widens();
+    d = fast ? DType::BF16 : DType::F32;
+    reason = std::string("dtype: auto -> ") + (fast ? "bf16" : "fp32") + " (" +
+             (device.is_cuda() ? std::string("GPU")
+                               : std::string("CPU level ") + cpu_level_name(cpu_level()) +
+                                     (fast ? ": bf16 dot products" : ": no bf16 dot products")) +
+             ")";
+  } else {
+    reason = "dtype: fp32";
+  }
+  if (why != nullptr) *why = reason;
+  return d;
+}
+
 // How long rank 0 waits for the other ranks to load a model or write their optimizer shard.
 constexpr std::chrono::minutes kFollowerLoadTimeout{10};
 
@@ -85,7 +117,7 @@ struct RankModel {
 
 RankModel load_rank_model(const Job& job, const std::filesystem::path& dir, bool resuming, torch::Device device,
                           std::shared_ptr<Collectives> comm) {
-  const DType dtype = job.dtype == "bf16" ? DType::BF16 : DType::F32;
+  const DType dtype = compute_dtype(job, device);
   RankModel r;
   r.model = DecoderModel::load(dir, dtype, device);
   // bf16 computes in bf16 but keeps fp32 master weights: seed them from the checkpoint's own
@@ -164,7 +196,8 @@ class TorchBackend final : public Backend {
     model_dir_ = dir;
     job_ = job;
     const int threads = compute_threads(job, dist_.local_world_size);
-    const DType dtype = job.dtype == "bf16" ? DType::BF16 : DType::F32;
+    std::string dtype_reason;
+    const DType dtype = compute_dtype(job, rank_device(dist_, job.device), &dtype_reason);
     const ThreadPlan plan = configure_compute_threads(threads, dtype);
 
     tokenizer_ = Tokenizer::from_directory(dir.string());
@@ -211,7 +244,7 @@ class TorchBackend final : public Backend {
     spdlog::info(
         "torch engine: {} ({}, {} parameters, {}) on {} with {} threads (libtorch {}, OpenBLAS {}); context {} "
         "tokens; KV cache {} tokens ({:.1f} MiB); batch {} sequences / {} tokens per step",
-        job.model, cfg.architecture_name, cfg.parameter_count(), job.dtype, device.str(), threads,
+        job.model, cfg.architecture_name, cfg.parameter_count(), dtype_reason, device.str(), threads,
         plan.torch_threads, plan.openblas_threads, max_context_,
         sc.kv_cache_tokens, static_cast<double>(engine->kv_cache_bytes()) / (1 << 20), sc.max_batch_sequences,
         sc.max_step_tokens);
@@ -458,8 +491,7 @@ int run_torch_follower(const DistConfig& dist) {
         store.master_port = message->header.at("store_port").get<int>();
         const torch::Device device = rank_device(dist, job.device);
         std::shared_ptr<Collectives> comm = make_collectives(store, device.is_cuda());
-        configure_compute_threads(compute_threads(job, dist.local_world_size),
-                                  job.dtype == "bf16" ? DType::BF16 : DType::F32);
+        configure_compute_threads(compute_threads(job, dist.local_world_size), compute_dtype(job, device));
         held = load_rank_model(job, dir, !resume.empty(), device, std::move(comm));
         spdlog::info("rank {}: loaded {} ({} optimizer values on this rank)", dist.rank, dir.string(),
                      (held->trainer->parameter_count() + dist.world_size - 1) / dist.world_size);
@@ -489,6 +521,24 @@ int run_torch_follower(const DistConfig& dist) {
       channel->reply_error(e.what());
     }
   }
+}
+
+std::string compute_paths_summary() {
+  std::string cpu = "unknown CPU";
+  std::ifstream info("/proc/cpuinfo");
+  for (std::string line; std::getline(info, line);) {
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+      cpu = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  std::string s = "CPU " + cpu + ", kernel level " + cpu_level_name(cpu_level());
+  if (const char* forced = std::getenv("SWARM_CPU_LEVEL")) s += std::string(" (SWARM_CPU_LEVEL=") + forced + ")";
+  s += bf16_matmul_widens() ? "; bf16 matmuls widened to fp32 GEMM (no AVX512_BF16)"
+                            : "; bf16 matmuls on AVX512_BF16 dot products";
+  s += "; libtorch " + std::string(TORCH_VERSION);
+  if (torch::cuda::is_available()) s += ", " + std::to_string(torch::cuda::device_count()) + " CUDA device(s)";
+  return s;
 }
 
 }  // namespace swarm

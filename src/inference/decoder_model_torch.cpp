@@ -20,6 +20,7 @@
 #include "kernels/cpu/paged_attention_torch.hpp"
 #include "kernels/cpu/serving_ops_torch.hpp"
 #include "kernels/cpu/small_linear_torch.hpp"
+#include "kernels/cpu/widening_linear_torch.hpp"
 #include "model/safetensors_torch.hpp"
 
 namespace swarm {
@@ -70,6 +71,8 @@ ThreadPlan configure_compute_threads(int n, DType compute) {
   using SetThreads = void (*)(int);
   auto openblas_set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
   ThreadPlan plan;
+  // (bf16 without bf16 dot products widens its matmuls to fp32 GEMM, widening_linear_torch.hpp,
+  // but calls OpenBLAS from each of libtorch's threads itself: the bf16 plan holds there too.)
   const bool fp32 = compute == DType::F32;
   plan.torch_threads = fp32 ? 1 : n;
   at::set_num_threads(plan.torch_threads);
@@ -371,7 +374,7 @@ torch::Tensor DecoderModel::attend(const torch::Tensor& q, const torch::Tensor& 
   torch::Tensor scores = at::matmul(qs, kt.to(torch::kFloat));
   scores = scores.view({b, kvh, rep, nq, L}).masked_fill(blocked.reshape({b, 1, 1, nq, L}), kNegInf);
   const torch::Tensor probs = at::softmax(scores, -1).to(q.scalar_type()).view({b, kvh, rep * nq, L});
-  const torch::Tensor out = at::matmul(probs, v.permute({0, 2, 1, 3}));  // [b, kv, rep*nq, hd]
+  const torch::Tensor out = model_matmul(probs, v.permute({0, 2, 1, 3}));  // [b, kv, rep*nq, hd]
   return out.view({b, kvh, rep, nq, hd}).permute({0, 3, 1, 2, 4}).reshape({b, nq, kvh * rep * hd});
 }
 
@@ -383,13 +386,14 @@ torch::Tensor DecoderModel::serving_linear(const torch::Tensor& x, const torch::
   if (device_.is_cpu() && x.dim() == 2 && x.size(0) <= small_linear_max_rows(scalar_type_)) {
     return small_linear(x, w, bias, float_out, out);
   }
+  if (widens(x)) return widening_linear(x, w, b, float_out);  // no bf16 dot products: fp32 GEMM
   const torch::Tensor y = at::linear(x, w, bias);
   return float_out ? y.to(torch::kFloat) : y;
 }
 
 torch::Tensor DecoderModel::proj(const torch::Tensor& x, int w, int b, bool serving, const torch::Tensor& out) const {
   if (serving) return serving_linear(x, p(w), b < 0 ? torch::Tensor() : p(b), false, out);
-  return at::linear(x, p(w), bias(b));
+  return model_linear(x, p(w), bias(b));
 }
 
 torch::Tensor DecoderModel::mlp(const LayerParams& layer, const torch::Tensor& x, bool serving) const {
@@ -459,9 +463,9 @@ torch::Tensor DecoderModel::final_hidden(const torch::Tensor& input_ids, const t
   torch::Tensor x = at::embedding(p(embed_), ids);  // [B, T, H]
   for (const LayerParams& layer : layers_) {
     const torch::Tensor h = rms_norm(x, p(layer.in_norm));
-    torch::Tensor q = at::linear(h, p(layer.q_w), bias(layer.q_b)).view({B, T, nh, hd});
-    torch::Tensor k = at::linear(h, p(layer.k_w), bias(layer.k_b)).view({B, T, kvh, hd});
-    const torch::Tensor v = at::linear(h, p(layer.v_w), bias(layer.v_b)).view({B, T, kvh, hd});
+    torch::Tensor q = model_linear(h, p(layer.q_w), bias(layer.q_b)).view({B, T, nh, hd});
+    torch::Tensor k = model_linear(h, p(layer.k_w), bias(layer.k_b)).view({B, T, kvh, hd});
+    const torch::Tensor v = model_linear(h, p(layer.v_w), bias(layer.v_b)).view({B, T, kvh, hd});
     if (layer.q_norm >= 0) {
       q = rms_norm(q, p(layer.q_norm));
       k = rms_norm(k, p(layer.k_norm));
@@ -469,7 +473,7 @@ torch::Tensor DecoderModel::final_hidden(const torch::Tensor& input_ids, const t
     q = apply_rope(q, cos, sin);
     k = apply_rope(k, cos, sin);
     const torch::Tensor o = attend(q, k, v, blocked);
-    x = x + at::linear(o, p(layer.o_w), bias(layer.o_b));
+    x = x + model_linear(o, p(layer.o_w), bias(layer.o_b));
     x = x + mlp(layer, rms_norm(x, p(layer.post_norm)));
   }
   return x;

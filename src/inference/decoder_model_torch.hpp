@@ -36,7 +36,8 @@ struct ThreadPlan {
 /// OpenMP pool and OpenBLAS's pthread pool are separate, and both busy-wait: giving both `n`
 /// threads oversubscribes the cores (measured here: fp32 decode at batch 32 fell from ~250 to
 /// ~80 tokens/s). So fp32 (whose time is in OpenBLAS GEMM) gets OpenBLAS n threads and libtorch 1;
-/// bf16 (oneDNN on libtorch's pool) gets libtorch n threads and OpenBLAS 1.
+/// bf16 (oneDNN on libtorch's pool, or our widening GEMM, which calls OpenBLAS from each of
+/// libtorch's threads) gets libtorch n threads and OpenBLAS 1.
 ThreadPlan configure_compute_threads(int n, DType compute);
 
 /// Keeps the large, short-lived activation buffers of a forward pass in the malloc heap
@@ -159,10 +160,8 @@ class DecoderModel {
   /// have replaced one tensor in parameters()).
   bool qkv_merged(size_t layer) const;
   bool gate_up_merged(size_t layer) const;
-  /// An optional parameter (a bias), as at::linear takes it.
-  c10::optional<torch::Tensor> bias(int index) const {
-    return index < 0 ? c10::optional<torch::Tensor>() : c10::optional<torch::Tensor>(p(index));
-  }
+  /// An optional parameter (a bias): undefined when `index` < 0.
+  torch::Tensor bias(int index) const { return index < 0 ? torch::Tensor() : p(index); }
   void build_rope_tables();
   torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight) const;
   // The serving step's building blocks take an optional `out`: a buffer the CPU kernels write

@@ -111,7 +111,9 @@ const std::vector<Field>& field_table() {
        "Tasks per optimizer step within a batch; 0 means the whole batch."},
       {"micro_batch_max_tokens", &Job::micro_batch_max_tokens,
        "Token budget of one forward/backward micro-batch (bounds memory)."},
-      {"dtype", &Job::dtype, "Compute precision: fp32 or bf16."},
+      {"dtype", &Job::dtype,
+       "Compute precision: fp32, bf16, or auto (bf16 on a GPU and on CPUs with AVX512_BF16, fp32 on other "
+       "CPUs; the engine log says what it chose and why). bf16 keeps fp32 master weights for training."},
       {"seed", &Job::seed, "Random seed for sampling and initialisation."},
       {"total_training_steps", &Job::total_training_steps, "Stop after this many policy steps; 0 = never."},
       {"save_freq", &Job::save_freq, "Checkpoint every N steps; 0 = only on stop_engine."},
@@ -436,7 +438,7 @@ void Job::validate() const {
   if (ppo_epochs < 1) bad("ppo_epochs", "must be >= 1");
   if (ppo_mini_batch_size < 0) bad("ppo_mini_batch_size", "must be >= 0");
   if (micro_batch_max_tokens < 1) bad("micro_batch_max_tokens", "must be >= 1");
-  require_one_of("dtype", dtype, {"fp32", "bf16"});
+  require_one_of("dtype", dtype, {"fp32", "bf16", "auto"});
   if (total_training_steps < 0) bad("total_training_steps", "must be >= 0");
   if (save_freq < 0) bad("save_freq", "must be >= 0");
   if (max_staleness < 0) bad("max_staleness", "must be >= 0");

@@ -13,6 +13,7 @@
 
 #include "common/error.hpp"
 #include "inference/decoder_model_torch.hpp"
+#include "kernels/cpu/widening_linear_torch.hpp"
 #include "trainer/gae.hpp"
 #include "swarm/job.hpp"
 
@@ -70,7 +71,7 @@ torch::Tensor chunked_selected_logprobs(const torch::Tensor& logits, const torch
 struct ChunkedHeadLogprobs : public torch::autograd::Function<ChunkedHeadLogprobs> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                                 const torch::Tensor& w, const torch::Tensor& targets) {
-    const torch::Tensor logits = at::linear(x, w);  // [N, vocab], compute dtype
+    const torch::Tensor logits = model_linear(x, w);  // [N, vocab], compute dtype
     torch::Tensor entropy;
     const torch::Tensor lp = chunked_selected_logprobs(logits, targets, &entropy);
     ctx->save_for_backward({x, w});
@@ -103,8 +104,8 @@ struct ChunkedHeadLogprobs : public torch::autograd::Function<ChunkedHeadLogprob
     // linear(x, w) = mm(x, wᵀ); mm's backward for a row-major x and a column-major wᵀ:
     // dx = dl·w, dw = dlᵀ·x.
     torch::Tensor dx, dw;
-    if (x.requires_grad()) dx = glogits.mm(w);
-    if (w.requires_grad()) dw = glogits.t().mm(x);
+    if (x.requires_grad()) dx = linear_grad_input(glogits, w);
+    if (w.requires_grad()) dw = linear_grad_weight(glogits, x);
     return {dx, dw, torch::Tensor()};
   }
 };
@@ -269,7 +270,7 @@ torch::Tensor GrpoTrainer::selected_logprobs(const DecoderModel& model, const Mi
   const torch::Tensor h = hidden.reshape({-1, hidden.size(-1)}).index_select(0, in.positions);
   const torch::Tensor x = model.final_norm(h);
   if (!torch::GradMode::is_enabled()) {
-    const torch::Tensor logits = at::linear(x, model.head_weight());
+    const torch::Tensor logits = model_linear(x, model.head_weight());
     return chunked_selected_logprobs(logits, in.targets, entropy);
   }
   torch::autograd::variable_list out = ChunkedHeadLogprobs::apply(x, model.head_weight(), in.targets);

@@ -7,7 +7,10 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <dlfcn.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <numeric>
@@ -17,6 +20,7 @@
 #include "kernels/cpu/paged_attention_torch.hpp"
 #include "kernels/cpu/serving_ops_torch.hpp"
 #include "kernels/cpu/small_linear_torch.hpp"
+#include "kernels/cpu/widening_linear_torch.hpp"
 
 namespace swarm {
 namespace {
@@ -94,7 +98,7 @@ TEST(SmallLinear, SiluMulIsTheProjectionThenSiluMulBitForBit) {
 TEST(SmallLinear, TakesWhatTheCpuLevelAllows) {
   EXPECT_EQ(small_linear_max_rows(at::kFloat), kSmallLinearMaxRows);
   const int64_t bf16 = small_linear_max_rows(at::kBFloat16);
-  EXPECT_EQ(bf16, cpu_has_avx512_bf16() ? kSmallLinearBf16MaxRows : 4) << cpu_level_name(cpu_level());
+  EXPECT_EQ(bf16, cpu_has_avx512_bf16() ? kSmallLinearBf16MaxRows : kSmallLinearMaxRows) << cpu_level_name(cpu_level());
   const at::Tensor w = at::randn({4, 8}).to(at::kBFloat16);
   EXPECT_NO_THROW(small_linear(at::randn({bf16, 8}).to(at::kBFloat16), w, c10::nullopt));
   EXPECT_ANY_THROW(small_linear(at::randn({std::max(bf16, kSmallLinearMaxRows) + 1, 8}).to(at::kBFloat16), w,
@@ -507,6 +511,104 @@ TEST(ServingOps, SoftmaxRowStatsAndRowsMatchLogSoftmax) {
   EXPECT_EQ(stats[1].max, -kInf);
   EXPECT_ANY_THROW(softmax_row_stats(bad, {1.0f}));
   EXPECT_ANY_THROW(softmax_row_stats(bad, {1.0f, 0.0f}));
+}
+
+// ---------------------------------------------------------------- bf16 widened to fp32 GEMM
+
+// The fp32 reference of a bf16 linear: the same bf16 inputs, widened, multiplied in fp32.
+at::Tensor widened_reference(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  return at::linear(x.to(at::kFloat), w.to(at::kFloat), b.defined() ? b.to(at::kFloat) : at::Tensor());
+}
+
+// widening_linear is the fp32 product of the bf16 inputs, rounded once: within one bf16 rounding
+// of the fp32 reference, for row counts from 1 to beyond a panel, shapes with and without tails,
+// batch dimensions and bias; float_out holds exactly the bf16 results.
+TEST(WideningLinear, IsTheFp32ProductOfTheBf16InputsRoundedOnce) {
+  at::manual_seed(11);
+  for (int64_t m : {1, 3, 8, 9, 64, 300, 1100}) {
+    for (auto [in, out] : {std::pair<int64_t, int64_t>{576, 1536}, {100, 37}, {40, 3000}}) {
+      const at::Tensor x = at::randn({m, in}).to(at::kBFloat16), w = at::randn({out, in}).to(at::kBFloat16);
+      const at::Tensor b = at::randn({out}).to(at::kBFloat16);
+      for (const at::Tensor& bias : {b, at::Tensor()}) {
+        const at::Tensor got = widening_linear(x, w, bias);
+        const at::Tensor want = widened_reference(x, w, bias);
+        ASSERT_EQ(got.scalar_type(), at::kBFloat16);
+        ASSERT_EQ(got.sizes(), (std::vector<int64_t>{m, out}));
+        // One rounding to bf16 (relative 2^-8 of each value) plus fp32 summation order.
+        const at::Tensor err = (got.to(at::kFloat) - want).abs();
+        EXPECT_TRUE((err <= want.abs() * (1.0 / 256) + 1e-3).all().item<bool>())
+            << "m=" << m << " in=" << in << " out=" << out << " max err " << err.max().item<float>();
+        EXPECT_TRUE(at::equal(widening_linear(x, w, bias, /*float_out=*/true), got.to(at::kFloat)));
+      }
+    }
+  }
+  // Leading batch dimensions are kept.
+  const at::Tensor x3 = at::randn({2, 5, 64}).to(at::kBFloat16), w = at::randn({48, 64}).to(at::kBFloat16);
+  const at::Tensor y3 = widening_linear(x3, w, at::Tensor());
+  EXPECT_EQ(y3.sizes(), (std::vector<int64_t>{2, 5, 48}));
+  EXPECT_TRUE(at::equal(y3.view({10, 48}), widening_linear(x3.view({10, 64}), w, at::Tensor())));
+  EXPECT_ANY_THROW(widening_linear(x3.to(at::kFloat), w, at::Tensor()));  // bf16 only
+  EXPECT_ANY_THROW(widening_linear(x3, w.narrow(1, 0, 32), at::Tensor()));
+}
+
+// model_linear's gradients on the widening path are linear's gradients computed in fp32 from the
+// bf16 values (the backward's GEMMs widened the same way), each rounded once to bf16; on other
+// CPUs model_linear is at::linear. Either way they match the fp32 autograd reference.
+TEST(WideningLinear, ModelLinearGradientsMatchTheFp32Reference) {
+  at::manual_seed(12);
+  for (bool with_bias : {true, false}) {
+    const at::Tensor x0 = at::randn({3, 70, 96}).to(at::kBFloat16), w0 = at::randn({200, 96}).to(at::kBFloat16);
+    const at::Tensor b0 = at::randn({200}).to(at::kBFloat16), g = at::randn({3, 70, 200}).to(at::kBFloat16);
+    const at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+    const at::Tensor b = with_bias ? b0.clone().requires_grad_(true) : at::Tensor();
+    const at::Tensor y = model_linear(x, w, b);
+    EXPECT_EQ(y.scalar_type(), at::kBFloat16);
+    y.backward(g);
+    const at::Tensor xr = x0.to(at::kFloat).requires_grad_(true), wr = w0.to(at::kFloat).requires_grad_(true);
+    const at::Tensor br = with_bias ? b0.to(at::kFloat).requires_grad_(true) : at::Tensor();
+    at::linear(xr, wr, br).backward(g.to(at::kFloat));
+    auto close = [](const at::Tensor& got, const at::Tensor& want, const char* what) {
+      const at::Tensor err = (got.to(at::kFloat) - want).abs();
+      // bf16 backward on the native path rounds its inputs too: 2 bf16 ulps of the largest value.
+      EXPECT_LT(err.max().item<float>(), want.abs().max().item<float>() * (2.0 / 256)) << what;
+    };
+    close(x.grad(), xr.grad(), "grad x");
+    close(w.grad(), wr.grad(), "grad w");
+    if (with_bias) close(b.grad(), br.grad(), "grad b");
+    EXPECT_EQ(x.grad().scalar_type(), at::kBFloat16);
+    EXPECT_EQ(w.grad().scalar_type(), at::kBFloat16);
+  }
+  // linear_grad_input / linear_grad_weight: the backward's GEMMs for hand-written backward passes.
+  const at::Tensor gy = at::randn({33, 300}).to(at::kBFloat16), w = at::randn({300, 64}).to(at::kBFloat16);
+  const at::Tensor x = at::randn({33, 64}).to(at::kBFloat16);
+  EXPECT_LT(max_rel(linear_grad_input(gy, w), gy.to(at::kFloat).mm(w.to(at::kFloat))), 1e-2);
+  EXPECT_LT(max_rel(linear_grad_weight(gy, x), gy.to(at::kFloat).t().mm(x.to(at::kFloat))), 1e-2);
+  EXPECT_LT(max_rel(model_matmul(gy.view({3, 11, 300}), w), at::matmul(gy.view({3, 11, 300}).to(at::kFloat), w.to(at::kFloat))),
+            1e-2);
+}
+
+// The path follows the CPU level: widening exactly when there is no AVX512_BF16 (SWARM_CPU_LEVEL
+// included), and only for bf16 CPU tensors.
+TEST(WideningLinear, TheWideningPathFollowsTheCpuLevel) {
+  EXPECT_EQ(bf16_matmul_widens(), !cpu_has_avx512_bf16());
+  EXPECT_EQ(widens(at::zeros({2}, at::kBFloat16)), bf16_matmul_widens());
+  EXPECT_FALSE(widens(at::zeros({2}, at::kFloat)));
+  EXPECT_FALSE(widens(at::Tensor()));
+}
+
+// The switches that make a machine behave as a lower level for the libraries, not only for our
+// kernels: oneDNN must report the ISA that DNNL_MAX_CPU_ISA allows (run by the cpu_level_* ctest
+// variants with that variable set; oneDNN's ISA codes: AVX2 0x7, AVX-512 core 0x27).
+TEST(WideningLinear, OneDnnHonoursDnnlMaxCpuIsa) {
+  const char* want = std::getenv("DNNL_MAX_CPU_ISA");
+  if (want == nullptr) GTEST_SKIP() << "DNNL_MAX_CPU_ISA not set (set by the cpu_level_* variants)";
+  using GetIsa = int (*)();
+  auto get = reinterpret_cast<GetIsa>(dlsym(RTLD_DEFAULT, "dnnl_get_effective_cpu_isa"));
+  if (get == nullptr) GTEST_SKIP() << "this libtorch has no oneDNN symbols to ask";
+  (void)at::matmul(at::randn({8, 8}).to(at::kBFloat16), at::randn({8, 8}).to(at::kBFloat16));  // oneDNN initialised
+  const int isa = get();
+  if (std::string(want) == "AVX2") EXPECT_LE(isa, 0x7) << "oneDNN runs ISA 0x" << std::hex << isa;
+  if (std::string(want) == "SSE41") EXPECT_LE(isa, 0x1) << "oneDNN runs ISA 0x" << std::hex << isa;
 }
 
 }  // namespace

@@ -1,0 +1,253 @@
+#include "kernels/cpu/widening_linear_torch.hpp"
+
+#include <c10/core/InferenceMode.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <exception>
+
+#include "common/error.hpp"
+#include "kernels/cpu/cpu_dispatch.hpp"
+#include "kernels/cpu/cpu_vec.hpp"
+#include "kernels/cpu/small_linear_torch.hpp"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace swarm {
+namespace {
+
+#define SWARM_WIDEN_INLINE inline __attribute__((always_inline))
+
+// bf16 -> fp32 for n contiguous values: a shift of each 16-bit pattern into the high half.
+template <int W>
+SWARM_WIDEN_INLINE void widen_impl(const c10::BFloat16* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 4 * W <= n; i += 4 * W) {
+    const auto a = simd::load_vec<W>(src + i), b = simd::load_vec<W>(src + i + W);
+    const auto c = simd::load_vec<W>(src + i + 2 * W), d = simd::load_vec<W>(src + i + 3 * W);
+    simd::store_vec<W>(dst + i, a);
+    simd::store_vec<W>(dst + i + W, b);
+    simd::store_vec<W>(dst + i + 2 * W, c);
+    simd::store_vec<W>(dst + i + 3 * W, d);
+  }
+  for (; i + W <= n; i += W) simd::store_vec<W>(dst + i, simd::load_vec<W>(src + i));
+  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+SWARM_TARGET_AVX512 void widen_avx512(const c10::BFloat16* s, float* d, int64_t n) { widen_impl<16>(s, d, n); }
+SWARM_TARGET_AVX2 void widen_avx2(const c10::BFloat16* s, float* d, int64_t n) { widen_impl<8>(s, d, n); }
+void widen_base(const c10::BFloat16* s, float* d, int64_t n) { widen_impl<8>(s, d, n); }
+using WidenFn = void (*)(const c10::BFloat16*, float*, int64_t);
+
+void widen(const at::Tensor& src, at::Tensor& dst) {
+  static const WidenFn fn = cpu_pick<WidenFn>(widen_avx512, widen_avx2, widen_base);
+  fn(src.data_ptr<c10::BFloat16>(), dst.data_ptr<float>(), src.numel());
+}
+
+// Runs f(begin, end) for [0, n) split into `threads` contiguous chunks (multiples of `align`), one
+// per OpenMP thread of the pool libtorch and our kernels share. Each thread converts its own
+// weights and calls the fp32 GEMM itself, with OpenBLAS's own pool at one thread (the bf16 thread
+// plan, configure_compute_threads): two busy-waiting pools on the same cores (our conversion
+// threads spinning while OpenBLAS's run) measured 3-4x slower at 32 rows.
+template <class F>
+void split_work(int64_t n, int64_t align, int64_t min_per_thread, const F& f) {
+  const int threads = static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>(small_linear_threads(), n / std::max<int64_t>(1, min_per_thread))));
+#ifdef _OPENMP
+  if (threads > 1 && !omp_in_parallel()) {
+    std::exception_ptr error;
+    // The caller's thread-local modes go with the work (an inference tensor may only be written
+    // in inference mode); no autograd inside.
+    const bool inference = c10::InferenceMode::is_enabled();
+#pragma omp parallel num_threads(threads)
+    {
+      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+      const int64_t chunk = ((n + nt - 1) / nt + align - 1) / align * align;
+      const int64_t b = std::min(n, t * chunk), e = std::min(n, b + chunk);
+      try {
+        c10::InferenceMode mode(inference);
+        at::NoGradGuard no_grad;
+        if (b < e) f(b, e);
+      } catch (...) {
+#pragma omp critical
+        error = std::current_exception();
+      }
+    }
+    if (error) std::rethrow_exception(error);
+    return;
+  }
+#endif
+  f(0, n);
+}
+
+// Bytes of one thread's fp32 weight panel: in its core's L2 while the GEMM reads it.
+// SWARM_WIDEN_PANEL_KB overrides (for measuring).
+int64_t panel_bytes() {
+  static const int64_t bytes = [] {
+    const char* kb = std::getenv("SWARM_WIDEN_PANEL_KB");
+    return kb != nullptr && std::atoll(kb) > 0 ? std::atoll(kb) * 1024 : int64_t{384} << 10;
+  }();
+  return bytes;
+}
+
+// Weight rows per panel (see panel_bytes); each GEMM call packs all M input rows again, so with
+// many rows the panel grows (at P rows the packing costs about 1/P of the arithmetic's time) and
+// is read from the shared L3 instead.
+int64_t panel_rows(int64_t m, int64_t in, int64_t out) {
+  const int64_t fit = std::max<int64_t>(16, panel_bytes() / (4 * std::max<int64_t>(in, 1)));
+  const int64_t rows = std::max(fit, std::min<int64_t>(m, 512));
+  return std::min(out, (rows + 15) / 16 * 16);
+}
+
+// y [M, out] fp32 = x [M, in] fp32 · wᵀ (+ bias fp32 [out] or undefined), w bf16 contiguous:
+// each thread takes a range of output features, panel by panel.
+void panel_gemm_xwt(const at::Tensor& xf, const at::Tensor& w, const at::Tensor& biasf, at::Tensor& yf) {
+  const int64_t m = xf.size(0), in = xf.size(1), out = w.size(0);
+  // A thread is worth waking for 2^18 multiply-adds or more.
+  split_work(out, 16, std::max<int64_t>(16, (int64_t{1} << 18) / std::max<int64_t>(1, m * in)),
+             [&](int64_t begin, int64_t end) {
+               const int64_t p = panel_rows(m, in, end - begin);
+               at::Tensor panel = at::empty({p, in}, xf.options());
+               for (int64_t p0 = begin; p0 < end; p0 += p) {
+                 const int64_t rows = std::min(p, end - p0);
+                 at::Tensor wp = panel.narrow(0, 0, rows);
+                 widen(w.narrow(0, p0, rows), wp);  // bf16 -> fp32, in cache
+                 at::Tensor ys = yf.narrow(1, p0, rows);
+                 if (biasf.defined())
+                   at::addmm_out(ys, biasf.narrow(0, p0, rows), xf, wp.t());
+                 else
+                   at::mm_out(ys, xf, wp.t());
+               }
+             });
+}
+
+// gx [M, in] fp32 = gy [M, out] fp32 · w [out, in] (bf16): each thread takes a range of the M
+// rows and converts the weights panel by panel for itself (M is large where this runs: training).
+at::Tensor panel_gemm_gw(const at::Tensor& gyf, const at::Tensor& w_any) {
+  const at::Tensor w = w_any.contiguous();
+  const int64_t m = gyf.size(0), out = w.size(0), in = w.size(1);
+  at::Tensor gx = at::zeros({m, in}, gyf.options());
+  split_work(m, 1, 64, [&](int64_t begin, int64_t end) {
+    const at::Tensor g = gyf.narrow(0, begin, end - begin);
+    at::Tensor gxs = gx.narrow(0, begin, end - begin);
+    const int64_t p = panel_rows(end - begin, in, out);
+    at::Tensor panel = at::empty({p, in}, gyf.options());
+    for (int64_t p0 = 0; p0 < out; p0 += p) {
+      const int64_t rows = std::min(p, out - p0);
+      at::Tensor wp = panel.narrow(0, 0, rows);
+      widen(w.narrow(0, p0, rows), wp);
+      gxs.addmm_(g.narrow(1, p0, rows), wp);
+    }
+  });
+  return gx;
+}
+
+// gw [out, in] fp32 = gyᵀ · x, gy [M, out], x [M, in] fp32: each thread takes a range of `out`.
+at::Tensor gemm_gyt_x(const at::Tensor& gyf, const at::Tensor& xf) {
+  const int64_t out = gyf.size(1), in = xf.size(1);
+  at::Tensor gw = at::empty({out, in}, gyf.options());
+  split_work(out, 16, 16, [&](int64_t begin, int64_t end) {
+    at::Tensor dst = gw.narrow(0, begin, end - begin);
+    at::mm_out(dst, gyf.narrow(1, begin, end - begin).t(), xf);
+  });
+  return gw;
+}
+
+void check_args(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
+  SWARM_REQUIRE(x.device().is_cpu() && w.device().is_cpu() && x.scalar_type() == at::kBFloat16 &&
+                    w.scalar_type() == at::kBFloat16 && w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(1),
+                ErrorKind::INVALID_ARGUMENT, "widening_linear: expects bf16 CPU x [..., in] and w [out, in]");
+  SWARM_REQUIRE(!bias.defined() || (bias.dim() == 1 && bias.size(0) == w.size(0)), ErrorKind::INVALID_ARGUMENT,
+                "widening_linear: bias must be [out]");
+}
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Gradients of y = x · wᵀ + b, widened as the forward is.
+variable_list linear_backward(AutogradContext* ctx, const at::Tensor& gy, bool has_bias) {
+  const auto saved = ctx->get_saved_variables();
+  const at::Tensor& x = saved[0];
+  const at::Tensor& w = saved[1];
+  const int64_t in = w.size(1), out = w.size(0);
+  const at::Tensor gyf = gy.reshape({-1, out}).to(at::kFloat);
+  at::Tensor gx, gw, gb;
+  if (ctx->needs_input_grad(0)) gx = panel_gemm_gw(gyf, w).to(at::kBFloat16).view(x.sizes());
+  if (ctx->needs_input_grad(1)) gw = gemm_gyt_x(gyf, x.reshape({-1, in}).to(at::kFloat)).to(at::kBFloat16);
+  if (has_bias && ctx->needs_input_grad(2)) gb = gyf.sum(0).to(at::kBFloat16);
+  if (has_bias) return {gx, gw, gb};
+  return {gx, gw};
+}
+
+struct WideningLinear : public torch::autograd::Function<WideningLinear> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w) {
+    ctx->save_for_backward({x, w});
+    return widening_linear(x, w, at::Tensor());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return linear_backward(ctx, grads[0], false);
+  }
+};
+
+struct WideningLinearBias : public torch::autograd::Function<WideningLinearBias> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+    ctx->save_for_backward({x, w});
+    return widening_linear(x, w, b);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return linear_backward(ctx, grads[0], true);
+  }
+};
+
+}  // namespace
+
+bool bf16_matmul_widens() {
+  static const bool widens = !cpu_has_avx512_bf16();
+  return widens;
+}
+
+bool widens(const at::Tensor& t) {
+  return t.defined() && t.scalar_type() == at::kBFloat16 && t.device().is_cpu() && bf16_matmul_widens();
+}
+
+at::Tensor widening_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, bool float_out) {
+  check_args(x, w, bias);
+  const int64_t in = w.size(1), out = w.size(0);
+  const at::Tensor xf = x.reshape({-1, in}).to(at::kFloat).contiguous();
+  const at::Tensor biasf = bias.defined() ? bias.to(at::kFloat) : at::Tensor();
+  at::Tensor yf = at::empty({xf.size(0), out}, xf.options());
+  panel_gemm_xwt(xf, w.contiguous(), biasf, yf);
+  std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
+  sizes.back() = out;
+  at::Tensor y = yf.to(at::kBFloat16).view(sizes);
+  return float_out ? y.to(at::kFloat) : y;
+}
+
+at::Tensor model_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
+  if (!widens(x)) return at::linear(x, w, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt);
+  check_args(x, w, bias);
+  const bool grad = at::GradMode::is_enabled() &&
+                    (x.requires_grad() || w.requires_grad() || (bias.defined() && bias.requires_grad()));
+  if (!grad) return widening_linear(x, w, bias);
+  if (bias.defined()) return WideningLinearBias::apply(x, w, bias);
+  return WideningLinear::apply(x, w);
+}
+
+at::Tensor model_matmul(const at::Tensor& a, const at::Tensor& b) {
+  if (!widens(a)) return at::matmul(a, b);
+  return at::matmul(a.to(at::kFloat), b.to(at::kFloat)).to(a.scalar_type());
+}
+
+at::Tensor linear_grad_input(const at::Tensor& grad_y, const at::Tensor& w) {
+  if (!widens(grad_y)) return grad_y.mm(w);
+  return panel_gemm_gw(grad_y.to(at::kFloat), w).to(grad_y.scalar_type());
+}
+
+at::Tensor linear_grad_weight(const at::Tensor& grad_y, const at::Tensor& x) {
+  if (!widens(grad_y)) return grad_y.t().mm(x);
+  return gemm_gyt_x(grad_y.to(at::kFloat), x.to(at::kFloat)).to(grad_y.scalar_type());
+}
+
+}  // namespace swarm
