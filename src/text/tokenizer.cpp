@@ -426,6 +426,12 @@ std::unique_ptr<TokenizerImpl> build(const json& tj) {
     }
   }
   if (max_id < 0) fail("empty vocabulary");
+  // The id table is as long as the largest id: a hostile file with one huge id must not make it
+  // gigabytes. Real vocabularies are dense and far below 2^22 (4M) ids.
+  const int64_t entries = static_cast<int64_t>(vocab.size() + impl->added.size());
+  if (max_id >= (int64_t{1} << 22) || max_id > 2 * entries + 65536)
+    fail("token id " + std::to_string(max_id) + " is too large for " + std::to_string(entries) +
+         " tokens (ids must be below 4194304 and nearly dense)");
   impl->id_to_token.assign(static_cast<size_t>(max_id) + 1, std::string());
   impl->is_added.assign(impl->id_to_token.size(), 0);
   impl->is_special.assign(impl->id_to_token.size(), 0);

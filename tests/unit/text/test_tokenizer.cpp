@@ -415,6 +415,14 @@ TEST(TokenizerErrors, NameTheFileAndWhatIsUnsupported) {
   t = tiny_tokenizer();
   t["model"]["merges"] = json::array({"a c"});
   expect_invalid([&] { Tokenizer::from_json(t.dump()); }, "not in the vocabulary");
+  // A huge id (found by fuzz_tokenizer_json: the id table asked for 17 GB) is refused, in the
+  // vocabulary and in added_tokens alike.
+  t = tiny_tokenizer();
+  t["model"]["vocab"]["ab"] = 2000000000;
+  expect_invalid([&] { Tokenizer::from_json(t.dump()); }, "too large");
+  t = tiny_tokenizer();
+  t["added_tokens"] = json::array({{{"id", 5000000}, {"content", "<x>"}, {"special", true}}});
+  expect_invalid([&] { Tokenizer::from_json(t.dump()); }, "too large");
   expect_invalid([&] { Tokenizer::from_json("{not json"); }, "tokenizer.json: malformed JSON");
   expect_invalid([&] { Tokenizer::from_json(tiny_tokenizer().dump(), "[1]"); },
                  "tokenizer_config.json");
