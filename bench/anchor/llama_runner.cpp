@@ -244,9 +244,7 @@ EngineDecodeResult LlamaModel::decode(const EngineDecodeSpec& spec, int64_t prom
   std::uniform_int_distribution<int32_t> dist(0, static_cast<int32_t>(vocab - 1));
   std::vector<int32_t> tokens(static_cast<size_t>(B));
   for (auto& tok : tokens) tok = dist(gen);
-  int64_t pos = prompt;
-  double forward_s = 0, sample_s = 0;
-  auto step = [&](bool timed) {
+  auto step = [&](int64_t pos, double& forward_s, double& sample_s) {
     batch.clear();
     for (int64_t b = 0; b < B; ++b) batch.add(tokens[static_cast<size_t>(b)], pos, static_cast<int32_t>(b), true);
     auto t0 = Clock::now();
@@ -254,28 +252,13 @@ EngineDecodeResult LlamaModel::decode(const EngineDecodeSpec& spec, int64_t prom
     auto t1 = Clock::now();
     for (int64_t b = 0; b < B; ++b)
       tokens[static_cast<size_t>(b)] = argmax(api.get_logits_ith(ctx->ctx, static_cast<int32_t>(b)), vocab);
-    if (timed) {
-      forward_s += std::chrono::duration<double>(t1 - t0).count();
-      sample_s += std::chrono::duration<double>(Clock::now() - t1).count();
-    }
-    ++pos;
+    forward_s += std::chrono::duration<double>(t1 - t0).count();
+    sample_s += std::chrono::duration<double>(Clock::now() - t1).count();
   };
-  for (int64_t i = 0; i < spec.warmup; ++i) step(false);
-  EngineDecodeResult r;
-  r.seconds = 1e30;
-  for (int64_t rep = 0; rep < std::max<int64_t>(1, spec.reps); ++rep) {
-    pos = prompt + spec.warmup;  // the same positions every pass: drop the previous pass's cells
-    api.memory_seq_rm(api.get_memory(ctx->ctx), -1, static_cast<llama_pos>(pos), -1);
-    forward_s = sample_s = 0;
-    auto t0 = Clock::now();
-    for (int64_t i = 0; i < spec.steps; ++i) step(true);
-    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (seconds < r.seconds) {
-      r.seconds = seconds;
-      r.forward_s = forward_s;
-      r.sample_s = sample_s;
-    }
-  }
+  // Each pass covers the same positions: drop the previous pass's cells first.
+  const EngineDecodeResult r = best_decode_pass(spec, prompt, step, [&](int64_t first) {
+    api.memory_seq_rm(api.get_memory(ctx->ctx), -1, static_cast<llama_pos>(first), -1);
+  });
   return r;
 }
 

@@ -1,7 +1,8 @@
 // Driving the libtorch engine (DecoderModel::forward_step over a paged KvCache) the way the
 // serving engine does, for benchmarks: chunked prefill of several prompts, batched greedy
-// decode over the same positions, and a greedy continuation of one prompt. The same workload
-// as bench_inference's own helpers, shared here for bench_anchor. Header-only; not thread-safe.
+// decode over the same positions (timed by best_decode_pass, which bench_anchor's llama.cpp side
+// uses too), and a greedy continuation of one prompt. Shared by bench_inference and bench_anchor.
+// Header-only; not thread-safe.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -63,6 +64,34 @@ inline void fill_cache_pattern(swarm::KvCache& cache, const swarm::ModelConfig& 
     cache.keys(l).copy_(pattern);
     cache.values(l).copy_(pattern * 0.5);
   }
+}
+
+/// The timing of a decode case, whatever runs it: spec.warmup untimed steps from `prompt`, then
+/// spec.reps passes of spec.steps timed steps over the same positions; the best pass counts.
+/// step(pos, forward_s, sample_s) runs one step at position pos, adding its forward and sampling
+/// seconds; before_pass(pos) prepares a pass that starts at pos (e.g. drops the last pass's cells).
+template <class Step, class BeforePass>
+EngineDecodeResult best_decode_pass(const EngineDecodeSpec& spec, int64_t prompt, const Step& step,
+                                    const BeforePass& before_pass) {
+  using Clock = std::chrono::steady_clock;
+  double unused_f = 0, unused_s = 0;
+  for (int64_t i = 0; i < spec.warmup; ++i) step(prompt + i, unused_f, unused_s);
+  EngineDecodeResult r;
+  r.seconds = 1e30;
+  for (int64_t rep = 0; rep < std::max<int64_t>(1, spec.reps); ++rep) {
+    const int64_t first = prompt + spec.warmup;  // the same positions (and so the same work) every pass
+    before_pass(first);
+    double forward_s = 0, sample_s = 0;
+    const auto t0 = Clock::now();
+    for (int64_t i = 0; i < spec.steps; ++i) step(first + i, forward_s, sample_s);
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (seconds < r.seconds) {
+      r.seconds = seconds;
+      r.forward_s = forward_s;
+      r.sample_s = sample_s;
+    }
+  }
+  return r;
 }
 
 /// Prefills `prompts` (slots first_slot..) in forward_step calls of at most `chunk` tokens,
@@ -127,10 +156,7 @@ inline EngineDecodeResult engine_decode(const swarm::DecoderModel& model, swarm:
   std::vector<swarm::SamplerRng*> rngs;
   for (auto& r : rng_store) rngs.push_back(&r);
 
-  EngineDecodeResult r;
-  int64_t pos = prompt;
-  double forward_s = 0, sample_s = 0;
-  auto step = [&](bool timed) {
+  auto step = [&](int64_t pos, double& forward_s, double& sample_s) {
     std::vector<swarm::StepInput> inputs(B);
     for (size_t b = 0; b < B; ++b) {
       inputs[b].seq_slot = static_cast<int64_t>(b);
@@ -142,26 +168,10 @@ inline EngineDecodeResult engine_decode(const swarm::DecoderModel& model, swarm:
     auto t1 = Clock::now();
     std::vector<swarm::SampledToken> sampled = swarm::sample_tokens(logits, configs, rngs);
     for (size_t b = 0; b < B; ++b) tokens[b] = sampled[b].id;
-    if (timed) {
-      forward_s += std::chrono::duration<double>(t1 - t0).count();
-      sample_s += std::chrono::duration<double>(Clock::now() - t1).count();
-    }
-    ++pos;
+    forward_s += std::chrono::duration<double>(t1 - t0).count();
+    sample_s += std::chrono::duration<double>(Clock::now() - t1).count();
   };
-  for (int64_t i = 0; i < spec.warmup; ++i) step(false);
-  r.seconds = 1e30;
-  for (int64_t rep = 0; rep < std::max<int64_t>(1, spec.reps); ++rep) {
-    pos = prompt + spec.warmup;  // the same positions (and so the same work) every pass
-    forward_s = sample_s = 0;
-    auto t0 = Clock::now();
-    for (int64_t i = 0; i < spec.steps; ++i) step(true);
-    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (seconds < r.seconds) {
-      r.seconds = seconds;
-      r.forward_s = forward_s;
-      r.sample_s = sample_s;
-    }
-  }
+  const EngineDecodeResult r = best_decode_pass(spec, prompt, step, [](int64_t) {});
   for (size_t b = 0; b < B; ++b) cache.release(static_cast<int64_t>(b));
   return r;
 }

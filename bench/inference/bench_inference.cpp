@@ -52,6 +52,7 @@
 #include <string>
 #include <vector>
 
+#include "common/engine_runs.hpp"
 #include "common/torch_bench.hpp"
 #include "inference/decoder_model_torch.hpp"
 #include "inference/kv_cache_torch.hpp"
@@ -135,12 +136,9 @@ struct PrefillSpec {
   int64_t tokens = 0;  // tokens per prompt
 };
 
-struct DecodeSpec {
-  int64_t batch = 1;
-  int64_t warmup = 2;  // untimed steps
-  int64_t steps = 16;  // timed steps
-  int64_t reps = 1;    // passes over the timed steps (the same positions); the best counts
-};
+// batch, warmup (untimed steps), steps (timed), reps (passes over the same positions; the best
+// counts): the case bench_anchor times too (bench/common/engine_runs.hpp).
+using DecodeSpec = EngineDecodeSpec;
 
 /// The same workload runs in C++ and in Python.
 struct Workload {
@@ -263,120 +261,16 @@ struct EngineResult {
   std::map<std::string, std::vector<OpCost>> profile;  // what was profiled -> top ops
 };
 
-std::vector<swarm::SamplingConfig> greedy_configs(size_t n) {
-  swarm::SamplingConfig greedy;
-  greedy.temperature = 0.0;
-  return std::vector<swarm::SamplingConfig>(n, greedy);
-}
-
-/// Prefills `prompts` (slots first_slot..) in forward_step calls of at most `chunk` tokens,
-/// packing several prompts into one call and splitting a prompt across calls where needed, and
-/// samples the first token of each prompt as it completes. Returns the number of calls.
-int64_t prefill(const swarm::DecoderModel& model, swarm::KvCache& cache,
-                const std::vector<std::vector<int32_t>>& prompts, int64_t first_slot, int64_t chunk) {
-  std::vector<int64_t> done(prompts.size(), 0);
-  size_t next = 0;  // the first prompt not fully prefilled
-  int64_t calls = 0;
-  swarm::SamplerRng rng(1);
-  while (next < prompts.size()) {
-    std::vector<swarm::StepInput> step;
-    std::vector<size_t> owner;
-    int64_t budget = chunk;
-    for (size_t p = next; p < prompts.size() && budget > 0; ++p) {
-      const int64_t left = static_cast<int64_t>(prompts[p].size()) - done[p];
-      const int64_t take = std::min(budget, left);
-      swarm::StepInput in;
-      in.seq_slot = first_slot + static_cast<int64_t>(p);
-      in.start_pos = done[p];
-      in.tokens.assign(prompts[p].begin() + done[p], prompts[p].begin() + done[p] + take);
-      if (!cache.ensure_capacity(in.seq_slot, in.start_pos + take))
-        throw std::runtime_error("KV pool too small for prefill");
-      step.push_back(std::move(in));
-      owner.push_back(p);
-      budget -= take;
-    }
-    at::Tensor logits = model.forward_step(step, cache);
-    ++calls;
-    std::vector<int64_t> finished;
-    for (size_t i = 0; i < step.size(); ++i) {
-      done[owner[i]] += static_cast<int64_t>(step[i].tokens.size());
-      if (done[owner[i]] == static_cast<int64_t>(prompts[owner[i]].size())) finished.push_back(static_cast<int64_t>(i));
-    }
-    if (!finished.empty()) {  // the first generated token of each completed prompt
-      at::Tensor rows = logits.index_select(0, at::tensor(finished, at::kLong));
-      std::vector<swarm::SamplerRng*> rngs(finished.size(), &rng);
-      swarm::sample_tokens(rows, greedy_configs(finished.size()), rngs);
-    }
-    while (next < prompts.size() && done[next] == static_cast<int64_t>(prompts[next].size())) ++next;
-  }
-  return calls;
-}
-
-std::vector<std::vector<int32_t>> random_prompts(int64_t batch, int64_t tokens, int64_t vocab, std::mt19937& rng) {
-  std::uniform_int_distribution<int32_t> dist(0, static_cast<int32_t>(vocab - 1));
-  std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(batch));
-  for (auto& p : prompts) {
-    p.resize(static_cast<size_t>(tokens));
-    for (auto& t : p) t = dist(rng);
-  }
-  return prompts;
-}
-
 /// `spec.batch` sequences, each with `prompt` tokens already cached, decoded greedily.
 DecodeResult decode(const swarm::DecoderModel& model, swarm::KvCache& cache, const DecodeSpec& spec, int64_t prompt,
                     std::mt19937& gen) {
-  const size_t B = static_cast<size_t>(spec.batch);
-  std::uniform_int_distribution<int32_t> dist(0, static_cast<int32_t>(model.config().vocab_size - 1));
-  std::vector<int32_t> tokens(B);
-  for (auto& t : tokens) t = dist(gen);
-  for (size_t b = 0; b < B; ++b) {
-    if (!cache.ensure_capacity(static_cast<int64_t>(b), prompt + spec.warmup + spec.steps))
-      throw std::runtime_error("KV pool too small for decode batch " + std::to_string(B));
-  }
-  const auto configs = greedy_configs(B);
-  std::vector<swarm::SamplerRng> rng_store;
-  for (size_t b = 0; b < B; ++b) rng_store.emplace_back(b);
-  std::vector<swarm::SamplerRng*> rngs;
-  for (auto& r : rng_store) rngs.push_back(&r);
-
+  const EngineDecodeResult e = engine_decode(model, cache, spec, prompt, gen);
   DecodeResult r;
   r.spec = spec;
-  int64_t pos = prompt;
-  double forward_s = 0, sample_s = 0;  // of the pass being timed
-  auto step = [&](bool timed) {
-    std::vector<swarm::StepInput> inputs(B);
-    for (size_t b = 0; b < B; ++b) {
-      inputs[b].seq_slot = static_cast<int64_t>(b);
-      inputs[b].tokens = {tokens[b]};
-      inputs[b].start_pos = pos;
-    }
-    auto t0 = Clock::now();
-    at::Tensor logits = model.forward_step(inputs, cache);
-    auto t1 = Clock::now();
-    std::vector<swarm::SampledToken> sampled = swarm::sample_tokens(logits, configs, rngs);
-    for (size_t b = 0; b < B; ++b) tokens[b] = sampled[b].id;
-    if (timed) {
-      forward_s += std::chrono::duration<double>(t1 - t0).count();
-      sample_s += seconds_since(t1);
-    }
-    ++pos;
-  };
-  for (int64_t i = 0; i < spec.warmup; ++i) step(false);
-  r.seconds = 1e30;
-  for (int64_t rep = 0; rep < std::max<int64_t>(1, spec.reps); ++rep) {
-    pos = prompt + spec.warmup;  // the same positions (and so the same work) every pass
-    forward_s = sample_s = 0;
-    auto t0 = Clock::now();
-    for (int64_t i = 0; i < spec.steps; ++i) step(true);
-    const double seconds = seconds_since(t0);
-    if (seconds < r.seconds) {
-      r.seconds = seconds;
-      r.forward_s = forward_s;
-      r.sample_s = sample_s;
-    }
-  }
+  r.seconds = e.seconds;
+  r.forward_s = e.forward_s;
+  r.sample_s = e.sample_s;
   r.ctx = static_cast<double>(prompt + spec.warmup) + static_cast<double>(spec.steps + 1) / 2.0;
-  for (size_t b = 0; b < B; ++b) cache.release(static_cast<int64_t>(b));
   return r;
 }
 
@@ -397,22 +291,12 @@ EngineResult run_engine(const fs::path& dir, swarm::DType dtype, const Workload&
   r.kv_blocks = w.blocks_needed();
   swarm::KvCache cache = swarm::KvCache::for_model(config, r.kv_blocks, kBlockSize, model->scalar_type());
   r.kv_pool_bytes = cache.bytes();
-  {
-    // Finite, non-trivial K/V everywhere (the "prompt already in the cache" of decode): one
-    // random block broadcast over the pool.
-    c10::InferenceMode guard;
-    at::Tensor pattern =
-        at::randn({1, kBlockSize, config.num_key_value_heads, config.head_dim}).to(model->scalar_type());
-    for (int64_t l = 0; l < cache.num_layers(); ++l) {
-      cache.keys(l).copy_(pattern);
-      cache.values(l).copy_(pattern * 0.5);
-    }
-  }
+  fill_cache_pattern(cache, config, model->scalar_type());  // the "prompt already in the cache" of decode
 
   std::mt19937 gen(1234);
   const int64_t vocab = config.vocab_size;
   // Warm-up: a short prefill and a few decode steps (allocator, oneDNN primitives).
-  prefill(*model, cache, random_prompts(1, 64, vocab, gen), 0, w.chunk_tokens);
+  engine_prefill(*model, cache, random_token_prompts(1, 64, vocab, gen), 0, w.chunk_tokens);
   cache.release(0);
   decode(*model, cache, DecodeSpec{1, 0, 4}, 64, gen);
 
@@ -421,9 +305,9 @@ EngineResult run_engine(const fs::path& dir, swarm::DType dtype, const Workload&
     pr.spec = p;
     pr.seconds = 1e30;
     for (int64_t rep = 0; rep < w.prefill_reps; ++rep) {
-      auto prompts = random_prompts(p.batch, p.tokens, vocab, gen);
+      auto prompts = random_token_prompts(p.batch, p.tokens, vocab, gen);
       auto t = Clock::now();
-      pr.steps = prefill(*model, cache, prompts, 0, w.chunk_tokens);
+      pr.steps = engine_prefill(*model, cache, prompts, 0, w.chunk_tokens);
       pr.seconds = std::min(pr.seconds, seconds_since(t));
       for (int64_t s = 0; s < p.batch; ++s) cache.release(s);
     }
@@ -451,7 +335,7 @@ EngineResult run_engine(const fs::path& dir, swarm::DType dtype, const Workload&
     const PrefillSpec& p = w.prefill.front();
     r.profile["prefill " + p.name + ", per prompt"] = profile_ops(
         [&] {
-          prefill(*model, cache, random_prompts(p.batch, p.tokens, vocab, gen), 0, w.chunk_tokens);
+          engine_prefill(*model, cache, random_token_prompts(p.batch, p.tokens, vocab, gen), 0, w.chunk_tokens);
           for (int64_t s = 0; s < p.batch; ++s) cache.release(s);
         },
         static_cast<double>(p.batch), kTop);

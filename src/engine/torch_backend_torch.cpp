@@ -196,8 +196,9 @@ class TorchBackend final : public Backend {
     model_dir_ = dir;
     job_ = job;
     const int threads = compute_threads(job, dist_.local_world_size);
+    const torch::Device device = rank_device(dist_, job.device);
     std::string dtype_reason;
-    const DType dtype = compute_dtype(job, rank_device(dist_, job.device), &dtype_reason);
+    const DType dtype = compute_dtype(job, device, &dtype_reason);
     const ThreadPlan plan = configure_compute_threads(threads, dtype);
 
     tokenizer_ = Tokenizer::from_directory(dir.string());
@@ -208,7 +209,6 @@ class TorchBackend final : public Backend {
     }
     cancelled();
 
-    const torch::Device device = rank_device(dist_, job.device);
     RankModel loaded = load_rank_model(job, dir, resuming, device, std::move(comm));
     model_ = std::move(loaded.model);
     trainer_ = std::move(loaded.trainer);
