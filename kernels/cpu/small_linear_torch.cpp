@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
+#include <vector>
 
 #include "common/error.hpp"
 #include "kernels/cpu/cpu_dispatch.hpp"
@@ -31,8 +33,8 @@ struct Args {
   const void* bias;    // [out] or null
   void* y;             // [M, out]
   int64_t m, in, out;
-  bool y_float = false;  // bf16 dot-product kernel: y is fp32, holding the results rounded to bf16
-  int64_t pair = 0;  // bf16 dot-product kernel: > 0: y[:, o] = silu(x . w[o]) * (x . w[o + pair]), out = pair
+  bool y_float = false;  // y is fp32, holding the results rounded to bf16 (bf16 weights)
+  int64_t pair = 0;  // > 0: y[:, o] = silu(x . w[o]) * (x . w[o + pair]), out = pair
 };
 
 using simd::to_float;
@@ -83,11 +85,47 @@ SWARM_INLINE void rows(const Args& a, int64_t begin, int64_t end) {
   // multiple of 4 KiB) all map to the same L1 set (measured: 8 rows, 3072 x 576, 1.7x slower).
   float block[M * kOutBlock];
   T* y = static_cast<T*>(a.y);
+  if (a.pair > 0) {
+    // silu(gate) * up, gate and up rounded to T as the projection rounds them and the rest as
+    // silu_mul computes it, so the result is bit for bit small_linear followed by silu_mul.
+    using V = typename simd::Vec<W>::type;
+    float up_block[M * kOutBlock];
+    for (int64_t o0 = begin; o0 < end; o0 += kOutBlock) {
+      const int64_t count = std::min<int64_t>(kOutBlock, end - o0);
+      for (int64_t k = 0; k < count; ++k) {
+        one_row<T, W, M, U>(a, o0 + k, block + k);
+        one_row<T, W, M, U>(a, a.pair + o0 + k, up_block + k);
+      }
+      for (int m = 0; m < M; ++m) {
+        for (int64_t k = 0; k < count; k += W) {
+          float gt[W] = {}, ut[W] = {};  // zero-padded past count, as silu_mul pads its tail
+          T ot[W];
+          const int64_t n = std::min<int64_t>(W, count - k);
+          for (int64_t j = 0; j < n; ++j) {
+            gt[j] = simd::round_to<T>(block[m * kOutBlock + k + j]);
+            ut[j] = simd::round_to<T>(up_block[m * kOutBlock + k + j]);
+          }
+          const V g = simd::load_vec<W>(gt);
+          const V e = simd::exp_nonpositive<W>(g < 0 ? g : -g);
+          const V silu = (g < 0 ? g * e : g) / (1.f + e);
+          simd::store_vec<W>(ot, simd::round_to<T, W>(silu) * simd::load_vec<W>(ut));
+          std::copy(ot, ot + n, y + m * a.out + o0 + k);
+        }
+      }
+    }
+    return;
+  }
+  float* yf = static_cast<float*>(a.y);
   for (int64_t o0 = begin; o0 < end; o0 += kOutBlock) {
     const int64_t count = std::min<int64_t>(kOutBlock, end - o0);
     for (int64_t k = 0; k < count; ++k) one_row<T, W, M, U>(a, o0 + k, block + k);
-    for (int m = 0; m < M; ++m)
-      for (int64_t k = 0; k < count; ++k) y[m * a.out + o0 + k] = static_cast<T>(block[m * kOutBlock + k]);
+    for (int m = 0; m < M; ++m) {
+      if (a.y_float) {  // fp32 out, holding the results rounded to T (what T then widened gives)
+        for (int64_t k = 0; k < count; ++k) yf[m * a.out + o0 + k] = simd::round_to<T>(block[m * kOutBlock + k]);
+      } else {
+        for (int64_t k = 0; k < count; ++k) y[m * a.out + o0 + k] = static_cast<T>(block[m * kOutBlock + k]);
+      }
+    }
   }
 }
 
@@ -402,6 +440,21 @@ void run_features(const Args& a, int64_t out, int64_t rows_per_feature, const F&
   split_over_threads(0, units, grain, threads, [&](int64_t begin, int64_t end) { run(a, begin * 4, std::min(end * 4, out)); });
 }
 
+// The fp32 input the widening kernels read: x itself, or bf16 x widened into a buffer kept by
+// the calling thread (at most kSmallLinearMaxRows rows; no allocation or op dispatch per call).
+const float* widened_input(const at::Tensor& x) {
+  if (x.scalar_type() == at::kFloat) return x.data_ptr<float>();
+  thread_local std::vector<float> buffer;
+  const size_t n = static_cast<size_t>(x.numel());
+  if (buffer.size() < n) buffer.resize(n);
+  const auto* src = static_cast<const uint16_t*>(x.data_ptr());
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
+    std::memcpy(&buffer[i], &bits, sizeof(float));
+  }
+  return buffer.data();
+}
+
 }  // namespace
 
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
@@ -410,32 +463,18 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::opt
   check_small_linear_args(x, w, bias, "small_linear");
   const bool bf16 = w.scalar_type() == at::kBFloat16;
   const int64_t m = x.size(0), in = x.size(1), out = w.size(0);
-  widening_rows_fn run = nullptr;  // (the dot-product kernel has the same signature)
-  at::Tensor xin;  // what the kernel reads: the bf16 input itself, or an fp32 copy to widen against
-  bool y_float = false;
+  const at::Tensor xin = x.contiguous();
+  widening_rows_fn run = widening_rows(bf16);  // (the dot-product kernel has the same signature)
 #if SWARM_HAVE_X86_KERNELS
-  if (bf16 && cpu_has_avx512_bf16()) {
-    xin = x.contiguous();
-    run = rows_bf16_dot;
-    y_float = float_out;
-  }
+  if (bf16 && cpu_has_avx512_bf16()) run = rows_bf16_dot;
 #endif
-  const at::ScalarType y_dtype = y_float ? at::kFloat : x.scalar_type();
+  const bool dot = run != widening_rows(bf16);  // reads the bf16 input itself
   const at::ScalarType want = float_out ? at::kFloat : x.scalar_type();
-  // The caller's buffer, unless the kernel's result still has to be widened into it.
-  at::Tensor y = out_buffer.defined() && y_dtype == want ? output_tensor(out_buffer, {m, out}, want, "small_linear", {&x, &w})
-                                                          : at::empty({m, out}, x.options().dtype(y_dtype));
-  if (run == nullptr) {  // at most kSmallLinearMaxRows rows (checked above)
-    xin = x.to(at::kFloat).contiguous();
-    run = widening_rows(bf16);
-  }
-  const bool widened = xin.scalar_type() == at::kFloat;
-  const Args a{widened ? xin.data_ptr<float>() : nullptr, xin.data_ptr(), w.data_ptr(), bias ? bias->data_ptr() : nullptr,
-               y.data_ptr(), m, in, out, y_float};
+  at::Tensor y = output_tensor(out_buffer, {m, out}, want, "small_linear", {&x, &w});
+  const Args a{dot ? nullptr : widened_input(xin), xin.data_ptr(), w.data_ptr(), bias ? bias->data_ptr() : nullptr,
+               y.data_ptr(), m, in, out, float_out && bf16};
   run_features(a, out, 1, run);
-  if (y_dtype == want) return y;
-  return out_buffer.defined() ? output_tensor(out_buffer, {m, out}, want, "small_linear", {&x, &w}).copy_(y)
-                              : y.to(want);
+  return y;
 }
 
 at::Tensor small_linear_silu_mul(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
@@ -443,18 +482,23 @@ at::Tensor small_linear_silu_mul(const at::Tensor& x, const at::Tensor& w, const
   RECORD_FUNCTION("swarm::small_linear_silu_mul", c10::ArrayRef<const c10::IValue>{});
   check_small_linear_args(x, w, bias, "small_linear_silu_mul");
   SWARM_CHECK(w.size(0) % 2 == 0, "small_linear_silu_mul: w must stack gate and up rows ([2 * inter, in])");
+  const bool bf16 = w.scalar_type() == at::kBFloat16;
+  // fp32: the two ops (fused, the compiler contracts silu's arithmetic differently and the
+  // results differ in the last bit from silu_mul's; bf16's rounding leaves them equal).
+  if (!bf16) return silu_mul(small_linear(x, w, bias), out);
+  const at::Tensor xin = x.contiguous();
+  widening_rows_fn run = widening_rows(bf16);
 #if SWARM_HAVE_X86_KERNELS
-  if (w.scalar_type() == at::kBFloat16 && cpu_has_avx512_bf16()) {
-    const at::Tensor xin = x.contiguous();
-    const int64_t m = x.size(0), inter = w.size(0) / 2;
-    at::Tensor y = output_tensor(out, {m, inter}, x.scalar_type(), "small_linear_silu_mul", {&x, &w});
-    Args a{nullptr, xin.data_ptr(), w.data_ptr(), bias ? bias->data_ptr() : nullptr, y.data_ptr(), m, x.size(1), inter};
-    a.pair = inter;
-    run_features(a, inter, 2, rows_bf16_dot);
-    return y;
-  }
+  if (bf16 && cpu_has_avx512_bf16()) run = rows_bf16_dot;
 #endif
-  return silu_mul(small_linear(x, w, bias), out);
+  const bool dot = run != widening_rows(bf16);
+  const int64_t m = x.size(0), inter = w.size(0) / 2;
+  at::Tensor y = output_tensor(out, {m, inter}, x.scalar_type(), "small_linear_silu_mul", {&x, &w});
+  Args a{dot ? nullptr : widened_input(xin), xin.data_ptr(), w.data_ptr(), bias ? bias->data_ptr() : nullptr,
+         y.data_ptr(), m, x.size(1), inter};
+  a.pair = inter;
+  run_features(a, inter, 2, run);
+  return y;
 }
 
 }  // namespace swarm
