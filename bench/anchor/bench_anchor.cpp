@@ -301,6 +301,7 @@ struct Options {
   int threads = 2;
   std::string llama_lib_dir = SWARM_ANCHOR_LLAMA_LIB_DIR;
   bool skip_llama = false;
+  std::vector<std::string> write_gguf;  // MODEL_DIR OUT TYPE: only convert one model
 };
 
 }  // namespace
@@ -318,7 +319,33 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--model-cache", opt.common.model_cache, "Where the random-weight model and GGUF files are written")
       ->capture_default_str();
+  app.add_option("--write-gguf", opt.write_gguf,
+                 "Only convert: MODEL_DIR OUT F32|F16|BF16 writes one llama-architecture model as GGUF and exits "
+                 "(tests/unit/anchor checks the file with an independent reader)")
+      ->expected(3);
   CLI11_PARSE(app, argc, argv);
+
+  if (!opt.write_gguf.empty()) {
+    const std::string& type = opt.write_gguf[2];
+    const GgufTensorType t = type == "F32"    ? GgufTensorType::F32
+                             : type == "F16"  ? GgufTensorType::F16
+                             : type == "BF16" ? GgufTensorType::BF16
+                                              : static_cast<GgufTensorType>(~0u);
+    if (static_cast<uint32_t>(t) == ~0u) {
+      std::fprintf(stderr, "bench_anchor: --write-gguf: unknown type '%s' (F32, F16, BF16)\n", type.c_str());
+      return 2;
+    }
+    try {
+      const GgufWriteResult r = write_llama_gguf(opt.write_gguf[0], opt.write_gguf[1], t);
+      std::printf("%s: %llu bytes, %lld tensors, %lld metadata keys\n", opt.write_gguf[1].c_str(),
+                  static_cast<unsigned long long>(r.bytes), static_cast<long long>(r.tensors),
+                  static_cast<long long>(r.metadata));
+      return 0;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "bench_anchor: %s\n", e.what());
+      return 1;
+    }
+  }
 
   try {
     const auto bench_start = Clock::now();

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <dlfcn.h>
 #include <spawn.h>
 #include <sys/resource.h>
@@ -131,16 +132,37 @@ inline std::pair<double, double> cores_busy(const CpuSample& a, const CpuSample&
 
 // ------------------------------------------------------------------ probes
 
-/// Best FLOP/s of at::matmul on n x n matrices of `type`: at least `min_reps` timed reps and
-/// at least `min_seconds` of them (the first reps on this VM are often slow).
+/// Best GB/s of `reps` copies of a `bytes` buffer (at::Tensor::copy_, the intra-op threads),
+/// read + write bytes counted; every run's figure is appended to `runs`.
+inline double copy_bandwidth(int64_t bytes, int reps, std::vector<double>& runs) {
+  at::Tensor src = at::empty({bytes / 4}, at::kFloat).fill_(1.0f);
+  at::Tensor dst = at::empty_like(src).fill_(0.0f);  // touch every page before timing
+  double best = 0;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = Clock::now();
+    dst.copy_(src);
+    const double gbs = 2.0 * static_cast<double>(bytes) / seconds_since(t0) / 1e9;
+    runs.push_back(gbs);
+    best = std::max(best, gbs);
+  }
+  return best;
+}
+
+/// Best FLOP/s of at::matmul on n x n matrices of `type` (bf16 without AVX512_BF16: of the
+/// widened GEMM, see below): at least `min_reps` timed reps and at least `min_seconds` of them
+/// (the first reps on this VM are often slow).
 inline double matmul_peak(c10::ScalarType type, int64_t n, int min_reps, double min_seconds) {
   at::Tensor a = at::randn({n, n}).to(type);
   at::Tensor b = at::randn({n, n}).to(type);
-  at::Tensor c = at::matmul(a, b);  // warm-up (primitive creation, page faults)
+  // bf16 without AVX512_BF16: the widened GEMM the engine and the trainer use (a · bᵀ, the same
+  // FLOPs), not libtorch's own bf16 matmul, which they never call there.
+  const bool widened = type == at::kBFloat16 && swarm::bf16_matmul_widens();
+  auto mm = [&] { return widened ? swarm::widening_linear(a, b, at::Tensor()) : at::matmul(a, b); };
+  at::Tensor c = mm();  // warm-up (primitive creation, page faults)
   double best = 1e30, total = 0;
   for (int r = 0; r < min_reps || total < min_seconds; ++r) {
     auto t0 = Clock::now();
-    c = at::matmul(a, b);
+    c = mm();
     const double t = seconds_since(t0);
     best = std::min(best, t);
     total += t;

@@ -94,21 +94,6 @@ struct Probes {
   }
 };
 
-/// Best GB/s of `reps` copies of a `bytes` buffer (at::Tensor::copy_, the intra-op threads).
-double copy_bandwidth(int64_t bytes, int reps, std::vector<double>& runs) {
-  at::Tensor src = at::empty({bytes / 4}, at::kFloat).fill_(1.0f);
-  at::Tensor dst = at::empty_like(src).fill_(0.0f);  // touch every page before timing
-  double best = 0;
-  for (int r = 0; r < reps; ++r) {
-    auto t0 = Clock::now();
-    dst.copy_(src);
-    const double gbs = 2.0 * static_cast<double>(bytes) / seconds_since(t0) / 1e9;
-    runs.push_back(gbs);
-    best = std::max(best, gbs);
-  }
-  return best;
-}
-
 Probes run_probes(int threads, bool quick) {
   Probes p;
   p.copy_bytes = (quick ? 256 : 512) * 1024 * 1024LL;
@@ -534,10 +519,12 @@ void print_report(const std::vector<CaseResult>& cases, const Workload& w, const
   }
 
   std::printf(
-      "\n== Roofline, decode vs compute (matmul %lld^3 with the bench's threads: fp32 %.1f, bf16 %.1f GFLOP/s; "
+      "\n== Roofline, decode vs compute (matmul %lld^3 with the bench's threads: fp32 %.1f, bf16%s %.1f GFLOP/s; "
       "1 libtorch thread, OpenBLAS keeping its pool: %.1f / %.1f; peak = the better of the two). FLOP/step = 2 x linear params (incl. LM head) x "
       "batch + attention. attainable = batch / max(bytes/BW, FLOP/peak)\n",
-      static_cast<long long>(probes.gemm_n), probes.peak_f32 / 1e9, probes.peak_bf16 / 1e9, probes.peak_f32_1t / 1e9,
+      static_cast<long long>(probes.gemm_n), probes.peak_f32 / 1e9,
+      swarm::bf16_matmul_widens() ? " (widened to fp32 GEMM, as the engine runs it)" : "", probes.peak_bf16 / 1e9,
+      probes.peak_f32_1t / 1e9,
       probes.peak_bf16_1t / 1e9);
   std::printf("%-22s %-5s %6s %11s %13s %9s %12s %13s %10s\n", "model", "dtype", "batch", "GFLOP/step", "GFLOP/s",
               "% peak", "compute tok/s", "attainable", "% attain");

@@ -9,7 +9,8 @@
 //    tokens/s counts every sequence token (prompt + response) processed;
 //  * optimizer_step and sync_to_serving (the weight copy into the serving model) on their own;
 //  * MFU: model FLOPs (6 x parameters + 12 x layers x hidden x seq_len per token) per second
-//    over a matmul peak measured in the same run, in that dtype, with that dtype's thread plan.
+//    over a matmul peak measured in the same run, in that dtype, with that dtype's thread plan
+//    (bf16 without AVX512_BF16: the widened fp32 GEMM the trainer runs there).
 //
 // In the same run: a python3-torch eager reference (python_reference.py, a child process: the
 // same weights, batch, micro-batches, loss, threads; torch.optim.AdamW). Prints tables; progress
