@@ -2,6 +2,7 @@
 // SmolLM2-135M shapes, in fp32 and bf16, against the bound this machine sets for it (issue 29 §1:
 // "each kernel family has an AVX2 path within noise of the best a 2-core CPU allows"):
 //
+// Each row's bound is the slower of its bytes at the copy rate and its FLOPs at the peak:
 //  * memory-bound kernels (small_linear at 1 and 8 rows, the fused gate/up + SiLU, the LM head,
 //    paged decode attention, the norms, SiLU·mul, RoPE into the cache, the softmax statistics of
 //    the logits): bytes moved per call over the copy probe (at::Tensor::copy_ of 512 MiB, read +
@@ -53,9 +54,13 @@ constexpr int64_t kHidden = 576, kInter = 1536, kHeads = 9, kKvHeads = 3, kHeadD
 struct Row {
   std::string kernel, shape, dtype;
   double seconds = 0;  // best per call
-  double bytes = 0;    // moved per call (memory-bound rows)
-  double flops = 0;    // per call (compute-bound rows)
-  double bound = 0;    // bytes/s or FLOP/s
+  double bytes = 0;    // moved per call: weights or K/V read, inputs read, results written
+  double flops = 0;    // per call (multiply-adds counted as 2; 0 for the elementwise ops)
+  double copy_bps = 0, peak = 0;
+  // The best this machine allows: the slower of moving the bytes at the copy probe's rate and
+  // doing the arithmetic at the matmul peak.
+  double bound_seconds() const { return std::max(bytes / copy_bps, flops / peak); }
+  bool memory_bound() const { return bytes / copy_bps >= flops / peak; }
 };
 
 // Best seconds per call of `fn` over `passes` passes of `calls` calls (call i gets i).
@@ -82,17 +87,14 @@ struct Bench {
 
   int passes() const { return quick ? 3 : 7; }
 
-  void memory(const std::string& kernel, const std::string& shape, const std::string& dtype, double bytes, int calls,
-              const std::function<void(int)>& fn) {
+  double peak = 0;  // FLOP/s of the dtype being run
+  double peak_of[2] = {0, 0};  // fp32, bf16 (0: not run)
+
+  void run(const std::string& kernel, const std::string& shape, const std::string& dtype, double bytes, double flops,
+           int calls, const std::function<void(int)>& fn) {
     if (kernel.find(only) == std::string::npos) return;
     progress("%s %s %s", kernel.c_str(), shape.c_str(), dtype.c_str());
-    rows.push_back({kernel, shape, dtype, best_per_call(fn, calls, passes()), bytes, 0, copy_bps});
-  }
-  void compute(const std::string& kernel, const std::string& shape, const std::string& dtype, double flops, double peak,
-               int calls, const std::function<void(int)>& fn) {
-    if (kernel.find(only) == std::string::npos) return;
-    progress("%s %s %s", kernel.c_str(), shape.c_str(), dtype.c_str());
-    rows.push_back({kernel, shape, dtype, best_per_call(fn, calls, passes()), 0, flops, peak});
+    rows.push_back({kernel, shape, dtype, best_per_call(fn, calls, passes()), bytes, flops, copy_bps, peak});
   }
 };
 
@@ -103,8 +105,9 @@ void run_dtype(Bench& b, const std::string& name, swarm::DType dtype, int thread
   const swarm::ThreadPlan plan = sb::apply_thread_plan(threads, dtype);
   progress("%s: thread plan libtorch %d, OpenBLAS %d, small_linear %d", name.c_str(), plan.torch_threads,
                plan.openblas_threads, swarm::small_linear_threads());
-  const double peak = sb::matmul_peak(st, 2048, b.quick ? 2 : 4, b.quick ? 0.3 : 1.0);
-  progress("%s: matmul peak %.1f GFLOP/s", name.c_str(), peak / 1e9);
+  b.peak = sb::matmul_peak(st, 2048, b.quick ? 2 : 4, b.quick ? 0.3 : 1.0);
+  progress("%s: matmul peak %.1f GFLOP/s", name.c_str(), b.peak / 1e9);
+  b.peak_of[st == at::kBFloat16 ? 1 : 0] = b.peak;
   at::manual_seed(0);
 
   // One layer's MLP weights per layer of the model, so each call reads weights from memory.
@@ -119,17 +122,18 @@ void run_dtype(Bench& b, const std::string& name, swarm::DType dtype, int thread
     const at::Tensor x = randn({m, kHidden}, st), xd = randn({m, kInter}, st);
     const std::string rows_s = std::to_string(m) + (m == 1 ? " row" : " rows");
     const double w_up = static_cast<double>(2 * kInter * kHidden) * es, w_down = static_cast<double>(kHidden * kInter) * es;
-    b.memory("small_linear", rows_s + " x [3072, 576]", name, w_up + static_cast<double>(m) * (kHidden + 2 * kInter) * es,
-             calls, [&](int i) { swarm::small_linear(x, gate_up[static_cast<size_t>(i)], c10::nullopt); });
-    b.memory("small_linear", rows_s + " x [576, 1536]", name, w_down + static_cast<double>(m) * (kInter + kHidden) * es,
-             calls, [&](int i) { swarm::small_linear(xd, down[static_cast<size_t>(i)], c10::nullopt); });
-    b.memory("small_linear_silu_mul", rows_s + " x [3072, 576]", name, w_up + static_cast<double>(m) * (kHidden + kInter) * es,
-             calls, [&](int i) { swarm::small_linear_silu_mul(x, gate_up[static_cast<size_t>(i)], c10::nullopt); });
+    const double f_up = 2.0 * m * 2 * kInter * kHidden, f_down = 2.0 * m * kHidden * kInter;
+    b.run("small_linear", rows_s + " x [3072, 576]", name, w_up + static_cast<double>(m) * (kHidden + 2 * kInter) * es,
+          f_up, calls, [&](int i) { swarm::small_linear(x, gate_up[static_cast<size_t>(i)], c10::nullopt); });
+    b.run("small_linear", rows_s + " x [576, 1536]", name, w_down + static_cast<double>(m) * (kInter + kHidden) * es,
+          f_down, calls, [&](int i) { swarm::small_linear(xd, down[static_cast<size_t>(i)], c10::nullopt); });
+    b.run("small_linear_silu_mul", rows_s + " x [3072, 576]", name, w_up + static_cast<double>(m) * (kHidden + kInter) * es,
+          f_up, calls, [&](int i) { swarm::small_linear_silu_mul(x, gate_up[static_cast<size_t>(i)], c10::nullopt); });
   }
   {  // the LM head, fp32 logits out
     const at::Tensor head = randn({kVocab, kHidden}, st, 0.05), x = randn({1, kHidden}, st);
-    b.memory("small_linear (LM head, fp32 out)", "1 row x [49152, 576]", name,
-             static_cast<double>(kVocab * kHidden) * es + kVocab * 4.0, 3,
+    b.run("small_linear (LM head, fp32 out)", "1 row x [49152, 576]", name,
+          static_cast<double>(kVocab * kHidden) * es + kVocab * 4.0, 2.0 * kVocab * kHidden, 3,
              [&](int) { swarm::small_linear(x, head, c10::nullopt, /*float_out=*/true); });
   }
   gate_up.clear();
@@ -141,9 +145,13 @@ void run_dtype(Bench& b, const std::string& name, swarm::DType dtype, int thread
     for (int64_t m : {int64_t{32}, int64_t{128}, int64_t{512}}) {
       const at::Tensor x = randn({m, kHidden}, st), xd = randn({m, kInter}, st);
       const int reps = m >= 512 ? 3 : 10;
-      b.compute("model_linear", std::to_string(m) + " rows x [3072, 576]", name, 2.0 * m * 2 * kInter * kHidden, peak, reps,
+      b.run("model_linear", std::to_string(m) + " rows x [3072, 576]", name,
+            (static_cast<double>(2 * kInter * kHidden) + static_cast<double>(m) * (kHidden + 2 * kInter)) * es,
+            2.0 * m * 2 * kInter * kHidden, reps,
                 [&](int) { swarm::model_linear(x, w_up); });
-      b.compute("model_linear", std::to_string(m) + " rows x [576, 1536]", name, 2.0 * m * kHidden * kInter, peak, reps,
+      b.run("model_linear", std::to_string(m) + " rows x [576, 1536]", name,
+            (static_cast<double>(kHidden * kInter) + static_cast<double>(m) * (kHidden + kInter)) * es,
+            2.0 * m * kHidden * kInter, reps,
                 [&](int) { swarm::model_linear(xd, w_down); });
     }
   }
@@ -167,8 +175,9 @@ void run_dtype(Bench& b, const std::string& name, swarm::DType dtype, int thread
     }
     const at::Tensor q = randn({batch, kHeads, kHeadDim}, st);
     const double bytes = 2.0 * static_cast<double>(batch * ctx * kKvHeads * kHeadDim) * es;
-    b.memory("paged_decode_attention", "batch " + std::to_string(batch) + ", " + std::to_string(ctx) + " keys", name, bytes,
-             static_cast<int>(caches), [&](int i) {
+    const double flops = 4.0 * static_cast<double>(batch * ctx * kHeads * kHeadDim);  // q.k and p.v
+    b.run("paged_decode_attention", "batch " + std::to_string(batch) + ", " + std::to_string(ctx) + " keys", name, bytes,
+          flops, static_cast<int>(caches), [&](int i) {
                swarm::paged_decode_attention(q, ks[static_cast<size_t>(i)], vs[static_cast<size_t>(i)], context,
                                              std::numeric_limits<int64_t>::max(), 0.125);
              });
@@ -180,12 +189,12 @@ void run_dtype(Bench& b, const std::string& name, swarm::DType dtype, int thread
     const at::Tensor x = randn({n, kHidden}, st), w = randn({kHidden}, st), out = at::empty_like(x);
     at::Tensor resid = randn({n, kHidden}, st);
     const double row_bytes = static_cast<double>(n * kHidden) * es;
-    b.memory("rms_norm_rows", std::to_string(n) + " x 576", name, 2 * row_bytes, 5,
+    b.run("rms_norm_rows", std::to_string(n) + " x 576", name, 2 * row_bytes, 0, 5,
              [&](int) { swarm::rms_norm_rows(x, w, 1e-5, out); });
-    b.memory("add_rms_norm_rows", std::to_string(n) + " x 576", name, 4 * row_bytes, 5,
+    b.run("add_rms_norm_rows", std::to_string(n) + " x 576", name, 4 * row_bytes, 0, 5,
              [&](int) { swarm::add_rms_norm_rows(resid, x, w, 1e-5, out); });
     const at::Tensor gu = randn({n, 2 * kInter}, st, 0.5), act = at::empty({n, kInter}, gu.options());
-    b.memory("silu_mul", std::to_string(n) + " x 2 x 1536", name, 3.0 * static_cast<double>(n * kInter) * es, 5,
+    b.run("silu_mul", std::to_string(n) + " x 2 x 1536", name, 3.0 * static_cast<double>(n * kInter) * es, 0, 5,
              [&](int) { swarm::silu_mul(gu, act); });
     const int64_t width = (kHeads + 2 * kKvHeads) * kHeadDim;
     const at::Tensor qkv = randn({n, width}, st);
@@ -196,7 +205,7 @@ void run_dtype(Bench& b, const std::string& name, swarm::DType dtype, int thread
     const at::Tensor qout = at::empty({n, kHeads, kHeadDim}, qkv.options());
     // read qkv and the step's cos/sin rows, write q, k and v
     const double rope_bytes = (2.0 * static_cast<double>(n * width) + 2.0 * static_cast<double>(n * kHeadDim)) * es;
-    b.memory("rope_qkv_into_cache", std::to_string(n) + " x (9 + 2 x 3) x 64", name, rope_bytes, 5, [&](int) {
+    b.run("rope_qkv_into_cache", std::to_string(n) + " x (9 + 2 x 3) x 64", name, rope_bytes, 0, 5, [&](int) {
       swarm::rope_qkv_into_cache(qkv, kHeads, kKvHeads, kHeadDim, cos, sin, pos, rows, kc, vc, qout);
     });
   }
@@ -204,7 +213,7 @@ void run_dtype(Bench& b, const std::string& name, swarm::DType dtype, int thread
     const int64_t batch = 64;
     const at::Tensor logits = at::randn({batch, kVocab});
     const std::vector<float> temps(static_cast<size_t>(batch), 0.7f);
-    b.memory("softmax_row_stats", "64 x 49152 fp32 logits", "fp32", static_cast<double>(batch * kVocab) * 4.0, 5,
+    b.run("softmax_row_stats", "64 x 49152 fp32 logits", "fp32", static_cast<double>(batch * kVocab) * 4.0, 0, 5,
              [&](int) { swarm::softmax_row_stats(logits, temps); });
   }
 }
@@ -247,18 +256,19 @@ int main(int argc, char** argv) {
   for (double g : runs) std::printf(" %.1f", g);
   std::printf(" (512 MiB, read + write counted, %d threads)\n", threads);
   std::printf(
-      "\n== Kernels at SmolLM2-135M shapes: best time per call; memory-bound rows: bytes moved (weights or K/V read, "
-      "results written) per second against the copy probe; GEMM rows: FLOP/s against the dtype's matmul peak "
-      "(2048^3, the same thread plan)\n");
-  std::printf("%-34s %-28s %-5s %11s %14s %12s %9s\n", "kernel", "shape", "dtype", "us/call", "achieved", "bound",
-              "% bound");
+      "\n== Kernels at SmolLM2-135M shapes, best time per call. bound = the slower of moving the call's bytes (weights "
+      "or K/V read, inputs read, results written) at the copy probe's rate and doing its FLOPs at the dtype's matmul "
+      "peak (2048^3, the same thread plan); limit = which of the two; %% of bound = bound time / time (elementwise "
+      "ops: bytes only)\n");
+  std::printf("%-34s %-28s %-5s %10s %8s %9s %10s %6s %8s\n", "kernel", "shape", "dtype", "us/call", "GB/s", "GFLOP/s",
+              "bound us", "limit", "% bound");
   for (const Row& r : b.rows) {
-    const bool mem = r.bytes > 0;
-    const double rate = (mem ? r.bytes : r.flops) / r.seconds;
-    std::printf("%-34s %-28s %-5s %11.1f %9.1f %-4s %7.1f %-4s %8.1f%%\n", r.kernel.c_str(), r.shape.c_str(),
-                r.dtype.c_str(), r.seconds * 1e6, rate / 1e9, mem ? "GB/s" : "GF/s", r.bound / 1e9, mem ? "GB/s" : "GF/s",
-                100.0 * rate / r.bound);
+    std::printf("%-34s %-28s %-5s %10.1f %8.1f %9.1f %10.1f %6s %7.1f%%\n", r.kernel.c_str(), r.shape.c_str(),
+                r.dtype.c_str(), r.seconds * 1e6, r.bytes / r.seconds / 1e9, r.flops / r.seconds / 1e9,
+                r.bound_seconds() * 1e6, r.memory_bound() ? "memory" : "FLOPs", 100.0 * r.bound_seconds() / r.seconds);
   }
+  std::printf("matmul peak 2048^3: fp32 %.1f GFLOP/s, bf16 %.1f GFLOP/s%s\n", b.peak_of[0] / 1e9, b.peak_of[1] / 1e9,
+              swarm::bf16_matmul_widens() ? " (the widened GEMM: no AVX512_BF16)" : "");
   std::printf("\ntotal %.1f s\n", seconds_since(t_start));
   return 0;
 }
