@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -327,16 +328,15 @@ int main(int argc, char** argv) {
 
   if (!opt.write_gguf.empty()) {
     const std::string& type = opt.write_gguf[2];
-    const GgufTensorType t = type == "F32"    ? GgufTensorType::F32
-                             : type == "F16"  ? GgufTensorType::F16
-                             : type == "BF16" ? GgufTensorType::BF16
-                                              : static_cast<GgufTensorType>(~0u);
-    if (static_cast<uint32_t>(t) == ~0u) {
+    const GgufTensorType kTypes[] = {GgufTensorType::F32, GgufTensorType::F16, GgufTensorType::BF16};
+    const auto t = std::find_if(std::begin(kTypes), std::end(kTypes),
+                                [&](GgufTensorType k) { return type == gguf_type_name(k); });
+    if (t == std::end(kTypes)) {
       std::fprintf(stderr, "bench_anchor: --write-gguf: unknown type '%s' (F32, F16, BF16)\n", type.c_str());
       return 2;
     }
     try {
-      const GgufWriteResult r = write_llama_gguf(opt.write_gguf[0], opt.write_gguf[1], t);
+      const GgufWriteResult r = write_llama_gguf(opt.write_gguf[0], opt.write_gguf[1], *t);
       std::printf("%s: %llu bytes, %lld tensors, %lld metadata keys\n", opt.write_gguf[1].c_str(),
                   static_cast<unsigned long long>(r.bytes), static_cast<long long>(r.tensors),
                   static_cast<long long>(r.metadata));

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "common/error.hpp"
@@ -455,6 +456,15 @@ const float* widened_input(const at::Tensor& x) {
   return buffer.data();
 }
 
+// The kernel for these weights on this CPU and the fp32 input it reads: the bf16 dot-product
+// kernel (AVX512_BF16) reads the bf16 input itself (null), the widening kernels an fp32 one.
+std::pair<widening_rows_fn, const float*> pick_kernel(const at::Tensor& xin, bool bf16) {
+#if SWARM_HAVE_X86_KERNELS
+  if (bf16 && cpu_has_avx512_bf16()) return {rows_bf16_dot, nullptr};  // (the same signature)
+#endif
+  return {widening_rows(bf16), widened_input(xin)};
+}
+
 }  // namespace
 
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
@@ -464,15 +474,11 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::opt
   const bool bf16 = w.scalar_type() == at::kBFloat16;
   const int64_t m = x.size(0), in = x.size(1), out = w.size(0);
   const at::Tensor xin = x.contiguous();
-  widening_rows_fn run = widening_rows(bf16);  // (the dot-product kernel has the same signature)
-#if SWARM_HAVE_X86_KERNELS
-  if (bf16 && cpu_has_avx512_bf16()) run = rows_bf16_dot;
-#endif
-  const bool dot = run != widening_rows(bf16);  // reads the bf16 input itself
+  const auto [run, xf] = pick_kernel(xin, bf16);
   const at::ScalarType want = float_out ? at::kFloat : x.scalar_type();
   at::Tensor y = output_tensor(out_buffer, {m, out}, want, "small_linear", {&x, &w});
-  const Args a{dot ? nullptr : widened_input(xin), xin.data_ptr(), w.data_ptr(), bias ? bias->data_ptr() : nullptr,
-               y.data_ptr(), m, in, out, float_out && bf16};
+  const Args a{xf, xin.data_ptr(), w.data_ptr(), bias ? bias->data_ptr() : nullptr, y.data_ptr(), m, in, out,
+               float_out && bf16};
   run_features(a, out, 1, run);
   return y;
 }
@@ -487,15 +493,10 @@ at::Tensor small_linear_silu_mul(const at::Tensor& x, const at::Tensor& w, const
   // results differ in the last bit from silu_mul's; bf16's rounding leaves them equal).
   if (!bf16) return silu_mul(small_linear(x, w, bias), out);
   const at::Tensor xin = x.contiguous();
-  widening_rows_fn run = widening_rows(bf16);
-#if SWARM_HAVE_X86_KERNELS
-  if (bf16 && cpu_has_avx512_bf16()) run = rows_bf16_dot;
-#endif
-  const bool dot = run != widening_rows(bf16);
+  const auto [run, xf] = pick_kernel(xin, bf16);
   const int64_t m = x.size(0), inter = w.size(0) / 2;
   at::Tensor y = output_tensor(out, {m, inter}, x.scalar_type(), "small_linear_silu_mul", {&x, &w});
-  Args a{dot ? nullptr : widened_input(xin), xin.data_ptr(), w.data_ptr(), bias ? bias->data_ptr() : nullptr,
-         y.data_ptr(), m, x.size(1), inter};
+  Args a{xf, xin.data_ptr(), w.data_ptr(), bias ? bias->data_ptr() : nullptr, y.data_ptr(), m, x.size(1), inter};
   a.pair = inter;
   run_features(a, inter, 2, run);
   return y;
