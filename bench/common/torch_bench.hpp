@@ -156,8 +156,13 @@ inline double matmul_peak(c10::ScalarType type, int64_t n, int min_reps, double 
   at::Tensor b = at::randn({n, n}).to(type);
   // bf16 without AVX512_BF16: the widened GEMM the engine and the trainer use (a · bᵀ, the same
   // FLOPs), not libtorch's own bf16 matmul, which they never call there.
+  // fp32 under the engine's thread plan: the GEMM split over libtorch's threads (split_linear).
   const bool widened = type == at::kBFloat16 && swarm::bf16_matmul_widens();
-  auto mm = [&] { return widened ? swarm::widening_linear(a, b, at::Tensor()) : at::matmul(a, b); };
+  const bool split = swarm::splits(a);
+  auto mm = [&] {
+    if (widened) return swarm::widening_linear(a, b, at::Tensor());
+    return split ? swarm::split_linear(a, b, at::Tensor()) : at::matmul(a, b);
+  };
   at::Tensor c = mm();  // warm-up (primitive creation, page faults)
   double best = 1e30, total = 0;
   for (int r = 0; r < min_reps || total < min_seconds; ++r) {
@@ -274,9 +279,24 @@ inline void print_run_header(const fs::path& source_dir, bool quick, const std::
 
 /// The engine's thread plan for `dtype` on `cores` (libtorch vs OpenBLAS pools), applied here
 /// and exported (OPENBLAS_NUM_THREADS) to the Python reference started after it.
+/// The threads of a plain PyTorch child (the Python references): it cannot split its GEMMs over
+/// its OpenMP pool as the engine does, so it gets PyTorch's best plan on `cores` (measured before
+/// the engine's GEMMs split): fp32 gives OpenBLAS's pool the cores and libtorch one thread (its
+/// time is in OpenBLAS), bf16 the reverse (oneDNN runs on libtorch's pool).
+struct PythonThreads {
+  int torch = 1;
+  int openblas = 1;
+};
+inline PythonThreads python_thread_plan(int cores, swarm::DType dtype) {
+  return dtype == swarm::DType::F32 ? PythonThreads{1, cores} : PythonThreads{cores, 1};
+}
+
+/// The engine's thread plan for `dtype` on `cores` (swarm::configure_compute_threads), and
+/// OPENBLAS_NUM_THREADS for a Python child started afterwards (python_thread_plan).
 inline swarm::ThreadPlan apply_thread_plan(int cores, swarm::DType dtype) {
   const swarm::ThreadPlan plan = swarm::configure_compute_threads(cores, dtype);
-  if (plan.openblas_threads > 0) setenv("OPENBLAS_NUM_THREADS", std::to_string(plan.openblas_threads).c_str(), 1);
+  if (plan.openblas_threads > 0)
+    setenv("OPENBLAS_NUM_THREADS", std::to_string(python_thread_plan(cores, dtype).openblas).c_str(), 1);
   return plan;
 }
 

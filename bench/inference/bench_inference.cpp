@@ -656,11 +656,11 @@ int main(int argc, char** argv) {
         c.model = m;
         c.dtype = name;
         c.scalar = swarm::compute_scalar_type(dtype);
-        // The engine's thread plan for this dtype (libtorch vs OpenBLAS pools), given to both sides.
+        // The engine's thread plan for this dtype; the Python child gets PyTorch's best (python_thread_plan).
         int py_threads = common.threads;
         if (!opt.fixed_threads) {
           const swarm::ThreadPlan plan = apply_thread_plan(common.threads, dtype);
-          py_threads = plan.torch_threads;
+          py_threads = python_thread_plan(common.threads, dtype).torch;
           progress("%s %s: thread plan: libtorch %d, OpenBLAS %d", m.label.c_str(), name.c_str(), plan.torch_threads,
                    plan.openblas_threads);
         }

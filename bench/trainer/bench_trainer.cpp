@@ -505,7 +505,7 @@ int main(int argc, char** argv) {
       CaseResult c;
       c.dtype = name;
       c.scalar = swarm::compute_scalar_type(dtype);
-      // The engine's thread plan for this dtype (libtorch vs OpenBLAS pools), given to both sides.
+      // The engine's thread plan for this dtype; the Python child gets PyTorch's best (python_thread_plan).
       c.threads = sb::apply_thread_plan(common.threads, dtype);
       progress("%s: thread plan libtorch %d, OpenBLAS %d", name.c_str(), c.threads.torch_threads,
                c.threads.openblas_threads);
@@ -516,7 +516,8 @@ int main(int argc, char** argv) {
       c.engine = run_engine(dir, dtype, topts, batch, w, opt.profile);
       if (!common.skip_python) {
         progress("%s: python reference", name.c_str());
-        c.python = run_python(common.python, common.python_script, dir, name, c.threads.torch_threads, plan, topts, w);
+        c.python = run_python(common.python, common.python_script, dir, name,
+                              sb::python_thread_plan(common.threads, dtype).torch, plan, topts, w);
         c.ran_python = true;
         if (!c.python.ok) progress("python reference failed: %s", c.python.error.c_str());
       }

@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <exception>
 
@@ -123,15 +124,21 @@ void panel_gemm_xwt(const at::Tensor& xf, const at::Tensor& w, const at::Tensor&
              });
 }
 
-// gx [M, in] fp32 = gy [M, out] fp32 · w [out, in] (bf16): each thread takes a range of the M
-// rows and converts the weights panel by panel for itself (M is large where this runs: training).
+// gx [M, in] fp32 = gy [M, out] fp32 · w [out, in] (bf16, or fp32): each thread takes a range of
+// the M rows and converts bf16 weights panel by panel for itself (M is large where this runs:
+// training).
 at::Tensor panel_gemm_gw(const at::Tensor& gyf, const at::Tensor& w_any) {
   const at::Tensor w = w_any.contiguous();
   const int64_t m = gyf.size(0), out = w.size(0), in = w.size(1);
-  at::Tensor gx = at::zeros({m, in}, gyf.options());
+  const bool fp32 = w.scalar_type() == at::kFloat;
+  at::Tensor gx = fp32 ? at::empty({m, in}, gyf.options()) : at::zeros({m, in}, gyf.options());
   split_work(m, 1, 64, [&](int64_t begin, int64_t end) {
     const at::Tensor g = gyf.narrow(0, begin, end - begin);
     at::Tensor gxs = gx.narrow(0, begin, end - begin);
+    if (fp32) {
+      at::mm_out(gxs, g, w);
+      return;
+    }
     const int64_t p = panel_rows(end - begin, in, out);
     at::Tensor panel = at::empty({p, in}, gyf.options());
     for (int64_t p0 = 0; p0 < out; p0 += p) {
@@ -166,7 +173,36 @@ void check_args(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Gradients of y = x · wᵀ + b, widened as the forward is.
+// y [M, out] fp32 = x [M, in] fp32 · wᵀ (+ bias) with fp32 weights: each thread a range of
+// output features, one GEMM each.
+void split_gemm_xwt(const at::Tensor& xf, const at::Tensor& w, const at::Tensor& bias, at::Tensor& yf) {
+  const int64_t m = xf.size(0), in = xf.size(1), out = w.size(0);
+  split_work(out, 16, std::max<int64_t>(16, (int64_t{1} << 18) / std::max<int64_t>(1, m * in)),
+             [&](int64_t begin, int64_t end) {
+               at::Tensor ys = yf.narrow(1, begin, end - begin);
+               const at::Tensor wp = w.narrow(0, begin, end - begin);
+               if (bias.defined())
+                 at::addmm_out(ys, bias.narrow(0, begin, end - begin), xf, wp.t());
+               else
+                 at::mm_out(ys, xf, wp.t());
+             });
+}
+
+// out [B, M, N] = a [B, M, K] · b [B, K, N], fp32: each thread a range of the batch items.
+at::Tensor split_bmm(const at::Tensor& a, const at::Tensor& b) {
+  const int64_t items = a.size(0), m = a.size(1), k = a.size(2), n = b.size(2);
+  at::Tensor out = at::empty({items, m, n}, a.options());
+  split_work(items, 1, std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, m * k * n)),
+             [&](int64_t begin, int64_t end) {
+               at::Tensor o = out.narrow(0, begin, end - begin);
+               at::bmm_out(o, a.narrow(0, begin, end - begin), b.narrow(0, begin, end - begin));
+             });
+  return out;
+}
+
+std::atomic<bool> g_gemm_splits{false};
+
+// Gradients of y = x · wᵀ + b, split (and widened) as the forward is.
 variable_list linear_backward(AutogradContext* ctx, const at::Tensor& gy, bool has_bias) {
   const auto saved = ctx->get_saved_variables();
   const at::Tensor& x = saved[0];
@@ -174,34 +210,96 @@ variable_list linear_backward(AutogradContext* ctx, const at::Tensor& gy, bool h
   const int64_t in = w.size(1), out = w.size(0);
   const at::Tensor gyf = gy.reshape({-1, out}).to(at::kFloat);
   at::Tensor gx, gw, gb;
-  if (ctx->needs_input_grad(0)) gx = panel_gemm_gw(gyf, w).to(at::kBFloat16).view(x.sizes());
-  if (ctx->needs_input_grad(1)) gw = gemm_gyt_x(gyf, x.reshape({-1, in}).to(at::kFloat)).to(at::kBFloat16);
-  if (has_bias && ctx->needs_input_grad(2)) gb = gyf.sum(0).to(at::kBFloat16);
+  const at::ScalarType type = x.scalar_type();
+  if (ctx->needs_input_grad(0)) gx = panel_gemm_gw(gyf, w).to(type).view(x.sizes());
+  if (ctx->needs_input_grad(1)) gw = gemm_gyt_x(gyf, x.reshape({-1, in}).to(at::kFloat)).to(type);
+  if (has_bias && ctx->needs_input_grad(2)) gb = gyf.sum(0).to(type);
   if (has_bias) return {gx, gw, gb};
   return {gx, gw};
 }
 
-struct WideningLinear : public torch::autograd::Function<WideningLinear> {
+// The split (fp32) or widening (bf16) linear layer, differentiable.
+at::Tensor split_or_widening_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
+  return x.scalar_type() == at::kFloat ? split_linear(x, w, bias) : widening_linear(x, w, bias);
+}
+
+struct SplitLinear : public torch::autograd::Function<SplitLinear> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w) {
     ctx->save_for_backward({x, w});
-    return widening_linear(x, w, at::Tensor());
+    return split_or_widening_linear(x, w, at::Tensor());
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     return linear_backward(ctx, grads[0], false);
   }
 };
 
-struct WideningLinearBias : public torch::autograd::Function<WideningLinearBias> {
+struct SplitLinearBias : public torch::autograd::Function<SplitLinearBias> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
     ctx->save_for_backward({x, w});
-    return widening_linear(x, w, b);
+    return split_or_widening_linear(x, w, b);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     return linear_backward(ctx, grads[0], true);
   }
 };
 
+// a [B, M, K] · b [B, K, N], fp32, split over the batch items; the gradients split the same way.
+struct SplitBmm : public torch::autograd::Function<SplitBmm> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b) {
+    ctx->save_for_backward({a, b});
+    return split_bmm(a, b);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& a = saved[0];
+    const at::Tensor& b = saved[1];
+    const at::Tensor& g = grads[0];
+    at::Tensor ga, gb;
+    if (ctx->needs_input_grad(0)) ga = split_bmm(g, b.transpose(1, 2));
+    if (ctx->needs_input_grad(1)) gb = split_bmm(a.transpose(1, 2), g);
+    return {ga, gb};
+  }
+};
+
+// a · b in fp32: split over the batch items when the GEMMs split and both have the same batch
+// dimensions (what attention passes), else at::matmul.
+at::Tensor fp32_matmul(const at::Tensor& a, const at::Tensor& b) {
+  const bool same_batch = a.dim() >= 3 && a.dim() == b.dim() && a.sizes().slice(0, a.dim() - 2) == b.sizes().slice(0, b.dim() - 2);
+  if (!splits(a) || !b.device().is_cpu() || b.scalar_type() != at::kFloat || !same_batch) return at::matmul(a, b);
+  const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  SWARM_REQUIRE(b.size(-2) == k, ErrorKind::INVALID_ARGUMENT, "model_matmul: inner dimensions differ");
+  const at::Tensor a3 = a.reshape({-1, m, k}), b3 = b.reshape({-1, k, n});
+  const bool grad = at::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad());
+  const at::Tensor out = grad ? SplitBmm::apply(a3, b3) : split_bmm(a3, b3);
+  std::vector<int64_t> sizes(a.sizes().begin(), a.sizes().end());
+  sizes.back() = n;
+  return out.view(sizes);
+}
+
 }  // namespace
+
+bool cpu_gemm_splits() { return g_gemm_splits.load(std::memory_order_relaxed); }
+
+void set_cpu_gemm_splits(bool on) { g_gemm_splits.store(on, std::memory_order_relaxed); }
+
+bool splits(const at::Tensor& x) {
+  return x.defined() && x.scalar_type() == at::kFloat && x.device().is_cpu() && cpu_gemm_splits();
+}
+
+at::Tensor split_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
+  SWARM_REQUIRE(x.device().is_cpu() && w.device().is_cpu() && x.scalar_type() == at::kFloat &&
+                    w.scalar_type() == at::kFloat && w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(1),
+                ErrorKind::INVALID_ARGUMENT, "split_linear: expects fp32 CPU x [..., in] and w [out, in]");
+  SWARM_REQUIRE(!bias.defined() || (bias.dim() == 1 && bias.size(0) == w.size(0) && bias.scalar_type() == at::kFloat),
+                ErrorKind::INVALID_ARGUMENT, "split_linear: bias must be fp32 [out]");
+  const int64_t in = w.size(1), out = w.size(0);
+  const at::Tensor xf = x.reshape({-1, in}).contiguous();
+  at::Tensor yf = at::empty({xf.size(0), out}, xf.options());
+  split_gemm_xwt(xf, w.contiguous(), bias, yf);
+  std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
+  sizes.back() = out;
+  return yf.view(sizes);
+}
 
 bool bf16_matmul_widens() {
   static const bool widens = !cpu_has_avx512_bf16();
@@ -226,28 +324,34 @@ at::Tensor widening_linear(const at::Tensor& x, const at::Tensor& w, const at::T
 }
 
 at::Tensor model_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
-  if (!widens(x)) return at::linear(x, w, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt);
-  check_args(x, w, bias);
+  if (widens(x)) {
+    check_args(x, w, bias);
+  } else if (!splits(x) || !splits(w) || (bias.defined() && !splits(bias))) {
+    return at::linear(x, w, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt);
+  }
   const bool grad = at::GradMode::is_enabled() &&
                     (x.requires_grad() || w.requires_grad() || (bias.defined() && bias.requires_grad()));
-  if (!grad) return widening_linear(x, w, bias);
-  if (bias.defined()) return WideningLinearBias::apply(x, w, bias);
-  return WideningLinear::apply(x, w);
+  if (!grad) return split_or_widening_linear(x, w, bias);
+  if (bias.defined()) return SplitLinearBias::apply(x, w, bias);
+  return SplitLinear::apply(x, w);
 }
 
 at::Tensor model_matmul(const at::Tensor& a, const at::Tensor& b) {
-  if (!widens(a)) return at::matmul(a, b);
-  return at::matmul(a.to(at::kFloat), b.to(at::kFloat)).to(a.scalar_type());
+  if (widens(a)) return fp32_matmul(a.to(at::kFloat), b.to(at::kFloat)).to(a.scalar_type());
+  if (splits(a)) return fp32_matmul(a, b);
+  return at::matmul(a, b);
 }
 
 at::Tensor linear_grad_input(const at::Tensor& grad_y, const at::Tensor& w) {
-  if (!widens(grad_y)) return grad_y.mm(w);
-  return panel_gemm_gw(grad_y.to(at::kFloat), w).to(grad_y.scalar_type());
+  if (widens(grad_y)) return panel_gemm_gw(grad_y.to(at::kFloat), w).to(grad_y.scalar_type());
+  if (splits(grad_y) && splits(w) && grad_y.dim() == 2) return panel_gemm_gw(grad_y, w);
+  return grad_y.mm(w);
 }
 
 at::Tensor linear_grad_weight(const at::Tensor& grad_y, const at::Tensor& x) {
-  if (!widens(grad_y)) return grad_y.t().mm(x);
-  return gemm_gyt_x(grad_y.to(at::kFloat), x.to(at::kFloat)).to(grad_y.scalar_type());
+  if (widens(grad_y)) return gemm_gyt_x(grad_y.to(at::kFloat), x.to(at::kFloat)).to(grad_y.scalar_type());
+  if (splits(grad_y) && splits(x) && grad_y.dim() == 2) return gemm_gyt_x(grad_y, x);
+  return grad_y.t().mm(x);
 }
 
 }  // namespace swarm

@@ -1,3 +1,12 @@
+// The model's matmuls on the CPU, split over the OpenMP threads libtorch and our kernels share.
+//
+// One pool for every op: the thread plan (configure_compute_threads) sets OpenBLAS's own pool
+// to one thread and gives libtorch's OpenMP pool every core; each GEMM here is split into one
+// range of output features (or rows, or batch items) per OpenMP thread, each running OpenBLAS
+// single-threaded. Two busy-waiting pools on the same cores cost 1.5-3x wherever our kernels ran
+// next to OpenBLAS's GEMMs (history in docs/benchmarks-history.md), which is why fp32 once gave
+// attention, norms and activations a single thread.
+//
 // bf16 matmuls on CPUs without bf16 dot products (no AVX512_BF16): widened to fp32 and run by
 // the fp32 GEMM (OpenBLAS), a panel of weight rows at a time.
 //
@@ -14,6 +23,19 @@
 
 namespace swarm {
 
+/// Whether fp32 GEMMs on the CPU are split over the OpenMP threads (set by the thread plan,
+/// configure_compute_threads, when it puts OpenBLAS's own pool at one thread; off by default, so
+/// a process that never sets a plan keeps OpenBLAS's threading).
+bool cpu_gemm_splits();
+void set_cpu_gemm_splits(bool on);
+
+/// Whether x's fp32 matmuls take the split path: an fp32 CPU tensor while cpu_gemm_splits().
+bool splits(const at::Tensor& x);
+
+/// y = x · wᵀ (+ bias) for fp32 CPU tensors, x [..., in], w [out, in]: the output features split
+/// over the OpenMP threads, each a single-threaded OpenBLAS GEMM. No autograd.
+at::Tensor split_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias);
+
 /// Whether bf16 matmuls on this CPU take the widening path: the CPU (or SWARM_CPU_LEVEL) has no
 /// AVX512_BF16. Computed once per process.
 bool bf16_matmul_widens();
@@ -26,17 +48,19 @@ bool widens(const at::Tensor& t);
 /// to bf16 and held in fp32 (what .to(kFloat) of the bf16 result gives). No autograd.
 at::Tensor widening_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, bool float_out = false);
 
-/// The model's linear layer, any device and dtype: at::linear, or widening_linear when widens(x),
-/// differentiable in both cases (the widening backward computes grad_x = grad_y · w and
-/// grad_w = grad_yᵀ · x widened the same way).
+/// The model's linear layer, any device and dtype: widening_linear when widens(x), split_linear
+/// when splits(x), else at::linear; differentiable in every case (the backward's
+/// grad_x = grad_y · w and grad_w = grad_yᵀ · x are split, and widened, the same way).
 at::Tensor model_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias = {});
 
-/// a · b as at::matmul (any batch shape), widened to fp32 and rounded once when widens(a)
-/// (attention's probabilities · values). Differentiable.
+/// a · b as at::matmul (attention's scores and probabilities · values): widened to fp32 and
+/// rounded once when widens(a); when the GEMMs split (cpu_gemm_splits) and a [..., M, K] and
+/// b [..., K, N] have the same batch dimensions, the batch items are split over the threads.
+/// Differentiable.
 at::Tensor model_matmul(const at::Tensor& a, const at::Tensor& b);
 
 /// Linear's backward GEMMs for hand-written backward passes: grad_y [M, out] · w [out, in], and
-/// grad_yᵀ · x [M, in], in grad_y's dtype; widened when widens(grad_y).
+/// grad_yᵀ · x [M, in], in grad_y's dtype; widened when widens(grad_y), split when the GEMMs split.
 at::Tensor linear_grad_input(const at::Tensor& grad_y, const at::Tensor& w);
 at::Tensor linear_grad_weight(const at::Tensor& grad_y, const at::Tensor& x);
 

@@ -8,6 +8,7 @@
 #include <malloc.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <limits>
@@ -71,19 +72,34 @@ ThreadPlan configure_compute_threads(int n, DType compute) {
   using SetThreads = void (*)(int);
   auto openblas_set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
   ThreadPlan plan;
-  // (bf16 without bf16 dot products widens its matmuls to fp32 GEMM, widening_linear_torch.hpp,
-  // but calls OpenBLAS from each of libtorch's threads itself: the bf16 plan holds there too.)
-  const bool fp32 = compute == DType::F32;
-  plan.torch_threads = fp32 ? 1 : n;
-  at::set_num_threads(plan.torch_threads);
-  set_small_linear_threads(n);  // a few rows at a time: no GEMM runs beside it
-  if (openblas_set) {
+  plan.torch_threads = n;
+  set_small_linear_threads(n);
+  // SWARM_GEMM_SPLIT=0: the plan before the GEMMs split (for measuring): fp32 gives OpenBLAS's
+  // pool the cores and libtorch one thread, bf16 the reverse.
+  static const bool split_off = [] {
+    const char* e = std::getenv("SWARM_GEMM_SPLIT");
+    return e != nullptr && std::string(e) == "0";
+  }();
+  if (openblas_set && split_off) {
+    const bool fp32 = compute == DType::F32;
+    plan.torch_threads = fp32 ? 1 : n;
     plan.openblas_threads = fp32 ? n : 1;
+    at::set_num_threads(plan.torch_threads);
     openblas_set(plan.openblas_threads);
-  } else {
-    at::set_num_threads(n);  // no separate BLAS pool to share the cores with
-    plan.torch_threads = n;
+    set_cpu_gemm_splits(false);
+    return plan;
   }
+  at::set_num_threads(n);
+  if (openblas_set) {
+    // Every GEMM is split over libtorch's threads, each calling OpenBLAS single-threaded
+    // (widening_linear_torch.hpp): one pool for all the work.
+    plan.openblas_threads = 1;
+    openblas_set(1);
+    set_cpu_gemm_splits(true);
+  } else {
+    set_cpu_gemm_splits(false);  // no separate BLAS pool: its GEMMs thread on libtorch's pool
+  }
+  plan.gemm_splits = cpu_gemm_splits();
   return plan;
 }
 
@@ -371,7 +387,7 @@ torch::Tensor DecoderModel::attend(const torch::Tensor& q, const torch::Tensor& 
   // q, not on the scores: a pass over [.., nq, hd] instead of [.., nq, L] (forward and backward);
   // exactly the same numbers when head_dim is a power of 4 (64: the scale is 1/8).
   const torch::Tensor qs = qg.to(torch::kFloat) * (1.0 / std::sqrt(static_cast<double>(hd)));
-  torch::Tensor scores = at::matmul(qs, kt.to(torch::kFloat));
+  torch::Tensor scores = model_matmul(qs, kt.to(torch::kFloat));
   scores = scores.view({b, kvh, rep, nq, L}).masked_fill(blocked.reshape({b, 1, 1, nq, L}), kNegInf);
   const torch::Tensor probs = at::softmax(scores, -1).to(q.scalar_type()).view({b, kvh, rep * nq, L});
   const torch::Tensor out = model_matmul(probs, v.permute({0, 2, 1, 3}));  // [b, kv, rep*nq, hd]
@@ -387,6 +403,7 @@ torch::Tensor DecoderModel::serving_linear(const torch::Tensor& x, const torch::
     return small_linear(x, w, bias, float_out, out);
   }
   if (widens(x)) return widening_linear(x, w, b, float_out);  // no bf16 dot products: fp32 GEMM
+  if (splits(x)) return split_linear(x, w, b);                 // fp32: float_out is the result itself
   const torch::Tensor y = at::linear(x, w, bias);
   return float_out ? y.to(torch::kFloat) : y;
 }

@@ -28,16 +28,19 @@ void set_compute_threads(int n);
 
 /// What configure_compute_threads chose.
 struct ThreadPlan {
-  int torch_threads = 1;     // at::set_num_threads (OpenMP: oneDNN bf16 GEMM, elementwise ops, our kernels)
-  int openblas_threads = 0;  // OpenBLAS's own pool (fp32 GEMM); 0 = not found / left alone
+  int torch_threads = 1;     // at::set_num_threads (OpenMP: our kernels, elementwise ops, the split GEMMs)
+  int openblas_threads = 0;  // OpenBLAS's own pool; 0 = not found / left alone
+  bool gemm_splits = false;  // fp32 (and widened bf16) GEMMs split over libtorch's threads
 };
 
-/// Threads for a model computing in `compute` on the CPU with `n` threads in all. libtorch's
-/// OpenMP pool and OpenBLAS's pthread pool are separate, and both busy-wait: giving both `n`
-/// threads oversubscribes the cores (measured here: fp32 decode at batch 32 fell from ~250 to
-/// ~80 tokens/s). So fp32 (whose time is in OpenBLAS GEMM) gets OpenBLAS n threads and libtorch 1;
-/// bf16 (oneDNN on libtorch's pool, or our widening GEMM, which calls OpenBLAS from each of
-/// libtorch's threads) gets libtorch n threads and OpenBLAS 1.
+/// Threads for a model computing in `compute` on the CPU with `n` threads in all: libtorch's
+/// OpenMP pool gets all n, OpenBLAS's own pool one, and every GEMM is split into one range per
+/// OpenMP thread, each a single-threaded OpenBLAS call (cpu_gemm_splits, widening_linear_torch.hpp).
+/// Both pools busy-wait, so giving both n threads oversubscribes the cores (measured: fp32 decode
+/// at batch 32 fell from ~250 to ~80 tokens/s), and giving OpenBLAS the cores left attention,
+/// norms and activations one thread (fp32 until 2026-11-27: those ran 1.4-2x slower than now).
+/// The same plan for every dtype. SWARM_GEMM_SPLIT=0 restores the earlier per-dtype plan (fp32:
+/// OpenBLAS n threads, libtorch 1; bf16: libtorch n, OpenBLAS 1; no split GEMMs), for measuring.
 ThreadPlan configure_compute_threads(int n, DType compute);
 
 /// Keeps the large, short-lived activation buffers of a forward pass in the malloc heap

@@ -587,6 +587,76 @@ TEST(WideningLinear, ModelLinearGradientsMatchTheFp32Reference) {
             1e-2);
 }
 
+// The split fp32 GEMMs (the engine's thread plan: OpenBLAS at one thread, each GEMM split over
+// libtorch's OpenMP threads) compute linear and matmul, forward and backward, as libtorch does:
+// the same products over the same inner dimension, so within fp32 summation-order noise. Off
+// (no plan set), model_linear is at::linear itself.
+TEST(SplitGemm, ModelLinearMatmulAndGradientsMatchLibtorch) {
+  struct Restore {
+    int threads = small_linear_threads();
+    ~Restore() {
+      set_cpu_gemm_splits(false);
+      set_small_linear_threads(threads);
+    }
+  } restore;
+  at::manual_seed(13);
+  const at::Tensor x0 = at::randn({3, 70, 96}), w0 = at::randn({200, 96}), b0 = at::randn({200});
+  const at::Tensor g = at::randn({3, 70, 200});
+  set_cpu_gemm_splits(false);
+  EXPECT_FALSE(splits(x0));
+  EXPECT_TRUE(at::equal(model_linear(x0, w0, b0), at::linear(x0, w0, b0)));
+
+  set_cpu_gemm_splits(true);
+  set_small_linear_threads(2);
+  EXPECT_TRUE(splits(x0));
+  EXPECT_FALSE(splits(x0.to(at::kBFloat16)));
+  for (bool with_bias : {true, false}) {
+    const at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+    const at::Tensor b = with_bias ? b0.clone().requires_grad_(true) : at::Tensor();
+    const at::Tensor y = model_linear(x, w, b);
+    y.backward(g);
+    const at::Tensor xr = x0.clone().requires_grad_(true), wr = w0.clone().requires_grad_(true);
+    const at::Tensor br = with_bias ? b0.clone().requires_grad_(true) : at::Tensor();
+    const at::Tensor yr = at::linear(xr, wr, br);
+    yr.backward(g);
+    EXPECT_EQ(y.sizes(), yr.sizes());
+    EXPECT_LT(max_rel(y, yr), 1e-5);
+    EXPECT_LT(max_rel(x.grad(), xr.grad()), 1e-5);
+    EXPECT_LT(max_rel(w.grad(), wr.grad()), 1e-5);
+    if (with_bias) {
+      EXPECT_LT(max_rel(b.grad(), br.grad()), 1e-5);
+    }
+  }
+  // Without gradients: every row count from one to many, outputs not a multiple of 16.
+  for (int64_t m : {1, 5, 64, 700}) {
+    const at::Tensor x = at::randn({m, 40}), w = at::randn({37, 40});
+    EXPECT_LT(max_rel(split_linear(x, w, at::Tensor()), at::linear(x, w)), 1e-5) << m;
+  }
+  EXPECT_ANY_THROW(split_linear(x0.to(at::kBFloat16), w0, at::Tensor()));
+  EXPECT_ANY_THROW(split_linear(x0, w0.narrow(1, 0, 32), at::Tensor()));
+
+  // Attention's batched matmuls (non-contiguous views, as attend passes them), with gradients.
+  const at::Tensor q0 = at::randn({2, 3, 64, 5}).transpose(2, 3), k0 = at::randn({2, 3, 64, 40});
+  const at::Tensor q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true);
+  const at::Tensor qr = q0.clone().requires_grad_(true), kr = k0.clone().requires_grad_(true);
+  const at::Tensor s = model_matmul(q, k), sr = at::matmul(qr, kr);
+  EXPECT_EQ(s.sizes(), sr.sizes());
+  EXPECT_LT(max_rel(s, sr), 1e-5);
+  const at::Tensor gs = at::randn(sr.sizes());
+  s.backward(gs);
+  sr.backward(gs);
+  EXPECT_LT(max_rel(q.grad(), qr.grad()), 1e-5);
+  EXPECT_LT(max_rel(k.grad(), kr.grad()), 1e-5);
+  // Broadcasting batch shapes are at::matmul's.
+  const at::Tensor a = at::randn({4, 6, 8}), m2 = at::randn({8, 3});
+  EXPECT_TRUE(at::equal(model_matmul(a, m2), at::matmul(a, m2)));
+
+  // The hand-written backward's GEMMs.
+  const at::Tensor gy = at::randn({33, 300}), wl = at::randn({300, 64}), xl = at::randn({33, 64});
+  EXPECT_LT(max_rel(linear_grad_input(gy, wl), gy.mm(wl)), 1e-5);
+  EXPECT_LT(max_rel(linear_grad_weight(gy, xl), gy.t().mm(xl)), 1e-5);
+}
+
 // The path follows the CPU level: widening exactly when there is no AVX512_BF16 (SWARM_CPU_LEVEL
 // included), and only for bf16 CPU tensors.
 TEST(WideningLinear, TheWideningPathFollowsTheCpuLevel) {
