@@ -26,9 +26,10 @@ constexpr int64_t kSmallLinearBf16MaxRows = 384;
 int64_t small_linear_max_rows(at::ScalarType dtype);
 
 /// Threads small_linear splits its work over; 0 (the default) = libtorch's intra-op thread
-/// count. Its own setting because in fp32 libtorch gets one thread (OpenBLAS has the cores,
-/// configure_compute_threads), yet streaming the weights at a few rows needs every core, and no
-/// BLAS call overlaps it (measured: SmolLM2 fp32 decode at batch 1, 63.5 -> 110 tokens/s).
+/// count. Its own setting because it decides the split of the GEMMs too (widening_linear_torch.hpp)
+/// and once had to differ from libtorch's count (when the fp32 plan gave libtorch one thread;
+/// streaming the weights at a few rows needs every core: SmolLM2 fp32 decode at batch 1, 63.5 ->
+/// 110 tokens/s). configure_compute_threads sets both to the same n.
 void set_small_linear_threads(int n);
 /// The threads small_linear uses now (set_small_linear_threads, else libtorch's count).
 int small_linear_threads();
