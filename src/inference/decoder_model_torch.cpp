@@ -72,30 +72,32 @@ ThreadPlan configure_compute_threads(int n, DType compute) {
   using SetThreads = void (*)(int);
   auto openblas_set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
   ThreadPlan plan;
-  plan.torch_threads = n;
   set_small_linear_threads(n);
-  // SWARM_GEMM_SPLIT=0: the plan before the GEMMs split (for measuring): fp32 gives OpenBLAS's
-  // pool the cores and libtorch one thread, bf16 the reverse.
-  static const bool split_off = [] {
+  // SWARM_GEMM_SPLIT: "1" = one pool for every dtype (fp32 too); "0" = no split GEMMs at all;
+  // unset = one pool for bf16 only (its plan has had libtorch n / OpenBLAS 1 all along).
+  static const std::string split_mode = [] {
     const char* e = std::getenv("SWARM_GEMM_SPLIT");
-    return e != nullptr && std::string(e) == "0";
+    return std::string(e != nullptr ? e : "");
   }();
-  if (openblas_set && split_off) {
-    const bool fp32 = compute == DType::F32;
-    plan.torch_threads = fp32 ? 1 : n;
-    plan.openblas_threads = fp32 ? n : 1;
-    at::set_num_threads(plan.torch_threads);
-    openblas_set(plan.openblas_threads);
+  const bool fp32 = compute == DType::F32;
+  const bool one_pool = openblas_set != nullptr && (fp32 ? split_mode == "1" : true);
+  if (openblas_set != nullptr && !one_pool) {
+    // fp32 by default: OpenBLAS's pool has the cores for the GEMMs, libtorch one thread.
+    plan.torch_threads = 1;
+    plan.openblas_threads = n;
+    at::set_num_threads(1);
+    openblas_set(n);
     set_cpu_gemm_splits(false);
     return plan;
   }
+  plan.torch_threads = n;
   at::set_num_threads(n);
-  if (openblas_set) {
-    // Every GEMM is split over libtorch's threads, each calling OpenBLAS single-threaded
+  if (one_pool) {
+    // Every GEMM split over libtorch's threads, each calling OpenBLAS single-threaded
     // (widening_linear_torch.hpp): one pool for all the work.
     plan.openblas_threads = 1;
     openblas_set(1);
-    set_cpu_gemm_splits(true);
+    set_cpu_gemm_splits(split_mode != "0");
   } else {
     set_cpu_gemm_splits(false);  // no separate BLAS pool: its GEMMs thread on libtorch's pool
   }

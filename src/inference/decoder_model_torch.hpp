@@ -33,14 +33,16 @@ struct ThreadPlan {
   bool gemm_splits = false;  // fp32 (and widened bf16) GEMMs split over libtorch's threads
 };
 
-/// Threads for a model computing in `compute` on the CPU with `n` threads in all: libtorch's
-/// OpenMP pool gets all n, OpenBLAS's own pool one, and every GEMM is split into one range per
-/// OpenMP thread, each a single-threaded OpenBLAS call (cpu_gemm_splits, widening_linear_torch.hpp).
-/// Both pools busy-wait, so giving both n threads oversubscribes the cores (measured: fp32 decode
-/// at batch 32 fell from ~250 to ~80 tokens/s), and giving OpenBLAS the cores left attention,
-/// norms and activations one thread (fp32 until 2026-11-27: those ran 1.4-2x slower than now).
-/// The same plan for every dtype. SWARM_GEMM_SPLIT=0 restores the earlier per-dtype plan (fp32:
-/// OpenBLAS n threads, libtorch 1; bf16: libtorch n, OpenBLAS 1; no split GEMMs), for measuring.
+/// Threads for a model computing in `compute` on the CPU with `n` threads in all. libtorch's
+/// OpenMP pool and OpenBLAS's pthread pool are separate, and both busy-wait: giving both n
+/// threads oversubscribes the cores (measured: fp32 decode at batch 32 fell from ~250 to ~80
+/// tokens/s). bf16 (and fp32 with SWARM_GEMM_SPLIT=1): one pool, libtorch n threads and OpenBLAS
+/// one, every GEMM split into one range per OpenMP thread, each a single-threaded OpenBLAS call
+/// (cpu_gemm_splits, widening_linear_torch.hpp). fp32 by default: OpenBLAS n threads, libtorch 1,
+/// so attention, norms and activations run on one core; the one pool measured 1.2-2x faster for
+/// those alone but 2.7-4x slower when two such processes share the cores (their OpenMP workers
+/// spin between the many short parallel regions: two learning tests side by side in CI), so it
+/// is opt-in until that is solved. SWARM_GEMM_SPLIT=0: no split GEMMs in any plan.
 ThreadPlan configure_compute_threads(int n, DType compute);
 
 /// Keeps the large, short-lived activation buffers of a forward pass in the malloc heap
