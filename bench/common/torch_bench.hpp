@@ -277,8 +277,6 @@ inline void print_run_header(const fs::path& source_dir, bool quick, const std::
   std::fflush(stdout);
 }
 
-/// The engine's thread plan for `dtype` on `cores` (libtorch vs OpenBLAS pools), applied here
-/// and exported (OPENBLAS_NUM_THREADS) to the Python reference started after it.
 /// The threads of a plain PyTorch child (the Python references): it cannot split its GEMMs over
 /// its OpenMP pool as the engine does, so it gets PyTorch's best plan on `cores` (measured before
 /// the engine's GEMMs split): fp32 gives OpenBLAS's pool the cores and libtorch one thread (its

@@ -83,6 +83,11 @@ void split_work(int64_t n, int64_t align, int64_t min_per_thread, const F& f) {
   f(0, n);
 }
 
+// How many units of `macs` multiply-adds each make a thread worth waking: 2^18 multiply-adds.
+int64_t units_worth_a_thread(int64_t macs) {
+  return std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, macs));
+}
+
 // Bytes of one thread's fp32 weight panel: in its core's L2 while the GEMM reads it.
 // SWARM_WIDEN_PANEL_KB overrides (for measuring).
 int64_t panel_bytes() {
@@ -106,8 +111,7 @@ int64_t panel_rows(int64_t m, int64_t in, int64_t out) {
 // each thread takes a range of output features, panel by panel.
 void panel_gemm_xwt(const at::Tensor& xf, const at::Tensor& w, const at::Tensor& biasf, at::Tensor& yf) {
   const int64_t m = xf.size(0), in = xf.size(1), out = w.size(0);
-  // A thread is worth waking for 2^18 multiply-adds or more.
-  split_work(out, 16, std::max<int64_t>(16, (int64_t{1} << 18) / std::max<int64_t>(1, m * in)),
+  split_work(out, 16, std::max<int64_t>(16, units_worth_a_thread(m * in)),
              [&](int64_t begin, int64_t end) {
                const int64_t p = panel_rows(m, in, end - begin);
                at::Tensor panel = at::empty({p, in}, xf.options());
@@ -177,7 +181,7 @@ using torch::autograd::variable_list;
 // output features, one GEMM each.
 void split_gemm_xwt(const at::Tensor& xf, const at::Tensor& w, const at::Tensor& bias, at::Tensor& yf) {
   const int64_t m = xf.size(0), in = xf.size(1), out = w.size(0);
-  split_work(out, 16, std::max<int64_t>(16, (int64_t{1} << 18) / std::max<int64_t>(1, m * in)),
+  split_work(out, 16, std::max<int64_t>(16, units_worth_a_thread(m * in)),
              [&](int64_t begin, int64_t end) {
                at::Tensor ys = yf.narrow(1, begin, end - begin);
                const at::Tensor wp = w.narrow(0, begin, end - begin);
@@ -192,7 +196,7 @@ void split_gemm_xwt(const at::Tensor& xf, const at::Tensor& w, const at::Tensor&
 at::Tensor split_bmm(const at::Tensor& a, const at::Tensor& b) {
   const int64_t items = a.size(0), m = a.size(1), k = a.size(2), n = b.size(2);
   at::Tensor out = at::empty({items, m, n}, a.options());
-  split_work(items, 1, std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, m * k * n)),
+  split_work(items, 1, units_worth_a_thread(m * k * n),
              [&](int64_t begin, int64_t end) {
                at::Tensor o = out.narrow(0, begin, end - begin);
                at::bmm_out(o, a.narrow(0, begin, end - begin), b.narrow(0, begin, end - begin));

@@ -79,9 +79,14 @@ ThreadPlan configure_compute_threads(int n, DType compute) {
     const char* e = std::getenv("SWARM_GEMM_SPLIT");
     return std::string(e != nullptr ? e : "");
   }();
-  const bool fp32 = compute == DType::F32;
-  const bool one_pool = openblas_set != nullptr && (fp32 ? split_mode == "1" : true);
-  if (openblas_set != nullptr && !one_pool) {
+  if (openblas_set == nullptr) {
+    // No separate BLAS pool to share the cores with: its GEMMs thread on libtorch's pool.
+    plan.torch_threads = n;
+    at::set_num_threads(n);
+    set_cpu_gemm_splits(false);
+    return plan;
+  }
+  if (compute == DType::F32 && split_mode != "1") {
     // fp32 by default: OpenBLAS's pool has the cores for the GEMMs, libtorch one thread.
     plan.torch_threads = 1;
     plan.openblas_threads = n;
@@ -90,17 +95,13 @@ ThreadPlan configure_compute_threads(int n, DType compute) {
     set_cpu_gemm_splits(false);
     return plan;
   }
+  // One pool: every GEMM split over libtorch's threads, each calling OpenBLAS single-threaded
+  // (widening_linear_torch.hpp).
   plan.torch_threads = n;
+  plan.openblas_threads = 1;
   at::set_num_threads(n);
-  if (one_pool) {
-    // Every GEMM split over libtorch's threads, each calling OpenBLAS single-threaded
-    // (widening_linear_torch.hpp): one pool for all the work.
-    plan.openblas_threads = 1;
-    openblas_set(1);
-    set_cpu_gemm_splits(split_mode != "0");
-  } else {
-    set_cpu_gemm_splits(false);  // no separate BLAS pool: its GEMMs thread on libtorch's pool
-  }
+  openblas_set(1);
+  set_cpu_gemm_splits(split_mode != "0");
   plan.gemm_splits = cpu_gemm_splits();
   return plan;
 }
