@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/dist_config.hpp"
+#include "common/openmp_wait.hpp"
 #include "engine/rank_channel.hpp"
 #include "engine/rank_launcher.hpp"
 #include "server/swarm_server.hpp"
@@ -206,6 +207,13 @@ std::string config_reference_markdown() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First, before any thread or file: it may re-execute this program. Only the torch engine runs
+  // OpenMP work, so the mock engine and the other subcommands skip the second start (~0.6 s).
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--engine=torch" || (a == "--engine" && i + 1 < argc && std::string(argv[i + 1]) == "torch"))
+      swarm::bound_openmp_spin_wait(argv);
+  }
   CLI::App app{"swarm-server: RL post-training server (OpenAI-compatible endpoint + swarm command API)"};
   app.require_subcommand(1);
   std::string host = "127.0.0.1", engine = "mock", config, log_level = "info", resume;

@@ -308,6 +308,7 @@ struct Options {
 }  // namespace
 
 int main(int argc, char** argv) {
+  swarm::bound_openmp_spin_wait(argv);  // first: it may re-execute this program
   Options opt;
   CLI::App app{"bench_anchor: swarm's CPU engine against llama.cpp on the same GGUF-converted weights"};
   app.add_flag("--quick", opt.common.quick, "Small prompts and step counts (smoke run, about a minute or two)");

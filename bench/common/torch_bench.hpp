@@ -42,6 +42,7 @@
 extern char** environ;
 
 #include "common/machine_info.hpp"
+#include "common/openmp_wait.hpp"
 
 namespace swarm::bench {
 
@@ -266,8 +267,9 @@ struct CommonOptions {
 inline void print_run_header(const fs::path& source_dir, bool quick, const std::string& blas) {
   std::printf("machine: %s, %ld online CPUs; %s; loadavg %s\n", cpu_model().c_str(), sysconf(_SC_NPROCESSORS_ONLN),
               utc_now().c_str(), load_average().c_str());
-  std::printf("torch %s (libtorch C++), intra-op threads %d, inter-op threads %d; OpenBLAS: %s\n", TORCH_VERSION,
-              at::get_num_threads(), at::get_num_interop_threads(), blas.c_str());
+  std::printf("torch %s (libtorch C++), intra-op threads %d, inter-op threads %d (OpenMP wait: %s); OpenBLAS: %s\n",
+              TORCH_VERSION, at::get_num_threads(), at::get_num_interop_threads(), swarm::openmp_wait_setting(),
+              blas.c_str());
   const char* dnnl = std::getenv("DNNL_MAX_CPU_ISA");
   const char* aten = std::getenv("ATEN_CPU_CAPABILITY");
   std::printf("CPU level %s: bf16 matmuls %s%s%s%s%s\n", cpu_level().c_str(),

@@ -601,6 +601,7 @@ struct Options {
 }  // namespace
 
 int main(int argc, char** argv) {
+  swarm::bound_openmp_spin_wait(argv);  // first: it may re-execute this program
   Options opt;
   const CommonOptions& common = opt.common;
   CLI::App app{"bench_inference: libtorch engine prefill/decode tokens/s vs python3-torch and rooflines"};

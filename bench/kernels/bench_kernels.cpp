@@ -221,6 +221,7 @@ void run_dtype(Bench& b, const std::string& name, swarm::DType dtype, int thread
 }  // namespace
 
 int main(int argc, char** argv) {
+  swarm::bound_openmp_spin_wait(argv);  // first: it may re-execute this program
   CLI::App app{"bench_kernels: each CPU kernel family against this machine's copy bandwidth and matmul peak"};
   bool quick = false;
   int threads = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));

@@ -131,6 +131,7 @@ struct MaskRow {
 }  // namespace
 
 int main(int argc, char** argv) {
+  swarm::bound_openmp_spin_wait(argv);  // first: it may re-execute this program
   CLI::App app{"bench_structured: constrained vs unconstrained decoding, token masks, schema compile time"};
   int tokens = 64, repeats = 3, threads = 0;
   std::string models = "smollm2,qwen3";

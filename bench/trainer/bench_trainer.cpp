@@ -460,6 +460,7 @@ struct Options {
 }  // namespace
 
 int main(int argc, char** argv) {
+  swarm::bound_openmp_spin_wait(argv);  // first: it may re-execute this program
   Options opt;
   const sb::CommonOptions& common = opt.common;
   CLI::App app{"bench_trainer: GRPO trainer step tokens/s, MFU, optimizer and weight-sync time vs python3-torch"};

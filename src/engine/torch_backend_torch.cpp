@@ -17,6 +17,7 @@
 #include <torch/cuda.h>
 #include <torch/version.h>
 
+#include "common/openmp_wait.hpp"
 #include "engine/rank_channel.hpp"
 #include "inference/decoder_model_torch.hpp"
 #include "inference/kv_cache_torch.hpp"
@@ -242,11 +243,11 @@ class TorchBackend final : public Backend {
       engine_ = engine;
     }
     spdlog::info(
-        "torch engine: {} ({}, {} parameters, {}) on {} with {} threads (libtorch {}, OpenBLAS {}{}); context {} "
+        "torch engine: {} ({}, {} parameters, {}) on {} with {} threads (libtorch {}, OpenBLAS {}{}; {}); context {} "
         "tokens; KV cache {} tokens ({:.1f} MiB); batch {} sequences / {} tokens per step",
         job.model, cfg.architecture_name, cfg.parameter_count(), dtype_reason, device.str(), threads,
         plan.torch_threads, plan.openblas_threads, plan.gemm_splits ? ", GEMMs split over libtorch's threads" : "",
-        max_context_,
+        openmp_wait_setting(), max_context_,
         sc.kv_cache_tokens, static_cast<double>(engine->kv_cache_bytes()) / (1 << 20), sc.max_batch_sequences,
         sc.max_step_tokens);
   }

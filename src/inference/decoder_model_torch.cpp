@@ -73,11 +73,11 @@ ThreadPlan configure_compute_threads(int n, DType compute) {
   auto openblas_set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
   ThreadPlan plan;
   set_small_linear_threads(n);
-  // SWARM_GEMM_SPLIT: "1" = one pool for every dtype (fp32 too); "0" = no split GEMMs at all;
-  // unset = one pool for bf16 only (its plan has had libtorch n / OpenBLAS 1 all along).
-  static const std::string split_mode = [] {
+  // SWARM_GEMM_SPLIT=0: no split GEMMs (the plans before 2026-11-27: fp32 gives OpenBLAS's pool
+  // the cores); unset or "1": one pool with split GEMMs for every dtype.
+  static const bool splits = [] {
     const char* e = std::getenv("SWARM_GEMM_SPLIT");
-    return std::string(e != nullptr ? e : "");
+    return e == nullptr || std::string(e) != "0";
   }();
   if (openblas_set == nullptr) {
     // No separate BLAS pool to share the cores with: its GEMMs thread on libtorch's pool.
@@ -86,8 +86,8 @@ ThreadPlan configure_compute_threads(int n, DType compute) {
     set_cpu_gemm_splits(false);
     return plan;
   }
-  if (compute == DType::F32 && split_mode != "1") {
-    // fp32 by default: OpenBLAS's pool has the cores for the GEMMs, libtorch one thread.
+  if (compute == DType::F32 && !splits) {
+    // fp32 without splits: OpenBLAS's pool has the cores for the GEMMs, libtorch one thread.
     plan.torch_threads = 1;
     plan.openblas_threads = n;
     at::set_num_threads(1);
@@ -101,7 +101,7 @@ ThreadPlan configure_compute_threads(int n, DType compute) {
   plan.openblas_threads = 1;
   at::set_num_threads(n);
   openblas_set(1);
-  set_cpu_gemm_splits(split_mode != "0");
+  set_cpu_gemm_splits(splits);
   plan.gemm_splits = cpu_gemm_splits();
   return plan;
 }

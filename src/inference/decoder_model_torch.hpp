@@ -36,13 +36,13 @@ struct ThreadPlan {
 /// Threads for a model computing in `compute` on the CPU with `n` threads in all. libtorch's
 /// OpenMP pool and OpenBLAS's pthread pool are separate, and both busy-wait: giving both n
 /// threads oversubscribes the cores (measured: fp32 decode at batch 32 fell from ~250 to ~80
-/// tokens/s). bf16 (and fp32 with SWARM_GEMM_SPLIT=1): one pool, libtorch n threads and OpenBLAS
-/// one, every GEMM split into one range per OpenMP thread, each a single-threaded OpenBLAS call
-/// (cpu_gemm_splits, widening_linear_torch.hpp). fp32 by default: OpenBLAS n threads, libtorch 1,
-/// so attention, norms and activations run on one core; the one pool measured 1.2-2x faster for
-/// those alone but 2.7-4x slower when two such processes share the cores (their OpenMP workers
-/// spin between the many short parallel regions: two learning tests side by side in CI), so it
-/// is opt-in until that is solved. SWARM_GEMM_SPLIT=0: no split GEMMs in any plan.
+/// tokens/s). So one pool does everything: libtorch n threads and OpenBLAS one, every GEMM split
+/// into one range per OpenMP thread, each a single-threaded OpenBLAS call (cpu_gemm_splits,
+/// widening_linear_torch.hpp); attention, norms and activations run on all n cores too (fp32:
+/// 1.2-2x faster than with OpenBLAS's pool holding the cores). Its idle workers spin only
+/// briefly (bound_openmp_spin_wait, common/openmp_wait.hpp), so processes sharing the cores do
+/// not starve each other. SWARM_GEMM_SPLIT=0 splits no GEMM: fp32 then gives OpenBLAS's pool
+/// the n threads and libtorch one (the plan before 2026-11-27), bf16 keeps libtorch n.
 ThreadPlan configure_compute_threads(int n, DType compute);
 
 /// Keeps the large, short-lived activation buffers of a forward pass in the malloc heap
