@@ -153,8 +153,8 @@ struct SiluArgs {
   int64_t inter;
 };
 
-// silu(g) = g / (1 + e^-g); for g < 0 as g e^g / (1 + e^g), so the exponential's argument is
-// never positive. The product with up is rounded as the two ops it replaces round.
+// silu(g) = g / (1 + e^-g) (simd::silu). The product with up is rounded as the two ops it
+// replaces round.
 template <class T, int W>
 SWARM_INLINE void silu_mul_rows(const SiluArgs& a, int64_t begin, int64_t end) {
   using V = typename Vec<W>::type;
@@ -166,8 +166,7 @@ SWARM_INLINE void silu_mul_rows(const SiluArgs& a, int64_t begin, int64_t end) {
     int64_t j = 0;
     for (; j < vec; j += W) {
       const V x = load_vec<W>(g + j);
-      const V e = exp_nonpositive<W>(x < 0 ? x : -x);
-      const V silu = (x < 0 ? x * e : x) / (1.f + e);
+      const V silu = simd::silu<W>(x);
       store_vec<W>(o + j, round_to<T, W>(silu) * load_vec<W>(u + j));
     }
     if (j < n) {  // the tail through the same vector code (zero-padded), so every column is computed alike
@@ -175,8 +174,7 @@ SWARM_INLINE void silu_mul_rows(const SiluArgs& a, int64_t begin, int64_t end) {
       std::copy(g + j, g + n, gt);
       std::copy(u + j, u + n, ut);
       const V x = load_vec<W>(gt);
-      const V e = exp_nonpositive<W>(x < 0 ? x : -x);
-      const V silu = (x < 0 ? x * e : x) / (1.f + e);
+      const V silu = simd::silu<W>(x);
       store_vec<W>(ot, round_to<T, W>(silu) * load_vec<W>(ut));
       std::copy(ot, ot + (n - j), o + j);
     }

@@ -107,9 +107,7 @@ SWARM_INLINE void rows(const Args& a, int64_t begin, int64_t end) {
             ut[j] = simd::round_to<T>(up_block[m * kOutBlock + k + j]);
           }
           const V g = simd::load_vec<W>(gt);
-          const V e = simd::exp_nonpositive<W>(g < 0 ? g : -g);
-          const V silu = (g < 0 ? g * e : g) / (1.f + e);
-          simd::store_vec<W>(ot, simd::round_to<T, W>(silu) * simd::load_vec<W>(ut));
+          simd::store_vec<W>(ot, simd::round_to<T, W>(simd::silu<W>(g)) * simd::load_vec<W>(ut));
           std::copy(ot, ot + n, y + m * a.out + o0 + k);
         }
       }
@@ -328,8 +326,7 @@ SWARM_TARGET_AVX512_BF16 void rows_bf16_dot(const Args& a, int64_t begin, int64_
           }
           const V g = simd::round_bf16<16>(simd::load_vec<16>(gs) + simd::load_vec<16>(bg + k));
           const V u = simd::round_bf16<16>(simd::load_vec<16>(us) + simd::load_vec<16>(bu + k));
-          const V e = simd::exp_nonpositive<16>(g < 0 ? g : -g);
-          const V act = simd::round_bf16<16>((g < 0 ? g * e : g) / (1.f + e)) * u;
+          const V act = simd::round_bf16<16>(simd::silu<16>(g)) * u;
           c10::BFloat16* dst = y + m * a.out + o0 + k;
           if (k + 16 <= count) {
             simd::store_vec<16>(dst, act);
