@@ -60,6 +60,21 @@ SWARM_VEC_INLINE void store_vec(c10::BFloat16* p, typename Vec<W>::type v) {
   const I out = (rounded & ~nan) | (0x7fc0 & nan);
   *reinterpret_cast<typename Vec<W>::halves*>(p) = __builtin_convertvector(out, typename Vec<W>::halves);
 }
+// v rounded to bf16 precision exactly as c10::BFloat16 rounds (to nearest even; NaN ->
+// 0x7fc0), kept as fp32: the value a bf16 op would produce, for fused kernels that repeat a
+// chain of bf16 ops in registers.
+template <int W>
+SWARM_VEC_INLINE typename Vec<W>::type round_bf16(typename Vec<W>::type v) {
+  using I = typename Vec<W>::ints;
+  I bits;
+  __builtin_memcpy(&bits, &v, sizeof bits);
+  const I rounded = (bits + (((bits >> 16) & 1) + 0x7fff)) & static_cast<int32_t>(0xffff0000u);
+  const I nan = v != v;
+  const I out = (rounded & ~nan) | (static_cast<int32_t>(0x7fc00000) & nan);
+  typename Vec<W>::type r;
+  __builtin_memcpy(&r, &out, sizeof r);
+  return r;
+}
 // 2W consecutive values as two W-float vectors, for elementwise kernels that store their result
 // back with store_pair (where the lane order does not matter). fp32: p[0, W) and p[W, 2W). bf16:
 // the even-indexed values and the odd-indexed ones, widened with one shift or mask each (a 32-bit
@@ -79,8 +94,6 @@ SWARM_VEC_INLINE void load_pair(const c10::BFloat16* p, typename Vec<W>::type& e
   __builtin_memcpy(&even, &e, sizeof even);
   __builtin_memcpy(&odd, &o, sizeof odd);
 }
-template <int W>
-SWARM_VEC_INLINE typename Vec<W>::type round_bf16(typename Vec<W>::type v);
 /// The inverse of load_pair: bf16 values rounded exactly as store_vec rounds them.
 template <int W>
 SWARM_VEC_INLINE void store_pair(float* p, typename Vec<W>::type first, typename Vec<W>::type second) {
@@ -96,21 +109,6 @@ SWARM_VEC_INLINE void store_pair(c10::BFloat16* p, typename Vec<W>::type even, t
   __builtin_memcpy(&o, &ro, sizeof o);
   const I pairs = o | ((e >> 16) & 0xffff);
   __builtin_memcpy(p, &pairs, sizeof pairs);
-}
-// v rounded to bf16 precision exactly as c10::BFloat16 rounds (to nearest even; NaN ->
-// 0x7fc0), kept as fp32: the value a bf16 op would produce, for fused kernels that repeat a
-// chain of bf16 ops in registers.
-template <int W>
-SWARM_VEC_INLINE typename Vec<W>::type round_bf16(typename Vec<W>::type v) {
-  using I = typename Vec<W>::ints;
-  I bits;
-  __builtin_memcpy(&bits, &v, sizeof bits);
-  const I rounded = (bits + (((bits >> 16) & 1) + 0x7fff)) & static_cast<int32_t>(0xffff0000u);
-  const I nan = v != v;
-  const I out = (rounded & ~nan) | (static_cast<int32_t>(0x7fc00000) & nan);
-  typename Vec<W>::type r;
-  __builtin_memcpy(&r, &out, sizeof r);
-  return r;
 }
 /// v as an op in T would leave it: unchanged for fp32, rounded to bf16 precision for bf16.
 template <class T, int W>
