@@ -211,8 +211,10 @@ int main(int argc, char** argv) {
   // OpenMP work, so the mock engine and the other subcommands skip the second start (~0.6 s).
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--engine=torch" || (a == "--engine" && i + 1 < argc && std::string(argv[i + 1]) == "torch"))
+    if (a == "--engine=torch" || (a == "--engine" && i + 1 < argc && std::string(argv[i + 1]) == "torch")) {
       swarm::bound_openmp_spin_wait(argv);
+      break;
+    }
   }
   CLI::App app{"swarm-server: RL post-training server (OpenAI-compatible endpoint + swarm command API)"};
   app.require_subcommand(1);

@@ -11,10 +11,10 @@ inline constexpr const char* kOpenMpSpinCount = "3000";
 /// training step the next parallel region starts microseconds later, so a short spin keeps the
 /// workers warm; a long one takes the core another process on the same machine needs (two
 /// servers, a server beside its agents, ctest -j2: measured 2.7x to over 4x slower side by side).
-/// 3000 spins (tens of microseconds) measured within noise of the default in one process and
-/// kept two learning runs side by side faster than OpenBLAS's own pool did (docs/benchmarks.md,
-/// "One thread pool for every op"); a passive wait (0) was faster still side by side but cost
-/// ~15 % at decode batch 1 alone.
+/// With 3000 spins (tens of microseconds) two learning runs side by side were faster than under
+/// OpenBLAS's own pool (30000 and more: slower); alone, decode stayed within noise of the default
+/// and fp32 prefill lost about 20 % (docs/benchmarks.md, "One thread pool for every op"). A
+/// passive wait (0) was faster still side by side but cost ~15 % at decode batch 1 alone.
 ///
 /// libgomp reads GOMP_SPINCOUNT only when it loads, before main, so when OpenMP is in this
 /// process and neither GOMP_SPINCOUNT nor OMP_WAIT_POLICY is set, this sets
@@ -24,7 +24,8 @@ inline constexpr const char* kOpenMpSpinCount = "3000";
 /// default).
 void bound_openmp_spin_wait(char** argv);
 
-/// "GOMP_SPINCOUNT=10000", "OMP_WAIT_POLICY=passive", ... or "libgomp default" for the start log.
+/// "GOMP_SPINCOUNT=3000", "OMP_WAIT_POLICY=passive", ... or "libgomp default spin", for the
+/// start-up log and the bench headers.
 const char* openmp_wait_setting();
 
 }  // namespace swarm
