@@ -56,6 +56,12 @@ inline const char* cpu_level_name(CpuLevel level) noexcept {
 /// Whether the AVX512_BF16 copies may run (the CPU has VDPBF16PS and SWARM_CPU_LEVEL allows it).
 inline bool cpu_has_avx512_bf16() noexcept { return cpu_level() == CpuLevel::AVX512_BF16; }
 
+/// Floats per vector in the copy cpu_pick chooses (the W of SWARM_KERNEL_COPIES): 16 on
+/// AVX-512, 8 otherwise.
+inline int cpu_vector_floats() noexcept {
+  return static_cast<int>(cpu_level()) >= static_cast<int>(CpuLevel::AVX512) ? 16 : 8;
+}
+
 /// The copy of a kernel for this CPU's level (the AVX-512 copy on AVX512_BF16 CPUs).
 template <class Fn>
 Fn cpu_pick(Fn avx512, Fn avx2, Fn base) noexcept {

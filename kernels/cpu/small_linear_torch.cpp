@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -28,7 +29,9 @@ namespace {
 #define SWARM_INLINE inline __attribute__((always_inline))
 
 struct Args {
-  const float* x;      // [M, in], fp32 copy of the input (the widening kernels)
+  // [M, in], fp32 copy of the input (the widening kernels). For bf16 weights each row's first
+  // in / 2W * 2W values are in pair order (widened_input below), matching simd::load_pair.
+  const float* x;
   const void* xb;      // [M, in], the bf16 input itself (the dot-product kernel)
   const void* w;       // [out, in]
   const void* bias;    // [out] or null
@@ -49,25 +52,38 @@ using simd::to_float;
 constexpr int64_t kOutBlock = 32;  // output features per block of results
 
 // Writes the M results of feature o to sums[0], sums[kOutBlock], ..., sums[(M - 1) * kOutBlock].
+// bf16 weights are read 2W at a time with simd::load_pair (the even-indexed and the odd-indexed
+// weights of the 2W, widened with one shift or mask each: GCC 12 turns the plain widening load
+// into five instructions on AVX2, which made the bf16 stream compute-bound), against an input
+// laid out to match (widened_input); fp32 weights W at a time.
 template <class T, int W, int M, int U>
 SWARM_INLINE void one_row(const Args& a, int64_t o, float* sums) {
   using V = typename simd::Vec<W>::type;
-  const int64_t in = a.in, full = in / (U * W) * (U * W), vec = in / W * W;
+  constexpr bool kPairs = std::is_same_v<T, c10::BFloat16>;
+  constexpr int64_t kStep = kPairs ? 2 * W : W;    // values per load
+  constexpr int64_t kLoads = kPairs && U == 1 ? 1 : (kPairs ? U / 2 : U);  // loads per step
+  constexpr int64_t kSpan = kLoads * kStep;
+  const int64_t in = a.in, full = in / kSpan * kSpan, vec = in / kStep * kStep;
   const T* w = static_cast<const T*>(a.w) + o * in;
   V acc[U][M];
   for (int u = 0; u < U; ++u)
     for (int m = 0; m < M; ++m) acc[u][m] = V{};
-  int64_t i = 0;
-  for (; i < full; i += U * W) {
-    for (int u = 0; u < U; ++u) {
-      const V wv = simd::load_vec<W>(w + i + u * W);
-      for (int m = 0; m < M; ++m) acc[u][m] += wv * simd::load_vec<W>(a.x + m * in + i + u * W);
+  // The kStep values at i into accumulators u and (pairs) u + 1, modulo U.
+  auto step = [&](int64_t i, int u) __attribute__((always_inline)) {
+    if constexpr (kPairs) {
+      V even, odd;
+      simd::load_pair<W>(w + i, even, odd);
+      for (int m = 0; m < M; ++m) acc[u][m] += even * simd::load_vec<W>(a.x + m * in + i);
+      for (int m = 0; m < M; ++m) acc[(u + 1) % U][m] += odd * simd::load_vec<W>(a.x + m * in + i + W);
+    } else {
+      const V wv = simd::load_vec<W>(w + i);
+      for (int m = 0; m < M; ++m) acc[u][m] += wv * simd::load_vec<W>(a.x + m * in + i);
     }
-  }
-  for (; i < vec; i += W) {
-    const V wv = simd::load_vec<W>(w + i);
-    for (int m = 0; m < M; ++m) acc[0][m] += wv * simd::load_vec<W>(a.x + m * in + i);
-  }
+  };
+  int64_t i = 0;
+  for (; i < full; i += kSpan)
+    for (int k = 0; k < kLoads; ++k) step(i + k * kStep, static_cast<int>((kPairs ? 2 * k : k) % U));
+  for (; i < vec; i += kStep) step(i, 0);
   const float b = a.bias ? to_float(static_cast<const T*>(a.bias)[o]) : 0.f;
   for (int m = 0; m < M; ++m) {
     V total = acc[0][m];
@@ -439,16 +455,33 @@ void run_features(const Args& a, int64_t out, int64_t rows_per_feature, const F&
 }
 
 // The fp32 input the widening kernels read: x itself, or bf16 x widened into a buffer kept by
-// the calling thread (at most kSmallLinearMaxRows rows; no allocation or op dispatch per call).
+// the calling thread (at most kSmallLinearMaxRows rows; no allocation or op dispatch per call),
+// in pair order: in each whole group of 2W values of a row (W = the kernel copy's vector width),
+// the W even-indexed values first, then the W odd-indexed ones, as simd::load_pair splits the
+// bf16 weights; the rest of the row in order.
 const float* widened_input(const at::Tensor& x) {
   if (x.scalar_type() == at::kFloat) return x.data_ptr<float>();
   thread_local std::vector<float> buffer;
+  const int64_t rows = x.size(0), in = x.size(1), two_w = 2 * cpu_vector_floats();
   const size_t n = static_cast<size_t>(x.numel());
   if (buffer.size() < n) buffer.resize(n);
   const auto* src = static_cast<const uint16_t*>(x.data_ptr());
-  for (size_t i = 0; i < n; ++i) {
-    const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
-    std::memcpy(&buffer[i], &bits, sizeof(float));
+  auto widen = [](uint16_t h) {
+    const uint32_t bits = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+  };
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* s = src + r * in;
+    float* d = buffer.data() + r * in;
+    const int64_t grouped = in / two_w * two_w;
+    for (int64_t g = 0; g < grouped; g += two_w)
+      for (int64_t k = 0; k < two_w / 2; ++k) {
+        d[g + k] = widen(s[g + 2 * k]);
+        d[g + two_w / 2 + k] = widen(s[g + 2 * k + 1]);
+      }
+    for (int64_t j = grouped; j < in; ++j) d[j] = widen(s[j]);
   }
   return buffer.data();
 }
