@@ -46,41 +46,54 @@ struct NormArgs {
   const void* add = nullptr;  // when set: x += add first (rounded to T, stored back into x)
 };
 
+// 2W values at a time through load_pair / store_pair (bf16 widened without shuffles; the sum of
+// squares in two accumulators), the rest one by one.
 template <class T, int W>
 SWARM_INLINE void rms_rows(const NormArgs& a, int64_t begin, int64_t end) {
   using V = typename Vec<W>::type;
-  const int64_t H = a.h, vec = H / W * W;
+  const int64_t H = a.h, vec = H / (2 * W) * (2 * W);
   const T* w = static_cast<const T*>(a.w);
   for (int64_t r = begin; r < end; ++r) {
     const T* x = static_cast<const T*>(a.x) + r * H;
     T* y = static_cast<T*>(a.y) + r * H;
-    V acc{};
+    V acc0{}, acc1{};
     int64_t j = 0;
     float ss = 0.f;
     if (a.add != nullptr) {  // the residual add, as x.add_(d) rounds it, then the statistics
       T* xs = const_cast<T*>(x);
       const T* d = static_cast<const T*>(a.add) + r * H;
-      for (; j < vec; j += W) {
-        const V v = round_to<T, W>(load_vec<W>(xs + j) + load_vec<W>(d + j));
-        store_vec<W>(xs + j, v);
-        acc += v * v;
+      for (; j < vec; j += 2 * W) {
+        V x0, x1, d0, d1;
+        simd::load_pair<W>(xs + j, x0, x1);
+        simd::load_pair<W>(d + j, d0, d1);
+        const V v0 = round_to<T, W>(x0 + d0), v1 = round_to<T, W>(x1 + d1);
+        simd::store_pair<W>(xs + j, v0, v1);
+        acc0 += v0 * v0;
+        acc1 += v1 * v1;
       }
-      ss = hsum(acc);
+      ss = hsum(V(acc0 + acc1));
       for (; j < H; ++j) {
         const float v = round_to<T>(to_float(xs[j]) + to_float(d[j]));
         xs[j] = static_cast<T>(v);
         ss += v * v;
       }
     } else {
-      for (; j < vec; j += W) {
-        const V v = load_vec<W>(x + j);
-        acc += v * v;
+      for (; j < vec; j += 2 * W) {
+        V x0, x1;
+        simd::load_pair<W>(x + j, x0, x1);
+        acc0 += x0 * x0;
+        acc1 += x1 * x1;
       }
-      ss = hsum(acc);
+      ss = hsum(V(acc0 + acc1));
       for (; j < H; ++j) ss += to_float(x[j]) * to_float(x[j]);
     }
     const float inv = 1.f / std::sqrt(ss / static_cast<float>(H) + a.eps);
-    for (j = 0; j < vec; j += W) store_vec<W>(y + j, round_to<T, W>(load_vec<W>(x + j) * inv) * load_vec<W>(w + j));
+    for (j = 0; j < vec; j += 2 * W) {
+      V x0, x1, w0, w1;
+      simd::load_pair<W>(x + j, x0, x1);
+      simd::load_pair<W>(w + j, w0, w1);
+      simd::store_pair<W>(y + j, round_to<T, W>(x0 * inv) * w0, round_to<T, W>(x1 * inv) * w1);
+    }
     for (; j < H; ++j) y[j] = static_cast<T>(round_to<T>(to_float(x[j]) * inv) * to_float(w[j]));
   }
 }
@@ -112,9 +125,31 @@ SWARM_INLINE void rope_lanes(const T* x, const T* c, const T* s, T* out, int64_t
                round_to<T, W>(x2 * load_vec<W>(c + half + j)) + round_to<T, W>(x1 * load_vec<W>(s + half + j)));
 }
 
+// 2W lanes of it from column j (j + 2W <= half) through load_pair / store_pair: the same
+// operations on each element as rope_lanes (bf16 widened without shuffles).
+template <class T, int W>
+SWARM_INLINE void rope_pairs(const T* x, const T* c, const T* s, T* out, int64_t half, int64_t j) {
+  using V = typename Vec<W>::type;
+  V x1[2], x2[2], c1[2], c2[2], s1[2], s2[2];
+  simd::load_pair<W>(x + j, x1[0], x1[1]);
+  simd::load_pair<W>(x + half + j, x2[0], x2[1]);
+  simd::load_pair<W>(c + j, c1[0], c1[1]);
+  simd::load_pair<W>(c + half + j, c2[0], c2[1]);
+  simd::load_pair<W>(s + j, s1[0], s1[1]);
+  simd::load_pair<W>(s + half + j, s2[0], s2[1]);
+  V lo[2], hi[2];
+  for (int k = 0; k < 2; ++k) {
+    lo[k] = round_to<T, W>(x1[k] * c1[k]) - round_to<T, W>(x2[k] * s1[k]);
+    hi[k] = round_to<T, W>(x2[k] * c2[k]) + round_to<T, W>(x1[k] * s2[k]);
+  }
+  simd::store_pair<W>(out + j, lo[0], lo[1]);
+  simd::store_pair<W>(out + half + j, hi[0], hi[1]);
+}
+
 template <class T, int W>
 SWARM_INLINE void rope_head(const T* x, const T* c, const T* s, T* out, int64_t half) {
   int64_t j = 0;
+  for (; j + 2 * W <= half; j += 2 * W) rope_pairs<T, W>(x, c, s, out, half, j);
   for (; j + W <= half; j += W) rope_lanes<T, W>(x, c, s, out, half, j);
   // Half-width vectors for what is left (head_dim 16, as TinyStories has, is all of it with
   // 16-float vectors: scalar, it took 9 % of a batch-32 step).
