@@ -254,6 +254,10 @@ TEST_F(SapoExchange, BrokerLostMidRunThenBackLosesNothing) {
   std::set<std::string> seen;
   for (const SapoGroup& g : observer.draw(4, rng)) seen.insert(g.task_id);
   EXPECT_EQ(seen, (std::set<std::string>{"p1-0", "p1-1", "p2-0", "p2-1"}));
+  // Publishing resumes as soon as the connection is back; `ready` (and with it the status line)
+  // follows once the node's consumer is set up again, which on a loaded machine can come after
+  // the observer has the groups: wait for it rather than race it.
+  ASSERT_TRUE(eventually([&] { return exchange_status(node).ready; })) << exchange_status(node).last_error;
   EXPECT_EQ(exchange_status(node).reconnects, 1);
   EXPECT_EQ(node.engine().status().detail.find("exchange"), std::string::npos);
 }
