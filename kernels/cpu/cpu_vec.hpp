@@ -107,7 +107,8 @@ SWARM_VEC_INLINE void store_pair(c10::BFloat16* p, typename Vec<W>::type even, t
   I e, o;
   __builtin_memcpy(&e, &re, sizeof e);
   __builtin_memcpy(&o, &ro, sizeof o);
-  const I pairs = o | ((e >> 16) & 0xffff);
+  typedef uint32_t U __attribute__((vector_size(4 * W)));
+  const I pairs = o | reinterpret_cast<I>(reinterpret_cast<U>(e) >> 16);  // a logical shift: no mask
   __builtin_memcpy(p, &pairs, sizeof pairs);
 }
 /// v as an op in T would leave it: unchanged for fp32, rounded to bf16 precision for bf16.
@@ -127,24 +128,49 @@ SWARM_VEC_INLINE float round_to(float x) {
   return static_cast<float>(static_cast<T>(x));
 }
 
-// e^x for x in [-87, 88], W lanes at once: x = n ln2 + r with |r| <= ln2 / 2, e^r from its
-// Taylor series to degree 7 (relative error < 1e-8 before rounding; a few ulp in all) evaluated
-// in Estrin's order (four dependent steps instead of Horner's eight: these kernels are bound by
-// instruction latency and count, not memory), times 2^n built in the exponent bits.
+// min(v, bound) for a bound > 0 with one integer min on the bits: as int32, a float's bits order
+// like the float wherever one side is positive (a negative float is a negative int). A positive
+// NaN gives the bound, a negative NaN stays NaN (callers whose result carries the input itself,
+// like silu's numerator, stay NaN either way).
 template <int W>
-SWARM_VEC_INLINE typename Vec<W>::type exp_in_range(typename Vec<W>::type x) {
+SWARM_VEC_INLINE typename Vec<W>::type min_positive_bound(typename Vec<W>::type v, float bound) {
+  using I = typename Vec<W>::ints;
+  I bits, b;
+  __builtin_memcpy(&bits, &v, sizeof bits);
+  const typename Vec<W>::type bv = typename Vec<W>::type{} + bound;
+  __builtin_memcpy(&b, &bv, sizeof b);
+  const I m = bits < b ? bits : b;
+  typename Vec<W>::type r;
+  __builtin_memcpy(&r, &m, sizeof r);
+  return r;
+}
+
+// e^x for x in [-87, 88], W lanes at once, as p * scale: x = n ln2 + r with |r| <= ln2 / 2,
+// p = e^r from the degree-6 polynomial closest to it in relative error on that interval (a
+// Remez fit: 4.3e-9 before rounding, a few ulp in all), in Horner's order (6 multiply-adds:
+// these loops are bound by instruction count, the iterations are independent); scale = 2^n
+// built in the exponent bits. The rounding constant carries the exponent bias: x log2(e) +
+// (1.5 * 2^23 + 127) rounds to an integer whose low bits are n + 127, so one shift makes 2^n.
+template <int W>
+SWARM_VEC_INLINE typename Vec<W>::type exp_parts(typename Vec<W>::type x, typename Vec<W>::type& scale) {
   using V = typename Vec<W>::type;
   using I = typename Vec<W>::ints;
-  const V magic = V{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const V n = (x * 1.44269504088896341f + magic) - magic;
+  const V magic = V{} + 12583039.0f;  // 1.5 * 2^23 + 127
+  const V t = x * 1.44269504088896341f + magic;
+  const V n = t - magic;
   const V r = (x - n * 0.693145751953125f) - n * 1.42860682030941723212e-6f;  // ln2 in two parts
-  const V r2 = r * r, r4 = r2 * r2;
-  const V p01 = r + 1.0f, p23 = r * (1.0f / 6) + 0.5f;
-  const V p45 = r * (1.0f / 120) + 1.0f / 24, p67 = r * (1.0f / 5040) + 1.0f / 720;
-  const V p = r4 * (r2 * p67 + p45) + (r2 * p23 + p01);
-  const I bits = (__builtin_convertvector(n, I) + 127) << 23;
-  V scale;
+  const V p = (((((r * 1.3893402850791998e-3f + 8.37026267340343e-3f) * r + 4.166709015850953e-2f) * r +
+                 0.1666650606733187f) * r + 0.4999999813118623f) * r + 1.0f) * r + 1.0f;
+  I bits;
+  __builtin_memcpy(&bits, &t, sizeof bits);
+  bits = bits << 23;
   __builtin_memcpy(&scale, &bits, sizeof scale);
+  return p;
+}
+template <int W>
+SWARM_VEC_INLINE typename Vec<W>::type exp_in_range(typename Vec<W>::type x) {
+  typename Vec<W>::type scale;
+  const typename Vec<W>::type p = exp_parts<W>(x, scale);
   return p * scale;
 }
 // e^x for x <= 0 (softmax after subtracting the maximum). Inputs below -87 give about 1e-38
@@ -156,15 +182,16 @@ SWARM_VEC_INLINE typename Vec<W>::type exp_nonpositive(typename Vec<W>::type x) 
   return exp_in_range<W>(x < lo ? lo : x);
 }
 // silu(x) = x / (1 + e^-x), e^-x with its argument clamped to [-87, 88] (so 1 + e^-x stays
-// finite: x below -88 gives about x * 1e-38 rather than x e^x, x = +-inf gives +-inf).
+// finite: x below -88 gives about x * 1e-38 rather than x e^x, x = +-inf gives +-inf). Both
+// clamps are integer mins (min_positive_bound: on x, then on -x); 1 + p * scale is one
+// multiply-add.
 template <int W>
 SWARM_VEC_INLINE typename Vec<W>::type silu(typename Vec<W>::type x) {
   using V = typename Vec<W>::type;
-  const V lo = V{} - 87.0f, hi = V{} + 88.0f;
-  V m = -x;
-  m = m < lo ? lo : m;
-  m = m > hi ? hi : m;
-  return x / (1.f + exp_in_range<W>(m));
+  const V m = min_positive_bound<W>(-min_positive_bound<W>(x, 87.0f), 88.0f);
+  V scale;
+  const V p = exp_parts<W>(m, scale);
+  return x / (p * scale + 1.0f);
 }
 
 // The sums of four 16-lane vectors, in order: one transposing reduction instead of four

@@ -1,3 +1,6 @@
+// RMSNorm (with the residual add) and rotary embedding into the KV cache: op chains repeated
+// rounding for rounding, so this file is compiled without multiply-add contraction
+// (CMakeLists.txt). SiLU * up and the softmax statistics are in exp_ops_torch.cpp.
 #include "kernels/cpu/serving_ops_torch.hpp"
 
 #include <ATen/Parallel.h>
@@ -12,28 +15,19 @@
 #include "common/error.hpp"
 #include "kernels/cpu/cpu_dispatch.hpp"
 #include "kernels/cpu/cpu_vec.hpp"
+#include "kernels/cpu/serving_ops_internal.hpp"
 
 namespace swarm {
 namespace {
 
-using simd::exp_nonpositive;
+using serving_ops::check_cpu_dtype;
+using serving_ops::grain_for;
 using simd::hsum;
 using simd::load_vec;
 using simd::round_to;
 using simd::store_vec;
 using simd::to_float;
 using simd::Vec;
-
-#define SWARM_INLINE inline __attribute__((always_inline))
-
-// Rows per parallel chunk: about 16K elements of work each, so one-row decode steps stay on
-// the calling thread.
-int64_t grain_for(int64_t elements_per_row) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, elements_per_row)); }
-
-void check_cpu_dtype(const at::Tensor& t, const char* what) {
-  SWARM_CHECK(t.device().is_cpu() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16),
-              std::string(what) + ": fp32 or bf16 CPU tensors only");
-}
 
 // ---------------------------------------------------------------- RMSNorm
 
@@ -180,168 +174,7 @@ SWARM_INLINE void rope_rows(const RopeArgs& a, int64_t begin, int64_t end) {
 }
 SWARM_KERNEL_COPIES(rope_kernel, RopeArgs, rope_rows)
 
-// ---------------------------------------------------------------- SiLU(gate) * up
-
-struct SiluArgs {
-  const void* in;
-  void* out;
-  int64_t inter;
-};
-
-// silu(g) = g / (1 + e^-g) (simd::silu). The product with up is rounded as the two ops it
-// replaces round.
-template <class T, int W>
-SWARM_INLINE void silu_mul_rows(const SiluArgs& a, int64_t begin, int64_t end) {
-  using V = typename Vec<W>::type;
-  const int64_t n = a.inter, vec = n / W * W, pairs = n / (2 * W) * (2 * W);
-  for (int64_t r = begin; r < end; ++r) {
-    const T* g = static_cast<const T*>(a.in) + r * 2 * n;
-    const T* u = g + n;
-    T* o = static_cast<T*>(a.out) + r * n;
-    int64_t j = 0;
-    for (; j < pairs; j += 2 * W) {  // 2W at a time: bf16 widened without shuffles (load_pair)
-      V g0, g1, u0, u1;
-      simd::load_pair<W>(g + j, g0, g1);
-      simd::load_pair<W>(u + j, u0, u1);
-      simd::store_pair<W>(o + j, round_to<T, W>(simd::silu<W>(g0)) * u0, round_to<T, W>(simd::silu<W>(g1)) * u1);
-    }
-    for (; j < vec; j += W) {
-      const V x = load_vec<W>(g + j);
-      const V silu = simd::silu<W>(x);
-      store_vec<W>(o + j, round_to<T, W>(silu) * load_vec<W>(u + j));
-    }
-    if (j < n) {  // the tail through the same vector code (zero-padded), so every column is computed alike
-      T gt[W] = {}, ut[W] = {}, ot[W];
-      std::copy(g + j, g + n, gt);
-      std::copy(u + j, u + n, ut);
-      const V x = load_vec<W>(gt);
-      const V silu = simd::silu<W>(x);
-      store_vec<W>(ot, round_to<T, W>(silu) * load_vec<W>(ut));
-      std::copy(ot, ot + (n - j), o + j);
-    }
-  }
-}
-SWARM_KERNEL_COPIES(silu_mul_kernel, SiluArgs, silu_mul_rows)
-
-// ---------------------------------------------------------------- softmax statistics
-
-struct StatsArgs {
-  const float* x;
-  const float* temps;
-  SoftmaxRowStats* out;
-  int64_t v;
-};
-
-template <class T, int W>  // T unused: logits are fp32
-SWARM_INLINE void stats_rows(const StatsArgs& a, int64_t begin, int64_t end) {
-  using V = typename Vec<W>::type;
-  constexpr float kInf = std::numeric_limits<float>::infinity();
-  const int64_t n = a.v, vec = n / W * W;
-  for (int64_t r = begin; r < end; ++r) {
-    const float* x = a.x + r * n;
-    const float t = a.temps[r];
-    SoftmaxRowStats& st = a.out[r];
-    auto scaled = [t](V v) { return t == 1.f ? v : v / t; };
-    // The maximum and its first index in one pass: each lane keeps the index of its first
-    // maximum (a strict >), then the lowest index among the lanes holding the row's maximum.
-    using I = typename Vec<W>::ints;
-    V mv = V{} - kInf, nan{};
-    I at{}, lane{};
-    for (int k = 0; k < W; ++k) lane[k] = k;
-    int64_t j = 0;
-    for (; j < vec; j += W, lane += W) {
-      const V v = scaled(load_vec<W>(x + j));
-      const auto gt = v > mv;
-      mv = gt ? v : mv;
-      at = gt ? lane : at;
-      nan = v != v ? V{} + 1.f : nan;
-    }
-    float m = -kInf;
-    bool has_nan = hsum(nan) != 0.f;
-    for (int k = 0; k < W; ++k) m = std::max(m, mv[k]);
-    int64_t argmax = 0;
-    if (m != -kInf) {
-      argmax = n;
-      for (int k = 0; k < W; ++k)
-        if (mv[k] == m) argmax = std::min<int64_t>(argmax, at[k]);
-    }
-    for (; j < n; ++j) {
-      const float v = t == 1.f ? x[j] : x[j] / t;
-      has_nan = has_nan || v != v;
-      if (v > m) m = v, argmax = j;
-    }
-    st.max = m;
-    st.has_nan = has_nan;
-    st.argmax = argmax;
-    if (has_nan || m == -kInf) {
-      st.log_sum = 0;
-      continue;
-    }
-    V acc{};
-    for (j = 0; j < vec; j += W) {
-      const V v = scaled(load_vec<W>(x + j));
-      const V e = exp_nonpositive<W>(v - m);
-      acc += v == -kInf ? V{} : e;
-    }
-    float sum = hsum(acc);
-    for (; j < n; ++j) {
-      const float v = t == 1.f ? x[j] : x[j] / t;
-      if (v != -kInf) sum += std::exp(v - m);
-    }
-    st.log_sum = std::log(sum);
-  }
-}
-SWARM_KERNEL_COPIES(stats_kernel, StatsArgs, stats_rows)
-
-struct RowArgs {
-  const float* x;
-  float* logp;
-  float* probs;
-  int64_t v;
-  float t, max, log_sum;  // logp = (x / t - max) - log_sum: max + log_sum first would round at max's scale
-};
-
-template <class T, int W>  // T unused; one row, [begin, end) = [0, 1)
-SWARM_INLINE void logp_row(const RowArgs& a, int64_t, int64_t) {
-  using V = typename Vec<W>::type;
-  constexpr float kInf = std::numeric_limits<float>::infinity();
-  const int64_t n = a.v, vec = n / W * W;
-  const float t = a.t;
-  int64_t j = 0;
-  for (; j < vec; j += W) {
-    V v = load_vec<W>(a.x + j);
-    if (t != 1.f) v = v / t;
-    const V lp = (v - a.max) - a.log_sum;
-    store_vec<W>(a.logp + j, lp);
-    if (a.probs != nullptr) store_vec<W>(a.probs + j, v == -kInf ? V{} : exp_nonpositive<W>(lp));
-  }
-  for (; j < n; ++j) {
-    const float v = t == 1.f ? a.x[j] : a.x[j] / t;
-    a.logp[j] = (v - a.max) - a.log_sum;
-    if (a.probs != nullptr) a.probs[j] = v == -kInf ? 0.f : std::exp(a.logp[j]);
-  }
-}
-SWARM_KERNEL_COPIES(logp_kernel, RowArgs, logp_row)
-
 }  // namespace
-
-std::vector<SoftmaxRowStats> softmax_row_stats(const at::Tensor& x, const std::vector<float>& temperature) {
-  RECORD_FUNCTION("swarm::softmax_row_stats", c10::ArrayRef<const c10::IValue>{});
-  SWARM_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(),
-              "softmax_row_stats: x must be [B, V] fp32 contiguous on the CPU");
-  SWARM_CHECK(static_cast<int64_t>(temperature.size()) == x.size(0), "softmax_row_stats: one temperature per row");
-  for (float t : temperature) SWARM_CHECK(t > 0.f, "softmax_row_stats: temperatures must be > 0");
-  std::vector<SoftmaxRowStats> out(static_cast<size_t>(x.size(0)));
-  const StatsArgs a{x.data_ptr<float>(), temperature.data(), out.data(), x.size(1)};
-  const auto run = stats_kernel(false);
-  at::parallel_for(0, x.size(0), 1, [&](int64_t b, int64_t e) { run(a, b, e); });
-  return out;
-}
-
-void log_softmax_row(const float* x, int64_t V, float t, const SoftmaxRowStats& stats, float* logp, float* probs) {
-  SWARM_CHECK(t > 0.f && V > 0, "log_softmax_row: temperature must be > 0 and the row non-empty");
-  logp_kernel(false)(RowArgs{x, logp, probs, V, t, stats.max, stats.log_sum}, 0, 1);
-}
 
 at::Tensor output_tensor(const at::Tensor& out, at::IntArrayRef sizes, at::ScalarType dtype, const char* op,
                          std::initializer_list<const at::Tensor*> inputs) {
@@ -423,19 +256,6 @@ at::Tensor rope_qkv_into_cache(const at::Tensor& qkv, int64_t heads, int64_t kv_
   const auto run = rope_kernel(dt == at::kBFloat16);
   at::parallel_for(0, n, grain_for(width), [&](int64_t b, int64_t e) { run(a, b, e); });
   return q;
-}
-
-at::Tensor silu_mul(const at::Tensor& gate_up, const at::Tensor& out_buffer) {
-  RECORD_FUNCTION("swarm::silu_mul", c10::ArrayRef<const c10::IValue>{});
-  check_cpu_dtype(gate_up, "silu_mul");
-  SWARM_CHECK(gate_up.dim() == 2 && gate_up.is_contiguous() && gate_up.size(1) % 2 == 0,
-              "silu_mul: gate_up must be [N, 2 * inter] contiguous");
-  const int64_t n = gate_up.size(0), inter = gate_up.size(1) / 2;
-  at::Tensor out = output_tensor(out_buffer, {n, inter}, gate_up.scalar_type(), "silu_mul", {&gate_up});
-  const SiluArgs a{gate_up.data_ptr(), out.data_ptr(), inter};
-  const auto run = silu_mul_kernel(gate_up.scalar_type() == at::kBFloat16);
-  at::parallel_for(0, n, grain_for(2 * inter), [&](int64_t b, int64_t e) { run(a, b, e); });
-  return out;
 }
 
 }  // namespace swarm

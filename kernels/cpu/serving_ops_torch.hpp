@@ -51,13 +51,13 @@ at::Tensor silu_mul(const at::Tensor& gate_up, const at::Tensor& out = {});
 /// from (greedy, no top_logprobs), and what it takes to fill in the row for one that is.
 struct SoftmaxRowStats {
   float max = 0;         // max_j x[j] / t over the row (-inf: every logit masked)
-  int64_t argmax = 0;    // its first index
+  int64_t argmax = 0;    // the first index of the largest logit x[j] (the greedy token)
   float log_sum = 0;     // log sum_j exp(x[j] / t - max)
   bool has_nan = false;  // a NaN logit (the row is unusable)
 };
 
-/// Per row b of x [B, V] (fp32, contiguous, CPU) at temperature[b] > 0 (x / t exactly as
-/// at::div rounds it); parallel over rows. Masked (-inf) logits count for nothing.
+/// Per row b of x [B, V] (fp32, contiguous, CPU) at a finite temperature[b] > 0 (x / t exactly
+/// as at::div rounds it); parallel over rows. Masked (-inf) logits count for nothing.
 std::vector<SoftmaxRowStats> softmax_row_stats(const at::Tensor& x, const std::vector<float>& temperature);
 
 /// One row's log-probabilities at temperature t from its stats: logp[j] = (x[j] / t - max) -

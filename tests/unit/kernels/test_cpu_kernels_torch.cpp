@@ -491,15 +491,16 @@ TEST(ServingOps, SoftmaxRowStatsAndRowsMatchLogSoftmax) {
       EXPECT_EQ(p.masked_select(finite.logical_not()).sum().item<float>(), 0.f) << "masked logits: probability 0";
     }
   }
-  // Ties: the first index of the maximum, wherever the copies fall (same lane, other lanes, the
-  // tail), as torch.argmax gives it; a row of -inf and a row whose maximum is only in the tail.
-  for (int64_t v : {7, 37, 1000}) {
+  // Ties: the first index of the maximum, wherever the copies fall (same lane, other lanes, other
+  // chains, the vectors after the chains, the tail), as torch.argmax gives it, at any
+  // temperature; a row of -inf and a row whose maximum is only in the tail.
+  for (int64_t v : {7, 37, 200, 1000}) {
     std::mt19937 rng(static_cast<unsigned>(v));
     for (int trial = 0; trial < 50; ++trial) {
       at::Tensor x = at::randint(0, 3, {1, v}).to(at::kFloat);  // many equal values
       if (trial % 7 == 0) x.fill_(-kInf), x[0][static_cast<int64_t>(rng() % v)] = 2.0;
       if (trial == 1) x.fill_(-kInf);
-      const SoftmaxRowStats st = softmax_row_stats(x, {1.0f})[0];
+      const SoftmaxRowStats st = softmax_row_stats(x, {trial % 2 ? 0.7f : 1.0f})[0];
       EXPECT_EQ(st.argmax, trial == 1 ? 0 : at::argmax(x[0]).item<int64_t>()) << "v=" << v << " trial " << trial;
     }
   }
@@ -511,6 +512,12 @@ TEST(ServingOps, SoftmaxRowStatsAndRowsMatchLogSoftmax) {
   EXPECT_EQ(stats[1].max, -kInf);
   EXPECT_ANY_THROW(softmax_row_stats(bad, {1.0f}));
   EXPECT_ANY_THROW(softmax_row_stats(bad, {1.0f, 0.0f}));
+  EXPECT_ANY_THROW(softmax_row_stats(bad, {1.0f, std::numeric_limits<float>::infinity()}));
+  for (int64_t at_j : {0, 45, 130, 199}) {  // a NaN in each part of the first pass
+    at::Tensor row = at::randn({1, 200});
+    row[0][at_j] = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_TRUE(softmax_row_stats(row, {0.7f})[0].has_nan) << at_j;
+  }
 }
 
 // ---------------------------------------------------------------- bf16 widened to fp32 GEMM
