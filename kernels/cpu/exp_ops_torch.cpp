@@ -29,7 +29,7 @@ using serving_ops::grain_for;
 using simd::exp_nonpositive;
 using simd::hsum;
 using simd::load_vec;
-using simd::round_to;
+using simd::round_inner;
 using simd::store_vec;
 using simd::Vec;
 
@@ -56,12 +56,12 @@ SWARM_INLINE void silu_mul_rows(const SiluArgs& a, int64_t begin, int64_t end) {
       V g0, g1, u0, u1;
       simd::load_pair<W>(g + j, g0, g1);
       simd::load_pair<W>(u + j, u0, u1);
-      simd::store_pair<W>(o + j, round_to<T, W>(simd::silu<W>(g0)) * u0, round_to<T, W>(simd::silu<W>(g1)) * u1);
+      simd::store_pair<W>(o + j, round_inner<T, W>(simd::silu<W>(g0)) * u0, round_inner<T, W>(simd::silu<W>(g1)) * u1);
     }
     for (; j < vec; j += W) {
       const V x = load_vec<W>(g + j);
       const V silu = simd::silu<W>(x);
-      store_vec<W>(o + j, round_to<T, W>(silu) * load_vec<W>(u + j));
+      store_vec<W>(o + j, round_inner<T, W>(silu) * load_vec<W>(u + j));
     }
     if (j < n) {  // the tail through the same vector code (zero-padded), so every column is computed alike
       T gt[W] = {}, ut[W] = {}, ot[W];
@@ -69,7 +69,7 @@ SWARM_INLINE void silu_mul_rows(const SiluArgs& a, int64_t begin, int64_t end) {
       std::copy(u + j, u + n, ut);
       const V x = load_vec<W>(gt);
       const V silu = simd::silu<W>(x);
-      store_vec<W>(ot, round_to<T, W>(silu) * load_vec<W>(ut));
+      store_vec<W>(ot, round_inner<T, W>(silu) * load_vec<W>(ut));
       std::copy(ot, ot + (n - j), o + j);
     }
   }

@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
+#include <vector>
 
 #include "common/error.hpp"
 #include "kernels/cpu/cpu_dispatch.hpp"
@@ -24,6 +26,7 @@ using serving_ops::check_cpu_dtype;
 using serving_ops::grain_for;
 using simd::hsum;
 using simd::load_vec;
+using simd::round_inner;
 using simd::round_to;
 using simd::store_vec;
 using simd::to_float;
@@ -60,7 +63,7 @@ SWARM_INLINE void rms_rows(const NormArgs& a, int64_t begin, int64_t end) {
         V x0, x1, d0, d1;
         simd::load_pair<W>(xs + j, x0, x1);
         simd::load_pair<W>(d + j, d0, d1);
-        const V v0 = round_to<T, W>(x0 + d0), v1 = round_to<T, W>(x1 + d1);
+        const V v0 = round_inner<T, W>(x0 + d0), v1 = round_inner<T, W>(x1 + d1);
         simd::store_pair<W>(xs + j, v0, v1);
         acc0 += v0 * v0;
         acc1 += v1 * v1;
@@ -86,7 +89,7 @@ SWARM_INLINE void rms_rows(const NormArgs& a, int64_t begin, int64_t end) {
       V x0, x1, w0, w1;
       simd::load_pair<W>(x + j, x0, x1);
       simd::load_pair<W>(w + j, w0, w1);
-      simd::store_pair<W>(y + j, round_to<T, W>(x0 * inv) * w0, round_to<T, W>(x1 * inv) * w1);
+      simd::store_pair<W>(y + j, round_inner<T, W>(x0 * inv) * w0, round_inner<T, W>(x1 * inv) * w1);
     }
     for (; j < H; ++j) y[j] = static_cast<T>(round_to<T>(to_float(x[j]) * inv) * to_float(w[j]));
   }
@@ -114,36 +117,57 @@ template <class T, int W>
 SWARM_INLINE void rope_lanes(const T* x, const T* c, const T* s, T* out, int64_t half, int64_t j) {
   using V = typename Vec<W>::type;
   const V x1 = load_vec<W>(x + j), x2 = load_vec<W>(x + half + j);
-  store_vec<W>(out + j, round_to<T, W>(x1 * load_vec<W>(c + j)) - round_to<T, W>(x2 * load_vec<W>(s + j)));
+  store_vec<W>(out + j, round_inner<T, W>(x1 * load_vec<W>(c + j)) - round_inner<T, W>(x2 * load_vec<W>(s + j)));
   store_vec<W>(out + half + j,
-               round_to<T, W>(x2 * load_vec<W>(c + half + j)) + round_to<T, W>(x1 * load_vec<W>(s + half + j)));
+               round_inner<T, W>(x2 * load_vec<W>(c + half + j)) + round_inner<T, W>(x1 * load_vec<W>(s + half + j)));
 }
 
 // 2W lanes of it from column j (j + 2W <= half) through load_pair / store_pair: the same
-// operations on each element as rope_lanes (bf16 widened without shuffles).
+// operations on each element as rope_lanes (bf16 widened without shuffles). cos / sin come
+// widened in load_pair's order (for fp32 that is the table row itself), once per row for all
+// its heads.
 template <class T, int W>
-SWARM_INLINE void rope_pairs(const T* x, const T* c, const T* s, T* out, int64_t half, int64_t j) {
+SWARM_INLINE void rope_pairs(const T* x, const float* c, const float* s, T* out, int64_t half, int64_t j) {
   using V = typename Vec<W>::type;
-  V x1[2], x2[2], c1[2], c2[2], s1[2], s2[2];
+  V x1[2], x2[2];
   simd::load_pair<W>(x + j, x1[0], x1[1]);
   simd::load_pair<W>(x + half + j, x2[0], x2[1]);
-  simd::load_pair<W>(c + j, c1[0], c1[1]);
-  simd::load_pair<W>(c + half + j, c2[0], c2[1]);
-  simd::load_pair<W>(s + j, s1[0], s1[1]);
-  simd::load_pair<W>(s + half + j, s2[0], s2[1]);
   V lo[2], hi[2];
   for (int k = 0; k < 2; ++k) {
-    lo[k] = round_to<T, W>(x1[k] * c1[k]) - round_to<T, W>(x2[k] * s1[k]);
-    hi[k] = round_to<T, W>(x2[k] * c2[k]) + round_to<T, W>(x1[k] * s2[k]);
+    const int64_t at = j + k * W;
+    const V c1 = load_vec<W>(c + at), c2 = load_vec<W>(c + half + at);
+    const V s1 = load_vec<W>(s + at), s2 = load_vec<W>(s + half + at);
+    lo[k] = round_inner<T, W>(x1[k] * c1) - round_inner<T, W>(x2[k] * s1);
+    hi[k] = round_inner<T, W>(x2[k] * c2) + round_inner<T, W>(x1[k] * s2);
   }
   simd::store_pair<W>(out + j, lo[0], lo[1]);
   simd::store_pair<W>(out + half + j, hi[0], hi[1]);
 }
 
+// cos / sin columns [0, pairs) of each half widened in load_pair's order (bf16; fp32 rows are
+// read in place).
 template <class T, int W>
-SWARM_INLINE void rope_head(const T* x, const T* c, const T* s, T* out, int64_t half) {
+SWARM_INLINE const float* widened_pairs(const T* row, float* buf, int64_t half, int64_t pairs) {
+  if constexpr (std::is_same_v<T, float>) {
+    return row;
+  } else {
+    using V = typename Vec<W>::type;
+    for (int64_t base : {int64_t{0}, half})
+      for (int64_t j = 0; j < pairs; j += 2 * W) {
+        V even, odd;
+        simd::load_pair<W>(row + base + j, even, odd);
+        store_vec<W>(buf + base + j, even);
+        store_vec<W>(buf + base + j + W, odd);
+      }
+    return buf;
+  }
+}
+
+template <class T, int W>
+SWARM_INLINE void rope_head(const T* x, const T* c, const T* s, const float* cw, const float* sw, T* out,
+                            int64_t half, int64_t pairs) {
   int64_t j = 0;
-  for (; j + 2 * W <= half; j += 2 * W) rope_pairs<T, W>(x, c, s, out, half, j);
+  for (; j < pairs; j += 2 * W) rope_pairs<T, W>(x, cw, sw, out, half, j);
   for (; j + W <= half; j += W) rope_lanes<T, W>(x, c, s, out, half, j);
   // Half-width vectors for what is left (head_dim 16, as TinyStories has, is all of it with
   // 16-float vectors: scalar, it took 9 % of a batch-32 step).
@@ -160,14 +184,19 @@ SWARM_INLINE void rope_head(const T* x, const T* c, const T* s, T* out, int64_t 
 template <class T, int W>
 SWARM_INLINE void rope_rows(const RopeArgs& a, int64_t begin, int64_t end) {
   const int64_t hd = a.hd, half = hd / 2, width = (a.heads + 2 * a.kv_heads) * hd, kv_width = a.kv_heads * hd;
+  const int64_t pairs = half / (2 * W) * (2 * W);
+  std::vector<float> widened(std::is_same_v<T, float> ? 0 : static_cast<size_t>(2 * hd));
   for (int64_t i = begin; i < end; ++i) {
     const T* src = static_cast<const T*>(a.qkv) + i * width;
     const T* c = static_cast<const T*>(a.cos) + a.positions[i] * hd;
     const T* s = static_cast<const T*>(a.sin) + a.positions[i] * hd;
+    const float* cw = widened_pairs<T, W>(c, widened.data(), half, pairs);
+    const float* sw = widened_pairs<T, W>(s, widened.data() + hd, half, pairs);
     T* q = static_cast<T*>(a.q) + i * a.heads * hd;
-    for (int64_t h = 0; h < a.heads; ++h) rope_head<T, W>(src + h * hd, c, s, q + h * hd, half);
+    for (int64_t h = 0; h < a.heads; ++h) rope_head<T, W>(src + h * hd, c, s, cw, sw, q + h * hd, half, pairs);
     T* k = static_cast<T*>(a.k_cache) + a.rows[i] * kv_width;
-    for (int64_t h = 0; h < a.kv_heads; ++h) rope_head<T, W>(src + (a.heads + h) * hd, c, s, k + h * hd, half);
+    for (int64_t h = 0; h < a.kv_heads; ++h)
+      rope_head<T, W>(src + (a.heads + h) * hd, c, s, cw, sw, k + h * hd, half, pairs);
     std::memcpy(static_cast<T*>(a.v_cache) + a.rows[i] * kv_width, src + (a.heads + a.kv_heads) * hd,
                 static_cast<size_t>(kv_width) * sizeof(T));
   }
