@@ -288,16 +288,18 @@ const torch::Tensor& DecoderModel::parameter(const std::string& name) const {
   throw SwarmError(ErrorKind::NOT_FOUND, "model has no parameter '" + name + "'");
 }
 
-std::shared_ptr<DecoderModel> DecoderModel::with_parameters(std::vector<torch::Tensor> tensors) const {
+std::shared_ptr<DecoderModel> DecoderModel::with_parameters(std::vector<torch::Tensor> tensors,
+                                                           std::optional<DType> compute) const {
   SWARM_REQUIRE(tensors.size() == params_.size(), ErrorKind::INVALID_ARGUMENT,
                 "with_parameters: " + std::to_string(tensors.size()) + " tensors for " +
                     std::to_string(params_.size()) + " parameters");
-  auto model = std::make_shared<DecoderModel>(Private{}, config_, compute_, device_);
+  const DType dtype = compute.value_or(compute_);
+  auto model = std::make_shared<DecoderModel>(Private{}, config_, dtype, device_);
   model->params_.reserve(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& [name, mine] = params_[i];
     const torch::Tensor& t = tensors[i];
-    SWARM_REQUIRE(t.defined() && t.sizes() == mine.sizes() && t.scalar_type() == mine.scalar_type() &&
+    SWARM_REQUIRE(t.defined() && t.sizes() == mine.sizes() && t.scalar_type() == model->scalar_type_ &&
                       t.device() == mine.device(),
                   ErrorKind::INVALID_ARGUMENT,
                   "with_parameters: tensor for '" + name + "' does not match the parameter's shape, dtype or device");
@@ -309,8 +311,8 @@ std::shared_ptr<DecoderModel> DecoderModel::with_parameters(std::vector<torch::T
   model->head_ = head_;
   model->cos_f32_ = cos_f32_;
   model->sin_f32_ = sin_f32_;
-  model->cos_ = cos_;
-  model->sin_ = sin_;
+  model->cos_ = dtype == compute_ ? cos_ : cos_f32_.to(cos_.options().dtype(model->scalar_type_));
+  model->sin_ = dtype == compute_ ? sin_ : sin_f32_.to(sin_.options().dtype(model->scalar_type_));
   return model;
 }
 

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -102,11 +103,13 @@ class DecoderModel {
   const torch::Tensor& parameter(const std::string& name) const;
 
   /// A model with the same config and layout whose weights are `tensors` (one per entry of
-  /// parameters(), same order, shapes and device; any floating dtype equal to this model's).
-  /// The tensors are used as given, not copied: the trainer passes views of its flat weight
-  /// buffer with requires_grad set, so autograd sees them as leaves. Throws INVALID_ARGUMENT on
-  /// a count, shape, dtype or device mismatch.
-  std::shared_ptr<DecoderModel> with_parameters(std::vector<torch::Tensor> tensors) const;
+  /// parameters(), same order, shapes and device; of this model's dtype, or of `compute`'s when
+  /// given: the model then computes in that dtype, as the trainer does in fp32 for a bf16 serving
+  /// model on CPUs without bf16 dot products). The tensors are used as given, not copied: the
+  /// trainer passes views of its flat weight buffer with requires_grad set, so autograd sees
+  /// them as leaves. Throws INVALID_ARGUMENT on a count, shape, dtype or device mismatch.
+  std::shared_ptr<DecoderModel> with_parameters(std::vector<torch::Tensor> tensors,
+                                                std::optional<DType> compute = std::nullopt) const;
 
   /// Logits [B, T, vocab] (fp32) of a right-padded batch `input_ids` [B, T] (int64) whose rows
   /// hold lengths[b] real tokens (`lengths` [B], int64, each in [0, T]). Attention is causal and

@@ -49,8 +49,17 @@ FlatParameters::FlatParameters(const std::vector<std::pair<std::string, torch::T
   shard_ = (numel_ + world - 1) / world;
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat).device(device);
   weights_ = torch::zeros({shard_ * world}, torch::TensorOptions().dtype(compute).device(device));
-  for (size_t i = 0; i < initial.size(); ++i)
-    weights_.narrow(0, offsets_[i], initial[i].second.numel()).copy_(initial[i].second.reshape(-1));
+  // fp32 weights start from the fp32 masters when given (a bf16 model trained in fp32 must not
+  // start from its rounded weights), else from the initial values.
+  const auto* source = compute == torch::kFloat && master_init != nullptr ? master_init : &initial;
+  SWARM_REQUIRE(source->size() == initial.size(), ErrorKind::INVALID_ARGUMENT,
+                "master weights have a different parameter list");
+  for (size_t i = 0; i < initial.size(); ++i) {
+    const auto& [name, t] = (*source)[i];
+    SWARM_REQUIRE(name == names_[i] && t.numel() == initial[i].second.numel(), ErrorKind::INVALID_ARGUMENT,
+                  "master weights parameter '" + name + "' does not match");
+    weights_.narrow(0, offsets_[i], t.numel()).copy_(t.reshape(-1));
+  }
   grad_ = torch::zeros({shard_ * world}, f32);
 
   const int64_t begin = comm_->rank() * shard_;
@@ -169,7 +178,8 @@ std::map<std::string, torch::Tensor> FlatParameters::state() const {
                                 static_cast<double>(comm_->rank())},
                                f64)}};
   // fp32 on one rank: the master weights are the model weights, which a checkpoint stores anyway.
-  if (!master_.is_same(weights_)) out["master"] = master_.detach().to(torch::kCPU, torch::kFloat, false, true);
+  if (!master_.is_same(weights_) || master_in_state_)
+    out["master"] = master_.detach().to(torch::kCPU, torch::kFloat, false, true);
   return out;
 }
 
@@ -177,7 +187,7 @@ void FlatParameters::load_state(const std::map<std::string, torch::Tensor>& stat
   torch::NoGradGuard no_grad;
   for (const char* key : {"exp_avg", "exp_avg_sq", "step", "layout"})
     SWARM_REQUIRE(state.count(key) != 0, ErrorKind::INVALID_ARGUMENT, what + " has no '" + key + "'");
-  const bool own_master = !master_.is_same(weights_);
+  const bool own_master = !master_.is_same(weights_) || master_in_state_;
   SWARM_REQUIRE(!own_master || state.count("master") != 0, ErrorKind::INVALID_ARGUMENT,
                 what + " has no 'master' weights (saved in fp32 on one rank, loaded otherwise?)");
   const torch::Tensor layout = state.at("layout").to(torch::kDouble);

@@ -58,6 +58,10 @@ class FlatParameters {
   double step(double lr, const AdamWOptions& o);
 
   int64_t steps() const noexcept { return adam_steps_; }
+  /// state() stores the master weights (and load_state expects them) even where they are the
+  /// weights themselves (fp32 on one rank): for fp32 training of a bf16 model, whose checkpointed
+  /// model files hold the weights rounded to bf16.
+  void set_master_in_state(bool on) noexcept { master_in_state_ = on; }
   int64_t numel() const noexcept { return numel_; }
   const Collectives& collectives() const noexcept { return *comm_; }
   /// A 1-element tensor on the flat buffers' device (for flags exchanged between ranks).
@@ -81,6 +85,7 @@ class FlatParameters {
   torch::Tensor weights_;         // [shard_ × world] compute dtype
   torch::Tensor grad_;            // [shard_ × world] fp32
   torch::Tensor master_;          // [shard_] fp32 (aliases weights_ in fp32 on one rank)
+  bool master_in_state_ = false;  // state() stores master_ even where it aliases weights_
   torch::Tensor exp_avg_, exp_avg_sq_;  // [shard_] fp32
   int64_t adam_steps_ = 0;
 };

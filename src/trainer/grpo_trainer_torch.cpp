@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <mutex>
+#include <optional>
 
 #include <malloc.h>
 
@@ -197,12 +198,22 @@ GrpoTrainer::GrpoTrainer(std::shared_ptr<DecoderModel> serving_model, TrainerOpt
                   "master_source has a different parameter list");
     master.assign(master_source->parameters().begin(), master_source->parameters().end());
   }
-  policy_ = std::make_unique<FlatParameters>(serving_->parameters(), serving_->scalar_type(), serving_->device(), comm_,
+  // The training dtype: the serving model's, except bf16 on a CPU whose bf16 matmuls widen to
+  // fp32 anyway (TrainerOptions::fp32_compute_without_bf16_dot).
+  const bool fp32_compute = options_.fp32_compute_without_bf16_dot && serving_->scalar_type() == torch::kBFloat16 &&
+                            serving_->device().is_cpu() && bf16_matmul_widens();
+  const torch::ScalarType compute = fp32_compute ? torch::kFloat : serving_->scalar_type();
+  const std::optional<DType> model_dtype = fp32_compute ? std::optional<DType>(DType::F32) : std::nullopt;
+  if (fp32_compute)
+    spdlog::info("trainer: bf16 model trained in fp32 (fp32 weights = masters, fp32 activations; serving stays bf16): "
+                 "this CPU has no bf16 dot products, so bf16 matmuls would widen to fp32 GEMMs anyway");
+  policy_ = std::make_unique<FlatParameters>(serving_->parameters(), compute, serving_->device(), comm_,
                                              master_source != nullptr ? &master : nullptr);
-  train_model_ = serving_->with_parameters(policy_->leaves());
+  policy_->set_master_in_state(fp32_compute);  // the checkpoint's model files hold them rounded
+  train_model_ = serving_->with_parameters(policy_->leaves(), model_dtype);
   if (options_.use_kl_loss) {
     for (size_t i = 0; i < policy_->size(); ++i) ref_weights_.push_back(policy_->view(i).clone());
-    ref_model_ = serving_->with_parameters(ref_weights_);
+    ref_model_ = serving_->with_parameters(ref_weights_, model_dtype);
   }
   if (options_.ppo) {
     const DecoderModel& trunk = critic_source != nullptr ? *critic_source : *serving_;

@@ -71,6 +71,12 @@ struct TrainerOptions {
   int64_t critic_warmup = 0;
   OffPolicyCorrection off_policy = OffPolicyCorrection::NONE;
   double is_cap = 2.0;
+  // A bf16 model on a CPU without bf16 dot products (kernels/cpu/widening_linear_torch.hpp)
+  // trains in fp32: its weights are the fp32 masters themselves, its activations fp32, and the
+  // serving model stays bf16 (weight sync rounds). Every matmul there is an fp32 GEMM either
+  // way; bf16 compute only added the widening and roundings (0.78-0.90x fp32's step on a 2-core
+  // AVX2 EPYC). false keeps bf16 compute (tests of that path).
+  bool fp32_compute_without_bf16_dot = true;
 
   static TrainerOptions from_job(const Job& job);
   AdamWOptions adamw() const { return {weight_decay, grad_clip, adam_beta1, adam_beta2, adam_eps}; }

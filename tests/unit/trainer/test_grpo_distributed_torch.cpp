@@ -59,6 +59,9 @@ TrainerOptions options() {
   TrainerOptions o;
   o.learning_rate = 2e-3;
   o.micro_batch_max_tokens = 64;  // several micro-batches per rank
+  // The bf16 jobs here test bf16 compute with fp32 master shards, on every CPU (by default a
+  // CPU without bf16 dot products trains a bf16 model in fp32).
+  o.fp32_compute_without_bf16_dot = false;
   return o;
 }
 

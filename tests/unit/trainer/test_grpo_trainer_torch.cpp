@@ -19,6 +19,7 @@
 
 #include "common/error.hpp"
 #include "inference/decoder_model_torch.hpp"
+#include "kernels/cpu/widening_linear_torch.hpp"
 #include "support/scratch_dir.hpp"
 #include "support/train_batches.hpp"
 
@@ -346,19 +347,64 @@ TEST(GrpoTrainer, EpochsAndMiniBatchesRecomputeOldLogprobsAndClip) {
 }
 
 TEST(GrpoTrainer, Bf16TrainsWithFp32MasterWeights) {
+  for (bool fp32_compute : {false, true}) {  // bf16 compute, and fp32 where bf16 widens (the default)
+    TrainerOptions o;
+    o.learning_rate = 1e-6;  // far below bf16's resolution: only the fp32 master can hold it
+    o.fp32_compute_without_bf16_dot = fp32_compute;
+    auto master = DecoderModel::load(tinystories(), DType::F32);
+    auto model = DecoderModel::load(tinystories(), DType::BF16);
+    GrpoTrainer trainer(model, o, nullptr, master.get());
+    const auto state0 = trainer.optimizer_state();
+    const auto m = trainer.train(random_batch(2, 4, 21), 1, nullptr);
+    EXPECT_EQ(m.at("weights_updated"), 1);
+    const auto state1 = trainer.optimizer_state();
+    const double moved = (state1.at("master") - state0.at("master")).abs().max().item<double>();
+    EXPECT_GT(moved, 0) << fp32_compute;
+    EXPECT_LT(moved, 1e-5) << fp32_compute;
+    EXPECT_EQ(model->parameter("model.norm.weight").scalar_type(), torch::kBFloat16);
+  }
+}
+
+// On a CPU without bf16 dot products a bf16 model trains in fp32: the same steps, bit for bit, as
+// an fp32 model with the same (fp32 master) weights, and weight sync leaves the serving model
+// bf16, holding those weights rounded.
+TEST(GrpoTrainer, Bf16ModelTrainsInFp32WhereBf16MatmulsWiden) {
+  if (!swarm::bf16_matmul_widens()) GTEST_SKIP() << "this CPU has bf16 dot products (SWARM_CPU_LEVEL=avx2 emulates one without)";
   TrainerOptions o;
-  o.learning_rate = 1e-6;  // far below bf16's resolution: only the fp32 master can hold it
+  o.learning_rate = 2e-3;
+  const TrainBatch b1 = random_batch(2, 4, 41), b2 = random_batch(2, 4, 42);
   auto master = DecoderModel::load(tinystories(), DType::F32);
-  auto model = DecoderModel::load(tinystories(), DType::BF16);
-  GrpoTrainer trainer(model, o, nullptr, master.get());
-  const auto state0 = trainer.optimizer_state();
-  const auto m = trainer.train(random_batch(2, 4, 21), 1, nullptr);
-  EXPECT_EQ(m.at("weights_updated"), 1);
-  const auto state1 = trainer.optimizer_state();
-  const double moved = (state1.at("master") - state0.at("master")).abs().max().item<double>();
-  EXPECT_GT(moved, 0);
-  EXPECT_LT(moved, 1e-5);
-  EXPECT_EQ(model->parameter("model.norm.weight").scalar_type(), torch::kBFloat16);
+  auto fp32_model = DecoderModel::load(tinystories(), DType::F32);
+  auto bf16_model = DecoderModel::load(tinystories(), DType::BF16);
+  GrpoTrainer want(fp32_model, o), got(bf16_model, o, nullptr, master.get());
+  for (const TrainBatch* b : {&b1, &b2}) {
+    const auto mw = want.train(*b, b == &b1 ? 1 : 2, nullptr), mg = got.train(*b, b == &b1 ? 1 : 2, nullptr);
+    EXPECT_EQ(mg.at("loss"), mw.at("loss"));
+    EXPECT_EQ(mg.at("grad_norm"), mw.at("grad_norm"));
+  }
+  for (const auto& [name, w] : got.weights()) {
+    EXPECT_EQ(w.scalar_type(), torch::kFloat) << name;
+    EXPECT_TRUE(torch::equal(w, want.weights().at(name))) << name;
+    EXPECT_EQ(bf16_model->parameter(name).scalar_type(), torch::kBFloat16) << name;
+    EXPECT_TRUE(torch::equal(bf16_model->parameter(name), w.to(torch::kBFloat16))) << name;
+  }
+  // Resuming from a checkpoint (the serving model's bf16 files and the optimizer state) gets
+  // the fp32 weights back, not their rounding.
+  const auto state = got.optimizer_state();
+  ASSERT_EQ(state.count("master"), 1u);
+  std::map<std::string, torch::Tensor> files;
+  for (const auto& [name, w] : bf16_model->parameters()) files[name] = w.clone();
+  GrpoTrainer resumed(DecoderModel::from_state_dict(bf16_model->config(), files, DType::BF16), o);
+  resumed.load_optimizer_state(state);
+  for (const auto& [name, w] : resumed.weights()) EXPECT_TRUE(torch::equal(w, got.weights().at(name))) << name;
+  const TrainBatch b3 = random_batch(2, 4, 43);
+  const auto m_got = got.train(b3, 3, nullptr), m_res = resumed.train(b3, 3, nullptr);
+  EXPECT_EQ(m_got.at("loss"), m_res.at("loss"));
+  for (const auto& [name, w] : resumed.weights()) EXPECT_TRUE(torch::equal(w, got.weights().at(name))) << "after a step: " << name;
+  // With the option off, the same model trains in bf16: its weights are bf16 views.
+  o.fp32_compute_without_bf16_dot = false;
+  GrpoTrainer bf16_compute(DecoderModel::load(tinystories(), DType::BF16), o, nullptr, master.get());
+  for (const auto& [name, w] : bf16_compute.weights()) EXPECT_EQ(w.scalar_type(), torch::kBFloat16) << name;
 }
 
 TEST(GrpoTrainer, OptimizerStateRoundTripContinuesBitExactly) {
