@@ -49,17 +49,20 @@ FlatParameters::FlatParameters(const std::vector<std::pair<std::string, torch::T
   shard_ = (numel_ + world - 1) / world;
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat).device(device);
   weights_ = torch::zeros({shard_ * world}, torch::TensorOptions().dtype(compute).device(device));
+  // Copies a parameter list (these names and sizes, in order) into a flat buffer.
+  const auto fill = [&](torch::Tensor& flat, const std::vector<std::pair<std::string, torch::Tensor>>& list) {
+    SWARM_REQUIRE(list.size() == initial.size(), ErrorKind::INVALID_ARGUMENT,
+                  "master weights have a different parameter list");
+    for (size_t i = 0; i < list.size(); ++i) {
+      const auto& [name, t] = list[i];
+      SWARM_REQUIRE(name == names_[i] && t.numel() == initial[i].second.numel(), ErrorKind::INVALID_ARGUMENT,
+                    "master weights parameter '" + name + "' does not match");
+      flat.narrow(0, offsets_[i], t.numel()).copy_(t.reshape(-1));
+    }
+  };
   // fp32 weights start from the fp32 masters when given (a bf16 model trained in fp32 must not
   // start from its rounded weights), else from the initial values.
-  const auto* source = compute == torch::kFloat && master_init != nullptr ? master_init : &initial;
-  SWARM_REQUIRE(source->size() == initial.size(), ErrorKind::INVALID_ARGUMENT,
-                "master weights have a different parameter list");
-  for (size_t i = 0; i < initial.size(); ++i) {
-    const auto& [name, t] = (*source)[i];
-    SWARM_REQUIRE(name == names_[i] && t.numel() == initial[i].second.numel(), ErrorKind::INVALID_ARGUMENT,
-                  "master weights parameter '" + name + "' does not match");
-    weights_.narrow(0, offsets_[i], t.numel()).copy_(t.reshape(-1));
-  }
+  fill(weights_, compute == torch::kFloat && master_init != nullptr ? *master_init : initial);
   grad_ = torch::zeros({shard_ * world}, f32);
 
   const int64_t begin = comm_->rank() * shard_;
@@ -67,14 +70,7 @@ FlatParameters::FlatParameters(const std::vector<std::pair<std::string, torch::T
     master_ = weights_;  // the fp32 weights are their own master copy
   } else if (master_init != nullptr) {
     torch::Tensor full = torch::zeros({shard_ * world}, f32);
-    SWARM_REQUIRE(master_init->size() == initial.size(), ErrorKind::INVALID_ARGUMENT,
-                  "master weights have a different parameter list");
-    for (size_t i = 0; i < initial.size(); ++i) {
-      const auto& [name, t] = (*master_init)[i];
-      SWARM_REQUIRE(name == names_[i] && t.numel() == initial[i].second.numel(), ErrorKind::INVALID_ARGUMENT,
-                    "master weights parameter '" + name + "' does not match");
-      full.narrow(0, offsets_[i], t.numel()).copy_(t.reshape(-1));
-    }
+    fill(full, *master_init);
     master_ = full.narrow(0, begin, shard_).clone();
   } else {
     master_ = weights_.narrow(0, begin, shard_).to(torch::kFloat).clone();
