@@ -68,7 +68,7 @@ FlatParameters::FlatParameters(const std::vector<std::pair<std::string, torch::T
   const int64_t begin = comm_->rank() * shard_;
   if (world == 1 && compute == torch::kFloat) {
     master_ = weights_;  // the fp32 weights are their own master copy
-  } else if (master_init != nullptr) {
+  } else if (master_init != nullptr && compute != torch::kFloat) {  // fp32 weights hold the masters already
     torch::Tensor full = torch::zeros({shard_ * world}, f32);
     fill(full, *master_init);
     master_ = full.narrow(0, begin, shard_).clone();
