@@ -62,11 +62,37 @@ start_server() {
   url="http://127.0.0.1:$port"
 }
 
+# Starts a detached tmux session (name, then the rest of new-session's arguments), trying
+# again up to 5 times, 0.2 s apart, when the tmux client fails; fails the test with tmux's
+# message after the last try. CI once saw a bare "server exited unexpectedly" from the
+# tmux client (tmux 3.3a, under load), which under set -e ended the test with no hint.
+new_session() {
+  local name="$1" err=""
+  shift
+  for _ in 1 2 3 4 5; do
+    tm kill-session -t "$name" 2>/dev/null || true
+    if err="$(tm -u new-session -d -s "$name" "$@" 2>&1)"; then return 0; fi
+    sleep 0.2
+  done
+  fail "tmux could not start the session $name: $err"
+}
+
+# Sends keys to the overwatch pane (once: a repeated Ctrl-C would end the pane's sleep).
+send_keys() {
+  tm send-keys -t ow "$@" || fail "tmux could not send $*"
+}
+
+# A session that lives as long as the test keeps the private tmux server up, so killing
+# "ow" below never leaves the server without sessions (it would exit, racing the next
+# new-session).
+start_tmux_server() {
+  new_session keep "sleep 3600"
+}
+
 # Runs overwatch in the tmux session "ow"; when it exits the pane prints its exit code
 # and stays open, so the test can read both.
 start_overwatch() {
-  tm kill-session -t ow 2>/dev/null || true
-  tm -u new-session -d -s ow -x 120 -y 40 \
+  new_session ow -x 120 -y 40 \
     "env LANG=C.UTF-8 TERM=xterm-256color '$overwatch_bin' --url '$url' --interval 0.2; echo \"OVERWATCH-EXIT=\$?\"; sleep 600"
 }
 
@@ -92,20 +118,21 @@ claim="$(curl -sf -X POST "$url/claim_episode" -H 'Content-Type: application/jso
 grep -q '"success":true' <<<"$claim" || fail "claim_episode: $claim"
 
 export LANG=C.UTF-8  # tmux draws UTF-8 only when the locale says so
+start_tmux_server
 start_overwatch
 wait_for_pane "the dashboard" 20 "swarm-overwatch +http://127.0.0.1:$port" "ENGINE\.ROLLING" "step 2 · policy v2" \
   "claims open" "tasks +\[.*\] +0/2" "Running episodes \(1\)" "ow-test-" "train" "per step" \
   "step 2: [0-9.]+ ± " "requests [0-9]+ \([0-9.]+/s\)" "claimed [0-9]+" "q quit"
 
 # q quits cleanly: exit 0 and the main screen is back (the exit line is visible).
-tm send-keys -t ow q
+send_keys q
 wait_for_pane "exit after q" 10 "OVERWATCH-EXIT=0"
 if tm capture-pane -p -t ow | grep -q "Running episodes"; then fail "the dashboard is still on screen after q"; fi
 
 # Ctrl-C (SIGINT) quits cleanly too.
 start_overwatch
 wait_for_pane "the dashboard again" 20 "ENGINE\.ROLLING"
-tm send-keys -t ow C-c
+send_keys C-c
 wait_for_pane "exit after Ctrl-C" 10 "OVERWATCH-EXIT=0"
 
 # The server goes away: the unreachable screen, and overwatch keeps retrying.
@@ -133,7 +160,7 @@ if tm capture-pane -p -t ow | grep -q "OVERWATCH-EXIT"; then fail "overwatch exi
 server_pid=$!
 wait_for_pane "recovery after the restart" 20 "ENGINE\.OFFLINE" "step 0 · policy v0"
 
-tm send-keys -t ow q
+send_keys q
 wait_for_pane "exit after q" 10 "OVERWATCH-EXIT=0"
 kill -TERM "$server_pid"
 wait "$server_pid" || fail "server exit code $? after SIGTERM"
