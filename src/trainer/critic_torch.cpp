@@ -27,19 +27,25 @@ void ValueLossSums::add(const ValueLossSums& o) {
   tokens += o.tokens;
 }
 
-Critic::Critic(const DecoderModel& trunk, std::shared_ptr<Collectives> comm, const DecoderModel* master_source) {
+Critic::Critic(const DecoderModel& trunk, std::shared_ptr<Collectives> comm, const DecoderModel* master_source,
+               bool fp32_compute)
+    : storage_(trunk.scalar_type()) {
   torch::NoGradGuard no_grad;
   const auto initial = with_value_head(trunk, trunk.scalar_type());
   std::vector<std::pair<std::string, torch::Tensor>> master;
   if (master_source != nullptr) master = with_value_head(*master_source, torch::kFloat);
-  params_ = std::make_unique<FlatParameters>(initial, trunk.scalar_type(), trunk.device(), std::move(comm),
+  const torch::ScalarType compute = fp32_compute ? torch::kFloat : trunk.scalar_type();
+  params_ = std::make_unique<FlatParameters>(initial, compute, trunk.device(), std::move(comm),
                                              master_source != nullptr ? &master : nullptr);
+  // Trained in fp32 from a bf16 model: the checkpoint's critic file holds the weights rounded,
+  // so the optimizer state keeps the masters.
+  params_->set_master_in_state(fp32_compute && storage_ != torch::kFloat);
   trunk_params_ = trunk.parameters().size();
   std::vector<torch::Tensor> leaves = params_->leaves();
   head_w_ = leaves[trunk_params_];
   head_b_ = leaves[trunk_params_ + 1];
   leaves.resize(trunk_params_);
-  trunk_ = trunk.with_parameters(std::move(leaves));
+  trunk_ = trunk.with_parameters(std::move(leaves), fp32_compute ? std::optional<DType>(DType::F32) : std::nullopt);
 }
 
 Critic::~Critic() = default;
@@ -89,7 +95,7 @@ ValueLossSums Critic::accumulate_gradients(const torch::Tensor& ids, const torch
 
 std::map<std::string, torch::Tensor> Critic::weights() const {
   std::map<std::string, torch::Tensor> out;
-  for (size_t i = 0; i < params_->size(); ++i) out[params_->name(i)] = params_->view(i);
+  for (size_t i = 0; i < params_->size(); ++i) out[params_->name(i)] = params_->view(i).to(storage_);
   return out;
 }
 

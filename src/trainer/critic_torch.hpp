@@ -37,8 +37,12 @@ struct ValueLossSums {
 class Critic {
  public:
   /// `trunk`: the model whose weights the critic's trunk starts from (copied). `comm` shards the
-  /// optimizer state like the policy's. `master_source` as GrpoTrainer's.
-  Critic(const DecoderModel& trunk, std::shared_ptr<Collectives> comm, const DecoderModel* master_source = nullptr);
+  /// optimizer state like the policy's. `master_source` as GrpoTrainer's. `fp32_compute`: a bf16
+  /// trunk trains in fp32 (as the policy does on a CPU without bf16 dot products): its weights
+  /// are the fp32 masters, which the optimizer state then stores; weights() still gives the
+  /// trunk's dtype.
+  Critic(const DecoderModel& trunk, std::shared_ptr<Collectives> comm, const DecoderModel* master_source = nullptr,
+         bool fp32_compute = false);
   ~Critic();
   Critic(const Critic&) = delete;
   Critic& operator=(const Critic&) = delete;
@@ -56,7 +60,8 @@ class Critic {
   double optimizer_step(double lr, const AdamWOptions& o) { return params_->step(lr, o); }
   void zero_gradients() { params_->zero_gradients(); }
 
-  /// The critic's weights by name (trunk names, then value_head.weight / value_head.bias).
+  /// The critic's weights by name (trunk names, then value_head.weight / value_head.bias), in
+  /// the trunk model's dtype (rounded where the critic computes in fp32).
   std::map<std::string, torch::Tensor> weights() const;
   /// Sets the weights from what weights() returned (a checkpoint); INVALID_ARGUMENT on a
   /// missing or mis-shaped tensor.
@@ -69,6 +74,7 @@ class Critic {
   std::shared_ptr<DecoderModel> trunk_;  // parameters are views into params_
   torch::Tensor head_w_, head_b_;        // leaves: views into params_ ([hidden], [1])
   size_t trunk_params_ = 0;
+  torch::ScalarType storage_;            // the trunk model's dtype: what weights() gives
 };
 
 }  // namespace swarm

@@ -223,7 +223,12 @@ GrpoTrainer::GrpoTrainer(std::shared_ptr<DecoderModel> serving_model, TrainerOpt
                     ErrorKind::INVALID_ARGUMENT,
                     "critic_model must have the policy's vocabulary (vocab_size " +
                         std::to_string(serving_->config().vocab_size) + ") and run on its device");
-    critic_ = std::make_unique<Critic>(trunk, comm_, critic_source != nullptr ? critic_master : master_source);
+    // The critic computes in fp32 where the policy does (a bf16 critic_model on this CPU too).
+    const bool critic_fp32 = options_.fp32_compute_without_bf16_dot && trunk.scalar_type() == torch::kBFloat16 &&
+                             trunk.device().is_cpu() && bf16_matmul_widens();
+    if (critic_fp32) spdlog::info("trainer: the bf16 critic trains in fp32 too (its weights = its masters)");
+    critic_ = std::make_unique<Critic>(trunk, comm_, critic_source != nullptr ? critic_master : master_source,
+                                       critic_fp32);
   }
 }
 

@@ -12,6 +12,7 @@
 
 #include "common/error.hpp"
 #include "inference/decoder_model_torch.hpp"
+#include "kernels/cpu/widening_linear_torch.hpp"
 #include "support/scratch_dir.hpp"
 #include "support/train_batches.hpp"
 #include "trainer/checkpoint_torch.hpp"
@@ -274,6 +275,52 @@ TEST(Ppo, CheckpointRoundTripContinuesBitExactly) {
   } catch (const SwarmError& e) {
     EXPECT_NE(std::string(e.what()).find("critic"), std::string::npos) << e.what();
   }
+}
+
+// On a CPU without bf16 dot products a bf16 model's PPO trains in fp32, the critic too: its
+// steps equal an fp32 model's bit for bit, the critic's weights are fp32 (its checkpoint file
+// holds them rounded to bf16), and a resume from the bf16 files continues bit for bit.
+TEST(Ppo, Bf16CriticTrainsInFp32WhereBf16MatmulsWiden) {
+  if (!swarm::bf16_matmul_widens()) GTEST_SKIP() << "this CPU has bf16 dot products (SWARM_CPU_LEVEL=avx2 emulates one without)";
+  swarm::testing::ScratchDir scratch("swarm-ppo-bf16");
+  const TrainBatch batch = batch_with_token_rewards(17);
+  TrainerOptions o = ppo_options();
+  o.ppo_mini_batch_size = 1;  // two optimizer steps per policy step
+  auto master = DecoderModel::load(tinystories(), DType::F32);
+  auto bf16_model = DecoderModel::load(tinystories(), DType::BF16);
+  GrpoTrainer want(DecoderModel::load(tinystories(), DType::F32), o), got(bf16_model, o, nullptr, master.get());
+  for (int step = 1; step <= 2; ++step) {
+    const auto mw = want.train(batch, step, kInline), mg = got.train(batch, step, kInline);
+    for (const char* key : {"loss", "critic_loss", "critic_value_mse", "critic_grad_norm"})
+      EXPECT_EQ(mg.at(key), mw.at(key)) << key << " at step " << step;
+  }
+  const FlatParameters& cw = want.critic()->parameters();
+  const FlatParameters& cg = got.critic()->parameters();
+  ASSERT_EQ(cg.size(), cw.size());
+  for (size_t i = 0; i < cg.size(); ++i) {
+    EXPECT_EQ(cg.view(i).scalar_type(), torch::kFloat) << cg.name(i);
+    EXPECT_TRUE(torch::equal(cg.view(i), cw.view(i))) << cg.name(i);
+  }
+  for (const auto& [name, w] : got.critic()->weights()) {
+    EXPECT_EQ(w.scalar_type(), torch::kBFloat16) << name;
+    EXPECT_TRUE(torch::equal(w, want.critic()->weights().at(name).to(torch::kBFloat16))) << name;
+  }
+
+  save_hf_model(scratch.path() / "ckpt", *bf16_model, tinystories());
+  save_trainer_state(scratch.path() / "ckpt" / "trainer_state", got);
+  GrpoTrainer resumed(DecoderModel::load(scratch.path() / "ckpt", DType::BF16), o);
+  load_trainer_state(scratch.path() / "ckpt" / "trainer_state", resumed);
+  const auto mg = got.train(batch, 3, kInline), mr = resumed.train(batch, 3, kInline);
+  EXPECT_EQ(mr.at("loss"), mg.at("loss"));
+  EXPECT_EQ(mr.at("critic_loss"), mg.at("critic_loss"));
+  for (const auto& [name, w] : got.weights()) EXPECT_TRUE(torch::equal(w, resumed.weights().at(name))) << name;
+  for (size_t i = 0; i < cg.size(); ++i)
+    EXPECT_TRUE(torch::equal(cg.view(i), resumed.critic()->parameters().view(i))) << "critic " << cg.name(i);
+
+  // With the option off the critic computes in bf16, as its model does.
+  o.fp32_compute_without_bf16_dot = false;
+  GrpoTrainer bf16_compute(DecoderModel::load(tinystories(), DType::BF16), o);
+  EXPECT_EQ(bf16_compute.critic()->parameters().view(0).scalar_type(), torch::kBFloat16);
 }
 
 }  // namespace
