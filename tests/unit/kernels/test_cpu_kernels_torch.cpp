@@ -284,6 +284,69 @@ TEST(Kernels, SplittingOverTwoThreadsChangesNoBit) {
   set_small_linear_threads(0);
 }
 
+// A query with more than 1024 visible keys has them split into parts computed apart and
+// merged (every thread busy at batch 1). Against the reference at lengths just over the limit,
+// at the limit, well over it, and with a window that splits; on every vector-width path and the
+// plain loop (head_dim 24). The parts depend on the key count only: a sequence alone gives the
+// same bits as in a batch, and one thread the same bits as two.
+TEST(PagedDecodeAttention, LongContextsSplitIntoPartsAndMerge) {
+  at::manual_seed(12);
+  std::mt19937 rng(13);
+  const int64_t bs = 16;
+  struct Shape {
+    int64_t heads, kvh, hd;
+  };
+  const int before = at::get_num_threads();
+  for (const Shape& shape : {Shape{9, 3, 64}, Shape{8, 2, 32}, Shape{4, 2, 128}, Shape{2, 1, 16}, Shape{3, 1, 24}}) {
+    const int64_t heads = shape.heads, kvh = shape.kvh, hd = shape.hd;
+    const std::vector<int64_t> lengths = {1025, 1024, 3000, 70, 2100};
+    int64_t blocks = 0;
+    for (int64_t len : lengths) blocks += (len + bs - 1) / bs;
+    for (auto dtype : {at::kFloat, at::kBFloat16}) {
+      const at::Tensor kc = at::randn({blocks, bs, kvh, hd}).to(dtype), vc = at::randn({blocks, bs, kvh, hd}).to(dtype);
+      std::vector<int64_t> free(static_cast<size_t>(blocks));
+      std::iota(free.begin(), free.end(), 0);
+      std::shuffle(free.begin(), free.end(), rng);
+      PagedContext ctx;
+      ctx.table_offset.push_back(0);
+      for (int64_t len : lengths) {
+        for (int64_t i = 0; i < (len + bs - 1) / bs; ++i) {
+          ctx.block_ids.push_back(free.back());
+          free.pop_back();
+        }
+        ctx.table_offset.push_back(static_cast<int64_t>(ctx.block_ids.size()));
+        ctx.lengths.push_back(len);
+      }
+      const auto B = static_cast<int64_t>(lengths.size());
+      const at::Tensor q = (at::randn({B, heads, hd}) * 3).to(dtype);
+      const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+      for (int64_t window : {int64_t{1} << 40, int64_t{2000}}) {
+        const std::string what = "heads " + std::to_string(heads) + "/" + std::to_string(kvh) + " head_dim " +
+                                 std::to_string(hd) + " window " + std::to_string(window) + " " +
+                                 std::string(c10::toString(dtype));
+        at::set_num_threads(2);
+        const at::Tensor got = paged_decode_attention(q, kc, vc, ctx, window, scale);
+        EXPECT_LT(max_rel(got, reference_attention(q, kc, vc, ctx, window, scale).to(dtype)),
+                  dtype == at::kFloat ? 1e-5 : 2e-2)
+            << what;
+        at::set_num_threads(1);
+        EXPECT_TRUE(at::equal(got, paged_decode_attention(q, kc, vc, ctx, window, scale))) << "one thread: " << what;
+        at::set_num_threads(2);
+        for (int64_t b = 0; b < B; ++b) {  // each sequence alone
+          PagedContext one;
+          const auto t0 = ctx.table_offset[static_cast<size_t>(b)], t1 = ctx.table_offset[static_cast<size_t>(b) + 1];
+          one.block_ids.assign(ctx.block_ids.begin() + t0, ctx.block_ids.begin() + t1);
+          one.table_offset = {0, t1 - t0};
+          one.lengths = {ctx.lengths[static_cast<size_t>(b)]};
+          const at::Tensor alone = paged_decode_attention(q.narrow(0, b, 1).contiguous(), kc, vc, one, window, scale);
+          EXPECT_TRUE(at::equal(alone, got.narrow(0, b, 1))) << "sequence " << b << " alone: " << what;
+        }
+      }
+    }
+  }
+  at::set_num_threads(before);
+}
+
 TEST(PagedDecodeAttention, OneDominantKeyTakesAllTheWeight) {
   // One key scoring far above the rest takes all the weight (no overflow in the exponentials).
   const int64_t hd = 64;
