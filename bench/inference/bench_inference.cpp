@@ -4,8 +4,8 @@
 //  * prefill tokens/s: one 512-token prompt, and a batch of 8 x 128-token prompts, packed into
 //    forward_step calls of at most 512 tokens (chunked prefill, as the serving engine does),
 //    each finished prompt's first token sampled;
-//  * decode tokens/s at batch 1, 8, 32, 64: every sequence starts with a 128-token prompt in
-//    the paged KV cache (random K/V: prefill is measured on its own), then each step is one
+//  * decode tokens/s at batch 1, 8, 32, 64: every sequence starts with a 128-token prompt
+//    (--context N: N tokens; over 1024, batch 1 and 8 only) in the paged KV cache (random K/V: prefill is measured on its own), then each step is one
 //    forward_step over the batch + greedy sample_tokens; the timed steps are run 3 times over
 //    the same positions and the best pass counts (a batch-1 pass of a small model lasts a few
 //    milliseconds, where one preemption on this shared host shows);
@@ -18,7 +18,7 @@
 // docs/benchmarks.md.
 //
 //   bench_inference [--quick] [--threads N] [--models smollm2,tinystories] [--dtypes fp32,bf16]
-//                   [--skip-python] [--profile-ops] [--openblas-threads N]
+//                   [--skip-python] [--profile-ops] [--openblas-threads N] [--context N]
 //
 // The SmolLM2 weights are written once (swarm::init_random_model, fp32, seed 0) into
 // <build>/bench-models/ and reused; TinyStories comes from tests/fixtures/models/.
@@ -143,8 +143,9 @@ struct Workload {
   }
 };
 
-Workload make_workload(bool quick, int64_t max_positions) {
+Workload make_workload(bool quick, int64_t max_positions, int64_t context) {
   Workload w;
+  w.prompt_tokens = context;
   // The quick run shrinks the prefill prompts too: a 512-token prompt of the 135M model takes
   // seconds per rep on a 2-core machine.
   if (quick) {
@@ -154,6 +155,7 @@ Workload make_workload(bool quick, int64_t max_positions) {
   }
   w.prefill_reps = quick ? 1 : 2;
   for (int64_t b : {1, 8, 32, 64}) {
+    if (context > 1024 && b > 8) continue;  // long contexts: the KV pool for batch 32/64 would be GBs
     DecodeSpec d;
     d.batch = b;
     d.warmup = quick ? 1 : 2;
@@ -162,6 +164,11 @@ Workload make_workload(bool quick, int64_t max_positions) {
     d.reps = quick ? 1 : 3;
     w.decode.push_back(d);
   }
+  const int64_t longest = context + w.decode.front().warmup + w.decode.front().steps;
+  if (longest > max_positions)
+    throw std::invalid_argument("--context " + std::to_string(context) + " plus the decode steps (" +
+                                std::to_string(longest) + " positions) exceeds the model's " +
+                                std::to_string(max_positions) + " (use --models smollm2)");
   return w;
 }
 
@@ -313,6 +320,7 @@ EngineResult run_engine(const fs::path& dir, swarm::DType dtype, const Workload&
   if (profile) {
     constexpr size_t kTop = 14;
     for (int64_t b : {int64_t{1}, int64_t{32}, int64_t{64}}) {
+      if (std::none_of(w.decode.begin(), w.decode.end(), [&](const DecodeSpec& s) { return s.batch == b; })) continue;
       const DecodeSpec d{b, 0, 4};
       r.profile["decode b" + std::to_string(b) + ", per step"] =
           profile_ops([&] { decode(*model, cache, d, w.prompt_tokens, gen); }, static_cast<double>(d.steps), kTop);
@@ -596,6 +604,7 @@ struct Options {
   bool profile_ops = false;
   int openblas_threads = 0;    // 0 = leave as loaded
   bool fixed_threads = false;  // true: --threads / --openblas-threads for every case, no engine plan
+  int64_t context = 128;       // tokens in the cache when decode starts
 };
 
 }  // namespace
@@ -616,6 +625,10 @@ int main(int argc, char** argv) {
   app.add_option("--openblas-threads", opt.openblas_threads,
                  "Set OpenBLAS's pool (fp32 GEMM) to N threads in both processes; 0 = leave the default")
       ->capture_default_str();
+  app.add_option("--context", opt.context,
+                 "Tokens already in the KV cache when decode starts (long contexts: batch 1 and 8 only)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -650,7 +663,8 @@ int main(int argc, char** argv) {
     std::vector<CaseResult> cases;
     Workload report_workload;
     for (const ModelEntry& m : models) {
-      const Workload w = make_workload(common.quick, swarm::ModelConfig::from_directory(m.dir).max_position_embeddings);
+      const Workload w =
+          make_workload(common.quick, swarm::ModelConfig::from_directory(m.dir).max_position_embeddings, opt.context);
       report_workload = w;
       for (const auto& [name, dtype] : dtypes) {
         CaseResult c;

@@ -36,7 +36,10 @@ struct PagedContext {
 /// j < lengths[b] and lengths[b] - 1 - j < window. Returns [B, heads * head_dim] in q's dtype.
 /// CPU tensors only; parallel over (query, kv head) units with at::parallel_for, cut into one
 /// run of about equal keys per thread (each unit is computed by one thread, in the same order
-/// whatever the split). out: see output_tensor (serving_ops_torch.hpp).
+/// whatever the split). A query with more than 1024 visible keys has each kv head's keys split
+/// into parts of at most 1024 (units of their own, merged after): the parts depend on its key
+/// count alone, so its result is the same bits alone, in any batch, on any thread count.
+/// out: see output_tensor (serving_ops_torch.hpp).
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const PagedContext& context, int64_t window, double scale,
                                   const at::Tensor& out = {});
