@@ -3,6 +3,8 @@
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 
+#include <memory>
+
 #include "common/error.hpp"
 #include "kernels/cpu/cpu_dispatch.hpp"
 #include "kernels/cpu/serving_ops_torch.hpp"
@@ -117,7 +119,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   const int64_t rep = heads / kvh;
   std::vector<KeySplit> splits;
   std::vector<Merge> merges;
-  std::vector<float> partial;
+  std::unique_ptr<float[]> partial;  // every part writes all of its floats: no zero fill
   std::vector<int64_t> unit_keys;
   const bool split = std::any_of(keys_of.begin(), keys_of.end(), [](int64_t k) { return k > kKeysPerPart; });
   if (split) {
@@ -140,9 +142,9 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
         }
       }
     }
-    partial.resize(static_cast<size_t>(floats));
+    partial.reset(new float[static_cast<size_t>(floats)]);
     a.splits = splits.data();
-    a.partial = partial.data();
+    a.partial = partial.get();
   }
   const int64_t units = split ? static_cast<int64_t>(splits.size()) : B * kvh;
   const auto keys_of_unit = [&](int64_t u) {
