@@ -46,7 +46,6 @@ template <class T>
 void merge_parts(const Args& a, const std::vector<KeySplit>& splits, const Merge& m) {
   const int64_t rep = a.heads / a.kv_heads, hd = a.head_dim;
   T* out = static_cast<T*>(a.out) + (m.b * a.heads + m.g * rep) * hd;
-  std::vector<float> weight(static_cast<size_t>(m.parts));
   std::vector<float> sum(static_cast<size_t>(hd));
   for (int64_t r = 0; r < rep; ++r) {
     float top = -std::numeric_limits<float>::infinity();
