@@ -198,10 +198,13 @@ GrpoTrainer::GrpoTrainer(std::shared_ptr<DecoderModel> serving_model, TrainerOpt
                   "master_source has a different parameter list");
     master.assign(master_source->parameters().begin(), master_source->parameters().end());
   }
-  // The training dtype: the serving model's, except bf16 on a CPU whose bf16 matmuls widen to
-  // fp32 anyway (TrainerOptions::fp32_compute_without_bf16_dot).
-  const bool fp32_compute = options_.fp32_compute_without_bf16_dot && serving_->scalar_type() == torch::kBFloat16 &&
-                            serving_->device().is_cpu() && bf16_matmul_widens();
+  // The training dtype: a model's own, except bf16 on a CPU whose bf16 matmuls widen to fp32
+  // anyway (TrainerOptions::fp32_compute_without_bf16_dot); the same rule for the critic.
+  const auto trains_in_fp32 = [&](const DecoderModel& m) {
+    return options_.fp32_compute_without_bf16_dot && m.scalar_type() == torch::kBFloat16 && m.device().is_cpu() &&
+           bf16_matmul_widens();
+  };
+  const bool fp32_compute = trains_in_fp32(*serving_);
   const torch::ScalarType compute = fp32_compute ? torch::kFloat : serving_->scalar_type();
   const std::optional<DType> model_dtype = fp32_compute ? std::optional<DType>(DType::F32) : std::nullopt;
   if (fp32_compute)
@@ -223,9 +226,7 @@ GrpoTrainer::GrpoTrainer(std::shared_ptr<DecoderModel> serving_model, TrainerOpt
                     ErrorKind::INVALID_ARGUMENT,
                     "critic_model must have the policy's vocabulary (vocab_size " +
                         std::to_string(serving_->config().vocab_size) + ") and run on its device");
-    // The critic computes in fp32 where the policy does (a bf16 critic_model on this CPU too).
-    const bool critic_fp32 = options_.fp32_compute_without_bf16_dot && trunk.scalar_type() == torch::kBFloat16 &&
-                             trunk.device().is_cpu() && bf16_matmul_widens();
+    const bool critic_fp32 = trains_in_fp32(trunk);  // a bf16 critic_model on this CPU too
     if (critic_fp32) spdlog::info("trainer: the bf16 critic trains in fp32 too (its weights = its masters)");
     critic_ = std::make_unique<Critic>(trunk, comm_, critic_source != nullptr ? critic_master : master_source,
                                        critic_fp32);
