@@ -5,8 +5,9 @@
 //    forward_step calls of at most 512 tokens (chunked prefill, as the serving engine does),
 //    each finished prompt's first token sampled;
 //  * decode tokens/s at batch 1, 8, 32, 64: every sequence starts with a 128-token prompt
-//    (--context N: N tokens; over 1024, batch 1 and 8 only) in the paged KV cache (random K/V: prefill is measured on its own), then each step is one
-//    forward_step over the batch + greedy sample_tokens; the timed steps are run 3 times over
+//    (--context N: N tokens; over 1024, batch 1 and 8 only) in the paged KV cache (random
+//    K/V: prefill is measured on its own), then each step is one forward_step over the batch
+//    + greedy sample_tokens; the timed steps are run 3 times over
 //    the same positions and the best pass counts (a batch-1 pass of a small model lasts a few
 //    milliseconds, where one preemption on this shared host shows);
 //  * memory: weight bytes, KV pool bytes, RSS after load and the VmHWM peak of the case.
