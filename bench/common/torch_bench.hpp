@@ -272,9 +272,10 @@ inline void print_run_header(const fs::path& source_dir, bool quick, const std::
               blas.c_str());
   const char* dnnl = std::getenv("DNNL_MAX_CPU_ISA");
   const char* aten = std::getenv("ATEN_CPU_CAPABILITY");
-  std::printf("CPU level %s: bf16 matmuls %s%s%s%s%s\n", cpu_level().c_str(),
+  std::printf("CPU level %s: bf16 matmuls %s%s%s%s%s; ATen kernels %s, oneDNN %s\n", cpu_level().c_str(),
               swarm::bf16_matmul_widens() ? "widened to fp32 GEMM (no AVX512_BF16)" : "on AVX512_BF16 dot products",
-              dnnl ? "; DNNL_MAX_CPU_ISA=" : "", dnnl ? dnnl : "", aten ? "; ATEN_CPU_CAPABILITY=" : "", aten ? aten : "");
+              dnnl ? "; DNNL_MAX_CPU_ISA=" : "", dnnl ? dnnl : "", aten ? "; ATEN_CPU_CAPABILITY=" : "", aten ? aten : "",
+              swarm::aten_cpu_capability().c_str(), swarm::onednn_cpu_isa().c_str());
   std::printf("commit %s; %s run\n", git_commit(source_dir).c_str(), quick ? "quick" : "full");
   std::fflush(stdout);
 }

@@ -1,10 +1,14 @@
 #include "kernels/cpu/widening_linear_torch.hpp"
 
+#include <ATen/Version.h>
 #include <c10/core/InferenceMode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 
@@ -308,6 +312,39 @@ at::Tensor split_linear(const at::Tensor& x, const at::Tensor& w, const at::Tens
 bool bf16_matmul_widens() {
   static const bool widens = !cpu_has_avx512_bf16();
   return widens;
+}
+
+std::string aten_cpu_capability() {
+  // at::show_config() has a line "  - CPU capability usage: AVX2" (NO AVX / AVX / AVX2 / AVX512).
+  const std::string config = at::show_config();
+  const std::string key = "CPU capability usage: ";
+  const size_t at_key = config.find(key);
+  if (at_key == std::string::npos) return "unknown";
+  const size_t from = at_key + key.size();
+  return config.substr(from, config.find('\n', from) - from);
+}
+
+std::string onednn_cpu_isa() {
+  using GetIsa = int (*)();
+  auto get = reinterpret_cast<GetIsa>(dlsym(RTLD_DEFAULT, "dnnl_get_effective_cpu_isa"));
+  if (get == nullptr) return "not loaded";
+  // oneDNN's dnnl_cpu_isa_t codes (dnnl_types.h).
+  const int isa = get();
+  switch (isa) {
+    case 0x1: return "sse41";
+    case 0x3: return "avx";
+    case 0x7: return "avx2";
+    case 0x407: return "avx2_vnni";
+    case 0x27: return "avx512_core";
+    case 0x67: return "avx512_core_vnni";
+    case 0xe7: return "avx512_core_bf16";
+    case 0x3e7: return "avx512_core_amx";
+    default: {
+      char code[32];
+      std::snprintf(code, sizeof code, "isa 0x%x", isa);
+      return code;
+    }
+  }
 }
 
 bool widens(const at::Tensor& t) {

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include <ATen/ATen.h>
 
@@ -39,6 +40,14 @@ at::Tensor split_linear(const at::Tensor& x, const at::Tensor& w, const at::Tens
 /// Whether bf16 matmuls on this CPU take the widening path: the CPU (or SWARM_CPU_LEVEL) has no
 /// AVX512_BF16. Computed once per process.
 bool bf16_matmul_widens();
+
+/// The level of ATen's own vectorised CPU kernels ("NO AVX", "AVX2", "AVX512"; ATEN_CPU_CAPABILITY
+/// forces it), as libtorch reports it.
+std::string aten_cpu_capability();
+
+/// The instruction set oneDNN (libtorch's bf16 GEMMs) runs ("avx2", "avx512_core_bf16", ...;
+/// DNNL_MAX_CPU_ISA caps it), or "not loaded" where this libtorch has no oneDNN.
+std::string onednn_cpu_isa();
 
 /// Whether `t` is a bf16 CPU tensor on such a CPU: its matmuls take the widening path.
 bool widens(const at::Tensor& t);

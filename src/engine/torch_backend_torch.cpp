@@ -538,7 +538,8 @@ std::string compute_paths_summary() {
   if (const char* forced = std::getenv("SWARM_CPU_LEVEL")) s += std::string(" (SWARM_CPU_LEVEL=") + forced + ")";
   s += bf16_matmul_widens() ? "; bf16 matmuls widened to fp32 GEMM (no AVX512_BF16)"
                             : "; bf16 matmuls on AVX512_BF16 dot products";
-  s += "; libtorch " + std::string(TORCH_VERSION);
+  s += "; libtorch " + std::string(TORCH_VERSION) + " (ATen kernels " + aten_cpu_capability() + ", oneDNN " +
+       onednn_cpu_isa() + ")";
   if (torch::cuda::is_available()) s += ", " + std::to_string(torch::cuda::device_count()) + " CUDA device(s)";
   return s;
 }

@@ -2,7 +2,7 @@
 # swarm-server on the torch engine bounds OpenMP's busy-wait (common/openmp_wait.hpp): it sets
 # GOMP_SPINCOUNT=3000 and re-executes itself (same pid) when neither GOMP_SPINCOUNT nor
 # OMP_WAIT_POLICY is set, so libgomp reads the bound when it loads; a user's setting is kept;
-# the mock engine starts once.
+# the mock engine starts once. Its start-up line names the CPU level and the libraries' levels.
 # Usage: openmp_spin_bound.sh <swarm-server>
 set -euo pipefail
 server_bin="$1"
@@ -43,7 +43,16 @@ grep -qx "GOMP_SPINCOUNT=3000" "$work/environ" || fail "torch engine: GOMP_SPINC
 [ "$(spincounts)" = "GOMP_SPINCOUNT = '300000' GOMP_SPINCOUNT = '3000' " ] ||
   fail "torch engine: libgomp should load with its default, then with 3000 after the restart; saw: $(spincounts)"
 
-run_server torch GOMP_SPINCOUNT=77
+# The start-up line names the CPU level and the paths picked (issue 29 §2), and follows the
+# switches that make the machine behave as AVX2.
+grep -Eq "kernel level (base|avx2|avx512|avx512bf16); bf16 matmuls .*ATen kernels [A-Z0-9 ]+, oneDNN " "$work/log" ||
+  fail "torch engine: no start-up line with the kernel level, the bf16 path and the libraries' levels"
+
+run_server torch GOMP_SPINCOUNT=77 SWARM_CPU_LEVEL=avx2 DNNL_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2
+grep -q "kernel level avx2 (SWARM_CPU_LEVEL=avx2); bf16 matmuls widened to fp32 GEMM" "$work/log" ||
+  fail "SWARM_CPU_LEVEL=avx2: the start-up line should say level avx2 and the widening path"
+grep -Eq "ATen kernels AVX2, oneDNN (avx2|not loaded)\)" "$work/log" ||
+  fail "ATEN_CPU_CAPABILITY=avx2 / DNNL_MAX_CPU_ISA=AVX2: the start-up line should say ATen AVX2 and oneDNN avx2"
 grep -qx "GOMP_SPINCOUNT=77" "$work/environ" || fail "a user's GOMP_SPINCOUNT was not kept"
 [ "$(spincounts)" = "GOMP_SPINCOUNT = '77' " ] || fail "with GOMP_SPINCOUNT set the server must start once; saw: $(spincounts)"
 

@@ -755,22 +755,51 @@ TEST(WideningLinear, TheWideningPathFollowsTheCpuLevel) {
 }
 
 // The switches that make a machine behave as a lower level for the libraries, not only for our
-// kernels: oneDNN must report the ISA that DNNL_MAX_CPU_ISA allows (run by the cpu_level_* ctest
-// variants with that variable set; oneDNN's ISA codes: AVX2 0x7, AVX-512 core 0x27).
-TEST(WideningLinear, OneDnnHonoursDnnlMaxCpuIsa) {
-  const char* want = std::getenv("DNNL_MAX_CPU_ISA");
-  if (want == nullptr) GTEST_SKIP() << "DNNL_MAX_CPU_ISA not set (set by the cpu_level_* variants)";
-  using GetIsa = int (*)();
-  auto get = reinterpret_cast<GetIsa>(dlsym(RTLD_DEFAULT, "dnnl_get_effective_cpu_isa"));
-  if (get == nullptr) GTEST_SKIP() << "this libtorch has no oneDNN symbols to ask";
+// kernels (run by the cpu_level_* ctest variants, which set them): oneDNN must run no higher than
+// DNNL_MAX_CPU_ISA allows, and ATen's kernels at the level ATEN_CPU_CAPABILITY forces, each as the
+// library itself reports it (oneDNN's effective ISA; ATen's show_config()).
+TEST(WideningLinear, TheLibrariesHonourTheirIsaSwitches) {
+  const char* dnnl = std::getenv("DNNL_MAX_CPU_ISA");
+  const char* aten = std::getenv("ATEN_CPU_CAPABILITY");
+  if (dnnl == nullptr && aten == nullptr)
+    GTEST_SKIP() << "neither DNNL_MAX_CPU_ISA nor ATEN_CPU_CAPABILITY set (set by the cpu_level_* variants)";
   (void)at::matmul(at::randn({8, 8}).to(at::kBFloat16), at::randn({8, 8}).to(at::kBFloat16));  // oneDNN initialised
-  const int isa = get();
-  if (std::string(want) == "AVX2") {
-    EXPECT_LE(isa, 0x7) << "oneDNN runs ISA 0x" << std::hex << isa;
+  if (dnnl != nullptr && onednn_cpu_isa() != "not loaded") {
+    const std::string isa = onednn_cpu_isa();
+    const std::string want = dnnl;
+    if (want == "AVX2") {
+      EXPECT_TRUE(isa == "avx2" || isa == "avx" || isa == "sse41") << "oneDNN runs " << isa;
+    }
+    if (want == "SSE41") {
+      EXPECT_EQ(isa, "sse41");
+    }
+    if (want == "AVX512_CORE") {
+      EXPECT_EQ(isa.find("bf16"), std::string::npos) << "oneDNN runs " << isa;
+    }
   }
-  if (std::string(want) == "SSE41") {
-    EXPECT_LE(isa, 0x1) << "oneDNN runs ISA 0x" << std::hex << isa;
+  if (aten != nullptr) {
+    const std::string want = aten;
+    if (want == "avx2") {
+      EXPECT_EQ(aten_cpu_capability(), "AVX2");
+    }
+    if (want == "default") {
+      EXPECT_EQ(aten_cpu_capability(), "NO AVX");
+    }
   }
+}
+
+// Without the switches the libraries report a level this CPU has: oneDNN runs bf16 dot products
+// exactly where our kernels do (both read the CPU's flags), and ATen names one of its levels.
+TEST(WideningLinear, TheLibrariesReportTheirLevels) {
+  if (std::getenv("DNNL_MAX_CPU_ISA") == nullptr && std::getenv("SWARM_CPU_LEVEL") == nullptr &&
+      onednn_cpu_isa() != "not loaded") {
+    EXPECT_EQ(onednn_cpu_isa().find("avx512_core_bf16") != std::string::npos ||
+                  onednn_cpu_isa().find("amx") != std::string::npos,
+              cpu_has_avx512_bf16())
+        << "oneDNN runs " << onednn_cpu_isa();
+  }
+  const std::string aten = aten_cpu_capability();
+  EXPECT_TRUE(aten == "NO AVX" || aten == "AVX" || aten == "AVX2" || aten == "AVX512") << aten;
 }
 
 }  // namespace
