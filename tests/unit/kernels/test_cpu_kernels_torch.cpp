@@ -599,6 +599,28 @@ TEST(ServingOps, SoftmaxRowStatsAndRowsMatchLogSoftmax) {
     row[0][at_j] = std::numeric_limits<float>::quiet_NaN();
     EXPECT_TRUE(softmax_row_stats(row, {0.7f})[0].has_nan) << at_j;
   }
+  // The row is searched for a NaN only when its sum comes out NaN or its maximum is -inf: a NaN
+  // among -inf, a NaN beside +inf, +inf alone (a NaN sum without a NaN), a row of NaN.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  at::Tensor odd = at::full({4, 70}, -kInf);
+  odd[0][33] = nan;
+  odd[1] = at::randn({70});
+  odd[1][5] = kInf;
+  odd[1][60] = nan;
+  odd[2] = at::randn({70});
+  odd[2][5] = kInf;
+  odd[3].fill_(nan);
+  for (float t : {1.0f, 0.7f}) {
+    const std::vector<SoftmaxRowStats> st = softmax_row_stats(odd, {t, t, t, t});
+    EXPECT_TRUE(st[0].has_nan);
+    EXPECT_EQ(st[0].max, -kInf);
+    EXPECT_TRUE(st[1].has_nan);
+    EXPECT_EQ(st[1].log_sum, 0.f);
+    EXPECT_FALSE(st[2].has_nan);
+    EXPECT_EQ(st[2].max, kInf);
+    EXPECT_EQ(st[2].argmax, 5);
+    EXPECT_TRUE(st[3].has_nan);
+  }
 }
 
 // ---------------------------------------------------------------- bf16 widened to fp32 GEMM
