@@ -7,7 +7,6 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-
 #include <algorithm>
 #include <cstdlib>
 #include <functional>
