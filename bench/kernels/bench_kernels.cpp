@@ -9,8 +9,9 @@
 //    write counted, the same threads). Their operands are several times the last-level cache
 //    (distinct weights per call, as 30 layers are), so every byte comes from memory;
 //  * compute-bound GEMMs (model_linear at 32, 128 and 512 rows, the projections of batched
-//    decode and prefill; the trainer's forward runs the same call): FLOP/s over the matmul peak
-//    of the dtype (at::matmul 2048^3 fp32; bf16: the widened GEMM without AVX512_BF16, oneDNN's
+//    decode and prefill; the trainer's forward runs the same call; and small_linear at the row
+//    counts serving gives it instead, e.g. the AVX2 widening tiles at 32): FLOP/s over the peak
+//    matmul of the dtype (at::matmul 2048^3 fp32; bf16: the widened GEMM without AVX512_BF16, oneDNN's
 //    bf16 GEMM with it, as bench_inference measures it).
 //
 // Each case runs with the engine's thread plan for its dtype (configure_compute_threads), best of
@@ -153,6 +154,14 @@ void run_dtype(Bench& b, const std::string& name, swarm::DType dtype, int thread
             (static_cast<double>(kHidden * kInter) + static_cast<double>(m) * (kHidden + kInter)) * es,
             2.0 * m * kHidden * kInter, reps,
                 [&](int) { swarm::model_linear(xd, w_down); });
+      if (m > 8 && m <= swarm::small_linear_max_rows(st)) {  // what serving takes at this many rows
+        b.run("small_linear", std::to_string(m) + " rows x [3072, 576]", name,
+              (static_cast<double>(2 * kInter * kHidden) + static_cast<double>(m) * (kHidden + 2 * kInter)) * es,
+              2.0 * m * 2 * kInter * kHidden, reps, [&](int) { swarm::small_linear(x, w_up, c10::nullopt); });
+        b.run("small_linear", std::to_string(m) + " rows x [576, 1536]", name,
+              (static_cast<double>(kHidden * kInter) + static_cast<double>(m) * (kHidden + kInter)) * es,
+              2.0 * m * kHidden * kInter, reps, [&](int) { swarm::small_linear(xd, w_down, c10::nullopt); });
+      }
     }
   }
 

@@ -161,6 +161,138 @@ SWARM_INLINE void rows_any(const Args& a, int64_t begin, int64_t end) {
 // One copy per instruction set (cpu_dispatch.hpp).
 SWARM_KERNEL_COPIES(widening_rows, Args, rows_any)
 
+// ---------------------------------------------------------------- many rows (widening tiles)
+//
+// From 9 rows on, streaming each weight row once (rows above) leaves the multiply-adds waiting
+// on loads: each weight vector meets at most 8 input rows. Here MT input rows and U weight rows
+// meet at once, so each weight vector (widened once) serves MT rows and each input vector U
+// weight rows: per 2W values, U weight loads and 2 MT input loads for 2 MT U multiply-adds.
+// The input rows of a tile stay in L1 while a block of weight rows (in L2) passes them. Without
+// bf16 dot products this reads the bf16 weights as they are (no widened copy, no GEMM packing);
+// see kSmallLinearWideningMaxRows for what it was measured against.
+constexpr int kTileRows = 3;                  // MT: input rows per tile
+constexpr int kTileFeatures = 3;              // U: weight rows per tile
+constexpr int64_t kTileBlockBytes = 96 << 10;  // weights a block of tiles shares (L2)
+constexpr int64_t kTileRowBlockBytes = 128 << 10;  // fp32 input rows a block of tiles shares (L2)
+
+// Widens the high halves of W 32-bit lanes at p: read at the values' start, the odd-indexed bf16
+// values of a pair order; read one value earlier, the even-indexed ones. A mask each, where
+// simd::load_pair shifts the even ones (shifts share the multiply-add ports on many CPUs; masks
+// run on any vector port). Reads p[-1] for the even ones: not for the first values of a tensor.
+template <int W>
+SWARM_INLINE typename simd::Vec<W>::type load_half(const c10::BFloat16* p) {
+  using I = typename simd::Vec<W>::ints;
+  I lanes;
+  __builtin_memcpy(&lanes, p, sizeof lanes);
+  lanes &= static_cast<int32_t>(0xffff0000u);
+  typename simd::Vec<W>::type v;
+  __builtin_memcpy(&v, &lanes, sizeof v);
+  return v;
+}
+
+// sums[m][u] = x_{m0 + m} . w_{o + u} over the whole of `in` (x in pair order for bf16 weights).
+template <class T, int W, int MT, int U>
+SWARM_INLINE void tile(const Args& a, int64_t m0, int64_t o, float (&sums)[MT][U]) {
+  using V = typename simd::Vec<W>::type;
+  constexpr int64_t kStep = 2 * W;
+  const int64_t in = a.in, vec = in / kStep * kStep;
+  const T* w = static_cast<const T*>(a.w) + o * in;
+  const float* x = a.x + m0 * in;
+  V acc[MT][U];
+  for (int m = 0; m < MT; ++m)
+    for (int u = 0; u < U; ++u) acc[m][u] = V{};
+  // The 2W values at i: the first W of each pair (even-indexed for bf16) against x's first W, then
+  // the second. bf16 steps after the first read their pairs with masks only (load_pair_masked).
+  auto step = [&](int64_t i, auto masked) __attribute__((always_inline)) {
+    V wv[U];
+    if constexpr (decltype(masked)::value) {
+      for (int u = 0; u < U; ++u) wv[u] = load_half<W>(w + u * in + i - 1);
+    } else {
+      for (int u = 0; u < U; ++u) {
+        V ignored;
+        simd::load_pair<W>(w + u * in + i, wv[u], ignored);
+      }
+    }
+    for (int m = 0; m < MT; ++m) {
+      const V x0 = simd::load_vec<W>(x + m * in + i);
+      for (int u = 0; u < U; ++u) acc[m][u] += wv[u] * x0;
+    }
+    if constexpr (decltype(masked)::value) {
+      for (int u = 0; u < U; ++u) wv[u] = load_half<W>(w + u * in + i);
+    } else {
+      for (int u = 0; u < U; ++u) {
+        V ignored;
+        simd::load_pair<W>(w + u * in + i, ignored, wv[u]);
+      }
+    }
+    for (int m = 0; m < MT; ++m) {
+      const V x1 = simd::load_vec<W>(x + m * in + i + W);
+      for (int u = 0; u < U; ++u) acc[m][u] += wv[u] * x1;
+    }
+  };
+  constexpr bool kMasked = std::is_same_v<T, c10::BFloat16>;
+  int64_t i = 0;
+  if (vec > 0) step(i, std::false_type{}), i += kStep;
+  for (; i < vec; i += kStep) step(i, std::integral_constant<bool, kMasked>{});
+  for (int m = 0; m < MT; ++m)
+    for (int u = 0; u < U; ++u) {
+      float s = simd::hsum(acc[m][u]);
+      for (int64_t j = vec; j < in; ++j) s += to_float(w[u * in + j]) * x[m * in + j];
+      sums[m][u] = s;
+    }
+}
+
+// One tile's results (plus bias) into y, rounded as rows() rounds them.
+template <class T, int W, int MT, int U>
+SWARM_INLINE void tile_out(const Args& a, int64_t m0, int64_t o) {
+  float sums[MT][U];
+  tile<T, W, MT, U>(a, m0, o, sums);
+  for (int m = 0; m < MT; ++m)
+    for (int u = 0; u < U; ++u) {
+      const float v = sums[m][u] + (a.bias ? to_float(static_cast<const T*>(a.bias)[o + u]) : 0.f);
+      const int64_t at = (m0 + m) * a.out + o + u;
+      if (a.y_float) {
+        static_cast<float*>(a.y)[at] = simd::round_to<T>(v);
+      } else {
+        static_cast<T*>(a.y)[at] = static_cast<T>(v);
+      }
+    }
+}
+
+// Input rows [m0, m0 + MT) against weight rows [begin, end), U at a time.
+template <class T, int W, int MT>
+SWARM_INLINE void tile_features(const Args& a, int64_t m0, int64_t begin, int64_t end) {
+  constexpr int U = kTileFeatures;
+  int64_t o = begin;
+  for (; o + U <= end; o += U) tile_out<T, W, MT, U>(a, m0, o);
+  if constexpr (U > 2) {
+    if (end - o >= 2) tile_out<T, W, MT, 2>(a, m0, o), o += 2;
+  }
+  if (end > o) tile_out<T, W, MT, 1>(a, m0, o);
+}
+
+template <class T, int W>
+SWARM_INLINE void tiles(const Args& a, int64_t begin, int64_t end) {
+  constexpr int MT = kTileRows;
+  const int64_t block = std::max<int64_t>(
+      kTileFeatures, kTileBlockBytes / static_cast<int64_t>(sizeof(T)) / std::max<int64_t>(1, a.in) / kTileFeatures * kTileFeatures);
+  const int64_t row_block = std::max<int64_t>(MT, kTileRowBlockBytes / 4 / std::max<int64_t>(1, a.in) / MT * MT);
+  for (int64_t r0 = 0; r0 < a.m; r0 += row_block) {
+    const int64_t r1 = std::min(a.m, r0 + row_block);
+    for (int64_t o0 = begin; o0 < end; o0 += block) {
+      const int64_t o1 = std::min(end, o0 + block);
+      int64_t m = r0;
+      for (; m + MT <= r1; m += MT) tile_features<T, W, MT>(a, m, o0, o1);
+      if constexpr (MT > 2) {
+        if (r1 - m >= 2) tile_features<T, W, 2>(a, m, o0, o1), m += 2;
+      }
+      if (r1 > m) tile_features<T, W, 1>(a, m, o0, o1);
+    }
+  }
+}
+
+SWARM_KERNEL_COPIES(widening_tiles, Args, tiles)
+
 #if SWARM_HAVE_X86_KERNELS
 // ---------------------------------------------------------------- bf16 dot products (AVX512_BF16)
 //
@@ -422,9 +554,9 @@ int small_linear_threads() { return g_threads.load() > 0 ? g_threads.load() : at
 int64_t small_linear_max_rows(at::ScalarType dtype) {
 #if SWARM_HAVE_X86_KERNELS
   if (dtype == at::kBFloat16 && cpu_has_avx512_bf16()) return kSmallLinearBf16MaxRows;
+  // Without bf16 dot products, from AVX2 on: the widening tiles from 9 rows on.
+  if (dtype == at::kBFloat16 && cpu_level() >= CpuLevel::AVX2) return kSmallLinearWideningMaxRows;
 #endif
-  // Without bf16 dot products the alternative is the widened fp32 GEMM (widening_linear_torch.hpp),
-  // which streaming the bf16 weights once beats at up to 8 rows as in fp32.
   return kSmallLinearMaxRows;
 }
 
@@ -492,6 +624,7 @@ std::pair<widening_rows_fn, const float*> pick_kernel(const at::Tensor& xin, boo
 #if SWARM_HAVE_X86_KERNELS
   if (bf16 && cpu_has_avx512_bf16()) return {rows_bf16_dot, nullptr};  // (the same signature)
 #endif
+  if (bf16 && xin.size(0) > kSmallLinearMaxRows) return {widening_tiles(bf16), widened_input(xin)};
   return {widening_rows(bf16), widened_input(xin)};
 }
 
@@ -523,7 +656,7 @@ at::Tensor small_linear_silu_mul(const at::Tensor& x, const at::Tensor& w, const
   // compiled with contraction as this one is), but it streams the gate and up rows side by side,
   // which for fp32 weights at 8 rows measured slower (2 threads, 3072 x 576: 352-488 us against
   // 283-339 us for the two ops; 1 row within noise).
-  if (!bf16) return silu_mul(small_linear(x, w, bias), out);
+  if (!bf16 || (!cpu_has_avx512_bf16() && x.size(0) > kSmallLinearMaxRows)) return silu_mul(small_linear(x, w, bias), out);
   const at::Tensor xin = x.contiguous();
   const auto [run, xf] = pick_kernel(xin, bf16);
   const int64_t m = x.size(0), inter = w.size(0) / 2;

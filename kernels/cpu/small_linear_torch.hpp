@@ -21,8 +21,18 @@ constexpr int64_t kSmallLinearMaxRows = 8;
 /// at 384, 0.98x at 512. Serving steps that mix prompt chunks with decoding land in between.
 constexpr int64_t kSmallLinearBf16MaxRows = 384;
 
+/// Largest number of rows of the widening tiles (bf16 on CPUs with AVX2 but not AVX512_BF16,
+/// from 9 rows on: 3 input rows x 3 weight rows at a time, the bf16 weights widened in
+/// registers). Measured on an AVX512_BF16 host behaving as AVX2 (SWARM_CPU_LEVEL=avx2 with
+/// oneDNN's and ATen's switches), 2 threads, SmolLM2's four projection shapes, time against
+/// fp32's split GEMM (OpenBLAS) on the same shape: 32 rows 0.89-0.94x (the widened fp32 GEMM
+/// 1.14-1.21x), 64 rows 1.05-1.09x (widened 1.10-1.17x), 128 rows 1.13-1.19x (widened
+/// 1.06-1.13x): from 65 rows on the widened GEMM (widening_linear_torch.hpp) is the faster.
+constexpr int64_t kSmallLinearWideningMaxRows = 64;
+
 /// How many rows small_linear takes, and beats at::linear at, for this dtype on this CPU:
-/// kSmallLinearBf16MaxRows for bf16 with AVX512_BF16, else kSmallLinearMaxRows.
+/// kSmallLinearBf16MaxRows for bf16 with AVX512_BF16, kSmallLinearWideningMaxRows for bf16
+/// with AVX2, else kSmallLinearMaxRows.
 int64_t small_linear_max_rows(at::ScalarType dtype);
 
 /// Threads small_linear splits its work over; 0 (the default) = libtorch's intra-op thread

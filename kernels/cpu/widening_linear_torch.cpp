@@ -46,9 +46,36 @@ SWARM_TARGET_AVX2 void widen_avx2(const c10::BFloat16* s, float* d, int64_t n) {
 void widen_base(const c10::BFloat16* s, float* d, int64_t n) { widen_impl<8>(s, d, n); }
 using WidenFn = void (*)(const c10::BFloat16*, float*, int64_t);
 
-void widen(const at::Tensor& src, at::Tensor& dst) {
+WidenFn widen_fn() {
   static const WidenFn fn = cpu_pick<WidenFn>(widen_avx512, widen_avx2, widen_base);
-  fn(src.data_ptr<c10::BFloat16>(), dst.data_ptr<float>(), src.numel());
+  return fn;
+}
+
+void widen(const at::Tensor& src, at::Tensor& dst) {
+  widen_fn()(src.data_ptr<c10::BFloat16>(), dst.data_ptr<float>(), src.numel());
+}
+
+// fp32 -> bf16 for n contiguous values, rounded to nearest even as .to(kBFloat16) rounds them;
+// in place (bf16 null): each value rounded to bf16 precision and kept as fp32.
+template <int W>
+SWARM_WIDEN_INLINE void narrow_impl(float* src, c10::BFloat16* dst, int64_t n) {
+  int64_t i = 0;
+  if (dst == nullptr) {
+    for (; i + W <= n; i += W) simd::store_vec<W>(src + i, simd::round_bf16<W>(simd::load_vec<W>(src + i)));
+    for (; i < n; ++i) src[i] = static_cast<float>(static_cast<c10::BFloat16>(src[i]));
+    return;
+  }
+  for (; i + W <= n; i += W) simd::store_vec<W>(dst + i, simd::load_vec<W>(src + i));
+  for (; i < n; ++i) dst[i] = static_cast<c10::BFloat16>(src[i]);
+}
+SWARM_TARGET_AVX512 void narrow_avx512(float* s, c10::BFloat16* d, int64_t n) { narrow_impl<16>(s, d, n); }
+SWARM_TARGET_AVX2 void narrow_avx2(float* s, c10::BFloat16* d, int64_t n) { narrow_impl<8>(s, d, n); }
+void narrow_base(float* s, c10::BFloat16* d, int64_t n) { narrow_impl<8>(s, d, n); }
+using NarrowFn = void (*)(float*, c10::BFloat16*, int64_t);
+
+NarrowFn narrow_fn() {
+  static const NarrowFn fn = cpu_pick<NarrowFn>(narrow_avx512, narrow_avx2, narrow_base);
+  return fn;
 }
 
 // Runs f(begin, end) for [0, n) split into `threads` contiguous chunks (multiples of `align`), one
@@ -112,11 +139,20 @@ int64_t panel_rows(int64_t m, int64_t in, int64_t out) {
 }
 
 // y [M, out] fp32 = x [M, in] fp32 · wᵀ (+ bias fp32 [out] or undefined), w bf16 contiguous:
-// each thread takes a range of output features, panel by panel.
-void panel_gemm_xwt(const at::Tensor& xf, const at::Tensor& w, const at::Tensor& biasf, at::Tensor& yf) {
+// each thread takes a range of output features, panel by panel, and then (narrow) rounds its
+// results to bf16: into y_bf16 [M, out] where given, else in place.
+void panel_gemm_xwt(const at::Tensor& xf, const at::Tensor& w, const at::Tensor& biasf, at::Tensor& yf,
+                    bool narrow = false, c10::BFloat16* y_bf16 = nullptr) {
   const int64_t m = xf.size(0), in = xf.size(1), out = w.size(0);
   split_work(out, 16, std::max<int64_t>(16, units_worth_a_thread(m * in)),
              [&](int64_t begin, int64_t end) {
+               // The results leave in bf16 as the thread finishes them: no pass over all of y after.
+               auto finish = [&] {
+                 if (!narrow) return;
+                 float* yp = yf.data_ptr<float>();
+                 for (int64_t r = 0; r < m; ++r)
+                   narrow_fn()(yp + r * out + begin, y_bf16 == nullptr ? nullptr : y_bf16 + r * out + begin, end - begin);
+               };
                const int64_t p = panel_rows(m, in, end - begin);
                at::Tensor panel = at::empty({p, in}, xf.options());
                for (int64_t p0 = begin; p0 < end; p0 += p) {
@@ -129,6 +165,7 @@ void panel_gemm_xwt(const at::Tensor& xf, const at::Tensor& w, const at::Tensor&
                  else
                    at::mm_out(ys, xf, wp.t());
                }
+               finish();
              });
 }
 
@@ -354,14 +391,27 @@ bool widens(const at::Tensor& t) {
 at::Tensor widening_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, bool float_out) {
   check_args(x, w, bias);
   const int64_t in = w.size(1), out = w.size(0);
-  const at::Tensor xf = x.reshape({-1, in}).to(at::kFloat).contiguous();
+  const at::Tensor xb = x.reshape({-1, in}).contiguous();
+  const int64_t m = xb.size(0);
+  // The input widened and the results narrowed on every thread, by our kernels (the libtorch
+  // conversions measured ~10% of the widened GEMM at 512 rows: one thread, one pass each).
+  at::Tensor xf = at::empty({m, in}, xb.options().dtype(at::kFloat));
+  const auto* xp = xb.data_ptr<c10::BFloat16>();
+  float* xfp = xf.data_ptr<float>();
+  split_work(m, 1, std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, in)),
+             [&](int64_t begin, int64_t end) { widen_fn()(xp + begin * in, xfp + begin * in, (end - begin) * in); });
   const at::Tensor biasf = bias.defined() ? bias.to(at::kFloat) : at::Tensor();
-  at::Tensor yf = at::empty({xf.size(0), out}, xf.options());
-  panel_gemm_xwt(xf, w.contiguous(), biasf, yf);
   std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
   sizes.back() = out;
-  at::Tensor y = yf.to(at::kBFloat16).view(sizes);
-  return float_out ? y.to(at::kFloat) : y;
+  if (float_out) {
+    at::Tensor yf = at::empty({m, out}, xf.options());  // the bf16 results, widened: rounded in place
+    panel_gemm_xwt(xf, w.contiguous(), biasf, yf, true);
+    return yf.view(sizes);
+  }
+  at::Tensor yf = at::empty({m, out}, xf.options());
+  at::Tensor y = at::empty({m, out}, xb.options());
+  panel_gemm_xwt(xf, w.contiguous(), biasf, yf, true, y.data_ptr<c10::BFloat16>());
+  return y.view(sizes);
 }
 
 at::Tensor model_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {

@@ -31,10 +31,10 @@ double max_rel(const at::Tensor& got, const at::Tensor& want) {
 TEST(SmallLinear, MatchesLinearForEveryRowCountWithAndWithoutBias) {
   at::manual_seed(1);
   for (auto dtype : {at::kFloat, at::kBFloat16}) {
-    // Every count up to 8, then the dot-product kernel's tiles of 4 with each remainder, up to
-    // the most this CPU's kernel takes for the dtype.
+    // Every count up to 8, then the tiles (4 rows with AVX512_BF16, 3 when widening) with each
+    // remainder, up to the most this CPU's kernel takes for the dtype.
     std::vector<int64_t> counts;
-    for (int64_t m = 1; m <= small_linear_max_rows(dtype); m += m < 8 ? 1 : m < 16 ? 3 : 21) counts.push_back(m);
+    for (int64_t m = 1; m <= small_linear_max_rows(dtype); m += m < 12 ? 1 : m < 16 ? 3 : 21) counts.push_back(m);
     if (counts.back() != small_linear_max_rows(dtype)) counts.push_back(small_linear_max_rows(dtype));
     for (int64_t m : counts) {
       for (int64_t in : {8, 40, 64, 100, 576}) {  // tails beyond the unrolled loop and the vector width
@@ -96,7 +96,10 @@ TEST(SmallLinear, SiluMulIsTheProjectionThenSiluMulBitForBit) {
 TEST(SmallLinear, TakesWhatTheCpuLevelAllows) {
   EXPECT_EQ(small_linear_max_rows(at::kFloat), kSmallLinearMaxRows);
   const int64_t bf16 = small_linear_max_rows(at::kBFloat16);
-  EXPECT_EQ(bf16, cpu_has_avx512_bf16() ? kSmallLinearBf16MaxRows : kSmallLinearMaxRows) << cpu_level_name(cpu_level());
+  const int64_t want = cpu_has_avx512_bf16()                                   ? kSmallLinearBf16MaxRows
+                       : SWARM_HAVE_X86_KERNELS && cpu_level() >= CpuLevel::AVX2 ? kSmallLinearWideningMaxRows
+                                                                                : kSmallLinearMaxRows;
+  EXPECT_EQ(bf16, want) << cpu_level_name(cpu_level());
   const at::Tensor w = at::randn({4, 8}).to(at::kBFloat16);
   EXPECT_NO_THROW(small_linear(at::randn({bf16, 8}).to(at::kBFloat16), w, c10::nullopt));
   EXPECT_ANY_THROW(small_linear(at::randn({std::max(bf16, kSmallLinearMaxRows) + 1, 8}).to(at::kBFloat16), w,
