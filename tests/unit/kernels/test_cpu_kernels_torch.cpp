@@ -93,6 +93,30 @@ TEST(SmallLinear, SiluMulIsTheProjectionThenSiluMulBitForBit) {
   EXPECT_ANY_THROW(small_linear_silu_mul(at::randn({2, 8}), at::randn({5, 8}), c10::nullopt));  // odd rows
 }
 
+// Above 8 rows without AVX512_BF16 (the widening tiles from AVX2 on: 3 rows x 3 features,
+// weights widened in registers) each result is the fp32 product of the bf16 inputs rounded
+// once: within one bf16 rounding of the fp32 reference, elementwise, for every tail of the
+// tiles (rows mod 3, features mod 3, in not a multiple of the 2W values a step takes).
+TEST(SmallLinear, ManyBf16RowsAreTheFp32ProductRoundedOnce) {
+  at::manual_seed(12);
+  const int64_t most = small_linear_max_rows(at::kBFloat16);
+  if (most <= kSmallLinearMaxRows) GTEST_SKIP() << "no more than 8 bf16 rows at " << cpu_level_name(cpu_level());
+  for (int64_t m : {int64_t{9}, int64_t{10}, int64_t{11}, int64_t{33}, most}) {
+    for (auto [in, out] : {std::pair<int64_t, int64_t>{576, 192}, {100, 37}, {40, 38}, {1536, 5}, {15, 4}}) {
+      const at::Tensor x = at::randn({m, in}).to(at::kBFloat16), w = at::randn({out, in}).to(at::kBFloat16);
+      const at::Tensor b = at::randn({out}).to(at::kBFloat16);
+      for (const at::Tensor& bias : {b, at::Tensor()}) {
+        const at::Tensor want = at::linear(x.to(at::kFloat), w.to(at::kFloat), bias.defined() ? bias.to(at::kFloat) : bias);
+        const at::Tensor got = small_linear(x, w, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt);
+        ASSERT_EQ(got.sizes(), (std::vector<int64_t>{m, out}));
+        const at::Tensor err = (got.to(at::kFloat) - want).abs();
+        EXPECT_TRUE((err <= want.abs() * (1.0 / 256) + 1e-3).all().item<bool>())
+            << "m=" << m << " in=" << in << " out=" << out << " max err " << err.max().item<float>();
+      }
+    }
+  }
+}
+
 TEST(SmallLinear, TakesWhatTheCpuLevelAllows) {
   EXPECT_EQ(small_linear_max_rows(at::kFloat), kSmallLinearMaxRows);
   const int64_t bf16 = small_linear_max_rows(at::kBFloat16);
