@@ -234,12 +234,23 @@ SWARM_INLINE void tile(const Args& a, int64_t m0, int64_t o, float (&sums)[MT][U
   int64_t i = 0;
   if (vec > 0) step(i, std::false_type{}), i += kStep;
   for (; i < vec; i += kStep) step(i, std::integral_constant<bool, kMasked>{});
-  for (int m = 0; m < MT; ++m)
-    for (int u = 0; u < U; ++u) {
-      float s = simd::hsum(acc[m][u]);
-      for (int64_t j = vec; j < in; ++j) s += to_float(w[u * in + j]) * x[m * in + j];
-      sums[m][u] = s;
-    }
+  // The lanes summed: the first 8 accumulators at once with simd::sum8 on 8-lane vectors (21
+  // shuffles and adds for 8 sums, where hsum takes ~6 instructions each).
+  int first = 0;
+  if constexpr (W == 8 && MT * U >= 8) {
+    const V (&flat)[MT * U] = reinterpret_cast<const V (&)[MT * U]>(acc);
+    V eight[8];
+    for (int k = 0; k < 8; ++k) eight[k] = flat[k];
+    const V total = simd::sum8(eight);
+    for (int k = 0; k < 8; ++k) sums[k / U][k % U] = total[k];
+    first = 8;
+  }
+  for (int k = first; k < MT * U; ++k) sums[k / U][k % U] = simd::hsum(acc[k / U][k % U]);
+  if (vec < in) {
+    for (int m = 0; m < MT; ++m)
+      for (int u = 0; u < U; ++u)
+        for (int64_t j = vec; j < in; ++j) sums[m][u] += to_float(w[u * in + j]) * x[m * in + j];
+  }
 }
 
 // One tile's results (plus bias) into y, rounded as rows() rounds them.
