@@ -202,7 +202,7 @@ SWARM_INLINE void tile(const Args& a, int64_t m0, int64_t o, float (&sums)[MT][U
   for (int m = 0; m < MT; ++m)
     for (int u = 0; u < U; ++u) acc[m][u] = V{};
   // The 2W values at i: the first W of each pair (even-indexed for bf16) against x's first W, then
-  // the second. bf16 steps after the first read their pairs with masks only (load_pair_masked).
+  // the second. bf16 steps after the first read their pairs with masks only (load_half).
   auto step = [&](int64_t i, auto masked) __attribute__((always_inline)) {
     V wv[U];
     if constexpr (decltype(masked)::value) {
@@ -238,9 +238,8 @@ SWARM_INLINE void tile(const Args& a, int64_t m0, int64_t o, float (&sums)[MT][U
   // shuffles and adds for 8 sums, where hsum takes ~6 instructions each).
   int first = 0;
   if constexpr (W == 8 && MT * U >= 8) {
-    const V (&flat)[MT * U] = reinterpret_cast<const V (&)[MT * U]>(acc);
     V eight[8];
-    for (int k = 0; k < 8; ++k) eight[k] = flat[k];
+    for (int k = 0; k < 8; ++k) eight[k] = acc[k / U][k % U];
     const V total = simd::sum8(eight);
     for (int k = 0; k < 8; ++k) sums[k / U][k % U] = total[k];
     first = 8;
@@ -667,6 +666,7 @@ at::Tensor small_linear_silu_mul(const at::Tensor& x, const at::Tensor& w, const
   // compiled with contraction as this one is), but it streams the gate and up rows side by side,
   // which for fp32 weights at 8 rows measured slower (2 threads, 3072 x 576: 352-488 us against
   // 283-339 us for the two ops; 1 row within noise).
+  // The widening tiles (bf16 above 8 rows without AVX512_BF16) have no fused form: the two ops.
   if (!bf16 || (!cpu_has_avx512_bf16() && x.size(0) > kSmallLinearMaxRows)) return silu_mul(small_linear(x, w, bias), out);
   const at::Tensor xin = x.contiguous();
   const auto [run, xf] = pick_kernel(xin, bf16);

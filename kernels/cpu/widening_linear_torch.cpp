@@ -139,16 +139,15 @@ int64_t panel_rows(int64_t m, int64_t in, int64_t out) {
 }
 
 // y [M, out] fp32 = x [M, in] fp32 · wᵀ (+ bias fp32 [out] or undefined), w bf16 contiguous:
-// each thread takes a range of output features, panel by panel, and then (narrow) rounds its
-// results to bf16: into y_bf16 [M, out] where given, else in place.
+// each thread takes a range of output features, panel by panel, and then rounds its results to
+// bf16: into y_bf16 [M, out] where given, else in place in yf.
 void panel_gemm_xwt(const at::Tensor& xf, const at::Tensor& w, const at::Tensor& biasf, at::Tensor& yf,
-                    bool narrow = false, c10::BFloat16* y_bf16 = nullptr) {
+                    c10::BFloat16* y_bf16) {
   const int64_t m = xf.size(0), in = xf.size(1), out = w.size(0);
   split_work(out, 16, std::max<int64_t>(16, units_worth_a_thread(m * in)),
              [&](int64_t begin, int64_t end) {
                // The results leave in bf16 as the thread finishes them: no pass over all of y after.
                auto finish = [&] {
-                 if (!narrow) return;
                  float* yp = yf.data_ptr<float>();
                  for (int64_t r = 0; r < m; ++r)
                    narrow_fn()(yp + r * out + begin, y_bf16 == nullptr ? nullptr : y_bf16 + r * out + begin, end - begin);
@@ -393,8 +392,9 @@ at::Tensor widening_linear(const at::Tensor& x, const at::Tensor& w, const at::T
   const int64_t in = w.size(1), out = w.size(0);
   const at::Tensor xb = x.reshape({-1, in}).contiguous();
   const int64_t m = xb.size(0);
-  // The input widened and the results narrowed on every thread, by our kernels (the libtorch
-  // conversions measured ~10% of the widened GEMM at 512 rows: one thread, one pass each).
+  // The input widened and the results rounded on every thread by our kernels, each thread its own
+  // share, instead of two libtorch conversions over all of it (measured within noise of them in
+  // a driver at 512 rows: the conversions are bound by memory either way).
   at::Tensor xf = at::empty({m, in}, xb.options().dtype(at::kFloat));
   const auto* xp = xb.data_ptr<c10::BFloat16>();
   float* xfp = xf.data_ptr<float>();
@@ -405,12 +405,12 @@ at::Tensor widening_linear(const at::Tensor& x, const at::Tensor& w, const at::T
   sizes.back() = out;
   if (float_out) {
     at::Tensor yf = at::empty({m, out}, xf.options());  // the bf16 results, widened: rounded in place
-    panel_gemm_xwt(xf, w.contiguous(), biasf, yf, true);
+    panel_gemm_xwt(xf, w.contiguous(), biasf, yf, nullptr);
     return yf.view(sizes);
   }
   at::Tensor yf = at::empty({m, out}, xf.options());
   at::Tensor y = at::empty({m, out}, xb.options());
-  panel_gemm_xwt(xf, w.contiguous(), biasf, yf, true, y.data_ptr<c10::BFloat16>());
+  panel_gemm_xwt(xf, w.contiguous(), biasf, yf, y.data_ptr<c10::BFloat16>());
   return y.view(sizes);
 }
 
