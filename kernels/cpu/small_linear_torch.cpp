@@ -14,6 +14,7 @@
 #include "common/error.hpp"
 #include "kernels/cpu/cpu_dispatch.hpp"
 #include "kernels/cpu/cpu_vec.hpp"
+#include "kernels/cpu/packed_gemm.hpp"
 #include "kernels/cpu/serving_ops_torch.hpp"
 
 #if SWARM_HAVE_X86_KERNELS
@@ -647,8 +648,27 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::opt
   const bool bf16 = w.scalar_type() == at::kBFloat16;
   const int64_t m = x.size(0), in = x.size(1), out = w.size(0);
   const at::Tensor xin = x.contiguous();
-  const auto [run, xf] = pick_kernel(xin, bf16);
   const at::ScalarType want = float_out ? at::kFloat : x.scalar_type();
+  if (bf16 && m > kSmallLinearTileMaxRows && !cpu_has_avx512_bf16() && packed_gemm_bf16_available()) {
+    // The packed GEMM from kSmallLinearTileMaxRows + 1 rows on (small_linear_torch.hpp).
+    at::Tensor y = output_tensor(out_buffer, {m, out}, want, "small_linear", {&x, &w});
+    const at::Tensor biasf = bias ? bias->to(at::kFloat) : at::Tensor();
+    PackedGemmArgs g;
+    g.x = xin.data_ptr<c10::BFloat16>();
+    g.w = w.data_ptr<c10::BFloat16>();
+    g.bias = biasf.defined() ? biasf.data_ptr<float>() : nullptr;
+    g.y = y.data_ptr();
+    g.y_float = float_out;
+    g.m = m;
+    g.n = out;
+    g.k = in;
+    const int64_t panels = (out + 15) / 16;
+    const int64_t grain = std::max<int64_t>(1, kMinWorkPerThread / std::max<int64_t>(1, 16 * in * std::min<int64_t>(m, 8)));
+    split_over_threads(0, panels, grain, small_linear_threads(),
+                       [&](int64_t begin, int64_t end) { packed_gemm_bf16(g, begin * 16, std::min(end * 16, out)); });
+    return y;
+  }
+  const auto [run, xf] = pick_kernel(xin, bf16);
   at::Tensor y = output_tensor(out_buffer, {m, out}, want, "small_linear", {&x, &w});
   const Args a{xf, xin.data_ptr(), w.data_ptr(), bias ? bias->data_ptr() : nullptr, y.data_ptr(), m, in, out,
                float_out && bf16};

@@ -21,14 +21,23 @@ constexpr int64_t kSmallLinearMaxRows = 8;
 /// at 384, 0.98x at 512. Serving steps that mix prompt chunks with decoding land in between.
 constexpr int64_t kSmallLinearBf16MaxRows = 384;
 
-/// Largest number of rows of the widening tiles (bf16 on CPUs with AVX2 but not AVX512_BF16,
-/// from 9 rows on: 3 input rows x 3 weight rows at a time, the bf16 weights widened in
-/// registers). Measured on an AVX512_BF16 host behaving as AVX2 (SWARM_CPU_LEVEL=avx2 with
+/// Largest number of rows small_linear takes for bf16 on CPUs with AVX2 but not AVX512_BF16
+/// (decode steps: their results go into the step's kept buffers): from 9 rows the widening tiles
+/// (3 input rows x 3 weight rows at a time, the bf16 weights widened in registers), from
+/// kSmallLinearTileMaxRows + 1 the packed bf16 GEMM (packed_gemm.hpp), which widening_linear
+/// runs above. Measured on an AVX512_BF16 host behaving as AVX2 (SWARM_CPU_LEVEL=avx2 with
 /// oneDNN's and ATen's switches), 2 threads, SmolLM2's four projection shapes, time against
-/// fp32's split GEMM (OpenBLAS) on the same shape: 32 rows 0.89-0.94x (the widened fp32 GEMM
-/// 1.14-1.21x), 64 rows 1.05-1.09x (widened 1.10-1.17x), 128 rows 1.13-1.19x (widened
-/// 1.06-1.13x): from 65 rows on the widened GEMM (widening_linear_torch.hpp) is the faster.
+/// fp32's split GEMM (OpenBLAS) on the same shape: tiles 32 rows 0.89-0.94x, 64 rows
+/// 1.05-1.09x; packed GEMM 32 rows 0.84-0.93x, 64 rows 0.88-0.91x, 512 rows 0.93-1.00x (the
+/// widened fp32 GEMM it replaced: 1.14-1.21x, 1.10-1.17x, 1.08-1.16x).
 constexpr int64_t kSmallLinearWideningMaxRows = 64;
+
+/// Largest number of rows the widening tiles take; from one more to kSmallLinearWideningMaxRows
+/// small_linear runs the packed bf16 GEMM (packed_gemm.hpp), as widening_linear does above.
+/// Measured the same way, the projections of 30 SmolLM2 layers with their weights from memory,
+/// packed GEMM against tiles: 16 rows 1.13-1.18x the time, 24 rows 1.08-1.11x, 32 rows
+/// 0.95-1.09x, 40 rows 0.89-0.93x, 48-64 rows 0.85-0.89x.
+constexpr int64_t kSmallLinearTileMaxRows = 32;
 
 /// How many rows small_linear takes, and beats at::linear at, for this dtype on this CPU:
 /// kSmallLinearBf16MaxRows for bf16 with AVX512_BF16, kSmallLinearWideningMaxRows for bf16

@@ -15,6 +15,7 @@
 #include "common/error.hpp"
 #include "kernels/cpu/cpu_dispatch.hpp"
 #include "kernels/cpu/cpu_vec.hpp"
+#include "kernels/cpu/packed_gemm.hpp"
 #include "kernels/cpu/small_linear_torch.hpp"
 
 #ifdef _OPENMP
@@ -392,6 +393,26 @@ at::Tensor widening_linear(const at::Tensor& x, const at::Tensor& w, const at::T
   const int64_t in = w.size(1), out = w.size(0);
   const at::Tensor xb = x.reshape({-1, in}).contiguous();
   const int64_t m = xb.size(0);
+  std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
+  sizes.back() = out;
+  if (packed_gemm_bf16_available()) {
+    // The packed bf16 GEMM (packed_gemm.hpp): widened as it packs, rounded as it stores.
+    const at::Tensor wc = w.contiguous();
+    const at::Tensor biasf = bias.defined() ? bias.to(at::kFloat).contiguous() : at::Tensor();
+    at::Tensor y = at::empty({m, out}, xb.options().dtype(float_out ? at::kFloat : at::kBFloat16));
+    PackedGemmArgs args;
+    args.x = xb.data_ptr<c10::BFloat16>();
+    args.w = wc.data_ptr<c10::BFloat16>();
+    args.bias = biasf.defined() ? biasf.data_ptr<float>() : nullptr;
+    args.y = y.data_ptr();
+    args.y_float = float_out;
+    args.m = m;
+    args.n = out;
+    args.k = in;
+    split_work(out, 16, std::max<int64_t>(16, units_worth_a_thread(m * in)),
+               [&](int64_t begin, int64_t end) { packed_gemm_bf16(args, begin, end); });
+    return y.view(sizes);
+  }
   // The input widened and the results rounded on every thread by our kernels, each thread its own
   // share, instead of two libtorch conversions over all of it (measured within noise of them in
   // a driver at 512 rows: the conversions are bound by memory either way).
@@ -401,8 +422,6 @@ at::Tensor widening_linear(const at::Tensor& x, const at::Tensor& w, const at::T
   split_work(m, 1, std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, in)),
              [&](int64_t begin, int64_t end) { widen_fn()(xp + begin * in, xfp + begin * in, (end - begin) * in); });
   const at::Tensor biasf = bias.defined() ? bias.to(at::kFloat) : at::Tensor();
-  std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
-  sizes.back() = out;
   if (float_out) {
     at::Tensor yf = at::empty({m, out}, xf.options());  // the bf16 results, widened: rounded in place
     panel_gemm_xwt(xf, w.contiguous(), biasf, yf, nullptr);

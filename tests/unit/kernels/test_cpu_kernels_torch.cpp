@@ -15,6 +15,7 @@
 #include <random>
 
 #include "kernels/cpu/cpu_dispatch.hpp"
+#include "kernels/cpu/packed_gemm.hpp"
 #include "kernels/cpu/paged_attention_torch.hpp"
 #include "kernels/cpu/serving_ops_torch.hpp"
 #include "kernels/cpu/small_linear_torch.hpp"
@@ -684,6 +685,88 @@ TEST(WideningLinear, IsTheFp32ProductOfTheBf16InputsRoundedOnce) {
   EXPECT_TRUE(at::equal(y3.view({10, 48}), widening_linear(x3.view({10, 64}), w, at::Tensor())));
   EXPECT_ANY_THROW(widening_linear(x3.to(at::kFloat), w, at::Tensor()));  // bf16 only
   EXPECT_ANY_THROW(widening_linear(x3, w.narrow(1, 0, 32), at::Tensor()));
+}
+
+// ---------------------------------------------------------------- the packed bf16 GEMM
+
+// packed_gemm_bf16 over features [0, n), called once per range between `cuts` (as threads
+// split it); y bf16, or fp32 holding the bf16 values.
+at::Tensor packed_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, bool y_float,
+                       std::vector<int64_t> cuts = {}) {
+  const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
+  at::Tensor y = at::full({m, n}, 7.0, at::TensorOptions().dtype(y_float ? at::kFloat : at::kBFloat16));
+  const at::Tensor bf = bias.defined() ? bias.to(at::kFloat).contiguous() : at::Tensor();
+  const at::Tensor xc = x.contiguous(), wc = w.contiguous();
+  PackedGemmArgs a;
+  a.x = xc.data_ptr<c10::BFloat16>();
+  a.w = wc.data_ptr<c10::BFloat16>();
+  a.bias = bf.defined() ? bf.data_ptr<float>() : nullptr;
+  a.y = y.data_ptr();
+  a.y_float = y_float;
+  a.m = m;
+  a.n = n;
+  a.k = k;
+  cuts.insert(cuts.begin(), 0);
+  cuts.push_back(n);
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) packed_gemm_bf16(a, cuts[i], cuts[i + 1]);
+  return y;
+}
+
+// Each result is the fp32 product of the bf16 inputs plus the bias, rounded once: within one
+// bf16 rounding of the fp32 reference, for every tail of the 6-row x 16-feature tile (rows mod
+// 6, features mod 16), shared dimensions below one vector, not a multiple of 8, and over several
+// passes, row counts beyond one packed block (144) and one pass over the partial sums (512),
+// features beyond one packed block (512). y_float holds exactly the bf16 results. At the base
+// level this runs the scalar copy (the same sums in the same order).
+TEST(PackedGemm, IsTheFp32ProductRoundedOnceForEveryTail) {
+  at::manual_seed(21);
+  for (int64_t m : {1, 5, 6, 7, 13, 150, 600}) {
+    for (auto [k, n] : {std::pair<int64_t, int64_t>{576, 192}, {7, 37}, {8, 16}, {321, 17}, {1536, 40}, {700, 530}}) {
+      const at::Tensor x = at::randn({m, k}).to(at::kBFloat16), w = at::randn({n, k}).to(at::kBFloat16);
+      const at::Tensor b = at::randn({n}).to(at::kBFloat16);
+      for (const at::Tensor& bias : {b, at::Tensor()}) {
+        const at::Tensor got = packed_gemm(x, w, bias, false);
+        const at::Tensor want = widened_reference(x, w, bias);
+        const at::Tensor err = (got.to(at::kFloat) - want).abs();
+        EXPECT_TRUE((err <= want.abs() * (1.0 / 256) + 1e-3).all().item<bool>())
+            << "m=" << m << " k=" << k << " n=" << n << " max err " << err.max().item<float>();
+        EXPECT_TRUE(at::equal(packed_gemm(x, w, bias, true), got.to(at::kFloat))) << "m=" << m << " k=" << k;
+      }
+    }
+  }
+}
+
+// The sums run in a fixed order per result: the same bits whichever features a call covers
+// (a split at a multiple of 16 or not), whichever other rows share the call, and however many
+// rows there are (one, a few, past a packed block). A NaN input spoils its own row only, and
+// an infinite weight its own feature (rounded as c10::BFloat16 rounds: NaN, ±inf).
+TEST(PackedGemm, EachResultIsIndependentOfTheSplitAndOfTheOtherRows) {
+  at::manual_seed(22);
+  const int64_t k = 700, n = 530;
+  const at::Tensor x = at::randn({600, k}).to(at::kBFloat16), w = at::randn({n, k}).to(at::kBFloat16);
+  const at::Tensor b = at::randn({n}).to(at::kBFloat16);
+  const at::Tensor whole = packed_gemm(x, w, b, false);
+  EXPECT_TRUE(at::equal(packed_gemm(x, w, b, false, {16, 100, 517}), whole));
+  EXPECT_TRUE(at::equal(packed_gemm(x, w, b, false, {1, 2, 3}), whole));
+  for (auto [from, rows] : {std::pair<int64_t, int64_t>{37, 1}, {30, 20}, {140, 9}, {0, 145}, {500, 100}}) {
+    const at::Tensor part = packed_gemm(x.narrow(0, from, rows), w, b, false);
+    EXPECT_TRUE(at::equal(part, whole.narrow(0, from, rows))) << from << " + " << rows << " rows";
+  }
+  at::Tensor xs = x.narrow(0, 0, 8).clone(), ws = w.narrow(0, 0, 40).clone();
+  xs[2][5] = std::numeric_limits<float>::quiet_NaN();
+  ws[17][3] = std::numeric_limits<float>::infinity();
+  const at::Tensor y = packed_gemm(xs, ws, at::Tensor(), false).to(at::kFloat);
+  const at::Tensor want = widened_reference(xs, ws, at::Tensor()).to(at::kBFloat16).to(at::kFloat);
+  EXPECT_TRUE(y[2].isnan().all().item<bool>());
+  EXPECT_TRUE(at::equal(y.select(1, 17).isnan(), want.select(1, 17).isnan()));
+  EXPECT_TRUE(at::equal(y.select(1, 17).isinf(), want.select(1, 17).isinf()));
+  at::Tensor finite = at::ones({8, 40}, at::kBool);
+  finite[2].fill_(false);
+  finite.select(1, 17).fill_(false);
+  EXPECT_TRUE(at::isfinite(y).masked_select(finite).all().item<bool>());
+  // No shared dimension: the bias alone, rounded.
+  const at::Tensor none = packed_gemm(at::zeros({3, 0}, at::kBFloat16), at::zeros({5, 0}, at::kBFloat16), b.narrow(0, 0, 5), false);
+  EXPECT_TRUE(at::equal(none, b.narrow(0, 0, 5).expand({3, 5})));
 }
 
 // model_linear's gradients on the widening path are linear's gradients computed in fp32 from the
