@@ -149,14 +149,15 @@ inline double copy_bandwidth(int64_t bytes, int reps, std::vector<double>& runs)
   return best;
 }
 
-/// Best FLOP/s of at::matmul on n x n matrices of `type` (bf16 without AVX512_BF16: of the
-/// widened GEMM, see below): at least `min_reps` timed reps and at least `min_seconds` of them
+/// Best FLOP/s of at::matmul on n x n matrices of `type` (bf16 without AVX512_BF16: of
+/// widening_linear, see below): at least `min_reps` timed reps and at least `min_seconds` of them
 /// (the first reps on this VM are often slow).
 inline double matmul_peak(c10::ScalarType type, int64_t n, int min_reps, double min_seconds) {
   at::Tensor a = at::randn({n, n}).to(type);
   at::Tensor b = at::randn({n, n}).to(type);
-  // bf16 without AVX512_BF16: the widened GEMM the engine and the trainer use (a · bᵀ, the same
-  // FLOPs), not libtorch's own bf16 matmul, which they never call there.
+  // bf16 without AVX512_BF16: widening_linear, the GEMM the engine uses there (a · bᵀ, the same
+  // FLOPs; the packed bf16 GEMM from AVX2 on), not libtorch's own bf16 matmul, which it never
+  // calls there.
   // fp32 under the engine's thread plan: the GEMM split over libtorch's threads (split_linear).
   const bool widened = type == at::kBFloat16 && swarm::bf16_matmul_widens();
   const bool split = swarm::splits(a);
@@ -273,7 +274,7 @@ inline void print_run_header(const fs::path& source_dir, bool quick, const std::
   const char* dnnl = std::getenv("DNNL_MAX_CPU_ISA");
   const char* aten = std::getenv("ATEN_CPU_CAPABILITY");
   std::printf("CPU level %s: bf16 matmuls %s%s%s%s%s; ATen kernels %s, oneDNN %s\n", cpu_level().c_str(),
-              swarm::bf16_matmul_widens() ? "widened to fp32 GEMM (no AVX512_BF16)" : "on AVX512_BF16 dot products",
+              swarm::bf16_matmul_path().c_str(),
               dnnl ? "; DNNL_MAX_CPU_ISA=" : "", dnnl ? dnnl : "", aten ? "; ATEN_CPU_CAPABILITY=" : "", aten ? aten : "",
               swarm::aten_cpu_capability().c_str(), swarm::onednn_cpu_isa().c_str());
   std::printf("commit %s; %s run\n", git_commit(source_dir).c_str(), quick ? "quick" : "full");

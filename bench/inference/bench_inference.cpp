@@ -532,7 +532,7 @@ void print_report(const std::vector<CaseResult>& cases, const Workload& w, const
       "1 libtorch thread, OpenBLAS keeping its pool: %.1f / %.1f; peak = the better of the two). FLOP/step = 2 x linear params (incl. LM head) x "
       "batch + attention. attainable = batch / max(bytes/BW, FLOP/peak)\n",
       static_cast<long long>(probes.gemm_n), probes.peak_f32 / 1e9,
-      swarm::bf16_matmul_widens() ? " (widened to fp32 GEMM, as the engine runs it)" : "", probes.peak_bf16 / 1e9,
+      swarm::bf16_matmul_widens() ? " (the engine's bf16 GEMM without AVX512_BF16)" : "", probes.peak_bf16 / 1e9,
       probes.peak_f32_1t / 1e9,
       probes.peak_bf16_1t / 1e9);
   std::printf("%-22s %-5s %6s %11s %13s %9s %12s %13s %10s\n", "model", "dtype", "batch", "GFLOP/step", "GFLOP/s",

@@ -11,7 +11,7 @@
 //  * compute-bound GEMMs (model_linear at 32, 128 and 512 rows, the projections of batched
 //    decode and prefill; the trainer's forward runs the same call; and small_linear at the row
 //    counts serving gives it instead, e.g. the AVX2 widening tiles at 32): FLOP/s over the peak
-//    matmul of the dtype (at::matmul 2048^3 fp32; bf16: the widened GEMM without AVX512_BF16, oneDNN's
+//    matmul of the dtype (at::matmul 2048^3 fp32; bf16: widening_linear without AVX512_BF16, oneDNN's
 //    bf16 GEMM with it, as bench_inference measures it).
 //
 // Each case runs with the engine's thread plan for its dtype (configure_compute_threads), best of
@@ -278,7 +278,7 @@ int main(int argc, char** argv) {
                 r.bound_seconds() * 1e6, r.memory_bound() ? "memory" : "FLOPs", 100.0 * r.bound_seconds() / r.seconds);
   }
   std::printf("matmul peak 2048^3: fp32 %.1f GFLOP/s, bf16 %.1f GFLOP/s%s\n", b.peak_of[0] / 1e9, b.peak_of[1] / 1e9,
-              swarm::bf16_matmul_widens() ? " (the widened GEMM: no AVX512_BF16)" : "");
+              swarm::bf16_matmul_widens() ? " (the engine's bf16 GEMM without AVX512_BF16: widening_linear)" : "");
   std::printf("\ntotal %.1f s\n", seconds_since(t_start));
   return 0;
 }

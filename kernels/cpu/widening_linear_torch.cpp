@@ -351,6 +351,12 @@ bool bf16_matmul_widens() {
   return widens;
 }
 
+std::string bf16_matmul_path() {
+  if (!bf16_matmul_widens()) return "on AVX512_BF16 dot products";
+  return packed_gemm_bf16_available() ? "on the packed bf16 GEMM (no AVX512_BF16; fp32 accumulation)"
+                                      : "widened to fp32 GEMM (no AVX512_BF16, no AVX2)";
+}
+
 std::string aten_cpu_capability() {
   // at::show_config() has a line "  - CPU capability usage: AVX2" (NO AVX / AVX / AVX2 / AVX512).
   const std::string config = at::show_config();
@@ -413,9 +419,9 @@ at::Tensor widening_linear(const at::Tensor& x, const at::Tensor& w, const at::T
                [&](int64_t begin, int64_t end) { packed_gemm_bf16(args, begin, end); });
     return y.view(sizes);
   }
-  // The input widened and the results rounded on every thread by our kernels, each thread its own
-  // share, instead of two libtorch conversions over all of it (measured within noise of them in
-  // a driver at 512 rows: the conversions are bound by memory either way).
+  // Without AVX2: the input widened and the results rounded on every thread by our kernels, each
+  // thread its own share, instead of two libtorch conversions over all of it (measured within
+  // noise of them in a driver at 512 rows: the conversions are bound by memory either way).
   at::Tensor xf = at::empty({m, in}, xb.options().dtype(at::kFloat));
   const auto* xp = xb.data_ptr<c10::BFloat16>();
   float* xfp = xf.data_ptr<float>();

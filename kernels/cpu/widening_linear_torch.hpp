@@ -7,14 +7,18 @@
 // next to OpenBLAS's GEMMs (history in docs/benchmarks-history.md), which is why fp32 once gave
 // attention, norms and activations a single thread.
 //
-// bf16 matmuls on CPUs without bf16 dot products (no AVX512_BF16): widened to fp32 and run by
-// the fp32 GEMM (OpenBLAS), a panel of weight rows at a time.
+// bf16 matmuls on CPUs without bf16 dot products (no AVX512_BF16): from AVX2 on the forward
+// (widening_linear) runs the packed bf16 GEMM (packed_gemm.hpp: both operands widened to fp32
+// as they are packed into cache-sized panels, the results rounded as they leave its register
+// tile); the backward's GEMMs, attention's matmuls and CPUs without AVX2 widen P weight rows at
+// a time into an fp32 panel that the fp32 GEMM (OpenBLAS) consumes.
 //
 // libtorch's bf16 GEMM (oneDNN) has no fast path there: measured on a 2-core AVX2 EPYC it runs
 // at ~5 GFLOP/s against ~100 for fp32, so every bf16 matmul fell off a 15-30x cliff. Here the
-// weights stay in bf16 (the memory people chose bf16 for) and each matmul converts P weight
-// rows at a time into a small fp32 panel that stays in cache while the fp32 GEMM consumes it:
-// the weights are read from memory once, in bf16, and the arithmetic runs at fp32 GEMM speed.
+// weights stay in bf16 (the memory people chose bf16 for), are read from memory once per
+// matmul, in bf16, and the arithmetic runs at fp32 GEMM speed (the packed GEMM: 0.93-1.00x
+// OpenBLAS's fp32 time at 512 rows of SmolLM2's projections, where the widened panels took
+// 1.08-1.16x: the widening, the rounding and OpenBLAS's own packing were three passes).
 #pragma once
 
 #include <cstdint>
@@ -41,6 +45,11 @@ at::Tensor split_linear(const at::Tensor& x, const at::Tensor& w, const at::Tens
 /// AVX512_BF16. Computed once per process.
 bool bf16_matmul_widens();
 
+/// What runs bf16 matmuls here, for logs and benchmark headers: "on AVX512_BF16 dot products",
+/// "on the packed bf16 GEMM (no AVX512_BF16; fp32 accumulation)" from AVX2 on, else "widened
+/// to fp32 GEMM (no AVX512_BF16, no AVX2)".
+std::string bf16_matmul_path();
+
 /// The level of ATen's own vectorised CPU kernels ("NO AVX", "AVX2", "AVX512"; ATEN_CPU_CAPABILITY
 /// forces it), as libtorch reports it.
 std::string aten_cpu_capability();
@@ -53,7 +62,8 @@ std::string onednn_cpu_isa();
 bool widens(const at::Tensor& t);
 
 /// y = x · wᵀ (+ bias) for bf16 CPU tensors, x [..., in], w [out, in], bias [out] or undefined:
-/// accumulated in fp32 (OpenBLAS), rounded once to bf16. `float_out` returns the results rounded
+/// accumulated in fp32 (the packed bf16 GEMM from AVX2 on, else widened panels through
+/// OpenBLAS), rounded once to bf16. `float_out` returns the results rounded
 /// to bf16 and held in fp32 (what .to(kFloat) of the bf16 result gives). No autograd.
 at::Tensor widening_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, bool float_out = false);
 

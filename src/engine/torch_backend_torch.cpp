@@ -60,8 +60,7 @@ DType compute_dtype(const Job& job, const torch::Device& device, std::string* wh
     d = DType::BF16;
     reason = "dtype: bf16";
     if (device.is_cpu() && bf16_matmul_widens())
-      reason += std::string(" (CPU level ") + cpu_level_name(cpu_level()) +
-                ": no bf16 dot products, so matmuls are widened to fp32 GEMM; weights stay bf16)";
+      reason += std::string(" (CPU level ") + cpu_level_name(cpu_level()) + ": matmuls " + bf16_matmul_path() + ")";
   } else if (job.dtype == "auto") {
     const bool fast = device.is_cuda() || !bf16_matmul_widens();
     d = fast ? DType::BF16 : DType::F32;
@@ -536,8 +535,7 @@ std::string compute_paths_summary() {
   }
   std::string s = "CPU " + cpu + ", kernel level " + cpu_level_name(cpu_level());
   if (const char* forced = std::getenv("SWARM_CPU_LEVEL")) s += std::string(" (SWARM_CPU_LEVEL=") + forced + ")";
-  s += bf16_matmul_widens() ? "; bf16 matmuls widened to fp32 GEMM (no AVX512_BF16)"
-                            : "; bf16 matmuls on AVX512_BF16 dot products";
+  s += "; bf16 matmuls " + bf16_matmul_path();
   s += "; libtorch " + std::string(TORCH_VERSION) + " (ATen kernels " + aten_cpu_capability() + ", oneDNN " +
        onednn_cpu_isa() + ")";
   if (torch::cuda::is_available()) s += ", " + std::to_string(torch::cuda::device_count()) + " CUDA device(s)";

@@ -49,8 +49,8 @@ grep -Eq "kernel level (base|avx2|avx512|avx512bf16); bf16 matmuls .*ATen kernel
   fail "torch engine: no start-up line with the kernel level, the bf16 path and the libraries' levels"
 
 run_server torch GOMP_SPINCOUNT=77 SWARM_CPU_LEVEL=avx2 DNNL_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2
-grep -q "kernel level avx2 (SWARM_CPU_LEVEL=avx2); bf16 matmuls widened to fp32 GEMM" "$work/log" ||
-  fail "SWARM_CPU_LEVEL=avx2: the start-up line should say level avx2 and the widening path"
+grep -q "kernel level avx2 (SWARM_CPU_LEVEL=avx2); bf16 matmuls on the packed bf16 GEMM" "$work/log" ||
+  fail "SWARM_CPU_LEVEL=avx2: the start-up line should say level avx2 and the packed bf16 GEMM"
 grep -Eq "ATen kernels AVX2, oneDNN (avx2|not loaded)\)" "$work/log" ||
   fail "ATEN_CPU_CAPABILITY=avx2 / DNNL_MAX_CPU_ISA=AVX2: the start-up line should say ATen AVX2 and oneDNN avx2"
 grep -qx "GOMP_SPINCOUNT=77" "$work/environ" || fail "a user's GOMP_SPINCOUNT was not kept"
