@@ -15,7 +15,10 @@
 // (reported, never asserted): swarm >= 1.0x llama.cpp everywhere, >= 1.5x at batch >= 8, and
 // swarm bf16 never below swarm fp32. Progress goes to stderr.
 //
-//   bench_anchor [--quick] [--threads N] [--llama-lib-dir DIR] [--skip-llama]
+//   bench_anchor [--quick] [--threads N] [--llama-lib-dir DIR] [--llama-cpu auto|best|VARIANT] [--skip-llama]
+//
+// With SWARM_CPU_LEVEL=avx2 (and DNNL_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2) an AVX-512
+// machine runs as an AVX2 one on both sides: llama.cpp then loads ggml's haswell backend.
 //
 // Built without llama.cpp (no bench/anchor/node_modules at configure time), it still writes
 // the GGUF files and times our engine, and says how to get llama.cpp.
@@ -26,6 +29,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -301,9 +305,26 @@ struct Options {
   CommonOptions common{SWARM_DEFAULT_FIXTURES_DIR, SWARM_BENCH_MODEL_CACHE, ""};
   int threads = 2;
   std::string llama_lib_dir = SWARM_ANCHOR_LLAMA_LIB_DIR;
+  std::string llama_cpu = "auto";  // ggml CPU backend variant; see llama_cpu_variant
   bool skip_llama = false;
   std::vector<std::string> write_gguf;  // MODEL_DIR OUT TYPE: only convert one model
 };
+
+// The ggml CPU backend to load for --llama-cpu: "auto" follows SWARM_CPU_LEVEL where it lowers
+// our kernels (avx2: haswell = AVX2, FMA, F16C, BMI2, as an AVX2-only CPU would pick; avx512:
+// skylakex = AVX-512 without its bf16 and VNNI; base: x64), so a machine behaving as a lower
+// level does so on both sides; else "" (ggml scores the variants and loads the best). "best"
+// forces that; any other name is a variant (libggml-cpu-NAME.so).
+std::string llama_cpu_variant(const std::string& option) {
+  if (option == "best") return "";
+  if (option != "auto") return option;
+  const char* level = std::getenv("SWARM_CPU_LEVEL");
+  const std::string want = level == nullptr ? "" : level;
+  if (want == "avx2") return "haswell";
+  if (want == "avx512") return "skylakex";
+  if (want == "base") return "x64";
+  return "";
+}
 
 }  // namespace
 
@@ -315,6 +336,10 @@ int main(int argc, char** argv) {
   app.add_option("--threads", opt.threads, "Threads on both sides (llama.cpp n_threads; our engine's plan)")
       ->capture_default_str();
   app.add_option("--llama-lib-dir", opt.llama_lib_dir, "Directory with libllama*.so and the libggml backends")
+      ->capture_default_str();
+  app.add_option("--llama-cpu", opt.llama_cpu,
+                 "ggml CPU backend: auto (follow SWARM_CPU_LEVEL, else the best for this CPU), best, or a variant "
+                 "name (haswell, skylakex, zen4, ... as libggml-cpu-NAME.so)")
       ->capture_default_str();
   app.add_flag("--skip-llama", opt.skip_llama, "Only write the GGUF files and time our engine");
   app.add_option("--fixtures", opt.common.fixtures, "The fixtures directory with models/ (tests/fixtures)")
@@ -357,8 +382,10 @@ int main(int argc, char** argv) {
 #if SWARM_ANCHOR_WITH_LLAMA
     const LlamaLibrary* lib = nullptr;
     if (!opt.skip_llama) {
-      lib = &LlamaLibrary::open(opt.llama_lib_dir);
-      std::printf("llama.cpp: %s (%s); %s\n", SWARM_ANCHOR_LLAMA_VERSION, lib->path().c_str(),
+      const std::string variant = llama_cpu_variant(opt.llama_cpu);
+      lib = &LlamaLibrary::open(opt.llama_lib_dir, variant);
+      std::printf("llama.cpp: %s (%s); CPU backend %s; %s\n", SWARM_ANCHOR_LLAMA_VERSION, lib->path().c_str(),
+                  variant.empty() ? "the best for this CPU" : ("libggml-cpu-" + variant + ".so").c_str(),
                   lib->system_info().c_str());
     }
 #else

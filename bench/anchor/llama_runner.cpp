@@ -23,6 +23,7 @@ using Clock = std::chrono::steady_clock;
   X(log_set, llama_log_set)                                   \
   X(ggml_log_set, ggml_log_set)                               \
   X(load_backends, ggml_backend_load_all_from_path)           \
+  X(load_backend, ggml_backend_load)                          \
   X(print_system_info, llama_print_system_info)               \
   X(model_default_params, llama_model_default_params)         \
   X(model_load_from_file, llama_model_load_from_file)         \
@@ -98,7 +99,7 @@ class Batch {
 LlamaLibrary::LlamaLibrary(fs::path path, std::unique_ptr<Api> api) : path_(std::move(path)), api_(std::move(api)) {}
 LlamaLibrary::~LlamaLibrary() = default;
 
-const LlamaLibrary& LlamaLibrary::open(const fs::path& dir) {
+const LlamaLibrary& LlamaLibrary::open(const fs::path& dir, const std::string& cpu_variant) {
   static std::unique_ptr<LlamaLibrary> lib;
   if (lib) return *lib;
   const fs::path path = find_libllama(dir);
@@ -116,8 +117,15 @@ const LlamaLibrary& LlamaLibrary::open(const fs::path& dir) {
   api->ggml_log_set(log_errors, nullptr);
   api->log_set(log_errors, nullptr);
   // The CPU backend is a separate library per instruction-set level (libggml-cpu-haswell.so,
-  // ...); ggml scores them against this CPU and loads the best.
-  api->load_backends(dir.c_str());
+  // ...); ggml scores them against this CPU and loads the best, unless one is named.
+  if (cpu_variant.empty()) {
+    api->load_backends(dir.c_str());
+  } else {
+    const fs::path backend = dir / ("libggml-cpu-" + cpu_variant + ".so");
+    if (!fs::exists(backend)) throw std::runtime_error("no ggml CPU backend " + backend.string());
+    if (api->load_backend(backend.c_str()) == nullptr)
+      throw std::runtime_error("ggml could not load " + backend.string() + " (does this CPU run it?)");
+  }
   api->backend_init();
   lib = std::make_unique<LlamaLibrary>(path, std::move(api));
   return *lib;

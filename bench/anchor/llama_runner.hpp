@@ -24,9 +24,10 @@ class LlamaLibrary {
  public:
   struct Api;
 
-  /// Opens libllama*.so in `dir` and loads the best ggml CPU backend variant there. Throws
-  /// std::runtime_error naming the file or symbol on failure.
-  static const LlamaLibrary& open(const std::filesystem::path& dir);
+  /// Opens libllama*.so in `dir` and loads the best ggml CPU backend variant there, or the one
+  /// named (`cpu_variant`: "haswell" loads libggml-cpu-haswell.so). Throws std::runtime_error
+  /// naming the file or symbol on failure.
+  static const LlamaLibrary& open(const std::filesystem::path& dir, const std::string& cpu_variant = "");
 
   const Api& api() const { return *api_; }
   const std::filesystem::path& path() const { return path_; }
