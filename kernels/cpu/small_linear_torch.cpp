@@ -653,17 +653,10 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::opt
     // The packed GEMM from kSmallLinearTileMaxRows + 1 rows on (small_linear_torch.hpp).
     at::Tensor y = output_tensor(out_buffer, {m, out}, want, "small_linear", {&x, &w});
     const at::Tensor biasf = bias ? bias->to(at::kFloat) : at::Tensor();
-    PackedGemmArgs g;
-    g.x = xin.data_ptr<c10::BFloat16>();
-    g.w = w.data_ptr<c10::BFloat16>();
-    g.bias = biasf.defined() ? biasf.data_ptr<float>() : nullptr;
-    g.y = y.data_ptr();
-    g.y_float = float_out;
-    g.m = m;
-    g.n = out;
-    g.k = in;
+    const PackedGemmArgs g{xin.data_ptr<c10::BFloat16>(), w.data_ptr<c10::BFloat16>(),
+                           biasf.defined() ? biasf.data_ptr<float>() : nullptr, y.data_ptr(), float_out, m, out, in};
     const int64_t panels = (out + 15) / 16;
-    const int64_t grain = std::max<int64_t>(1, kMinWorkPerThread / std::max<int64_t>(1, 16 * in * std::min<int64_t>(m, 8)));
+    const int64_t grain = std::max<int64_t>(1, kMinWorkPerThread / std::max<int64_t>(1, 16 * in * m));
     split_over_threads(0, panels, grain, small_linear_threads(),
                        [&](int64_t begin, int64_t end) { packed_gemm_bf16(g, begin * 16, std::min(end * 16, out)); });
     return y;

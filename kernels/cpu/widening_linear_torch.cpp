@@ -406,15 +406,8 @@ at::Tensor widening_linear(const at::Tensor& x, const at::Tensor& w, const at::T
     const at::Tensor wc = w.contiguous();
     const at::Tensor biasf = bias.defined() ? bias.to(at::kFloat).contiguous() : at::Tensor();
     at::Tensor y = at::empty({m, out}, xb.options().dtype(float_out ? at::kFloat : at::kBFloat16));
-    PackedGemmArgs args;
-    args.x = xb.data_ptr<c10::BFloat16>();
-    args.w = wc.data_ptr<c10::BFloat16>();
-    args.bias = biasf.defined() ? biasf.data_ptr<float>() : nullptr;
-    args.y = y.data_ptr();
-    args.y_float = float_out;
-    args.m = m;
-    args.n = out;
-    args.k = in;
+    const PackedGemmArgs args{xb.data_ptr<c10::BFloat16>(), wc.data_ptr<c10::BFloat16>(),
+                              biasf.defined() ? biasf.data_ptr<float>() : nullptr, y.data_ptr(), float_out, m, out, in};
     split_work(out, 16, std::max<int64_t>(16, units_worth_a_thread(m * in)),
                [&](int64_t begin, int64_t end) { packed_gemm_bf16(args, begin, end); });
     return y.view(sizes);

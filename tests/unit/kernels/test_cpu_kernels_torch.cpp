@@ -697,15 +697,8 @@ at::Tensor packed_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   at::Tensor y = at::full({m, n}, 7.0, at::TensorOptions().dtype(y_float ? at::kFloat : at::kBFloat16));
   const at::Tensor bf = bias.defined() ? bias.to(at::kFloat).contiguous() : at::Tensor();
   const at::Tensor xc = x.contiguous(), wc = w.contiguous();
-  PackedGemmArgs a;
-  a.x = xc.data_ptr<c10::BFloat16>();
-  a.w = wc.data_ptr<c10::BFloat16>();
-  a.bias = bf.defined() ? bf.data_ptr<float>() : nullptr;
-  a.y = y.data_ptr();
-  a.y_float = y_float;
-  a.m = m;
-  a.n = n;
-  a.k = k;
+  const PackedGemmArgs a{xc.data_ptr<c10::BFloat16>(), wc.data_ptr<c10::BFloat16>(),
+                         bf.defined() ? bf.data_ptr<float>() : nullptr, y.data_ptr(), y_float, m, n, k};
   cuts.insert(cuts.begin(), 0);
   cuts.push_back(n);
   for (size_t i = 0; i + 1 < cuts.size(); ++i) packed_gemm_bf16(a, cuts[i], cuts[i + 1]);
