@@ -32,7 +32,7 @@ struct PackedGemmArgs {
 /// Output features [begin, end) of y for all m rows: one thread's share (callers split the
 /// features over threads, in multiples of 16 for speed). Each result is the fp32 sum over k in
 /// a fixed order (independent of m, of the split and of the other rows), plus the bias, rounded
-/// to bf16 as c10::BFloat16 rounds. Scratch buffers are kept per thread (bounded: about 3 MB).
+/// to bf16 as c10::BFloat16 rounds. Scratch buffers are kept per thread (bounded: under 2 MiB).
 void packed_gemm_bf16(const PackedGemmArgs& a, int64_t begin, int64_t end);
 
 }  // namespace swarm
