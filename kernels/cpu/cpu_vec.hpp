@@ -170,21 +170,43 @@ SWARM_VEC_INLINE typename Vec<W>::type min_positive_bound(typename Vec<W>::type 
 // these loops are bound by instruction count, the iterations are independent); scale = 2^n
 // built in the exponent bits. The rounding constant carries the exponent bias: x log2(e) +
 // (1.5 * 2^23 + 127) rounds to an integer whose low bits are n + 127, so one shift makes 2^n.
-template <int W>
-SWARM_VEC_INLINE typename Vec<W>::type exp_parts(typename Vec<W>::type x, typename Vec<W>::type& scale) {
+// K vectors at once, step by step across them: every lane gets the same operations (the same
+// bits as K calls with one vector), but K independent chains of ~12 dependent operations sit
+// side by side in the instruction stream, so the out-of-order core overlaps them where one
+// chain after another filled its scheduler with operations waiting on their predecessors.
+template <int W, int K>
+SWARM_VEC_INLINE void exp_parts_n(const typename Vec<W>::type (&x)[K], typename Vec<W>::type (&p)[K],
+                                  typename Vec<W>::type (&scale)[K]) {
   using V = typename Vec<W>::type;
   using I = typename Vec<W>::ints;
   const V magic = V{} + 12583039.0f;  // 1.5 * 2^23 + 127
-  const V t = x * 1.44269504088896341f + magic;
-  const V n = t - magic;
-  const V r = (x - n * 0.693145751953125f) - n * 1.42860682030941723212e-6f;  // ln2 in two parts
-  const V p = (((((r * 1.3893402850791998e-3f + 8.37026267340343e-3f) * r + 4.166709015850953e-2f) * r +
-                 0.1666650606733187f) * r + 0.4999999813118623f) * r + 1.0f) * r + 1.0f;
-  I bits;
-  __builtin_memcpy(&bits, &t, sizeof bits);
-  bits = bits << 23;
-  __builtin_memcpy(&scale, &bits, sizeof scale);
-  return p;
+  V t[K], r[K];
+  for (int k = 0; k < K; ++k) t[k] = x[k] * 1.44269504088896341f + magic;
+  for (int k = 0; k < K; ++k) {
+    const V n = t[k] - magic;
+    r[k] = (x[k] - n * 0.693145751953125f) - n * 1.42860682030941723212e-6f;  // ln2 in two parts
+  }
+  for (int k = 0; k < K; ++k) p[k] = r[k] * 1.3893402850791998e-3f + 8.37026267340343e-3f;
+  for (int k = 0; k < K; ++k) p[k] = p[k] * r[k] + 4.166709015850953e-2f;
+  for (int k = 0; k < K; ++k) p[k] = p[k] * r[k] + 0.1666650606733187f;
+  for (int k = 0; k < K; ++k) p[k] = p[k] * r[k] + 0.4999999813118623f;
+  for (int k = 0; k < K; ++k) p[k] = p[k] * r[k] + 1.0f;
+  for (int k = 0; k < K; ++k) p[k] = p[k] * r[k] + 1.0f;
+  for (int k = 0; k < K; ++k) {
+    I bits;
+    __builtin_memcpy(&bits, &t[k], sizeof bits);
+    bits = bits << 23;
+    __builtin_memcpy(&scale[k], &bits, sizeof bits);
+  }
+}
+template <int W>
+SWARM_VEC_INLINE typename Vec<W>::type exp_parts(typename Vec<W>::type x, typename Vec<W>::type& scale) {
+  using V = typename Vec<W>::type;
+  const V xs[1] = {x};
+  V p[1], s[1];
+  exp_parts_n<W, 1>(xs, p, s);
+  scale = s[0];
+  return p[0];
 }
 template <int W>
 SWARM_VEC_INLINE typename Vec<W>::type exp_in_range(typename Vec<W>::type x) {
@@ -203,14 +225,22 @@ SWARM_VEC_INLINE typename Vec<W>::type exp_nonpositive(typename Vec<W>::type x) 
 // silu(x) = x / (1 + e^-x), e^-x with its argument clamped to [-87, 88] (so 1 + e^-x stays
 // finite: x below -88 gives about x * 1e-38 rather than x e^x, x = +-inf gives +-inf). Both
 // clamps are integer mins (min_positive_bound: on x, then on -x); 1 + p * scale is one
-// multiply-add.
+// multiply-add. K vectors at once as exp_parts_n takes them (silu: one).
+template <int W, int K>
+SWARM_VEC_INLINE void silu_n(const typename Vec<W>::type (&x)[K], typename Vec<W>::type (&out)[K]) {
+  using V = typename Vec<W>::type;
+  V m[K], p[K], scale[K];
+  for (int k = 0; k < K; ++k) m[k] = min_positive_bound<W>(-min_positive_bound<W>(x[k], 87.0f), 88.0f);
+  exp_parts_n<W, K>(m, p, scale);
+  for (int k = 0; k < K; ++k) out[k] = x[k] / (p[k] * scale[k] + 1.0f);
+}
 template <int W>
 SWARM_VEC_INLINE typename Vec<W>::type silu(typename Vec<W>::type x) {
   using V = typename Vec<W>::type;
-  const V m = min_positive_bound<W>(-min_positive_bound<W>(x, 87.0f), 88.0f);
-  V scale;
-  const V p = exp_parts<W>(m, scale);
-  return x / (p * scale + 1.0f);
+  const V xs[1] = {x};
+  V out[1];
+  silu_n<W, 1>(xs, out);
+  return out[0];
 }
 
 // The sums of four 16-lane vectors, in order: one transposing reduction instead of four

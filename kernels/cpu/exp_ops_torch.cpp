@@ -46,12 +46,25 @@ struct SiluArgs {
 template <class T, int W>
 SWARM_INLINE void silu_mul_rows(const SiluArgs& a, int64_t begin, int64_t end) {
   using V = typename Vec<W>::type;
-  const int64_t n = a.inter, vec = n / W * W, pairs = n / (2 * W) * (2 * W);
+  const int64_t n = a.inter, vec = n / W * W, pairs = n / (2 * W) * (2 * W), quads = n / (4 * W) * (4 * W);
   for (int64_t r = begin; r < end; ++r) {
     const T* g = static_cast<const T*>(a.in) + r * 2 * n;
     const T* u = g + n;
     T* o = static_cast<T*>(a.out) + r * n;
     int64_t j = 0;
+    // 4W at a time, the four vectors' silu step by step side by side (simd::silu_n: the same
+    // bits as one at a time). Measured on one core in L1, bf16, inter 1536: 0.59-0.63 ns an
+    // element against 0.71-0.74 on AVX2, 0.31-0.35 against 0.39 on AVX-512.
+    for (; j < quads; j += 4 * W) {
+      V x[4], up[4], act[4];
+      simd::load_pair<W>(g + j, x[0], x[1]);
+      simd::load_pair<W>(g + j + 2 * W, x[2], x[3]);
+      simd::load_pair<W>(u + j, up[0], up[1]);
+      simd::load_pair<W>(u + j + 2 * W, up[2], up[3]);
+      simd::silu_n<W, 4>(x, act);
+      simd::store_pair<W>(o + j, round_inner<T, W>(act[0]) * up[0], round_inner<T, W>(act[1]) * up[1]);
+      simd::store_pair<W>(o + j + 2 * W, round_inner<T, W>(act[2]) * up[2], round_inner<T, W>(act[3]) * up[3]);
+    }
     for (; j < pairs; j += 2 * W) {  // 2W at a time: bf16 widened without shuffles (load_pair)
       V g0, g1, u0, u1;
       simd::load_pair<W>(g + j, g0, g1);
