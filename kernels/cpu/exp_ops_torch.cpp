@@ -175,10 +175,24 @@ SWARM_INLINE void stats_rows(const StatsArgs& a, int64_t begin, int64_t end) {
         const V e = exp_nonpositive<W>(v - m);
         return v == -kInf ? V{} : e;
       };
+      // Four vectors' exponentials step by step side by side (simd::exp_parts_n), added to
+      // their chain's sum in the same order as one at a time.
+      constexpr int kVectors = kChains * kLine / W, kSide = 4;
+      static_assert(kVectors % kSide == 0);
+      const V lo = V{} - 87.0f;
       for (j = 0; j < lines; j += kChains * kLine) {
-        for (int c = 0; c < kChains; ++c) {
-          if (next != nullptr) __builtin_prefetch(next + j + c * kLine, 0, 3);
-          for (int k = 0; k < kLine; k += W) acc[c] += term(j + c * kLine + k);
+        if (next != nullptr)
+          for (int c = 0; c < kChains; ++c) __builtin_prefetch(next + j + c * kLine, 0, 3);
+        for (int h = 0; h < kVectors; h += kSide) {
+          V v[kSide], d[kSide], p[kSide], s[kSide];
+          for (int k = 0; k < kSide; ++k) {
+            v[k] = load_vec<W>(x + j + (h + k) * W);
+            if constexpr (decltype(scale)::value) v[k] = v[k] / t;
+            d[k] = v[k] - m;
+            d[k] = d[k] < lo ? lo : d[k];  // as exp_nonpositive clamps
+          }
+          simd::exp_parts_n<W, kSide>(d, p, s);
+          for (int k = 0; k < kSide; ++k) acc[(h + k) * W / kLine] += v[k] == -kInf ? V{} : p[k] * s[k];
         }
       }
       for (; j < vec; j += W) acc[0] += term(j);
