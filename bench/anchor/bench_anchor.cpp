@@ -16,6 +16,7 @@
 // swarm bf16 never below swarm fp32. Progress goes to stderr.
 //
 //   bench_anchor [--quick] [--threads N] [--llama-lib-dir DIR] [--llama-cpu auto|best|VARIANT] [--skip-llama]
+//   bench_anchor --kernels [--kernel-rows N] [--quick] ...   kernel by kernel against ggml's ops (ggml_kernels.hpp)
 //
 // With SWARM_CPU_LEVEL=avx2 (and DNNL_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2) an AVX-512
 // machine runs as an AVX2 one on both sides: llama.cpp then loads ggml's haswell backend.
@@ -31,6 +32,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -45,6 +47,7 @@
 #include "inference/kv_cache_torch.hpp"
 #include "model/model_config.hpp"
 #if SWARM_ANCHOR_WITH_LLAMA
+#include "anchor/ggml_kernels.hpp"
 #include "anchor/llama_runner.hpp"
 #endif
 
@@ -307,8 +310,52 @@ struct Options {
   std::string llama_lib_dir = SWARM_ANCHOR_LLAMA_LIB_DIR;
   std::string llama_cpu = "auto";  // ggml CPU backend variant; see llama_cpu_variant
   bool skip_llama = false;
+  bool kernels = false;  // only the kernel-by-kernel comparison with ggml
+  int64_t kernel_rows = 0;  // --kernels: rows of the elementwise kernels (0: the default)
   std::vector<std::string> write_gguf;  // MODEL_DIR OUT TYPE: only convert one model
 };
+
+#if SWARM_ANCHOR_WITH_LLAMA
+// The --kernels table: per row each side's best microseconds per call and swarm's speed
+// relative to ggml's (ggml's time / ours: above 1 ours is faster). bf16 against the faster of
+// ggml's F16 and BF16 K/V where ggml has them (attention), else against its F32 (ggml computes
+// activations in fp32).
+void print_kernel_comparison(const std::vector<KernelComparison>& rows, int threads) {
+  std::printf(
+      "\n== Kernels against ggml's ops: the same shapes, %d threads, the CPU backend above; best time per call, "
+      "each side's inputs reused; x = ggml's time / ours (above 1: ours faster)\n",
+      threads);
+  std::printf("%-24s %-28s %-26s %10s %10s %7s %10s %10s %10s %7s\n", "kernel", "shape", "ggml ops", "fp32 us",
+              "ggml F32", "x", "bf16 us", "ggml F16", "ggml BF16", "x");
+  auto num = [](double v, const char* format) {
+    if (!(v > 0)) return std::string("-");
+    char buf[32];
+    std::snprintf(buf, sizeof buf, format, v);
+    return std::string(buf);
+  };
+  auto us = [&](double v) { return num(v, "%.1f"); };
+  for (const KernelComparison& r : rows) {
+    const double fp32_x = r.swarm_fp32_us > 0 && r.ggml_f32_us > 0 ? r.ggml_f32_us / r.swarm_fp32_us : 0;
+    double ggml_16 = r.ggml_f32_us;
+    if (r.ggml_f16_us > 0 || r.ggml_bf16_us > 0) {
+      ggml_16 = std::numeric_limits<double>::infinity();
+      if (r.ggml_f16_us > 0) ggml_16 = std::min(ggml_16, r.ggml_f16_us);
+      if (r.ggml_bf16_us > 0) ggml_16 = std::min(ggml_16, r.ggml_bf16_us);
+    }
+    const double bf16_x = r.swarm_bf16_us > 0 && ggml_16 > 0 ? ggml_16 / r.swarm_bf16_us : 0;
+    std::printf("%-24s %-28s %-26s %10s %10s %7s %10s %10s %10s %7s\n", r.kernel.c_str(), r.shape.c_str(),
+                r.ggml_ops.c_str(), us(r.swarm_fp32_us).c_str(), us(r.ggml_f32_us).c_str(),
+                num(fp32_x, "%.2f").c_str(), us(r.swarm_bf16_us).c_str(),
+                us(r.ggml_f16_us).c_str(), us(r.ggml_bf16_us).c_str(),
+                num(bf16_x, "%.2f").c_str());
+  }
+  for (const KernelComparison& r : rows)
+    if (!r.note.empty()) std::printf("  %s (%s): %s\n", r.kernel.c_str(), r.shape.c_str(), r.note.c_str());
+  std::printf(
+      "  bf16 x: against the faster of ggml's F16 and BF16 K/V for attention, else against its F32 (its "
+      "activations are fp32)\n");
+}
+#endif
 
 // The ggml CPU backend to load for --llama-cpu: "auto" follows SWARM_CPU_LEVEL where it lowers
 // our kernels (avx2: haswell = AVX2, FMA, F16C, BMI2, as an AVX2-only CPU would pick; avx512:
@@ -342,6 +389,12 @@ int main(int argc, char** argv) {
                  "name (haswell, skylakex, zen4, ... as libggml-cpu-NAME.so)")
       ->capture_default_str();
   app.add_flag("--skip-llama", opt.skip_llama, "Only write the GGUF files and time our engine");
+  app.add_flag("--kernels", opt.kernels,
+               "Only compare our CPU kernels with the ggml ops llama.cpp runs for the same work (same shapes, "
+               "threads and CPU backend)");
+  app.add_option("--kernel-rows", opt.kernel_rows,
+                 "--kernels: rows of the elementwise kernels (default 16384, from memory; e.g. 512 to stay in cache)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   app.add_option("--fixtures", opt.common.fixtures, "The fixtures directory with models/ (tests/fixtures)")
       ->capture_default_str();
   app.add_option("--model-cache", opt.common.model_cache, "Where the random-weight model and GGUF files are written")
@@ -395,6 +448,17 @@ int main(int argc, char** argv) {
           "--ignore-scripts, then re-run cmake\n");
 #endif
     std::fflush(stdout);
+
+    if (opt.kernels) {
+#if SWARM_ANCHOR_WITH_LLAMA
+      if (lib == nullptr) throw std::runtime_error("--kernels needs llama.cpp's ggml (not with --skip-llama)");
+      print_kernel_comparison(compare_kernels(*lib, opt.threads, opt.common.quick, opt.kernel_rows), opt.threads);
+      std::printf("\ntotal %.1f s\n", seconds_since(bench_start));
+      return 0;
+#else
+      throw std::runtime_error("--kernels needs llama.cpp's ggml: built without its headers");
+#endif
+    }
 
     const fs::path model_dir = opt.common.smollm2_random();
     const Workload w = make_workload(opt.common.quick);
