@@ -41,10 +41,10 @@ struct SiluArgs {
   int64_t inter;
 };
 
-// silu(g) = g / (1 + e^-g) (simd::silu). The product with up is rounded as the two ops it
-// replaces round.
 constexpr int64_t kAhead = 4;  // rows silu_mul prefetches ahead
 
+// silu(g) = g / (1 + e^-g) (simd::silu). The product with up is rounded as the two ops it
+// replaces round.
 template <class T, int W>
 SWARM_INLINE void silu_mul_rows(const SiluArgs& a, int64_t begin, int64_t end) {
   using V = typename Vec<W>::type;
