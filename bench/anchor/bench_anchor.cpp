@@ -318,8 +318,8 @@ struct Options {
 #if SWARM_ANCHOR_WITH_LLAMA
 // The --kernels table: per row each side's best microseconds per call and swarm's speed
 // relative to ggml's (ggml's time / ours: above 1 ours is faster). bf16 against the faster of
-// ggml's F16 and BF16 K/V where ggml has them (attention), else against its F32 (ggml computes
-// activations in fp32).
+// ggml's F16 and BF16 where ggml has them (projection weights, attention's K/V), else against
+// its F32 (ggml computes activations in fp32).
 void print_kernel_comparison(const std::vector<KernelComparison>& rows, int threads) {
   std::printf(
       "\n== Kernels against ggml's ops: the same shapes, %d threads, the CPU backend above; best time per call, "
@@ -352,8 +352,8 @@ void print_kernel_comparison(const std::vector<KernelComparison>& rows, int thre
   for (const KernelComparison& r : rows)
     if (!r.note.empty()) std::printf("  %s (%s): %s\n", r.kernel.c_str(), r.shape.c_str(), r.note.c_str());
   std::printf(
-      "  bf16 x: against the faster of ggml's F16 and BF16 K/V for attention, else against its F32 (its "
-      "activations are fp32)\n");
+      "  bf16 x: against the faster of ggml's F16 and BF16 (weights of the projections, K/V of attention), else "
+      "against its F32 (its activations are fp32)\n");
 }
 #endif
 

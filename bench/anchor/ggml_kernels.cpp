@@ -18,6 +18,8 @@
 #include "ggml.h"
 #include "kernels/cpu/paged_attention_torch.hpp"
 #include "kernels/cpu/serving_ops_torch.hpp"
+#include "kernels/cpu/small_linear_torch.hpp"
+#include "kernels/cpu/widening_linear_torch.hpp"
 
 namespace swarm::bench {
 namespace {
@@ -36,6 +38,7 @@ using Clock = std::chrono::steady_clock;
   X(new_tensor_4d, ggml_new_tensor_4d)                   \
   X(rms_norm, ggml_rms_norm)                             \
   X(mul, ggml_mul)                                       \
+  X(mul_mat, ggml_mul_mat)                               \
   X(swiglu_split, ggml_swiglu_split)                     \
   X(rope_ext, ggml_rope_ext)                             \
   X(flash_attn_ext, ggml_flash_attn_ext)                 \
@@ -179,6 +182,46 @@ std::vector<KernelComparison> compare_kernels(const LlamaLibrary& lib, int threa
   std::vector<KernelComparison> rows;
   at::manual_seed(29);
 
+  // The gate/up projection at decode and prefill row counts: what serving runs for that many
+  // rows (small_linear up to small_linear_max_rows, else model_linear) against ggml_mul_mat
+  // with the weights in F32, F16 and BF16 (llama.cpp's matmul for those weight types).
+  for (int64_t m : quick ? std::vector<int64_t>{1, 8, 128} : std::vector<int64_t>{1, 8, 32, 128, 512}) {
+    KernelComparison r = comparison("projection (serving's)", std::to_string(m) + (m == 1 ? " row" : " rows") + " x [3072, 576]",
+                                    "mul_mat");
+    const at::Tensor x = at::randn({m, kHidden}), w = at::randn({2 * kInter, kHidden}) * 0.05;
+    for (auto dt : {at::kFloat, at::kBFloat16}) {
+      const at::Tensor xd = x.to(dt), wd = w.to(dt);
+      const bool small = m <= swarm::small_linear_max_rows(dt);
+      (dt == at::kFloat ? r.swarm_fp32_us : r.swarm_bf16_us) = best_us(
+          [&] {
+            if (small) {
+              swarm::small_linear(xd, wd, c10::nullopt);
+            } else {
+              swarm::model_linear(xd, wd);
+            }
+          },
+          reps);
+    }
+    for (auto dt : {at::kFloat, at::kHalf, at::kBFloat16}) {
+      const at::Tensor wd = w.to(dt);
+      const double us = g.best_us(
+          [&](ggml_context* ctx, std::vector<Input>& in) {
+            ggml_tensor* wt = api.new_tensor_2d(ctx, ggml_type_of(dt), kHidden, 2 * kInter);
+            ggml_tensor* xt = api.new_tensor_2d(ctx, GGML_TYPE_F32, kHidden, m);
+            in.push_back({wt, wd});
+            in.push_back({xt, x});
+            return api.mul_mat(ctx, wt, xt);
+          },
+          reps);
+      (dt == at::kFloat ? r.ggml_f32_us : dt == at::kHalf ? r.ggml_f16_us : r.ggml_bf16_us) = us;
+    }
+    auto path = [&](at::ScalarType dt) {
+      return std::string(m <= swarm::small_linear_max_rows(dt) ? "small_linear" : "model_linear");
+    };
+    r.note = "ours: fp32 " + path(at::kFloat) + ", bf16 " + path(at::kBFloat16) +
+             "; ggml's input fp32, converted to the weights' type for its dot products";
+    rows.push_back(r);
+  }
   {  // RMSNorm times the weight
     KernelComparison r = comparison("rms_norm_rows", std::to_string(n) + " x 576", "rms_norm, mul");
     const at::Tensor x = at::randn({n, kHidden}), w = at::randn({kHidden});

@@ -19,7 +19,7 @@ struct KernelComparison {
   std::string shape;
   std::string ggml_ops;  // the ggml graph timed against it
   double swarm_fp32_us = 0, swarm_bf16_us = 0;
-  double ggml_f32_us = 0, ggml_f16_us = 0, ggml_bf16_us = 0;  // F16 / BF16: attention's K/V types
+  double ggml_f32_us = 0, ggml_f16_us = 0, ggml_bf16_us = 0;  // F16 / BF16: weights, or attention's K/V
   std::string note;                                          // what differs between the two sides
 };
 
