@@ -16,6 +16,7 @@
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml.h"
+#include "common/torch_bench.hpp"
 #include "kernels/cpu/paged_attention_torch.hpp"
 #include "kernels/cpu/serving_ops_torch.hpp"
 #include "kernels/cpu/small_linear_torch.hpp"
@@ -301,13 +302,7 @@ std::vector<KernelComparison> compare_kernels(const LlamaLibrary& lib, int threa
     // The same keys and values on both sides: ours in blocks of 16 rows, ggml's contiguous per
     // sequence and kv head ([64, keys, kv heads, batch] from the outside in).
     const at::Tensor k = at::randn({batch, ctx_len, kKvHeads, kHeadDim}), v = at::randn_like(k);
-    swarm::PagedContext context;
-    context.table_offset.push_back(0);
-    for (int64_t s = 0; s < batch; ++s) {
-      for (int64_t j = 0; j < blocks; ++j) context.block_ids.push_back(s * blocks + j);
-      context.table_offset.push_back(static_cast<int64_t>(context.block_ids.size()));
-      context.lengths.push_back(ctx_len);
-    }
+    const swarm::PagedContext context = consecutive_blocks_context(batch, blocks, ctx_len);
     for (auto dt : {at::kFloat, at::kBFloat16}) {
       const at::Tensor qd = q.to(dt);
       const at::Tensor kc = k.to(dt).reshape({batch * blocks, block, kKvHeads, kHeadDim});

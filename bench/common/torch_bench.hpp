@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "inference/decoder_model_torch.hpp"
+#include "kernels/cpu/paged_attention_torch.hpp"
 #include "kernels/cpu/widening_linear_torch.hpp"
 #include "model/model_config.hpp"
 #include "model/model_tools.hpp"
@@ -58,6 +59,19 @@ void progress_line(const char* bench, const char* fmt, Args... args) {
   std::fprintf(stderr, fmt, args...);
   std::fprintf(stderr, "\n");
   std::fflush(stderr);
+}
+
+/// `batch` sequences of `length` keys each, sequence s in the cache blocks [s * blocks_per_seq,
+/// (s + 1) * blocks_per_seq): the block tables of the attention benchmarks.
+inline swarm::PagedContext consecutive_blocks_context(int64_t batch, int64_t blocks_per_seq, int64_t length) {
+  swarm::PagedContext context;
+  context.table_offset.push_back(0);
+  for (int64_t s = 0; s < batch; ++s) {
+    for (int64_t j = 0; j < blocks_per_seq; ++j) context.block_ids.push_back(s * blocks_per_seq + j);
+    context.table_offset.push_back(static_cast<int64_t>(context.block_ids.size()));
+    context.lengths.push_back(length);
+  }
+  return context;
 }
 
 inline std::vector<std::string> split_list(const std::string& s) {

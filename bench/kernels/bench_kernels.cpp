@@ -175,13 +175,7 @@ void run_dtype(Bench& b, const std::string& name, swarm::DType dtype, int thread
       ks.push_back(randn({batch * blocks_per_seq, block, kKvHeads, kHeadDim}, st));
       vs.push_back(randn({batch * blocks_per_seq, block, kKvHeads, kHeadDim}, st));
     }
-    swarm::PagedContext context;
-    context.table_offset.push_back(0);
-    for (int64_t s = 0; s < batch; ++s) {
-      for (int64_t j = 0; j < blocks_per_seq; ++j) context.block_ids.push_back(s * blocks_per_seq + j);
-      context.table_offset.push_back(static_cast<int64_t>(context.block_ids.size()));
-      context.lengths.push_back(ctx);
-    }
+    const swarm::PagedContext context = swarm::bench::consecutive_blocks_context(batch, blocks_per_seq, ctx);
     const at::Tensor q = randn({batch, kHeads, kHeadDim}, st);
     const double bytes = 2.0 * static_cast<double>(batch * ctx * kKvHeads * kHeadDim) * es;
     const double flops = 4.0 * static_cast<double>(batch * ctx * kHeads * kHeadDim);  // q.k and p.v
