@@ -169,6 +169,12 @@ KernelComparison comparison(std::string kernel, std::string shape, std::string g
   return r;
 }
 
+// Where a row keeps our time for dtype dt (fp32 or bf16), and ggml's (F32, F16 or BF16).
+double& swarm_us(KernelComparison& r, at::ScalarType dt) { return dt == at::kFloat ? r.swarm_fp32_us : r.swarm_bf16_us; }
+double& ggml_us(KernelComparison& r, at::ScalarType dt) {
+  return dt == at::kFloat ? r.ggml_f32_us : dt == at::kHalf ? r.ggml_f16_us : r.ggml_bf16_us;
+}
+
 // SmolLM2-135M's shapes, as bench_kernels has them.
 constexpr int64_t kHidden = 576, kInter = 1536, kHeads = 9, kKvHeads = 3, kHeadDim = 64;
 constexpr double kEps = 1e-5;
@@ -190,10 +196,11 @@ std::vector<KernelComparison> compare_kernels(const LlamaLibrary& lib, int threa
     KernelComparison r = comparison("projection (serving's)", std::to_string(m) + (m == 1 ? " row" : " rows") + " x [3072, 576]",
                                     "mul_mat");
     const at::Tensor x = at::randn({m, kHidden}), w = at::randn({2 * kInter, kHidden}) * 0.05;
+    auto takes_small = [&](at::ScalarType dt) { return m <= swarm::small_linear_max_rows(dt); };
     for (auto dt : {at::kFloat, at::kBFloat16}) {
       const at::Tensor xd = x.to(dt), wd = w.to(dt);
-      const bool small = m <= swarm::small_linear_max_rows(dt);
-      (dt == at::kFloat ? r.swarm_fp32_us : r.swarm_bf16_us) = best_us(
+      const bool small = takes_small(dt);
+      swarm_us(r, dt) = best_us(
           [&] {
             if (small) {
               swarm::small_linear(xd, wd, c10::nullopt);
@@ -205,7 +212,7 @@ std::vector<KernelComparison> compare_kernels(const LlamaLibrary& lib, int threa
     }
     for (auto dt : {at::kFloat, at::kHalf, at::kBFloat16}) {
       const at::Tensor wd = w.to(dt);
-      const double us = g.best_us(
+      ggml_us(r, dt) = g.best_us(
           [&](ggml_context* ctx, std::vector<Input>& in) {
             ggml_tensor* wt = api.new_tensor_2d(ctx, ggml_type_of(dt), kHidden, 2 * kInter);
             ggml_tensor* xt = api.new_tensor_2d(ctx, GGML_TYPE_F32, kHidden, m);
@@ -214,11 +221,8 @@ std::vector<KernelComparison> compare_kernels(const LlamaLibrary& lib, int threa
             return api.mul_mat(ctx, wt, xt);
           },
           reps);
-      (dt == at::kFloat ? r.ggml_f32_us : dt == at::kHalf ? r.ggml_f16_us : r.ggml_bf16_us) = us;
     }
-    auto path = [&](at::ScalarType dt) {
-      return std::string(m <= swarm::small_linear_max_rows(dt) ? "small_linear" : "model_linear");
-    };
+    auto path = [&](at::ScalarType dt) { return std::string(takes_small(dt) ? "small_linear" : "model_linear"); };
     r.note = "ours: fp32 " + path(at::kFloat) + ", bf16 " + path(at::kBFloat16) +
              "; ggml's input fp32, converted to the weights' type for its dot products";
     rows.push_back(r);
@@ -228,7 +232,7 @@ std::vector<KernelComparison> compare_kernels(const LlamaLibrary& lib, int threa
     const at::Tensor x = at::randn({n, kHidden}), w = at::randn({kHidden});
     for (auto dt : {at::kFloat, at::kBFloat16}) {
       const at::Tensor xd = x.to(dt), wd = w.to(dt), out = at::empty_like(xd);
-      (dt == at::kFloat ? r.swarm_fp32_us : r.swarm_bf16_us) =
+      swarm_us(r, dt) =
           best_us([&] { swarm::rms_norm_rows(xd, wd, kEps, out); }, reps);
     }
     r.ggml_f32_us = g.best_us(
@@ -248,7 +252,7 @@ std::vector<KernelComparison> compare_kernels(const LlamaLibrary& lib, int threa
     const at::Tensor gate_up = at::randn({n, 2 * kInter}) * 2;
     for (auto dt : {at::kFloat, at::kBFloat16}) {
       const at::Tensor gu = gate_up.to(dt), out = at::empty({n, kInter}, gu.options());
-      (dt == at::kFloat ? r.swarm_fp32_us : r.swarm_bf16_us) = best_us([&] { swarm::silu_mul(gu, out); }, reps);
+      swarm_us(r, dt) = best_us([&] { swarm::silu_mul(gu, out); }, reps);
     }
     const at::Tensor gate = gate_up.narrow(1, 0, kInter).contiguous(), up = gate_up.narrow(1, kInter, kInter).contiguous();
     r.ggml_f32_us = g.best_us(
@@ -274,7 +278,7 @@ std::vector<KernelComparison> compare_kernels(const LlamaLibrary& lib, int threa
       const at::Tensor x = qkv.to(dt), cos = angles.cos().to(dt), sin = angles.sin().to(dt);
       const at::Tensor kc = at::zeros({n, kKvHeads * kHeadDim}, x.options()), vc = at::zeros_like(kc);
       const at::Tensor qout = at::empty({n, kHeads, kHeadDim}, x.options());
-      (dt == at::kFloat ? r.swarm_fp32_us : r.swarm_bf16_us) = best_us(
+      swarm_us(r, dt) = best_us(
           [&] { swarm::rope_qkv_into_cache(x, kHeads, kKvHeads, kHeadDim, cos, sin, pos, cache_rows, kc, vc, qout); },
           reps);
     }
@@ -308,7 +312,7 @@ std::vector<KernelComparison> compare_kernels(const LlamaLibrary& lib, int threa
       const at::Tensor kc = k.to(dt).reshape({batch * blocks, block, kKvHeads, kHeadDim});
       const at::Tensor vc = v.to(dt).reshape({batch * blocks, block, kKvHeads, kHeadDim});
       const at::Tensor out = at::empty({batch, kHeads * kHeadDim}, qd.options());
-      (dt == at::kFloat ? r.swarm_fp32_us : r.swarm_bf16_us) = best_us(
+      swarm_us(r, dt) = best_us(
           [&] {
             swarm::paged_decode_attention(qd, kc, vc, context, std::numeric_limits<int64_t>::max(), 0.125, out);
           },
@@ -317,7 +321,7 @@ std::vector<KernelComparison> compare_kernels(const LlamaLibrary& lib, int threa
     const at::Tensor kg = k.permute({0, 2, 1, 3}).contiguous(), vg = v.permute({0, 2, 1, 3}).contiguous();
     for (auto dt : {at::kFloat, at::kHalf, at::kBFloat16}) {
       const at::Tensor kd = kg.to(dt), vd = vg.to(dt);
-      const double us = g.best_us(
+      ggml_us(r, dt) = g.best_us(
           [&](ggml_context* ctx, std::vector<Input>& in) {
             ggml_tensor* qt = api.new_tensor_4d(ctx, GGML_TYPE_F32, kHeadDim, 1, kHeads, batch);
             ggml_tensor* kt = api.new_tensor_4d(ctx, ggml_type_of(dt), kHeadDim, ctx_len, kKvHeads, batch);
@@ -328,7 +332,6 @@ std::vector<KernelComparison> compare_kernels(const LlamaLibrary& lib, int threa
             return api.flash_attn_ext(ctx, qt, kt, vt, nullptr, 0.125f, 0.f, 0.f);
           },
           reps);
-      (dt == at::kFloat ? r.ggml_f32_us : dt == at::kHalf ? r.ggml_f16_us : r.ggml_bf16_us) = us;
     }
     r.note = "ours walks block tables; ggml's keys contiguous, no mask";
     rows.push_back(r);
