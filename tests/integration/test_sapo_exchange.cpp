@@ -135,7 +135,13 @@ TEST_F(SapoExchange, TwoServersShareGroupsAndEachStepTrainsIPlusJ) {
   EXPECT_EQ(steps[1].metrics.at("external_groups"), 1.0);
   EXPECT_EQ(steps[1].metrics.at("external_episodes"), 2.0);
   EXPECT_EQ(steps[1].metrics.at("local_episodes"), 4.0);
-  ASSERT_TRUE(eventually([&] { return exchange_status(a).published == 4; }));
+  // a's consumer reads its own groups back from the stream after they are published, on its
+  // own thread: wait for both counts (checking `own` as soon as `published` reached 4 raced on
+  // a loaded machine: 2 of 4 read back yet).
+  ASSERT_TRUE(eventually([&] {
+    const ExchangeStatus s = exchange_status(a);
+    return s.published == 4 && s.dropped.count("own") != 0 && s.dropped.at("own") == 4;
+  }));
   const ExchangeStatus st = exchange_status(a);
   EXPECT_EQ(st.used, 1);
   EXPECT_EQ(st.peers.at("node-b").accepted, 2);
