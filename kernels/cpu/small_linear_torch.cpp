@@ -567,6 +567,8 @@ int64_t small_linear_max_rows(at::ScalarType dtype) {
   if (dtype == at::kBFloat16 && cpu_has_avx512_bf16()) return kSmallLinearBf16MaxRows;
   // Without bf16 dot products, from AVX2 on: the widening tiles from 9 rows on.
   if (dtype == at::kBFloat16 && cpu_level() >= CpuLevel::AVX2) return kSmallLinearWideningMaxRows;
+  // fp32 with AVX2 but not AVX-512: the tiles up to 32 rows (small_linear_torch.hpp).
+  if (dtype == at::kFloat && cpu_level() == CpuLevel::AVX2) return kSmallLinearF32TileMaxRows;
 #endif
   return kSmallLinearMaxRows;
 }
@@ -598,7 +600,7 @@ void run_features(const Args& a, int64_t out, int64_t rows_per_feature, const F&
 }
 
 // The fp32 input the widening kernels read: x itself, or bf16 x widened into a buffer kept by
-// the calling thread (at most kSmallLinearMaxRows rows; no allocation or op dispatch per call),
+// the calling thread (at most small_linear_max_rows rows; no allocation or op dispatch per call),
 // in pair order: in each whole group of 2W values of a row (W = the kernel copy's vector width),
 // the W even-indexed values first, then the W odd-indexed ones, as simd::load_pair splits the
 // bf16 weights; the rest of the row in order.
@@ -629,13 +631,29 @@ const float* widened_input(const at::Tensor& x) {
   return buffer.data();
 }
 
+// Whether the widening tiles take m rows of `in` values (small_linear_torch.hpp): above 8 rows
+// whenever small_linear takes them without bf16 dot products; at fewer rows on CPUs with AVX2
+// but not AVX-512, where they beat the row kernel.
+bool takes_tiles(int64_t m, int64_t in, bool bf16) {
+#if SWARM_HAVE_X86_KERNELS
+  if (bf16 && cpu_has_avx512_bf16()) return false;
+  if (m > kSmallLinearMaxRows) return true;
+  if (cpu_level() != CpuLevel::AVX2) return false;
+  return (bf16 && m >= kSmallLinearBf16TilesFromRows) ||
+         (m >= kSmallLinearWideTilesFromRows && m * in * static_cast<int64_t>(sizeof(float)) >= kSmallLinearWideTilesBytes);
+#else
+  (void)in, (void)bf16;
+  return m > kSmallLinearMaxRows;
+#endif
+}
+
 // The kernel for these weights on this CPU and the fp32 input it reads: the bf16 dot-product
 // kernel (AVX512_BF16) reads the bf16 input itself (null), the widening kernels an fp32 one.
 std::pair<widening_rows_fn, const float*> pick_kernel(const at::Tensor& xin, bool bf16) {
 #if SWARM_HAVE_X86_KERNELS
   if (bf16 && cpu_has_avx512_bf16()) return {rows_bf16_dot, nullptr};  // (the same signature)
 #endif
-  if (bf16 && xin.size(0) > kSmallLinearMaxRows) return {widening_tiles(bf16), widened_input(xin)};
+  if (takes_tiles(xin.size(0), xin.size(1), bf16)) return {widening_tiles(bf16), widened_input(xin)};
   return {widening_rows(bf16), widened_input(xin)};
 }
 
@@ -679,8 +697,8 @@ at::Tensor small_linear_silu_mul(const at::Tensor& x, const at::Tensor& w, const
   // compiled with contraction as this one is), but it streams the gate and up rows side by side,
   // which for fp32 weights at 8 rows measured slower (2 threads, 3072 x 576: 352-488 us against
   // 283-339 us for the two ops; 1 row within noise).
-  // The widening tiles (bf16 above 8 rows without AVX512_BF16) have no fused form: the two ops.
-  if (!bf16 || (!cpu_has_avx512_bf16() && x.size(0) > kSmallLinearMaxRows)) return silu_mul(small_linear(x, w, bias), out);
+  // The widening tiles have no fused form: the two ops.
+  if (!bf16 || takes_tiles(x.size(0), x.size(1), bf16)) return silu_mul(small_linear(x, w, bias), out);
   const at::Tensor xin = x.contiguous();
   const auto [run, xf] = pick_kernel(xin, bf16);
   const int64_t m = x.size(0), inter = w.size(0) / 2;

@@ -39,9 +39,30 @@ constexpr int64_t kSmallLinearWideningMaxRows = 64;
 /// 0.95-1.09x, 40 rows 0.89-0.93x, 48-64 rows 0.85-0.89x.
 constexpr int64_t kSmallLinearTileMaxRows = 32;
 
+/// On CPUs with AVX2 but not AVX-512 the widening tiles take fp32 too, up to
+/// kSmallLinearTileMaxRows rows, and take over from the row kernel below 9 rows: for bf16 from
+/// kSmallLinearBf16TilesFromRows, for both dtypes from kSmallLinearWideTilesFromRows once the
+/// fp32 input rows (widened, for bf16) reach kSmallLinearWideTilesBytes: the row kernel keeps
+/// all M input rows in L1 beside the weight stream, the tiles three. Measured on the AVX512_BF16
+/// host behaving as AVX2 (2 threads, SmolLM2's projection shapes [3072, 576], [576, 1536],
+/// [960, 576] and the gate/up projection with SiLU, 24 sets of weights from memory, each case
+/// in its own process, three alternating runs), time of the tiles against what ran before:
+/// fp32 against the split OpenBLAS GEMM, 12 rows 0.66-0.79x, 16 rows 0.76-0.88x, 24 rows
+/// 0.74-0.97x, 32 rows 0.80-0.97x (48 rows 0.92-1.03x, 64 rows 1.0-1.09x: not taken); fp32
+/// against the row kernel at [576, 1536] 0.75x at 4 rows, 0.64-0.74x at 6, 0.80-0.90x at 8
+/// (1.1-1.5x slower at 4-8 rows of the 576-wide shapes); bf16 against the row kernel at 6 and 8
+/// rows 0.66-0.88x over all four (4 rows: 0.74-0.94x at [576, 1536], 0.96-1.25x elsewhere).
+/// AVX-512 copies keep the row kernel to 8 rows and OpenBLAS above in fp32 (the row kernel's
+/// 32 registers: 1.3-1.9x faster than these tiles at 4-8 rows there).
+constexpr int64_t kSmallLinearF32TileMaxRows = kSmallLinearTileMaxRows;
+constexpr int64_t kSmallLinearBf16TilesFromRows = 6;
+constexpr int64_t kSmallLinearWideTilesFromRows = 4;
+constexpr int64_t kSmallLinearWideTilesBytes = 24 << 10;
+
 /// How many rows small_linear takes, and beats at::linear at, for this dtype on this CPU:
 /// kSmallLinearBf16MaxRows for bf16 with AVX512_BF16, kSmallLinearWideningMaxRows for bf16
-/// with AVX2, else kSmallLinearMaxRows.
+/// with AVX2, kSmallLinearF32TileMaxRows for fp32 with AVX2 but not AVX-512, else
+/// kSmallLinearMaxRows.
 int64_t small_linear_max_rows(at::ScalarType dtype);
 
 /// Threads small_linear splits its work over; 0 (the default) = libtorch's intra-op thread

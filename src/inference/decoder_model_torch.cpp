@@ -402,8 +402,8 @@ torch::Tensor DecoderModel::attend(const torch::Tensor& q, const torch::Tensor& 
 torch::Tensor DecoderModel::serving_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
                                            bool float_out, const torch::Tensor& out) const {
   // Decode steps have a handful of rows: stream the weights once instead of a GEMM (faster than
-  // OpenBLAS up to 8 rows in fp32; in bf16 up to 384 rows on CPUs with AVX512_BF16, 64 with
-  // AVX2: small_linear_max_rows).
+  // OpenBLAS up to 8 rows in fp32, 32 with AVX2 but not AVX-512; in bf16 up to 384 rows on CPUs
+  // with AVX512_BF16, 64 with AVX2: small_linear_max_rows).
   const c10::optional<torch::Tensor> bias = b.defined() ? c10::optional<torch::Tensor>(b) : c10::nullopt;
   if (device_.is_cpu() && x.dim() == 2 && x.size(0) <= small_linear_max_rows(scalar_type_)) {
     return small_linear(x, w, bias, float_out, out);

@@ -38,7 +38,9 @@ TEST(SmallLinear, MatchesLinearForEveryRowCountWithAndWithoutBias) {
     for (int64_t m = 1; m <= small_linear_max_rows(dtype); m += m < 12 ? 1 : m < 16 ? 3 : 21) counts.push_back(m);
     if (counts.back() != small_linear_max_rows(dtype)) counts.push_back(small_linear_max_rows(dtype));
     for (int64_t m : counts) {
-      for (int64_t in : {8, 40, 64, 100, 576}) {  // tails beyond the unrolled loop and the vector width
+      // Tails beyond the unrolled loop and the vector width; 1536: input rows past 24 KiB (the
+      // tiles from 4 rows at the AVX2 level).
+      for (int64_t in : {8, 40, 64, 100, 576, 1536}) {
         const at::Tensor x = at::randn({m, in}).to(dtype), w = at::randn({37, in}).to(dtype);
         const at::Tensor b = at::randn({37}).to(dtype);
         const at::Tensor want = at::linear(x.to(at::kFloat), w.to(at::kFloat), b.to(at::kFloat));
@@ -94,32 +96,44 @@ TEST(SmallLinear, SiluMulIsTheProjectionThenSiluMulBitForBit) {
   EXPECT_ANY_THROW(small_linear_silu_mul(at::randn({2, 8}), at::randn({5, 8}), c10::nullopt));  // odd rows
 }
 
-// Above 8 rows without AVX512_BF16 (the widening tiles from AVX2 on: 3 rows x 3 features,
-// weights widened in registers) each result is the fp32 product of the bf16 inputs rounded
-// once: within one bf16 rounding of the fp32 reference, elementwise, for every tail of the
-// tiles (rows mod 3, features mod 3, in not a multiple of the 2W values a step takes).
-TEST(SmallLinear, ManyBf16RowsAreTheFp32ProductRoundedOnce) {
+// The widening tiles (3 rows x 3 features, bf16 weights widened in registers): bf16 above 8
+// rows without AVX512_BF16, and at the AVX2 level fp32 up to 32 rows and both dtypes at fewer
+// rows (small_linear_torch.hpp). Each result is the fp32 product of the inputs (for bf16
+// rounded once): elementwise within one bf16 rounding of the fp32 reference, or within fp32
+// summation error, for every tail of the tiles (rows mod 3, features mod 3, in not a multiple
+// of the 2W values a step takes).
+TEST(SmallLinear, ManyRowsAreTheFp32ProductRoundedOnce) {
   at::manual_seed(12);
-  const int64_t most = small_linear_max_rows(at::kBFloat16);
-  if (most <= kSmallLinearMaxRows) GTEST_SKIP() << "no more than 8 bf16 rows at " << cpu_level_name(cpu_level());
-  for (int64_t m : {int64_t{9}, int64_t{10}, int64_t{11}, int64_t{33}, most}) {
-    for (auto [in, out] : {std::pair<int64_t, int64_t>{576, 192}, {100, 37}, {40, 38}, {1536, 5}, {15, 4}}) {
-      const at::Tensor x = at::randn({m, in}).to(at::kBFloat16), w = at::randn({out, in}).to(at::kBFloat16);
-      const at::Tensor b = at::randn({out}).to(at::kBFloat16);
-      for (const at::Tensor& bias : {b, at::Tensor()}) {
-        const at::Tensor want = at::linear(x.to(at::kFloat), w.to(at::kFloat), bias.defined() ? bias.to(at::kFloat) : bias);
-        const at::Tensor got = small_linear(x, w, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt);
-        ASSERT_EQ(got.sizes(), (std::vector<int64_t>{m, out}));
-        const at::Tensor err = (got.to(at::kFloat) - want).abs();
-        EXPECT_TRUE((err <= want.abs() * (1.0 / 256) + 1e-3).all().item<bool>())
-            << "m=" << m << " in=" << in << " out=" << out << " max err " << err.max().item<float>();
+  bool ran = false;
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    const int64_t most = small_linear_max_rows(dtype);
+    if (most <= kSmallLinearMaxRows) continue;
+    ran = true;
+    for (int64_t m : {int64_t{4}, int64_t{6}, int64_t{9}, int64_t{10}, int64_t{11}, int64_t{33}, most}) {
+      if (m > most) continue;
+      for (auto [in, out] : {std::pair<int64_t, int64_t>{576, 192}, {100, 37}, {40, 38}, {1536, 5}, {15, 4}}) {
+        const at::Tensor x = at::randn({m, in}).to(dtype), w = at::randn({out, in}).to(dtype);
+        const at::Tensor b = at::randn({out}).to(dtype);
+        for (const at::Tensor& bias : {b, at::Tensor()}) {
+          const at::Tensor want =
+              at::linear(x.to(at::kDouble), w.to(at::kDouble), bias.defined() ? bias.to(at::kDouble) : bias).to(at::kFloat);
+          const at::Tensor got = small_linear(x, w, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt);
+          ASSERT_EQ(got.sizes(), (std::vector<int64_t>{m, out}));
+          const at::Tensor err = (got.to(at::kFloat) - want).abs();
+          const at::Tensor bound = dtype == at::kFloat ? want.abs() * 1e-5 + 1e-4 : want.abs() * (1.0 / 256) + 1e-3;
+          EXPECT_TRUE((err <= bound).all().item<bool>())
+              << dtype << " m=" << m << " in=" << in << " out=" << out << " max err " << err.max().item<float>();
+        }
       }
     }
   }
+  if (!ran) GTEST_SKIP() << "no more than 8 rows in either dtype at " << cpu_level_name(cpu_level());
 }
 
 TEST(SmallLinear, TakesWhatTheCpuLevelAllows) {
-  EXPECT_EQ(small_linear_max_rows(at::kFloat), kSmallLinearMaxRows);
+  EXPECT_EQ(small_linear_max_rows(at::kFloat),
+            SWARM_HAVE_X86_KERNELS && cpu_level() == CpuLevel::AVX2 ? kSmallLinearF32TileMaxRows : kSmallLinearMaxRows)
+      << cpu_level_name(cpu_level());
   const int64_t bf16 = small_linear_max_rows(at::kBFloat16);
   const int64_t want = cpu_has_avx512_bf16()                                   ? kSmallLinearBf16MaxRows
                        : SWARM_HAVE_X86_KERNELS && cpu_level() >= CpuLevel::AVX2 ? kSmallLinearWideningMaxRows
@@ -132,7 +146,7 @@ TEST(SmallLinear, TakesWhatTheCpuLevelAllows) {
 }
 
 TEST(SmallLinear, RejectsWhatItIsNotFor) {
-  EXPECT_ANY_THROW(small_linear(at::randn({kSmallLinearMaxRows + 1, 8}), at::randn({4, 8}), c10::nullopt));
+  EXPECT_ANY_THROW(small_linear(at::randn({small_linear_max_rows(at::kFloat) + 1, 8}), at::randn({4, 8}), c10::nullopt));
   EXPECT_ANY_THROW(small_linear(at::randn({1, 8}), at::randn({4, 9}), c10::nullopt));
   EXPECT_ANY_THROW(small_linear(at::randn({1, 8}).to(at::kDouble), at::randn({4, 8}).to(at::kDouble), c10::nullopt));
 }
