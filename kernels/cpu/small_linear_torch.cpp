@@ -565,10 +565,10 @@ int small_linear_threads() { return g_threads.load() > 0 ? g_threads.load() : at
 int64_t small_linear_max_rows(at::ScalarType dtype) {
 #if SWARM_HAVE_X86_KERNELS
   if (dtype == at::kBFloat16 && cpu_has_avx512_bf16()) return kSmallLinearBf16MaxRows;
-  // Without bf16 dot products, from AVX2 on: the widening tiles from 9 rows on.
+  // Without bf16 dot products, from AVX2 on: the widening tiles, then the packed GEMM.
   if (dtype == at::kBFloat16 && cpu_level() >= CpuLevel::AVX2) return kSmallLinearWideningMaxRows;
   // fp32 with AVX2 but not AVX-512: the tiles up to 32 rows (small_linear_torch.hpp).
-  if (dtype == at::kFloat && cpu_level() == CpuLevel::AVX2) return kSmallLinearF32TileMaxRows;
+  if (dtype == at::kFloat && cpu_level() == CpuLevel::AVX2) return kSmallLinearTileMaxRows;
 #endif
   return kSmallLinearMaxRows;
 }

@@ -54,14 +54,13 @@ constexpr int64_t kSmallLinearTileMaxRows = 32;
 /// rows 0.66-0.88x over all four (4 rows: 0.74-0.94x at [576, 1536], 0.96-1.25x elsewhere).
 /// AVX-512 copies keep the row kernel to 8 rows and OpenBLAS above in fp32 (the row kernel's
 /// 32 registers: 1.3-1.9x faster than these tiles at 4-8 rows there).
-constexpr int64_t kSmallLinearF32TileMaxRows = kSmallLinearTileMaxRows;
 constexpr int64_t kSmallLinearBf16TilesFromRows = 6;
 constexpr int64_t kSmallLinearWideTilesFromRows = 4;
 constexpr int64_t kSmallLinearWideTilesBytes = 24 << 10;
 
 /// How many rows small_linear takes, and beats at::linear at, for this dtype on this CPU:
 /// kSmallLinearBf16MaxRows for bf16 with AVX512_BF16, kSmallLinearWideningMaxRows for bf16
-/// with AVX2, kSmallLinearF32TileMaxRows for fp32 with AVX2 but not AVX-512, else
+/// with AVX2, kSmallLinearTileMaxRows for fp32 with AVX2 but not AVX-512, else
 /// kSmallLinearMaxRows.
 int64_t small_linear_max_rows(at::ScalarType dtype);
 

@@ -132,7 +132,7 @@ TEST(SmallLinear, ManyRowsAreTheFp32ProductRoundedOnce) {
 
 TEST(SmallLinear, TakesWhatTheCpuLevelAllows) {
   EXPECT_EQ(small_linear_max_rows(at::kFloat),
-            SWARM_HAVE_X86_KERNELS && cpu_level() == CpuLevel::AVX2 ? kSmallLinearF32TileMaxRows : kSmallLinearMaxRows)
+            SWARM_HAVE_X86_KERNELS && cpu_level() == CpuLevel::AVX2 ? kSmallLinearTileMaxRows : kSmallLinearMaxRows)
       << cpu_level_name(cpu_level());
   const int64_t bf16 = small_linear_max_rows(at::kBFloat16);
   const int64_t want = cpu_has_avx512_bf16()                                   ? kSmallLinearBf16MaxRows
