@@ -40,6 +40,21 @@ uint64_t fnv1a(std::string_view s) {
 }
 
 constexpr const char* kOtherPeers = "(other)";
+constexpr int64_t kNanosPerSecond = 1000000000;
+
+// A consumer's start time as nats.c sends it meant. nats.c (3.4.1, and still so at its HEAD)
+// writes the fraction of a second without its leading zeros: .05 s goes out as .5 s, so a start
+// time early in its second would start up to 0.9 s late and skip what was stored in between. A
+// fraction under 0.1 s is rounded down to the whole second (written exactly); the messages that
+// replays are skipped by their stream time (Impl::resume_after_ns).
+int64_t nats_exact_start_time(int64_t ns) {
+  const int64_t frac = ns % kNanosPerSecond;
+  return frac > 0 && frac < kNanosPerSecond / 10 ? ns - frac : ns;
+}
+
+// How long a consumer may deliver nothing before the node asks the broker whether it is still
+// there (an operator may delete it, or the broker drop it, without the fetches failing).
+constexpr auto kConsumerCheckInterval = std::chrono::seconds(10);
 
 }  // namespace
 
@@ -78,10 +93,12 @@ struct Exchange::Impl {
   natsSubscription* sub = nullptr;
   bool was_connected = false;
   bool ever_connected = false;
-  int64_t last_time_ns = 0;  // the newest message's stream time (a new consumer resumes after it)
-  int publish_attempts = 0;
-  bool stream_checked = false;  // its limits compared with ours once  // failed tries of the outbox's first message while connected
+  int64_t last_time_ns = 0;     // the newest message's stream time (a new consumer resumes after it)
+  int64_t resume_after_ns = 0;  // messages at or before this stream time were handled: skipped
+  int publish_attempts = 0;     // failed tries of the outbox's first message while connected
+  bool stream_checked = false;  // its limits compared with ours once
   int fetch_errors = 0;
+  std::chrono::steady_clock::time_point consumer_checked;  // the last sign the consumer is there
 
   double now() const { return self.config_.now ? self.config_.now() : system_now(); }
 
@@ -256,7 +273,10 @@ struct Exchange::Impl {
       // consumer replays the window (a late joiner gets it too); later ones resume after the
       // newest message handled (ids seen lately are dropped as duplicates).
       so.Config.DeliverPolicy = js_DeliverByStartTime;
-      so.Config.OptStartTime = last_time_ns > 0 ? last_time_ns + 1 : static_cast<int64_t>((now() - c.max_age_seconds) * 1e9);
+      so.Config.OptStartTime = nats_exact_start_time(
+          last_time_ns > 0 ? last_time_ns + 1 : static_cast<int64_t>((now() - c.max_age_seconds) * 1e9));
+      resume_after_ns = last_time_ns;
+      consumer_checked = std::chrono::steady_clock::now();
       jerr = static_cast<jsErrCode>(0);
       s = js_PullSubscribe(&sub, js, subjects.c_str(), nullptr, nullptr, &so, &jerr);
       if (s != NATS_OK) {
@@ -279,6 +299,20 @@ struct Exchange::Impl {
     }
     std::lock_guard lk(mu);
     st.ready = false;
+  }
+
+  // Whether the broker says this node's consumer no longer exists (deleted by an operator,
+  // dropped after inactivity, or lost with the broker's store). Other answers (a timeout while
+  // the broker is busy) keep it. Either way the check counts as a sign of life.
+  bool consumer_gone() {
+    consumer_checked = std::chrono::steady_clock::now();
+    jsConsumerInfo* ci = nullptr;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    const natsStatus s = natsSubscription_GetConsumerInfo(&ci, sub, nullptr, &jerr);
+    if (ci != nullptr) jsConsumerInfo_Destroy(ci);
+    const bool gone = s == NATS_NOT_FOUND || jerr == JSConsumerNotFoundErr;
+    if (gone) set_error("the consumer on " + self.stream_name() + " is gone; making it again");
+    return gone;
   }
 
   void publish_outbox() {
@@ -337,12 +371,16 @@ struct Exchange::Impl {
     const natsStatus s = natsSubscription_Fetch(&list, sub, 64, 250, &jerr);
     if (s == NATS_TIMEOUT) {
       fetch_errors = 0;
+      // Nothing for a while: is the consumer still there? (A deleted one answers the pull that
+      // was waiting with an error once, then every later fetch only times out.)
+      if (std::chrono::steady_clock::now() - consumer_checked >= kConsumerCheckInterval && consumer_gone())
+        drop_subscription();  // made again by setup()
       return;
     }
     if (s != NATS_OK) {
       natsMsgList_Destroy(&list);
       set_error("fetching from " + self.stream_name() + ": " + nats_error(s, jerr));
-      if (++fetch_errors >= 3) {
+      if (++fetch_errors >= 3 || consumer_gone()) {
         fetch_errors = 0;
         drop_subscription();  // made again by setup()
       }
@@ -350,16 +388,23 @@ struct Exchange::Impl {
       return;
     }
     fetch_errors = 0;
+    consumer_checked = std::chrono::steady_clock::now();
     for (int i = 0; i < list.Count; ++i) {
       natsMsg* m = list.Msgs[i];
+      int64_t stream_time = 0;
+      jsMsgMetaData* meta = nullptr;
+      if (natsMsg_GetMetaData(&meta, m) == NATS_OK && meta != nullptr) {
+        stream_time = meta->Timestamp;
+        jsMsgMetaData_Destroy(meta);
+      }
+      if (stream_time > 0 && stream_time <= resume_after_ns) {  // replayed by a rounded start time
+        natsMsg_Ack(m, nullptr);
+        continue;
+      }
+      last_time_ns = std::max(last_time_ns, stream_time);
       const char* id = nullptr;
       std::string msg_id;
       if (natsMsgHeader_Get(m, "Nats-Msg-Id", &id) == NATS_OK && id != nullptr) msg_id = id;
-      jsMsgMetaData* meta = nullptr;
-      if (natsMsg_GetMetaData(&meta, m) == NATS_OK && meta != nullptr) {
-        last_time_ns = std::max<int64_t>(last_time_ns, meta->Timestamp);
-        jsMsgMetaData_Destroy(meta);
-      }
       const char* data = natsMsg_GetData(m);
       const int len = natsMsg_GetDataLength(m);
       self.receive(natsMsg_GetSubject(m), std::string_view(data == nullptr ? "" : data, static_cast<size_t>(std::max(0, len))),

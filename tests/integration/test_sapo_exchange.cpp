@@ -254,8 +254,9 @@ TEST_F(SapoExchange, BrokerLostMidRunThenBackLosesNothing) {
   nats->restart();  // same port, same store
   ASSERT_TRUE(eventually([&] { return exchange_status(node).published == 4; }, 30s))
       << "published " << exchange_status(node).published << ": " << exchange_status(node).last_error;
-  ASSERT_TRUE(observer.wait_buffered(4, 30)) << "the observer has " << observer.status().buffered
-                                              << " groups: " << observer.status().last_error;
+  ASSERT_TRUE(observer.wait_buffered(4, 30)) << "the observer has " << observer.status().buffered << " groups ("
+                                              << observer.status().received << " received): "
+                                              << observer.status().last_error;
   std::mt19937_64 rng(3);
   std::set<std::string> seen;
   for (const SapoGroup& g : observer.draw(4, rng)) seen.insert(g.task_id);
@@ -266,6 +267,91 @@ TEST_F(SapoExchange, BrokerLostMidRunThenBackLosesNothing) {
   ASSERT_TRUE(eventually([&] { return exchange_status(node).ready; })) << exchange_status(node).last_error;
   EXPECT_EQ(exchange_status(node).reconnects, 1);
   EXPECT_EQ(node.engine().status().detail.find("exchange"), std::string::npos);
+}
+
+// A consumer made again (after a reconnect, or here: its consumer deleted on the broker) resumes
+// right after the newest group it handled. nats.c (3.4, and still at its HEAD) writes a start
+// time's fraction of a second without its leading zeros (.05 s goes out as .5 s), so resuming
+// after a group stored early in its second started up to 0.9 s late and skipped what came in
+// between (the cause of a rare loss in BrokerLostMidRunThenBackLosesNothing).
+TEST_F(SapoExchange, AConsumerMadeAgainSkipsNothingAfterAGroupStoredEarlyInItsSecond) {
+  ExchangeConfig oc;
+  oc.url = nats->url();
+  oc.swarm_name = "test";
+  oc.node_id = "observer";
+  Exchange observer(oc);
+  ASSERT_TRUE(eventually([&] { return observer.status().ready; }));
+
+  natsConnection* nc = nullptr;
+  jsCtx* js = nullptr;
+  ASSERT_EQ(natsConnection_ConnectTo(&nc, nats->url().c_str()), NATS_OK);
+  ASSERT_EQ(natsConnection_JetStream(&js, nc, nullptr), NATS_OK);
+  int sent = 0;
+  // Publishes one group of node-x and returns the broker's time for it (ns since the epoch).
+  auto publish = [&]() -> int64_t {
+    SapoGroup g;
+    g.node_id = "node-x";
+    g.model = "m";
+    g.created = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    g.task_id = "t" + std::to_string(sent++);
+    for (double r : {0.0, 1.0}) {
+      SapoEpisode e;
+      e.reward = r;
+      e.calls.push_back({{"messages", nlohmann::ordered_json::array({{{"role", "user"}, {"content", "hi"}}})},
+                         {"completion", {{"role", "assistant"}, {"content", "yo"}}},
+                         {"text", "yo<|im_end|>"}});
+      g.episodes.push_back(std::move(e));
+    }
+    const std::string payload = encode_sapo_group(g);
+    jsPubAck* ack = nullptr;
+    if (js_Publish(&ack, js, "swarm.test.groups.node-x", payload.data(), static_cast<int>(payload.size()), nullptr,
+                   nullptr) != NATS_OK)
+      return -1;
+    natsMsg* stored = nullptr;
+    int64_t t = -1;
+    if (js_GetMsg(&stored, js, "SWARM_test", ack->Sequence, nullptr, nullptr) == NATS_OK) {
+      t = natsMsg_GetTime(stored);
+      natsMsg_Destroy(stored);
+    }
+    jsPubAck_Destroy(ack);
+    return t;
+  };
+  constexpr int64_t kSecond = 1000000000;
+  int64_t first_time = -1;
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    // Wait for the clock to be 50-70 ms into a second, then publish.
+    while (true) {
+      const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              std::chrono::system_clock::now().time_since_epoch()).count();
+      if (now % kSecond >= 50000000 && now % kSecond < 70000000) break;
+      std::this_thread::sleep_for(2ms);
+    }
+    first_time = publish();
+    ASSERT_GT(first_time, 0);
+    ASSERT_TRUE(observer.wait_buffered(static_cast<size_t>(sent), 10)) << observer.status().last_error;
+    if (first_time % kSecond < 90000000) break;  // stored early enough in its second
+  }
+  ASSERT_LT(first_time % kSecond, 90000000) << "the broker never stored a group early in its second";
+  // The observer's consumer goes, and the next group is stored in the window that a start time
+  // with a lost leading zero would skip, before the observer has made its new consumer. The new
+  // one must start after the first group (handled already: not received again) and deliver this.
+  jsConsumerNamesList* names = nullptr;
+  ASSERT_EQ(js_ConsumerNames(&names, js, "SWARM_test", nullptr, nullptr), NATS_OK);
+  ASSERT_NE(names, nullptr);
+  ASSERT_EQ(names->Count, 1);
+  ASSERT_EQ(js_DeleteConsumer(js, "SWARM_test", names->List[0], nullptr, nullptr), NATS_OK);
+  jsConsumerNamesList_Destroy(names);
+  const int64_t second_time = publish();
+  ASSERT_GT(second_time, first_time);
+  const int64_t frac = first_time % kSecond;
+  EXPECT_LT(second_time, first_time - frac + 10 * frac) << "the second group came too late to be at risk";
+  ASSERT_TRUE(observer.wait_buffered(static_cast<size_t>(sent), 20))
+      << "the observer has " << observer.status().buffered << " of " << sent
+      << " groups: " << observer.status().last_error;
+  ASSERT_TRUE(eventually([&] { return observer.status().ready; }));
+  EXPECT_EQ(observer.status().received, sent) << "a group handled before was received again";
+  jsCtx_Destroy(js);
+  natsConnection_Destroy(nc);
 }
 
 TEST_F(SapoExchange, BrokerAwayAtBootTheNodeTrainsAndJoinsLater) {
