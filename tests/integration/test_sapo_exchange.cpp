@@ -48,6 +48,24 @@ void run_step(TestServer& server, const std::string& tasks, int64_t step) {
   ASSERT_TRUE(server.engine().wait_for_step(step, 20s)) << "step " << step;
 }
 
+// A group of node `node`, created now, one episode of one chat call per reward, as JSON.
+std::string one_call_group(const std::string& node, const std::string& task, const std::vector<double>& rewards) {
+  SapoGroup g;
+  g.node_id = node;
+  g.model = "m";
+  g.created = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  g.task_id = task;
+  for (double r : rewards) {
+    SapoEpisode e;
+    e.reward = r;
+    e.calls.push_back({{"messages", nlohmann::ordered_json::array({{{"role", "user"}, {"content", "hi"}}})},
+                       {"completion", {{"role", "assistant"}, {"content", "yo"}}},
+                       {"text", "yo<|im_end|>"}});
+    g.episodes.push_back(std::move(e));
+  }
+  return encode_sapo_group(g);
+}
+
 ExchangeStatus exchange_status(TestServer& server) {
   const auto st = server.engine().status();
   if (!st.exchange) throw std::runtime_error("the engine has no exchange");
@@ -183,22 +201,7 @@ TEST_F(SapoExchange, HostileMessagesAreDroppedAndCountedAndTrainingGoesOn) {
   SwarmClient(victim.url(), fast_client()).auto_sync_train_config_and_start_engine(job);
   ASSERT_TRUE(eventually([&] { return exchange_status(victim).ready; }));
 
-  auto group = [](const std::string& node, std::vector<double> rewards) {
-    SapoGroup g;
-    g.node_id = node;
-    g.model = "m";
-    g.created = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-    g.task_id = "t";
-    for (double r : rewards) {
-      SapoEpisode e;
-      e.reward = r;
-      e.calls.push_back({{"messages", nlohmann::ordered_json::array({{{"role", "user"}, {"content", "hi"}}})},
-                         {"completion", {{"role", "assistant"}, {"content", "yo"}}},
-                         {"text", "yo<|im_end|>"}});
-      g.episodes.push_back(std::move(e));
-    }
-    return encode_sapo_group(g);
-  };
+  auto group = [](const std::string& node, std::vector<double> rewards) { return one_call_group(node, "t", rewards); };
   const std::vector<std::pair<std::string, std::string>> hostile = {
       {"evil", "{\"schema\": 1, \"node_id\": "},                              // malformed
       {"evil", std::string("{\"x\": \"\xff\xfe\"}")},                         // invalid UTF-8
@@ -289,20 +292,7 @@ TEST_F(SapoExchange, AConsumerMadeAgainSkipsNothingAfterAGroupStoredEarlyInItsSe
   int sent = 0;
   // Publishes one group of node-x and returns the broker's time for it (ns since the epoch).
   auto publish = [&]() -> int64_t {
-    SapoGroup g;
-    g.node_id = "node-x";
-    g.model = "m";
-    g.created = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-    g.task_id = "t" + std::to_string(sent++);
-    for (double r : {0.0, 1.0}) {
-      SapoEpisode e;
-      e.reward = r;
-      e.calls.push_back({{"messages", nlohmann::ordered_json::array({{{"role", "user"}, {"content", "hi"}}})},
-                         {"completion", {{"role", "assistant"}, {"content", "yo"}}},
-                         {"text", "yo<|im_end|>"}});
-      g.episodes.push_back(std::move(e));
-    }
-    const std::string payload = encode_sapo_group(g);
+    const std::string payload = one_call_group("node-x", "t" + std::to_string(sent++), {0.0, 1.0});
     jsPubAck* ack = nullptr;
     if (js_Publish(&ack, js, "swarm.test.groups.node-x", payload.data(), static_cast<int>(payload.size()), nullptr,
                    nullptr) != NATS_OK)
