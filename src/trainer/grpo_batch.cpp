@@ -62,6 +62,21 @@ double advantage_of(AdvantageEstimator estimator, double reward, double mean, do
   return 0.0;
 }
 
+// Whether a group trains: it is left out only where the estimator makes every advantage zero.
+// grpo and grpo_no_std subtract the group's mean, so a group whose rewards are all equal (a group
+// of one sample too) has none (tested on the rewards: their mean in floating point need not equal
+// them exactly); reinforce_baseline subtracts the batch's mean, so a group has signal unless
+// each of its rewards is that mean.
+bool has_signal(AdvantageEstimator estimator, bool rewards_all_equal, bool any_nonzero_advantage) {
+  switch (estimator) {
+    case AdvantageEstimator::GRPO:
+    case AdvantageEstimator::GRPO_NO_STD: return !rewards_all_equal;
+    case AdvantageEstimator::REINFORCE_BASELINE: return any_nonzero_advantage;
+    case AdvantageEstimator::GAE: return true;
+  }
+  return true;
+}
+
 void fill_stats(PreparedBatch& out) {
   if (out.sequences.empty()) return;
   double sum = 0.0, sq = 0.0;
@@ -116,16 +131,18 @@ PreparedBatch prepare_by_agent_turn(const TrainBatch& batch, AdvantageEstimator 
       sq += (units[u].reward - mean) * (units[u].reward - mean);
       all_equal = all_equal && units[u].reward == units[members.front()].reward;
     }
-    if (all_equal) {
+    const double std = all_equal ? 0.0 : std::sqrt(sq / (n - 1.0));
+    bool any_nonzero = false;
+    for (size_t u : members) {
+      units[u].advantage = advantage_of(estimator, units[u].reward, mean, std, batch_mean, eps);
+      any_nonzero = any_nonzero || units[u].advantage != 0.0;
+    }
+    if (!has_signal(estimator, all_equal, any_nonzero)) {
       ++out.stats.zero_variance_groups;
       out.stats.skipped_samples += static_cast<int64_t>(members.size());
       continue;
     }
-    const double std = std::sqrt(sq / (n - 1.0));
-    for (size_t u : members) {
-      units[u].advantage = advantage_of(estimator, units[u].reward, mean, std, batch_mean, eps);
-      units_of[units[u].sample].push_back(u);
-    }
+    for (size_t u : members) units_of[units[u].sample].push_back(u);
   }
   // Sequences: samples with at least one unit with signal, grouped by task for mini-batches.
   std::unordered_map<std::string, size_t> task_group;
@@ -190,6 +207,8 @@ PreparedBatch prepare_batch(const TrainBatch& batch, AdvantageEstimator estimato
   // Group every sample by task, in order of the task's first arrival.
   std::vector<std::vector<const Sample*>> groups;
   std::unordered_map<std::string, size_t> group_of;
+  // reinforce_baseline's baseline: the mean reward of the samples that train (those with
+  // trained tokens), so their advantages sum to zero.
   double batch_sum = 0.0;
   int64_t batch_count = 0;
   for (const FinishedEpisode& ep : batch.episodes) {
@@ -197,6 +216,7 @@ PreparedBatch prepare_batch(const TrainBatch& batch, AdvantageEstimator estimato
       auto [it, fresh] = group_of.try_emplace(s.task_id, groups.size());
       if (fresh) groups.emplace_back();
       groups[it->second].push_back(&s);
+      if (count_trained(s) == 0) continue;
       batch_sum += s.reward;
       ++batch_count;
     }
@@ -216,12 +236,16 @@ PreparedBatch prepare_batch(const TrainBatch& batch, AdvantageEstimator estimato
       sq += (s->reward - mean) * (s->reward - mean);
       all_equal = all_equal && s->reward == members.front()->reward;
     }
-    if (all_equal) {  // includes groups of one sample
+    // A group of one sample has zero variance too.
+    const double std = all_equal ? 0.0 : std::sqrt(sq / (n - 1.0));
+    bool any_nonzero = false;
+    for (const Sample* s : members)
+      any_nonzero = any_nonzero || advantage_of(estimator, s->reward, mean, std, batch_mean, eps) != 0.0;
+    if (!has_signal(estimator, all_equal, any_nonzero)) {
       ++out.stats.zero_variance_groups;
       out.stats.skipped_samples += static_cast<int64_t>(members.size());
       continue;
     }
-    const double std = std::sqrt(sq / (n - 1.0));
     std::vector<size_t> kept;
     for (const Sample* s : members) {
       const int64_t trained = count_trained(*s);

@@ -46,7 +46,7 @@ struct TrainSequence {
 
 struct AdvantageStats {
   int64_t groups = 0;
-  int64_t zero_variance_groups = 0;  // every sample got the same reward: no signal, left out
+  int64_t zero_variance_groups = 0;  // groups without signal, left out (every advantage zero: has_signal)
   int64_t skipped_samples = 0;       // samples of those groups
   double mean = 0.0, std = 0.0, min = 0.0, max = 0.0;  // over the kept sequences
 };
@@ -60,10 +60,13 @@ struct PreparedBatch {
 };
 
 /// Groups the samples by task (all samples of all episodes of a task form one group, as
-/// DESIGN §6), computes every sample's advantage from its reward, and leaves out the groups
-/// whose rewards are all equal (they would only add zero-advantage tokens to the loss's
-/// denominator; counted in stats). Group std is the unbiased sample std (as torch.std); a group
-/// of one sample has zero variance. Samples without trained tokens are dropped too.
+/// docs/concepts.md says), computes every sample's advantage from its reward, and leaves out the
+/// groups the estimator gives no signal (they would only add zero-advantage tokens to the loss's
+/// denominator; counted in stats): for grpo and grpo_no_std the groups whose rewards are all
+/// equal (a group of one sample included), for reinforce_baseline the groups whose every reward
+/// equals the batch's mean. Group std is the unbiased sample std (as torch.std).
+/// reinforce_baseline's batch mean is over the samples with trained tokens. Samples without
+/// trained tokens are dropped too.
 ///
 /// GroupBy::TASK_AGENT_TURN (AT-GRPO, PettingLLMs): the unit is one LLM call of a sample; the
 /// calls of one task made by one agent at one turn index (its n-th call in the episode) form a
@@ -71,6 +74,7 @@ struct PreparedBatch {
 /// none). A call's advantage applies to its completion tokens (`token_advantage`); a call whose
 /// group has zero variance gets 0 (its tokens stay in the loss's denominator); a sample none of
 /// whose calls is in a group with signal is left out (stats count groups and calls then).
+/// reinforce_baseline's batch mean is over every call of the batch.
 /// `PreparedBatch::groups` stays per task (mini-batches take whole tasks).
 ///
 /// AdvantageEstimator::GAE: every sample with trained tokens is kept, grouped by task, with

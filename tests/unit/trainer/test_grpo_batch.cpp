@@ -77,6 +77,54 @@ TEST(GrpoBatch, ZeroVarianceGroupsAreCountedAndLeftOut) {
   EXPECT_EQ(p.groups.size(), 1u);
 }
 
+// reinforce_baseline subtracts the batch's mean, so a group of one sample, or a group whose
+// rewards are all equal, carries signal unless its rewards are that mean (num_repeat: 1 gives
+// only groups of one: before, nothing ever trained).
+TEST(GrpoBatch, ReinforceBaselineTrainsSingleSampleAndEqualRewardGroups) {
+  TrainBatch b;
+  b.episodes.push_back(episode("one", 1.0));
+  b.episodes.push_back(episode("two", 0.0));
+  const PreparedBatch p = prepare_batch(b, AdvantageEstimator::REINFORCE_BASELINE);
+  ASSERT_EQ(p.sequences.size(), 2u);
+  EXPECT_DOUBLE_EQ(p.sequences[0].advantage, 0.5);
+  EXPECT_DOUBLE_EQ(p.sequences[1].advantage, -0.5);
+  EXPECT_EQ(p.stats.zero_variance_groups, 0);
+  EXPECT_EQ(p.groups.size(), 2u);
+
+  // Equal rewards within a group, different across: kept. A group at the batch mean: left out.
+  TrainBatch c;
+  for (double r : {1.0, 1.0}) c.episodes.push_back(episode("high", r));
+  for (double r : {0.0, 0.0}) c.episodes.push_back(episode("low", r));
+  for (double r : {0.5, 0.5}) c.episodes.push_back(episode("mean", r));
+  const PreparedBatch q = prepare_batch(c, AdvantageEstimator::REINFORCE_BASELINE);
+  ASSERT_EQ(q.sequences.size(), 4u);
+  EXPECT_DOUBLE_EQ(q.sequences[0].advantage, 0.5);
+  EXPECT_DOUBLE_EQ(q.sequences[3].advantage, -0.5);
+  EXPECT_EQ(q.stats.zero_variance_groups, 1);
+  EXPECT_EQ(q.stats.skipped_samples, 2);
+  // grpo on the same batch: every group has equal rewards, nothing trains.
+  EXPECT_TRUE(prepare_batch(c, AdvantageEstimator::GRPO).sequences.empty());
+  EXPECT_TRUE(prepare_batch(c, AdvantageEstimator::GRPO_NO_STD).sequences.empty());
+
+  // The baseline is the mean of the samples that train: a sample without trained tokens (its
+  // completion is empty) is not in it.
+  TrainBatch d = b;
+  d.episodes.push_back(episode("empty", 1.0, 3, 0));
+  const PreparedBatch r = prepare_batch(d, AdvantageEstimator::REINFORCE_BASELINE);
+  ASSERT_EQ(r.sequences.size(), 2u);
+  EXPECT_DOUBLE_EQ(r.sequences[0].advantage, 0.5);
+  EXPECT_DOUBLE_EQ(r.sequences[1].advantage, -0.5);
+}
+
+// A group of equal rewards whose mean is not exactly representable (0.1 × 3 sums to
+// 0.30000000000000004) still has no signal under grpo: no 1e-11 / eps advantages.
+TEST(GrpoBatch, EqualRewardsWhoseMeanRoundsAreStillZeroVariance) {
+  TrainBatch b;
+  for (double r : {0.1, 0.1, 0.1}) b.episodes.push_back(episode("a", r));
+  EXPECT_TRUE(prepare_batch(b, AdvantageEstimator::GRPO).sequences.empty());
+  EXPECT_EQ(prepare_batch(b, AdvantageEstimator::GRPO).stats.zero_variance_groups, 1);
+}
+
 TEST(GrpoBatch, GroupIsTheTaskAcrossEpisodesAndSamples) {
   TrainBatch b;
   FinishedEpisode e = episode("t", 1.0);
