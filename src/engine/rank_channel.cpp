@@ -13,10 +13,12 @@
 #include <cerrno>
 #include <cstring>
 #include <optional>
+#include <string_view>
 #include <thread>
 #include <type_traits>
 
 #include "common/error.hpp"
+#include "store/episode_codec.hpp"
 
 namespace swarm {
 namespace {
@@ -292,141 +294,68 @@ int pick_free_port(const std::string& host) {
 }
 
 // ------------------------------------------------------------------ batch encoding
+//
+// The episodes travel in the episode store's encoding (store/episode_codec.hpp), the one
+// encoding of a FinishedEpisode: every field a rank trains on (calls, their temperatures, turn
+// and token rewards, ...) reaches the other ranks exactly as rank 0 holds it.
 
 namespace {
 
-class Writer {
- public:
-  template <class T>
-  void pod(T v) {
-    static_assert(std::is_trivially_copyable_v<T>);
-    out_.append(reinterpret_cast<const char*>(&v), sizeof(T));
-  }
-  void str(const std::string& s) {
-    pod<uint64_t>(s.size());
-    out_ += s;
-  }
-  template <class T>
-  void vec(const std::vector<T>& v) {
-    pod<uint64_t>(v.size());
-    out_.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
-  }
-  std::string take() { return std::move(out_); }
+constexpr uint32_t kBatchMagic = 0x53574232;  // "SWB2"
 
- private:
-  std::string out_;
-};
+[[noreturn]] void corrupt_batch(const std::string& why) {
+  throw SwarmError(ErrorKind::INVALID_ARGUMENT, "corrupt train batch (" + why + ")");
+}
 
-class Reader {
- public:
-  explicit Reader(const std::string& in) : in_(in) {}
-  template <class T>
-  T pod() {
-    T v;
-    take(&v, sizeof(T));
-    return v;
-  }
-  std::string str() {
-    std::string s(count(1), '\0');
-    take(s.data(), s.size());
-    return s;
-  }
-  template <class T>
-  std::vector<T> vec() {
-    std::vector<T> v(count(sizeof(T)));
-    take(v.data(), v.size() * sizeof(T));
-    return v;
-  }
-  bool done() const { return pos_ == in_.size(); }
+template <class T>
+void put(std::string& out, T v) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  out.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
 
- private:
-  size_t count(size_t elem) {
-    const auto n = pod<uint64_t>();
-    SWARM_REQUIRE(n <= (in_.size() - pos_) / elem, ErrorKind::INVALID_ARGUMENT, "corrupt train batch (bad length)");
-    return static_cast<size_t>(n);
-  }
-  void take(void* dst, size_t n) {
-    SWARM_REQUIRE(n <= in_.size() - pos_, ErrorKind::INVALID_ARGUMENT, "corrupt train batch (truncated)");
-    if (n) std::memcpy(dst, in_.data() + pos_, n);
-    pos_ += n;
-  }
-  const std::string& in_;
-  size_t pos_ = 0;
-};
-
-constexpr uint32_t kBatchMagic = 0x53574231;  // "SWB1"
+template <class T>
+T get(std::string_view in, size_t& at) {
+  if (in.size() - at < sizeof(T)) corrupt_batch("truncated");
+  T v;
+  std::memcpy(&v, in.data() + at, sizeof(T));
+  at += sizeof(T);
+  return v;
+}
 
 }  // namespace
 
 std::string serialize_train_batch(const TrainBatch& batch) {
-  Writer w;
-  w.pod(kBatchMagic);
-  w.pod<int64_t>(batch.num_tasks);
-  w.pod<uint64_t>(batch.episodes.size());
+  std::string out;
+  put(out, kBatchMagic);
+  put<int64_t>(out, batch.num_tasks);
+  put<uint64_t>(out, batch.episodes.size());
   for (const auto& e : batch.episodes) {
-    w.str(e.episode_uuid);
-    w.str(e.client_uuid);
-    w.str(e.task_id);
-    w.pod(e.reward);
-    w.pod<int8_t>(e.is_success ? (*e.is_success ? 1 : 0) : -1);
-    w.pod<uint64_t>(e.log_metrics.size());
-    for (const auto& [k, v] : e.log_metrics) {
-      w.str(k);
-      w.pod(v);
-    }
-    w.pod(e.finish_seq);
-    w.pod<uint64_t>(e.samples.size());
-    for (const auto& s : e.samples) {
-      w.str(s.task_id);
-      w.str(s.episode_uuid);
-      w.pod(s.reward);
-      w.vec(s.token_ids);
-      w.vec(s.loss_mask);
-      w.vec(s.rollout_logprobs);
-      w.vec(s.policy_versions);
-      w.pod<int32_t>(s.num_calls);
-    }
+    const std::string record = encode_finished_episode(e);
+    put<uint64_t>(out, record.size());
+    out += record;
   }
-  return w.take();
+  return out;
 }
 
 TrainBatch deserialize_train_batch(const std::string& bytes) {
-  Reader r(bytes);
-  SWARM_REQUIRE(r.pod<uint32_t>() == kBatchMagic, ErrorKind::INVALID_ARGUMENT, "corrupt train batch (bad magic)");
+  size_t at = 0;
+  if (get<uint32_t>(bytes, at) != kBatchMagic) corrupt_batch("bad magic");
   TrainBatch batch;
-  batch.num_tasks = r.pod<int64_t>();
-  const auto episodes = r.pod<uint64_t>();
-  SWARM_REQUIRE(episodes <= bytes.size(), ErrorKind::INVALID_ARGUMENT, "corrupt train batch (bad episode count)");
-  batch.episodes.resize(static_cast<size_t>(episodes));
-  for (auto& e : batch.episodes) {
-    e.episode_uuid = r.str();
-    e.client_uuid = r.str();
-    e.task_id = r.str();
-    e.reward = r.pod<double>();
-    const auto success = r.pod<int8_t>();
-    if (success >= 0) e.is_success = success == 1;
-    const auto metrics = r.pod<uint64_t>();
-    SWARM_REQUIRE(metrics <= bytes.size(), ErrorKind::INVALID_ARGUMENT, "corrupt train batch (bad metric count)");
-    for (uint64_t i = 0; i < metrics; ++i) {
-      std::string k = r.str();
-      e.log_metrics[k] = r.pod<double>();
+  batch.num_tasks = get<int64_t>(bytes, at);
+  const auto episodes = get<uint64_t>(bytes, at);
+  if (episodes > (bytes.size() - at) / sizeof(uint64_t)) corrupt_batch("bad episode count");
+  batch.episodes.reserve(static_cast<size_t>(episodes));
+  for (uint64_t i = 0; i < episodes; ++i) {
+    const auto n = get<uint64_t>(bytes, at);
+    if (n > bytes.size() - at) corrupt_batch("truncated");
+    try {
+      batch.episodes.push_back(decode_finished_episode(std::string_view(bytes).substr(at, static_cast<size_t>(n))));
+    } catch (const SwarmError& e) {
+      corrupt_batch("episode " + std::to_string(i) + ": " + e.what());
     }
-    e.finish_seq = r.pod<int64_t>();
-    const auto samples = r.pod<uint64_t>();
-    SWARM_REQUIRE(samples <= bytes.size(), ErrorKind::INVALID_ARGUMENT, "corrupt train batch (bad sample count)");
-    e.samples.resize(static_cast<size_t>(samples));
-    for (auto& s : e.samples) {
-      s.task_id = r.str();
-      s.episode_uuid = r.str();
-      s.reward = r.pod<double>();
-      s.token_ids = r.vec<TokenId>();
-      s.loss_mask = r.vec<uint8_t>();
-      s.rollout_logprobs = r.vec<float>();
-      s.policy_versions = r.vec<int64_t>();
-      s.num_calls = r.pod<int32_t>();
-    }
+    at += static_cast<size_t>(n);
   }
-  SWARM_REQUIRE(r.done(), ErrorKind::INVALID_ARGUMENT, "corrupt train batch (trailing bytes)");
+  if (at != bytes.size()) corrupt_batch("trailing bytes");
   return batch;
 }
 

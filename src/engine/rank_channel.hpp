@@ -85,7 +85,8 @@ class RankFollower {
   int rank_ = 0;
 };
 
-/// Exact binary encoding of a TrainBatch (every id, mask, log-prob and reward bit for bit).
+/// Exact binary encoding of a TrainBatch: its episodes in the episode store's encoding
+/// (store/episode_codec.hpp), so every field of every episode arrives bit for bit.
 std::string serialize_train_batch(const TrainBatch& batch);
 /// Inverse of serialize_train_batch; throws INVALID_ARGUMENT on a truncated or corrupt buffer.
 TrainBatch deserialize_train_batch(const std::string& bytes);

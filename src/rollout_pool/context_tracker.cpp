@@ -72,7 +72,8 @@ std::vector<Sample> merge_calls_into_samples(const std::vector<LlmCall>& calls) 
       from = best->sample.token_ids.size();
     }
     append_context(best->sample, call.prompt_ids, from);
-    best->sample.calls.push_back({static_cast<int32_t>(c), call.agent, turns_of_agent[call.agent]++});
+    best->sample.calls.push_back(
+        {static_cast<int32_t>(c), call.agent, turns_of_agent[call.agent]++, call.temperature});
     append_completion(best->sample, call, static_cast<int32_t>(best->sample.calls.size() - 1));
     best->sample.num_calls += 1;
     best->last_extended = static_cast<int64_t>(c);

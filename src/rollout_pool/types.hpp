@@ -32,6 +32,10 @@ struct LlmCall {
   // Swarm experience sharing (exchange_publish): the call as text for other nodes, a JSON object
   // (exchange/sapo_message.hpp: messages, tools, completion, text, finish_reason); "" otherwise.
   std::string exchange_record{};
+  // The temperature whose distribution `completion_logprobs` were taken from (greedy calls: 1,
+  // src/inference/sampler_torch.hpp): the trainer recomputes the log-probs of these tokens under
+  // log_softmax(logits / temperature) (docs/concepts.md "Temperature").
+  float temperature = 1.0f;
 };
 
 /// One LLM call merged into a sample.
@@ -39,6 +43,7 @@ struct SampleCall {
   int32_t index = 0;  // the call's position among all calls of its episode (turn_rewards index)
   std::string agent;  // LlmCall::agent
   int32_t turn = 0;   // how many calls of the same agent came before it in the episode
+  float temperature = 1.0f;  // LlmCall::temperature: the trainer's log-probs of its tokens use it
 };
 
 /// One training sequence (a timeline of an episode).

@@ -1,6 +1,7 @@
 #include "store/episode_codec.hpp"
 
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 
@@ -12,7 +13,11 @@ namespace {
 static_assert(std::endian::native == std::endian::little, "the episode record is little-endian");
 
 constexpr char kMagic[4] = {'S', 'W', 'E', 'P'};
-constexpr uint32_t kVersion = 1;
+// Version 2 added each call's temperature (SampleCall::temperature); version 1 records (written
+// before) are read with temperature 1, what their log-probs were recorded under unless the run
+// sampled at another temperature.
+constexpr uint32_t kVersion = 2;
+constexpr uint32_t kOldestVersion = 1;
 
 class Writer {
  public:
@@ -120,6 +125,7 @@ std::string encode_finished_episode(const FinishedEpisode& e) {
       w.pod(c.index);
       w.str(c.agent);
       w.pod(c.turn);
+      w.pod(c.temperature);
     }
     w.vec(s.token_call);
     w.vec(s.token_rewards);
@@ -139,7 +145,9 @@ FinishedEpisode decode_finished_episode(std::string_view bytes) {
   Reader r(bytes);
   r.expect_magic();
   const auto version = r.pod<uint32_t>("version");
-  if (version != kVersion) r.fail("format version " + std::to_string(version) + " (this build reads 1)");
+  if (version < kOldestVersion || version > kVersion)
+    r.fail("format version " + std::to_string(version) + " (this build reads " + std::to_string(kOldestVersion) + " to " +
+           std::to_string(kVersion) + ")");
   FinishedEpisode e;
   e.episode_uuid = r.str("episode_uuid");
   e.client_uuid = r.str("client_uuid");
@@ -172,6 +180,11 @@ FinishedEpisode decode_finished_episode(std::string_view bytes) {
       call.index = r.pod<int32_t>("call index");
       call.agent = r.str("call agent");
       call.turn = r.pod<int32_t>("call turn");
+      if (version >= 2) {
+        call.temperature = r.pod<float>("call temperature");
+        if (!(call.temperature > 0.0f) || !std::isfinite(call.temperature))
+          r.fail("call " + std::to_string(c) + " has temperature " + std::to_string(call.temperature));
+      }
       s.calls.push_back(std::move(call));
     }
     s.token_call = r.vec<int32_t>("token_call");

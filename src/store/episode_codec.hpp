@@ -9,10 +9,11 @@
 
 namespace swarm {
 
-/// Encodes everything a FinishedEpisode holds (format version 1, little-endian).
+/// Encodes everything a FinishedEpisode holds (format version 2, little-endian).
 std::string encode_finished_episode(const FinishedEpisode& episode);
 
-/// The inverse of encode_finished_episode. SwarmError(INTERNAL) naming what is wrong when `bytes` is truncated, has trailing bytes, an unknown version or inconsistent
+/// The inverse of encode_finished_episode; also reads version 1 (calls at temperature 1).
+/// SwarmError(INTERNAL) naming what is wrong when `bytes` is truncated, has trailing bytes, an unknown version or inconsistent
 /// lengths; never reads out of bounds.
 FinishedEpisode decode_finished_episode(std::string_view bytes);
 

@@ -9,6 +9,7 @@
 
 #include "common/error.hpp"
 #include "engine/rank_channel.hpp"
+#include "store/episode_codec.hpp"
 
 namespace swarm {
 namespace {
@@ -28,6 +29,9 @@ TrainBatch sample_batch() {
     if (e == 2) ep.is_success = false;
     ep.log_metrics["turns"] = e;
     ep.finish_seq = 10 + e;
+    ep.turn_rewards = {0.25 * e};
+    ep.min_version = 7;
+    ep.metadata_json = R"({"k":1})";
     for (int s = 0; s <= e; ++s) {
       Sample smp;
       smp.task_id = ep.task_id;
@@ -37,7 +41,10 @@ TrainBatch sample_batch() {
       smp.loss_mask = {0, 0, 1, 1};
       smp.rollout_logprobs = {0.f, 0.f, -0.123456789f, std::numeric_limits<float>::denorm_min()};
       smp.policy_versions = {-1, -1, 7, 7};
-      smp.num_calls = s + 1;
+      smp.num_calls = 1;
+      smp.calls = {{0, "solver", 0, 0.6f}};
+      smp.token_call = {-1, -1, 0, 0};
+      smp.token_rewards = {0.f, 0.f, 0.5f, -1.5f};
       ep.samples.push_back(smp);
     }
     b.episodes.push_back(ep);
@@ -67,7 +74,17 @@ TEST(TrainBatchEncoding, RoundTripsEveryFieldExactly) {
       EXPECT_EQ(a.samples[s].policy_versions, b.samples[s].policy_versions);
       EXPECT_EQ(a.samples[s].num_calls, b.samples[s].num_calls);
       EXPECT_EQ(a.samples[s].reward, b.samples[s].reward);
+      EXPECT_EQ(a.samples[s].token_call, b.samples[s].token_call);
+      EXPECT_EQ(a.samples[s].token_rewards, b.samples[s].token_rewards);
+      ASSERT_EQ(a.samples[s].calls.size(), b.samples[s].calls.size());
+      EXPECT_EQ(a.samples[s].calls[0].agent, b.samples[s].calls[0].agent);
+      EXPECT_EQ(a.samples[s].calls[0].temperature, b.samples[s].calls[0].temperature);
     }
+    EXPECT_EQ(a.turn_rewards, b.turn_rewards);
+    EXPECT_EQ(a.min_version, b.min_version);
+    EXPECT_EQ(a.metadata_json, b.metadata_json);
+    // Every other field too: the one encoding of an episode gives the same bytes.
+    EXPECT_EQ(encode_finished_episode(a), encode_finished_episode(b));
   }
 }
 

@@ -42,7 +42,7 @@ FinishedEpisode make_episode(const std::string& uuid, const std::string& task, i
     s.episode_uuid = uuid;
     s.reward = e.reward;
     s.num_calls = 2;
-    s.calls = {{0, "proposer", 0}, {1, "", 0}};
+    s.calls = {{0, "proposer", 0, 0.6f}, {1, "", 0, 1.0f}};
     for (int t = 0; t < tokens; ++t) {
       s.token_ids.push_back(100 * k + t);
       const bool gen = t % 2 == 1;
@@ -91,6 +91,7 @@ void expect_same(const FinishedEpisode& a, const FinishedEpisode& b) {
       EXPECT_EQ(x.calls[c].index, y.calls[c].index);
       EXPECT_EQ(x.calls[c].agent, y.calls[c].agent);
       EXPECT_EQ(x.calls[c].turn, y.calls[c].turn);
+      EXPECT_EQ(x.calls[c].temperature, y.calls[c].temperature);
     }
   }
 }
@@ -120,6 +121,57 @@ TEST(EpisodeCodec, RejectsEveryTruncationAndTrailingBytes) {
     FAIL() << "an unknown format version was read";
   } catch (const SwarmError& err) {
     EXPECT_NE(std::string(err.what()).find("format version 9"), std::string::npos) << err.what();
+  }
+}
+
+// A record of format version 1 (before calls carried their temperature), written field by field
+// as that version laid it out: episodes a store kept from before still load, at temperature 1.
+std::string version1_record(const FinishedEpisode& e) {
+  std::string out("SWEP");
+  const auto pod = [&out](auto v) { out.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  const auto str = [&](const std::string& v) {
+    pod(static_cast<uint64_t>(v.size()));
+    out += v;
+  };
+  const auto vec = [&](const auto& v) {
+    pod(static_cast<uint64_t>(v.size()));
+    out.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof v[0]);
+  };
+  pod(uint32_t{1});
+  str(e.episode_uuid), str(e.client_uuid), str(e.task_id), pod(e.reward);
+  pod(static_cast<int8_t>(e.is_success ? (*e.is_success ? 1 : 0) : -1));
+  pod(static_cast<uint64_t>(e.log_metrics.size()));
+  for (const auto& [k, v] : e.log_metrics) str(k), pod(v);
+  str(e.optional_task_id);
+  pod(static_cast<uint64_t>(e.samples.size()));
+  for (const Sample& s : e.samples) {
+    str(s.task_id), str(s.episode_uuid), pod(s.reward);
+    vec(s.token_ids), vec(s.loss_mask), vec(s.rollout_logprobs), vec(s.policy_versions);
+    pod(static_cast<int64_t>(s.num_calls));
+    pod(static_cast<uint64_t>(s.calls.size()));
+    for (const SampleCall& c : s.calls) pod(c.index), str(c.agent), pod(c.turn);
+    vec(s.token_call), vec(s.token_rewards);
+  }
+  vec(e.turn_rewards), pod(e.finish_seq), pod(e.min_version);
+  pod(static_cast<uint64_t>(e.exchange_calls.size()));
+  for (const std::string& c : e.exchange_calls) str(c);
+  str(e.metadata_json), str(e.task_metadata_json), str(e.from_node);
+  return out;
+}
+
+TEST(EpisodeCodec, ReadsVersionOneRecordsAtTemperatureOne) {
+  FinishedEpisode e = make_episode("ep-old", "t");
+  const FinishedEpisode read = decode_finished_episode(version1_record(e));
+  for (Sample& s : e.samples)
+    for (SampleCall& c : s.calls) c.temperature = 1.0f;  // what version 1 means
+  expect_same(e, read);
+}
+
+TEST(EpisodeCodec, RejectsATemperatureThatIsNotPositive) {
+  for (const float t : {0.0f, -1.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    FinishedEpisode e = make_episode("ep-t", "t");
+    e.samples[0].calls[0].temperature = t;
+    EXPECT_THROW(decode_finished_episode(encode_finished_episode(e)), SwarmError) << t;
   }
 }
 
