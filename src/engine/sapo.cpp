@@ -122,6 +122,10 @@ LlmCall reencode_call(const OJson& call, const Backend& backend, int64_t version
   out.completion_logprobs.assign(out.completion_ids.size(), std::numeric_limits<float>::quiet_NaN());
   out.policy_version = version;
   out.finish_reason = call.value("finish_reason", std::string("stop"));
+  // The sender's sampling temperature (checked by parse_sapo_group); without one the tokens are
+  // trained as an on-policy recomputation at temperature 1 (their log-probs are unknown: NaN).
+  if (auto t = call.find("temperature"); t != call.end() && t->is_number())
+    out.temperature = static_cast<float>(t->get<double>());
   return out;
 }
 

@@ -131,8 +131,19 @@ RankModel load_rank_model(const Job& job, const std::filesystem::path& dir, bool
     critic = DecoderModel::load(model_directory(job, job.critic_model), dtype, device);
     if (dtype != DType::F32 && !resuming) critic_master = DecoderModel::load(job.critic_model, DType::F32, device);
   }
+  // The KL reference is the job's initial model, also when resuming: the checkpoint holds the
+  // trained weights (and no reference), so the job's model is loaded again (in fp32; the trainer
+  // rounds it to its training dtype as it did the first time).
+  std::shared_ptr<DecoderModel> reference;
+  if (job.use_kl_loss && resuming) {
+    SWARM_REQUIRE(std::filesystem::is_regular_file(std::filesystem::path(job.model) / "config.json"),
+                  ErrorKind::INVALID_ARGUMENT,
+                  "use_kl_loss: resuming needs the job's model '" + job.model +
+                      "' (the frozen KL reference), and it is not a model directory");
+    reference = DecoderModel::load(job.model, DType::F32, device);
+  }
   r.trainer = std::make_unique<GrpoTrainer>(r.model, TrainerOptions::from_job(job), std::move(comm), master.get(),
-                                            critic.get(), critic_master.get());
+                                            critic.get(), critic_master.get(), reference.get());
   if (resuming) load_trainer_state(dir / "trainer_state", *r.trainer);
   return r;
 }

@@ -98,11 +98,18 @@ void check_message(const OJson& m, const std::string& where, bool completion) {
       invalid(SapoDrop::SCHEMA, where + "." + key + " must be a string");
 }
 
+// A call's sampling temperature: the OpenAI routes' range, less what samples greedily (a greedy
+// call records 1; src/inference/generation.hpp).
+constexpr double kMinSapoTemperature = 1e-5, kMaxSapoTemperature = 2.0;
+
 void check_call(const OJson& call, const std::string& where, const SapoLimits& limits) {
   if (!call.is_object()) invalid(SapoDrop::SCHEMA, where + " must be an object");
   string_field(call, "text", where, static_cast<size_t>(limits.max_bytes));
   if (auto f = call.find("finish_reason"); f != call.end() && !f->is_string())
     invalid(SapoDrop::SCHEMA, where + ".finish_reason must be a string");
+  if (auto t = call.find("temperature"); t != call.end() && !t->is_null() &&
+      (!t->is_number() || !(t->get<double>() >= kMinSapoTemperature) || t->get<double>() > kMaxSapoTemperature))
+    invalid(SapoDrop::SCHEMA, where + ".temperature must be a number in [1e-5, 2]");
   if (call.contains("messages")) {
     const OJson& messages = call["messages"];
     if (!messages.is_array() || messages.empty())

@@ -17,9 +17,22 @@ namespace grammar {
 class Grammar;
 }
 
+/// Temperatures below this sample greedily (as vLLM does): logits / T would overflow fp32 (a
+/// temperature of 1e-50 rounds to 0 in fp32), and the distribution is its argmax long before.
+inline constexpr double kGreedyTemperatureBelow = 1e-5;
+
+/// Whether `temperature` samples greedily (0, or below kGreedyTemperatureBelow).
+inline bool is_greedy_temperature(double temperature) { return temperature < kGreedyTemperatureBelow; }
+
+/// The temperature a call's recorded log-probs are taken at, which the trainer recomputes them
+/// under (docs/concepts.md "Temperature"): its own, or 1 for a greedy call (sampler_torch.hpp).
+inline double logprob_temperature(double temperature) {
+  return is_greedy_temperature(temperature) ? 1.0 : temperature;
+}
+
 /// Per-request sampling settings (OpenAI parameters after validation).
 struct SamplingParams {
-  double temperature = 1.0;
+  double temperature = 1.0;  // is_greedy_temperature: greedy
   double top_p = 1.0;
   int64_t top_k = -1;                 // -1 = off
   int64_t max_tokens = 256;

@@ -13,6 +13,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include "common/error.hpp"
+#include "inference/generation.hpp"
 #include "kernels/cpu/serving_ops_torch.hpp"
 
 namespace swarm {
@@ -166,7 +167,7 @@ std::vector<SampledToken> sample_tokens(const at::Tensor& logits,
   std::vector<float> temps(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) {
     const double t = configs[static_cast<size_t>(b)].temperature;
-    temps[static_cast<size_t>(b)] = t > 0.0 ? static_cast<float>(t) : 1.0f;  // greedy: T = 1
+    temps[static_cast<size_t>(b)] = static_cast<float>(logprob_temperature(t));  // greedy: T = 1
   }
   at::Tensor x, logp_all, argmax_all, probs_all;
   std::vector<SoftmaxRowStats> stats;
@@ -191,7 +192,7 @@ std::vector<SampledToken> sample_tokens(const at::Tensor& logits,
     const SamplingConfig& cfg = configs[static_cast<size_t>(b)];
     SampledToken& tok = out[static_cast<size_t>(b)];
     const bool truncates = cfg.top_k > 0 || cfg.top_p < 1.0;
-    const bool draws = cfg.temperature > 0.0;
+    const bool draws = !is_greedy_temperature(cfg.temperature);
     const float* row = nullptr;
     const float* probs = nullptr;
     int64_t argmax = 0;

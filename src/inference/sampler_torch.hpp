@@ -3,7 +3,7 @@
 // honouring each request's temperature / top-k / top-p and its own random stream.
 //
 // Semantics, per row b with config c = configs[b]:
-//  * Greedy (c.temperature == 0): the token is argmax(logits[b]) (lowest id on ties), and
+//  * Greedy (c.temperature == 0, or below kGreedyTemperatureBelow = 1e-5, generation.hpp): the token is argmax(logits[b]) (lowest id on ties), and
 //    every reported log-probability is taken from log_softmax(logits[b]) (temperature 1).
 //    The row's rng is not consumed.
 //  * Otherwise: the scaled distribution is P = softmax(logits[b] / T). Truncation is applied
@@ -45,7 +45,7 @@ namespace swarm {
 
 /// One request's sampling settings (validated upstream).
 struct SamplingConfig {
-  double temperature = 1.0;  // 0 = greedy
+  double temperature = 1.0;  // 0 (or below 1e-5) = greedy
   double top_p = 1.0;        // (0, 1]
   int64_t top_k = -1;        // -1 (or 0) = off
   int64_t top_logprobs = 0;  // alternatives to report per position (0..20)

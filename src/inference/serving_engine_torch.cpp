@@ -537,7 +537,7 @@ struct ServingEngine::Impl {
     std::vector<float> temps;
     for (int64_t r : rows) {
       const double t = configs[static_cast<size_t>(r)].temperature;
-      temps.push_back(t > 0 ? static_cast<float>(t) : 1.0f);
+      temps.push_back(static_cast<float>(logprob_temperature(t)));
     }
     constexpr float kNegInf = -std::numeric_limits<float>::infinity();
     if (chosen.is_cpu() && chosen.scalar_type() == torch::kFloat && chosen.is_contiguous()) {

@@ -164,6 +164,7 @@ RequestOptions parse_options(const json& body, OpenAIKind kind, const Job& job) 
   p.temperature = optional_number(body, "temperature").value_or(job.temperature);
   SWARM_REQUIRE(p.temperature >= 0 && p.temperature <= 2, ErrorKind::INVALID_ARGUMENT,
                 "field 'temperature' must be between 0 and 2");
+  if (is_greedy_temperature(p.temperature)) p.temperature = 0;  // e.g. 1e-50: greedy, never logits / 0
   p.top_p = optional_number(body, "top_p").value_or(job.top_p);
   SWARM_REQUIRE(p.top_p > 0 && p.top_p <= 1, ErrorKind::INVALID_ARGUMENT, "field 'top_p' must be in (0, 1]");
   p.top_k = optional_int(body, "top_k").value_or(job.top_k);
@@ -322,6 +323,7 @@ class GenerationHandler final : public GenerationObserver,
       if (!choice.versions.empty() && choice.versions.back() != choice.versions.front())
         call.completion_versions = choice.versions;  // it ran across a weight swap
       call.finish_reason = choice.finish_reason;
+      call.temperature = static_cast<float>(logprob_temperature(options_.params.temperature));
       call.agent = options_.agent;
       if (options_.exchange_request) call.exchange_record = exchange_record(choice);
       if (options_.chat_keys) {
@@ -532,6 +534,8 @@ class GenerationHandler final : public GenerationObserver,
     for (TokenId id : choice.ids) text += lease_.backend->token_text(id);
     record["text"] = std::move(text);
     record["finish_reason"] = choice.finish_reason;
+    // The distribution its tokens were drawn from, so a receiving node trains them as sampled.
+    record["temperature"] = logprob_temperature(options_.params.temperature);
     return record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   }
 

@@ -224,6 +224,35 @@ std::shared_ptr<gloo::transport::Device> gloo_device(const std::string& master_a
 
 }  // namespace
 
+namespace {
+
+torch::Tensor values_on(const std::vector<double>& values, const torch::Device& device) {
+  return torch::tensor(values, torch::TensorOptions().dtype(torch::kDouble)).to(device);
+}
+
+std::vector<double> values_of(const torch::Tensor& t) {
+  const torch::Tensor host = t.to(torch::kCPU).contiguous();
+  return std::vector<double>(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
+}
+
+}  // namespace
+
+std::vector<double> all_reduce_sum_values(Collectives& comm, const std::vector<double>& values,
+                                          const torch::Device& device) {
+  if (comm.world_size() == 1 || values.empty()) return values;
+  torch::Tensor t = values_on(values, device);
+  comm.all_reduce_sum(t);
+  return values_of(t);
+}
+
+std::vector<double> all_gather_values(Collectives& comm, const std::vector<double>& values, const torch::Device& device) {
+  if (comm.world_size() == 1 || values.empty()) return values;
+  const torch::Tensor mine = values_on(values, device);
+  torch::Tensor all = torch::empty({comm.world_size() * mine.numel()}, mine.options());
+  comm.all_gather(mine, all);
+  return values_of(all);
+}
+
 std::unique_ptr<Collectives> make_single_process_collectives() {
   return std::make_unique<SingleProcessCollectives>();
 }

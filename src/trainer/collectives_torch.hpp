@@ -8,6 +8,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/dist_config.hpp"
 
@@ -42,6 +43,15 @@ class Collectives {
   /// Returns once every rank has entered the barrier.
   virtual void barrier() = 0;
 };
+
+/// Sums `values` over the ranks of `comm` as one fp64 tensor on `device`, the training device
+/// (NCCL takes CUDA tensors only, Gloo CPU ones: statistics built on the host would fail there),
+/// and returns the sums. One rank: `values` unchanged.
+std::vector<double> all_reduce_sum_values(Collectives& comm, const std::vector<double>& values,
+                                          const torch::Device& device);
+/// Every rank's `values` (the same count on each), in rank order, gathered as one fp64 tensor on
+/// `device`.
+std::vector<double> all_gather_values(Collectives& comm, const std::vector<double>& values, const torch::Device& device);
 
 /// One rank, no communication (copies where the shapes say so).
 std::unique_ptr<Collectives> make_single_process_collectives();

@@ -45,17 +45,26 @@ void tune_allocator_for_training() {
   });
 }
 
-// log_softmax(logits)[target] and, optionally, the entropy of the softmax, for every row of
+// One chunk of rows of the logits in fp32, divided by each row's sampling temperature when the
+// rows have one (`temperature` [N] fp32, undefined = all 1): x / t, as the sampler computes it
+// (src/inference/sampler_torch.hpp), so the trainer's log-probs are the recorded ones' definition.
+torch::Tensor scaled_chunk(const torch::Tensor& logits, const torch::Tensor& temperature, int64_t r, int64_t c) {
+  torch::Tensor x = logits.narrow(0, r, c).to(torch::kFloat);
+  if (temperature.defined()) x = x / temperature.narrow(0, r, c).unsqueeze(1);
+  return x;
+}
+
+// log_softmax(logits / T)[target] and, optionally, the entropy of that softmax, for every row of
 // `logits` [N, vocab] (compute dtype), `kHeadChunkRows` rows at a time: the fp32 log-softmax
 // never exists for all rows at once. Per row the same ops as on the whole matrix.
 torch::Tensor chunked_selected_logprobs(const torch::Tensor& logits, const torch::Tensor& targets,
-                                        torch::Tensor* entropy) {
+                                        const torch::Tensor& temperature, torch::Tensor* entropy) {
   const int64_t n = logits.size(0);
   torch::Tensor lp = torch::empty({n}, logits.options().dtype(torch::kFloat));
   if (entropy != nullptr) *entropy = torch::empty({n}, lp.options());
   for (int64_t r = 0; r < n; r += kHeadChunkRows) {
     const int64_t c = std::min(kHeadChunkRows, n - r);
-    const torch::Tensor logp = torch::log_softmax(logits.narrow(0, r, c).to(torch::kFloat), -1);
+    const torch::Tensor logp = torch::log_softmax(scaled_chunk(logits, temperature, r, c), -1);
     lp.narrow(0, r, c).copy_(logp.gather(1, targets.narrow(0, r, c).unsqueeze(1)).squeeze(1));
     if (entropy != nullptr) entropy->narrow(0, r, c).copy_(-(logp.exp() * logp).sum(-1));
   }
@@ -66,18 +75,28 @@ torch::Tensor chunked_selected_logprobs(const torch::Tensor& logits, const torch
 // weight w [vocab, H], with an exact backward that never holds [N, vocab] fp32 tensors: the
 // forward keeps the logits (compute dtype) and the backward recomputes each chunk's
 // log-softmax from them. The gradient of the logits is, per element, what autograd computes
-// for log_softmax + gather (g·1[target] - exp(logp)·g, then cast to the compute dtype), and the
-// two GEMMs are linear's backward on the whole matrix, so results match the unchunked graph.
+// for division by T, log_softmax and gather ((g·1[target] - exp(logp)·g) / T, then cast to the
+// compute dtype), and the two GEMMs are linear's backward on the whole matrix, so results match
+// the unchunked graph. `temperature` [N] fp32 (undefined = all 1) is not differentiated.
 // Outputs: log-probs [N] fp32, entropy [N] fp32 (not differentiable).
+// Each row's sampling temperature for ChunkedHeadLogprobs ([N] fp32, or undefined when all are
+// 1), passed as a plain argument: an autograd input must be a defined tensor.
+struct RowTemperatures {
+  torch::Tensor t;
+};
+
 struct ChunkedHeadLogprobs : public torch::autograd::Function<ChunkedHeadLogprobs> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                                                const torch::Tensor& w, const torch::Tensor& targets) {
+                                                const torch::Tensor& w, const torch::Tensor& targets,
+                                                const RowTemperatures& rows) {
+    const torch::Tensor& temperature = rows.t;
     const torch::Tensor logits = model_linear(x, w);  // [N, vocab], compute dtype
     torch::Tensor entropy;
-    const torch::Tensor lp = chunked_selected_logprobs(logits, targets, &entropy);
+    const torch::Tensor lp = chunked_selected_logprobs(logits, targets, temperature, &entropy);
     ctx->save_for_backward({x, w});
     ctx->saved_data["logits"] = logits;
     ctx->saved_data["targets"] = targets;
+    ctx->saved_data["temperature"] = temperature;
     ctx->mark_non_differentiable({entropy});
     return {lp, entropy};
   }
@@ -89,6 +108,8 @@ struct ChunkedHeadLogprobs : public torch::autograd::Function<ChunkedHeadLogprob
     const torch::Tensor& w = saved[1];
     const torch::Tensor logits = ctx->saved_data["logits"].toTensor();
     const torch::Tensor targets = ctx->saved_data["targets"].toTensor();
+    const c10::IValue saved_temperature = ctx->saved_data["temperature"];
+    const torch::Tensor temperature = saved_temperature.isTensor() ? saved_temperature.toTensor() : torch::Tensor();
     const int64_t n = logits.size(0);
     torch::Tensor g = grads[0];
     if (!g.defined()) g = torch::zeros({n}, logits.options().dtype(torch::kFloat));
@@ -97,9 +118,10 @@ struct ChunkedHeadLogprobs : public torch::autograd::Function<ChunkedHeadLogprob
     for (int64_t r = 0; r < n; r += kHeadChunkRows) {
       const int64_t c = std::min(kHeadChunkRows, n - r);
       const torch::Tensor gc = g.narrow(0, r, c).unsqueeze(1);
-      const torch::Tensor logp = torch::log_softmax(logits.narrow(0, r, c).to(torch::kFloat), -1);
+      const torch::Tensor logp = torch::log_softmax(scaled_chunk(logits, temperature, r, c), -1);
       torch::Tensor d = logp.exp_().mul_(-gc);  // -exp(logp)·g
       d.scatter_add_(1, targets.narrow(0, r, c).unsqueeze(1), gc);  // + g at the target
+      if (temperature.defined()) d.div_(temperature.narrow(0, r, c).unsqueeze(1));  // d(x / t) / dx
       glogits.narrow(0, r, c).copy_(d);
     }
     // linear(x, w) = mm(x, wᵀ); mm's backward for a row-major x and a column-major wᵀ:
@@ -107,7 +129,7 @@ struct ChunkedHeadLogprobs : public torch::autograd::Function<ChunkedHeadLogprob
     torch::Tensor dx, dw;
     if (x.requires_grad()) dx = linear_grad_input(glogits, w);
     if (w.requires_grad()) dw = linear_grad_weight(glogits, x);
-    return {dx, dw, torch::Tensor()};
+    return {dx, dw, torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -143,6 +165,15 @@ TrainerOptions TrainerOptions::from_job(const Job& job) {
   return o;
 }
 
+torch::Tensor kl_penalty(const torch::Tensor& logprobs, const torch::Tensor& ref_logprobs, KlEstimator estimator) {
+  if (estimator == KlEstimator::K1) return logprobs - ref_logprobs;
+  // k3 = exp(d) - d - 1 with d = ref - lp overflows for a token the reference likes and the
+  // policy no longer does (d = 100: e^100); bounded as verl's low_var_kl: d to ±20, k3 to ±10
+  // (the gradient is zero beyond either bound).
+  const torch::Tensor d = torch::clamp(ref_logprobs - logprobs, -kKlLogRatioBound, kKlLogRatioBound);
+  return torch::clamp(torch::exp(d) - d - 1.0, -kKlValueBound, kKlValueBound);
+}
+
 OffPolicyCorrection parse_off_policy_correction(const std::string& name) {
   if (name == "none") return OffPolicyCorrection::NONE;
   if (name == "tis") return OffPolicyCorrection::TIS;
@@ -176,13 +207,15 @@ struct GrpoTrainer::MicroBatchInputs {
   torch::Tensor advantage;  // [N] fp32
   torch::Tensor rollout;    // [N] fp32: log-probs at sampling time
   torch::Tensor weight;     // [N] fp32: 1 (token-mean) or 1/tokens of its sequence (seq-mean-token-mean)
+  torch::Tensor temperature;  // [N] fp32: each token's sampling temperature; undefined when all are 1
   std::vector<int64_t> counts;  // trained tokens per row
   int64_t tokens = 0;           // real (unpadded) tokens
 };
 
 GrpoTrainer::GrpoTrainer(std::shared_ptr<DecoderModel> serving_model, TrainerOptions options,
                          std::shared_ptr<Collectives> comm, const DecoderModel* master_source,
-                         const DecoderModel* critic_source, const DecoderModel* critic_master)
+                         const DecoderModel* critic_source, const DecoderModel* critic_master,
+                         const DecoderModel* reference_source)
     : serving_(std::move(serving_model)), options_(std::move(options)), comm_(std::move(comm)) {
   SWARM_CHECK(serving_ != nullptr, "GrpoTrainer needs a model");
   if (!comm_) comm_ = make_single_process_collectives();
@@ -215,7 +248,22 @@ GrpoTrainer::GrpoTrainer(std::shared_ptr<DecoderModel> serving_model, TrainerOpt
   policy_->set_master_in_state(fp32_compute);  // the checkpoint's model files hold them rounded
   train_model_ = serving_->with_parameters(policy_->leaves(), model_dtype);
   if (options_.use_kl_loss) {
-    for (size_t i = 0; i < policy_->size(); ++i) ref_weights_.push_back(policy_->view(i).clone());
+    if (reference_source != nullptr) {
+      const auto& theirs = reference_source->parameters();
+      const auto& ours = serving_->parameters();
+      SWARM_REQUIRE(theirs.size() == ours.size(), ErrorKind::INVALID_ARGUMENT,
+                    "the KL reference model has " + std::to_string(theirs.size()) + " parameters, the trained model " +
+                        std::to_string(ours.size()));
+      for (size_t i = 0; i < ours.size(); ++i) {
+        SWARM_REQUIRE(theirs[i].first == ours[i].first && theirs[i].second.sizes() == ours[i].second.sizes(),
+                      ErrorKind::INVALID_ARGUMENT,
+                      "the KL reference model's parameter " + theirs[i].first + " does not match the trained model's " +
+                          ours[i].first);
+        ref_weights_.push_back(theirs[i].second.to(serving_->device(), compute, false, /*copy=*/true));
+      }
+    } else {
+      for (size_t i = 0; i < policy_->size(); ++i) ref_weights_.push_back(policy_->view(i).clone());
+    }
     ref_model_ = serving_->with_parameters(ref_weights_, model_dtype);
   }
   if (options_.ppo) {
@@ -242,7 +290,8 @@ GrpoTrainer::MicroBatchInputs GrpoTrainer::build_inputs(const PreparedBatch& bat
   int64_t T = 0;
   for (size_t idx : micro) T = std::max(T, batch.sequences[idx].length);
   std::vector<int64_t> ids(static_cast<size_t>(B * T), 0), lengths, positions, targets;
-  std::vector<float> adv, rollout, weight;
+  std::vector<float> adv, rollout, weight, temperature;
+  bool tempered = false;
   for (int64_t b = 0; b < B; ++b) {
     const TrainSequence& seq = batch.sequences[micro[static_cast<size_t>(b)]];
     const Sample& s = *seq.sample;
@@ -262,6 +311,13 @@ GrpoTrainer::MicroBatchInputs GrpoTrainer::build_inputs(const PreparedBatch& bat
       rollout.push_back(t < static_cast<int64_t>(s.rollout_logprobs.size()) ? s.rollout_logprobs[static_cast<size_t>(t)]
                                                                              : 0.0f);
       weight.push_back(w);
+      // The call that generated the token sampled at its temperature (1 without a call record).
+      const int32_t call = t < static_cast<int64_t>(s.token_call.size()) ? s.token_call[static_cast<size_t>(t)] : -1;
+      const float temp = call >= 0 && call < static_cast<int32_t>(s.calls.size())
+                             ? s.calls[static_cast<size_t>(call)].temperature
+                             : 1.0f;
+      tempered = tempered || temp != 1.0f;
+      temperature.push_back(temp);
       ++count;
     }
     in.counts.push_back(count);
@@ -277,6 +333,7 @@ GrpoTrainer::MicroBatchInputs GrpoTrainer::build_inputs(const PreparedBatch& bat
   in.advantage = torch::from_blob(adv.data(), {N}, f32).to(dev, false, true);
   in.rollout = torch::from_blob(rollout.data(), {N}, f32).to(dev, false, true);
   in.weight = torch::from_blob(weight.data(), {N}, f32).to(dev, false, true);
+  if (tempered) in.temperature = torch::from_blob(temperature.data(), {N}, f32).to(dev, false, true);
   return in;
 }
 
@@ -288,9 +345,9 @@ torch::Tensor GrpoTrainer::selected_logprobs(const DecoderModel& model, const Mi
   const torch::Tensor x = model.final_norm(h);
   if (!torch::GradMode::is_enabled()) {
     const torch::Tensor logits = model_linear(x, model.head_weight());
-    return chunked_selected_logprobs(logits, in.targets, entropy);
+    return chunked_selected_logprobs(logits, in.targets, in.temperature, entropy);
   }
-  torch::autograd::variable_list out = ChunkedHeadLogprobs::apply(x, model.head_weight(), in.targets);
+  torch::autograd::variable_list out = ChunkedHeadLogprobs::apply(x, model.head_weight(), in.targets, RowTemperatures{in.temperature});
   if (entropy != nullptr) *entropy = out[1];
   return out[0];
 }
@@ -348,12 +405,7 @@ LossSums GrpoTrainer::accumulate_gradients(const PreparedBatch& batch, const std
       torch::NoGradGuard no_grad;
       ref = selected_logprobs(*ref_model_, in, nullptr);
     }
-    if (options_.kl_estimator == KlEstimator::K1) {
-      kl = lp - ref;
-    } else {
-      const torch::Tensor d = ref - lp;
-      kl = torch::exp(d) - d - 1.0;
-    }
+    kl = kl_penalty(lp, ref, options_.kl_estimator);
     loss = loss + options_.kl_coef * (kl * w).sum();
   }
   loss.backward();
@@ -476,19 +528,17 @@ GrpoTrainer::GaeTargets GrpoTrainer::compute_advantages(PreparedBatch& batch) {
     }
   }
   // Whitened over the whole batch (every rank's tokens): mean 0, unit (unbiased) variance, as
-  // whiten_advantages does on one rank.
-  const auto f64 = torch::TensorOptions().dtype(torch::kDouble);
+  // whiten_advantages does on one rank. The sums travel on the training device (NCCL).
+  const torch::Device dev = serving_->device();
   std::vector<const std::vector<float>*> my_advantages;
   std::vector<const std::vector<uint8_t>*> my_masks;
   for (size_t idx : mine) my_advantages.push_back(&gae[idx].advantages), my_masks.push_back(&masks[idx]);
   const MaskedSum local = masked_sum(my_advantages, my_masks);
-  torch::Tensor sc = torch::tensor({local.sum, static_cast<double>(local.count)}, f64);
-  if (world > 1) comm_->all_reduce_sum(sc);
-  const double count = sc[1].item<double>();
-  const double mean = count > 0 ? sc[0].item<double>() / count : 0.0;
-  torch::Tensor sqt = torch::tensor({masked_squared_deviation(my_advantages, my_masks, mean)}, f64);
-  if (world > 1) comm_->all_reduce_sum(sqt);
-  const double scale = whitening_scale(sqt.item<double>(), count);
+  const std::vector<double> sc = all_reduce_sum_values(*comm_, {local.sum, static_cast<double>(local.count)}, dev);
+  const double count = sc[1];
+  const double mean = count > 0 ? sc[0] / count : 0.0;
+  const double sq = all_reduce_sum_values(*comm_, {masked_squared_deviation(my_advantages, my_masks, mean)}, dev)[0];
+  const double scale = whitening_scale(sq, count);
   AdvantageStats& st = batch.stats;
   bool first = true;
   double adv_sum = 0.0, adv_sq = 0.0, tokens = 0.0;
@@ -512,16 +562,12 @@ GrpoTrainer::GaeTargets GrpoTrainer::compute_advantages(PreparedBatch& batch) {
     out.returns[idx] = torch::tensor(returns, torch::TensorOptions().dtype(torch::kFloat));
   }
   if (world > 1) {  // the statistics of the whole batch, as on one rank
-    torch::Tensor sums = torch::tensor({adv_sum, adv_sq, tokens}, f64);
-    comm_->all_reduce_sum(sums);
-    adv_sum = sums[0].item<double>(), adv_sq = sums[1].item<double>(), tokens = sums[2].item<double>();
+    const std::vector<double> sums = all_reduce_sum_values(*comm_, {adv_sum, adv_sq, tokens}, dev);
+    adv_sum = sums[0], adv_sq = sums[1], tokens = sums[2];
     const double big = std::numeric_limits<double>::max();
-    torch::Tensor mine_range = torch::tensor({first ? big : st.min, first ? -big : st.max}, f64);
-    torch::Tensor all = torch::empty({2 * world}, f64);
-    comm_->all_gather(mine_range, all);
-    const torch::Tensor r = all.view({world, 2});
-    st.min = r.select(1, 0).min().item<double>();
-    st.max = r.select(1, 1).max().item<double>();
+    const std::vector<double> all = all_gather_values(*comm_, {first ? big : st.min, first ? -big : st.max}, dev);
+    st.min = big, st.max = -big;
+    for (size_t r = 0; r + 1 < all.size(); r += 2) st.min = std::min(st.min, all[r]), st.max = std::max(st.max, all[r + 1]);
   }
   st.mean = tokens > 0 ? adv_sum / tokens : 0.0;
   st.std = tokens > 0 ? std::sqrt(std::max(0.0, adv_sq / tokens - st.mean * st.mean)) : 0.0;
@@ -626,26 +672,21 @@ std::map<std::string, double> GrpoTrainer::train(const TrainBatch& batch, int64_
   }
   const double update_seconds = seconds_since(t_update);
 
-  if (world > 1) {  // every rank computed a share: sum the sums, max the maxima
-    torch::Tensor v = torch::tensor({sums.loss, sums.pg_loss, sums.kl, sums.entropy, sums.clipped_low,
-                                     sums.clipped_high, sums.mismatch_sum, sums.tokens, tokens_processed,
-                                     value_sums.loss, value_sums.clipped, value_sums.value_sum, value_sums.error_sum,
-                                     value_sums.tokens, sums.is_weight_sum, sums.is_ratio_sum, sums.is_capped},
-                                    torch::TensorOptions().dtype(torch::kDouble));
-    comm_->all_reduce_sum(v);
-    sums.loss = v[0].item<double>(), sums.pg_loss = v[1].item<double>(), sums.kl = v[2].item<double>();
-    sums.entropy = v[3].item<double>(), sums.clipped_low = v[4].item<double>(), sums.clipped_high = v[5].item<double>();
-    sums.mismatch_sum = v[6].item<double>(), sums.tokens = v[7].item<double>(), tokens_processed = v[8].item<double>();
-    value_sums.loss = v[9].item<double>(), value_sums.clipped = v[10].item<double>();
-    value_sums.value_sum = v[11].item<double>(), value_sums.error_sum = v[12].item<double>();
-    value_sums.tokens = v[13].item<double>();
-    sums.is_weight_sum = v[14].item<double>(), sums.is_ratio_sum = v[15].item<double>();
-    sums.is_capped = v[16].item<double>();
-    torch::Tensor mx = torch::tensor({sums.mismatch_max, sums.is_ratio_max}, torch::TensorOptions().dtype(torch::kDouble));
-    torch::Tensor all = torch::empty({world, 2}, mx.options());
-    comm_->all_gather(mx, all);
-    const torch::Tensor maxima = std::get<0>(all.max(0));
-    sums.mismatch_max = maxima[0].item<double>(), sums.is_ratio_max = maxima[1].item<double>();
+  if (world > 1) {  // every rank computed a share: sum the sums, max the maxima (on the training device)
+    const torch::Device dev = serving_->device();
+    const std::vector<double> v = all_reduce_sum_values(
+        *comm_,
+        {sums.loss, sums.pg_loss, sums.kl, sums.entropy, sums.clipped_low, sums.clipped_high, sums.mismatch_sum,
+         sums.tokens, tokens_processed, value_sums.loss, value_sums.clipped, value_sums.value_sum,
+         value_sums.error_sum, value_sums.tokens, sums.is_weight_sum, sums.is_ratio_sum, sums.is_capped},
+        dev);
+    sums.loss = v[0], sums.pg_loss = v[1], sums.kl = v[2], sums.entropy = v[3], sums.clipped_low = v[4];
+    sums.clipped_high = v[5], sums.mismatch_sum = v[6], sums.tokens = v[7], tokens_processed = v[8];
+    value_sums.loss = v[9], value_sums.clipped = v[10], value_sums.value_sum = v[11], value_sums.error_sum = v[12];
+    value_sums.tokens = v[13], sums.is_weight_sum = v[14], sums.is_ratio_sum = v[15], sums.is_capped = v[16];
+    const std::vector<double> all = all_gather_values(*comm_, {sums.mismatch_max, sums.is_ratio_max}, dev);
+    for (size_t r = 0; r + 1 < all.size(); r += 2)
+      sums.mismatch_max = std::max(sums.mismatch_max, all[r]), sums.is_ratio_max = std::max(sums.is_ratio_max, all[r + 1]);
   }
 
   if (critic_) {

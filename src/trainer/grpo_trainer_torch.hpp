@@ -82,6 +82,12 @@ struct TrainerOptions {
   AdamWOptions adamw() const { return {weight_decay, grad_clip, adam_beta1, adam_beta2, adam_eps}; }
 };
 
+/// The per-token KL penalty of the policy's log-probs against the reference's (job key
+/// kl_estimator): k1 = lp - ref; k3 = exp(d) - d - 1 with d = ref - lp clamped to
+/// ±kKlLogRatioBound and the value to ±kKlValueBound, so it never overflows (docs/concepts.md).
+inline constexpr double kKlLogRatioBound = 20.0, kKlValueBound = 10.0;
+torch::Tensor kl_penalty(const torch::Tensor& logprobs, const torch::Tensor& ref_logprobs, KlEstimator estimator);
+
 /// What one micro-batch's loss pass computed (sums over its tokens, for the step's metrics).
 struct LossSums {
   double loss = 0.0;          // the micro-batch's share of the aggregated loss (what backward saw)
@@ -114,9 +120,13 @@ class GrpoTrainer {
   /// With options.ppo a critic is made from `critic_source` (job key critic_model; its fp32
   /// master weights from `critic_master` as for the policy), or from the serving model's
   /// weights when null.
+  /// With options.use_kl_loss the frozen KL reference is `reference_source`'s weights (the job's
+  /// initial model, which a resumed run loads again: the checkpoint holds trained weights and no
+  /// reference), in the training dtype; when null, the initial trained weights themselves.
   GrpoTrainer(std::shared_ptr<DecoderModel> serving_model, TrainerOptions options,
               std::shared_ptr<Collectives> comm = nullptr, const DecoderModel* master_source = nullptr,
-              const DecoderModel* critic_source = nullptr, const DecoderModel* critic_master = nullptr);
+              const DecoderModel* critic_source = nullptr, const DecoderModel* critic_master = nullptr,
+              const DecoderModel* reference_source = nullptr);
   ~GrpoTrainer();
   GrpoTrainer(const GrpoTrainer&) = delete;
   GrpoTrainer& operator=(const GrpoTrainer&) = delete;
@@ -193,7 +203,7 @@ class GrpoTrainer {
   TrainerOptions options_;
   std::shared_ptr<Collectives> comm_;
   std::unique_ptr<FlatParameters> policy_;
-  std::vector<torch::Tensor> ref_weights_;     // copies of the initial weights (KL loss only)
+  std::vector<torch::Tensor> ref_weights_;     // the initial model's weights (KL loss only)
   std::unique_ptr<Critic> critic_;
 };
 

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "client/http_client.hpp"
@@ -184,6 +185,53 @@ TEST(TorchServer, ThreeTurnConversationIsRecordedExactlyAndMergedIntoOneSample) 
   }
 }
 
+// The trainer recomputes each token's log-prob at the temperature its call sampled at: episodes
+// of two chained turns (0.6, then 1.3: one sample of two calls) train with a log-prob mismatch
+// at fp32 noise. Before, the trainer took log_softmax(logits) at every temperature: 0.1-0.3.
+TEST(TorchServer, TokensSampledAtAnyTemperatureTrainAsSampled) {
+  TestServer server(torch_backend);
+  SwarmClient client(server.url(), fast_client());
+  Job job = tiny_job();
+  job.batch_size = 1;
+  job.num_repeat = 3;
+  job.temperature = 0.6;  // the first turn gives none: the job's
+  job.ppo_epochs = 2;     // old log-probs recomputed by a pass of their own, then compared
+  client.auto_sync_train_config_and_start_engine(job);
+  for (int e = 0; e < 3; ++e) {
+    OpenAIEndpoint ep = client.begin_episode(120, "train", 60s);
+    OpenAIClient llm(ep);
+    ChatParams first;
+    first.max_tokens = 12;
+    first.seed = 100 + e;
+    json messages = json::array({{{"role", "user"}, {"content", "Name a colour."}}});
+    ChatResult r1 = llm.chat(messages, first);
+    messages.push_back({{"role", "assistant"}, {"content", r1.content}});
+    messages.push_back({{"role", "user"}, {"content", "Another one?"}});
+    ChatParams second = first;
+    second.temperature = 1.3;
+    llm.chat(messages, second);
+    ASSERT_TRUE(client.end_episode(task("colours"), ep.episode_uuid, reward(0.5 * e)));
+  }
+  ASSERT_TRUE(server.engine().wait_for_step(1, 120s));
+  const auto batches = server.batches->copy();
+  ASSERT_EQ(batches.size(), 1u);
+  std::set<float> temperatures;
+  for (const auto& ep : batches[0].episodes)
+    for (const Sample& s : ep.samples)
+      for (const SampleCall& c : s.calls) temperatures.insert(c.temperature);
+  EXPECT_EQ(temperatures, (std::set<float>{0.6f, 1.3f}));
+  const auto reports = server.batches->copy_reports();
+  ASSERT_EQ(reports.size(), 1u);
+  const auto& m = reports[0].metrics;
+  ASSERT_EQ(m.at("weights_updated"), 1);
+  // fp32 on the CPU: the serving engine's and the trainer's forward passes differ in their last
+  // bits only (~1e-7 at temperature 1); a missing or wrong temperature gives 1e-2 and more.
+  EXPECT_LT(m.at("logprob_mismatch_mean"), 1e-5);
+  EXPECT_LT(m.at("logprob_mismatch_max"), 1e-4);
+  std::printf("temperatures 0.6 / 1.3: logprob_mismatch_mean %.3g, max %.3g\n", m.at("logprob_mismatch_mean"),
+              m.at("logprob_mismatch_max"));
+}
+
 TEST(TorchServer, OpenAIRoutesServeTheModel) {
   TestServer server(torch_backend);
   SwarmClient client(server.url(), fast_client());
@@ -263,6 +311,15 @@ TEST(TorchServer, OpenAIRoutesServeTheModel) {
     EXPECT_EQ(e.status(), 400);
     EXPECT_NE(std::string(e.what()).find("max_prompt_length"), std::string::npos) << e.what();
   }
+  // A temperature that rounds to zero in fp32 (or would overflow logits / T) samples greedily:
+  // before, it failed inside the engine step with a 500, for every generation in flight.
+  ChatParams tiny = greedy;
+  tiny.temperature = 1e-50;
+  ChatParams ids_greedy = greedy;
+  ids_greedy.extra = {{"return_token_ids", true}};
+  tiny.extra = ids_greedy.extra;
+  EXPECT_EQ(llm.chat({{"user", "Say something."}}, tiny).raw["choices"][0]["token_ids"],
+            llm.chat({{"user", "Say something."}}, ids_greedy).raw["choices"][0]["token_ids"]);
   ChatResult after = llm.chat({{"user", "Still there?"}}, greedy);
   EXPECT_GT(after.usage.completion_tokens, 0);
 

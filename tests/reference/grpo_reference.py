@@ -9,7 +9,8 @@ stdin: {"model_dir": str,
         "param_names": [str],                  # order of the raw outputs
         "sequences": [{"ids": [int], "mask": [0|1], "advantage": float,
                        "old": [float],         # old log-prob per trained token (positions >= 1, mask 1)
-                       "rollout": [float]}],   # behaviour log-prob per trained token (with "correction")
+                       "rollout": [float],     # behaviour log-prob per trained token (with "correction")
+                       "temperature": [float]}],  # optional: sampling temperature per trained token (1)
         "correction": "none" | "tis" | "decoupled", "is_cap": float,   # optional (none)
         "norm": float,                         # trained tokens (token-mean) or sequences
         "agg": "token-mean" | "seq-mean-token-mean",
@@ -59,7 +60,12 @@ def main():
         ids = seq["ids"]
         mask = torch.tensor(seq["mask"][1:], dtype=torch.bool)
         targets = torch.tensor(ids[1:], dtype=torch.long)
-        logits = ref.forward(cfg, w, ids, torch.float32)[:-1]
+        # Each trained token's log-prob is taken at the temperature it was sampled at:
+        # log_softmax(logits / T) (positions without a trained token keep T = 1).
+        temp = torch.ones(len(ids) - 1, dtype=torch.float32)
+        if "temperature" in seq:
+            temp[mask] = torch.tensor(seq["temperature"], dtype=torch.float32)
+        logits = ref.forward(cfg, w, ids, torch.float32)[:-1] / temp[:, None]
         logp_all = torch.log_softmax(logits, -1)
         lp = logp_all.gather(1, targets[:, None])[:, 0][mask]
         old = torch.tensor(seq["old"], dtype=torch.float32)
@@ -85,13 +91,14 @@ def main():
         pg_total = pg_total + term.double()
         if kl_cfg:
             with torch.no_grad():
-                ref_lp = torch.log_softmax(ref.forward(cfg, frozen, ids, torch.float32)[:-1], -1)
+                ref_lp = torch.log_softmax(ref.forward(cfg, frozen, ids, torch.float32)[:-1] / temp[:, None], -1)
                 ref_lp = ref_lp.gather(1, targets[:, None])[:, 0][mask]
             if kl_cfg["estimator"] == "k1":
                 kl = lp - ref_lp
             else:
-                d = ref_lp - lp
-                kl = torch.exp(d) - d - 1
+                # k3, bounded as verl's low_var_kl: the log-ratio to +-20, the value to +-10.
+                d = torch.clamp(ref_lp - lp, -20, 20)
+                kl = torch.clamp(torch.exp(d) - d - 1, -10, 10)
             term = term + kl_cfg["coef"] * (kl * weight).sum() / req["norm"]
         loss = loss + term.double()
         with torch.no_grad():

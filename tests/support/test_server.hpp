@@ -18,9 +18,18 @@ namespace swarm::testing {
 struct BatchLog {
   std::mutex mu;
   std::vector<TrainBatch> batches;
+  std::vector<TrainStepReport> reports;  // what each step reported (its metrics), in order
   std::vector<TrainBatch> copy() {
     std::lock_guard lk(mu);
     return batches;
+  }
+  std::vector<TrainStepReport> copy_reports() {
+    std::lock_guard lk(mu);
+    return reports;
+  }
+  void add_report(const TrainStepReport& r) {
+    std::lock_guard lk(mu);
+    reports.push_back(r);
   }
 };
 
@@ -32,7 +41,9 @@ class RecordingMockBackend : public MockBackend {
       std::lock_guard lk(log_->mu);
       log_->batches.push_back(batch);
     }
-    return MockBackend::train_step(batch, step, stop);
+    TrainStepReport r = MockBackend::train_step(batch, step, stop);
+    log_->add_report(r);
+    return r;
   }
 
  private:
@@ -75,7 +86,9 @@ class RecordingBackend : public Backend {
       std::lock_guard lk(log_->mu);
       log_->batches.push_back(batch);
     }
-    return inner_->train_step(batch, step, stop);
+    TrainStepReport r = inner_->train_step(batch, step, stop);
+    log_->add_report(r);
+    return r;
   }
   void set_policy_version(int64_t version) override { inner_->set_policy_version(version); }
   std::map<std::string, double> inference_metrics() const override { return inner_->inference_metrics(); }

@@ -178,6 +178,10 @@ TEST(SapoReencode, CompletionCallsEncodeTheirTextAndOversizedGroupsThrow) {
   EXPECT_EQ(eps[0].samples[0].loss_mask[prompt - 1], 0);
   EXPECT_EQ(eps[0].samples[0].loss_mask[prompt], 1);
   EXPECT_THROW(reencode_sapo_group(g, smol, 1, 3), SwarmError);
+  // Trained at the sender's temperature when it says one, else at 1 (an on-policy recomputation).
+  EXPECT_EQ(eps[0].samples[0].calls.at(0).temperature, 1.0f);
+  g.episodes[0].calls[0]["temperature"] = 0.6;
+  EXPECT_EQ(reencode_sapo_group(g, smol, 1, 4096).at(0).samples.at(0).calls.at(0).temperature, 0.6f);
 }
 
 TEST(SapoReencode, BatchGroupsCarryEveryLocalEpisodeByTask) {

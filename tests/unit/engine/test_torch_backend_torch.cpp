@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "common/error.hpp"
 #include "engine/torch_backend.hpp"
 #include "inference/decoder_model_torch.hpp"
 #include "model/model_tools.hpp"
@@ -134,9 +135,15 @@ TEST(TorchBackend, AStepStoppedBeforeItsFirstUpdateStillLetsTheLastStepBeSaved) 
 
 // The resume test: 2 steps, checkpoint, resume in a new backend, 2 more steps equals
 // 4 uninterrupted steps, bit for bit (weights and optimizer state).
-void check_exact_resume(const std::string& dtype, bool ppo = false) {
+// With use_kl_loss the reference is the job's initial model on both sides: the first resumed
+// step's KL equals the uninterrupted run's (before, the resumed reference was the checkpoint).
+void check_exact_resume(const std::string& dtype, bool ppo = false, bool kl = false) {
   ScratchDir scratch;
   Job job = tiny_job(dtype);
+  if (kl) {
+    job.use_kl_loss = true;
+    job.kl_coef = 0.5;
+  }
   if (ppo) {  // PPO: the critic's weights and optimizer shard travel with the checkpoint too
     job.algorithm = "ppo";
     job.advantage_estimator = "gae";
@@ -147,22 +154,28 @@ void check_exact_resume(const std::string& dtype, bool ppo = false) {
                                  random_batch(2, 4, 44)};
   const fs::path at2 = scratch.path() / "at2", straight = scratch.path() / "straight", resumed = scratch.path() / "resumed";
   for (const auto& d : {at2, straight, resumed}) fs::create_directories(d);
+  std::map<std::string, double> straight3, resumed3;
   {
     auto a = booted(job);
     a->train_step(batches[0], 1, {});
     a->train_step(batches[1], 2, {});
     a->save_checkpoint(at2);
-    a->train_step(batches[2], 3, {});
+    straight3 = a->train_step(batches[2], 3, {}).metrics;
     a->train_step(batches[3], 4, {});
     a->save_checkpoint(straight);
     a->release();
   }
   {
     auto c = booted(job, at2);
-    c->train_step(batches[2], 3, {});
+    resumed3 = c->train_step(batches[2], 3, {}).metrics;
     c->train_step(batches[3], 4, {});
     c->save_checkpoint(resumed);
     c->release();
+  }
+  if (kl) {
+    ASSERT_TRUE(straight3.count("kl") && resumed3.count("kl"));
+    EXPECT_GT(straight3.at("kl"), 0.0) << "two steps should have moved the policy from the reference";
+    EXPECT_EQ(resumed3.at("kl"), straight3.at("kl"));
   }
   EXPECT_EQ(read_file(straight / "model.safetensors"), read_file(resumed / "model.safetensors"));
   EXPECT_EQ(read_file(straight / "trainer_state/optimizer-rank0-of-1.safetensors"),
@@ -210,6 +223,34 @@ TEST(TorchBackend, ResumeContinuesBitExactlyFp32) { check_exact_resume("fp32"); 
 TEST(TorchBackend, ResumeContinuesBitExactlyBf16) { check_exact_resume("bf16"); }
 TEST(TorchBackend, PpoResumeContinuesBitExactlyFp32) { check_exact_resume("fp32", true); }
 TEST(TorchBackend, PpoResumeContinuesBitExactlyBf16) { check_exact_resume("bf16", true); }
+TEST(TorchBackend, KlResumeKeepsTheInitialModelAsReferenceFp32) { check_exact_resume("fp32", false, true); }
+TEST(TorchBackend, KlResumeKeepsTheInitialModelAsReferenceBf16) { check_exact_resume("bf16", false, true); }
+
+// A resumed run with use_kl_loss loads the job's model again as its reference: when it is gone
+// the boot says so.
+TEST(TorchBackend, KlResumeWithoutTheJobsModelSaysWhy) {
+  ScratchDir scratch;
+  Job job = tiny_job();
+  job.use_kl_loss = true;
+  const fs::path at1 = scratch.path() / "at1";
+  fs::create_directories(at1);
+  {
+    auto a = booted(job);
+    a->train_step(random_batch(2, 4, 61), 1, {});
+    a->save_checkpoint(at1);
+    a->release();
+  }
+  job.model = (scratch.path() / "gone").string();
+  auto b = make_torch_backend();
+  b->set_resume_checkpoint(at1);
+  try {
+    b->boot(job, {});
+    FAIL() << "booted without the KL reference";
+  } catch (const SwarmError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::INVALID_ARGUMENT);
+    EXPECT_NE(std::string(e.what()).find("KL reference"), std::string::npos) << e.what();
+  }
+}
 
 // critic_model: the critic's trunk is another model directory (here a second TinyStories: the
 // same vocabulary); one with another vocabulary is refused at boot, naming the key.

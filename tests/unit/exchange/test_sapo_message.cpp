@@ -111,6 +111,11 @@ TEST(SapoMessage, SchemaViolationsAreRefused) {
   EXPECT_EQ(drop_of(with("/episodes/0/metadata", 1)), SapoDrop::SCHEMA);
   EXPECT_EQ(drop_of(with("/task_metadata", "x")), SapoDrop::SCHEMA);
   EXPECT_EQ(drop_of(with("/created", "yesterday")), SapoDrop::SCHEMA);
+  for (const OJson& t : {OJson(0), OJson(-0.5), OJson(1e-9), OJson(2.5), OJson("0.7")})
+    EXPECT_EQ(drop_of(with("/episodes/0/calls/0/temperature", t)), SapoDrop::SCHEMA) << t;
+  const SapoParse ok = parse_sapo_group(with("/episodes/0/calls/0/temperature", 0.7), SapoLimits{});
+  ASSERT_TRUE(ok.group.has_value()) << ok.reason;
+  EXPECT_EQ(ok.group->episodes.at(0).calls.at(0).at("temperature"), 0.7);
 }
 
 TEST(SapoMessage, NonFiniteOrAbsurdRewardsAreRefused) {

@@ -86,7 +86,29 @@ struct ParityCase {
   bool kl = false;
   KlEstimator kl_estimator = KlEstimator::K3;
   OffPolicyCorrection correction = OffPolicyCorrection::NONE;
+  bool tempered = false;  // tokens sampled at temperatures 0.6 and 1.4 (two calls per sample)
 };
+
+// Makes each sample two calls: its first generated tokens sampled at 0.6, the rest at 1.4.
+void set_call_temperatures(TrainBatch& batch) {
+  for (auto& e : batch.episodes)
+    for (auto& s : e.samples) {
+      s.calls = {{0, "", 0, 0.6f}, {1, "", 1, 1.4f}};
+      s.num_calls = 2;
+      s.token_call.assign(s.token_ids.size(), -1);
+      int64_t generated = 0;
+      for (size_t t = 0; t < s.token_ids.size(); ++t)
+        if (s.loss_mask[t]) s.token_call[t] = generated++ < 2 ? 0 : 1;
+    }
+}
+
+// Each trained token's temperature (positions 1.., mask 1), as the reference reads it.
+std::vector<float> trained_temperatures(const Sample& s) {
+  std::vector<float> out;
+  for (size_t t = 1; t < s.token_ids.size(); ++t)
+    if (s.loss_mask[t]) out.push_back(s.token_call.empty() ? 1.0f : s.calls[static_cast<size_t>(s.token_call[t])].temperature);
+  return out;
+}
 
 // Sets each trained token's behaviour (rollout) log-prob to its old log-prob minus
 // 0.8 cos(...), so pi_old / pi_behaviour spans [0.45, 2.2], across a cap of 1.5. `prepared`
@@ -126,6 +148,7 @@ void check_parity(const ParityCase& pc) {
   auto model = DecoderModel::load(tinystories(), DType::F32);
   GrpoTrainer trainer(model, o);
   TrainBatch batch = random_batch(2, 4, 11);
+  if (pc.tempered) set_call_temperatures(batch);
   const PreparedBatch prepared = prepare_batch(batch, o.advantage_estimator);
   ASSERT_EQ(prepared.sequences.size(), 8u);
   const auto seqs = all_indices(prepared);
@@ -168,6 +191,7 @@ void check_parity(const ParityCase& pc) {
     js["advantage"] = s.advantage;
     js["old"] = std::vector<float>(old[i].data_ptr<float>(), old[i].data_ptr<float>() + old[i].numel());
     js["rollout"] = behaviour[i];
+    if (pc.tempered) js["temperature"] = trained_temperatures(*s.sample);
     req["sequences"].push_back(js);
   }
   req["norm"] = norm;
@@ -235,12 +259,40 @@ TEST(GrpoTrainerParity, SeqMeanTokenMeanMatchesPythonTorch) {
   check_parity({LossAggregation::SEQ_MEAN_TOKEN_MEAN, false, KlEstimator::K3});
 }
 TEST(GrpoTrainerParity, KlK1MatchesPythonTorch) { check_parity({LossAggregation::TOKEN_MEAN, true, KlEstimator::K1}); }
+// Tokens sampled at temperatures other than 1: the trainer's log-probs (policy, old, reference,
+// entropy) are log_softmax(logits / T) of each token's call, and so are their gradients.
+TEST(GrpoTrainerParity, TemperaturesOfTheCallsMatchPythonTorch) {
+  check_parity({LossAggregation::TOKEN_MEAN, false, KlEstimator::K3, OffPolicyCorrection::TIS, true});
+}
+TEST(GrpoTrainerParity, KlK3AtTemperaturesMatchesPythonTorch) {
+  check_parity({LossAggregation::SEQ_MEAN_TOKEN_MEAN, true, KlEstimator::K3, OffPolicyCorrection::NONE, true});
+}
 // Asynchronous training's corrections (issue 24 §2): behaviour log-probs away from the old ones.
 TEST(GrpoTrainerParity, TruncatedImportanceSamplingMatchesPythonTorch) {
   check_parity({LossAggregation::TOKEN_MEAN, false, KlEstimator::K3, OffPolicyCorrection::TIS});
 }
 TEST(GrpoTrainerParity, DecoupledPpoMatchesPythonTorch) {
   check_parity({LossAggregation::SEQ_MEAN_TOKEN_MEAN, false, KlEstimator::K3, OffPolicyCorrection::DECOUPLED});
+}
+
+// k3 = exp(d) - d - 1 (d = ref - lp) overflowed for a token the reference likes far more than
+// the policy (d = 100: inf, and the step was skipped as non-finite); bounded as verl's low_var_kl.
+TEST(GrpoTrainer, KlK3IsBoundedForTokensThePolicyNoLongerLikes) {
+  const torch::Tensor lp = torch::tensor({-31.0f, -1.0f, -101.0f, -0.5f, -1.0f}).requires_grad_(true);
+  const torch::Tensor ref = torch::tensor({-1.0f, -31.0f, -1.0f, -0.5f, -1.5f});
+  const torch::Tensor k3 = kl_penalty(lp, ref, KlEstimator::K3);
+  ASSERT_TRUE(torch::isfinite(k3).all().item<bool>()) << k3;
+  EXPECT_FLOAT_EQ(k3[0].item<float>(), 10.0f);          // d = 30: e^20 - 21, capped at 10
+  EXPECT_FLOAT_EQ(k3[1].item<float>(), 10.0f);          // d = -30 -> -20: e^-20 + 19, capped at 10
+  EXPECT_FLOAT_EQ(k3[2].item<float>(), 10.0f);          // d = 100
+  EXPECT_FLOAT_EQ(k3[3].item<float>(), 0.0f);           // equal log-probs
+  EXPECT_NEAR(k3[4].item<float>(), std::exp(-0.5) + 0.5 - 1.0, 1e-6);  // inside the bounds: the k3 formula
+  k3.sum().backward();
+  ASSERT_TRUE(torch::isfinite(lp.grad()).all().item<bool>()) << lp.grad();
+  EXPECT_EQ(lp.grad()[0].item<float>(), 0.0f);  // beyond a bound the penalty is flat
+  EXPECT_NEAR(lp.grad()[4].item<float>(), 1.0 - std::exp(-0.5), 1e-6);  // d/dlp (e^d - d - 1) = 1 - e^d
+  // k1 is the plain difference.
+  EXPECT_FLOAT_EQ(kl_penalty(lp, ref, KlEstimator::K1)[0].item<float>(), -30.0f);
 }
 
 // Mean log-prob the model gives each sequence's trained tokens.
@@ -433,6 +485,72 @@ TEST(GrpoTrainer, OptimizerStateRoundTripContinuesBitExactly) {
   bad["exp_avg"] = bad["exp_avg"].narrow(0, 0, 10);
   GrpoTrainer c(DecoderModel::load(tinystories(), DType::F32), o);
   EXPECT_THROW(c.load_optimizer_state(bad), SwarmError);
+}
+
+// Rank 0 of a 2-rank job whose other rank mirrors it (the same contributions), in process: every
+// tensor a collective receives must be on the trainer's device, as NCCL requires of CUDA models
+// (statistics built on the host made every multi-GPU step fail). Counts what it checked.
+class DeviceCheckingCollectives final : public Collectives {
+ public:
+  explicit DeviceCheckingCollectives(torch::Device device) : device_(device) {}
+  int rank() const override { return 0; }
+  int world_size() const override { return 2; }
+  std::string backend_name() const override { return "device-checking"; }
+  void all_reduce_sum(torch::Tensor& t) override {
+    check("all_reduce", t);
+    t.mul_(2);
+  }
+  void reduce_scatter_sum(const torch::Tensor& full, torch::Tensor& shard) override {
+    check("reduce_scatter", full), check("reduce_scatter", shard);
+    shard.view(-1).copy_(full.view(-1).narrow(0, 0, shard.numel()) * 2);
+  }
+  void all_gather(const torch::Tensor& shard, torch::Tensor& full) override {
+    check("all_gather", shard), check("all_gather", full);
+    for (int r = 0; r < 2; ++r) full.view(-1).narrow(0, r * shard.numel(), shard.numel()).copy_(shard.view(-1));
+  }
+  void broadcast(torch::Tensor& t, int) override { check("broadcast", t); }
+  void barrier() override {}
+
+  std::map<std::string, int> checked;
+  std::vector<std::string> wrong;
+
+ private:
+  void check(const char* op, const torch::Tensor& t) {
+    ++checked[op];
+    if (t.device() != device_) wrong.push_back(std::string(op) + " got a tensor on " + t.device().str());
+  }
+  torch::Device device_;
+};
+
+// A GRPO step with recomputed old log-probs and mini-batches, and a PPO step (the critic, GAE's
+// whitening over ranks), through the multi-rank paths on `device`.
+void check_collectives_get_device_tensors(torch::Device device) {
+  for (const bool ppo : {false, true}) {
+    TrainerOptions o;
+    o.learning_rate = 1e-3;
+    o.ppo_epochs = 2;
+    o.ppo_mini_batch_size = 1;
+    o.use_kl_loss = true;
+    if (ppo) o.ppo = true, o.advantage_estimator = AdvantageEstimator::GAE;
+    auto comm = std::make_shared<DeviceCheckingCollectives>(device);
+    GrpoTrainer trainer(DecoderModel::load(tinystories(), DType::F32, device), o, comm);
+    const auto m = trainer.train(random_batch(2, 4, 71), 1, nullptr);
+    EXPECT_EQ(m.at("weights_updated"), 1) << "ppo " << ppo;
+    EXPECT_TRUE(comm->wrong.empty()) << "ppo " << ppo << ": " << comm->wrong.size() << " tensors off the device, first: "
+                                     << (comm->wrong.empty() ? "" : comm->wrong.front());
+    // Every kind of collective the step uses was seen (the metrics' sums and maxima, the
+    // gradients' reduce-scatter, the weights' all-gather).
+    for (const char* op : {"all_reduce", "all_gather", "reduce_scatter"}) EXPECT_GT(comm->checked[op], 0) << op;
+  }
+}
+
+TEST(GrpoTrainer, CollectivesGetTensorsOnTheTrainingDeviceCpu) {
+  check_collectives_get_device_tensors(torch::Device(torch::kCPU));
+}
+
+TEST(GrpoTrainer, CollectivesGetTensorsOnTheTrainingDeviceCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  check_collectives_get_device_tensors(torch::Device(torch::kCUDA, 0));
 }
 
 }  // namespace
