@@ -148,14 +148,17 @@ void parse_tool_options(const json& body, RequestOptions& o) {
 
 // As vLLM and SGLang do before rendering: a null (or missing) content becomes "" — an
 // assistant turn that only calls tools has content null, and templates test
-// `'</think>' in message.content` — and a list of parts becomes its text.
-void normalize_messages(nlohmann::ordered_json& messages) {
+// `'</think>' in message.content` — and a list of parts becomes its text. Tool-call arguments,
+// sent as JSON strings, become objects for templates that print them with `tojson`
+// (normalize_tool_calls in src/text/tool_calls.hpp; docs/openai_api.md).
+void normalize_messages(nlohmann::ordered_json& messages, const std::string& chat_template) {
   for (auto& m : messages) {
     if (!m.is_object()) continue;
     auto it = m.find("content");
     if (it == m.end() || it->is_null() || it->is_array())
       m["content"] = message_content_text(it == m.end() ? nlohmann::ordered_json() : *it);
   }
+  normalize_tool_calls(messages, detect_tool_arguments_form(chat_template));
 }
 
 RequestOptions parse_options(const json& body, OpenAIKind kind, const Job& job) {
@@ -723,7 +726,7 @@ std::vector<TokenId> chat_prompt(const json& body, nlohmann::ordered_json& order
   SWARM_REQUIRE(messages != body.end() && messages->is_array(), ErrorKind::INVALID_ARGUMENT,
                 messages == body.end() ? "missing required field 'messages'" : "field 'messages' must be an array");
   parse_tool_options(body, options);
-  normalize_messages(ordered["messages"]);
+  normalize_messages(ordered["messages"], lease.backend->chat_template_source());
   const nlohmann::ordered_json tools = ordered.contains("tools") ? ordered["tools"] : nlohmann::ordered_json();
   const nlohmann::ordered_json kwargs = ordered.contains("chat_template_kwargs") && ordered["chat_template_kwargs"].is_object()
                                             ? ordered["chat_template_kwargs"]

@@ -458,6 +458,42 @@ std::unique_ptr<TokenizerImpl> build(const json& tj) {
   return impl;
 }
 
+// Tokenizer classes whose fast implementation in transformers rebuilds the post-processor
+// from add_bos_token / add_eos_token when it is made (`update_post_processor`), whatever
+// tokenizer.json holds; the class's defaults apply to an absent key. AutoTokenizer loads the
+// fast class for a slow name too, so both spellings count. Every other class (the generic
+// PreTrainedTokenizerFast, Qwen2, GPT-2, ...) keeps tokenizer.json's post-processor.
+struct RebuildingClass {
+  const char* name;
+  bool add_bos, add_eos;
+  const char* bos;  // the class's default tokens, used when tokenizer_config.json names none
+  const char* eos;
+};
+
+const RebuildingClass* rebuilding_class(std::string_view cls) {
+  static const RebuildingClass kClasses[] = {
+      {"LlamaTokenizer", true, false, "<s>", "</s>"},
+      {"CodeLlamaTokenizer", true, false, "<s>", "</s>"},
+      {"GemmaTokenizer", true, false, "<bos>", "<eos>"},
+      {"CohereTokenizer", true, false, "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>"},
+      {"GPTNeoXTokenizer", false, false, "<|endoftext|>", "<|endoftext|>"},
+  };
+  if (cls.ends_with("Fast")) cls.remove_suffix(4);
+  for (const RebuildingClass& c : kClasses)
+    if (cls == c.name) return &c;
+  return nullptr;
+}
+
+// A flag the class's constructor receives: absent → the class default; null → false (Python
+// passes None, which is falsy).
+bool config_flag(const json& config, const char* key, bool class_default) {
+  auto it = config.find(key);
+  if (it == config.end()) return class_default;
+  if (it->is_null()) return false;
+  if (!it->is_boolean()) fail(std::string("\"") + key + "\" must be a boolean");
+  return it->get<bool>();
+}
+
 // tokenizer_config.json, then what depends on both files.
 void apply_config(TokenizerImpl* impl, const json& config) {
   const Vocab& vocab = impl->model->vocab();
@@ -487,7 +523,22 @@ void apply_config(TokenizerImpl* impl, const json& config) {
     }
   }
   impl->clean_up_tokenization_spaces = get_bool(config, "clean_up_tokenization_spaces", false);
-  if (impl->templates.empty()) {
+  std::string cls = get_string(config, "tokenizer_class");
+  if (const RebuildingClass* rebuild = rebuilding_class(cls)) {
+    // These classes replace tokenizer.json's post-processor by bos + sequence + eos as the
+    // config's add_bos_token / add_eos_token say (the class defaults where a key is absent).
+    impl->templates.clear();
+    const auto token_id = [&](const std::string& configured, const char* fallback, const char* what) {
+      const std::string token = configured.empty() ? std::string(fallback) : configured;
+      auto id = lookup(token);
+      if (!id) fail(std::string(what) + " is set but its token \"" + token + "\" is not in the vocabulary");
+      return *id;
+    };
+    if (config_flag(config, "add_bos_token", rebuild->add_bos))
+      impl->config_bos = token_id(impl->bos_token, rebuild->bos, "add_bos_token");
+    if (config_flag(config, "add_eos_token", rebuild->add_eos))
+      impl->config_eos = token_id(impl->eos_token, rebuild->eos, "add_eos_token");
+  } else if (impl->templates.empty()) {
     // No post-processor adding ids: transformers adds bos/eos when the config asks for them.
     if (get_bool(config, "add_bos_token", false)) {
       if (!impl->bos_id) fail("add_bos_token is set but bos_token is not in the vocabulary");
@@ -498,7 +549,6 @@ void apply_config(TokenizerImpl* impl, const json& config) {
       impl->config_eos = impl->eos_id;
     }
   }
-  std::string cls = get_string(config, "tokenizer_class");
   impl->sentencepiece_non_legacy = (cls == "LlamaTokenizer" || cls == "LlamaTokenizerFast") &&
                                    !get_bool(config, "legacy", true) && !byte_level_pre &&
                                    is_sentencepiece_shaped(*impl);

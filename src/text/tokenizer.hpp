@@ -45,9 +45,11 @@ class Tokenizer : public std::enable_shared_from_this<Tokenizer> {
 
   /// HF `encode(text, add_special_tokens)`: added tokens are matched first (lstrip / rstrip /
   /// single_word / normalized as HF does), then normalizer, pre-tokenizer, BPE model and
-  /// post-processor (TemplateProcessing, or bos/eos per tokenizer_config.json when the
-  /// tokenizer.json has no post-processor adding tokens). Invalid UTF-8 in `text` is read as
-  /// U+FFFD per bad sequence.
+  /// post-processor: tokenizer.json's TemplateProcessing, or bos/eos per tokenizer_config.json
+  /// when the tokenizer.json has no post-processor adding tokens; for the classes whose
+  /// transformers fast tokenizer rebuilds the post-processor from add_bos_token / add_eos_token
+  /// (Llama, CodeLlama, Gemma, Cohere: defaults bos on, eos off; GPT-NeoX: both off), those
+  /// flags alone. Invalid UTF-8 in `text` is read as U+FFFD per bad sequence.
   std::vector<TokenId> encode(std::string_view text, bool add_special_tokens = true) const;
 
   /// HF `decode(ids, skip_special_tokens)` through the decoder chain (ByteLevel, Replace,

@@ -1,6 +1,7 @@
 #include "text/tool_calls.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <utility>
 
 namespace swarm {
@@ -319,6 +320,104 @@ ToolCallFormat detect_tool_call_format(std::string_view chat_template) {
       (chat_template.find(kPythonTag) != npos || chat_template.find("\"parameters\"") != npos))
     return ToolCallFormat::LLAMA3_JSON;
   return ToolCallFormat::NONE;
+}
+
+namespace {
+
+bool is_word_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+bool is_space_char(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+// Deepest [ / { nesting of a JSON text (strings skipped); stops counting past `limit`.
+int json_depth(std::string_view text, int limit) {
+  int depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > limit) return deepest;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+}  // namespace
+
+ToolArgumentsForm detect_tool_arguments_form(std::string_view t) {
+  static constexpr std::string_view kName = "arguments";
+  bool joined = false, type_tested = false;
+  for (size_t at = t.find(kName); at != npos; at = t.find(kName, at + 1)) {
+    // A reference to the value: `x.arguments` or `x['arguments']` / `x["arguments"]`, not text
+    // inside a string literal such as '", "arguments": '.
+    size_t end = at + kName.size();
+    if (at >= 1 && t[at - 1] == '.') {
+      if (end < t.size() && is_word_char(t[end])) continue;
+    } else if (at >= 2 && (t[at - 1] == '\'' || t[at - 1] == '"') && t[at - 2] == '[' && end + 1 < t.size() &&
+               t[end] == t[at - 1] && t[end + 1] == ']') {
+      end += 2;
+    } else {
+      continue;
+    }
+    size_t after = end;
+    while (after < t.size() && is_space_char(t[after])) ++after;
+    if (after < t.size() && (t[after] == '+' || t[after] == '~')) joined = true;
+    if (t.substr(after).starts_with("is")) {
+      size_t p = after + 2;
+      while (p < t.size() && is_space_char(t[p])) ++p;
+      if (t.substr(p).starts_with("not")) {
+        p += 3;
+        while (p < t.size() && is_space_char(t[p])) ++p;
+      }
+      if (t.substr(p).starts_with("string") || t.substr(p).starts_with("mapping")) type_tested = true;
+    }
+    // Back over the expression the reference ends (`tool['function']`), then to an operator.
+    size_t before = at;
+    while (before > 0 && (is_word_char(t[before - 1]) || std::string_view(".[]'\"").find(t[before - 1]) != npos))
+      --before;
+    while (before > 0 && is_space_char(t[before - 1])) --before;
+    if (before > 0 && (t[before - 1] == '+' || t[before - 1] == '~')) joined = true;
+  }
+  return joined && !type_tested ? ToolArgumentsForm::STRING : ToolArgumentsForm::OBJECT;
+}
+
+void normalize_tool_calls(nlohmann::ordered_json& messages, ToolArgumentsForm form) {
+  using ojson = nlohmann::ordered_json;
+  static constexpr int kMaxArgumentsDepth = 64;
+  if (!messages.is_array()) return;
+  for (auto& m : messages) {
+    if (!m.is_object()) continue;
+    const auto role = m.find("role");
+    if (role == m.end() || !role->is_string() || *role != "assistant") continue;
+    const auto calls = m.find("tool_calls");
+    if (calls == m.end() || !calls->is_array()) continue;
+    if (calls->empty()) {
+      m.erase(calls);
+      continue;
+    }
+    if (form != ToolArgumentsForm::OBJECT) continue;
+    for (auto& call : *calls) {
+      if (!call.is_object()) continue;
+      const auto fn = call.find("function");
+      if (fn == call.end() || !fn->is_object()) continue;
+      const auto args = fn->find("arguments");
+      if (args == fn->end() || args->is_null() || (args->is_string() && args->get_ref<const std::string&>().empty())) {
+        (*fn)["arguments"] = ojson::object();
+        continue;
+      }
+      if (!args->is_string()) continue;
+      const std::string& text = args->get_ref<const std::string&>();
+      if (json_depth(text, kMaxArgumentsDepth) > kMaxArgumentsDepth) continue;
+      ojson parsed = ojson::parse(text, nullptr, /*allow_exceptions=*/false);
+      if (parsed.is_object()) *args = std::move(parsed);
+    }
+  }
 }
 
 bool parse_reasoning_format(const std::string& name, ReasoningFormat* out) {

@@ -187,6 +187,25 @@ class StreamingAssistantParser {
   std::string pending_space_;
 };
 
+/// How a chat template takes an assistant tool call's `function.arguments` back in a history.
+/// OpenAI clients send them as a JSON string; Hugging Face's chat-template convention (and what
+/// vLLM hands a template) is the parsed object, which templates print with `tojson`.
+enum class ToolArgumentsForm { OBJECT, STRING };
+
+/// From a chat template's source: STRING when the template joins the arguments into text with
+/// `+` or `~` (`'...' + tool['function']['arguments']`) and never tests them with `is string` /
+/// `is mapping` — it needs the JSON text; OBJECT otherwise (`tool_call.arguments | tojson`,
+/// `| items`, templates that accept both, templates that never look at them).
+ToolArgumentsForm detect_tool_arguments_form(std::string_view chat_template);
+
+/// Tool calls of assistant messages as vLLM hands them to a chat template, in place: an empty
+/// `tool_calls` array is removed (templates test `'tool_calls' in message`), and with OBJECT
+/// every `function.arguments` that is a JSON string holding an object becomes that object (key
+/// order kept), a missing, null or "" one becomes {}. Arguments that are not JSON, JSON that is
+/// not an object, or nested deeper than 64 levels stay the string the client sent (vLLM would
+/// put {} there, losing them). Other messages and shapes are left alone; never throws.
+void normalize_tool_calls(nlohmann::ordered_json& messages, ToolArgumentsForm form);
+
 /// The text of an OpenAI message `content`: a string → itself; null → ""; an array of parts →
 /// the concatenation (no separator) of the `text` of every part that has a string `text`
 /// (`{"type": "text", "text": ...}`), bare strings in the array included; anything else → "".

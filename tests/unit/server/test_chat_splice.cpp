@@ -116,6 +116,39 @@ TEST_F(ChatSpliceMock, ReserializedToolCallContinuesFromTheGeneratedIds) {
   EXPECT_NE(render(later), expected);
 }
 
+// The server hands templates tool-call arguments as objects (normalize_tool_calls): the keys
+// and the splice see the same turn whichever form the arguments arrive in.
+TEST_F(ChatSpliceMock, ArgumentsParsedIntoObjectsStillSplice) {
+  const ojson first = ojson::array({{{"role", "user"}, {"content", "add 2 and 3"}}});
+  const std::vector<TokenId> prompt = render(first);
+  std::vector<TokenId> completion = text(R"(<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>)");
+  completion.push_back(MockBackend::kImEnd);
+  Recorded rec;
+  rec.calls[answer_turn_key(chat_keys(first, tools(), kwargs), answer_key(std::nullopt, {{"add", R"({"a": 2, "b": 3})"}}))] =
+      cat(prompt, completion);
+
+  ojson sent = first;
+  sent.push_back(assistant_call(R"({"a":2,"b":3})"));
+  sent.push_back({{"role", "tool"}, {"tool_call_id", "call_x"}, {"content", "5"}});
+  ojson later = sent;
+  normalize_tool_calls(later, detect_tool_arguments_form(backend.chat_template_source()));
+  ASSERT_TRUE(later[1]["tool_calls"][0]["function"]["arguments"].is_object());
+  EXPECT_EQ(chat_keys(later, tools(), kwargs).turn_keys, chat_keys(sent, tools(), kwargs).turn_keys);
+  const auto spliced = splice_chat_prompt(backend, later, tools(), kwargs, chat_keys(later, tools(), kwargs), rec.lookup());
+  ASSERT_TRUE(spliced.has_value());
+  EXPECT_EQ(*spliced, cat(cat(prompt, completion), text("\n<|im_start|>tool\n5<|im_end|>\n<|im_start|>assistant\n")));
+
+  // A call without arguments, generated as {} and sent back as "", is the same answer now.
+  Recorded none;
+  none.calls[answer_turn_key(chat_keys(first, tools(), kwargs), answer_key(std::nullopt, {{"add", "{}"}}))] =
+      cat(prompt, completion);
+  ojson empty = first;
+  empty.push_back(assistant_call(""));
+  empty.push_back({{"role", "tool"}, {"tool_call_id", "call_x"}, {"content", "0"}});
+  normalize_tool_calls(empty, ToolArgumentsForm::OBJECT);
+  EXPECT_TRUE(splice_chat_prompt(backend, empty, tools(), kwargs, chat_keys(empty, tools(), kwargs), none.lookup()));
+}
+
 TEST_F(ChatSpliceMock, SameTextSplicesToTheFreshRender) {
   ojson msgs = ojson::array({{{"role", "system"}, {"content", "be brief"}}, {{"role", "user"}, {"content", "hi"}}});
   const std::vector<TokenId> prompt = render(msgs);

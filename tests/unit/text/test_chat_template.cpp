@@ -17,6 +17,7 @@
 
 #include "common/error.hpp"
 #include "text/chat_template.hpp"
+#include "text/tool_calls.hpp"
 
 namespace swarm {
 namespace {
@@ -29,6 +30,7 @@ const std::string kSource = SWARM_SOURCE_DIR;
 const std::string kQwen3Dir = kFixtures + "/tokenizers/qwen3";
 const std::string kSmolDir = kFixtures + "/models/smollm2-135m-instruct-noweights";
 const std::string kLlamaTemplate = kSource + "/tests/data/llama3_chat_template.jinja";
+const std::string kQwen25Template = kSource + "/tests/data/qwen2.5_chat_template.jinja";
 const std::string kConversations = kSource + "/tests/data/chat_conversations.json";
 const std::string kReference = kSource + "/tests/reference/render_chat_template.py";
 
@@ -47,6 +49,7 @@ std::string read_file(const std::string& path) {
 }
 
 ChatTemplate llama3() { return ChatTemplate(read_file(kLlamaTemplate), "<|begin_of_text|>", "<|eot_id|>"); }
+ChatTemplate qwen25() { return ChatTemplate(read_file(kQwen25Template), "", "<|im_end|>"); }
 
 std::chrono::system_clock::time_point at(int64_t epoch_seconds) {
   return std::chrono::system_clock::time_point(std::chrono::seconds(epoch_seconds));
@@ -411,6 +414,161 @@ TEST(ChatTemplateParity, ConversationsRenderLikeHuggingFace) {
   EXPECT_GT(errors, 0);
   EXPECT_LT(errors, static_cast<int>(cases.size()) / 4);
   std::printf("[ parity ] %zu cases (%d expected errors), %d mismatches\n", cases.size(), errors, mismatches);
+}
+
+// ------------------------------------------------------------------ tool-call arguments in a history
+
+// A template that needs the arguments' JSON text, as DeepSeek-R1's does (string concatenation).
+const char* kJoiningTemplate =
+    "{% for m in messages %}{% if m['role'] == 'assistant' and m['tool_calls'] %}"
+    "{% for tool in m['tool_calls'] %}{{ '<call>' + tool['function']['name'] + '\\n' + "
+    "tool['function']['arguments'] + '</call>' }}{% endfor %}"
+    "{% else %}{{ '<' + m['role'] + '>' + m['content'] }}{% endif %}{% endfor %}";
+
+TEST(ChatTemplateToolArguments, FormComesFromTheTemplate) {
+  ASSERT_TRUE(fixture_exists(kQwen25Template));
+  EXPECT_EQ(detect_tool_arguments_form(ChatTemplate::from_directory(kQwen3Dir).source()), ToolArgumentsForm::OBJECT);
+  EXPECT_EQ(detect_tool_arguments_form(ChatTemplate::from_directory(kSmolDir).source()), ToolArgumentsForm::OBJECT);
+  EXPECT_EQ(detect_tool_arguments_form(llama3().source()), ToolArgumentsForm::OBJECT);
+  EXPECT_EQ(detect_tool_arguments_form(qwen25().source()), ToolArgumentsForm::OBJECT);
+  EXPECT_EQ(detect_tool_arguments_form(kJoiningTemplate), ToolArgumentsForm::STRING);
+  EXPECT_EQ(detect_tool_arguments_form("{{ 'x' ~ call.function.arguments }}"), ToolArgumentsForm::STRING);
+  EXPECT_EQ(detect_tool_arguments_form("{{ call.arguments + '\\n' }}"), ToolArgumentsForm::STRING);
+  // Joined only where the template made sure it is a string: both forms work, objects win.
+  EXPECT_EQ(detect_tool_arguments_form("{% if c.arguments is string %}{{ 'x' + c.arguments }}"
+                                       "{% else %}{{ c.arguments | tojson }}{% endif %}"),
+            ToolArgumentsForm::OBJECT);
+  // The word in a literal, or another name ending in it, is no reference.
+  EXPECT_EQ(detect_tool_arguments_form("{{ '\", \"arguments\": ' + x }}{{ a.arguments_text + 'y' }}"),
+            ToolArgumentsForm::OBJECT);
+}
+
+TEST(ChatTemplateToolArguments, NormalizeToolCallsParsesObjectArgumentsOnly) {
+  const auto call = [](const ojson& arguments) {
+    ojson fn = {{"name", "f"}};
+    if (!arguments.is_discarded()) fn["arguments"] = arguments;
+    return ojson{{"id", "call_1"}, {"type", "function"}, {"function", fn}};
+  };
+  ojson messages = ojson::array();
+  messages.push_back({{"role", "user"}, {"content", "hi"}, {"tool_calls", ojson::array({call(R"({"a": 1})")})}});
+  messages.push_back({{"role", "assistant"},
+                      {"content", ""},
+                      {"tool_calls", ojson::array({call(R"({"z":1,"a":{"k":[1,2]}})"), call("not json {"), call("[1, 2]"),
+                                                   call("\"text\""), call(""), call(nullptr),
+                                                   call(ojson(ojson::value_t::discarded)), call(ojson{{"b", 2}}),
+                                                   call(std::string(100, '[') + std::string(100, ']'))})}});
+  messages.push_back({{"role", "assistant"}, {"content", "x"}, {"tool_calls", ojson::array()}});
+  const ojson original = messages;
+  ojson strings = messages;
+  normalize_tool_calls(messages, ToolArgumentsForm::OBJECT);
+  EXPECT_TRUE(messages[0]["tool_calls"][0]["function"]["arguments"].is_string());  // not an assistant
+  const ojson& calls = messages[1]["tool_calls"];
+  EXPECT_EQ(calls[0]["function"]["arguments"].dump(), R"({"z":1,"a":{"k":[1,2]}})");  // key order kept
+  EXPECT_EQ(calls[1]["function"]["arguments"], "not json {");
+  EXPECT_EQ(calls[2]["function"]["arguments"], "[1, 2]");
+  EXPECT_EQ(calls[3]["function"]["arguments"], "\"text\"");
+  EXPECT_EQ(calls[4]["function"]["arguments"], ojson::object());
+  EXPECT_EQ(calls[5]["function"]["arguments"], ojson::object());
+  EXPECT_EQ(calls[6]["function"]["arguments"], ojson::object());
+  EXPECT_EQ(calls[7]["function"]["arguments"], ojson({{"b", 2}}));
+  EXPECT_TRUE(calls[8]["function"]["arguments"].is_string());  // nested deeper than 64
+  EXPECT_FALSE(messages[2].contains("tool_calls"));
+  // STRING: only the empty list goes.
+  normalize_tool_calls(strings, ToolArgumentsForm::STRING);
+  EXPECT_EQ(strings[0], original[0]);
+  EXPECT_EQ(strings[1], original[1]);
+  EXPECT_FALSE(strings[2].contains("tool_calls"));
+}
+
+// A history whose assistant turn is a tool call the model generated, sent back by clients that
+// re-serialise the arguments (JSON.stringify, Python's json.dumps, pretty-printed): normalised as
+// the server does (normalize_tool_calls), every template renders it as jinja2 renders the same
+// history with the arguments as an object, and the turn reads exactly as the model wrote it.
+TEST(ChatTemplateParity, ToolCallArgumentsSentAsStringsRenderAsGenerated) {
+  ASSERT_TRUE(fixture_exists(kQwen25Template));
+  const std::string generated_args =
+      R"({"city": "Paris", "days": 3, "units": ["C", "F"], "note": "café \"ok\"", "ratio": 0.5, "strict": true, "extra": null})";
+  const ojson args = ojson::parse(generated_args);
+  const std::vector<std::string> sent_forms = {
+      args.dump(),                  // JSON.stringify: no spaces, UTF-8 kept
+      args.dump(-1, ' ', true),     // ASCII escapes (é as \u00e9), as Python's json.dumps
+      args.dump(2),                 // pretty-printed
+      generated_args,               // exactly as generated (the server's own answer)
+  };
+  const ojson tools = ojson::parse(
+      R"([{"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+  struct Family {
+    std::string name;
+    ChatTemplate tpl;
+    std::string turn;  // the generated assistant turn, as text
+  };
+  const std::string hermes_turn =
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": " + generated_args + "}\n</tool_call><|im_end|>";
+  std::vector<Family> families;
+  families.push_back({"qwen3", ChatTemplate::from_directory(kQwen3Dir), "<|im_start|>assistant\n" + hermes_turn});
+  families.push_back({"qwen2.5", qwen25(), "<|im_start|>assistant\n" + hermes_turn});
+  families.push_back({"llama3", llama3(),
+                      "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"get_weather\", \"parameters\": " +
+                          generated_args + "}<|eot_id|>"});
+  for (auto& f : families) f.tpl.set_clock([] { return at(1767225600); });
+
+  const auto history = [&](const ojson& arguments) {
+    ojson call = {{"id", "call_1"}, {"type", "function"},
+                  {"function", {{"name", "get_weather"}, {"arguments", arguments}}}};
+    return ojson::array({{{"role", "user"}, {"content", "Weather in Paris?"}},
+                         {{"role", "assistant"}, {"content", ""}, {"tool_calls", ojson::array({call})}},
+                         {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "{\"temp\": 21}"}}});
+  };
+  ojson reference_cases = ojson::array();
+  std::vector<std::string> got, labels;
+  for (const Family& f : families) {
+    ASSERT_EQ(detect_tool_arguments_form(f.tpl.source()), ToolArgumentsForm::OBJECT) << f.name;
+    reference_cases.push_back({{"template", f.tpl.source()},
+                               {"bos_token", f.tpl.bos_token()},
+                               {"eos_token", f.tpl.eos_token()},
+                               {"messages", history(args)},
+                               {"tools", tools},
+                               {"add_generation_prompt", true},
+                               {"now", 1767225600}});
+    for (const std::string& sent : sent_forms) {
+      ojson messages = history(sent);
+      normalize_tool_calls(messages, detect_tool_arguments_form(f.tpl.source()));
+      got.push_back(f.tpl.render(messages, tools, true));
+      labels.push_back(f.name + " sent " + sent);
+    }
+  }
+  const ojson expected = run_reference(reference_cases);
+  ASSERT_EQ(expected.size(), families.size());
+  for (size_t i = 0; i < families.size(); ++i) {
+    ASSERT_TRUE(expected[i].at("ok").get<bool>()) << families[i].name << ": " << expected[i].dump();
+    const std::string want = expected[i].at("output").get<std::string>();
+    EXPECT_NE(want.find(families[i].turn), std::string::npos)
+        << families[i].name << ": jinja2's render does not hold the generated turn\n" << want;
+    for (size_t k = 0; k < sent_forms.size(); ++k) {
+      const size_t j = i * sent_forms.size() + k;
+      EXPECT_EQ(got[j], want) << labels[j] << ": " << describe_difference(want, got[j]);
+      EXPECT_NE(got[j].find(families[i].turn), std::string::npos) << labels[j];
+    }
+  }
+}
+
+// A template that joins the arguments as text keeps getting the string the client sent.
+TEST(ChatTemplateParity, JoiningTemplatesKeepTheArgumentString) {
+  const ChatTemplate tpl(kJoiningTemplate);
+  ojson messages = ojson::array(
+      {{{"role", "user"}, {"content", "go"}},
+       {{"role", "assistant"},
+        {"content", ""},
+        {"tool_calls", ojson::array({{{"type", "function"}, {"function", {{"name", "f"}, {"arguments", "{\"a\": 1}"}}}}})}}});
+  const ojson before = messages;
+  normalize_tool_calls(messages, detect_tool_arguments_form(tpl.source()));
+  EXPECT_EQ(messages, before);
+  const ojson expected = run_reference(ojson::array({{{"template", tpl.source()}, {"messages", messages},
+                                                      {"tools", nullptr}, {"add_generation_prompt", false}}}));
+  ASSERT_EQ(expected.size(), 1u);
+  ASSERT_TRUE(expected[0].at("ok").get<bool>()) << expected[0].dump();
+  EXPECT_EQ(tpl.render(messages, nullptr, false), expected[0].at("output").get<std::string>());
+  EXPECT_EQ(expected[0].at("output").get<std::string>(), "<user>go<call>f\n{\"a\": 1}</call>");
 }
 
 }  // namespace

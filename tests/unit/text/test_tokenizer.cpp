@@ -559,6 +559,87 @@ TEST(TokenizerFeatures, PostProcessorAndConfigSpecialTokens) {
   EXPECT_EQ(Tokenizer::from_json(t.dump(), config.dump())->encode("ab"), Ids({4, 6}));
 }
 
+// transformers' LlamaTokenizerFast (and the other classes listed in src/text/tokenizer.cpp's
+// rebuilding_class) replaces tokenizer.json's post-processor by a TemplateProcessing built from
+// add_bos_token / add_eos_token (class defaults true / false) when it is made; every other class
+// keeps the file's post-processor. The JS reference ignores both flags, so the expected ids are
+// that rule applied to the ids without special tokens (themselves checked against the reference).
+TEST(TokenizerFeatures, ConfigFlagsRebuildThePostProcessorOfLlamaLikeClasses) {
+  const std::string dir = fixture_path("models/tinystories-656k");
+  const std::string file = read_file(dir + "/tokenizer.json");
+  const json config = json::parse(read_file(dir + "/tokenizer_config.json"));
+  const json tj = json::parse(file);
+  ASSERT_EQ(tj["post_processor"]["type"], "TemplateProcessing");  // the file adds <|start_story|>
+  ASSERT_EQ(config["tokenizer_class"], "LlamaTokenizer");
+  const std::string text = "Once upon a time";
+  const Ids plain = Tokenizer::from_json(file, config.dump())->encode(text, false);
+  ASSERT_FALSE(plain.empty());
+  const TokenId bos = 1, eos = 2;  // <|start_story|>, <|end_story|>
+  const auto with = [&](std::initializer_list<TokenId> before, std::initializer_list<TokenId> after) {
+    Ids ids(before);
+    ids.insert(ids.end(), plain.begin(), plain.end());
+    ids.insert(ids.end(), after);
+    return ids;
+  };
+  const auto encode = [&](const json& cfg, const std::string& tokenizer_json) {
+    return Tokenizer::from_json(tokenizer_json, cfg.dump())->encode(text);
+  };
+
+  EXPECT_EQ(encode(config, file), with({bos}, {}));  // add_bos_token: true, as the file does
+  json c = config;
+  c["add_bos_token"] = false;
+  EXPECT_EQ(encode(c, file), with({}, {}));  // the file's BOS is dropped
+  c["add_eos_token"] = true;
+  EXPECT_EQ(encode(c, file), with({}, {eos}));
+  c["add_bos_token"] = true;
+  EXPECT_EQ(encode(c, file), with({bos}, {eos}));
+  c["tokenizer_class"] = "LlamaTokenizerFast";  // the same class
+  EXPECT_EQ(encode(c, file), with({bos}, {eos}));
+  c["add_bos_token"] = nullptr;  // Python passes None: no BOS
+  EXPECT_EQ(encode(c, file), with({}, {eos}));
+
+  // Flags absent: the class defaults (BOS, no EOS), even where the file adds both.
+  json both = tj;
+  both["post_processor"]["single"].push_back({{"SpecialToken", {{"id", "<|end_story|>"}, {"type_id", 0}}}});
+  both["post_processor"]["special_tokens"]["<|end_story|>"] = {
+      {"id", "<|end_story|>"}, {"ids", {eos}}, {"tokens", {"<|end_story|>"}}};
+  json absent = config;
+  absent.erase("add_bos_token");
+  absent.erase("add_eos_token");
+  EXPECT_EQ(encode(absent, both.dump()), with({bos}, {}));
+  // A post-processor that adds nothing (ByteLevel; e.g. a Qwen vocabulary under LlamaTokenizerFast)
+  // gets the BOS too.
+  json none = tj;
+  none["post_processor"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}};
+  EXPECT_EQ(encode(absent, none.dump()), with({bos}, {}));
+  // GPTNeoXTokenizerFast defaults to neither.
+  absent["tokenizer_class"] = "GPTNeoXTokenizerFast";
+  EXPECT_EQ(encode(absent, both.dump()), with({}, {}));
+
+  // Other classes keep the file's post-processor, whatever the flags say.
+  for (const char* cls : {"PreTrainedTokenizerFast", "Qwen2Tokenizer", "GPT2TokenizerFast"}) {
+    c = config;
+    c["tokenizer_class"] = cls;
+    c["add_bos_token"] = false;
+    c["add_eos_token"] = true;
+    Ids want = Tokenizer::from_json(file, c.dump())->encode(text, false);  // legacy SentencePiece now
+    want.insert(want.begin(), bos);
+    EXPECT_EQ(encode(c, file), want) << cls;
+    want.push_back(eos);
+    EXPECT_EQ(encode(c, both.dump()), want) << cls;
+  }
+  // A rebuilding class with a flag set and no such token is an error naming it.
+  c = config;
+  c["add_eos_token"] = true;
+  c["eos_token"] = "<not-a-token>";
+  try {
+    encode(c, file);
+    ADD_FAILURE() << "expected an error";
+  } catch (const SwarmError& e) {
+    EXPECT_NE(std::string(e.what()).find("add_eos_token"), std::string::npos) << e.what();
+  }
+}
+
 TEST(TokenizerFeatures, IgnoreMergesByteFallbackAndFuseUnk) {
   json t = tiny_tokenizer();
   t["model"] = tiny_model({{"a", 0}, {"b", 1}, {"c", 2}, {"ab", 3}, {"abc", 4}, {"<unk>", 5}},
