@@ -525,10 +525,17 @@ TEST(WireProtocol, ThrottlePolicyTaskIdIsTheRunningEpisodesOptionalTaskId) {
 }
 
 // A backend whose first token takes a while (a long prefill, a full KV cache).
+// A generation in flight holds the engine's backend (its lease), so the last reference can drop
+// on one of these threads once the server has stopped: that thread is detached, not joined.
 class SlowFirstTokenBackend : public swarm::MockBackend {
  public:
   ~SlowFirstTokenBackend() override {
-    for (auto& t : threads_) t.join();
+    for (auto& t : threads_) {
+      if (t.get_id() == std::this_thread::get_id())
+        t.detach();
+      else
+        t.join();
+    }
   }
   void generate(swarm::GenerationRequest request, std::shared_ptr<swarm::GenerationObserver> observer) override {
     std::lock_guard lk(mu_);
