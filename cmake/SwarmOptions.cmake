@@ -4,9 +4,11 @@ if(SWARM_CCACHE)
   set(CMAKE_CXX_COMPILER_LAUNCHER ${SWARM_CCACHE})
 endif()
 
+# swarm_target_defaults(target [NO_SANITIZE]): NO_SANITIZE leaves SWARM_SANITIZE off for it.
 function(swarm_target_defaults target)
+  cmake_parse_arguments(PARSE_ARGV 1 arg "NO_SANITIZE" "" "")
   target_compile_options(${target} PRIVATE -Wall -Wextra)
-  if(SWARM_SANITIZE)
+  if(SWARM_SANITIZE AND NOT arg_NO_SANITIZE)
     target_compile_options(${target} PRIVATE -fsanitize=${SWARM_SANITIZE} -fno-omit-frame-pointer)
     target_link_options(${target} PRIVATE -fsanitize=${SWARM_SANITIZE})
   endif()

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is missing, configures, builds and runs every test except the `gpu` label.
-# Usage: scripts/test.sh [extra ctest args]     (env: BUILD_DIR, SWARM_CMAKE_ARGS, JOBS)
+# Then, unless SWARM_ASAN=0 or ctest args were given, the shutdown check under AddressSanitizer
+# (docs/reliability.md, "Shutdown with work in flight") in $BUILD_DIR-asan.
+# Usage: scripts/test.sh [extra ctest args]     (env: BUILD_DIR, SWARM_CMAKE_ARGS, JOBS, SWARM_ASAN)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -8,6 +10,9 @@ cd "$root"
 bash scripts/setup.sh
 
 build_dir="${BUILD_DIR:-build}"
+# One cache for both build trees: the libtorch-based libraries of the AddressSanitizer build
+# are compiled exactly as in the main one, so they come from the cache.
+export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
 jobs="${JOBS:-$(nproc)}"
 echo "==> configure ($build_dir)"
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSWARM_BUILD_TESTS=ON \
@@ -15,5 +20,19 @@ cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSWARM_BU
 echo "==> build"
 cmake --build "$build_dir" -j "$jobs"
 echo "==> test"
-cd "$build_dir"
-ctest --output-on-failure --label-exclude gpu -j "$jobs" --timeout 600 "$@"
+(cd "$build_dir" && ctest --output-on-failure --label-exclude gpu -j "$jobs" --timeout 600 "$@")
+
+if [ "${SWARM_ASAN:-1}" != 0 ] && [ $# -eq 0 ]; then
+  asan_dir="$build_dir-asan"
+  echo "==> AddressSanitizer: configure and build swarm-server ($asan_dir)"
+  cmake -S . -B "$asan_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSWARM_BUILD_TESTS=OFF \
+    -DSWARM_BUILD_BENCH=OFF -DSWARM_SANITIZE=address -DSWARM_SANITIZE_TORCH=OFF ${SWARM_CMAKE_ARGS:-} \
+    >"$asan_dir.configure.log" 2>&1 || { cat "$asan_dir.configure.log"; exit 1; }
+  cmake --build "$asan_dir" -j "$jobs" --target swarm-server
+  echo "==> AddressSanitizer: SIGTERM with work in flight"
+  /usr/bin/python3 tests/asan/shutdown_in_flight.py --server "$asan_dir/swarm-server" --engine mock
+  if grep -q "torch backend ON" "$asan_dir.configure.log"; then
+    /usr/bin/python3 tests/asan/shutdown_in_flight.py --server "$asan_dir/swarm-server" --engine torch \
+      --model-bin "$build_dir/swarm-model"
+  fi
+fi

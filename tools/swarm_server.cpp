@@ -17,6 +17,7 @@
 #include "engine/rank_channel.hpp"
 #include "engine/rank_launcher.hpp"
 #include "server/swarm_server.hpp"
+#include "server/verbose_log.hpp"
 #ifdef SWARM_WITH_TORCH
 #include "engine/torch_backend.hpp"
 #endif
@@ -76,6 +77,7 @@ int run_start(const std::string& host, int port, const std::string& engine, cons
   }
   spdlog::set_level(level);
   spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
+  swarm::install_verbose_log_sink();  // before any thread logs (the ranks, the engine)
 
   swarm::DistConfig dist;
   try {

@@ -89,7 +89,14 @@ Engine::Engine(EngineOptions options) : options_(std::move(options)) {
     janitor_thread_ = std::jthread([this](std::stop_token st) { janitor_loop(st); });
 }
 
-Engine::~Engine() {
+Engine::~Engine() { shutdown(); }
+
+void Engine::shutdown() {
+  std::lock_guard once(shutdown_mu_);
+  {
+    std::lock_guard lk(mu_);
+    closed_ = true;
+  }
   if (janitor_thread_.joinable()) {
     janitor_thread_.request_stop();
     janitor_thread_.join();
@@ -263,6 +270,7 @@ std::string Engine::store_train_code(const std::string& zip_bytes) {
 
 void Engine::start_engine() {
   std::lock_guard lk(mu_);
+  SWARM_REQUIRE(!closed_, ErrorKind::UNAVAILABLE, "the server is shutting down");
   SWARM_REQUIRE(state_ == EngineState::OFFLINE, ErrorKind::CONFLICT,
                 std::string("start_engine is only allowed in ENGINE.OFFLINE (engine is ") + engine_state_wire(state_) +
                     ")");

@@ -81,7 +81,7 @@ struct GenerationLease {
 class Engine {
  public:
   explicit Engine(EngineOptions options);
-  ~Engine();  // stops the engine and joins its threads
+  ~Engine();  // shutdown()
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
@@ -94,6 +94,11 @@ class Engine {
   void start_engine();
   /// Any state → OFFLINE: in-flight episodes cancelled, backend released.
   void stop_engine(const std::string& reason = "stopped by a client");
+  /// The end of the process's engine: stop_engine, then waits until the control thread has
+  /// done all it was given (the stop-time checkpoint, the backend's release, which ends its
+  /// generations) and joins its threads. Afterwards the commands fail or find nothing to do;
+  /// idempotent. What serves requests stops first (SwarmServer::stop).
+  void shutdown();
 
   /// Stores an uploaded code archive (AgentJet's sync_train_code; never run) as
   /// <experiment_dir>/agentjet_code.zip (the experiments root of the synced config, or the
@@ -123,10 +128,11 @@ class Engine {
   /// Authenticates `api_key`, marks a call in flight and returns what generation needs.
   /// UNAUTHORIZED for an unknown key; CONFLICT when no model is loaded.
   GenerationLease begin_generation(const std::string& api_key);
-  /// Records the finished call (or drops it if the episode is gone).
-  void finish_generation(const GenerationLease& lease, LlmCall call);
-  /// Ends a call that failed.
-  void cancel_generation(const GenerationLease& lease);
+  /// Records the finished call (or drops it if the episode is gone). Needs only the lease
+  /// (its pool), so a generation that ends while the engine shuts down touches nothing else.
+  static void finish_generation(const GenerationLease& lease, LlmCall call);
+  /// Ends a call that failed (only the lease, as finish_generation).
+  static void cancel_generation(const GenerationLease& lease);
   /// The loaded backend (for /v1/models), or null.
   std::shared_ptr<Backend> backend() const;
 
@@ -219,6 +225,8 @@ class Engine {
   std::condition_variable task_cv_;
   std::deque<std::function<void()>> tasks_;
   bool shutting_down_ = false;
+  std::mutex shutdown_mu_;  // shutdown() runs once at a time
+  bool closed_ = false;     // under mu_: shutdown() began; start_engine refuses
   std::thread control_thread_;
   std::jthread janitor_thread_;
 };

@@ -275,10 +275,10 @@ class GenerationHandler final : public GenerationObserver,
                                 public SseStream,
                                 public std::enable_shared_from_this<GenerationHandler> {
  public:
-  GenerationHandler(Engine& engine, Metrics& metrics, OpenAIKind kind, GenerationLease lease, std::string api_key,
+  GenerationHandler(std::shared_ptr<Metrics> metrics, OpenAIKind kind, GenerationLease lease, std::string api_key,
                     std::shared_ptr<ResponseSink> sink, RequestOptions options, std::vector<TokenId> prompt,
                     OpenAIContext context, std::string request_body, std::unique_ptr<ChatDialect> dialect = nullptr)
-      : engine_(engine), metrics_(metrics), kind_(kind), lease_(std::move(lease)), api_key_(std::move(api_key)),
+      : metrics_(std::move(metrics)), kind_(kind), lease_(std::move(lease)), api_key_(std::move(api_key)),
         sink_(std::move(sink)), options_(std::move(options)), prompt_(std::move(prompt)),
         id_((kind == OpenAIKind::COMPLETION ? "cmpl-" : "chatcmpl-") + random_hex(12)), created_(std::time(nullptr)),
         model_(lease_.backend->model_id()), context_(context), request_body_(std::move(request_body)),
@@ -334,12 +334,12 @@ class GenerationHandler final : public GenerationObserver,
                                                               options_.parallel_tool_calls, options_.reasoning_start);
         call.turn_key = answer_turn_key(*options_.chat_keys, answer_key(parsed.content, parsed.tool_calls));
       }
-      engine_.finish_generation(lease_, std::move(call));
+      Engine::finish_generation(lease_, std::move(call));
     }
     for (size_t i = result.choices.size(); i < static_cast<size_t>(options_.params.n); ++i)
-      engine_.cancel_generation(lease_);
+      Engine::cancel_generation(lease_);
     const int64_t prompt_tokens = static_cast<int64_t>(prompt_.size()) * options_.params.n;
-    metrics_.observe_tokens(prompt_tokens, completion_tokens);
+    metrics_->observe_tokens(prompt_tokens, completion_tokens);
     if (dialect_) return answer_in_dialect(result);
     json usage = {{"prompt_tokens", static_cast<int64_t>(prompt_.size())},
                   {"completion_tokens", completion_tokens},
@@ -365,7 +365,7 @@ class GenerationHandler final : public GenerationObserver,
         }
         StreamingAssistantParser& p = parser(c);
         send_events(c, p.finish());
-        metrics_.observe_tool_call_parse_failures(p.parse_failures());
+        metrics_->observe_tool_call_parse_failures(p.parse_failures());
         bool called = false;
         {
           std::lock_guard lk(parse_mu_);
@@ -396,7 +396,7 @@ class GenerationHandler final : public GenerationObserver,
   }
 
   void on_error(ErrorKind kind, const std::string& message) override {
-    for (int64_t i = 0; i < options_.params.n; ++i) engine_.cancel_generation(lease_);
+    for (int64_t i = 0; i < options_.params.n; ++i) Engine::cancel_generation(lease_);
     HttpResponse err = error_response(ErrorStyle::OPENAI, http_status_for(kind), error_type_for(kind), message);
     if (kind_ == OpenAIKind::ANTHROPIC_MESSAGES) err.body = dump_json(anthropic_error_body(err.status, message));
     if (options_.stream && dialect_) {
@@ -428,7 +428,7 @@ class GenerationHandler final : public GenerationObserver,
     DialectAnswer a;
     a.parsed = parse_assistant_output(ch.text, options_.tool_format, options_.reasoning_format, options_.parallel_tool_calls,
                                       options_.reasoning_start);
-    metrics_.observe_tool_call_parse_failures(a.parsed.parse_failures);
+    metrics_->observe_tool_call_parse_failures(a.parsed.parse_failures);
     a.finish_reason = ch.finish_reason;
     a.stop_sequence = matched_stop_string(ch);
     a.prompt_tokens = static_cast<int64_t>(prompt_.size());
@@ -547,7 +547,7 @@ class GenerationHandler final : public GenerationObserver,
   json message_json(const std::string& text, std::string& finish, bool count_failures) const {
     const ParsedAssistant parsed = parse_assistant_output(text, options_.tool_format, options_.reasoning_format,
                                                           options_.parallel_tool_calls, options_.reasoning_start);
-    if (count_failures) metrics_.observe_tool_call_parse_failures(parsed.parse_failures);
+    if (count_failures) metrics_->observe_tool_call_parse_failures(parsed.parse_failures);
     json m = {{"role", "assistant"}, {"content", parsed.content ? json(*parsed.content) : json(nullptr)}};
     if (parsed.reasoning) {
       m["reasoning_content"] = *parsed.reasoning;  // LangChain, SGLang
@@ -634,8 +634,9 @@ class GenerationHandler final : public GenerationObserver,
     sink_->end_stream();
   }
 
-  Engine& engine_;
-  Metrics& metrics_;
+  // Owned or shared, never borrowed: the backend may end a generation while the server stops,
+  // after the service that started it is gone (docs/reliability.md, "Shutdown").
+  std::shared_ptr<Metrics> metrics_;
   OpenAIKind kind_;
   GenerationLease lease_;
   std::string api_key_;
@@ -794,7 +795,7 @@ HttpResponse anthropic_count_tokens(Engine& engine, const HttpRequest& request) 
   return r;
 }
 
-void serve_generation(Engine& engine, Metrics& metrics, OpenAIKind kind, const HttpRequest& request,
+void serve_generation(Engine& engine, std::shared_ptr<Metrics> metrics, OpenAIKind kind, const HttpRequest& request,
                       std::shared_ptr<ResponseSink> sink, OpenAIContext context) {
   const bool dialect_kind = kind == OpenAIKind::ANTHROPIC_MESSAGES || kind == OpenAIKind::RESPONSES;
   const std::string api_key = kind == OpenAIKind::ANTHROPIC_MESSAGES ? anthropic_api_key(request) : bearer_key(request);
@@ -849,7 +850,7 @@ void serve_generation(Engine& engine, Metrics& metrics, OpenAIKind kind, const H
     // Every choice is recorded as its own call: reserve the extra ones now.
     for (; reserved < options.params.n; ++reserved) lease.pool->begin_call(api_key);
     auto handler = std::make_shared<GenerationHandler>(
-        engine, metrics, kind, lease, api_key, std::move(sink), std::move(options), std::move(prompt), context,
+        std::move(metrics), kind, lease, api_key, std::move(sink), std::move(options), std::move(prompt), context,
         kind != OpenAIKind::COMPLETION && context.last_chat ? request.body : std::string(), std::move(dialect));
     reserved = 0;  // the handler owns the reservations now
     handler->start();

@@ -65,9 +65,11 @@ class SseHeartbeat {
   std::jthread thread_;
 };
 
-/// What the OpenAI routes share across requests (both optional).
+/// What the OpenAI routes share across requests (both optional). The last call is shared with
+/// the generations in flight, which may end after the service is gone; the heartbeat is only
+/// read while the request is handed over.
 struct OpenAIContext {
-  LastChatCall* last_chat = nullptr;
+  std::shared_ptr<LastChatCall> last_chat;
   SseHeartbeat* heartbeat = nullptr;
 };
 
@@ -79,7 +81,7 @@ HttpResponse openai_models(Engine& engine);
 /// prompt/completion ids and log-probs into the episode, and answers through `sink`.
 /// Throws SwarmError for errors found before generation starts; later errors are
 /// answered through the sink.
-void serve_generation(Engine& engine, Metrics& metrics, OpenAIKind kind, const HttpRequest& request,
+void serve_generation(Engine& engine, std::shared_ptr<Metrics> metrics, OpenAIKind kind, const HttpRequest& request,
                       std::shared_ptr<ResponseSink> sink, OpenAIContext context = {});
 
 /// POST /v1/messages/count_tokens: {"input_tokens"} of the prompt the same body would get on

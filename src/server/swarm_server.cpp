@@ -9,14 +9,20 @@
 #include "server/http_transport.hpp"
 #include "server/metrics.hpp"
 #include "server/swarm_service.hpp"
+#include "server/verbose_log.hpp"
 #include "swarm/errors.hpp"
 
 namespace swarm {
 
+// Teardown (docs/reliability.md, "Shutdown"): stop() stops the HTTP server, then shuts the
+// engine down, which waits for its control thread (stop-time checkpoint, the backend's
+// release, which ends the generations still in flight). Only then do the members go, http
+// first and the engine last; what an answer still in flight needs (the metrics, the last
+// call) it also holds by shared ownership.
 struct SwarmServer::Impl {
   SwarmServerOptions options;
   Engine engine;
-  Metrics metrics;
+  std::shared_ptr<Metrics> metrics = std::make_shared<Metrics>();
   std::unique_ptr<SwarmService> service;
   std::unique_ptr<HttpServer> http;
   std::mutex mu;
@@ -25,7 +31,10 @@ struct SwarmServer::Impl {
   explicit Impl(SwarmServerOptions o) : options(std::move(o)), engine(options.engine) {}
 };
 
-SwarmServer::SwarmServer(SwarmServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {
+// The verbose-log sink joins the default logger before the engine's threads exist: adding a
+// sink while another thread logs is a data race in spdlog.
+SwarmServer::SwarmServer(SwarmServerOptions options)
+    : impl_((install_verbose_log_sink(), std::make_unique<Impl>(std::move(options)))) {
   if (!impl_->options.config_path.empty()) {
     std::ifstream in(impl_->options.config_path);
     if (!in) throw ConfigError("cannot read config file '" + impl_->options.config_path + "'");
@@ -64,7 +73,7 @@ void SwarmServer::stop() {
   if (impl_->stopped) return;
   impl_->stopped = true;
   if (impl_->http) impl_->http->stop();
-  impl_->engine.stop_engine("server shutting down");
+  impl_->engine.shutdown();
 }
 
 uint16_t SwarmServer::port() const { return impl_->http ? impl_->http->port() : 0; }

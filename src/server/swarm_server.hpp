@@ -22,7 +22,8 @@ struct SwarmServerOptions {
 };
 
 /// Owns the engine, the metrics, the service and the HTTP server. start() binds and
-/// returns; stop() answers or closes open requests, stops the engine and joins threads.
+/// returns; stop() answers or closes open requests, then shuts the engine down (its control
+/// thread finished: stop-time checkpoint, backend released) and joins threads.
 /// Thread-safe start/stop; stop is idempotent.
 class SwarmServer {
  public:

@@ -94,8 +94,8 @@ bool anthropic_path(const std::string& path) { return path.rfind("/v1/messages",
 // Records status and latency when the answer is handed to the transport.
 class MeteredSink final : public ResponseSink {
  public:
-  MeteredSink(std::shared_ptr<ResponseSink> inner, Metrics& metrics, std::string route)
-      : inner_(std::move(inner)), metrics_(metrics), route_(std::move(route)),
+  MeteredSink(std::shared_ptr<ResponseSink> inner, std::shared_ptr<Metrics> metrics, std::string route)
+      : inner_(std::move(inner)), metrics_(std::move(metrics)), route_(std::move(route)),
         start_(std::chrono::steady_clock::now()) {}
 
   void respond(HttpResponse response) override {
@@ -115,11 +115,11 @@ class MeteredSink final : public ResponseSink {
 
  private:
   void observe(int status) {
-    metrics_.observe_request(route_, status,
+    metrics_->observe_request(route_, status,
                              std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
   }
   std::shared_ptr<ResponseSink> inner_;
-  Metrics& metrics_;
+  std::shared_ptr<Metrics> metrics_;  // shared: the answer may end after the service is gone
   std::string route_;
   std::chrono::steady_clock::time_point start_;
   int status_ = 200;
@@ -234,10 +234,11 @@ std::string parse_task_id(const json& body) {
 
 }  // namespace
 
-SwarmService::SwarmService(Engine& engine, Metrics& metrics, std::function<std::string()> fallback_authority,
-                           std::chrono::milliseconds keep_alive, AccessTokens tokens)
+SwarmService::SwarmService(Engine& engine, std::shared_ptr<Metrics> metrics,
+                           std::function<std::string()> fallback_authority, std::chrono::milliseconds keep_alive,
+                           AccessTokens tokens)
     : engine_(engine),
-      metrics_(metrics),
+      metrics_(std::move(metrics)),
       fallback_authority_(std::move(fallback_authority)),
       tokens_(std::move(tokens)),
       heartbeat_(keep_alive) {
@@ -342,7 +343,7 @@ HttpResponse SwarmService::handle_command(const std::string& route, const HttpRe
     HttpResponse r;
     r.content_type = "text/plain; version=0.0.4";
     const auto backend = engine_.backend();
-    r.body = metrics_.render(engine_.status(), engine_.pool_snapshot(), engine_.step_history(),
+    r.body = metrics_->render(engine_.status(), engine_.pool_snapshot(), engine_.step_history(),
                              backend ? backend->inference_metrics() : std::map<std::string, double>{});
     return r;
   }
@@ -361,7 +362,7 @@ HttpResponse SwarmService::handle_command(const std::string& route, const HttpRe
     return json_response({{"entries", entries}});
   }
   if (route == "/replay_latest_llm_call") {  // a POST without a body (AgentJet's overwatch)
-    const auto call = last_chat_.get();
+    const auto call = last_chat_->get();
     if (!call) throw SwarmError(ErrorKind::NOT_FOUND, "No LLM call has been made yet");
     json input = json::parse(call->request_body, nullptr, /*allow_exceptions=*/false);
     if (input.is_discarded()) input = call->request_body;
@@ -489,7 +490,7 @@ void SwarmService::handle_openai(const std::string& route, HttpRequest&& request
                           : route == "/v1/messages"       ? OpenAIKind::ANTHROPIC_MESSAGES
                           : route == "/v1/responses"      ? OpenAIKind::RESPONSES
                                                           : OpenAIKind::COMPLETION;
-  serve_generation(engine_, metrics_, kind, request, std::move(sink), OpenAIContext{&last_chat_, &heartbeat_});
+  serve_generation(engine_, metrics_, kind, request, std::move(sink), OpenAIContext{last_chat_, &heartbeat_});
 }
 
 }  // namespace swarm

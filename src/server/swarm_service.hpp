@@ -29,7 +29,9 @@ class SwarmService {
   /// `fallback_authority` ("host:port") builds openai_base_url when a request has no
   /// Host header.
   /// Streamed answers silent for `keep_alive` get an SSE comment.
-  SwarmService(Engine& engine, Metrics& metrics, std::function<std::string()> fallback_authority,
+  /// `metrics` is shared with the answers still in flight (a stream that ends as the server
+  /// stops records its status after the service is gone).
+  SwarmService(Engine& engine, std::shared_ptr<Metrics> metrics, std::function<std::string()> fallback_authority,
                std::chrono::milliseconds keep_alive = std::chrono::seconds(5), AccessTokens tokens = {});
 
   void handle(HttpRequest&& request, std::shared_ptr<ResponseSink> sink);
@@ -39,10 +41,10 @@ class SwarmService {
   void handle_openai(const std::string& route, HttpRequest&& request, std::shared_ptr<ResponseSink> sink);
 
   Engine& engine_;
-  Metrics& metrics_;
+  std::shared_ptr<Metrics> metrics_;
   std::function<std::string()> fallback_authority_;
   AccessTokens tokens_;
-  LastChatCall last_chat_;
+  std::shared_ptr<LastChatCall> last_chat_ = std::make_shared<LastChatCall>();
   SseHeartbeat heartbeat_;
 };
 

@@ -103,7 +103,7 @@ struct Harness {
     }
   }
 
-  swarm::Metrics metrics;
+  std::shared_ptr<swarm::Metrics> metrics = std::make_shared<swarm::Metrics>();
   std::unique_ptr<swarm::Engine> engine;
   std::unique_ptr<swarm::SwarmService> service;
   std::string client = "fuzz-client";

@@ -3,6 +3,7 @@
 // Deliberately does not use the SDK: exact paths, field names and shapes are the contract.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -578,6 +579,68 @@ TEST(WireProtocol, SilentStreamsGetKeepAliveComments) {
   EXPECT_EQ(replay["input"], req);
   EXPECT_EQ(replay["output"]["object"], "chat.completion");
   EXPECT_EQ(replay["output"]["choices"][0]["message"]["content"], "slow") << replay.dump();
+}
+
+// A backend that keeps its generations until it is released and then, after a pause, ends each
+// with an error, as the torch engine's scheduler does when the server stops.
+class HoldingBackend : public swarm::MockBackend {
+ public:
+  struct Probe {
+    std::atomic<int> held{0};
+    std::atomic<bool> released{false};
+  };
+  explicit HoldingBackend(std::shared_ptr<Probe> probe) : probe_(std::move(probe)) {}
+  void generate(swarm::GenerationRequest, std::shared_ptr<swarm::GenerationObserver> observer) override {
+    std::lock_guard lk(mu_);
+    held_.push_back(std::move(observer));
+    ++probe_->held;
+  }
+  void release() override {
+    std::this_thread::sleep_for(300ms);
+    std::vector<std::shared_ptr<swarm::GenerationObserver>> held;
+    {
+      std::lock_guard lk(mu_);
+      held.swap(held_);
+    }
+    for (auto& o : held) o->on_error(swarm::ErrorKind::UNAVAILABLE, "the engine was stopped");
+    probe_->released = true;
+  }
+
+ private:
+  std::shared_ptr<Probe> probe_;
+  std::mutex mu_;
+  std::vector<std::shared_ptr<swarm::GenerationObserver>> held_;
+};
+
+// Stopping the server with generations in flight: stop() returns only once the engine has
+// shut down, its backend released and every generation ended, so nothing the answers touch
+// (the metrics, the last call, the service) is destroyed under them (docs/reliability.md,
+// "Shutdown"). Before, stop() only posted the release, and the server's members went while
+// the backend still ended generations.
+TEST(WireProtocol, StopWaitsForTheGenerationsInFlightToEnd) {
+  auto probe = std::make_shared<HoldingBackend::Probe>();
+  auto server = std::make_unique<TestServer>([probe] { return std::make_unique<HoldingBackend>(probe); });
+  HttpClient c(server->url());
+  ASSERT_NO_FATAL_FAILURE(start_rolling(c, kConfig));
+  Claimed a = claim(c, "client-a", server->port());
+  std::vector<std::thread> clients;
+  for (bool stream : {true, false}) {
+    clients.emplace_back([&, stream] {
+      HttpClient llm(a.base_url, 30s);
+      json req = {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "held"}}}}, {"stream", stream}};
+      try {
+        (void)llm.request("POST", "/chat/completions", req.dump(), bearer(a));
+      } catch (const std::exception&) {
+        // the server closes the connection as it stops: either is fine here
+      }
+    });
+  }
+  for (int i = 0; i < 400 && probe->held < 2; ++i) std::this_thread::sleep_for(5ms);
+  ASSERT_EQ(probe->held, 2);
+  server->server->stop();
+  EXPECT_TRUE(probe->released) << "stop() returned before the backend was released";
+  for (auto& t : clients) t.join();
+  server.reset();  // the members go; the ended generations touched only what they share
 }
 
 // Turn 2 of every OpenAI-SDK / LangChain tool loop: the assistant turn that called a tool
