@@ -53,6 +53,7 @@ struct AttentionGroup {
   int64_t keys = 0;       // context length L (padded for decode groups)
   torch::Tensor gather;   // [batch * keys] rows of the flattened cache to read K/V from
   torch::Tensor blocked;  // [batch, queries, keys] bool, true where attention is not allowed
+  torch::Tensor blocked_windowed;  // the same for a layer with a sliding window (when the model has one)
   // The CPU's group reads the cache in place through the block tables instead.
   bool paged = false;
   PagedContext context;
@@ -317,10 +318,14 @@ std::shared_ptr<DecoderModel> DecoderModel::with_parameters(std::vector<torch::T
 }
 
 void DecoderModel::build_rope_tables() {
-  // In double, as Hugging Face (and our reference) compute inv_freq and the angles, then fp32.
+  // In fp32, step for step as transformers' rotary embeddings compute inv_freq and the angles
+  // (the tables then agree to the last bits at long positions, where a double computation would
+  // differ by ~1e-3).
   const int64_t hd = config_.head_dim;
-  const auto f64 = torch::TensorOptions().dtype(torch::kDouble);
-  torch::Tensor inv = 1.0 / at::pow(config_.rope_theta, torch::arange(0, hd, 2, f64) / static_cast<double>(hd));
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat);
+  torch::Tensor inv =
+      1.0 / at::pow(config_.rope_theta, torch::arange(0, hd, 2, torch::TensorOptions().dtype(torch::kLong)).to(torch::kFloat) /
+                                           static_cast<double>(hd));
   const RopeScaling& rs = config_.rope_scaling;
   switch (rs.type) {
     case RopeScalingType::NONE: break;
@@ -342,10 +347,10 @@ void DecoderModel::build_rope_tables() {
       throw SwarmError(ErrorKind::INVALID_ARGUMENT, "rope_scaling type 'dynamic' is not supported yet");
   }
   const torch::Tensor angle =
-      torch::arange(config_.max_position_embeddings, f64).unsqueeze(1) * inv.unsqueeze(0);  // [P, hd/2]
+      torch::arange(config_.max_position_embeddings, f32).unsqueeze(1) * inv.unsqueeze(0);  // [P, hd/2]
   const torch::Tensor full = at::cat({angle, angle}, -1);
-  cos_f32_ = at::cos(full).to(torch::kFloat);
-  sin_f32_ = at::sin(full).to(torch::kFloat);
+  cos_f32_ = at::cos(full);
+  sin_f32_ = at::sin(full);
   cos_ = cos_f32_.to(torch::TensorOptions().dtype(scalar_type_).device(device_));
   sin_ = sin_f32_.to(torch::TensorOptions().dtype(scalar_type_).device(device_));
 }
@@ -476,15 +481,20 @@ torch::Tensor DecoderModel::final_hidden(const torch::Tensor& input_ids, const t
   const auto long_opts = torch::TensorOptions().dtype(torch::kLong).device(device_);
   const torch::Tensor i = torch::arange(T, long_opts).view({1, T, 1});
   const torch::Tensor j = torch::arange(T, long_opts).view({1, 1, T});
-  torch::Tensor allowed = (j <= i).logical_and((j < lens.view({B, 1, 1})).logical_or(j == i));
-  if (config_.sliding_window) allowed = allowed.logical_and((i - j) < *config_.sliding_window);
+  const torch::Tensor allowed = (j <= i).logical_and((j < lens.view({B, 1, 1})).logical_or(j == i));
   const torch::Tensor blocked = allowed.logical_not().expand({B, T, T});
+  // Windowed layers also block keys `window` or more positions back (never the query itself).
+  torch::Tensor blocked_windowed;
+  if (config_.any_layer_windowed()) {
+    blocked_windowed = allowed.logical_and((i - j) < *config_.sliding_window).logical_not().expand({B, T, T});
+  }
 
   const torch::Tensor cos = cos_.narrow(0, 0, T).view({1, T, 1, hd});
   const torch::Tensor sin = sin_.narrow(0, 0, T).view({1, T, 1, hd});
 
   torch::Tensor x = at::embedding(p(embed_), ids);  // [B, T, H]
-  for (const LayerParams& layer : layers_) {
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const LayerParams& layer = layers_[l];
     const torch::Tensor h = rms_norm(x, p(layer.in_norm));
     torch::Tensor q = model_linear(h, p(layer.q_w), bias(layer.q_b)).view({B, T, nh, hd});
     torch::Tensor k = model_linear(h, p(layer.k_w), bias(layer.k_b)).view({B, T, kvh, hd});
@@ -495,7 +505,7 @@ torch::Tensor DecoderModel::final_hidden(const torch::Tensor& input_ids, const t
     }
     q = apply_rope(q, cos, sin);
     k = apply_rope(k, cos, sin);
-    const torch::Tensor o = attend(q, k, v, blocked);
+    const torch::Tensor o = attend(q, k, v, config_.layer_window(static_cast<int64_t>(l)) ? blocked_windowed : blocked);
     x = x + model_linear(o, p(layer.o_w), bias(layer.o_b));
     x = x + mlp(layer, rms_norm(x, p(layer.post_norm)));
   }
@@ -513,6 +523,7 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
   SWARM_CHECK(cache.dtype() == scalar_type_ && cache.device() == device_,
               "forward_step: the KV cache's dtype/device differ from the model's");
   const int64_t nh = config_.num_attention_heads, kvh = config_.num_key_value_heads, hd = config_.head_dim;
+  const bool windowed = config_.any_layer_windowed();
   const int64_t window = config_.sliding_window.value_or(std::numeric_limits<int64_t>::max());
   const BlockAllocator& blocks = cache.allocator();
 
@@ -596,6 +607,8 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
     }
     std::vector<int64_t> gather(static_cast<size_t>(g.batch * g.keys));
     std::vector<uint8_t> blocked(static_cast<size_t>(g.batch * g.queries * g.keys), 1);
+    std::vector<uint8_t> blocked_windowed;
+    if (windowed) blocked_windowed.assign(blocked.size(), 1);
     for (size_t k = first; k < last; ++k) {
       const StepInput& in = seqs[order[k]];
       const int64_t b = static_cast<int64_t>(k - first);
@@ -607,13 +620,19 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
       for (int64_t qi = 0; qi < g.queries; ++qi) {
         const int64_t qpos = in.start_pos + qi;
         for (int64_t j = 0; j <= qpos; ++j) {
-          if (qpos - j < window) blocked[static_cast<size_t>((b * g.queries + qi) * g.keys + j)] = 0;
+          const size_t at = static_cast<size_t>((b * g.queries + qi) * g.keys + j);
+          blocked[at] = 0;
+          if (windowed && qpos - j < window) blocked_windowed[at] = 0;
         }
       }
     }
     g.gather = to_device(gather);
     g.blocked = torch::from_blob(blocked.data(), {g.batch, g.queries, g.keys}, torch::kByte)
                     .to(device_, torch::kBool, /*non_blocking=*/false, /*copy=*/true);
+    if (windowed) {
+      g.blocked_windowed = torch::from_blob(blocked_windowed.data(), {g.batch, g.queries, g.keys}, torch::kByte)
+                               .to(device_, torch::kBool, /*non_blocking=*/false, /*copy=*/true);
+    }
     groups.push_back(std::move(g));
   };
   if (device_.is_cpu()) {
@@ -673,6 +692,7 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
   for (size_t l = 0; l < layers_.size(); ++l) {
     const LayerParams& layer = layers_[l];
     const int64_t l64 = static_cast<int64_t>(l);
+    const bool layer_windowed = config_.layer_window(l64).has_value();
     const torch::Tensor k_rows = cache.keys(l64).view({-1, kvh, hd});
     const torch::Tensor v_rows = cache.values(l64).view({-1, kvh, hd});
     torch::Tensor q;
@@ -710,14 +730,16 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
     outs.reserve(groups.size());
     for (const AttentionGroup& g : groups) {
       if (g.paged) {  // the CPU's one group: every row of the step
-        outs.push_back(paged_decode_attention(q.contiguous(), cache.keys(l64), cache.values(l64), g.context, window,
+        outs.push_back(paged_decode_attention(q.contiguous(), cache.keys(l64), cache.values(l64), g.context,
+                                              layer_windowed ? window : std::numeric_limits<int64_t>::max(),
                                               1.0 / std::sqrt(static_cast<double>(hd)), buffer(kAttention, {N, nh * hd}, st)));
         continue;
       }
       const torch::Tensor qg = q.narrow(0, g.row_begin, g.batch * g.queries).view({g.batch, g.queries, nh, hd});
       const torch::Tensor kg = k_rows.index_select(0, g.gather).view({g.batch, g.keys, kvh, hd});
       const torch::Tensor vg = v_rows.index_select(0, g.gather).view({g.batch, g.keys, kvh, hd});
-      outs.push_back(attend(qg, kg, vg, g.blocked).view({g.batch * g.queries, nh * hd}));
+      outs.push_back(attend(qg, kg, vg, layer_windowed ? g.blocked_windowed : g.blocked)
+                         .view({g.batch * g.queries, nh * hd}));
     }
     const torch::Tensor o = outs.size() == 1 ? outs[0] : at::cat(outs, 0);
     // h is spent (q, k, v are computed), so the norms take turns in its buffer; the o and down

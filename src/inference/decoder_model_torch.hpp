@@ -63,10 +63,10 @@ struct StepInput {
 };
 
 /// A loaded decoder model. Its weights are owned tensors in the compute dtype on its device.
-/// Math as Hugging Face: RMSNorm statistics in fp32, rotate-half RoPE from fp32 tables, GQA,
-/// attention scores and softmax in fp32, SwiGLU. A config's sliding_window (Mistral; Qwen with
-/// use_sliding_window) limits every layer's attention to the last `window` positions
-/// (i - j < window); Qwen2's per-layer max_window_layers split is not modelled.
+/// Math as Hugging Face: RMSNorm statistics in fp32, rotate-half RoPE from tables computed in
+/// fp32 as transformers computes them, GQA, attention scores and softmax in fp32, SwiGLU. The
+/// layers that ModelConfig::layer_window gives a window (Mistral: all; Qwen2/3: per
+/// layer_types / max_window_layers) attend to the last `window` positions (i - j < window).
 ///
 /// Thread-compatible: const methods may run concurrently only while nobody replaces or writes
 /// the parameters; the engine calls it from its one scheduling thread, the trainer from its.

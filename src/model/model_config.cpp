@@ -44,6 +44,8 @@ class KeyReader {
     return &*it;
   }
   bool has(const char* key) const { return get(key) != nullptr; }
+  // Present at all, null included (transformers tells a null sliding_window from an absent one).
+  bool present(const char* key) const { return obj_.contains(key); }
 
   std::optional<int64_t> opt_int(const char* key) const {
     const json* v = get(key);
@@ -352,10 +354,41 @@ ModelConfig ModelConfig::from_json(std::string_view text, std::string_view sourc
   c.mlp_bias = c.architecture == Architecture::LLAMA && r.opt_bool("mlp_bias").value_or(false);
   c.qk_norm = c.architecture == Architecture::QWEN3;
 
+  // Sliding windows as transformers' configs and attention layers apply them (see the field's
+  // comment in model_config.hpp). An absent sliding_window is the config class's default, 4096;
+  // a null one is none.
+  constexpr int64_t kDefaultSlidingWindow = 4096;
+  const std::optional<int64_t> window =
+      r.present("sliding_window") ? r.opt_int("sliding_window") : std::optional<int64_t>(kDefaultSlidingWindow);
   if (c.architecture == Architecture::MISTRAL) {
-    c.sliding_window = r.opt_int("sliding_window");
+    c.sliding_window = window;
+    if (c.sliding_window) c.sliding_window_layers.assign(static_cast<size_t>(c.num_hidden_layers), true);
   } else if (c.architecture == Architecture::QWEN2 || c.architecture == Architecture::QWEN3) {
-    if (r.opt_bool("use_sliding_window").value_or(false)) c.sliding_window = r.opt_int("sliding_window");
+    const bool use = r.opt_bool("use_sliding_window").value_or(false);
+    const int64_t max_window_layers = r.opt_int("max_window_layers").value_or(28);
+    if (max_window_layers < 0) fail(source, "key 'max_window_layers' must be >= 0");
+    std::vector<bool> layers(static_cast<size_t>(c.num_hidden_layers), false);
+    if (const json* types = r.get("layer_types")) {
+      if (!types->is_array() || static_cast<int64_t>(types->size()) != c.num_hidden_layers) {
+        fail(source, "key 'layer_types' must be a list of num_hidden_layers (" + std::to_string(c.num_hidden_layers) +
+                         ") entries, got " + types->dump());
+      }
+      for (size_t l = 0; l < types->size(); ++l) {
+        const json& t = (*types)[l];
+        if (t == "sliding_attention") {
+          layers[l] = true;
+        } else if (t != "full_attention") {
+          fail(source, "key 'layer_types' entry " + std::to_string(l) +
+                           " must be \"full_attention\" or \"sliding_attention\", got " + t.dump());
+        }
+      }
+    } else {
+      for (int64_t l = max_window_layers; l < c.num_hidden_layers; ++l) layers[static_cast<size_t>(l)] = true;
+    }
+    if (use && window) {
+      c.sliding_window = window;
+      c.sliding_window_layers = std::move(layers);
+    }
   }
   if (c.sliding_window) require_positive(source, "sliding_window", *c.sliding_window);
 
@@ -431,6 +464,11 @@ std::string ModelConfig::to_json() const {
   } else if (architecture == Architecture::QWEN2 || architecture == Architecture::QWEN3) {
     j["use_sliding_window"] = sliding_window.has_value();
     j["sliding_window"] = sliding_window ? ordered_json(*sliding_window) : ordered_json(nullptr);
+    if (sliding_window) {  // which layers, explicitly (transformers reads layer_types first)
+      ordered_json types = ordered_json::array();
+      for (bool w : sliding_window_layers) types.push_back(w ? "sliding_attention" : "full_attention");
+      j["layer_types"] = types;
+    }
   }
   if (bos_token_id) j["bos_token_id"] = *bos_token_id;
   if (!eos_token_ids.empty()) j["eos_token_id"] = ids_to_json(eos_token_ids);

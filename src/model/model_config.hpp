@@ -89,7 +89,14 @@ struct ModelConfig {
   bool attention_output_bias = false;     // bias on o_proj (Llama/Qwen3/Mistral attention_bias; never Qwen2)
   bool mlp_bias = false;                  // bias on gate/up/down_proj (Llama mlp_bias)
   bool qk_norm = false;                   // per-head RMSNorm on q and k (Qwen3)
-  std::optional<int64_t> sliding_window;  // Mistral; Qwen2/3 only with use_sliding_window
+  // Sliding-window attention as transformers applies it: a windowed layer's query at position i
+  // sees keys j with i - j < sliding_window. Mistral windows every layer (sliding_window 4096
+  // when the key is absent, none when it is null); Qwen2/3 only with use_sliding_window, and then
+  // the layers that `layer_types` names "sliding_attention", or without that list the layers
+  // i >= max_window_layers (default 28). sliding_window_layers has one entry per layer when
+  // sliding_window is set (possibly all false), and is empty otherwise.
+  std::optional<int64_t> sliding_window;
+  std::vector<bool> sliding_window_layers;
 
   std::optional<int64_t> bos_token_id;
   std::optional<int64_t> pad_token_id;
@@ -112,6 +119,21 @@ struct ModelConfig {
   /// Every tensor a checkpoint of this config holds, Hugging Face names, in layer order.
   /// With tied embeddings lm_head.weight is not listed (it is model.embed_tokens.weight).
   std::vector<TensorSpec> expected_tensors() const;
+  /// The attention window of layer `layer` (nullopt: it attends to the whole prefix).
+  std::optional<int64_t> layer_window(int64_t layer) const {
+    if (!sliding_window || layer < 0 || layer >= static_cast<int64_t>(sliding_window_layers.size()) ||
+        !sliding_window_layers[static_cast<size_t>(layer)]) {
+      return std::nullopt;
+    }
+    return sliding_window;
+  }
+  /// Whether any layer attends within a window.
+  bool any_layer_windowed() const {
+    for (bool w : sliding_window_layers) {
+      if (w) return sliding_window.has_value();
+    }
+    return false;
+  }
   /// Token ids that end generation: config.json's and generation_config.json's, deduplicated.
   std::vector<int64_t> stop_token_ids() const;
 

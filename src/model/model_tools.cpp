@@ -373,6 +373,11 @@ std::string inspect_model(const std::filesystem::path& dir) {
   j["attention_bias"] = c.attention_bias;
   j["qk_norm"] = c.qk_norm;
   j["sliding_window"] = c.sliding_window ? ordered_json(*c.sliding_window) : ordered_json(nullptr);
+  ordered_json windowed = ordered_json::array();
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (c.layer_window(l)) windowed.push_back(l);
+  }
+  j["sliding_window_layers"] = windowed;
   j["config_torch_dtype"] = c.torch_dtype;
   j["stop_token_ids"] = c.stop_token_ids();
 

@@ -10,6 +10,8 @@ stdin:  {"model_dir": str, "batch": [[ids...], ...], "dtype": "fp32"|"bf16",
         Sequences in a batch may differ in length: each is run on its own (no padding
         tricks), which is exactly what a padded batch must reproduce.
 stdout: {"logits": [[[float]*vocab]*len]*batch, "greedy": [[ids]]}
+Or stdin {"rope_tables": config, "positions": P, "rows": [...]}: stdout {"cos": [[...]], "sin": [[...]]},
+the fp32 RoPE tables' given rows.
 """
 import json
 import math
@@ -59,8 +61,9 @@ def load_weights(model_dir):
 
 
 def rope_inv_freq(cfg, head_dim):
+    # fp32 throughout, as transformers' rotary embedding initialisers compute it.
     theta = cfg.get("rope_theta", 10000.0)
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     rs = cfg.get("rope_scaling") or None
     if rs:
         kind = rs.get("rope_type", rs.get("type"))
@@ -79,6 +82,42 @@ def rope_inv_freq(cfg, head_dim):
         else:
             raise SystemExit(f"reference: unsupported rope_scaling {kind}")
     return inv
+
+
+def layer_windows(cfg):
+    """Each layer's sliding window (None: full attention), by transformers' config rules:
+    Mistral windows every layer (its config class defaults sliding_window to 4096 when the key
+    is absent); Qwen2/Qwen3 only with use_sliding_window, the layers layer_types names
+    "sliding_attention", or without layer_types those from max_window_layers (default 28) on."""
+    n = cfg["num_hidden_layers"]
+    kind = cfg.get("model_type")
+    window = cfg["sliding_window"] if "sliding_window" in cfg else 4096
+    if kind == "mistral":
+        return [window] * n
+    if kind in ("qwen2", "qwen3"):
+        if not cfg.get("use_sliding_window", False) or window is None:
+            return [None] * n
+        types = cfg.get("layer_types")
+        if types is None:
+            first = cfg.get("max_window_layers", 28)
+            types = ["sliding_attention" if i >= first else "full_attention" for i in range(n)]
+        return [window if t == "sliding_attention" else None for t in types]
+    return [None] * n
+
+
+def causal_mask(L, window):
+    mask = torch.full((L, L), float("-inf")).triu(1)
+    if window is not None:  # key j visible from query i only when i - j < window
+        mask = mask + torch.full((L, L), float("-inf")).tril(-window)
+    return mask
+
+
+def rope_tables(inv, positions):
+    """cos/sin [positions, head_dim] in fp32: position ids as floats times inv_freq, as
+    transformers' rotary forward does (its outer product is one fp32 multiply per entry)."""
+    ang = torch.arange(positions, dtype=torch.int64).float()[:, None] * inv[None, :]
+    emb = torch.cat([ang, ang], -1)
+    return emb.cos(), emb.sin()
 
 
 def rms_norm(x, w, eps):
@@ -110,11 +149,11 @@ def hidden_states(cfg, w, ids, dtype):
     t = torch.tensor(ids, dtype=torch.long)
     x = w["model.embed_tokens.weight"].to(dtype)[t]
     inv = rope_inv_freq(cfg, hd)
-    ang = torch.arange(L, dtype=torch.float64)[:, None] * inv[None, :]
-    cos = torch.cos(torch.cat([ang, ang], -1)).float().to(dtype)
-    sin = torch.sin(torch.cat([ang, ang], -1)).float().to(dtype)
-    mask = torch.full((L, L), float("-inf")).triu(1)
+    cos, sin = rope_tables(inv, L)
+    cos, sin = cos.to(dtype), sin.to(dtype)
+    windows = layer_windows(cfg)
     for i in range(cfg["num_hidden_layers"]):
+        mask = causal_mask(L, windows[i])
         p = f"model.layers.{i}."
         g = lambda n: w[p + n].to(dtype)
         h = rms_norm(x, g("input_layernorm.weight"), eps)
@@ -149,6 +188,13 @@ def hidden_states(cfg, w, ids, dtype):
 
 def main():
     req = json.load(sys.stdin)
+    if "rope_tables" in req:  # {"rope_tables": config, "positions": P, "rows": [ids...]}
+        cfg = req["rope_tables"]
+        hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        cos, sin = rope_tables(rope_inv_freq(cfg, hd), req["positions"])
+        rows = req["rows"]
+        sys.stdout.write(json.dumps({"cos": cos[rows].tolist(), "sin": sin[rows].tolist()}))
+        return
     cfg = json.load(open(os.path.join(req["model_dir"], "config.json")))
     w = load_weights(req["model_dir"])
     dtype = torch.bfloat16 if req.get("dtype") == "bf16" else torch.float32

@@ -425,6 +425,82 @@ TEST_F(DecoderModelTest, RandomQwen3WithQkNormMatchesReference) {
   check_random_family(qwen3_config(), "qwen3");
 }
 
+json mistral_config() {
+  return {{"architectures", {"MistralForCausalLM"}}, {"model_type", "mistral"}, {"vocab_size", 300},
+          {"hidden_size", 64}, {"intermediate_size", 96}, {"num_hidden_layers", 2},
+          {"num_attention_heads", 4}, {"num_key_value_heads", 1}, {"max_position_embeddings", 256},
+          {"rope_theta", 10000.0}, {"rms_norm_eps", 1e-5}, {"tie_word_embeddings", false},
+          {"hidden_act", "silu"}};
+}
+
+// Sliding windows per layer, as transformers applies them, against the reference (which reads
+// the same config keys independently): full forward, padded batch and the paged serving step.
+// The prompts (23 and 80 tokens) run well past the window of 8, so a layer windowed that should
+// not be (or the reverse) moves the logits by O(1) against the 1e-4 bound.
+TEST_F(DecoderModelTest, Qwen2SlidingWindowFlagWithNoWindowedLayerMatchesReference) {
+  json config = qwen2_config();  // 2 layers; max_window_layers = layers: transformers windows none
+  config["use_sliding_window"] = true;
+  config["sliding_window"] = 8;
+  config["max_window_layers"] = 2;
+  const ModelConfig cfg = ModelConfig::from_json(config.dump());
+  EXPECT_FALSE(cfg.any_layer_windowed());
+  check_random_family(config, "qwen2 max_window_layers=2");
+}
+
+TEST_F(DecoderModelTest, Qwen2SlidingWindowFromMaxWindowLayersMatchesReference) {
+  json config = qwen2_config();  // layer 1 windowed, layer 0 full
+  config["use_sliding_window"] = true;
+  config["sliding_window"] = 8;
+  config["max_window_layers"] = 1;
+  const ModelConfig cfg = ModelConfig::from_json(config.dump());
+  EXPECT_FALSE(cfg.layer_window(0).has_value());
+  EXPECT_EQ(cfg.layer_window(1), 8);
+  check_random_family(config, "qwen2 max_window_layers=1");
+}
+
+TEST_F(DecoderModelTest, Qwen3SlidingWindowFromLayerTypesMatchesReference) {
+  json config = qwen3_config();  // layer_types wins over max_window_layers
+  config["use_sliding_window"] = true;
+  config["sliding_window"] = 8;
+  config["max_window_layers"] = 2;
+  config["layer_types"] = {"sliding_attention", "full_attention"};
+  const ModelConfig cfg = ModelConfig::from_json(config.dump());
+  EXPECT_EQ(cfg.layer_window(0), 8);
+  EXPECT_FALSE(cfg.layer_window(1).has_value());
+  check_random_family(config, "qwen3 layer_types");
+}
+
+TEST_F(DecoderModelTest, MistralSlidingWindowOnEveryLayerMatchesReference) {
+  json config = mistral_config();
+  config["sliding_window"] = 8;
+  check_random_family(config, "mistral window 8");
+}
+
+// The RoPE tables against the reference's, which computes them in fp32 step for step as
+// transformers does, at positions up to 32767 (a computation in double, rounded once, differs
+// there by ~1e-4 to 1e-3: the angle's fp32 rounding grows with the position).
+TEST_F(DecoderModelTest, RopeTablesMatchTransformersAtLongPositions) {
+  ScratchDir scratch;
+  const std::vector<int64_t> rows = {0, 1, 77, 4095, 16384, 32767};
+  for (auto [name, base] : {std::pair<const char*, json>{"qwen2-linear", qwen2_config()}, {"qwen3-llama3", qwen3_config()}}) {
+    json config = base;
+    config["max_position_embeddings"] = 32768;
+    write_random_model(scratch.path() / name, config, 5);
+    auto model = DecoderModel::load(scratch.path() / name, DType::F32);
+    const json ref = run_reference({{"rope_tables", config}, {"positions", 32768}, {"rows", rows}}, scratch.path());
+    double worst_cos = 0, worst_sin = 0;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const torch::Tensor want_cos = torch::tensor(ref.at("cos").at(r).get<std::vector<float>>());
+      const torch::Tensor want_sin = torch::tensor(ref.at("sin").at(r).get<std::vector<float>>());
+      worst_cos = std::max(worst_cos, (model->rope_cos()[rows[r]] - want_cos).abs().max().item<double>());
+      worst_sin = std::max(worst_sin, (model->rope_sin()[rows[r]] - want_sin).abs().max().item<double>());
+    }
+    std::cout << "[" << name << "] max |cos - ref| " << worst_cos << ", max |sin - ref| " << worst_sin << std::endl;
+    EXPECT_LE(worst_cos, 1e-5) << name;
+    EXPECT_LE(worst_sin, 1e-5) << name;
+  }
+}
+
 // Mistral's sliding window (the reference has none): in a one-layer model, the logits at
 // position i depend only on the last `window` tokens, and RoPE is relative, so they equal the
 // last logits of a forward over exactly those tokens.

@@ -180,6 +180,43 @@ TEST(ModelConfig, Qwen2HasQkvBiasButNoOutputBias) {
   EXPECT_EQ(windowed.sliding_window, 32768);
 }
 
+// transformers' Qwen2/Qwen3 rule: with use_sliding_window, the layers i >= max_window_layers
+// (default 28), or those an explicit layer_types names "sliding_attention"; an absent
+// sliding_window is the config class's 4096, a null one none.
+TEST(ModelConfig, QwenSlidingWindowIsPerLayer) {
+  const ModelConfig c = ModelConfig::from_json(with(kQwen2, {{"use_sliding_window", true}}));  // 24 layers, 21
+  ASSERT_EQ(c.sliding_window_layers.size(), 24u);
+  for (int64_t l = 0; l < 24; ++l) EXPECT_EQ(c.layer_window(l).has_value(), l >= 21) << "layer " << l;
+  EXPECT_TRUE(c.any_layer_windowed());
+
+  nlohmann::json j = nlohmann::json::parse(with(kQwen2, {{"use_sliding_window", true}}));
+  j.erase("max_window_layers");  // default 28 >= 24 layers: none windowed
+  EXPECT_FALSE(ModelConfig::from_json(j.dump()).any_layer_windowed());
+  j.erase("sliding_window");  // absent: 4096
+  j["max_window_layers"] = 0;
+  EXPECT_EQ(ModelConfig::from_json(j.dump()).layer_window(0), 4096);
+  j["sliding_window"] = nullptr;  // null: none
+  EXPECT_FALSE(ModelConfig::from_json(j.dump()).sliding_window.has_value());
+
+  nlohmann::json types = nlohmann::json::array();
+  for (int l = 0; l < 24; ++l) types.push_back(l % 2 ? "sliding_attention" : "full_attention");
+  const ModelConfig typed =
+      ModelConfig::from_json(with(kQwen2, {{"use_sliding_window", true}, {"layer_types", types}}));
+  for (int64_t l = 0; l < 24; ++l) EXPECT_EQ(typed.layer_window(l).has_value(), l % 2 == 1) << "layer " << l;
+  EXPECT_EQ(ModelConfig::from_json(typed.to_json()), typed) << typed.to_json();
+  // layer_types without use_sliding_window: no window (transformers sets sliding_window to None).
+  EXPECT_FALSE(ModelConfig::from_json(with(kQwen2, {{"layer_types", types}})).any_layer_windowed());
+
+  EXPECT_EQ(error_of([] {
+              ModelConfig::from_json(with(kQwen2, {{"use_sliding_window", true}, {"layer_types", {"full_attention"}}}));
+            }),
+            "config.json: key 'layer_types' must be a list of num_hidden_layers (24) entries, got [\"full_attention\"]");
+  types[3] = "chunked_attention";
+  EXPECT_EQ(error_of([&] { ModelConfig::from_json(with(kQwen2, {{"use_sliding_window", true}, {"layer_types", types}})); }),
+            "config.json: key 'layer_types' entry 3 must be \"full_attention\" or \"sliding_attention\", got "
+            "\"chunked_attention\"");
+}
+
 TEST(ModelConfig, Qwen3HasQkNorm) {
   const ModelConfig c = ModelConfig::from_json(kQwen3);
   EXPECT_EQ(c.architecture, Architecture::QWEN3);
@@ -209,6 +246,13 @@ TEST(ModelConfig, MistralStoresSlidingWindow) {
   EXPECT_EQ(c.parameter_count(), 7241732096);  // Mistral-7B-v0.1
   EXPECT_FALSE(
       ModelConfig::from_json(with(kMistral, {{"sliding_window", nullptr}})).sliding_window.has_value());
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) EXPECT_EQ(c.layer_window(l), 4096) << "layer " << l;
+  // Absent: MistralConfig's default, 4096 (null above is none).
+  nlohmann::json j = nlohmann::json::parse(kMistral);
+  j.erase("sliding_window");
+  const ModelConfig absent = ModelConfig::from_json(j.dump());
+  EXPECT_EQ(absent.sliding_window, 4096);
+  EXPECT_EQ(absent.layer_window(31), 4096);
 }
 
 TEST(ModelConfig, Llama31RopeScalingAndEosList) {
