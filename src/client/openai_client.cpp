@@ -5,6 +5,7 @@
 #include "client/http_client.hpp"
 #include "client/sse_parser.hpp"
 #include "client/wire.hpp"
+#include "common/json_nesting.hpp"
 
 namespace swarm {
 namespace {
@@ -195,6 +196,11 @@ ChatResult OpenAIClient::chat_stream(const nlohmann::json& messages,
       return false;
     }
     json chunk;
+    if (!json_nesting_within(data)) {
+      failure = std::make_exception_ptr(ClientError("chat_stream: malformed chunk: nested deeper than " +
+                                                    std::to_string(kMaxJsonNesting) + " levels"));
+      return false;
+    }
     try {
       chunk = json::parse(data);
     } catch (const std::exception& e) {

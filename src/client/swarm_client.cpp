@@ -16,6 +16,7 @@
 
 #include "client/http_client.hpp"
 #include "client/wire.hpp"
+#include "common/json_nesting.hpp"
 
 namespace swarm {
 namespace {
@@ -96,6 +97,8 @@ void require_success(const json& j, const std::string& what) {
 }
 
 json parse_json_text(const std::string& text, const std::string& field, bool want_object) {
+  if (!json_nesting_within(text))
+    throw ConfigError(field + " is nested deeper than " + std::to_string(kMaxJsonNesting) + " levels");
   json j;
   try {
     j = json::parse(text.empty() ? (want_object ? "{}" : "[]") : text);

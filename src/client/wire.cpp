@@ -2,6 +2,7 @@
 
 #include <exception>
 
+#include "common/json_nesting.hpp"
 #include "swarm/errors.hpp"
 
 namespace swarm::wire {
@@ -61,6 +62,8 @@ void throw_if_error_status(int status, const std::string& body) {
 }
 
 nlohmann::json parse_body(const std::string& body, const std::string& what) {
+  if (!json_nesting_within(body))
+    throw ClientError(what + ": response is nested deeper than " + std::to_string(kMaxJsonNesting) + " levels");
   try {
     return nlohmann::json::parse(body);
   } catch (const std::exception& e) {

@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "common/error.hpp"
+#include "common/json_nesting.hpp"
 #include "store/episode_codec.hpp"
 
 namespace swarm {
@@ -115,6 +116,9 @@ std::optional<RankMessage> read_frame(int fd, std::optional<Clock::time_point> d
   if (!read_exact(fd, header.data(), header.size(), deadline) ||
       !read_exact(fd, m.payload.data(), m.payload.size(), deadline))
     throw SwarmError(ErrorKind::UNAVAILABLE, "the connection closed in the middle of a message");
+  if (!json_nesting_within(header))  // a hostile or broken peer; nothing recursive touches it
+    throw SwarmError(ErrorKind::UNAVAILABLE, "malformed frame header: nested deeper than " +
+                                                 std::to_string(kMaxJsonNesting) + " levels");
   try {
     m.header = json::parse(header);
   } catch (const json::exception& e) {

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
+#include "common/json_nesting.hpp"
 #include "swarm/job.hpp"
 
 namespace swarm {
@@ -213,8 +214,10 @@ EngineCheckpointState read_checkpoint_state(const fs::path& checkpoint) {
   const fs::path file = checkpoint / "engine_state.json";
   std::ifstream in(file);
   SWARM_REQUIRE(in.good(), ErrorKind::INVALID_ARGUMENT, "checkpoint has no readable " + file.string());
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  require_json_nesting(text, file.string());
   try {
-    const json j = json::parse(in);
+    const json j = json::parse(text);
     EngineCheckpointState st;
     st.global_step = j.at("global_step").get<int64_t>();
     st.policy_version = j.at("policy_version").get<int64_t>();

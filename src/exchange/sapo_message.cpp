@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "common/json_nesting.hpp"
+
 namespace swarm {
 
 const char* sapo_drop_name(SapoDrop d) {
@@ -135,6 +137,11 @@ SapoParse parse_sapo_group(std::string_view payload, const SapoLimits& limits) {
   if (static_cast<int64_t>(payload.size()) > limits.max_bytes) {
     out.drop = SapoDrop::TOO_LARGE;
     out.reason = std::to_string(payload.size()) + " bytes is over " + std::to_string(limits.max_bytes);
+    return out;
+  }
+  if (json_nesting_depth(payload, kSapoMaxNesting) > kSapoMaxNesting) {  // before anything recurses on it
+    out.drop = SapoDrop::MALFORMED;
+    out.reason = "nested deeper than " + std::to_string(kSapoMaxNesting) + " levels";
     return out;
   }
   OJson j;

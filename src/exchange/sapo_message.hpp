@@ -13,6 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_nesting.hpp"
+
 namespace swarm {
 
 inline constexpr int kSapoSchemaVersion = 1;
@@ -40,7 +42,7 @@ struct SapoGroup {
 
 /// Why a received message was not kept (counted per reason).
 enum class SapoDrop {
-  MALFORMED,       // not a JSON object, invalid UTF-8
+  MALFORMED,       // not a JSON object, invalid UTF-8, nested deeper than kSapoMaxNesting
   SCHEMA,          // wrong schema version, missing or mistyped field, out-of-range value
   TOO_LARGE,       // over exchange_max_message_bytes
   NON_FINITE,      // a reward that is NaN, infinite or absurdly large
@@ -55,6 +57,10 @@ enum class SapoDrop {
 };
 inline constexpr int kNumSapoDrops = 12;
 const char* sapo_drop_name(SapoDrop d);
+
+/// The deepest nesting a message may have (checked before it is parsed): a request body's
+/// bound (common/json_nesting.hpp) plus the levels a message wraps around an episode's calls.
+inline constexpr int kSapoMaxNesting = kMaxJsonNesting + 16;
 
 /// Limits a received message must meet.
 struct SapoLimits {

@@ -105,7 +105,7 @@ class Mapper {
 
   // ---- writing
   void set(const std::string& key, const std::string& value_yaml, const std::string& from) {
-    job_keys::set(job_, key, YAML::Load(value_yaml), from);
+    job_keys::set(job_, key, job_keys::load_bounded(value_yaml, key), from);
     record(key, from);
   }
   void record(const std::string& key, const std::string& from) {

@@ -9,7 +9,10 @@
 #include <functional>
 #include <set>
 #include <sstream>
+#include <utility>
+#include <vector>
 
+#include "common/json_nesting.hpp"
 #include "job/agentjet_config.hpp"
 #include "job/job_keys.hpp"
 #include "swarm/errors.hpp"
@@ -283,6 +286,34 @@ void require_one_of(const std::string& key, const std::string& value, std::initi
 
 namespace job_keys {
 
+YAML::Node load_bounded(const std::string& yaml_text, const std::string& what) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);  // yaml-cpp's own parser stops at 2000 levels
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(what + " is not valid YAML: " + e.what());
+  }
+  // Depth first with an explicit stack: nothing here recurses however deep the document is.
+  std::vector<std::pair<YAML::Node, int>> stack;
+  stack.emplace_back(root, 1);
+  while (!stack.empty()) {
+    auto [node, depth] = stack.back();
+    stack.pop_back();
+    if (!node.IsSequence() && !node.IsMap()) continue;
+    if (depth > kMaxJsonNesting)
+      throw ConfigError(what + " is nested deeper than " + std::to_string(kMaxJsonNesting) + " levels");
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      if (node.IsMap()) {
+        stack.emplace_back(it->first, depth + 1);
+        stack.emplace_back(it->second, depth + 1);
+      } else {
+        stack.emplace_back(*it, depth + 1);
+      }
+    }
+  }
+  return root;
+}
+
 std::string key_text(const YAML::Node& key) {
   try {
     return key.as<std::string>();
@@ -314,12 +345,7 @@ std::string text(const Job& job, const std::string& key) {
 }  // namespace job_keys
 
 Job Job::from_yaml(const std::string& yaml_text, JobConfigReport* report) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) {
-    throw ConfigError(std::string("config is not valid YAML: ") + e.what());
-  }
+  const YAML::Node root = job_keys::load_bounded(yaml_text, "config");
   Job job;
   if (root.IsNull()) {
     job.validate();  // reports the missing model

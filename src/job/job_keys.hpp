@@ -17,6 +17,10 @@ bool known(const std::string& key);
 /// Parses `value` as `key`'s type into `job`. ConfigError naming `shown_as` (the key as the
 /// user wrote it, e.g. "ajet.data.train_batch_size") on a wrong type or a non-finite float.
 void set(Job& job, const std::string& key, const YAML::Node& value, const std::string& shown_as);
+/// YAML::Load of untrusted text, then its nesting checked (without recursion) against
+/// kMaxJsonNesting (common/json_nesting.hpp) before anything walks it: ConfigError
+/// "<what> is nested deeper than 128 levels", or "<what> is not valid YAML: ...".
+YAML::Node load_bounded(const std::string& yaml_text, const std::string& what);
 /// "int", "float", "string" or "bool".
 std::string type_of(const std::string& key);
 /// The key's current value as YAML text ("32", "0.5", "true", "grpo").

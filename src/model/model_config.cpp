@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
+#include "common/json_nesting.hpp"
 #include "model/file_io.hpp"
 
 namespace swarm {
@@ -21,6 +22,7 @@ using ordered_json = nlohmann::ordered_json;
 }
 
 json parse_object(std::string_view text, std::string_view source) {
+  require_json_nesting(text, source);
   json j;
   try {
     j = json::parse(text);

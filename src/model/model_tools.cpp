@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
+#include "common/json_nesting.hpp"
 #include "model/file_io.hpp"
 
 namespace swarm {
@@ -292,7 +293,9 @@ ModelWriteResult init_random_model(const InitModelOptions& options) {
     preset = make_preset(options.preset);
     raw = preset->config;
   } else {
-    raw = ordered_json::parse(read_text_file(options.from / "config.json"), nullptr, false);
+    const std::string text = read_text_file(options.from / "config.json");
+    require_json_nesting(text, (options.from / "config.json").string());
+    raw = ordered_json::parse(text, nullptr, false);
     if (raw.is_discarded() || !raw.is_object())
       throw SwarmError(ErrorKind::INVALID_ARGUMENT, "init: " + (options.from / "config.json").string() +
                                                         " is not a JSON object");
@@ -300,6 +303,7 @@ ModelWriteResult init_random_model(const InitModelOptions& options) {
   const std::string config_source =
       from_preset ? "preset " + options.preset + " config.json" : (options.from / "config.json").string();
   for (const auto& [key, value] : options.config_overrides) {
+    require_json_nesting(value, "--config " + key);
     ordered_json v = ordered_json::parse(value, nullptr, false);
     if (v.is_discarded()) v = value;  // not JSON: a plain string
     raw[key] = std::move(v);

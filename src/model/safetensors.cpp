@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
+#include "common/json_nesting.hpp"
 #include "model/file_io.hpp"
 #include "model/model_config.hpp"
 
@@ -407,7 +408,9 @@ SafetensorsModel SafetensorsModel::open(const std::filesystem::path& path) {
     const std::string src = index_path.string();
     json index;
     try {
-      index = json::parse(read_text_file(index_path));
+      const std::string text = read_text_file(index_path);
+      require_json_nesting(text, src);
+      index = json::parse(text);
     } catch (const json::exception& e) {
       throw SwarmError(ErrorKind::INVALID_ARGUMENT, src + ": invalid JSON: " + e.what());
     }

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "common/json_nesting.hpp"
+
 namespace swarm::overwatch {
 namespace {
 

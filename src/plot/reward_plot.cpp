@@ -10,6 +10,7 @@
 #include <set>
 
 #include "common/error.hpp"
+#include "common/json_nesting.hpp"
 
 namespace swarm::plot {
 namespace fs = std::filesystem;
@@ -58,7 +59,8 @@ MetricSeries parse_metric_series(std::istream& in, const std::string& field, con
   while (std::getline(in, line)) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     ++s.lines;
-    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const json j = json_nesting_within(line) ? json::parse(line, nullptr, /*allow_exceptions=*/false)
+                                             : json(json::value_t::discarded);
     if (j.is_discarded() || !j.is_object()) {
       ++s.malformed;
       continue;

@@ -3,6 +3,7 @@
 #include <future>
 
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include <sys/random.h>
 
@@ -10,6 +11,7 @@
 #include <cstring>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <random>
 #include <utility>
@@ -810,8 +812,18 @@ void RolloutPool::record_eval_locked(const WorkflowOutput& output) {
     eval_reward_.sum += *output.reward;
     eval_reward_.count++;
   }
+  // Distinct names are bounded per step (each episode's own are, at the route; clients could
+  // still send new ones every episode): later names are left out of this step's means.
+  constexpr size_t kMaxEvalLogMetrics = 1024;
   for (const auto& [name, value] : output.log_metrics) {
     if (!std::isfinite(value)) continue;  // one NaN would hide every other episode's value
+    if (eval_log_metrics_.size() >= kMaxEvalLogMetrics && !eval_log_metrics_.contains(name)) {
+      static std::atomic<bool> told{false};
+      if (!told.exchange(true))
+        spdlog::warn("eval log_metrics: more than {} distinct names in one step; later names are left out (said once)",
+                     kMaxEvalLogMetrics);
+      continue;
+    }
     MeanAccumulator& acc = eval_log_metrics_[name];
     acc.sum += value;
     acc.count++;

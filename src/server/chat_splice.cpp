@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "common/json_nesting.hpp"
 #include "engine/backend.hpp"
 
 namespace swarm {
@@ -75,7 +76,10 @@ std::string message_key(const ojson& m) {
 std::string answer_key(const std::optional<std::string>& content, const std::vector<ParsedToolCall>& tool_calls) {
   nlohmann::json calls = nlohmann::json::array();
   for (const auto& c : tool_calls) {
-    nlohmann::json args = nlohmann::json::parse(c.arguments, nullptr, /*allow_exceptions=*/false);
+    // Too deep to dump safely (common/json_nesting.hpp): compared as text, like invalid JSON.
+    nlohmann::json args = json_nesting_within(c.arguments)
+                              ? nlohmann::json::parse(c.arguments, nullptr, /*allow_exceptions=*/false)
+                              : nlohmann::json(nlohmann::json::value_t::discarded);
     if (args.is_discarded()) args = nlohmann::json{{"unparsed", c.arguments}};
     calls.push_back({c.name, std::move(args)});
   }

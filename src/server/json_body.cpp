@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "common/error.hpp"
+#include "common/json_nesting.hpp"
 
 namespace swarm {
 namespace {
@@ -24,6 +25,8 @@ nlohmann::json parse_json_object(const std::string& body, bool allow_empty) {
     if (allow_empty) return nlohmann::json::object();
     throw SwarmError(ErrorKind::INVALID_ARGUMENT, "request body is empty; expected a JSON object");
   }
+  // Before parsing: a deeper value would overflow the stack where it is dumped or copied.
+  require_json_nesting(body, "request body");
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(body);

@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.hpp"
+#include "common/json_nesting.hpp"
 #include "server/chat_dialect.hpp"
 #include "server/chat_splice.hpp"
 #include "server/error_mapping.hpp"
@@ -758,6 +759,27 @@ struct ConvertedRequest {
   std::vector<std::string> notes;
 };
 
+// JSON held in string fields of the (chat-form) request: tool-call arguments, which the chat
+// splice and the chat template parse. Bounded like the body itself (common/json_nesting.hpp).
+void require_json_field_nesting(const json& body) {
+  const auto messages = body.find("messages");
+  if (messages == body.end() || !messages->is_array()) return;
+  for (size_t m = 0; m < messages->size(); ++m) {
+    const json& message = (*messages)[m];
+    const auto calls = message.is_object() ? message.find("tool_calls") : message.end();
+    if (!message.is_object() || calls == message.end() || !calls->is_array()) continue;
+    for (size_t c = 0; c < calls->size(); ++c) {
+      const json& call = (*calls)[c];
+      const auto fn = call.is_object() ? call.find("function") : call.end();
+      if (!call.is_object() || fn == call.end() || !fn->is_object()) continue;
+      const auto args = fn->find("arguments");
+      if (args == fn->end() || !args->is_string()) continue;
+      require_json_nesting(args->get_ref<const std::string&>(), "messages[" + std::to_string(m) + "].tool_calls[" +
+                                                                    std::to_string(c) + "].function.arguments");
+    }
+  }
+}
+
 ConvertedRequest convert_request(OpenAIKind kind, const std::string& text) {
   ConvertedRequest c;
   (void)parse_json_object(text);  // the same checks (size, object) and messages as every route
@@ -816,6 +838,7 @@ void serve_generation(Engine& engine, std::shared_ptr<Metrics> metrics, OpenAIKi
       body = parse_json_object(request.body);
       if (kind == OpenAIKind::CHAT) ordered = nlohmann::ordered_json::parse(request.body);
     }
+    require_json_field_nesting(body);
     RequestOptions options = parse_options(body, kind == OpenAIKind::COMPLETION ? kind : OpenAIKind::CHAT, lease.job);
     options.agent = agent_of(body, request);
     if (dialect_kind) {

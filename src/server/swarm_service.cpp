@@ -141,8 +141,22 @@ EpisodeType parse_episode_type(const json& body) {
 
 // log_metrics values: a number; a list of numbers (AgentJet's client sends per-turn values),
 // recorded as its mean; an object (AgentJet's `reward_stats`, `tool_stats`), flattened into
-// "name/key" metrics, where what is not a number or a list of numbers is skipped.
+// "name/key" metrics, where what is not a number or a list of numbers is skipped. Names are at
+// most kMaxLogMetricNameBytes, an episode at most kMaxLogMetrics metrics (docs/reliability.md).
+constexpr size_t kMaxLogMetricNameBytes = 256;
+constexpr size_t kMaxLogMetrics = 1024;
+
 void add_log_metric(const std::string& name, const json& value, bool nested, WorkflowOutput& out) {
+  if (name.size() > kMaxLogMetricNameBytes) {  // checked before it grows: no quadratic work
+    throw SwarmError(ErrorKind::INVALID_ARGUMENT, "field 'workflow_output.log_metrics': the metric name '" +
+                                                      name.substr(0, 64) + "...' is longer than " +
+                                                      std::to_string(kMaxLogMetricNameBytes) + " bytes");
+  }
+  if ((value.is_number() || value.is_array()) && out.log_metrics.size() >= kMaxLogMetrics &&
+      !out.log_metrics.contains(name)) {
+    throw SwarmError(ErrorKind::INVALID_ARGUMENT, "field 'workflow_output.log_metrics' has more than " +
+                                                      std::to_string(kMaxLogMetrics) + " metrics (flattened)");
+  }
   if (value.is_number()) {
     out.log_metrics[name] = value.get<double>();
     return;

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "common/error.hpp"
+#include "common/json_nesting.hpp"
 #include "text/jinja/template.hpp"
 
 namespace swarm {
@@ -59,7 +60,9 @@ ChatTemplate ChatTemplate::from_directory(const std::string& dir) {
   const fs::path config_path = root / "tokenizer_config.json";
   if (fs::exists(config_path)) {
     try {
-      config = nlohmann::json::parse(read_file(config_path));
+      const std::string text = read_file(config_path);
+      require_json_nesting(text, config_path.string());
+      config = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception& e) {
       throw SwarmError(ErrorKind::INVALID_ARGUMENT, config_path.string() + ": invalid JSON: " + e.what());
     }

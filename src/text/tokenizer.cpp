@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "common/error.hpp"
+#include "common/json_nesting.hpp"
 #include "text/tokenizer_pipeline.hpp"
 #include "text/tokenizer_unicode.hpp"
 
@@ -963,6 +964,7 @@ std::unique_ptr<TokenizerImpl> load(const std::string& tokenizer_json,
                                     const std::string& config_json, const std::string& json_name,
                                     const std::string& config_name) {
   auto parse = [](const std::string& text, const std::string& name) {
+    require_json_nesting(text, name);
     try {
       return json::parse(text);
     } catch (const json::exception& e) {

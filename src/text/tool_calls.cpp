@@ -4,6 +4,8 @@
 #include <cctype>
 #include <utility>
 
+#include "common/json_nesting.hpp"
+
 namespace swarm {
 
 namespace {
@@ -140,6 +142,8 @@ bool member_text(std::string_view object, std::string_view key, std::string_view
 bool parse_call(std::string_view text, ParsedToolCall* call) {
   const std::string_view t = trim_space(text);
   if (t.empty() || t.front() != '{') return false;
+  // Nested too deep to dump or copy safely: text, not a call (common/json_nesting.hpp).
+  if (!json_nesting_within(t)) return false;
   try {
     const auto j = nlohmann::json::parse(t.begin(), t.end(), nullptr, false);
     if (j.is_discarded() || !j.is_object()) return false;
@@ -327,27 +331,6 @@ namespace {
 bool is_word_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
 bool is_space_char(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
-// Deepest [ / { nesting of a JSON text (strings skipped); stops counting past `limit`.
-int json_depth(std::string_view text, int limit) {
-  int depth = 0, deepest = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      deepest = std::max(deepest, ++depth);
-      if (deepest > limit) return deepest;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return deepest;
-}
-
 }  // namespace
 
 ToolArgumentsForm detect_tool_arguments_form(std::string_view t) {
@@ -413,7 +396,7 @@ void normalize_tool_calls(nlohmann::ordered_json& messages, ToolArgumentsForm fo
       }
       if (!args->is_string()) continue;
       const std::string& text = args->get_ref<const std::string&>();
-      if (json_depth(text, kMaxArgumentsDepth) > kMaxArgumentsDepth) continue;
+      if (!json_nesting_within(text, kMaxArgumentsDepth)) continue;
       ojson parsed = ojson::parse(text, nullptr, /*allow_exceptions=*/false);
       if (parsed.is_object()) *args = std::move(parsed);
     }

@@ -12,7 +12,7 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   swarm::SapoLimits limits;
-  limits.max_bytes = 8192;
+  limits.max_bytes = 1 << 20;  // the default exchange_max_message_bytes
   limits.max_episodes = 16;
   limits.max_calls = 8;
   limits.max_messages = 16;

@@ -11,11 +11,12 @@ root = here.parent.parent
 
 def reset(name):
     """Empties corpus directory `name`, keeping the *tiny_char* seeds: those were copied from a
-    `swarm-model init --preset tiny-char` directory (its tokenizer.json and chat template)."""
+    `swarm-model init --preset tiny-char` directory (its tokenizer.json and chat template), and
+    the regression-* inputs (crashes the fuzzers found, committed as they were)."""
     d = here / name
     d.mkdir(exist_ok=True)
     for f in d.iterdir():
-        if "tiny_char" not in f.name:
+        if "tiny_char" not in f.name and not f.name.startswith("regression"):
             f.unlink()
     return d
 
@@ -126,4 +127,57 @@ write(tok, "tiny_bpe", json.dumps({
     "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2, "Ġ": 3}, "merges": ["a b"]},
     "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
     "decoder": {"type": "ByteLevel"}, "added_tokens": [{"id": 4, "content": "<|im_start|>", "special": True}]}))
-print(f"http {len(seeds)}, sse 3, job 4, jinja {n} templates + 5, tokenizer {len(list(tok.iterdir()))}")
+
+# ---- hostile documents (docs/reliability.md, "Limits"): deep nesting, long keys, huge numbers.
+# deep_end_episode is the regression input of the crash the nesting bound fixed: 100,000 nested
+# arrays (about 200 KB) in an end_episode's metadata overflowed the stack where it was dumped.
+def nested(n, leaf="0"):
+    return "[" * n + leaf + "]" * n
+
+
+def end_body(metadata_text, log_metrics_text='{"x": 1}', reward="1.0"):
+    return ('{"client_uuid": "CLIENT", "episode_uuid": "EPISODE", "task": {"task_id": "t1", "main_query": "q"}, '
+            '"workflow_output": {"reward": ' + reward + ', "metadata": {"deep": ' + metadata_text + '}, '
+            '"log_metrics": ' + log_metrics_text + '}}')
+
+
+deep_metrics = "1"
+for i in range(120):
+    deep_metrics = '{"k' + str(i) + '": ' + deep_metrics + "}"
+hostile_http = {
+    "deep_end_episode": req("POST", "/end_episode", end_body(nested(100000))),
+    "deep_at_bound": req("POST", "/end_episode", end_body(nested(120))),
+    "deep_objects": req("POST", "/end_episode", end_body('{"a":' * 5000 + "1" + "}" * 5000)),
+    "deep_log_metrics": req("POST", "/end_episode", end_body("{}", deep_metrics)),
+    "long_metric_key": req("POST", "/end_episode", end_body("{}", '{"' + "k" * 100000 + '": {"' + "j" * 1000 + '": 1}}')),
+    "huge_numbers": req("POST", "/end_episode", end_body("[1e400, -1e400, 18446744073709551616, 1e-400]", '{"x": 1e308}',
+                                                         "1e400")),
+    "deep_chat": req("POST", "/v1/chat/completions",
+                     '{"model": "mock", "max_tokens": 4, "messages": [{"role": "user", "content": ' + nested(50000, '"x"') + "}]}",
+                     auth),
+    "deep_tool_arguments": req("POST", "/v1/chat/completions", json.dumps(
+        {"model": "mock", "max_tokens": 4, "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": ' + nested(20000) + "}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"}]}), auth),
+    "deep_responses": req("POST", "/v1/responses", '{"model": "mock", "input": ' + nested(20000, '"x"') + "}", auth),
+    "deep_sync_config": req("POST", "/sync_train_config",
+                            json.dumps({"yaml_as_string": "model: mock\nextra: " + nested(3000) + "\n"})),
+}
+for k, v in hostile_http.items():
+    write(http, k, v)
+write(job, "deep_flow", "model: x\nbatch_size: " + nested(200) + "\n")
+write(job, "deep_over_yaml_guard", "model: x\nbatch_size: " + nested(5000) + "\n")
+write(job, "deep_block", "model: x\nextra:\n" + "".join("  " * i + "- \n" for i in range(1, 300)))
+write(tok, "deep", '{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "normalizer": ' + nested(100000) + "}")
+write(tok, "huge_numbers", '{"model": {"type": "BPE", "vocab": {"a": 1e400, "b": 18446744073709551616}, "merges": []}}')
+sapo = here / "corpus-sapo"
+write(sapo, "deep_task_metadata.json",
+      '{"schema": 1, "node_id": "n1", "model": "m", "task_id": "t", "policy_step": 0, "created": 1, '
+      '"task_metadata": {"x": ' + nested(100000) + '}, "episodes": []}')
+write(sapo, "huge_numbers.json",
+      '{"schema": 1, "node_id": "n1", "model": "m", "task_id": "t", "policy_step": 18446744073709551616, '
+      '"created": 1e400, "episodes": [{"reward": 1e400}]}')
+print(f"http {len(seeds)} + {len(hostile_http)} hostile, sse 3, job 4 + 3, jinja {n} templates + 5, "
+      f"tokenizer {len(list(tok.iterdir()))}, sapo + 2")

@@ -88,7 +88,7 @@ class BadInput : public ::testing::Test {
   // (one chat call made) and a victim episode owned by another client (used as the target
   // of bad requests that name an episode).
   void start(const std::string& extra_yaml = "max_prompt_length: 8192\n") {
-    server_ = std::make_unique<TestServer>(0.05, kMaxBody);
+    server_ = std::make_unique<TestServer>(0.05, max_body_);
     c_ = std::make_unique<HttpClient>(server_->url(), 10s);
     swarm::testing::post_json(*c_, "/sync_train_config", {{"yaml_as_string", std::string(kBaseConfig) + extra_yaml}});
     swarm::testing::post_json(*c_, "/start_engine", json::object());
@@ -241,6 +241,7 @@ class BadInput : public ::testing::Test {
     }
   }
 
+  size_t max_body_ = kMaxBody;
   std::unique_ptr<TestServer> server_;
   std::unique_ptr<HttpClient> c_;
   std::unique_ptr<HttpClient> bystander_llm_;
@@ -559,6 +560,69 @@ TEST_F(BadInput, OversizedBodyIs413AndTheServerServesOn) {
   // Just under the limit is fine (it is then a bad claim for other reasons, not a 413).
   command_error("/claim_episode", json({{"client_uuid", 1}, {"pad", std::string(60 * 1024, 'z')}}).dump(), 400,
                 "client_uuid");
+  finish();
+}
+
+// `n` arrays nested around `leaf`.
+std::string nested(size_t n, const std::string& leaf = "0") { return std::string(n, '[') + leaf + std::string(n, ']'); }
+
+// An end_episode body whose metadata holds `deep` (JSON text) under "d": the metadata object is
+// at depth 3 (body, workflow_output, metadata), so `deep` at depth d makes the body 3 + d deep.
+std::string end_text(const std::string& client, const std::string& episode, const std::string& deep,
+                     const std::string& log_metrics = "{}") {
+  return R"({"client_uuid": ")" + client + R"(", "episode_uuid": ")" + episode +
+         R"(", "task_id": "t", "workflow_output": {"reward": 1.0, "metadata": {"d": )" + deep +
+         R"(}, "log_metrics": )" + log_metrics + "}}";
+}
+
+// Nesting past kMaxJsonNesting (128) is a 400 before anything recursive touches the value
+// (docs/reliability.md, "Limits"). The first request is the crash this bound fixed: 100,000
+// nested arrays (~200 KB) in an end_episode's metadata overflowed the stack where the metadata
+// was dumped, and the server process was gone.
+TEST_F(BadInput, DeeplyNestedJsonIsRefusedBeforeAnythingRecursesOnIt) {
+  max_body_ = 1 << 20;
+  start();
+  command_error("/end_episode", end_text(kVictimClient, victim_.episode_uuid, nested(100000)), 400,
+                "request body is nested deeper than 128 levels");
+  command_error("/end_episode", end_text(kVictimClient, victim_.episode_uuid, nested(126)), 400, "nested deeper than 128");
+  command_error("/claim_episode", "{\"client_uuid\": " + std::string(200000, '{') + std::string(200000, '}') + "}", 400,
+                "nested deeper than 128");
+  // Exactly at the bound is accepted: 3 + 125 = 128 levels.
+  const Episode at_bound = claim("at-bound-client", "eval");  // eval: the bystander stays the only trained episode
+  auto r = post("/end_episode", end_text(at_bound.client_uuid, at_bound.episode_uuid, nested(125)));
+  EXPECT_EQ(r.status, 200) << r.body.substr(0, 300);
+  expect_healthy("an end_episode 128 levels deep");
+
+  // The OpenAI route: the body, and JSON held in a string field (tool-call arguments, which the
+  // chat splice and the template parse).
+  const std::string deep_chat_text = R"({"model": "mock-model", "messages": [{"role": "user", "content": )" +
+                                     nested(100000, "\"x\"") + "}]}";
+  expect_error(chat(victim_, deep_chat_text), 400, "request body is nested deeper than 128 levels", false, "deep chat");
+  expect_healthy("deep chat");
+  const json with_arguments = {
+      {"model", "mock-model"},
+      {"messages",
+       json::array({{{"role", "user"}, {"content", "hi"}},
+                    {{"role", "assistant"},
+                     {"content", nullptr},
+                     {"tool_calls", json::array({{{"id", "c1"},
+                                                  {"type", "function"},
+                                                  {"function", {{"name", "f"}, {"arguments", "{\"a\": " + nested(20000) + "}"}}}}})}},
+                    {{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "ok"}}})}};
+  chat_error(victim_, with_arguments, 400, "messages[1].tool_calls[0].function.arguments is nested deeper than 128 levels");
+
+  // Flattened log_metrics: names and their number are bounded.
+  command_error("/end_episode",
+                end_text(kVictimClient, victim_.episode_uuid, "1", R"({")" + std::string(300, 'k') + R"(": 1})"), 400,
+                "longer than 256 bytes");
+  command_error("/end_episode",
+                end_text(kVictimClient, victim_.episode_uuid, "1",
+                         R"({"a": {")" + std::string(200, 'k') + R"(": {")" + std::string(100, 'j') + R"(": 1}}})"),
+                400, "longer than 256 bytes");
+  json many = json::object();
+  for (int i = 0; i < 1025; ++i) many["m" + std::to_string(i)] = i;
+  command_error("/end_episode", end_text(kVictimClient, victim_.episode_uuid, "1", many.dump()), 400,
+                "more than 1024 metrics");
   finish();
 }
 

@@ -89,6 +89,27 @@ TEST(SapoMessage, OversizedIsRefusedBeforeParsing) {
   EXPECT_TRUE(parse_sapo_group(ok, SapoLimits{static_cast<int64_t>(ok.size())}).group.has_value());
 }
 
+// Nesting past kSapoMaxNesting is dropped as malformed before it is parsed: one peer's deep
+// message must not crash every consuming node (the dump and copy of a parsed value recurse per
+// level), nor again on each replay after a restart.
+TEST(SapoMessage, DeepNestingIsDroppedBeforeParsing) {
+  OJson j = OJson::parse(encode_sapo_group(sample_group()));
+  const std::string text = j.dump();
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  std::string bad = text;
+  bad.replace(bad.find(R"({"answer":"4"})"), 14, R"({"answer":)" + deep + "}");
+  SapoLimits limits;
+  const SapoParse p = parse_sapo_group(bad, limits);
+  EXPECT_FALSE(p.group.has_value());
+  EXPECT_EQ(p.drop, SapoDrop::MALFORMED);
+  EXPECT_EQ(p.reason, "nested deeper than 144 levels");
+  // The same message with the metadata at the depth a request body may have is kept: task
+  // metadata sits at depth 2 of the message, so 140 more levels are 142.
+  std::string ok = text;
+  ok.replace(ok.find(R"({"answer":"4"})"), 14, R"({"answer":)" + std::string(140, '[') + std::string(140, ']') + "}");
+  EXPECT_TRUE(parse_sapo_group(ok, limits).group.has_value()) << parse_sapo_group(ok, limits).reason;
+}
+
 TEST(SapoMessage, SchemaViolationsAreRefused) {
   const OJson discard = OJson::value_t::discarded;
   EXPECT_EQ(drop_of(with("/schema", 2)), SapoDrop::SCHEMA);

@@ -153,6 +153,19 @@ TEST(JobTest, WrongTypeNamesKey) {
   expect_config_error("model: m\ntemperature: 3\n", {"temperature", "[0, 2]"});
 }
 
+// Untrusted YAML (sync_train_config's body) is bounded like JSON: nesting past 128 levels is a
+// ConfigError before anything walks the tree (yaml-cpp's own parser stops at 2000).
+TEST(JobTest, DeepNestingIsAConfigError) {
+  const auto nested = [](int n) { return std::string(static_cast<size_t>(n), '[') + std::string(static_cast<size_t>(n), ']'); };
+  expect_config_error("model: m\nbatch_size: " + nested(200) + "\n", {"nested deeper than 128 levels"});
+  expect_config_error("model: m\nbatch_size: " + nested(100000) + "\n", {"config"});
+  std::string block = "model: m\nextra:\n";
+  for (int i = 1; i < 200; ++i) block += std::string(static_cast<size_t>(2 * i), ' ') + "- \n";
+  expect_config_error(block, {"nested deeper than 128 levels"});
+  // 128 levels of flow sequences (the top-level mapping is the first) is not refused for depth.
+  expect_config_error("model: m\nbatch_size: " + nested(127) + "\n", {"batch_size"});
+}
+
 TEST(JobTest, InvalidEnumNamesKeyAndOptions) {
   expect_config_error("model: m\nsample_collection_method: whenever\n",
                       {"sample_collection_method", "whenever", "rollout_until_finish_enough_episodes",

@@ -308,6 +308,12 @@ TEST(ModelConfig, ToJsonRoundTrips) {
   EXPECT_EQ(ModelConfig::from_json(windowed.to_json()), windowed);
 }
 
+TEST(ModelConfig, DeepNestingIsAClearError) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  EXPECT_EQ(error_of([&] { ModelConfig::from_json(with(kQwen2, {{"x", 1}}).insert(1, "\"deep\": " + deep + ", ")); }),
+            "config.json is nested deeper than 128 levels");
+}
+
 TEST(ModelConfig, UnsupportedArchitectureIsAClearError) {
   const std::string msg = error_of([] {
     ModelConfig::from_json(with(kQwen2, {{"architectures", {"GPT2LMHeadModel"}}}));

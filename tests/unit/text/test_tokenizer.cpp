@@ -397,6 +397,17 @@ json tiny_tokenizer() {
            tiny_model({{"a", 0}, {"b", 1}, {"-", 2}, {" ", 3}, {"ab", 4}}, json::array({"a b"}))}};
 }
 
+// Model files are bounded like request bodies (common/json_nesting.hpp): a tokenizer.json or
+// tokenizer_config.json nested past 128 levels is refused before it is parsed.
+TEST(TokenizerErrors, DeepNestingIsRefusedNamingTheFile) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  std::string text = tiny_tokenizer().dump();
+  text.insert(text.size() - 1, ", \"extra\": " + deep);
+  expect_invalid([&] { Tokenizer::from_json(text); }, "tokenizer.json is nested deeper than 128 levels");
+  expect_invalid([&] { Tokenizer::from_json(tiny_tokenizer().dump(), "{\"x\": " + deep + "}"); },
+                 "tokenizer_config.json is nested deeper than 128 levels");
+}
+
 TEST(TokenizerErrors, NameTheFileAndWhatIsUnsupported) {
   json t = tiny_tokenizer();
   t["normalizer"] = {{"type", "NFKC"}};

@@ -137,6 +137,24 @@ TEST(HermesToolCalls, SingleCall) {
   EXPECT_EQ(p.parse_failures, 0);
 }
 
+// A model that generates arguments nested past the bound (common/json_nesting.hpp) gets its
+// text back as text, not a call whose arguments would later be dumped level by level.
+TEST(HermesToolCalls, ArgumentsNestedTooDeepStayText) {
+  const std::string deep = std::string(5000, '[') + std::string(5000, ']');
+  const std::string text = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": " + deep + "}}\n</tool_call>";
+  const ParsedAssistant p = parse_assistant_output(text, H, NO_THINK);
+  EXPECT_TRUE(p.tool_calls.empty());
+  EXPECT_EQ(p.parse_failures, 1);
+  ASSERT_TRUE(p.content.has_value());
+  EXPECT_NE(p.content->find(deep), std::string::npos);
+  // Within the bound it is a call: 2 levels (the call object, "arguments") + 125 = 127.
+  const std::string ok_deep = std::string(126, '[') + std::string(126, ']');
+  const ParsedAssistant q = parse_assistant_output(
+      "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": " + ok_deep.substr(1, ok_deep.size() - 2) + "}}\n</tool_call>",
+      H, NO_THINK);
+  EXPECT_EQ(q.tool_calls.size(), 1u);
+}
+
 TEST(HermesToolCalls, ContentBeforeAndSeveralCalls) {
   const std::string text =
       "I'll look up both cities.  \n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
