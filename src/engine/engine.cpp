@@ -756,8 +756,10 @@ void Engine::end_episode_async(const std::string& client_uuid, const std::string
                   "episode " + episode_uuid + " not found: the engine is " + engine_state_wire(state_));
     // No episode runs while the weights sync (ROLLING_POST drained them), so an end now is late.
     // A 400 naming the state: AgentJet's client discards the episode quietly on exactly that.
-    // (Asynchronous training's WEIGHT_SYNCING is only the swap: episodes run through it.)
-    SWARM_REQUIRE(state_ != EngineState::WEIGHT_SYNCING || max_staleness_ > 0, ErrorKind::INVALID_ARGUMENT,
+    // (Asynchronous training's WEIGHT_SYNCING is only the swap: episodes run through it.) A retry
+    // of an end that was accepted (its answer lost) gets that answer again, whatever the state.
+    SWARM_REQUIRE(state_ != EngineState::WEIGHT_SYNCING || max_staleness_ > 0 || pool_->remembers_end(episode_uuid),
+                  ErrorKind::INVALID_ARGUMENT,
                   "episode " + episode_uuid + " is not running: the engine is ENGINE.WEIGHT_SYNCING (it ended, was "
                   "aborted or timed out before the weight sync); its output is discarded");
     pool = pool_;

@@ -262,8 +262,31 @@ void RolloutPool::end_episode_async(const std::string& client_uuid, const std::s
   std::vector<LlmCall> calls;
   std::string optional_task_id;
   std::optional<EndOutcome> early;  // eval episodes and null rewards: answered without a record
+  bool waiting = false;             // a retry of an end in progress: answered when it completes
   [&] {
     std::lock_guard lock(mu_);
+    // A retry (the first answer was lost): the recorded outcome, or the one in progress.
+    if (auto it = episodes_.find(episode_uuid); it != episodes_.end() && it->second->claimed && it->second->ending) {
+      Episode& ending = *it->second;
+      SWARM_REQUIRE(ending.client_uuid == client_uuid, ErrorKind::FORBIDDEN,
+                    "episode " + episode_uuid + " belongs to another client");
+      SWARM_REQUIRE(ending.end_waiters.size() < kMaxEndWaiters, ErrorKind::CONFLICT,
+                    "end_episode: episode " + episode_uuid + " is already being ended and " +
+                        std::to_string(kMaxEndWaiters) + " retries wait for it; retry once it has ended");
+      counters_.end_replayed++;
+      ending.end_waiters.push_back(std::move(done));
+      waiting = true;
+      return;
+    }
+    if (!running_episode(episodes_, episode_uuid)) {
+      if (auto it = remembered_ends_.find(episode_uuid); it != remembered_ends_.end()) {
+        SWARM_REQUIRE(it->second.client_uuid == client_uuid, ErrorKind::FORBIDDEN,
+                      "episode " + episode_uuid + " belongs to another client");
+        counters_.end_replayed++;
+        early = it->second.outcome;
+        return;
+      }
+    }
     Episode& ep = owned_episode_locked(client_uuid, episode_uuid);
     SWARM_REQUIRE(!task_id.empty(), ErrorKind::INVALID_ARGUMENT,
                   "end_episode: task_id must not be empty (episode " + episode_uuid + ")");
@@ -280,6 +303,7 @@ void RolloutPool::end_episode_async(const std::string& client_uuid, const std::s
       }
       free_slot_locked(episode_uuid, true);
       outcome.batch_ready = batch_ready_locked();
+      remember_end_locked(episode_uuid, client_uuid, outcome);
       early = std::move(outcome);
       return;
     }
@@ -313,6 +337,7 @@ void RolloutPool::end_episode_async(const std::string& client_uuid, const std::s
       outcome.note = "episode " + episode_uuid +
                      " ended without a reward (null); it was dropped and will not be trained on";
       outcome.batch_ready = batch_ready_locked();
+      remember_end_locked(episode_uuid, client_uuid, outcome);
       early = std::move(outcome);
       return;
     }
@@ -325,8 +350,68 @@ void RolloutPool::end_episode_async(const std::string& client_uuid, const std::s
     ep.calls.clear();
     key_to_episode_.erase(ep.api_key);
   }();
+  if (waiting) return;
   if (early) return done(std::move(*early), nullptr);
 
+  // From here the episode is "ending": whatever fails (allocation, merging, the journal's
+  // call) drops it and answers UNAVAILABLE, to this end and its retries, never leaving it
+  // ending (ROLLING_POST would wait for it forever).
+  // Answered once, by the completion or by the failure below, whichever comes first.
+  auto reply = std::make_shared<EndDone>(std::move(done));
+  try {
+    finish_end(client_uuid, episode_uuid, task_id, output, std::move(calls), std::move(optional_task_id), reply);
+  } catch (...) {
+    std::string why = "unknown error";
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      why = e.what();
+    } catch (...) {
+    }
+    std::vector<EndDone> waiters;
+    EndDone answer;
+    {
+      std::lock_guard lock(mu_);
+      answer = std::exchange(*reply, EndDone());
+      if (answer) waiters = fail_end_locked(episode_uuid);
+    }
+    const auto error = std::make_exception_ptr(
+        SwarmError(ErrorKind::UNAVAILABLE, "end_episode: episode " + episode_uuid + " could not be ended (" + why +
+                                               "); it was dropped: run the task again"));
+    for (EndDone& w : waiters) w(EndOutcome{}, error);
+    if (answer) answer(EndOutcome{}, error);
+  }
+}
+
+bool RolloutPool::remembers_end(const std::string& episode_uuid) const {
+  std::lock_guard lock(mu_);
+  return remembered_ends_.contains(episode_uuid);
+}
+
+std::vector<RolloutPool::EndDone> RolloutPool::fail_end_locked(const std::string& episode_uuid) {
+  std::vector<EndDone> waiters;
+  auto it = episodes_.find(episode_uuid);
+  if (it == episodes_.end() || !it->second->ending) return waiters;
+  waiters = std::move(it->second->end_waiters);
+  counters_.end_failed++;
+  free_slot_locked(episode_uuid, true);
+  return waiters;
+}
+
+void RolloutPool::remember_end_locked(const std::string& episode_uuid, const std::string& client_uuid,
+                                      const EndOutcome& outcome) {
+  auto [it, inserted] = remembered_ends_.insert_or_assign(episode_uuid, RememberedEnd{client_uuid, outcome});
+  if (!inserted) return;
+  remembered_order_.push_back(episode_uuid);
+  while (remembered_order_.size() > kRememberedEnds) {
+    remembered_ends_.erase(remembered_order_.front());
+    remembered_order_.pop_front();
+  }
+}
+
+void RolloutPool::finish_end(const std::string& client_uuid, const std::string& episode_uuid, const std::string& task_id,
+                             const WorkflowOutput& output, std::vector<LlmCall> calls, std::string optional_task_id,
+                             const std::shared_ptr<EndDone>& reply) {
   FinishedEpisode finished;
   finished.episode_uuid = episode_uuid;
   finished.client_uuid = client_uuid;
@@ -341,7 +426,7 @@ void RolloutPool::end_episode_async(const std::string& client_uuid, const std::s
     finished.metadata_json = output.metadata_json;
     finished.task_metadata_json = output.task_metadata_json;
   }
-  try {
+  {
     finished.samples = merge_calls_into_samples(calls);
     if (!output.token_rewards.empty())
       for (Sample& s : finished.samples) {
@@ -354,11 +439,6 @@ void RolloutPool::end_episode_async(const std::string& client_uuid, const std::s
           s.token_rewards[t] = static_cast<float>(rewards[next[static_cast<size_t>(k)]++]);
         }
       }
-  } catch (...) {
-    // Never leave an "ending" episode behind: ROLLING_POST would wait for it forever.
-    std::lock_guard lock(mu_);
-    free_slot_locked(episode_uuid, true);
-    throw;
   }
   for (const Sample& s : finished.samples)
     for (size_t t = 0; t < s.policy_versions.size(); ++t)
@@ -378,18 +458,25 @@ void RolloutPool::end_episode_async(const std::string& client_uuid, const std::s
   const bool list_mismatch = output.turn_rewards_from_list && output.turn_rewards.size() != calls.size();
   const size_t list_size = output.turn_rewards.size(), n_calls = calls.size();
   auto fin = std::make_shared<FinishedEpisode>(std::move(finished));
-  auto complete = [this, fin, episode_uuid, list_mismatch, list_size, n_calls, has_journal = journal != nullptr,
-                   done = std::move(done)](std::exception_ptr stored) {
+  auto complete = [this, fin, episode_uuid, client_uuid, list_mismatch, list_size, n_calls,
+                   has_journal = journal != nullptr, reply](std::exception_ptr stored) {
+    std::vector<EndDone> waiters;
     std::unique_lock lock(mu_);
+    EndDone answer = std::exchange(*reply, EndDone());
+    if (!answer) return;  // the end already failed (the journal's call threw) and was answered
+    if (auto it = episodes_.find(episode_uuid); it != episodes_.end()) waiters = std::move(it->second->end_waiters);
     if (stored) {
       counters_.store_failures++;
       free_slot_locked(episode_uuid, true);
       lock.unlock();
-      return done(EndOutcome{}, stored);
+      for (EndDone& w : waiters) w(EndOutcome{}, stored);
+      return answer(EndOutcome{}, stored);
     }
     EndOutcome outcome = cache_ended_locked(std::move(*fin), list_mismatch, list_size, n_calls, has_journal);
+    remember_end_locked(episode_uuid, client_uuid, outcome);
     lock.unlock();
-    done(std::move(outcome), nullptr);
+    for (EndDone& w : waiters) w(outcome, nullptr);
+    answer(std::move(outcome), nullptr);
   };
   if (journal) journal->record_async(*fin, std::move(complete));
   else complete(nullptr);
@@ -604,19 +691,30 @@ void RolloutPool::set_train_admission_limit(int64_t limit) {
 }
 
 void RolloutPool::cancel_all() {
-  std::lock_guard lock(mu_);
-  counters_.cancelled += running_locked();
-  accepting_ = false;
-  episodes_.clear();
-  key_to_episode_.clear();
-  unclaimed_.clear();
-  groups_.clear();
-  group_order_.clear();
-  finished_cached_ = 0;
-  active_clients_.clear();
-  eval_reward_ = {};
-  eval_log_metrics_.clear();
-  eval_episodes_ = 0;
+  std::vector<std::pair<std::string, EndDone>> waiters;  // retries of ends in progress
+  {
+    std::lock_guard lock(mu_);
+    counters_.cancelled += running_locked();
+    accepting_ = false;
+    for (auto& [uuid, ep] : episodes_)
+      for (EndDone& w : ep->end_waiters) waiters.emplace_back(uuid, std::move(w));
+    episodes_.clear();
+    key_to_episode_.clear();
+    unclaimed_.clear();
+    groups_.clear();
+    group_order_.clear();
+    finished_cached_ = 0;
+    active_clients_.clear();
+    eval_reward_ = {};
+    eval_log_metrics_.clear();
+    eval_episodes_ = 0;
+  }
+  for (auto& [uuid, w] : waiters) {
+    EndOutcome cancelled;
+    cancelled.accepted = false;
+    cancelled.note = "episode " + uuid + " was cancelled (engine stopped) while ending";
+    w(std::move(cancelled), nullptr);
+  }
 }
 
 PoolSnapshot RolloutPool::snapshot() const {
@@ -952,6 +1050,8 @@ constexpr std::pair<const char*, int64_t PoolCounters::*> kCounterFields[] = {
     {"claims_held_by_staleness", &PoolCounters::claims_held_by_staleness},
     {"restored", &PoolCounters::restored},
     {"store_failures", &PoolCounters::store_failures},
+    {"end_replayed", &PoolCounters::end_replayed},
+    {"end_failed", &PoolCounters::end_failed},
 };
 }  // namespace
 

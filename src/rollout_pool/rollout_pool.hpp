@@ -135,6 +135,8 @@ struct PoolCounters {
   int64_t claims_held_by_staleness = 0;  // train claims refused by the admission bound
   int64_t restored = 0;           // finished episodes reloaded from the episode store at a restart
   int64_t store_failures = 0;     // end_episode refused because the episode could not be stored
+  int64_t end_replayed = 0;       // end_episode retries answered with the recorded outcome
+  int64_t end_failed = 0;         // ends that failed half-way (merge, allocation): the episode was dropped
 
   /// Field-by-field sum (the counters of several runs or pools).
   PoolCounters& operator+=(const PoolCounters& other);
@@ -211,6 +213,10 @@ class RolloutPool {
   /// Finishes an episode with the client's verdict and turns its calls into samples.
   /// Throws NOT_FOUND (unknown / timed out / aborted), FORBIDDEN (other client's),
   /// INVALID_ARGUMENT (empty task_id).
+  /// Retries: an end repeated by the same client (its first answer was lost) gets the first
+  /// end's outcome again — for the last kRememberedEnds ends, or, while the first end is still
+  /// being stored, once it is (at most kMaxEndWaiters such retries wait; more are CONFLICT).
+  /// An end that fails half-way drops the episode and answers UNAVAILABLE.
   /// `declare_client_active` (train episodes) puts the client on the active-client list.
   EndOutcome end_episode(const std::string& client_uuid, const std::string& episode_uuid,
                          const std::string& task_id, const WorkflowOutput& output,
@@ -223,6 +229,8 @@ class RolloutPool {
   /// nothing to store. The episode counts as running until then. end_episode waits for it.
   void end_episode_async(const std::string& client_uuid, const std::string& episode_uuid, const std::string& task_id,
                          const WorkflowOutput& output, bool declare_client_active, EndDone done);
+  /// Whether a retry of episode_uuid's end would be answered with its recorded outcome.
+  bool remembers_end(const std::string& episode_uuid) const;
   /// Runs an asynchronous end (`start` is given the completion) and waits for its outcome,
   /// rethrowing its error: the blocking form of every end_episode_async.
   static EndOutcome wait_for_end(const std::function<void(EndDone)>& start);
@@ -274,6 +282,7 @@ class RolloutPool {
   struct Episode {
     std::string uuid;
     bool claimed = false;
+    std::vector<EndDone> end_waiters;  // retries of an end in progress, answered with its outcome
     // end_episode has taken the calls and merges them outside the lock: the episode still
     // counts as running (ROLLING_POST waits for it) but accepts nothing more.
     bool ending = false;
@@ -353,6 +362,25 @@ class RolloutPool {
   std::map<std::string, ActiveClient> active_clients_;
   std::deque<TurnRewardEpisode> turn_reward_episodes_;  // bounded by turn_reward_history
   PoolCounters counters_;
+  // Recently ended episodes (episode uuid -> client and outcome), for retried ends; FIFO-bounded.
+  struct RememberedEnd {
+    std::string client_uuid;
+    EndOutcome outcome;
+  };
+  std::unordered_map<std::string, RememberedEnd> remembered_ends_;
+  std::deque<std::string> remembered_order_;
+  void remember_end_locked(const std::string& episode_uuid, const std::string& client_uuid, const EndOutcome& outcome);
+  // Ends an episode whose end failed half-way: frees its slot, returns the waiters to answer.
+  std::vector<EndDone> fail_end_locked(const std::string& episode_uuid);
+  // end_episode_async after the episode became "ending": merges its calls, stores and caches
+  // it, and answers through `reply` (taken under mu_ by whoever answers). May throw.
+  void finish_end(const std::string& client_uuid, const std::string& episode_uuid, const std::string& task_id,
+                  const WorkflowOutput& output, std::vector<LlmCall> calls, std::string optional_task_id,
+                  const std::shared_ptr<EndDone>& reply);
+
+ public:
+  static constexpr size_t kRememberedEnds = 4096;
+  static constexpr size_t kMaxEndWaiters = 16;
 };
 
 /// Unguessable identifiers from the OS CSPRNG (std::random_device), hex encoded.

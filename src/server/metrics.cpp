@@ -110,7 +110,9 @@ std::string Metrics::render(const EngineSnapshot& st, const PoolSnapshot& pool,
            {"cancelled", c.cancelled},
            {"stale_dropped", c.stale_dropped_episodes},
            {"restored", c.restored},
-           {"store_failed", c.store_failures}})
+           {"store_failed", c.store_failures},
+           {"end_replayed", c.end_replayed},
+           {"end_failed", c.end_failed}})
     out += fmt::format("swarm_episodes_total{{event=\"{}\"}} {}\n", event, v);
   header("swarm_llm_calls_total", "counter", "LLM calls recorded into episodes.");
   out += fmt::format("swarm_llm_calls_total {}\n", c.llm_calls);

@@ -8,6 +8,7 @@
 #include <functional>
 #include <limits>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <set>
 #include <thread>
@@ -742,6 +743,7 @@ TEST_F(RolloutPoolTest, SafetyValveDropsOldestIncompleteGroups) {
 class FakeJournal : public EpisodeJournal {
  public:
   void record_async(const FinishedEpisode& e, Done done) override {
+    if (throw_in_call) throw std::bad_alloc();  // fails before it took the completion
     std::exception_ptr error;
     {
       std::lock_guard lk(mu);
@@ -768,9 +770,138 @@ class FakeJournal : public EpisodeJournal {
   }
   std::mutex mu;
   bool fail = false;
+  bool throw_in_call = false;
   std::vector<std::string> recorded, forgotten;
   std::vector<size_t> samples;
 };
+
+// ---------------------------------------------------------------- retried ends
+
+// A client whose end_episode answer was lost sends it again: the same outcome, not a 404 that
+// would make it run the task again (the group would gain a member).
+TEST_F(RolloutPoolTest, ARetriedEndGetsTheRecordedOutcome) {
+  auto pool = make_pool(small_config());
+  ClaimedEpisode ep = claim_ok(*pool);
+  call_ok(*pool, ep);
+  const EndOutcome first = pool->end_episode("client-a", ep.episode_uuid, "t1", reward_of(1.0));
+  const EndOutcome again = pool->end_episode("client-a", ep.episode_uuid, "t1", reward_of(1.0));
+  EXPECT_EQ(again.accepted, first.accepted);
+  EXPECT_EQ(again.note, first.note);
+  PoolSnapshot s = pool->snapshot();
+  EXPECT_EQ(s.finished_episodes, 1);  // cached once
+  EXPECT_EQ(s.counters.ended, 1);
+  EXPECT_EQ(s.counters.end_replayed, 1);
+  // Another client cannot end it, nor learn its outcome.
+  EXPECT_EQ(kind_of([&] { pool->end_episode("client-b", ep.episode_uuid, "t1", reward_of(0.0)); }),
+            ErrorKind::FORBIDDEN);
+  // A null reward's answer (dropped, with its note) replays the same way.
+  ClaimedEpisode dropped = claim_ok(*pool);
+  const EndOutcome d1 = pool->end_episode("client-a", dropped.episode_uuid, "t1", WorkflowOutput{});
+  const EndOutcome d2 = pool->end_episode("client-a", dropped.episode_uuid, "t1", WorkflowOutput{});
+  EXPECT_FALSE(d2.accepted);
+  EXPECT_EQ(d2.note, d1.note);
+  // An episode that never ended is still a 404.
+  EXPECT_EQ(kind_of([&] { pool->end_episode("client-a", "no-such-episode", "t1", reward_of(1.0)); }),
+            ErrorKind::NOT_FOUND);
+}
+
+TEST_F(RolloutPoolTest, RememberedEndsAreBounded) {
+  auto pool = make_pool(small_config());
+  std::vector<std::string> ended;
+  for (size_t i = 0; i <= RolloutPool::kRememberedEnds; ++i) {
+    ClaimedEpisode ep = claim_ok(*pool, "client-a", EpisodeType::EVAL);
+    pool->end_episode("client-a", ep.episode_uuid, "t1", reward_of(0.5));
+    ended.push_back(ep.episode_uuid);
+  }
+  // The oldest was forgotten, the newest is still answered.
+  EXPECT_EQ(kind_of([&] { pool->end_episode("client-a", ended.front(), "t1", reward_of(0.5)); }), ErrorKind::NOT_FOUND);
+  EXPECT_NO_THROW(pool->end_episode("client-a", ended[1], "t1", reward_of(0.5)));
+  EXPECT_NO_THROW(pool->end_episode("client-a", ended.back(), "t1", reward_of(0.5)));
+}
+
+TEST_F(RolloutPoolTest, ARetryWhileTheEndIsBeingStoredGetsItsOutcome) {
+  auto pool = make_pool(small_config());
+  auto journal = std::make_shared<FakeJournal>();
+  journal->defer = true;
+  pool->set_journal(journal);
+  ClaimedEpisode ep = claim_ok(*pool);
+  call_ok(*pool, ep);
+  std::vector<std::optional<EndOutcome>> answers(1 + RolloutPool::kMaxEndWaiters);
+  for (auto& answer : answers) {
+    pool->end_episode_async("client-a", ep.episode_uuid, "t1", reward_of(1.0), true,
+                            [&answer](EndOutcome o, std::exception_ptr e) {
+                              EXPECT_FALSE(e);
+                              answer = o;
+                            });
+  }
+  // One more retry than may wait: refused at once, the others unaffected.
+  EXPECT_EQ(kind_of([&] {
+              pool->end_episode_async("client-a", ep.episode_uuid, "t1", reward_of(1.0), true,
+                                      [](EndOutcome, std::exception_ptr) { ADD_FAILURE() << "answered"; });
+            }),
+            ErrorKind::CONFLICT);
+  for (const auto& answer : answers) EXPECT_FALSE(answer);  // nothing durable yet
+  ASSERT_EQ(journal->deferred.size(), 1u);  // recorded once
+  journal->deferred[0]();
+  for (const auto& answer : answers) {
+    ASSERT_TRUE(answer);
+    EXPECT_TRUE(answer->accepted);
+  }
+  EXPECT_EQ(pool->snapshot().finished_episodes, 1);
+  EXPECT_EQ(pool->snapshot().counters.end_replayed, static_cast<int64_t>(RolloutPool::kMaxEndWaiters));
+}
+
+// An end that fails half-way (here the episode store's call throws before taking the episode)
+// drops the episode and answers UNAVAILABLE: it does not stay "ending", which would hold
+// ROLLING_POST forever.
+TEST_F(RolloutPoolTest, AnEndThatFailsHalfWayIsDroppedAndAnswered) {
+  auto pool = make_pool(small_config());
+  auto journal = std::make_shared<FakeJournal>();
+  journal->throw_in_call = true;
+  pool->set_journal(journal);
+  ClaimedEpisode ep = claim_ok(*pool);
+  call_ok(*pool, ep);
+  int answered = 0;
+  std::exception_ptr error;
+  EXPECT_NO_THROW(pool->end_episode_async("client-a", ep.episode_uuid, "t1", reward_of(1.0), true,
+                                          [&](EndOutcome, std::exception_ptr e) {
+                                            ++answered;
+                                            error = e;
+                                          }));
+  EXPECT_EQ(answered, 1);
+  ASSERT_TRUE(error);
+  try {
+    std::rethrow_exception(error);
+  } catch (const SwarmError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::UNAVAILABLE);
+    EXPECT_NE(std::string(e.what()).find("could not be ended"), std::string::npos) << e.what();
+  }
+  const PoolSnapshot s = pool->snapshot();
+  EXPECT_EQ(s.running, 0);
+  EXPECT_EQ(s.unclaimed, small_config().max_parallel_episodes);
+  EXPECT_EQ(s.counters.end_failed, 1);
+  EXPECT_EQ(s.finished_episodes, 0);
+}
+
+TEST_F(RolloutPoolTest, StoppingAnswersTheRetriesOfAnEndInProgress) {
+  auto pool = make_pool(small_config());
+  auto journal = std::make_shared<FakeJournal>();
+  journal->defer = true;
+  pool->set_journal(journal);
+  ClaimedEpisode ep = claim_ok(*pool);
+  call_ok(*pool, ep);
+  std::optional<EndOutcome> first, retry;
+  pool->end_episode_async("client-a", ep.episode_uuid, "t1", reward_of(1.0), true,
+                          [&](EndOutcome o, std::exception_ptr) { first = o; });
+  pool->end_episode_async("client-a", ep.episode_uuid, "t1", reward_of(1.0), true,
+                          [&](EndOutcome o, std::exception_ptr) { retry = o; });
+  pool->cancel_all();
+  ASSERT_TRUE(retry);
+  EXPECT_FALSE(retry->accepted);
+  journal->deferred[0]();
+  ASSERT_TRUE(first);
+  EXPECT_FALSE(first->accepted);
+}
 
 TEST_F(RolloutPoolTest, EachAcceptedTrainEpisodeIsJournaledBeforeEndAnswers) {
   auto pool = make_pool(small_config());
