@@ -29,6 +29,9 @@
 #include <boost/beast/http/string_body.hpp>
 #include <boost/beast/http/write.hpp>
 #include <boost/beast/ssl/ssl_stream.hpp>
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -257,8 +260,21 @@ struct HttpClient::Impl {
     return req;
   }
 
+  // Whether a kept-alive connection is still open for a new request: the peer has neither
+  // closed it (end of stream) nor sent anything unasked (a TLS close_notify, an error page).
+  // One non-blocking peek; no bytes are consumed.
+  bool still_open() {
+    if (buffer.size() > 0) return false;
+    char byte;
+    const ssize_t n = ::recv(tcp().socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+  }
+
   // Connects if needed and writes the request. Returns whether the connection was reused.
   bool send(http::request<http::string_body>& req, Clock::time_point deadline, bool& retry) {
+    // A connection the server closed while idle is replaced before the request goes out: after
+    // it has gone out, only an idempotent request may be sent again (see request()).
+    if (connected && !still_open()) close();
     bool reused = connected;
     if (!connected) connect(deadline);
     tcp().expires_at(deadline);
@@ -286,6 +302,21 @@ struct HttpClient::Impl {
   bool connected = false;
 };
 
+namespace {
+// RFC 9110 9.2.2: a request that may be repeated with the same effect.
+bool idempotent(const http::request<http::string_body>& req) {
+  switch (req.method()) {
+    case http::verb::get:
+    case http::verb::head:
+    case http::verb::put:
+    case http::verb::delete_:
+    case http::verb::options:
+    case http::verb::trace: return true;
+    default: return false;
+  }
+}
+}  // namespace
+
 HttpClient::HttpClient(const std::string& base_url, std::chrono::milliseconds timeout, const std::string& ca_file)
     : impl_(std::make_unique<Impl>(base_url, timeout, ca_file)) {}
 HttpClient::~HttpClient() = default;
@@ -311,9 +342,11 @@ HttpClientResponse HttpClient::request(
     m.tcp().expires_at(deadline);
     auto ec = m.with_stream([&](auto& s) { return m.run([&](auto handler) { http::async_read(s, m.buffer, parser, handler); }); });
     if (ec) {
-      // A kept-alive connection the server had already closed: nothing was processed,
-      // so one retry on a fresh connection is safe.
-      if (reused && attempt == 0 && !parser.got_some() && ec != beast::error::timeout) {
+      // A kept-alive connection that closed with no answer: the server may have closed it
+      // while idle (nothing processed) or failed after processing the request, so only an
+      // idempotent request is sent again, once, on a fresh connection. A POST is not: its
+      // caller decides (the SDK retries the routes the server answers idempotently).
+      if (reused && attempt == 0 && !parser.got_some() && ec != beast::error::timeout && idempotent(req)) {
         m.close();
         continue;
       }
@@ -349,7 +382,7 @@ HttpClientResponse HttpClient::request_stream(
     auto ec = m.with_stream(
         [&](auto& s) { return m.run([&](auto handler) { http::async_read_header(s, m.buffer, parser, handler); }); });
     if (ec) {
-      if (reused && attempt == 0 && !parser.got_some() && ec != beast::error::timeout) {
+      if (reused && attempt == 0 && !parser.got_some() && ec != beast::error::timeout && idempotent(req)) {
         m.close();
         continue;
       }

@@ -255,15 +255,31 @@ struct SwarmClient::Impl {
     return {{"Authorization", "Bearer " + token}};
   }
 
+  // The routes the server answers the same when a request is repeated: a retried end gets the
+  // recorded outcome (docs/reliability.md), an abort of an ended episode is "nothing to abort",
+  // the others only read or set a flag. A POST whose answer was lost on the way (the connection
+  // closed with no answer) is sent again for these, up to kRepeats times; for the others
+  // (claim_episode, control routes) the error goes to the caller, who knows whether to retry.
+  static constexpr int kRepeats = 3;
+  static bool answered_idempotently(const std::string& path) {
+    return path == "/end_episode" || path == "/abort_episode" || path == "/can_continue_episode" ||
+           path == "/agree_sync_weight";
+  }
+
   json call(const std::string& method, const std::string& path, const json* body,
             std::optional<milliseconds> timeout = std::nullopt) {
-    Lease conn(*this);
-    conn->set_timeout(timeout ? *timeout : opts.request_timeout);
-    try {
-      return wire::call_json(*conn, method, path, body, auth_headers(path));
-    } catch (const TransportError&) {
-      conn->close();  // start the next request on a fresh connection
-      throw;
+    const int attempts = method == "POST" && answered_idempotently(path) ? 1 + kRepeats : 1;
+    for (int attempt = 1;; ++attempt) {
+      Lease conn(*this);
+      conn->set_timeout(timeout ? *timeout : opts.request_timeout);
+      try {
+        return wire::call_json(*conn, method, path, body, auth_headers(path));
+      } catch (const TransportError& e) {
+        conn->close();  // start the next request on a fresh connection
+        if (attempt >= attempts) throw;
+        log->warn("{}: {} (attempt {} of {}); sending it again", path, e.what(), attempt, attempts);
+        std::this_thread::sleep_for(milliseconds(100 * attempt));
+      }
     }
   }
 
