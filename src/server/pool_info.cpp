@@ -14,7 +14,7 @@ std::string seconds_text(double s) { return fmt::format("{:.1f}s", s); }
 
 // The fields AgentJet's client and overwatch read (its CurrentBatchRolloutPoolInformation).
 void add_agentjet_fields(json& out, const EngineSnapshot& st, const PoolSnapshot& pool,
-                         const std::optional<Job>& config) {
+                         const std::optional<Job>& config, const ClientIdView& show) {
   const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   out["completed_episodes"] = pool.finished_episodes;
   out["completed_episode_target"] = pool.target_episodes;
@@ -27,7 +27,11 @@ void add_agentjet_fields(json& out, const EngineSnapshot& st, const PoolSnapshot
   for (const auto& t : pool.tasks) {
     details[t.task_id] = t.episode_uuids;
     rewards[t.task_id] = t.rewards;
-    if (!t.throttled_client_uuids.empty()) throttled[t.task_id] = t.throttled_client_uuids;
+    if (!t.throttled_client_uuids.empty()) {
+      json shown = json::array();
+      for (const auto& c : t.throttled_client_uuids) shown.push_back(show(c));
+      throttled[t.task_id] = std::move(shown);
+    }
   }
   out["completed_tasks_details"] = std::move(details);
   out["completed_tasks_rewards"] = std::move(rewards);
@@ -40,7 +44,7 @@ void add_agentjet_fields(json& out, const EngineSnapshot& st, const PoolSnapshot
                                {"time_since_last_activity", seconds_text(e.seconds_idle)},
                                {"discard_episode_timeout", seconds_text(e.discard_episode_timeout)},
                                {"llm_call_count", std::to_string(e.llm_calls)},
-                               {"client_uuid", e.client_uuid},
+                               {"client_uuid", show(e.client_uuid)},
                                {"optional_task_id", e.optional_task_id}};
   }
   out["running_episode_details"] = std::move(running);
@@ -48,14 +52,14 @@ void add_agentjet_fields(json& out, const EngineSnapshot& st, const PoolSnapshot
   out["training_model_path"] = config ? json(config->model) : json(nullptr);
   json active = json::array();
   for (const auto& c : pool.active_clients)
-    active.push_back({{"client_uuid", c.client_uuid},
+    active.push_back({{"client_uuid", show(c.client_uuid)},
                       {"last_activity_at", now - c.seconds_idle},
                       {"allowed_sync_weight", c.allowed_sync_weight}});
   out["swarm_client_instruction"] = {{"active_clients", active}};
   json turns = json::array();
   for (const auto& e : pool.turn_reward_episodes)
     turns.push_back({{"episode_uuid", e.episode_uuid},
-                     {"client_uuid", e.client_uuid},
+                     {"client_uuid", show(e.client_uuid)},
                      {"task_id", e.task_id},
                      {"turn_rewards", e.turn_rewards}});
   out["turn_reward_episodes"] = std::move(turns);
@@ -102,11 +106,13 @@ json exchange_json(const ExchangeStatus& x) {
 }  // namespace
 
 nlohmann::json pool_information_json(const EngineSnapshot& st, const PoolSnapshot& pool,
-                                     const std::vector<TrainStepReport>& steps, const std::optional<Job>& config) {
+                                     const std::vector<TrainStepReport>& steps, const std::optional<Job>& config,
+                                     const ClientIdView& show_client) {
+  const ClientIdView show = show_client ? show_client : [](const std::string& c) { return c; };
   json running = json::array();
   for (const auto& e : pool.running_episodes)
     running.push_back({{"episode_uuid", e.episode_uuid},
-                       {"client_uuid", e.client_uuid},
+                       {"client_uuid", show(e.client_uuid)},
                        {"episode_type", e.episode_type == EpisodeType::EVAL ? "eval" : "train"},
                        {"llm_calls", e.llm_calls},
                        {"in_flight_calls", e.in_flight_calls},
@@ -184,7 +190,7 @@ nlohmann::json pool_information_json(const EngineSnapshot& st, const PoolSnapsho
                             {"marked_trained", d.marked_trained}, {"forgotten", d.forgotten},
                             {"pruned", d.pruned},             {"last_commit_ms", d.last_commit_ms}};
   }
-  add_agentjet_fields(out, st, pool, config);
+  add_agentjet_fields(out, st, pool, config, show);
   return out;
 }
 

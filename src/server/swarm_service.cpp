@@ -1,5 +1,7 @@
 #include "server/swarm_service.hpp"
 
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -86,6 +88,30 @@ void check_access(Access access, const AccessTokens& tokens, const HttpRequest& 
                    route + " needs " + (admin_only ? "the admin token" : "the client token") +
                        (presented.empty() ? ": send 'Authorization: Bearer <token>'" : ": the token sent is not it") +
                        " (swarm-server --" + (admin_only ? "admin" : "client") + "-token-file; docs/reliability.md)");
+}
+
+// Whether the request carries the admin token (when one is configured).
+bool presents_admin(const AccessTokens& tokens, const HttpRequest& request) {
+  if (tokens.admin.empty()) return false;
+  const std::string& auth = request.header("authorization");
+  return auth.rfind("Bearer ", 0) == 0 && same_secret(auth.substr(7), tokens.admin);
+}
+
+// A client id as open routes show it when a client token is set: HMAC-SHA256 under the
+// server's key, 16 hex digits. The same client keeps its id (overwatch can follow it), and
+// nobody without the admin token learns the uuid that ends or aborts its episodes.
+std::string keyed_client_id(const std::string& key, const std::string& client_uuid) {
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(client_uuid.data()),
+       client_uuid.size(), mac, &len);
+  static const char* kHex = "0123456789abcdef";
+  std::string out = "client-";
+  for (unsigned int i = 0; i < 8 && i < len; ++i) {
+    out += kHex[mac[i] >> 4];
+    out += kHex[mac[i] & 15];
+  }
+  return out;
 }
 
 // Anthropic's routes answer errors in Anthropic's shape.
@@ -255,6 +281,7 @@ SwarmService::SwarmService(Engine& engine, std::shared_ptr<Metrics> metrics,
       metrics_(std::move(metrics)),
       fallback_authority_(std::move(fallback_authority)),
       tokens_(std::move(tokens)),
+      client_id_key_(random_hex(32)),
       heartbeat_(keep_alive) {
   install_verbose_log_sink();
 }
@@ -362,8 +389,12 @@ HttpResponse SwarmService::handle_command(const std::string& route, const HttpRe
     return r;
   }
   if (route == "/get_current_batch_rollout_pool_information") {
+    // Open to all; with a client token set, client ids are shown raw to the admin only.
+    ClientIdView show;
+    if (!tokens_.client.empty() && !presents_admin(tokens_, request))
+      show = [this](const std::string& c) { return keyed_client_id(client_id_key_, c); };
     return json_response(pool_information_json(engine_.status(), engine_.pool_snapshot(), engine_.step_history(),
-                                               engine_.config()));
+                                               engine_.config(), show));
   }
   if (route == "/get_server_experiment_dir") {
     const std::string dir = engine_.status().experiment_dir;

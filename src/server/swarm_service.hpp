@@ -44,6 +44,9 @@ class SwarmService {
   std::shared_ptr<Metrics> metrics_;
   std::function<std::string()> fallback_authority_;
   AccessTokens tokens_;
+  // Keys the hash that shows client ids on open routes when a client token is set (random per
+  // process: the same client has the same id for as long as the server runs).
+  std::string client_id_key_;
   std::shared_ptr<LastChatCall> last_chat_ = std::make_shared<LastChatCall>();
   SseHeartbeat heartbeat_;
 };

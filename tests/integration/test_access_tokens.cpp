@@ -107,6 +107,55 @@ TEST(AccessTokens, EpisodeRoutesNeedTheClientTokenOrTheAdminToken) {
   EXPECT_EQ(status_of(http, "POST", "/claim_episode", claim, kAdmin), 200);
 }
 
+// With a client token, agents share it: so no open route may tell agent B the client_uuid of
+// agent A's episodes (with it, B could end A's episode with a reward of its choosing). Open
+// routes show client ids as a keyed hash; the admin sees them raw.
+TEST(AccessTokens, AnAgentCannotLearnAnotherAgentsClientIdFromAnOpenRoute) {
+  TestServer server(0.05, 1 << 20, AccessTokens{kAdmin, kClient});
+  SwarmClient admin(server.url(), with_tokens(kAdmin, ""));
+  Job job = small_job();
+  job.batch_size = 4;  // no step: the episodes below stay in the pool's lists
+  admin.auto_sync_train_config_and_start_engine(job);
+  SwarmClientOptions a_options = with_tokens("", kClient);
+  a_options.client_uuid = "agent-a-0000-secret-uuid";
+  SwarmClient agent_a(server.url(), a_options);
+  OpenAIEndpoint running = agent_a.begin_episode(60, "train", 10s);
+  OpenAIEndpoint ended = agent_a.begin_episode(60, "train", 10s);
+  OpenAIClient(ended).chat({{"user", "hi"}});
+  WorkflowOutput turns = reward(1.0);
+  turns.turn_rewards = {1.0};  // listed in turn_reward_episodes
+  agent_a.end_episode(task("t"), ended.episode_uuid, turns);  // also lists A among the active clients
+
+  HttpClient http(server.url());
+  const std::vector<std::pair<std::string, std::string>> as_agent_b = {{"Authorization", "Bearer " + kClient}};
+  for (const char* path : {"/get_current_batch_rollout_pool_information", "/get_engine_status", "/metrics", "/health",
+                           "/get_server_experiment_dir"}) {
+    for (const auto& headers : {std::vector<std::pair<std::string, std::string>>{}, as_agent_b}) {
+      const HttpClientResponse r = http.request("GET", path, "", headers);
+      EXPECT_EQ(r.status, 200) << path;
+      EXPECT_EQ(r.body.find(a_options.client_uuid), std::string::npos) << path << " shows agent A's client_uuid";
+    }
+  }
+  // The episode is listed, under a stable keyed id, and B cannot end it with that id.
+  const auto info = nlohmann::json::parse(http.request("GET", "/get_current_batch_rollout_pool_information").body);
+  std::string shown;
+  for (const auto& e : info["running_episodes"])
+    if (e["episode_uuid"] == running.episode_uuid) shown = e["client_uuid"];
+  ASSERT_EQ(shown.rfind("client-", 0), 0u) << info.dump();
+  EXPECT_EQ(info["running_episode_details"][running.episode_uuid]["client_uuid"], shown);
+  const std::string end = nlohmann::json{{"client_uuid", shown},
+                                         {"episode_uuid", running.episode_uuid},
+                                         {"task_id", "t"},
+                                         {"workflow_output", {{"reward", 1.0}}}}
+                              .dump();
+  EXPECT_EQ(status_of(http, "POST", "/end_episode", end, kClient), 403);
+  // The admin sees the raw id.
+  const HttpClientResponse raw =
+      http.request("GET", "/get_current_batch_rollout_pool_information", "", {{"Authorization", "Bearer " + kAdmin}});
+  EXPECT_NE(raw.body.find(a_options.client_uuid), std::string::npos);
+  agent_a.abort_episode(running.episode_uuid);
+}
+
 }  // namespace
 
 namespace {
