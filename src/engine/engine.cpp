@@ -344,6 +344,9 @@ double Engine::checkpoint(Backend& backend, const Job& job, int64_t step, const 
   st.policy_version = step;
   st.counters = counters;
   st.job_yaml = job.to_yaml();
+  // The steps' mark-trained operations are committed first (retried if a transaction failed):
+  // a crash right after the checkpoint must not reload, and train again, what it holds.
+  if (store) store->flush();
   const auto dir = write_checkpoint(experiment_path(job) / "checkpoints", st,
                                     [&](const std::filesystem::path& tmp) { backend.save_checkpoint(tmp); });
   checkpointed_step_ = step;

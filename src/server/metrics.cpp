@@ -58,6 +58,8 @@ std::string Metrics::render(const EngineSnapshot& st, const PoolSnapshot& pool,
                                                                                  {"forgotten", d.forgotten},
                                                                                  {"marked_trained", d.marked_trained},
                                                                                  {"pruned", d.pruned},
+                                                                                 {"retried", d.retried},
+                                                                                 {"given_up", d.given_up},
                                                                                  {"bytes", d.bytes}})
       out += fmt::format("swarm_episode_store_total{{event=\"{}\"}} {}\n", event, v);
     header("swarm_episode_store_pending", "gauge", "Stored episodes not yet trained (a restart reloads them).");

@@ -188,7 +188,8 @@ nlohmann::json pool_information_json(const EngineSnapshot& st, const PoolSnapsho
                             {"recorded", d.recorded},         {"record_failures", d.record_failures},
                             {"commits", d.commits},           {"bytes", d.bytes},
                             {"marked_trained", d.marked_trained}, {"forgotten", d.forgotten},
-                            {"pruned", d.pruned},             {"last_commit_ms", d.last_commit_ms}};
+                            {"pruned", d.pruned},             {"retried", d.retried},
+                            {"given_up", d.given_up},         {"last_commit_ms", d.last_commit_ms}};
   }
   add_agentjet_fields(out, st, pool, config, show);
   return out;

@@ -2,7 +2,9 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <chrono>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -71,7 +73,7 @@ EpisodeStore::EpisodeStore(std::filesystem::path file, EpisodeStoreOptions optio
     throw SwarmError(ErrorKind::INTERNAL, "episode store: cannot open " + file_.string() + ": " + why);
   }
   try {
-    sqlite3_busy_timeout(db_, 5000);
+    sqlite3_busy_timeout(db_, options_.busy_timeout_ms);
     exec("PRAGMA journal_mode=WAL");
     exec(options_.fsync_every_commit ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL");
     exec("CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)");
@@ -283,6 +285,41 @@ void EpisodeStore::writer_loop() {
           case Op::FLUSH: break;
         }
       }
+    }
+    // The run's bookkeeping (marks, forgets, prunes) is not an agent's answer that can be
+    // refused: after a failed transaction it goes back to the front of the queue, in order,
+    // with the flushes that wait for it, and is tried again after a pause.
+    if (failure) {
+      std::vector<std::unique_ptr<Op>> again;
+      bool bookkeeping = false;
+      for (auto& op : batch) {
+        if (op->kind == Op::RECORD) continue;
+        if (op->kind != Op::FLUSH) {
+          if (++op->attempts >= kMaxAttempts) {
+            spdlog::error("episode store {}: gave up on a {} of {} episode(s) after {} failed transactions",
+                          file_.string(), op->kind == Op::MARK ? "mark-trained" : op->kind == Op::FORGET ? "forget" : "prune",
+                          op->uuids.size(), op->attempts);
+            std::lock_guard lk(mu_);
+            stats_.given_up++;
+            continue;
+          }
+          bookkeeping = true;
+        }
+        again.push_back(std::move(op));
+      }
+      if (bookkeeping) {
+        int attempts = 0;
+        for (const auto& op : again) attempts = std::max(attempts, op->attempts);
+        std::this_thread::sleep_for(std::chrono::milliseconds(100 * attempts));
+        std::lock_guard lk(mu_);
+        for (auto it = again.rbegin(); it != again.rend(); ++it) {
+          if ((*it)->kind != Op::FLUSH) stats_.retried++;
+          queue_.push_front(std::move(*it));
+        }
+      } else {
+        for (auto& op : again) batch.push_back(std::move(op));  // flushes only: answered below
+      }
+      batch.erase(std::remove(batch.begin(), batch.end(), nullptr), batch.end());
     }
     if (!failure && std::any_of(batch.begin(), batch.end(), [](const auto& op) { return op->kind == Op::FORGET || op->kind == Op::MARK; })) {
       try {

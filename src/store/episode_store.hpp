@@ -29,6 +29,9 @@ struct EpisodeStoreOptions {
   bool fsync_every_commit = true;
   /// The most records one transaction takes from the queue.
   size_t max_batch = 256;
+  /// How long a transaction waits for another connection's lock on the database (SQLite's
+  /// busy timeout) before it fails.
+  int busy_timeout_ms = 5000;
 };
 
 struct EpisodeStoreStats {
@@ -40,6 +43,8 @@ struct EpisodeStoreStats {
   int64_t marked_trained = 0;
   int64_t forgotten = 0;
   int64_t pruned = 0;
+  int64_t retried = 0;        // bookkeeping operations (mark, forget, prune) tried again after a failed transaction
+  int64_t given_up = 0;       // ... and dropped after kMaxAttempts (logged)
   double last_commit_ms = 0.0;
 };
 
@@ -67,8 +72,12 @@ class EpisodeStore final : public EpisodeJournal {
   void mark_trained(std::vector<std::string> episode_uuids, int64_t step);
   /// Checkpoint `step` holds everything trained up to it: deletes those records (queued).
   void prune_trained_through(int64_t step);
-  /// Waits until everything queued so far is committed.
+  /// Waits until everything queued so far is committed. Marks, forgets and prunes of a failed
+  /// transaction are tried again (up to kMaxAttempts, with a growing pause) before a flush
+  /// queued after them returns: the engine flushes before it writes a checkpoint, so the
+  /// checkpoint of step N never goes out before step N's episodes are marked trained.
   void flush();
+  static constexpr int kMaxAttempts = 10;
 
   /// At boot, before any record: the episodes a restarted run trains on. Untrained records,
   /// and, when resuming from checkpoint `resumed_step`, records trained by later steps (the
@@ -90,6 +99,7 @@ class EpisodeStore final : public EpisodeJournal {
     std::string bytes;
     std::vector<std::string> uuids;
     int64_t step = 0;
+    int attempts = 0;           // transactions it was part of that failed (FORGET, MARK, PRUNE)
     Done recorded;              // RECORD
     std::promise<void> done;    // FLUSH
   };

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 
 #include "common/error.hpp"
 #include "store/episode_codec.hpp"
@@ -237,6 +238,43 @@ TEST(EpisodeStore, TrainedRecordsAreNeverReloadedUnlessTheirStepWasLost) {
   }
   EpisodeStore store(file);
   EXPECT_TRUE(store.pending_for_restart(int64_t{0}).episodes.empty());
+}
+
+// A transaction that fails (here: another connection holds the database's write lock) does not
+// lose the run's bookkeeping: the marks are tried again, and a flush returns only once they are
+// committed. The engine flushes before each checkpoint, so a crash right after the checkpoint of
+// step 1 does not reload (and train again) what step 1 trained.
+TEST(EpisodeStore, AFailedTransactionsMarksAreRetriedBeforeAFlushReturns) {
+  ScratchDir dir("swarm-store");
+  const auto file = dir.path() / "episodes.sqlite";
+  EpisodeStoreOptions options;
+  options.busy_timeout_ms = 20;
+  {
+    EpisodeStore store(file, options);
+    store.record(make_episode("a", "t"));
+    store.record(make_episode("b", "t"));
+    sqlite3* other = nullptr;
+    ASSERT_EQ(sqlite3_open(file.c_str(), &other), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(other, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);  // the write lock
+    store.mark_trained({"a"}, 1);
+    std::atomic<bool> flushed{false};
+    std::thread flusher([&] {
+      store.flush();
+      flushed = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // a few failed transactions
+    EXPECT_FALSE(flushed) << "the flush returned while the mark was not committed";
+    EXPECT_GE(store.stats().retried, 1);
+    sqlite3_exec(other, "ROLLBACK", nullptr, nullptr, nullptr);
+    sqlite3_close(other);
+    flusher.join();
+    EXPECT_EQ(store.stats().marked_trained, 1);
+    EXPECT_EQ(store.stats().given_up, 0);
+  }
+  EpisodeStore store(file);
+  const StoredEpisodes got = store.pending_for_restart(int64_t{1});  // checkpoint 1 holds a's training
+  ASSERT_EQ(got.episodes.size(), 1u);
+  EXPECT_EQ(got.episodes[0].episode_uuid, "b");
 }
 
 TEST(EpisodeStore, AFreshStartKeepsUntrainedOnly) {
