@@ -101,6 +101,10 @@ ClaimResult RolloutPool::claim(const ClaimRequest& request) {
                 ErrorKind::INVALID_ARGUMENT,
                 "claim: discard_episode_timeout must be a positive number of seconds, got " +
                     std::to_string(request.discard_episode_timeout));
+  // Bounded: an idle episode holds a slot and its context until the timeout reaps it.
+  SWARM_REQUIRE(request.discard_episode_timeout <= kMaxDiscardEpisodeTimeout, ErrorKind::INVALID_ARGUMENT,
+                "claim: discard_episode_timeout must be at most " + std::to_string(int64_t(kMaxDiscardEpisodeTimeout)) +
+                    " seconds (24 h), got " + std::to_string(request.discard_episode_timeout));
   // Generated before taking the lock: reading the OS CSPRNG is a syscall.
   std::string api_key = "sk-swarm-" + random_hex(kApiKeyRandomBytes);
 

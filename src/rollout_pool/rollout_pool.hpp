@@ -380,6 +380,7 @@ class RolloutPool {
 
  public:
   static constexpr size_t kRememberedEnds = 4096;
+  static constexpr double kMaxDiscardEpisodeTimeout = 86400.0;  // seconds
   static constexpr size_t kMaxEndWaiters = 16;
 };
 

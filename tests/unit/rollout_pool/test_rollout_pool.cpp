@@ -805,6 +805,15 @@ TEST_F(RolloutPoolTest, ARetriedEndGetsTheRecordedOutcome) {
             ErrorKind::NOT_FOUND);
 }
 
+TEST_F(RolloutPoolTest, DiscardEpisodeTimeoutIsBounded) {
+  auto pool = make_pool(small_config());
+  EXPECT_EQ(kind_of([&] { pool->claim(ClaimRequest{"client-a", EpisodeType::TRAIN, 1e308}); }),
+            ErrorKind::INVALID_ARGUMENT);
+  EXPECT_EQ(kind_of([&] { pool->claim(ClaimRequest{"client-a", EpisodeType::TRAIN, 86400.5}); }),
+            ErrorKind::INVALID_ARGUMENT);
+  claim_ok(*pool, "client-a", EpisodeType::TRAIN, 86400.0);
+}
+
 TEST_F(RolloutPoolTest, RememberedEndsAreBounded) {
   auto pool = make_pool(small_config());
   std::vector<std::string> ended;
