@@ -196,14 +196,24 @@ int main(int argc, char** argv) {
   if (!wait_until([&] { return victim.status().ready; }, 20)) throw std::runtime_error("victim not ready");
   natsConnection* nc = nullptr;
   if (natsConnection_ConnectTo(&nc, broker.url().c_str()) != NATS_OK) throw std::runtime_error("flooder cannot connect");
-  std::vector<std::string> payloads;
-  for (int k = 0; k < 64; ++k) payloads.push_back(encode_sapo_group(make_group("flooder", k, 2, 200)));
+  // Distinct groups, each under its own Nats-Msg-Id (a repeated group is a duplicate, and a
+  // message without its id is dropped before it is buffered): every one reaches the buffer.
+  SapoGroup flood_group = make_group("flooder", 0, 2, 200);
+  flood_group.run = "flood0";
+  std::vector<std::string> payloads = {encode_sapo_group(flood_group)};
   const int64_t rss0 = proc_status_kib("VmRSS");
   int64_t rss_tenth = -1, rss_max = rss0;
   const auto t0 = Clock::now();
   for (int64_t k = 0; k < flood; ++k) {
-    const std::string& p = payloads[static_cast<size_t>(k % 64)];
-    natsConnection_Publish(nc, "swarm.flood.groups.flooder", p.data(), static_cast<int>(p.size()));
+    flood_group.policy_step = k;
+    const std::string p = encode_sapo_group(flood_group);
+    const std::string id = sapo_message_id(flood_group);
+    natsMsg* msg = nullptr;
+    if (natsMsg_Create(&msg, "swarm.flood.groups.flooder", nullptr, p.data(), static_cast<int>(p.size())) == NATS_OK) {
+      natsMsgHeader_Set(msg, "Nats-Msg-Id", id.c_str());
+      natsConnection_PublishMsg(nc, msg);
+      natsMsg_Destroy(msg);
+    }
     if (k % 10000 == 0) {
       natsConnection_Flush(nc);  // keep the flooder itself bounded
       const int64_t rss = proc_status_kib("VmRSS");

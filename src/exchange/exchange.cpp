@@ -30,15 +30,6 @@ std::string nats_error(natsStatus s, jsErrCode jerr = static_cast<jsErrCode>(0))
   return text;
 }
 
-uint64_t fnv1a(std::string_view s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
 constexpr const char* kOtherPeers = "(other)";
 constexpr int64_t kNanosPerSecond = 1000000000;
 
@@ -83,7 +74,9 @@ struct Exchange::Impl {
     SapoGroup group;
   };
   std::deque<Buffered> buffer;
-  std::deque<std::string> recent_ids;  // de-duplication, bounded
+  // The ids of the groups accepted lately (sapo_message_id of their fields), for de-duplication;
+  // bounded.
+  std::deque<std::string> recent_ids;
   std::unordered_set<std::string> recent_set;
   ExchangeStatus st;
 
@@ -440,9 +433,12 @@ std::string Exchange::subject() const { return "swarm." + config_.swarm_name + "
 std::string Exchange::stream_name() const { return "SWARM_" + config_.swarm_name; }
 
 std::string Exchange::message_id(const SapoGroup& group) const {
-  char hash[17];
-  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(fnv1a(group.task_id)));
-  return group.node_id + ":" + run_id_ + ":" + std::to_string(group.policy_step) + ":" + hash;
+  SapoGroup identity;
+  identity.node_id = group.node_id;
+  identity.run = run_id_;
+  identity.policy_step = group.policy_step;
+  identity.task_id = group.task_id;
+  return sapo_message_id(identity);
 }
 
 void Exchange::publish(const SapoGroup& group) {
@@ -452,7 +448,9 @@ void Exchange::publish(const SapoGroup& group) {
     ++impl_->st.publish_skipped_zero_advantage;
     return;
   }
-  Impl::Outgoing out{message_id(group), encode_sapo_group(group)};
+  SapoGroup stamped = group;
+  stamped.run = run_id_;
+  Impl::Outgoing out{sapo_message_id(stamped), encode_sapo_group(stamped)};
   std::lock_guard lk(impl_->mu);
   if (static_cast<int64_t>(out.payload.size()) > config_.max_message_bytes) {
     ++impl_->st.publish_too_large;
@@ -481,9 +479,9 @@ void Exchange::receive(const std::string& subject, std::string_view payload, con
   if (!config_.trusted_nodes.empty() &&
       std::find(config_.trusted_nodes.begin(), config_.trusted_nodes.end(), node) == config_.trusted_nodes.end())
     return impl_->drop_locked(SapoDrop::UNTRUSTED, peer);
-  if (!msg_id.empty() && impl_->recent_set.count(msg_id) > 0) return impl_->drop_locked(SapoDrop::DUPLICATE, peer);
   SapoLimits limits;
   limits.max_bytes = config_.max_message_bytes;
+  limits.now = impl_->now();  // `created` too far ahead is refused: it would dodge `stale`
   SapoParse parsed = parse_sapo_group(payload, limits);
   if (!parsed.group) {
     spdlog::debug("exchange: dropped a message from '{}': {} ({})", node, sapo_drop_name(parsed.drop), parsed.reason);
@@ -493,16 +491,24 @@ void Exchange::receive(const std::string& subject, std::string_view payload, con
   if (g.node_id != node) return impl_->drop_locked(SapoDrop::SPOOFED, peer);
   peer->model = g.model.substr(0, 128);
   peer->last_policy_step = g.policy_step;
+  // The group's identity (node, run, step, task) is what is de-duplicated, so a copy republished
+  // under another id (or none) is still a duplicate; a new group must come under its own id.
+  std::string id = sapo_message_id(g);
+  if (impl_->recent_set.count(id) > 0) return impl_->drop_locked(SapoDrop::DUPLICATE, peer);
+  if (msg_id.empty()) return impl_->drop_locked(SapoDrop::NO_ID, peer);
+  if (msg_id != id) {
+    spdlog::debug("exchange: dropped a message from '{}': its Nats-Msg-Id '{}' is not '{}'", node,
+                  msg_id.substr(0, 256), id);
+    return impl_->drop_locked(SapoDrop::ID_MISMATCH, peer);
+  }
   if (impl_->now() - g.created > config_.max_age_seconds) return impl_->drop_locked(SapoDrop::STALE, peer);
   if (sapo_zero_advantage(g)) return impl_->drop_locked(SapoDrop::ZERO_ADVANTAGE, peer);
-  if (!msg_id.empty()) {
-    impl_->recent_ids.push_back(msg_id);
-    impl_->recent_set.insert(msg_id);
-    const size_t keep = static_cast<size_t>(std::max<int64_t>(1024, 4 * config_.buffer_groups));
-    while (impl_->recent_ids.size() > keep) {
-      impl_->recent_set.erase(impl_->recent_ids.front());
-      impl_->recent_ids.pop_front();
-    }
+  impl_->recent_set.insert(id);
+  impl_->recent_ids.push_back(std::move(id));
+  const size_t keep = static_cast<size_t>(std::max<int64_t>(1024, 4 * config_.buffer_groups));
+  while (impl_->recent_ids.size() > keep) {
+    impl_->recent_set.erase(impl_->recent_ids.front());
+    impl_->recent_ids.pop_front();
   }
   ++peer->accepted;
   ++st.accepted;

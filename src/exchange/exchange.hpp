@@ -81,7 +81,8 @@ class Exchange {
   Exchange(const Exchange&) = delete;
   Exchange& operator=(const Exchange&) = delete;
 
-  /// Queues a group for publishing (bounded outbox). Its message id makes a republish harmless.
+  /// Queues a group for publishing (bounded outbox), stamped with this Exchange's run. Its
+  /// message id makes a republish harmless.
   void publish(const SapoGroup& group);
   /// Up to `count` groups drawn uniformly from the buffer, removed from it; stale ones are
   /// dropped on the way.
@@ -89,7 +90,8 @@ class Exchange {
   /// A drawn group this node could not use (counted against its sender).
   void note_unusable(const SapoGroup& group, SapoDrop reason);
   /// Handles one message as if pulled from the stream (what the consumer calls; tests use it
-  /// directly). `msg_id` is its Nats-Msg-Id ("" if none).
+  /// directly). `msg_id` is its Nats-Msg-Id ("" if none): it must be sapo_message_id() of the
+  /// message's own fields.
   void receive(const std::string& subject, std::string_view payload, const std::string& msg_id);
 
   ExchangeStatus status() const;
@@ -99,9 +101,11 @@ class Exchange {
   const ExchangeConfig& config() const { return config_; }
   std::string subject() const;          // this node's publishing subject
   std::string stream_name() const;      // SWARM_<swarm_name>
-  /// The group's Nats-Msg-Id: "<node>:<run>:<step>:<hash of task id>", the run a random id of
-  /// this Exchange (a node restarted from step 0 does not repeat its ids).
+  /// The Nats-Msg-Id this node publishes the group under: sapo_message_id() with run_id() as
+  /// the run (a node restarted from step 0 does not repeat its ids).
   std::string message_id(const SapoGroup& group) const;
+  /// This Exchange's run: 8 random hex digits drawn when it was made.
+  const std::string& run_id() const { return run_id_; }
 
  private:
   struct Impl;

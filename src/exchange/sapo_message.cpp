@@ -1,6 +1,8 @@
 #include "exchange/sapo_message.hpp"
 
+#include <cinttypes>
 #include <cmath>
+#include <cstdio>
 
 #include "common/json_nesting.hpp"
 
@@ -17,6 +19,8 @@ const char* sapo_drop_name(SapoDrop d) {
     case SapoDrop::SPOOFED: return "spoofed";
     case SapoDrop::STALE: return "stale";
     case SapoDrop::ZERO_ADVANTAGE: return "zero_advantage";
+    case SapoDrop::NO_ID: return "no_id";
+    case SapoDrop::ID_MISMATCH: return "id_mismatch";
     case SapoDrop::DUPLICATE: return "duplicate";
     case SapoDrop::EVICTED: return "evicted";
     case SapoDrop::REENCODE: return "reencode_failed";
@@ -33,15 +37,26 @@ bool valid_swarm_token(std::string_view s) {
   return true;
 }
 
+std::string sapo_message_id(const SapoGroup& group) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : group.task_id) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  char hash[17];
+  std::snprintf(hash, sizeof hash, "%016" PRIx64, h);
+  return group.node_id + ":" + group.run + ":" + std::to_string(group.policy_step) + ":" + hash;
+}
+
 std::string encode_sapo_group(const SapoGroup& group) {
   nlohmann::ordered_json episodes = nlohmann::ordered_json::array();
   for (const SapoEpisode& e : group.episodes)
     episodes.push_back({{"reward", e.reward}, {"metadata", e.metadata}, {"calls", e.calls}});
   const nlohmann::ordered_json j = {{"schema", kSapoSchemaVersion},      {"kind", "swarm.sapo.group"},
-                                    {"node_id", group.node_id},          {"model", group.model},
-                                    {"policy_step", group.policy_step},  {"created", group.created},
-                                    {"task_id", group.task_id},          {"task_metadata", group.task_metadata},
-                                    {"episodes", std::move(episodes)}};
+                                    {"node_id", group.node_id},          {"run", group.run},
+                                    {"model", group.model},              {"policy_step", group.policy_step},
+                                    {"created", group.created},          {"task_id", group.task_id},
+                                    {"task_metadata", group.task_metadata}, {"episodes", std::move(episodes)}};
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
@@ -160,6 +175,8 @@ SapoParse parse_sapo_group(std::string_view payload, const SapoLimits& limits) {
     SapoGroup g;
     g.node_id = string_field(j, "node_id", "message", 64);
     if (!valid_swarm_token(g.node_id)) invalid(SapoDrop::SCHEMA, "node_id '" + g.node_id + "' is not a valid id");
+    g.run = string_field(j, "run", "message", 64);
+    if (!valid_swarm_token(g.run)) invalid(SapoDrop::SCHEMA, "run '" + g.run + "' is not a valid id");
     g.model = string_field(j, "model", "message", 512);
     g.task_id = string_field(j, "task_id", "message", 1024);
     if (auto tm = j.find("task_metadata"); tm != j.end() && !tm->is_null()) {
@@ -173,6 +190,12 @@ SapoParse parse_sapo_group(std::string_view payload, const SapoLimits& limits) {
     if (!created.is_number() || !std::isfinite(created.get<double>()))
       invalid(SapoDrop::SCHEMA, "created must be a finite number (unix seconds)");
     g.created = created.get<double>();
+    if (limits.now && g.created - *limits.now > kSapoMaxClockSkewSeconds) {
+      char ahead[96];
+      std::snprintf(ahead, sizeof ahead, "created is %.0f s ahead of this node's clock (at most %.0f s)",
+                    g.created - *limits.now, kSapoMaxClockSkewSeconds);
+      invalid(SapoDrop::SCHEMA, ahead);
+    }
     const OJson& episodes = field(j, "episodes", "message");
     if (!episodes.is_array() || episodes.empty()) invalid(SapoDrop::SCHEMA, "episodes must be a non-empty array");
     if (static_cast<int64_t>(episodes.size()) > limits.max_episodes)

@@ -32,6 +32,7 @@ struct SapoEpisode {
 /// One task group as published.
 struct SapoGroup {
   std::string node_id;
+  std::string run;  // the sender's run: a token drawn when its exchange starts (set by Exchange::publish)
   std::string model;
   int64_t policy_step = 0;  // the weights version that generated it
   double created = 0.0;     // unix seconds when published
@@ -51,16 +52,23 @@ enum class SapoDrop {
   SPOOFED,         // node_id differs from the subject it was published on
   STALE,           // older than exchange_max_age_seconds
   ZERO_ADVANTAGE,  // every reward equal: nothing to learn (SAPO's filter)
-  DUPLICATE,       // a message id already received
+  NO_ID,           // no Nats-Msg-Id header
+  ID_MISMATCH,     // a Nats-Msg-Id other than sapo_message_id() of its own fields
+  DUPLICATE,       // a group (node, run, step, task) already accepted, whatever its header
   EVICTED,         // the buffer was full and it was the oldest
   REENCODE,        // this node's template / tokenizer could not encode it, or it is too long
 };
-inline constexpr int kNumSapoDrops = 12;
+inline constexpr int kNumSapoDrops = 14;
 const char* sapo_drop_name(SapoDrop d);
 
 /// The deepest nesting a message may have (checked before it is parsed): a request body's
 /// bound (common/json_nesting.hpp) plus the levels a message wraps around an episode's calls.
 inline constexpr int kSapoMaxNesting = kMaxJsonNesting + 16;
+
+/// How far a message's `created` may be ahead of the receiver's clock (unix seconds): more is
+/// dropped as SCHEMA, so a sender cannot dodge exchange_max_age_seconds by dating its groups in
+/// the future. Allows for clocks kept by NTP, with a wide margin.
+inline constexpr double kSapoMaxClockSkewSeconds = 300.0;
 
 /// Limits a received message must meet.
 struct SapoLimits {
@@ -69,6 +77,9 @@ struct SapoLimits {
   int64_t max_calls = 256;       // per episode
   int64_t max_messages = 4096;   // per call
   double max_abs_reward = 1e9;
+  /// The receiver's clock (unix seconds): `created` may be at most kSapoMaxClockSkewSeconds
+  /// ahead of it. Unset: not checked.
+  std::optional<double> now;
 };
 
 /// The JSON text of a group (schema kSapoSchemaVersion).
@@ -82,6 +93,11 @@ struct SapoParse {
 };
 /// Validates everything (sizes, schema, types, finite rewards, UTF-8); never throws.
 SapoParse parse_sapo_group(std::string_view payload, const SapoLimits& limits);
+
+/// The group's Nats-Msg-Id, "<node_id>:<run>:<policy_step>:<FNV-1a of task_id, 16 hex digits>":
+/// what the sender publishes it under and what a receiver requires (it names the group's
+/// identity, so a receiver de-duplicates on it whatever header a copy came with).
+std::string sapo_message_id(const SapoGroup& group);
 
 /// Whether every episode has the same reward (no GRPO signal within the group).
 bool sapo_zero_advantage(const SapoGroup& group);

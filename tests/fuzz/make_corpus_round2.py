@@ -174,10 +174,10 @@ write(tok, "deep", '{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, 
 write(tok, "huge_numbers", '{"model": {"type": "BPE", "vocab": {"a": 1e400, "b": 18446744073709551616}, "merges": []}}')
 sapo = here / "corpus-sapo"
 write(sapo, "deep_task_metadata.json",
-      '{"schema": 1, "node_id": "n1", "model": "m", "task_id": "t", "policy_step": 0, "created": 1, '
+      '{"schema": 1, "node_id": "n1", "run": "r1", "model": "m", "task_id": "t", "policy_step": 0, "created": 1, '
       '"task_metadata": {"x": ' + nested(100000) + '}, "episodes": []}')
 write(sapo, "huge_numbers.json",
-      '{"schema": 1, "node_id": "n1", "model": "m", "task_id": "t", "policy_step": 18446744073709551616, '
+      '{"schema": 1, "node_id": "n1", "run": "r1", "model": "m", "task_id": "t", "policy_step": 18446744073709551616, '
       '"created": 1e400, "episodes": [{"reward": 1e400}]}')
 print(f"http {len(seeds)} + {len(hostile_http)} hostile, sse 3, job 4 + 3, jinja {n} templates + 5, "
       f"tokenizer {len(list(tok.iterdir()))}, sapo + 2")

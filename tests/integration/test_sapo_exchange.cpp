@@ -48,10 +48,11 @@ void run_step(TestServer& server, const std::string& tasks, int64_t step) {
   ASSERT_TRUE(server.engine().wait_for_step(step, 20s)) << "step " << step;
 }
 
-// A group of node `node`, created now, one episode of one chat call per reward, as JSON.
-std::string one_call_group(const std::string& node, const std::string& task, const std::vector<double>& rewards) {
+// A group of node `node`, created now, one episode of one chat call per reward.
+SapoGroup one_call_group(const std::string& node, const std::string& task, const std::vector<double>& rewards) {
   SapoGroup g;
   g.node_id = node;
+  g.run = "0badc0de";
   g.model = "m";
   g.created = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   g.task_id = task;
@@ -63,7 +64,16 @@ std::string one_call_group(const std::string& node, const std::string& task, con
                        {"text", "yo<|im_end|>"}});
     g.episodes.push_back(std::move(e));
   }
-  return encode_sapo_group(g);
+  return g;
+}
+
+// A message on `subject` with the header Nats-Msg-Id: `id` (none when empty).
+natsMsg* message(const std::string& subject, const std::string& payload, const std::string& id) {
+  natsMsg* m = nullptr;
+  if (natsMsg_Create(&m, subject.c_str(), nullptr, payload.data(), static_cast<int>(payload.size())) != NATS_OK)
+    throw std::runtime_error("natsMsg_Create");
+  if (!id.empty() && natsMsgHeader_Set(m, "Nats-Msg-Id", id.c_str()) != NATS_OK) throw std::runtime_error("header");
+  return m;
 }
 
 ExchangeStatus exchange_status(TestServer& server) {
@@ -201,29 +211,39 @@ TEST_F(SapoExchange, HostileMessagesAreDroppedAndCountedAndTrainingGoesOn) {
   SwarmClient(victim.url(), fast_client()).auto_sync_train_config_and_start_engine(job);
   ASSERT_TRUE(eventually([&] { return exchange_status(victim).ready; }));
 
-  auto group = [](const std::string& node, std::vector<double> rewards) { return one_call_group(node, "t", rewards); };
-  const std::vector<std::pair<std::string, std::string>> hostile = {
-      {"evil", "{\"schema\": 1, \"node_id\": "},                              // malformed
-      {"evil", std::string("{\"x\": \"\xff\xfe\"}")},                         // invalid UTF-8
-      {"evil", std::string(6000, '[')},                                       // too large
-      {"evil", "{\"schema\": 1, \"node_id\": \"evil\", \"episodes\": 5}"},    // schema
-      {"evil", group("honest", {0, 1})},                                      // spoofed sender
-      {"evil", group("evil", {1, 1, 1})},                                     // zero advantage
-      {"stranger", group("stranger", {0, 1})},                                // not trusted
-      {"node-x", group("node-x", {0, 1})},                                    // fine
+  auto group = [](const std::string& node, std::vector<double> rewards) {
+    return encode_sapo_group(one_call_group(node, "t", rewards));
   };
-  for (const auto& [node, payload] : hostile) {
-    const std::string subject = "swarm.test.groups." + node;
-    ASSERT_EQ(natsConnection_Publish(nc, subject.c_str(), payload.data(), static_cast<int>(payload.size())), NATS_OK);
+  auto id = [](const std::string& node) { return sapo_message_id(one_call_group(node, "t", {})); };
+  struct Hostile {
+    std::string node, payload, id;
+  };
+  const std::vector<Hostile> hostile = {
+      {"evil", "{\"schema\": 1, \"node_id\": ", "e1"},                           // malformed
+      {"evil", std::string("{\"x\": \"\xff\xfe\"}"), "e2"},                      // invalid UTF-8
+      {"evil", std::string(6000, '['), "e3"},                                    // too large
+      {"evil", "{\"schema\": 1, \"node_id\": \"evil\", \"episodes\": 5}", "e4"}, // schema
+      {"evil", group("honest", {0, 1}), id("honest")},                           // spoofed sender
+      {"evil", group("evil", {1, 1, 1}), id("evil")},                            // zero advantage
+      {"evil", group("evil", {0, 1}), ""},                                       // no Nats-Msg-Id
+      {"evil", group("evil", {0, 1}), "evil:0badc0de:1:0000000000000000"},       // an id not its own
+      {"stranger", group("stranger", {0, 1}), id("stranger")},                   // not trusted
+      {"node-x", group("node-x", {0, 1}), id("node-x")},                         // fine
+  };
+  for (const Hostile& h : hostile) {
+    natsMsg* m = message("swarm.test.groups." + h.node, h.payload, h.id);
+    ASSERT_EQ(natsConnection_PublishMsg(nc, m), NATS_OK);
+    natsMsg_Destroy(m);
   }
   natsConnection_Flush(nc);
-  ASSERT_TRUE(eventually([&] { return exchange_status(victim).received >= 8; }));
+  ASSERT_TRUE(eventually([&] { return exchange_status(victim).received >= 10; }));
   const ExchangeStatus st = exchange_status(victim);
-  for (const char* reason : {"malformed", "too_large", "schema", "spoofed", "zero_advantage", "untrusted"})
+  for (const char* reason :
+       {"malformed", "too_large", "schema", "spoofed", "zero_advantage", "no_id", "id_mismatch", "untrusted"})
     EXPECT_GE(st.dropped.count(reason) ? st.dropped.at(reason) : 0, 1) << reason;
   EXPECT_EQ(st.dropped.at("malformed"), 2);  // broken JSON and invalid UTF-8
   EXPECT_EQ(st.buffered, 1);
-  EXPECT_EQ(st.peers.at("evil").dropped, 6);
+  EXPECT_EQ(st.peers.at("evil").dropped, 8);
 
   // The server still serves, and its step trains the one good external group.
   run_step(victim, "v-", 1);
@@ -292,11 +312,12 @@ TEST_F(SapoExchange, AConsumerMadeAgainSkipsNothingAfterAGroupStoredEarlyInItsSe
   int sent = 0;
   // Publishes one group of node-x and returns the broker's time for it (ns since the epoch).
   auto publish = [&]() -> int64_t {
-    const std::string payload = one_call_group("node-x", "t" + std::to_string(sent++), {0.0, 1.0});
+    const SapoGroup g = one_call_group("node-x", "t" + std::to_string(sent++), {0.0, 1.0});
+    natsMsg* m = message("swarm.test.groups.node-x", encode_sapo_group(g), sapo_message_id(g));
     jsPubAck* ack = nullptr;
-    if (js_Publish(&ack, js, "swarm.test.groups.node-x", payload.data(), static_cast<int>(payload.size()), nullptr,
-                   nullptr) != NATS_OK)
-      return -1;
+    const natsStatus s = js_PublishMsg(&ack, js, m, nullptr, nullptr);
+    natsMsg_Destroy(m);
+    if (s != NATS_OK) return -1;
     natsMsg* stored = nullptr;
     int64_t t = -1;
     if (js_GetMsg(&stored, js, "SWARM_test", ack->Sequence, nullptr, nullptr) == NATS_OK) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <random>
 
 #include "exchange/exchange.hpp"
@@ -16,6 +17,7 @@ namespace {
 SapoGroup sample_group(const std::string& node = "node-a", std::vector<double> rewards = {1.0, 0.0}) {
   SapoGroup g;
   g.node_id = node;
+  g.run = "0badc0de";
   g.model = "tiny";
   g.policy_step = 3;
   g.created = 1.7e9;
@@ -43,6 +45,15 @@ SapoDrop drop_of(const std::string& payload, int64_t max_bytes = 1 << 20) {
   return p.drop;
 }
 
+// Receives `g` as the consumer would: on its node's subject, under its own message id.
+void deliver(Exchange& x, const SapoGroup& g) {
+  x.receive("swarm." + x.config().swarm_name + ".groups." + g.node_id, encode_sapo_group(g), sapo_message_id(g));
+}
+
+int64_t dropped(const ExchangeStatus& st, const char* reason) {
+  return st.dropped.count(reason) ? st.dropped.at(reason) : 0;
+}
+
 // The sample message with one field replaced (or removed when `value` is discarded).
 std::string with(const std::string& pointer, const OJson& value) {
   OJson j = OJson::parse(encode_sapo_group(sample_group()));
@@ -60,6 +71,7 @@ TEST(SapoMessage, RoundTripsEveryField) {
   const SapoParse p = parse_sapo_group(encode_sapo_group(g), SapoLimits{});
   ASSERT_TRUE(p.group.has_value()) << p.reason;
   EXPECT_EQ(p.group->node_id, "node-a");
+  EXPECT_EQ(p.group->run, "0badc0de");
   EXPECT_EQ(p.group->model, "tiny");
   EXPECT_EQ(p.group->policy_step, 3);
   EXPECT_DOUBLE_EQ(p.group->created, 1.7e9);
@@ -86,7 +98,9 @@ TEST(SapoMessage, MalformedAndInvalidUtf8AreRefused) {
 TEST(SapoMessage, OversizedIsRefusedBeforeParsing) {
   const std::string ok = encode_sapo_group(sample_group());
   EXPECT_EQ(drop_of(ok, static_cast<int64_t>(ok.size()) - 1), SapoDrop::TOO_LARGE);
-  EXPECT_TRUE(parse_sapo_group(ok, SapoLimits{static_cast<int64_t>(ok.size())}).group.has_value());
+  SapoLimits exact;
+  exact.max_bytes = static_cast<int64_t>(ok.size());
+  EXPECT_TRUE(parse_sapo_group(ok, exact).group.has_value());
 }
 
 // Nesting past kSapoMaxNesting is dropped as malformed before it is parsed: one peer's deep
@@ -116,6 +130,8 @@ TEST(SapoMessage, SchemaViolationsAreRefused) {
   EXPECT_EQ(drop_of(with("/schema", "1")), SapoDrop::SCHEMA);
   EXPECT_EQ(drop_of(with("/node_id", "a.b")), SapoDrop::SCHEMA);  // would break subjects
   EXPECT_EQ(drop_of(with("/node_id", 5)), SapoDrop::SCHEMA);
+  EXPECT_EQ(drop_of(with("/run", discard)), SapoDrop::SCHEMA);
+  EXPECT_EQ(drop_of(with("/run", "a:b")), SapoDrop::SCHEMA);  // would make the message id ambiguous
   EXPECT_EQ(drop_of(with("/task_id", discard)), SapoDrop::SCHEMA);
   EXPECT_EQ(drop_of(with("/policy_step", -1)), SapoDrop::SCHEMA);
   EXPECT_EQ(drop_of(with("/episodes", OJson::array())), SapoDrop::SCHEMA);
@@ -164,14 +180,14 @@ TEST(SapoMessage, ExchangeReceiveCountsEachReasonAndBuffersTheRest) {
   x.receive(prefix + "node-a", encode_sapo_group(sample_group("node-b")), "a0");     // spoofed
   x.receive(prefix + "node-a", "{oops", "a1");                                       // malformed
   x.receive(prefix + "node-a", std::string(5000, ' '), "a2");                        // too large
-  x.receive(prefix + "node-a", encode_sapo_group(sample_group("node-a", {1, 1})), "a3");  // zero advantage
+  deliver(x, sample_group("node-a", {1, 1}));  // zero advantage
   SapoGroup old = sample_group("node-a");
   old.created = 1.7e9 - 1000;
-  x.receive(prefix + "node-a", encode_sapo_group(old), "a4");  // stale (600 s window)
-  x.receive(prefix + "node-a", encode_sapo_group(sample_group("node-a")), "a5");
-  x.receive(prefix + "node-a", encode_sapo_group(sample_group("node-a")), "a5");  // duplicate id
-  x.receive(prefix + "node-c", encode_sapo_group(sample_group("node-c")), "c1");
-  x.receive(prefix + "node-d", encode_sapo_group(sample_group("node-d")), "d1");  // evicts a5's group (all hold 1: the oldest)
+  deliver(x, old);  // stale (600 s window)
+  deliver(x, sample_group("node-a"));
+  deliver(x, sample_group("node-a"));  // duplicate
+  deliver(x, sample_group("node-c"));
+  deliver(x, sample_group("node-d"));  // evicts node-a's group (all hold 1: the oldest)
   const ExchangeStatus st = x.status();
   EXPECT_EQ(st.received, 11);
   EXPECT_EQ(st.accepted, 3);
@@ -198,9 +214,12 @@ TEST(SapoMessage, AFloodingPeerEvictsItsOwnGroupsNotTheOthers) {
   c.buffer_groups = 4;
   c.now = [] { return 1.7e9; };
   Exchange x(c);
-  x.receive("swarm.t.groups.quiet", encode_sapo_group(sample_group("quiet")), "q1");
-  for (int k = 0; k < 50; ++k)
-    x.receive("swarm.t.groups.loud", encode_sapo_group(sample_group("loud")), "l" + std::to_string(k));
+  deliver(x, sample_group("quiet"));
+  for (int k = 0; k < 50; ++k) {
+    SapoGroup g = sample_group("loud");
+    g.task_id = "task-" + std::to_string(k);
+    deliver(x, g);
+  }
   std::mt19937_64 rng(1);
   int quiet = 0;
   for (const SapoGroup& g : x.draw(4, rng)) quiet += g.node_id == "quiet";
@@ -219,10 +238,7 @@ TEST(SapoMessage, DrawIsUniformOverTheBuffer) {
   std::mt19937_64 rng(7);
   for (int round = 0; round < 800; ++round) {
     Exchange x(c);
-    for (int k = 0; k < 4; ++k) {
-      SapoGroup g = sample_group("node-" + std::to_string(k));
-      x.receive("swarm.t.groups." + g.node_id, encode_sapo_group(g), "");
-    }
+    for (int k = 0; k < 4; ++k) deliver(x, sample_group("node-" + std::to_string(k)));
     ++picked[x.draw(1, rng).at(0).node_id];
   }
   // 800 draws of 1 in 4: 200 each expected; 3.5 standard deviations (12.2) either side.
@@ -233,6 +249,134 @@ TEST(SapoMessage, DrawIsUniformOverTheBuffer) {
 TEST(SapoMessage, RedactsCredentialsInUrls) {
   EXPECT_EQ(redact_url("nats://user:secret@host:4222"), "nats://***@host:4222");
   EXPECT_EQ(redact_url("nats://host:4222"), "nats://host:4222");
+}
+
+ExchangeConfig receiver_config() {
+  ExchangeConfig c;
+  c.node_id = "me";
+  c.swarm_name = "t";
+  c.buffer_groups = 8;
+  c.now = [] { return 1.7e9 + 10; };
+  return c;
+}
+
+// The message id names the group: "<node>:<run>:<step>:<FNV-1a of the task id>", and what a
+// node publishes is stamped with its run and sent under that id.
+TEST(SapoMessage, TheMessageIdIsDerivedFromTheGroup) {
+  const SapoGroup g = sample_group();
+  EXPECT_EQ(sapo_message_id(g), "node-a:0badc0de:3:" + [] {
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned char c : std::string("task-7")) h = (h ^ c) * 1099511628211ull;
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+    return std::string(hex);
+  }());
+  Exchange x(receiver_config());
+  EXPECT_EQ(x.run_id().size(), 8u);
+  SapoGroup stamped = g;
+  stamped.run = x.run_id();
+  EXPECT_EQ(x.message_id(g), sapo_message_id(stamped));
+}
+
+// A received message's Nats-Msg-Id must be the id its own fields make: one without the header,
+// or with any other id, is dropped and counted (against its sender), and nothing is kept.
+TEST(SapoMessage, AMessageWithoutItsOwnIdIsDroppedAndCounted) {
+  Exchange x(receiver_config());
+  const SapoGroup g = sample_group("node-a");
+  const std::string subject = "swarm.t.groups.node-a", payload = encode_sapo_group(g);
+  x.receive(subject, payload, "");
+  EXPECT_EQ(dropped(x.status(), "no_id"), 1);
+  EXPECT_EQ(x.status().buffered, 0);
+  // Each part of the id differs in turn: node, run, step, task.
+  for (auto change : std::vector<void (*)(SapoGroup&)>{[](SapoGroup& o) { o.node_id = "node-b"; },
+                                                       [](SapoGroup& o) { o.run = "ffffffff"; },
+                                                       [](SapoGroup& o) { o.policy_step = 4; },
+                                                       [](SapoGroup& o) { o.task_id = "task-8"; }}) {
+    SapoGroup other = g;
+    change(other);
+    x.receive(subject, payload, sapo_message_id(other));
+  }
+  x.receive(subject, payload, "a5");
+  ExchangeStatus st = x.status();
+  EXPECT_EQ(dropped(st, "id_mismatch"), 5);
+  EXPECT_EQ(st.accepted, 0);
+  EXPECT_EQ(st.buffered, 0);
+  EXPECT_EQ(st.peers.at("node-a").dropped, 6);
+  x.receive(subject, payload, sapo_message_id(g));  // its own id: kept
+  st = x.status();
+  EXPECT_EQ(st.accepted, 1);
+  EXPECT_EQ(st.buffered, 1);
+}
+
+// De-duplication is on the group (node, run, step, task), not on the header's text: the same
+// group sent again under another id, or none, is a duplicate. A new run of the same node is a
+// new group. The memory of what was accepted stays bounded.
+TEST(SapoMessage, TheSameGroupUnderANewIdIsADuplicate) {
+  ExchangeConfig c = receiver_config();
+  c.buffer_groups = 2;  // remembers max(1024, 4 * 2) ids
+  Exchange x(c);
+  const SapoGroup g = sample_group("node-a");
+  const std::string subject = "swarm.t.groups.node-a", payload = encode_sapo_group(g);
+  deliver(x, g);
+  SapoGroup other_run = g;
+  other_run.run = "ffffffff";
+  x.receive(subject, payload, sapo_message_id(other_run));  // the same group under a new id
+  x.receive(subject, payload, "node-a:0badc0de:3:0000000000000000");
+  x.receive(subject, payload, "");
+  deliver(x, g);
+  ExchangeStatus st = x.status();
+  EXPECT_EQ(dropped(st, "duplicate"), 4);
+  EXPECT_EQ(st.accepted, 1);
+  deliver(x, other_run);  // the node restarted: a new run, a new group
+  EXPECT_EQ(x.status().accepted, 2);
+  for (int k = 0; k < 1024; ++k) {
+    SapoGroup filler = sample_group("node-c");
+    filler.task_id = "filler-" + std::to_string(k);
+    deliver(x, filler);
+  }
+  deliver(x, g);  // forgotten by now: the memory is bounded
+  st = x.status();
+  EXPECT_EQ(st.accepted, 2 + 1024 + 1);
+  EXPECT_EQ(dropped(st, "duplicate"), 4);
+}
+
+// `created` more than kSapoMaxClockSkewSeconds ahead of the receiver's clock is dropped as
+// `schema`: a sender cannot dodge exchange_max_age_seconds by dating its groups in the future.
+// Clocks a little apart are fine.
+TEST(SapoMessage, CreatedInTheFutureBeyondTheClockSkewIsDropped) {
+  EXPECT_EQ(kSapoMaxClockSkewSeconds, 300.0);
+  SapoLimits limits;
+  limits.now = 1.7e9 - 3600;  // the sample was created an hour after this
+  EXPECT_EQ(parse_sapo_group(encode_sapo_group(sample_group()), limits).drop, SapoDrop::SCHEMA);
+  EXPECT_FALSE(parse_sapo_group(encode_sapo_group(sample_group()), limits).group.has_value());
+  EXPECT_EQ(parse_sapo_group(encode_sapo_group(sample_group()), limits).reason,
+            "created is 3600 s ahead of this node's clock (at most 300 s)");
+  limits.now = 1.7e9 - 10;
+  EXPECT_TRUE(parse_sapo_group(encode_sapo_group(sample_group()), limits).group.has_value());
+  limits.now.reset();  // not checked without a clock
+  EXPECT_TRUE(parse_sapo_group(with("/created", 1.7e9 + 1e6), limits).group.has_value());
+
+  double now = 1.7e9 + 10;
+  ExchangeConfig c = receiver_config();
+  c.now = [&now] { return now; };
+  Exchange x(c);
+  SapoGroup ahead = sample_group("node-a");
+  ahead.created = now + 3600;
+  deliver(x, ahead);
+  ExchangeStatus st = x.status();
+  EXPECT_EQ(dropped(st, "schema"), 1);
+  EXPECT_EQ(st.peers.at("node-a").dropped, 1);
+  EXPECT_EQ(st.buffered, 0);
+  SapoGroup near = sample_group("node-b");
+  near.created = now + 10;  // within the skew
+  deliver(x, near);
+  EXPECT_EQ(x.status().accepted, 1);
+  EXPECT_EQ(x.status().buffered, 1);
+  // It goes stale by its own date: no later than the limit after a message created now.
+  now += 10 + c.max_age_seconds + 1;
+  std::mt19937_64 rng(1);
+  EXPECT_TRUE(x.draw(1, rng).empty());
+  EXPECT_EQ(dropped(x.status(), "stale"), 1);
 }
 
 }  // namespace
