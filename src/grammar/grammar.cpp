@@ -39,6 +39,15 @@ void Grammar::validate() const {
   }
 }
 
+size_t Grammar::memory_bytes() const {
+  size_t bytes = elements_.capacity() * sizeof(Element) + rules_.capacity() * sizeof(rules_[0]) +
+                 names_.capacity() * sizeof(std::string);
+  for (const auto& alts : rules_) bytes += alts.capacity() * sizeof(uint32_t);
+  for (const std::string& name : names_)
+    if (name.capacity() >= sizeof(std::string)) bytes += name.capacity() + 1;  // beyond the inline buffer
+  return bytes;
+}
+
 std::vector<Element> Grammar::literal(std::string_view text) {
   std::vector<Element> out;
   out.reserve(text.size());
@@ -125,6 +134,7 @@ const Matcher::State& Matcher::step(uint32_t stack, uint8_t b) {
     State next;
     consume(stack, next);  // may intern stacks (block_of_ is grown on their first step)
     normalize(next);
+    state_words_ += next.capacity();
     step_results_.push_back(std::move(next));
     index = static_cast<int32_t>(step_results_.size() - 1);
     blocks_[block][b] = index;
@@ -188,8 +198,20 @@ Matcher::StateId Matcher::state_id(const State& s) {
   if (inserted) {
     sets_.push_back(s);
     set_block_.push_back(-1);
+    state_words_ += 2 * s.size();  // the state and its index key
   }
   return it->second;
+}
+
+size_t Matcher::memory_bytes() const {
+  // Hash nodes: the value, a next pointer and the cached hash.
+  constexpr size_t kHashNode = 2 * sizeof(void*);
+  return nodes_.capacity() * sizeof(Node) + index_.size() * (sizeof(uint64_t) + sizeof(uint32_t) + kHashNode) +
+         index_.bucket_count() * sizeof(void*) + block_of_.capacity() * sizeof(int32_t) +
+         blocks_.capacity() * sizeof(blocks_[0]) + step_results_.size() * sizeof(State) +
+         sets_.size() * sizeof(State) + set_index_.size() * (sizeof(State) + sizeof(StateId) + kHashNode) +
+         set_index_.bucket_count() * sizeof(void*) + set_block_.capacity() * sizeof(int32_t) +
+         set_blocks_.capacity() * sizeof(set_blocks_[0]) + state_words_ * sizeof(uint32_t);
 }
 
 Matcher::StateId Matcher::step_id_slow(StateId id, uint8_t b) {

@@ -54,6 +54,9 @@ class Grammar {
   const std::string& rule_name(uint32_t rule) const { return names_[rule]; }
   /// Throws std::invalid_argument for a rule without alternatives or a dangling reference.
   void validate() const;
+  /// Estimated heap bytes of the tables (elements, rules, names): what a cache of compiled
+  /// grammars charges for it.
+  size_t memory_bytes() const;
 
   /// The elements of a literal byte string.
   static std::vector<Element> literal(std::string_view text);
@@ -113,6 +116,8 @@ class Matcher {
 
   /// Parse stacks plus interned states: what bounds this matcher's memory.
   size_t arena_size() const { return nodes_.size() + sets_.size(); }
+  /// Estimated heap bytes of the arena and its memoised transition tables (constant time).
+  size_t memory_bytes() const;
 
   // Local views of stacks, for masks that are shared between contexts (TokenMasker): the top
   // `depth` frames of a stack over a placeholder bottom, the hole. A run of the local stack
@@ -165,6 +170,7 @@ class Matcher {
   std::unordered_map<State, StateId, SetHash> set_index_;
   std::vector<int32_t> set_block_;  // per state id, -1 = none
   std::vector<std::array<uint32_t, 256>> set_blocks_;
+  size_t state_words_ = 0;  // stack ids held by step_results_, sets_ and set_index_ (memory_bytes)
   State state_;
 };
 

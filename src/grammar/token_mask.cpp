@@ -63,24 +63,32 @@ TokenTrie::TokenTrie(const std::vector<std::string>& token_bytes, const std::vec
 }
 
 TokenMasker::TokenMasker(std::shared_ptr<const TokenTrie> trie, std::vector<uint32_t> eos_ids, size_t cache_entries,
-                         size_t local_entries)
+                         size_t local_entries, size_t cache_bytes)
     : trie_(std::move(trie)),
       eos_ids_(std::move(eos_ids)),
-      cache_(cache_entries),
-      local_cache_(local_entries) {
+      cache_(cache_entries, cache_bytes - cache_bytes / 3),
+      local_cache_(local_entries, cache_bytes / 3) {
   for (uint32_t id : eos_ids_)
     if (id >= trie_->vocab_size()) throw std::invalid_argument("TokenMasker: eos id beyond the vocabulary");
 }
 
-const TokenMask& TokenMasker::allowed(Matcher& matcher, Matcher::StateId state) {
-  if (const TokenMask* cached = cache_.find(state)) {
+std::shared_ptr<const TokenMask> TokenMasker::allowed_shared(Matcher& matcher, Matcher::StateId state) {
+  if (auto cached = cache_.find(state)) {
     ++hits_;
-    return *cached;
+    return cached;
   }
   ++misses_;
-  TokenMask mask((trie_->vocab_size() + 63) / 64, 0);
-  compute(matcher, state, mask);
-  return cache_.insert(state, std::move(mask));
+  auto mask = std::make_shared<TokenMask>((trie_->vocab_size() + 63) / 64, 0);
+  compute(matcher, state, *mask);
+  const size_t bytes = mask_bytes(*mask);
+  return cache_.insert(state, std::move(mask), bytes);
+}
+
+size_t TokenMasker::memory_bytes() const {
+  constexpr size_t kFirstBytesNode = sizeof(uint32_t) + sizeof(std::array<uint64_t, 4>) + 2 * sizeof(void*);
+  return cached_bytes() + first_bytes_.size() * kFirstBytesNode + first_bytes_.bucket_count() * sizeof(void*) +
+         (cur_.capacity() + candidates_.capacity() + path_nodes_.capacity() + path_states_.capacity()) *
+             sizeof(uint32_t);
 }
 
 void TokenMasker::walk(Matcher& matcher, uint32_t from, uint32_t end, Matcher::StateId parent_state, TokenMask& out) {
@@ -106,16 +114,17 @@ void TokenMasker::walk(Matcher& matcher, uint32_t from, uint32_t end, Matcher::S
   }
 }
 
-const TokenMask& TokenMasker::local_mask(Matcher& matcher, uint32_t local_stack) {
-  if (const TokenMask* cached = local_cache_.find(local_stack)) {
+std::shared_ptr<const TokenMask> TokenMasker::local_mask(Matcher& matcher, uint32_t local_stack) {
+  if (auto cached = local_cache_.find(local_stack)) {
     ++local_hits_;
-    return *cached;
+    return cached;
   }
   ++local_misses_;
-  TokenMask mask((trie_->vocab_size() + 63) / 64, 0);
+  auto mask = std::make_shared<TokenMask>((trie_->vocab_size() + 63) / 64, 0);
   const uint32_t n = static_cast<uint32_t>(trie_->nodes_.size());
-  if (n > 1) walk(matcher, 1, n, matcher.state_id(Matcher::State{local_stack}), mask);
-  return local_cache_.insert(local_stack, std::move(mask));
+  if (n > 1) walk(matcher, 1, n, matcher.state_id(Matcher::State{local_stack}), *mask);
+  const size_t bytes = mask_bytes(*mask);
+  return local_cache_.insert(local_stack, std::move(mask), bytes);
 }
 
 TokenMask TokenMasker::scan(Matcher& matcher, Matcher::StateId state_id) {
@@ -149,8 +158,8 @@ void TokenMasker::compute(Matcher& matcher, Matcher::StateId state_id, TokenMask
     const Element& top = matcher.top(stack);
     if (top.kind != Element::BYTES) continue;
     const Matcher::Local view = matcher.local_view(stack, kLocalDepth);
-    const TokenMask& local = local_mask(matcher, view.stack);
-    for (size_t w = 0; w < out.size(); ++w) out[w] |= local[w];
+    const std::shared_ptr<const TokenMask> local = local_mask(matcher, view.stack);
+    for (size_t w = 0; w < out.size(); ++w) out[w] |= (*local)[w];
     if (view.below == Matcher::kNoBelow) continue;
     auto fb = first_bytes_.find(view.below);
     if (fb == first_bytes_.end()) fb = first_bytes_.emplace(view.below, matcher.first_bytes(view.below)).first;

@@ -7,8 +7,10 @@
 // are not in the trie: they are allowed only where the grammar names them (a TOKEN element),
 // or as end of output (`eos_ids`) where the grammar is complete.
 //
-// Masks are cached by matcher state (an LRU of bounded size): inside a JSON string or between
-// values the state repeats, and a repeated state costs a copy of the bitmask.
+// Masks are cached by matcher state (an LRU bounded in entries and bytes, lru_cache.hpp): inside
+// a JSON string or between values the state repeats, and a repeated state costs no scan. A mask
+// is handed out by shared ownership, so one applied to a batch stays valid however many other
+// states the same step computes (and the cache evicts).
 //
 // A new state is not scanned whole. Each of its stacks is cut to its top frames over a hole
 // (Matcher::local_view): what the cut stack accepts without reaching the hole is the same
@@ -23,13 +25,13 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <list>
 #include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "grammar/grammar.hpp"
+#include "grammar/lru_cache.hpp"
 
 namespace swarm::grammar {
 
@@ -71,21 +73,43 @@ inline bool mask_allows(const TokenMask& m, uint32_t id) { return (m[id >> 6] >>
 /// thread-safe: used from the thread that samples.
 class TokenMasker {
  public:
-  /// `eos_ids` (end of output) are allowed where the state is accepting, and are the only
-  /// allowed tokens once it is finished.
-  TokenMasker(std::shared_ptr<const TokenTrie> trie, std::vector<uint32_t> eos_ids, size_t cache_entries = 512,
-              size_t local_entries = 256);
+  /// Both mask caches together, by default (a 152k vocabulary's mask is 19 KiB).
+  static constexpr size_t kDefaultCacheBytes = size_t{32} << 20;
 
-  /// The tokens allowed after `state` of `matcher`.
+  /// `eos_ids` (end of output) are allowed where the state is accepting, and are the only
+  /// allowed tokens once it is finished. Masks are cached by state (`cache_entries`) and by cut
+  /// stack (`local_entries`), the two caches together within `cache_bytes` (two thirds for
+  /// masks by state), least recently used out first.
+  TokenMasker(std::shared_ptr<const TokenTrie> trie, std::vector<uint32_t> eos_ids, size_t cache_entries = 512,
+              size_t local_entries = 256, size_t cache_bytes = kDefaultCacheBytes);
+
+  /// The tokens allowed after `state` of `matcher`, shared with the cache: the mask stays valid
+  /// and unchanged for as long as the caller holds it, whatever the cache evicts meanwhile (a
+  /// batch holds its rows' masks for the whole step).
+  std::shared_ptr<const TokenMask> allowed_shared(Matcher& matcher, Matcher::StateId state);
+  std::shared_ptr<const TokenMask> allowed_shared(Matcher& matcher, const Matcher::State& state) {
+    return allowed_shared(matcher, matcher.state_id(state));
+  }
+  /// The same as a reference, valid until the next call to allowed() or allowed_shared().
   const TokenMask& allowed(Matcher& matcher, const Matcher::State& state) {
     return allowed(matcher, matcher.state_id(state));
   }
-  const TokenMask& allowed(Matcher& matcher, Matcher::StateId state);
+  const TokenMask& allowed(Matcher& matcher, Matcher::StateId state) {
+    last_ = allowed_shared(matcher, state);
+    return *last_;
+  }
 
   size_t cache_hits() const { return hits_; }
   size_t cache_misses() const { return misses_; }
   size_t local_hits() const { return local_hits_; }
   size_t local_misses() const { return local_misses_; }
+  /// Masks cached by state; estimated bytes of both caches (within `cache_bytes`, bookkeeping
+  /// included); entries the bounds dropped.
+  size_t cached_masks() const { return cache_.size(); }
+  size_t cached_bytes() const { return cache_.bytes() + local_cache_.bytes(); }
+  size_t cache_evictions() const { return cache_.evictions() + local_cache_.evictions(); }
+  /// Estimated heap bytes: the cached masks and the walk's tables (not the shared trie).
+  size_t memory_bytes() const;
 
   /// The mask of a state by one scan of the whole trie (the reference the cached path is tested
   /// against; not cached).
@@ -96,40 +120,15 @@ class TokenMasker {
   // Sets every token in the subtree of trie node `from` (whose parent is reached in `state`)
   // that the matcher accepts.
   void walk(Matcher& matcher, uint32_t from, uint32_t end, Matcher::StateId parent_state, TokenMask& out);
-  const TokenMask& local_mask(Matcher& matcher, uint32_t local_stack);
+  std::shared_ptr<const TokenMask> local_mask(Matcher& matcher, uint32_t local_stack);
+  static size_t mask_bytes(const TokenMask& m) { return sizeof(TokenMask) + m.capacity() * sizeof(uint64_t); }
   static constexpr int kLocalDepth = 2;
   std::shared_ptr<const TokenTrie> trie_;
   std::vector<uint32_t> eos_ids_;
-  // Masks by key, least recently used out first beyond `capacity`.
-  template <class Key>
-  class MaskCache {
-   public:
-    explicit MaskCache(size_t capacity) : capacity_(std::max<size_t>(1, capacity)) {}
-    /// The key's mask, now the most recent; nullptr when it is not cached.
-    const TokenMask* find(const Key& key) {
-      auto it = index_.find(key);
-      if (it == index_.end()) return nullptr;
-      lru_.splice(lru_.begin(), lru_, it->second);
-      return &it->second->second;
-    }
-    const TokenMask& insert(const Key& key, TokenMask mask) {
-      if (index_.size() >= capacity_) {
-        index_.erase(lru_.back().first);
-        lru_.pop_back();
-      }
-      lru_.emplace_front(key, std::move(mask));
-      index_.emplace(key, lru_.begin());
-      return lru_.front().second;
-    }
-
-   private:
-    size_t capacity_;
-    std::list<std::pair<Key, TokenMask>> lru_;  // most recent first
-    std::unordered_map<Key, typename std::list<std::pair<Key, TokenMask>>::iterator> index_;
-  };
-  MaskCache<Matcher::StateId> cache_;              // by matcher state
+  LruCache<Matcher::StateId, TokenMask> cache_;  // by matcher state
   std::vector<Matcher::StateId> cur_;  // per trie depth: the state after that many bytes
-  MaskCache<uint32_t> local_cache_;                // by cut stack
+  LruCache<uint32_t, TokenMask> local_cache_;  // by cut stack
+  std::shared_ptr<const TokenMask> last_;      // what allowed() last returned
   std::unordered_map<uint32_t, std::array<uint64_t, 4>> first_bytes_;  // by stack below a cut
   std::vector<uint32_t> candidates_, path_nodes_;
   std::vector<Matcher::StateId> path_states_;

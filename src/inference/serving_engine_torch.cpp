@@ -36,9 +36,12 @@ struct Constrained {
   Constrained(std::shared_ptr<const grammar::Grammar> g, std::shared_ptr<const grammar::TokenTrie> trie,
               std::vector<uint32_t> eos)
       : grammar(std::move(g)), matcher(*grammar), masker(std::move(trie), std::move(eos), /*cache_entries=*/512) {}
+  // The grammar's tables, the matcher's arena and transitions, the cached masks (estimated).
+  size_t memory_bytes() const { return grammar->memory_bytes() + matcher.memory_bytes() + masker.memory_bytes(); }
   std::shared_ptr<const grammar::Grammar> grammar;
   grammar::Matcher matcher;
   grammar::TokenMasker masker;
+  uint64_t last_used = 0;  // when last handed to a sequence (Impl::constrained_uses)
 };
 
 // One sampled sequence (one choice of a request).
@@ -129,6 +132,7 @@ struct ServingEngine::Impl {
   std::unordered_set<TokenId> eos;
   std::shared_ptr<const grammar::TokenTrie> trie;  // the vocabulary as bytes, built at first use
   std::map<const grammar::Grammar*, std::shared_ptr<Constrained>> constrained;  // grammars in use
+  uint64_t constrained_uses = 0;    // grammars handed to sequences so far (recency)
   std::deque<SeqPtr> waiting;       // admission order (preempted ones go back to the front)
   std::vector<SeqPtr> running;      // admission order
   std::vector<std::shared_ptr<Request>> active;  // requests not ended
@@ -474,27 +478,49 @@ struct ServingEngine::Impl {
 
   // The shared matcher and mask cache of a grammar (the trie of the vocabulary is built once).
   std::shared_ptr<Constrained> constrained_for(const std::shared_ptr<const grammar::Grammar>& g) {
-    // Memory stays bounded: a matcher whose arena of parse stacks has grown past its bound
-    // (e.g. deeply nested free JSON over a long run) is replaced by a fresh one for new
-    // sequences; at most kMaxGrammars grammars are kept, each with at most 512 cached masks
-    // (sequences decoding the same schema in step share states, and masks).
+    // Memory stays bounded: a matcher whose arena of parse stacks has grown past its bound, or
+    // past half the byte bound (e.g. deeply nested free JSON over a long run), is replaced by a
+    // fresh one for new sequences; each grammar caches at most 512 masks by state and 256 by cut
+    // stack, within TokenMasker::kDefaultCacheBytes (sequences decoding the same schema in step
+    // share states, and masks); and the grammars kept are at most kMaxGrammars, together at most
+    // kMaxBytes with their matchers and masks (trim_constrained).
     constexpr size_t kMaxArena = 1 << 18;  // stacks; each stepped one holds a 1 KiB memo block
     constexpr size_t kMaxGrammars = 16;
+    constexpr size_t kMaxBytes = grammar::kDefaultGrammarCacheBytes;
+    ++constrained_uses;
     if (auto it = constrained.find(g.get()); it != constrained.end()) {
-      if (it->second->matcher.arena_size() < kMaxArena) return it->second;
+      if (it->second->matcher.arena_size() < kMaxArena && it->second->memory_bytes() <= kMaxBytes / 2) {
+        it->second->last_used = constrained_uses;
+        return it->second;
+      }
       constrained.erase(it);
     }
     if (!trie) trie = vocabulary_trie(*tokenizer);
-    // Keep recently used grammars; drop those no sequence holds once there are many.
-    if (constrained.size() >= kMaxGrammars)
-      for (auto it = constrained.begin(); it != constrained.end();)
-        it = it->second.use_count() == 1 ? constrained.erase(it) : std::next(it);
     std::vector<uint32_t> eos_ids;
     for (TokenId id : eos)
       if (id >= 0 && id < tokenizer->vocab_size()) eos_ids.push_back(static_cast<uint32_t>(id));
-    auto c = std::make_shared<Constrained>(g, trie, std::move(eos_ids));  // masks: 512 cached
+    auto c = std::make_shared<Constrained>(g, trie, std::move(eos_ids));
+    c->last_used = constrained_uses;
     constrained[g.get()] = c;
+    trim_constrained(kMaxGrammars, kMaxBytes);
     return c;
+  }
+
+  // Drops the least recently used grammars that no sequence holds until at most `entries` are
+  // kept within `bytes`. One a sequence holds stays (its masks and matcher are in use); it goes
+  // with its last sequence, or at a later call once no sequence holds it.
+  void trim_constrained(size_t entries, size_t bytes) {
+    size_t total = 0;
+    for (const auto& kv : constrained) total += kv.second->memory_bytes();
+    while (constrained.size() > entries || total > bytes) {
+      auto lru = constrained.end();
+      for (auto it = constrained.begin(); it != constrained.end(); ++it)
+        if (it->second.use_count() == 1 && (lru == constrained.end() || it->second->last_used < lru->second->last_used))
+          lru = it;
+      if (lru == constrained.end()) break;  // all in use
+      total -= lru->second->memory_bytes();
+      constrained.erase(lru);
+    }
   }
 
   // Sampling, with constrained decoding: every token a sequence's grammar does not allow next
@@ -515,24 +541,24 @@ struct ServingEngine::Impl {
     if (rows.empty()) return sample_tokens(chosen, configs, rngs);
     const int64_t vocab = chosen.size(1);
     // Each row's mask as bits; a row that allows nothing (cannot happen with a byte-complete
-    // vocabulary) may end instead.
-    std::vector<const grammar::TokenMask*> masks;
-    std::vector<grammar::TokenMask> fallback;
-    fallback.reserve(rows.size());
+    // vocabulary) may end instead. The rows share the masks with the grammars' caches: a later
+    // row's new state may evict an earlier row's mask from the cache within this step.
+    std::vector<std::shared_ptr<const grammar::TokenMask>> masks;
     for (int64_t r : rows) {
       Sequence& s = *seqs[static_cast<size_t>(r)];
-      const grammar::TokenMask& m = s.constraint->masker.allowed(s.constraint->matcher, s.grammar_state);
-      const int64_t words = std::min<int64_t>(static_cast<int64_t>(m.size()), (vocab + 63) / 64);
+      std::shared_ptr<const grammar::TokenMask> m =
+          s.constraint->masker.allowed_shared(s.constraint->matcher, s.grammar_state);
+      const int64_t words = std::min<int64_t>(static_cast<int64_t>(m->size()), (vocab + 63) / 64);
       bool any = false;
-      for (int64_t w = 0; w < words && !any; ++w) any = m[static_cast<size_t>(w)] != 0;
+      for (int64_t w = 0; w < words && !any; ++w) any = (*m)[static_cast<size_t>(w)] != 0;
       if (any) {
-        masks.push_back(&m);
+        masks.push_back(std::move(m));
         continue;
       }
-      fallback.emplace_back((vocab + 63) / 64, 0);
+      auto fallback = std::make_shared<grammar::TokenMask>((vocab + 63) / 64, 0);
       for (TokenId id : eos)
-        if (id >= 0 && id < vocab) fallback.back()[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63);
-      masks.push_back(&fallback.back());
+        if (id >= 0 && id < vocab) (*fallback)[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63);
+      masks.push_back(std::move(fallback));
     }
     std::vector<float> temps;
     for (int64_t r : rows) {

@@ -1,11 +1,8 @@
 #include "server/structured_output.hpp"
 
-#include <list>
-#include <mutex>
-#include <unordered_map>
-
 #include "common/error.hpp"
 #include "engine/backend.hpp"
+#include "grammar/grammar_cache.hpp"
 #include "grammar/json_schema_grammar.hpp"
 
 namespace swarm {
@@ -15,39 +12,9 @@ using ojson = nlohmann::ordered_json;
 using grammar::Element;
 using grammar::Grammar;
 
-// Compiled grammars by source, most recently used first.
-class GrammarCache {
- public:
-  template <class Build>
-  std::shared_ptr<const Grammar> get(const std::string& key, Build build) {
-    {
-      std::lock_guard lk(mu_);
-      if (auto it = index_.find(key); it != index_.end()) {
-        lru_.splice(lru_.begin(), lru_, it->second);
-        return it->second->second;
-      }
-    }
-    auto g = std::make_shared<const Grammar>(build());  // compiled outside the lock
-    std::lock_guard lk(mu_);
-    if (auto it = index_.find(key); it != index_.end()) return it->second->second;
-    if (index_.size() >= kEntries) {
-      index_.erase(lru_.back().first);
-      lru_.pop_back();
-    }
-    lru_.emplace_front(key, g);
-    index_.emplace(key, lru_.begin());
-    return g;
-  }
-
- private:
-  static constexpr size_t kEntries = 64;
-  std::mutex mu_;
-  std::list<std::pair<std::string, std::shared_ptr<const Grammar>>> lru_;
-  std::unordered_map<std::string, std::list<std::pair<std::string, std::shared_ptr<const Grammar>>>::iterator> index_;
-};
-
-GrammarCache& cache() {
-  static GrammarCache c;
+// Compiled grammars by source text, within 64 entries and kDefaultGrammarCacheBytes.
+grammar::GrammarCache& cache() {
+  static grammar::GrammarCache c;
   return c;
 }
 

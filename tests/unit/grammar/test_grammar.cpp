@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "grammar/grammar.hpp"
+#include "grammar/grammar_cache.hpp"
 #include "grammar/json_schema_grammar.hpp"
 #include "grammar/token_mask.hpp"
 #include "support/random_schema.hpp"
@@ -412,6 +413,139 @@ TEST(TokenMasker, CachedMasksEqualTheFullScan) {
   }
   EXPECT_GT(steps, 3000u);
   EXPECT_GT(local_hits, 0u);  // cut stacks are shared between states
+}
+
+}  // namespace
+}  // namespace swarm::grammar
+
+// ------------------------------------------------------------------------------ cache bounds
+namespace swarm::grammar {
+namespace {
+
+// A vocabulary of printable ASCII and a few multi-byte JSON pieces, and an end token.
+std::shared_ptr<TokenTrie> small_vocabulary(std::vector<std::string>& vocab, uint32_t& end) {
+  for (int ch = 0x20; ch < 0x7f; ++ch) vocab.push_back(std::string(1, static_cast<char>(ch)));
+  for (const char* t : {"{\"", "\":", "\",\"", "true", "false", "12", "\"}"}) vocab.push_back(t);
+  end = static_cast<uint32_t>(vocab.size());
+  vocab.push_back("<|end|>");
+  std::vector<bool> special(vocab.size(), false);
+  special[end] = true;
+  return std::make_shared<TokenTrie>(vocab, special);
+}
+
+// Filling the compiled-grammar cache with schemas: once the byte bound is reached the least
+// recently used grammars go, the cache stays within both bounds at every step, a grammar in
+// use keeps its place, and a grammar handed out before its eviction still matches.
+TEST(GrammarCache, ByteBoundEvictsLeastRecentlyUsed) {
+  const auto schema = [](int i) {
+    return ojson::parse(R"({"type": "object", "properties": {"p)" + std::to_string(i) +
+                        R"(": {"type": "string", "maxLength": 12}, "n": {"type": "integer", "minimum": 0}},
+                        "required": ["p)" + std::to_string(i) + R"("]})");
+  };
+  const size_t one = json_schema_grammar(schema(0)).memory_bytes();
+  ASSERT_GT(one, 1000u);  // the tables are counted, not just the object
+  const size_t bound = 8 * one;
+  GrammarCache cache(/*max_entries=*/1000, bound);
+  int builds = 0;
+  const auto get = [&](int i) {
+    return cache.get("schema:" + schema(i).dump(), [&] {
+      ++builds;
+      return json_schema_grammar(schema(i));
+    });
+  };
+  const std::shared_ptr<const Grammar> first = get(0);
+  const std::shared_ptr<const Grammar> hot = get(1);
+  for (int i = 2; i < 100; ++i) {
+    get(i);
+    EXPECT_EQ(get(1), hot);  // used at every step: never the least recently used
+    EXPECT_LE(cache.bytes(), bound) << "after " << i + 1 << " schemas";
+    EXPECT_LE(cache.size(), 9u);
+  }
+  EXPECT_EQ(builds, 100);
+  EXPECT_GE(cache.size(), 4u);  // the estimate is one grammar's size, not wildly more
+  EXPECT_GE(cache.evictions(), 90u);
+  EXPECT_GT(cache.bytes(), bound / 2);
+  // The first was evicted: asking again compiles it again; the copy held before still works.
+  EXPECT_NE(get(0), first);
+  EXPECT_EQ(builds, 101);
+  EXPECT_TRUE(accepts(*first, R"({"p0": "abc", "n": 7})"));
+  // The source text is charged as well: a long key costs more than a short one.
+  GrammarCache texts(/*max_entries=*/10, /*max_bytes=*/kDefaultGrammarCacheBytes);
+  texts.get("a", [] { return json_object_grammar(); });
+  const size_t short_key = texts.bytes();
+  texts.get(std::string(10000, 'b'), [] { return json_object_grammar(); });
+  EXPECT_GE(texts.bytes(), 2 * short_key + 10000);
+}
+
+// Masks by state under a byte bound: walking many states keeps the cache within the bytes (with
+// room for far more entries), evicts, and still gives exactly the full scan's masks.
+TEST(TokenMasker, ByteBoundEvictsMasks) {
+  std::vector<std::string> vocab;
+  uint32_t end = 0;
+  auto trie = small_vocabulary(vocab, end);
+  const Grammar g = json_schema_grammar(ojson::parse(
+      R"({"type": "array", "items": {"type": "object", "properties": {"k": {"type": "string", "maxLength": 30}}}})"));
+  Matcher m(g);
+  const size_t per_mask = sizeof(TokenMask) + (vocab.size() + 63) / 64 * 8 + LruCache<uint32_t, TokenMask>::kEntryOverhead;
+  const size_t bytes = 30 * per_mask;  // two thirds of it for masks by state: 20 masks
+  TokenMasker masker(trie, {end}, /*cache_entries=*/100000, /*local_entries=*/100000, bytes);
+  const size_t matcher_bytes = m.memory_bytes();
+  std::mt19937_64 rng(47);
+  size_t states = 0;
+  for (int walk = 0; walk < 50; ++walk) {
+    Matcher::StateId s = m.state_id(m.state());
+    for (int step = 0; step < 80; ++step, ++states) {
+      const std::shared_ptr<const TokenMask> mask = masker.allowed_shared(m, s);
+      ASSERT_EQ(*mask, masker.scan(m, s)) << "step " << step;
+      ASSERT_LE(masker.cached_bytes(), bytes);
+      ASSERT_LE(masker.cached_masks(), 20u);
+      std::vector<uint32_t> allowed;
+      for (uint32_t id = 0; id < end; ++id)
+        if (mask_allows(*mask, id)) allowed.push_back(id);
+      if (allowed.empty()) break;
+      for (unsigned char ch : vocab[allowed[rng() % allowed.size()]]) s = m.step_id(s, ch);
+    }
+  }
+  EXPECT_GT(states, 500u);
+  EXPECT_GT(m.arena_size(), 40u);  // more distinct states than the bound holds
+  EXPECT_GT(masker.cache_evictions(), 0u);
+  EXPECT_GE(masker.cached_masks(), 10u);
+  EXPECT_GT(masker.memory_bytes(), masker.cached_bytes());
+  EXPECT_GT(m.memory_bytes(), matcher_bytes + 40 * 1024);  // a 1 KiB transition block per state stepped
+}
+
+// What a batch does in one step: take the first row's mask, then compute the other rows'
+// masks, which evicts the first from the cache. The mask taken stays the first state's mask,
+// owned by its holder alone, however much the cache evicted and allocated meanwhile.
+TEST(TokenMasker, AMaskHeldForAStepOutlivesItsEviction) {
+  std::vector<std::string> vocab;
+  uint32_t end = 0;
+  auto trie = small_vocabulary(vocab, end);
+  const Grammar g = json_schema_grammar(ojson::parse(
+      R"({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "boolean"}}, "required": ["a", "b"]})"));
+  Matcher m(g);
+  std::vector<Matcher::StateId> rows{m.state_id(m.state())};
+  for (unsigned char ch : std::string(R"({"a": 12, "b": true})")) rows.push_back(m.step_id(rows.back(), ch));
+  ASSERT_NE(rows.back(), 0u);
+  TokenMasker masker(trie, {end}, /*cache_entries=*/1, /*local_entries=*/1);
+  const TokenMask expected = masker.scan(m, rows[0]);
+  const std::shared_ptr<const TokenMask> held = masker.allowed_shared(m, rows[0]);
+  ASSERT_EQ(*held, expected);
+  size_t different = 0;
+  for (size_t r = 1; r < rows.size(); ++r) {
+    const std::shared_ptr<const TokenMask> other = masker.allowed_shared(m, rows[r]);
+    different += *other != expected;
+  }
+  ASSERT_GT(different, 10u);
+  EXPECT_EQ(masker.cached_masks(), 1u);
+  EXPECT_GE(masker.cache_evictions(), rows.size() - 1);
+  EXPECT_EQ(held.use_count(), 1) << "the cache still owns (or nobody owns) an evicted mask";
+  EXPECT_EQ(*held, expected) << "the mask held for the step changed after its eviction";
+  // The reference form stays valid until the next allowed() even when the cache drops its entry.
+  const TokenMask& last = masker.allowed(m, rows[0]);
+  const std::shared_ptr<const TokenMask> next_row = masker.allowed_shared(m, rows[5]);
+  EXPECT_NE(*next_row, expected);
+  EXPECT_EQ(last, expected);
 }
 
 }  // namespace
