@@ -502,7 +502,10 @@ TEST_F(RolloutPoolTest, OwnershipAndValidationOnEnd) {
   EXPECT_TRUE(pool->can_continue("client-a", ep.episode_uuid));
   end_as("client-a", "t");
   EXPECT_FALSE(pool->can_continue("client-a", ep.episode_uuid));
-  EXPECT_EQ(kind_of([&] { end_as("client-a", "t"); }), ErrorKind::NOT_FOUND);
+  // Ending it again is a retry: the recorded outcome (ARetriedEndGetsTheRecordedOutcome), not a
+  // second end; for another client still FORBIDDEN.
+  EXPECT_NO_THROW(end_as("client-a", "t"));
+  EXPECT_EQ(kind_of([&] { end_as("client-b", "t"); }), ErrorKind::FORBIDDEN);
   EXPECT_EQ(pool->counters().ended, 1);
 }
 

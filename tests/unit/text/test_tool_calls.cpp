@@ -840,12 +840,15 @@ TEST(Streaming, DeeplyNestedAndLongInputsDoNotThrow) {
   const std::string deep = std::string(100000, '[') + std::string(100000, ']');
   const std::string text = "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": " + deep + "}}</tool_call>";
   const ParsedAssistant p = parse_assistant_output(text, H, NO_THINK);
-  ASSERT_EQ(p.tool_calls.size(), 1u);
-  EXPECT_EQ(p.tool_calls[0].arguments, "{\"a\": " + deep + "}");
+  EXPECT_TRUE(p.tool_calls.empty());  // past the nesting bound: text (ArgumentsNestedTooDeepStayText)
+  EXPECT_EQ(p.parse_failures, 1);
   const ParsedAssistant unbalanced = parse_assistant_output("{" + std::string(100000, '{'), L, NO_THINK);
   EXPECT_EQ(unbalanced.parse_failures, 1);
-  // A long reasoning and a long block, fed a few bytes at a time (stays linear).
-  std::string long_text = "<think>" + std::string(200000, 'r') + "</think>" + text;
+  // A long reasoning and a long block, fed a few bytes at a time (stays linear): the deep
+  // block is text, then a call with long (flat) arguments is a call.
+  const std::string long_args = "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": \"" + std::string(100000, 'x') +
+                                "\"}}</tool_call>";
+  std::string long_text = "<think>" + std::string(200000, 'r') + "</think>" + text + long_args;
   StreamingAssistantParser parser(H, THINK);
   Streamed s;
   for (size_t i = 0; i < long_text.size(); i += 7) collect(parser.feed(std::string_view(long_text).substr(i, 7)), &s);
