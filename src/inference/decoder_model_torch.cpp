@@ -323,9 +323,12 @@ void DecoderModel::build_rope_tables() {
   // differ by ~1e-3).
   const int64_t hd = config_.head_dim;
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat);
+  // A Python `scalar / tensor` is reciprocal(tensor) * scalar, which rounds differently from a
+  // division: written the same way here.
   torch::Tensor inv =
-      1.0 / at::pow(config_.rope_theta, torch::arange(0, hd, 2, torch::TensorOptions().dtype(torch::kLong)).to(torch::kFloat) /
-                                           static_cast<double>(hd));
+      at::pow(config_.rope_theta,
+              torch::arange(0, hd, 2, torch::TensorOptions().dtype(torch::kLong)).to(torch::kFloat) / static_cast<double>(hd))
+          .reciprocal();
   const RopeScaling& rs = config_.rope_scaling;
   switch (rs.type) {
     case RopeScalingType::NONE: break;
@@ -334,10 +337,11 @@ void DecoderModel::build_rope_tables() {
       const double old = static_cast<double>(rs.original_max_position_embeddings);
       const double lo_wavelen = old / rs.low_freq_factor;
       const double hi_wavelen = old / rs.high_freq_factor;
-      const torch::Tensor wavelen = 2 * std::numbers::pi / inv;
+      const torch::Tensor wavelen = inv.reciprocal() * (2 * std::numbers::pi);
       // Long wavelengths are slowed down by `factor`, short ones kept, the band between blended.
       const torch::Tensor scaled = at::where(wavelen > lo_wavelen, inv / rs.factor, inv);
-      const torch::Tensor smooth = (old / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
+      const torch::Tensor smooth =
+          (wavelen.reciprocal() * old - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
       const torch::Tensor mid = (1 - smooth) * scaled / rs.factor + smooth * scaled;
       const torch::Tensor is_mid = (wavelen >= hi_wavelen).logical_and(wavelen <= lo_wavelen);
       inv = at::where(is_mid, mid, scaled);

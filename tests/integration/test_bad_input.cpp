@@ -491,10 +491,16 @@ TEST_F(BadInput, EpisodeOwnershipAndExistence) {
                 json({{"client_uuid", "intruder-client"}, {"episode_uuid", victim_.episode_uuid}}).dump());
   EXPECT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(json::parse(r.body, nullptr, false), json({{"can_continue", false}}));
-  // An episode ended twice: the second end is 404 (or at least not a success).
+  // An episode ended twice by its client is a retry whose answer was lost: the same answer
+  // (docs/reliability.md); by another client it is a 403.
   Episode eval = claim("eval-client", "eval");
-  ASSERT_EQ(post("/end_episode", end_body(eval, {{"reward", 0.5}}).dump()).status, 200);
-  command_error("/end_episode", end_body(eval, {{"reward", 0.5}}).dump(), 404, eval.episode_uuid);
+  const HttpClientResponse first = post("/end_episode", end_body(eval, {{"reward", 0.5}}).dump());
+  ASSERT_EQ(first.status, 200);
+  const HttpClientResponse again = post("/end_episode", end_body(eval, {{"reward", 0.5}}).dump());
+  EXPECT_EQ(again.status, 200);
+  EXPECT_EQ(json::parse(again.body, nullptr, false), json::parse(first.body, nullptr, false));
+  Episode other{"intruder-client", eval.episode_uuid, ""};
+  command_error("/end_episode", end_body(other, {{"reward", 0.5}}).dump(), 403, "another client");
   expect_nothing_to_abort("eval-client", eval.episode_uuid);
   finish();
 }
