@@ -242,10 +242,11 @@ void check_parity(const ParityCase& pc) {
     const double g = rel_error(grads.at(name), ref_grads[i]);
     // The update (new - old), not the weights: the weights alone would hide a wrong step. Adam's
     // first step is lr * g / (|g| + eps) per element, which amplifies the last bits of gradients
-    // near zero; measured ~2e-4 here, so 1e-3 (a wrong lr, decay, clip or bias correction is >1e-2).
+    // near zero; measured 2e-4 to 5e-4 on AVX-512 hosts and up to 1.08e-3 on an AVX2-only one
+    // (other GEMM blockings), so 2e-3 (a wrong lr, decay, clip or bias correction is >1e-2).
     const double u = rel_error(trainer.weights().at(name) - before.at(name), ref_weights[i] - before.at(name));
     EXPECT_LE(g, 1e-5) << name;
-    EXPECT_LE(u, 1e-3) << name;
+    EXPECT_LE(u, 2e-3) << name;
     worst_grad = std::max(worst_grad, g);
     worst_update = std::max(worst_update, u);
     ++i;
