@@ -831,13 +831,23 @@ TEST_F(RolloutPoolTest, RememberedEndsAreBounded) {
   EXPECT_NO_THROW(pool->end_episode("client-a", ended.back(), "t1", reward_of(0.5)));
 }
 
-TEST_F(RolloutPoolTest, ARetryWhileTheEndIsBeingStoredGetsItsOutcome) {
-  auto pool = make_pool(small_config());
-  auto journal = std::make_shared<FakeJournal>();
+// A pool with a FakeJournal and one claimed episode that made one call.
+class JournaledEndTest : public RolloutPoolTest {
+ protected:
+  void SetUp() override {
+    pool = make_pool(small_config());
+    journal = std::make_shared<FakeJournal>();
+    pool->set_journal(journal);
+    ep = claim_ok(*pool);
+    call_ok(*pool, ep);
+  }
+  std::unique_ptr<RolloutPool> pool;
+  std::shared_ptr<FakeJournal> journal;
+  ClaimedEpisode ep;
+};
+
+TEST_F(JournaledEndTest, ARetryWhileTheEndIsBeingStoredGetsItsOutcome) {
   journal->defer = true;
-  pool->set_journal(journal);
-  ClaimedEpisode ep = claim_ok(*pool);
-  call_ok(*pool, ep);
   std::vector<std::optional<EndOutcome>> answers(1 + RolloutPool::kMaxEndWaiters);
   for (auto& answer : answers) {
     pool->end_episode_async("client-a", ep.episode_uuid, "t1", reward_of(1.0), true,
@@ -866,13 +876,8 @@ TEST_F(RolloutPoolTest, ARetryWhileTheEndIsBeingStoredGetsItsOutcome) {
 // An end that fails half-way (here the episode store's call throws before taking the episode)
 // drops the episode and answers UNAVAILABLE: it does not stay "ending", which would hold
 // ROLLING_POST forever.
-TEST_F(RolloutPoolTest, AnEndThatFailsHalfWayIsDroppedAndAnswered) {
-  auto pool = make_pool(small_config());
-  auto journal = std::make_shared<FakeJournal>();
+TEST_F(JournaledEndTest, AnEndThatFailsHalfWayIsDroppedAndAnswered) {
   journal->throw_in_call = true;
-  pool->set_journal(journal);
-  ClaimedEpisode ep = claim_ok(*pool);
-  call_ok(*pool, ep);
   int answered = 0;
   std::exception_ptr error;
   EXPECT_NO_THROW(pool->end_episode_async("client-a", ep.episode_uuid, "t1", reward_of(1.0), true,
@@ -895,13 +900,8 @@ TEST_F(RolloutPoolTest, AnEndThatFailsHalfWayIsDroppedAndAnswered) {
   EXPECT_EQ(s.finished_episodes, 0);
 }
 
-TEST_F(RolloutPoolTest, StoppingAnswersTheRetriesOfAnEndInProgress) {
-  auto pool = make_pool(small_config());
-  auto journal = std::make_shared<FakeJournal>();
+TEST_F(JournaledEndTest, StoppingAnswersTheRetriesOfAnEndInProgress) {
   journal->defer = true;
-  pool->set_journal(journal);
-  ClaimedEpisode ep = claim_ok(*pool);
-  call_ok(*pool, ep);
   std::optional<EndOutcome> first, retry;
   pool->end_episode_async("client-a", ep.episode_uuid, "t1", reward_of(1.0), true,
                           [&](EndOutcome o, std::exception_ptr) { first = o; });
