@@ -127,7 +127,9 @@ struct StepScratch {
 };
 
 swarm::Job make_job(const Settings& s, const std::vector<const CLI::Option*>& given, int max_response_tokens) {
-  swarm::Job job = s.job_file.empty() ? swarm::Job() : swarm::Job::load(s.job_file);
+  // The file is a layer under the flags (it need not name the model --model gives): it is
+  // validated once merged, below.
+  swarm::Job job = s.job_file.empty() ? swarm::Job() : swarm::Job::load_layer(s.job_file);
   // With --job FILE, only the flags given on the command line override the file.
   const auto use = [&](const char* flag) {
     if (s.job_file.empty()) return true;
@@ -169,6 +171,7 @@ swarm::Job make_job(const Settings& s, const std::vector<const CLI::Option*>& gi
   }
   // The cosine schedule decays to 0 at the last step of this run.
   if (job.lr_schedule == "cosine" && job.total_training_steps == 0) job.total_training_steps = s.steps;
+  job.validate();
   return job;
 }
 

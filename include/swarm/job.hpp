@@ -120,6 +120,11 @@ struct Job {
   static Job from_yaml(const std::string& yaml_text, JobConfigReport* report = nullptr);
   /// Loads from a YAML file (ConfigError if unreadable or invalid).
   static Job load(const std::string& path);
+  /// Loads a file that is one layer of a job (a program's flags go on top of it): every key is
+  /// read and type-checked as load() does, but the job as a whole is not validated (a missing
+  /// `model`, limits that only hold with the flags): call validate() once everything is merged.
+  /// An AgentJet config is validated as a whole all the same.
+  static Job load_layer(const std::string& path);
   /// Every key with its value, in a stable order.
   std::string to_yaml() const;
   /// Writes to_yaml() to a file (ConfigError on I/O failure).

@@ -344,11 +344,14 @@ std::string text(const Job& job, const std::string& key) {
 
 }  // namespace job_keys
 
-Job Job::from_yaml(const std::string& yaml_text, JobConfigReport* report) {
+namespace {
+
+// from_yaml, and load_layer without the whole-job validation.
+Job parse_yaml(const std::string& yaml_text, JobConfigReport* report, bool validate) {
   const YAML::Node root = job_keys::load_bounded(yaml_text, "config");
   Job job;
   if (root.IsNull()) {
-    job.validate();  // reports the missing model
+    if (validate) job.validate();  // reports the missing model
     return job;
   }
   if (!root.IsMap()) throw ConfigError("config must be a YAML mapping of key: value");
@@ -366,21 +369,29 @@ Job Job::from_yaml(const std::string& yaml_text, JobConfigReport* report) {
     if (!field) bad(key, "unknown key (see docs/configuration.md for the valid keys)");
     assign(job, *field, kv.second, key);
   }
-  job.validate();
+  if (validate) job.validate();
   return job;
 }
 
-Job Job::load(const std::string& path) {
+Job load_file(const std::string& path, bool validate) {
   std::ifstream in(path);
   if (!in) throw ConfigError("cannot read config file '" + path + "'");
   std::stringstream ss;
   ss << in.rdbuf();
   try {
-    return from_yaml(ss.str());
+    return parse_yaml(ss.str(), nullptr, validate);
   } catch (const ConfigError& e) {
     throw ConfigError(path + ": " + e.what());
   }
 }
+
+}  // namespace
+
+Job Job::from_yaml(const std::string& yaml_text, JobConfigReport* report) { return parse_yaml(yaml_text, report, true); }
+
+Job Job::load(const std::string& path) { return load_file(path, true); }
+
+Job Job::load_layer(const std::string& path) { return load_file(path, false); }
 
 std::string Job::to_yaml() const {
   YAML::Emitter out;

@@ -35,6 +35,22 @@ for i, r in enumerate(rows, 1):
     assert 0.0 <= r["reward_mean"] <= 1.0, r
     assert set(r["reward_by_family"]) == {"sort", "reverse", "count", "base", "add"}, r
 PY
+# --job FILE is a layer under the flags: a file without `model` runs with --model; a wrong type
+# in the file, or a job invalid once merged, is still refused naming the key.
+printf 'learning_rate: 1.0e-4\nmax_staleness: 0\n' >layer.yaml
+"$agent_bin" --url "http://127.0.0.1:$port" --model mock --job layer.yaml --tasks sort --steps 1 --batch-size 2 \
+  --num-repeat 2 --workers 2 --force-restart >agent.log 2>&1 || fail "a --job file without model was refused with --model"
+grep -q "^step 1/1" agent.log || fail "no step with --job"
+printf 'learning_rate: fast\n' >bad.yaml
+if "$agent_bin" --url "http://127.0.0.1:$port" --model mock --job bad.yaml --steps 1 >bad.log 2>&1; then
+  fail "a --job file with a wrong type was accepted"
+fi
+grep -q "learning_rate" bad.log || fail "the wrong type is not named: $(cat bad.log)"
+printf 'learning_rate: -1.0\n' >invalid.yaml
+if "$agent_bin" --url "http://127.0.0.1:$port" --model mock --job invalid.yaml --steps 1 >bad.log 2>&1; then
+  fail "a job invalid once merged was accepted"
+fi
+grep -q "learning_rate" bad.log || fail "the invalid key is not named: $(cat bad.log)"
 kill -TERM "$pid"
 wait "$pid" || true
 echo "train_agent smoke: ok"
