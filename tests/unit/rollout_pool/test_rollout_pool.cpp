@@ -584,6 +584,26 @@ TEST_F(RolloutPoolTest, EvalEpisodesNeverEnterABatch) {
   EXPECT_DOUBLE_EQ(s.eval_metrics.at("eval/episodes"), 0.0);
 }
 
+// Each episode's own metric names are bounded at the route; across episodes the eval means
+// keep at most 1024 distinct names per step (later names are left out), while names already
+// kept go on averaging.
+TEST_F(RolloutPoolTest, EvalMetricNamesAreBoundedPerStep) {
+  auto pool = make_pool(small_config());
+  for (int e = 0; e < 2; ++e) {
+    ClaimedEpisode ep = claim_ok(*pool, "client-a", EpisodeType::EVAL);
+    WorkflowOutput out = reward_of(1.0);
+    out.log_metrics["kept"] = e;
+    for (int i = 0; i < 1000; ++i) out.log_metrics["m" + std::to_string(e) + "_" + std::to_string(i)] = 1.0;
+    pool->end_episode("client-a", ep.episode_uuid, "eval-task", out);
+  }
+  const PoolSnapshot s = pool->snapshot();
+  int64_t names = 0;
+  for (const auto& [name, value] : s.eval_metrics) names += name != "eval/episodes" && name != "eval/reward_mean";
+  EXPECT_EQ(names, 1024);
+  EXPECT_DOUBLE_EQ(s.eval_metrics.at("eval/kept"), 0.5);  // both episodes counted
+  EXPECT_EQ(s.eval_metrics.count("eval/m1_999"), 0u);    // past the bound
+}
+
 TEST_F(RolloutPoolTest, NullRewardDropsTrainEpisode) {
   auto pool = make_pool(small_config());
   ClaimedEpisode ep = claim_ok(*pool);
