@@ -1,4 +1,4 @@
-// bench_anchor: llama.cpp as the standing anchor of the CPU engine (issue 29 §3). The
+// bench_anchor: llama.cpp as the standing anchor of the CPU engine. The
 // SmolLM2-135M-shaped model with random weights (the one bench_inference uses) is written as
 // GGUF by our own writer (gguf_writer.hpp) in F32, F16 and BF16 and loaded in llama.cpp
 // (node-llama-cpp's prebuilt linux-x64 CPU libraries, dlopen'ed); then, in the same run:

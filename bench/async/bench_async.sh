@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench_async: synchronous vs asynchronous training (issue 24 §3), end to end on this machine.
+# bench_async: synchronous vs asynchronous training, end to end on this machine.
 #
 # For each max_staleness in --etas (default 0 1 2) it starts swarm-server on the torch engine,
 # creates the demo's tiny-char model (2 x 192, random weights, --seed) and runs
@@ -8,7 +8,7 @@
 # server decides. Every mode runs until the mean reward of the last 10 policy steps reaches
 # --target (or --max-steps). Prints, per mode: policy steps and wall-clock seconds to the
 # target, policy steps per minute, the final reward, and where the time went (server figures:
-# collection and update seconds per step, staleness, stale drops). Target (issue 24): η = 2 at
+# collection and update seconds per step, staleness, stale drops). Target (docs/benchmarks.md): η = 2 at
 # >= 1.3x the synchronous steps per minute at equal final reward (within 0.05).
 #
 # Usage: bench/async/bench_async.sh [--build DIR] [--etas "0 1 2"] [--think-ms 100] [--target 0.9]
