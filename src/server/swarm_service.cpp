@@ -74,13 +74,18 @@ bool same_secret(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
+// The token after "Authorization: Bearer ", or "".
+std::string bearer_token(const HttpRequest& request) {
+  const std::string& auth = request.header("authorization");
+  return auth.rfind("Bearer ", 0) == 0 ? auth.substr(7) : std::string();
+}
+
 // Throws UNAUTHORIZED (401) when the route needs a token this request does not carry.
 void check_access(Access access, const AccessTokens& tokens, const HttpRequest& request, const std::string& route) {
   if (access == Access::OPEN || access == Access::EPISODE) return;
   const bool admin_only = access == Access::ADMIN;
   if (admin_only ? tokens.admin.empty() : tokens.client.empty()) return;
-  const std::string& auth = request.header("authorization");
-  const std::string presented = auth.rfind("Bearer ", 0) == 0 ? auth.substr(7) : std::string();
+  const std::string presented = bearer_token(request);
   if (!presented.empty() && ((!tokens.admin.empty() && same_secret(presented, tokens.admin)) ||
                              (!admin_only && same_secret(presented, tokens.client))))
     return;
@@ -92,9 +97,8 @@ void check_access(Access access, const AccessTokens& tokens, const HttpRequest& 
 
 // Whether the request carries the admin token (when one is configured).
 bool presents_admin(const AccessTokens& tokens, const HttpRequest& request) {
-  if (tokens.admin.empty()) return false;
-  const std::string& auth = request.header("authorization");
-  return auth.rfind("Bearer ", 0) == 0 && same_secret(auth.substr(7), tokens.admin);
+  const std::string presented = bearer_token(request);
+  return !tokens.admin.empty() && !presented.empty() && same_secret(presented, tokens.admin);
 }
 
 // A client id as open routes show it when a client token is set: HMAC-SHA256 under the
