@@ -430,20 +430,18 @@ void RolloutPool::finish_end(const std::string& client_uuid, const std::string& 
     finished.metadata_json = output.metadata_json;
     finished.task_metadata_json = output.task_metadata_json;
   }
-  {
-    finished.samples = merge_calls_into_samples(calls);
-    if (!output.token_rewards.empty())
-      for (Sample& s : finished.samples) {
-        s.token_rewards.assign(s.token_ids.size(), 0.0f);
-        std::vector<size_t> next(s.calls.size(), 0);  // per call of the sample: its next completion token
-        for (size_t t = 0; t < s.token_ids.size(); ++t) {
-          const int32_t k = s.token_call[t];
-          if (k < 0) continue;
-          const auto& rewards = output.token_rewards[static_cast<size_t>(s.calls[static_cast<size_t>(k)].index)];
-          s.token_rewards[t] = static_cast<float>(rewards[next[static_cast<size_t>(k)]++]);
-        }
+  finished.samples = merge_calls_into_samples(calls);
+  if (!output.token_rewards.empty())
+    for (Sample& s : finished.samples) {
+      s.token_rewards.assign(s.token_ids.size(), 0.0f);
+      std::vector<size_t> next(s.calls.size(), 0);  // per call of the sample: its next completion token
+      for (size_t t = 0; t < s.token_ids.size(); ++t) {
+        const int32_t k = s.token_call[t];
+        if (k < 0) continue;
+        const auto& rewards = output.token_rewards[static_cast<size_t>(s.calls[static_cast<size_t>(k)].index)];
+        s.token_rewards[t] = static_cast<float>(rewards[next[static_cast<size_t>(k)]++]);
       }
-  }
+    }
   for (const Sample& s : finished.samples)
     for (size_t t = 0; t < s.policy_versions.size(); ++t)
       if (s.loss_mask[t] && (finished.min_version < 0 || s.policy_versions[t] < finished.min_version))
