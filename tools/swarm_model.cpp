@@ -36,14 +36,16 @@ void add_inspect_command(CLI::App& app, Action& action) {
 
 void add_init_command(CLI::App& app, Action& action) {
   auto* cmd = app.add_subcommand(
-      "init", "Create a model directory with random weights from a config.json (--from) or a preset (--preset)");
+      "init",
+      "Create a model directory with random weights from a config.json (--from) or a preset (--preset)");
   auto opts = std::make_shared<swarm::InitModelOptions>();
   auto from = std::make_shared<std::string>();
   auto preset = std::make_shared<std::string>();
   auto out = std::make_shared<std::string>();
   auto dtype = std::make_shared<std::string>("bf16");
   auto shard_gb = std::make_shared<double>(static_cast<double>(swarm::kDefaultMaxShardBytes) / 1e9);
-  auto* from_opt = cmd->add_option("--from", *from, "Directory with config.json (and tokenizer files to copy)");
+  auto* from_opt =
+      cmd->add_option("--from", *from, "Directory with config.json (and tokenizer files to copy)");
   std::string presets;
   for (const auto& name : swarm::model_preset_names()) presets += (presets.empty() ? "" : ", ") + name;
   auto* preset_opt = cmd->add_option("--preset", *preset,
@@ -80,7 +82,8 @@ void add_init_command(CLI::App& app, Action& action) {
       for (const auto& kv : *sets) {
         const size_t eq = kv.find('=');
         if (eq == std::string::npos || eq == 0)
-          throw swarm::SwarmError(swarm::ErrorKind::INVALID_ARGUMENT, "--set expects KEY=VALUE, got '" + kv + "'");
+          throw swarm::SwarmError(swarm::ErrorKind::INVALID_ARGUMENT,
+                                  "--set expects KEY=VALUE, got '" + kv + "'");
         opts->config_overrides.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
       }
       swarm::ModelWriteResult r = swarm::init_random_model(*opts);
@@ -121,7 +124,8 @@ void add_detokenize_command(CLI::App& app, Action& action) {
       auto tok = swarm::Tokenizer::from_directory(*dir);
       nlohmann::json ids = nlohmann::json::parse(read_all(std::cin), nullptr, false);
       if (ids.is_discarded() || !ids.is_array())
-        throw swarm::SwarmError(swarm::ErrorKind::INVALID_ARGUMENT, "stdin must be a JSON array of token ids");
+        throw swarm::SwarmError(swarm::ErrorKind::INVALID_ARGUMENT,
+                                "stdin must be a JSON array of token ids");
       std::vector<swarm::TokenId> v;
       for (const auto& id : ids) {
         if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= tok->vocab_size())

@@ -107,7 +107,8 @@ int main(int argc, char** argv) {
   app.add_option("--interval", interval, "Seconds between polls")
       ->capture_default_str()
       ->check(CLI::Range(0.1, 3600.0));
-  app.add_flag("--once", once, "Print one frame to stdout (no screen control) and exit: 0 if the server answered");
+  app.add_flag("--once", once,
+               "Print one frame to stdout (no screen control) and exit: 0 if the server answered");
   app.add_flag("--no-color", no_color, "No ANSI colours (also: the NO_COLOR environment variable)");
   CLI11_PARSE(app, argc, argv);
 

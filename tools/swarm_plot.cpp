@@ -19,15 +19,20 @@ int main(int argc, char** argv) {
   std::vector<std::string> metrics, labels;
   std::string out = "reward.png", field = "reward_mean", title;
   int width = 800, height = 480;
-  app.add_option("--metrics", metrics,
-                 "metrics.jsonl of a run (or the run directory holding it); several draw one line each on one chart")
+  app.add_option(
+         "--metrics", metrics,
+         "metrics.jsonl of a run (or the run directory holding it); several draw one line each on one chart")
       ->required();
   app.add_option("--label", labels, "Legend label of each --metrics, in order (several series)");
   app.add_option("--out", out, "PNG file to write")->capture_default_str();
   app.add_option("--field", field, "Numeric field to plot against step")->capture_default_str();
   app.add_option("--title", title, "Chart title (default: <field>: <project>/<experiment>)");
-  app.add_option("--width", width, "Image width in pixels")->capture_default_str()->check(CLI::Range(160, 8192));
-  app.add_option("--height", height, "Image height in pixels")->capture_default_str()->check(CLI::Range(120, 8192));
+  app.add_option("--width", width, "Image width in pixels")
+      ->capture_default_str()
+      ->check(CLI::Range(160, 8192));
+  app.add_option("--height", height, "Image height in pixels")
+      ->capture_default_str()
+      ->check(CLI::Range(120, 8192));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -71,7 +76,8 @@ int main(int argc, char** argv) {
     std::printf("%s\n", plot::summarize(series).c_str());
     return 0;
   } catch (const swarm::SwarmError& e) {
-    const bool input = e.kind() == swarm::ErrorKind::INVALID_ARGUMENT || e.kind() == swarm::ErrorKind::NOT_FOUND;
+    const bool input =
+        e.kind() == swarm::ErrorKind::INVALID_ARGUMENT || e.kind() == swarm::ErrorKind::NOT_FOUND;
     std::fprintf(stderr, "swarm-plot: error: %s\n", e.what());
     return input ? 2 : 1;
   } catch (const std::invalid_argument& e) {

@@ -37,8 +37,9 @@ int run_follower(const swarm::DistConfig& dist) {
     return 1;
   }
 #else
-  spdlog::error("RANK={} of WORLD_SIZE={}: multi-rank training needs the torch engine, and this build has no libtorch",
-                dist.rank, dist.world_size);
+  spdlog::error(
+      "RANK={} of WORLD_SIZE={}: multi-rank training needs the torch engine, and this build has no libtorch",
+      dist.rank, dist.world_size);
   return 2;
 #endif
 }
@@ -55,20 +56,22 @@ std::string read_token(const std::string& file, const char* env, const char* wha
     token = v;
   }
   while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
-  while (!token.empty() && std::isspace(static_cast<unsigned char>(token.front()))) token.erase(token.begin());
+  while (!token.empty() && std::isspace(static_cast<unsigned char>(token.front())))
+    token.erase(token.begin());
   if (!file.empty() && token.empty())
     throw swarm::ConfigError(std::string("the ") + what + " token file '" + file + "' is empty");
   if (!token.empty() && token.size() < 16)
-    spdlog::warn("swarm-server: the {} token is {} characters; use 32 or more random ones (openssl rand -hex 32)",
-                 what, token.size());
+    spdlog::warn(
+        "swarm-server: the {} token is {} characters; use 32 or more random ones (openssl rand -hex 32)",
+        what, token.size());
   return token;
 }
 
 int run_start(const std::string& host, int port, const std::string& engine, const std::string& config,
-              const std::string& log_level, int io_threads, size_t max_body_mb, const std::string& resume, int nproc,
-              const std::string& admin_token_file, const std::string& client_token_file, int max_connections,
-              int header_timeout, const std::string& tls_cert, const std::string& tls_key,
-              const std::vector<std::string>& argv) {
+              const std::string& log_level, int io_threads, size_t max_body_mb, const std::string& resume,
+              int nproc, const std::string& admin_token_file, const std::string& client_token_file,
+              int max_connections, int header_timeout, const std::string& tls_cert,
+              const std::string& tls_key, const std::vector<std::string>& argv) {
   auto level = spdlog::level::from_str(log_level);
   if (level == spdlog::level::off && log_level != "off") {
     std::cerr << "swarm-server: unknown --log-level '" << log_level
@@ -91,7 +94,8 @@ int run_start(const std::string& host, int port, const std::string& engine, cons
   if (engine == "torch") spdlog::info("swarm-server: {}", swarm::compute_paths_summary());
 #endif
   if (nproc > 1 && dist.world_size > 1) {
-    spdlog::error("swarm-server: --nproc starts the ranks itself; do not also set WORLD_SIZE (={})", dist.world_size);
+    spdlog::error("swarm-server: --nproc starts the ranks itself; do not also set WORLD_SIZE (={})",
+                  dist.world_size);
     return 2;
   }
   if ((nproc > 1 || dist.world_size > 1) && engine != "torch") {
@@ -116,7 +120,8 @@ int run_start(const std::string& host, int port, const std::string& engine, cons
     spdlog::info("swarm-server: rank 0 of {}: waiting for the other ranks on {}:{}", dist.world_size,
                  dist.master_addr, dist.master_port);
     try {
-      followers = swarm::RankLeader::accept(dist.master_addr, dist.master_port, dist.world_size, dist.timeout);
+      followers =
+          swarm::RankLeader::accept(dist.master_addr, dist.master_port, dist.world_size, dist.timeout);
     } catch (const std::exception& e) {
       const std::string gone = local_ranks ? local_ranks->exited() : std::string();
       spdlog::error("swarm-server: {}{}{}", e.what(), gone.empty() ? "" : "; ", gone);
@@ -151,8 +156,8 @@ int run_start(const std::string& host, int port, const std::string& engine, cons
   if (std::find(engines.begin(), engines.end(), engine) == engines.end()) {
     std::string names;
     for (const auto& n : engines) names += (names.empty() ? "" : ", ") + n;
-    std::cerr << "swarm-server: engine '" << engine << "' is not available in this build (available: " << names
-              << ")\n";
+    std::cerr << "swarm-server: engine '" << engine
+              << "' is not available in this build (available: " << names << ")\n";
     return 2;
   }
   try {
@@ -225,56 +230,72 @@ int main(int argc, char** argv) {
   size_t max_body_mb = 8;
   auto* start = app.add_subcommand("start", "Start the server (engine OFFLINE until a client starts it)");
   start->add_option("--host", host, "Address to listen on")->capture_default_str();
-  start->add_option("--port", port, "Port to listen on (0 = any free port)")->capture_default_str()->check(CLI::Range(0, 65535));
+  start->add_option("--port", port, "Port to listen on (0 = any free port)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
   start->add_option("--engine", engine, "Backend: mock (no model, for tests) or torch")
       ->capture_default_str()
       ->check(CLI::IsMember({"mock", "torch"}));
   start->add_option("--config", config, "YAML job config to sync at start (see docs/configuration.md)")
       ->check(CLI::ExistingFile);
-  start->add_option("--log-level", log_level, "trace, debug, info, warn, error, critical, off")->capture_default_str();
-  start->add_option("--io-threads", io_threads, "HTTP I/O threads")->capture_default_str()->check(CLI::Range(1, 256));
+  start->add_option("--log-level", log_level, "trace, debug, info, warn, error, critical, off")
+      ->capture_default_str();
+  start->add_option("--io-threads", io_threads, "HTTP I/O threads")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
   start->add_option("--max-body-mb", max_body_mb, "Largest request body in MiB (larger get 413)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
-  start->add_option("--resume", resume,
-                    "Continue a run from a checkpoint: a checkpoint directory (step-N), or a checkpoints/ or "
-                    "experiment directory (its latest checkpoint). Weights, optimizer, step and counters are "
-                    "restored at the first start_engine.")
+  start
+      ->add_option("--resume", resume,
+                   "Continue a run from a checkpoint: a checkpoint directory (step-N), or a checkpoints/ or "
+                   "experiment directory (its latest checkpoint). Weights, optimizer, step and counters are "
+                   "restored at the first start_engine.")
       ->check(CLI::ExistingDirectory);
   int nproc = 1;
-  start->add_option("--nproc", nproc,
-                    "Training ranks on this machine (torch engine): rank 0 serves HTTP, every rank trains a "
-                    "share of each batch with sharded optimizer state (Gloo on CPU, NCCL on GPUs). Ranks on "
-                    "several machines: start one swarm-server per rank with RANK, WORLD_SIZE, MASTER_ADDR, "
-                    "MASTER_PORT set instead.")
+  start
+      ->add_option("--nproc", nproc,
+                   "Training ranks on this machine (torch engine): rank 0 serves HTTP, every rank trains a "
+                   "share of each batch with sharded optimizer state (Gloo on CPU, NCCL on GPUs). Ranks on "
+                   "several machines: start one swarm-server per rank with RANK, WORLD_SIZE, MASTER_ADDR, "
+                   "MASTER_PORT set instead.")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
   std::string admin_token_file, client_token_file;
-  start->add_option("--admin-token-file", admin_token_file,
-                    "File holding the admin token (else $SWARM_ADMIN_TOKEN): sync_train_config, start_engine, "
-                    "stop_engine, sync_train_code and the routes showing other clients' data then need "
-                    "'Authorization: Bearer <token>'. Off by default.")
+  start
+      ->add_option("--admin-token-file", admin_token_file,
+                   "File holding the admin token (else $SWARM_ADMIN_TOKEN): sync_train_config, start_engine, "
+                   "stop_engine, sync_train_code and the routes showing other clients' data then need "
+                   "'Authorization: Bearer <token>'. Off by default.")
       ->check(CLI::ExistingFile);
-  start->add_option("--client-token-file", client_token_file,
-                    "File holding the client token (else $SWARM_CLIENT_TOKEN): the episode routes (claim, end, "
-                    "abort, can_continue, agree_sync_weight) then need it (or the admin token). Off by default.")
+  start
+      ->add_option(
+          "--client-token-file", client_token_file,
+          "File holding the client token (else $SWARM_CLIENT_TOKEN): the episode routes (claim, end, "
+          "abort, can_continue, agree_sync_weight) then need it (or the admin token). Off by default.")
       ->check(CLI::ExistingFile);
   int max_connections = 4096, header_timeout = 10;
-  start->add_option("--max-connections", max_connections,
-                    "Open connections at most; more are answered 503 and closed (the open-file limit is raised to "
-                    "fit)")
+  start
+      ->add_option(
+          "--max-connections", max_connections,
+          "Open connections at most; more are answered 503 and closed (the open-file limit is raised to "
+          "fit)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
-  start->add_option("--header-timeout", header_timeout,
-                    "Seconds a request may take from its first byte to the end of its headers, and a new connection "
-                    "to send its first byte (slow clients are cut; bodies and idle keep-alive have 60 s)")
+  start
+      ->add_option(
+          "--header-timeout", header_timeout,
+          "Seconds a request may take from its first byte to the end of its headers, and a new connection "
+          "to send its first byte (slow clients are cut; bodies and idle keep-alive have 60 s)")
       ->capture_default_str()
       ->check(CLI::Range(1, 3600));
   std::string tls_cert, tls_key;
-  auto* tls_cert_opt = start->add_option("--tls-cert", tls_cert,
-                                         "PEM certificate chain: the server then speaks HTTPS only (TLS 1.2+), and "
-                                         "claimed episodes get https:// endpoints. Needs --tls-key. Off by default.")
-                           ->check(CLI::ExistingFile);
+  auto* tls_cert_opt =
+      start
+          ->add_option("--tls-cert", tls_cert,
+                       "PEM certificate chain: the server then speaks HTTPS only (TLS 1.2+), and "
+                       "claimed episodes get https:// endpoints. Needs --tls-key. Off by default.")
+          ->check(CLI::ExistingFile);
   auto* tls_key_opt = start->add_option("--tls-key", tls_key, "PEM private key (unencrypted) of --tls-cert")
                           ->check(CLI::ExistingFile);
   tls_cert_opt->needs(tls_key_opt);
@@ -283,8 +304,8 @@ int main(int argc, char** argv) {
   auto* defaults = app.add_subcommand("default-config", "Print a YAML config with every key at its default");
   CLI11_PARSE(app, argc, argv);
   if (*start)
-    return run_start(host, port, engine, config, log_level, io_threads, max_body_mb, resume, nproc, admin_token_file,
-                     client_token_file, max_connections, header_timeout, tls_cert, tls_key,
+    return run_start(host, port, engine, config, log_level, io_threads, max_body_mb, resume, nproc,
+                     admin_token_file, client_token_file, max_connections, header_timeout, tls_cert, tls_key,
                      std::vector<std::string>(argv, argv + argc));
   if (*reference) {
     std::cout << config_reference_markdown();

@@ -132,11 +132,13 @@ struct SideResult {
 
 // ------------------------------------------------------------------ our engine
 
-SideResult run_swarm(const fs::path& dir, const std::string& name, swarm::DType dtype, const Workload& w, int threads) {
+SideResult run_swarm(const fs::path& dir, const std::string& name, swarm::DType dtype, const Workload& w,
+                     int threads) {
   SideResult r;
   r.label = "swarm " + name;
   const swarm::ThreadPlan plan = apply_thread_plan(threads, dtype);
-  progress("%s: thread plan: libtorch %d, OpenBLAS %d", r.label.c_str(), plan.torch_threads, plan.openblas_threads);
+  progress("%s: thread plan: libtorch %d, OpenBLAS %d", r.label.c_str(), plan.torch_threads,
+           plan.openblas_threads);
   const CpuSample cpu0 = cpu_sample();
   auto t0 = Clock::now();
   std::shared_ptr<swarm::DecoderModel> model = swarm::DecoderModel::load(dir, dtype);
@@ -145,7 +147,8 @@ SideResult run_swarm(const fs::path& dir, const std::string& name, swarm::DType 
   auto blocks = [](int64_t tokens) { return (tokens + kBlockSize - 1) / kBlockSize; };
   int64_t need = blocks(kIdsPrompt + kIdsNewTokens);
   for (const Case& c : w.cases)
-    need = std::max(need, c.batch * blocks(c.prefill ? c.tokens : w.prompt_tokens + c.decode.warmup + c.decode.steps));
+    need = std::max(
+        need, c.batch * blocks(c.prefill ? c.tokens : w.prompt_tokens + c.decode.warmup + c.decode.steps));
   swarm::KvCache cache = swarm::KvCache::for_model(config, need, kBlockSize, model->scalar_type());
 
   r.ids = engine_greedy_ids(*model, cache, ids_prompt(config.vocab_size), kIdsNewTokens);
@@ -193,8 +196,9 @@ SideResult run_llama(const LlamaLibrary& lib, const fs::path& gguf, GgufTensorTy
   model.prefill_seconds(random_token_prompts(1, 64, vocab, gen), kChunk, 1);  // warm-up
   for (size_t i = 0; i < w.cases.size(); ++i) {
     const Case& c = w.cases[i];
-    const double seconds = c.prefill ? model.prefill_seconds(case_prompts(c, i, vocab), kChunk, w.prefill_reps)
-                                     : model.decode(c.decode, w.prompt_tokens, gen).seconds;
+    const double seconds = c.prefill
+                               ? model.prefill_seconds(case_prompts(c, i, vocab), kChunk, w.prefill_reps)
+                               : model.decode(c.decode, w.prompt_tokens, gen).seconds;
     r.tok_s.push_back(tokens_of(c) / seconds);
     progress("  %s %s: %.1f tok/s", r.label.c_str(), c.name.c_str(), r.tok_s.back());
   }
@@ -240,8 +244,8 @@ struct Pair {
   const SideResult* llama;
 };
 
-void print_report(const Workload& w, const std::vector<SideResult>& swarm_runs, const std::vector<SideResult>& llama_runs,
-                  const std::vector<Pair>& pairs) {
+void print_report(const Workload& w, const std::vector<SideResult>& swarm_runs,
+                  const std::vector<SideResult>& llama_runs, const std::vector<Pair>& pairs) {
   std::printf("\n== Greedy ids: a fixed %lld-token prompt continued by %lld tokens (argmax)\n",
               static_cast<long long>(kIdsPrompt), static_cast<long long>(kIdsNewTokens));
   for (const Pair& p : pairs) {
@@ -250,7 +254,8 @@ void print_report(const Workload& w, const std::vector<SideResult>& swarm_runs, 
       continue;
     }
     size_t differ = 0;
-    while (differ < p.swarm->ids.size() && differ < p.llama->ids.size() && p.swarm->ids[differ] == p.llama->ids[differ])
+    while (differ < p.swarm->ids.size() && differ < p.llama->ids.size() &&
+           p.swarm->ids[differ] == p.llama->ids[differ])
       ++differ;
     if (p.swarm->ids == p.llama->ids) {
       std::printf("%-12s vs %-10s EQUAL   %s\n", p.swarm->label.c_str(), p.llama->label.c_str(),
@@ -263,14 +268,17 @@ void print_report(const Workload& w, const std::vector<SideResult>& swarm_runs, 
   }
 
   std::printf(
-      "\n== tokens/s (prefill in calls of <= %lld tokens; decode = one batched call + a greedy pick per sequence, "
+      "\n== tokens/s (prefill in calls of <= %lld tokens; decode = one batched call + a greedy pick per "
+      "sequence, "
       "%lld-token prompts cached)\n",
       static_cast<long long>(kChunk), static_cast<long long>(w.prompt_tokens));
   print_header_row(w, "engine");
   for (const SideResult& s : swarm_runs) print_tok_s(s, w);
   for (const SideResult& s : llama_runs) print_tok_s(s, w);
 
-  std::printf("\n== swarm / llama.cpp (targets, reported not asserted: >= 1.00x everywhere, >= 1.50x at batch >= 8)\n");
+  std::printf(
+      "\n== swarm / llama.cpp (targets, reported not asserted: >= 1.00x everywhere, >= 1.50x at batch >= "
+      "8)\n");
   print_header_row(w, "pair");
   for (const Pair& p : pairs) {
     std::printf("%-22s", (p.swarm->label.substr(6) + " / " + p.llama->label.substr(6)).c_str());
@@ -310,8 +318,8 @@ struct Options {
   std::string llama_lib_dir = SWARM_ANCHOR_LLAMA_LIB_DIR;
   std::string llama_cpu = "auto";  // ggml CPU backend variant; see llama_cpu_variant
   bool skip_llama = false;
-  bool kernels = false;  // only the kernel-by-kernel comparison with ggml
-  int64_t kernel_rows = 0;  // --kernels: rows of the elementwise kernels (0: the default)
+  bool kernels = false;                 // only the kernel-by-kernel comparison with ggml
+  int64_t kernel_rows = 0;              // --kernels: rows of the elementwise kernels (0: the default)
   std::vector<std::string> write_gguf;  // MODEL_DIR OUT TYPE: only convert one model
 };
 
@@ -322,11 +330,12 @@ struct Options {
 // its F32 (ggml computes activations in fp32).
 void print_kernel_comparison(const std::vector<KernelComparison>& rows, int threads) {
   std::printf(
-      "\n== Kernels against ggml's ops: the same shapes, %d threads, the CPU backend above; best time per call, "
+      "\n== Kernels against ggml's ops: the same shapes, %d threads, the CPU backend above; best time per "
+      "call, "
       "each side's inputs reused; x = ggml's time / ours (above 1: ours faster)\n",
       threads);
-  std::printf("%-24s %-28s %-26s %10s %10s %7s %10s %10s %10s %7s\n", "kernel", "shape", "ggml ops", "fp32 us",
-              "ggml F32", "x", "bf16 us", "ggml F16", "ggml BF16", "x");
+  std::printf("%-24s %-28s %-26s %10s %10s %7s %10s %10s %10s %7s\n", "kernel", "shape", "ggml ops",
+              "fp32 us", "ggml F32", "x", "bf16 us", "ggml F16", "ggml BF16", "x");
   auto num = [](double v, const char* format) {
     if (!(v > 0)) return std::string("-");
     char buf[32];
@@ -345,14 +354,14 @@ void print_kernel_comparison(const std::vector<KernelComparison>& rows, int thre
     const double bf16_x = r.swarm_bf16_us > 0 && ggml_16 > 0 ? ggml_16 / r.swarm_bf16_us : 0;
     std::printf("%-24s %-28s %-26s %10s %10s %7s %10s %10s %10s %7s\n", r.kernel.c_str(), r.shape.c_str(),
                 r.ggml_ops.c_str(), us(r.swarm_fp32_us).c_str(), us(r.ggml_f32_us).c_str(),
-                num(fp32_x, "%.2f").c_str(), us(r.swarm_bf16_us).c_str(),
-                us(r.ggml_f16_us).c_str(), us(r.ggml_bf16_us).c_str(),
-                num(bf16_x, "%.2f").c_str());
+                num(fp32_x, "%.2f").c_str(), us(r.swarm_bf16_us).c_str(), us(r.ggml_f16_us).c_str(),
+                us(r.ggml_bf16_us).c_str(), num(bf16_x, "%.2f").c_str());
   }
   for (const KernelComparison& r : rows)
     if (!r.note.empty()) std::printf("  %s (%s): %s\n", r.kernel.c_str(), r.shape.c_str(), r.note.c_str());
   std::printf(
-      "  bf16 x: against the faster of ggml's F16 and BF16 (weights of the projections, K/V of attention), else "
+      "  bf16 x: against the faster of ggml's F16 and BF16 (weights of the projections, K/V of attention), "
+      "else "
       "against its F32 (its activations are fp32)\n");
 }
 #endif
@@ -379,29 +388,35 @@ int main(int argc, char** argv) {
   swarm::bound_openmp_spin_wait(argv);  // first: it may re-execute this program
   Options opt;
   CLI::App app{"bench_anchor: swarm's CPU engine against llama.cpp on the same GGUF-converted weights"};
-  app.add_flag("--quick", opt.common.quick, "Small prompts and step counts (smoke run, about a minute or two)");
+  app.add_flag("--quick", opt.common.quick,
+               "Small prompts and step counts (smoke run, about a minute or two)");
   app.add_option("--threads", opt.threads, "Threads on both sides (llama.cpp n_threads; our engine's plan)")
       ->capture_default_str();
   app.add_option("--llama-lib-dir", opt.llama_lib_dir, "Directory with libllama*.so and the libggml backends")
       ->capture_default_str();
-  app.add_option("--llama-cpu", opt.llama_cpu,
-                 "ggml CPU backend: auto (follow SWARM_CPU_LEVEL, else the best for this CPU), best, or a variant "
-                 "name (haswell, skylakex, zen4, ... as libggml-cpu-NAME.so)")
+  app.add_option(
+         "--llama-cpu", opt.llama_cpu,
+         "ggml CPU backend: auto (follow SWARM_CPU_LEVEL, else the best for this CPU), best, or a variant "
+         "name (haswell, skylakex, zen4, ... as libggml-cpu-NAME.so)")
       ->capture_default_str();
   app.add_flag("--skip-llama", opt.skip_llama, "Only write the GGUF files and time our engine");
-  app.add_flag("--kernels", opt.kernels,
-               "Only compare our CPU kernels with the ggml ops llama.cpp runs for the same work (same shapes, "
-               "threads and CPU backend)");
-  app.add_option("--kernel-rows", opt.kernel_rows,
-                 "--kernels: rows of the elementwise kernels (default 16384, from memory; e.g. 512 to stay in cache)")
+  app.add_flag(
+      "--kernels", opt.kernels,
+      "Only compare our CPU kernels with the ggml ops llama.cpp runs for the same work (same shapes, "
+      "threads and CPU backend)");
+  app.add_option(
+         "--kernel-rows", opt.kernel_rows,
+         "--kernels: rows of the elementwise kernels (default 16384, from memory; e.g. 512 to stay in cache)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   app.add_option("--fixtures", opt.common.fixtures, "The fixtures directory with models/ (tests/fixtures)")
       ->capture_default_str();
-  app.add_option("--model-cache", opt.common.model_cache, "Where the random-weight model and GGUF files are written")
+  app.add_option("--model-cache", opt.common.model_cache,
+                 "Where the random-weight model and GGUF files are written")
       ->capture_default_str();
-  app.add_option("--write-gguf", opt.write_gguf,
-                 "Only convert: MODEL_DIR OUT F32|F16|BF16 writes one llama-architecture model as GGUF and exits "
-                 "(tests/unit/anchor checks the file with an independent reader)")
+  app.add_option(
+         "--write-gguf", opt.write_gguf,
+         "Only convert: MODEL_DIR OUT F32|F16|BF16 writes one llama-architecture model as GGUF and exits "
+         "(tests/unit/anchor checks the file with an independent reader)")
       ->expected(3);
   CLI11_PARSE(app, argc, argv);
 
@@ -444,15 +459,18 @@ int main(int argc, char** argv) {
 #else
     if (!opt.skip_llama)
       std::printf(
-          "llama.cpp: not built in (no headers at configure time): npm ci --prefix bench/anchor --omit=optional "
+          "llama.cpp: not built in (no headers at configure time): npm ci --prefix bench/anchor "
+          "--omit=optional "
           "--ignore-scripts, then re-run cmake\n");
 #endif
     std::fflush(stdout);
 
     if (opt.kernels) {
 #if SWARM_ANCHOR_WITH_LLAMA
-      if (lib == nullptr) throw std::runtime_error("--kernels needs llama.cpp's ggml (not with --skip-llama)");
-      print_kernel_comparison(compare_kernels(*lib, opt.threads, opt.common.quick, opt.kernel_rows), opt.threads);
+      if (lib == nullptr)
+        throw std::runtime_error("--kernels needs llama.cpp's ggml (not with --skip-llama)");
+      print_kernel_comparison(compare_kernels(*lib, opt.threads, opt.common.quick, opt.kernel_rows),
+                              opt.threads);
       std::printf("\ntotal %.1f s\n", seconds_since(bench_start));
       return 0;
 #else
@@ -466,13 +484,14 @@ int main(int argc, char** argv) {
     // ---- GGUF files, written by our writer from the same safetensors
     std::map<GgufTensorType, fs::path> gguf;
     for (GgufTensorType t : {GgufTensorType::F32, GgufTensorType::F16, GgufTensorType::BF16}) {
-      const fs::path out = fs::path(opt.common.model_cache) / (model_dir.filename().string() + "." +
-                                                               gguf_type_name(t) + ".gguf");
+      const fs::path out = fs::path(opt.common.model_cache) /
+                           (model_dir.filename().string() + "." + gguf_type_name(t) + ".gguf");
       auto t0 = Clock::now();
       const GgufWriteResult written = write_llama_gguf(model_dir, out, t);
       progress("wrote %s: %.1f MiB, %lld tensors, %lld keys, %.1f s", out.c_str(),
-               static_cast<double>(written.bytes) / (1024.0 * 1024.0), static_cast<long long>(written.tensors),
-               static_cast<long long>(written.metadata), seconds_since(t0));
+               static_cast<double>(written.bytes) / (1024.0 * 1024.0),
+               static_cast<long long>(written.tensors), static_cast<long long>(written.metadata),
+               seconds_since(t0));
       gguf[t] = out;
     }
 
@@ -501,9 +520,8 @@ int main(int argc, char** argv) {
       llama_runs.push_back(r);
     }
 
-    const std::vector<Pair> pairs = {{&swarm_runs[0], &llama_runs[0]},
-                                     {&swarm_runs[1], &llama_runs[1]},
-                                     {&swarm_runs[1], &llama_runs[2]}};
+    const std::vector<Pair> pairs = {
+        {&swarm_runs[0], &llama_runs[0]}, {&swarm_runs[1], &llama_runs[1]}, {&swarm_runs[1], &llama_runs[2]}};
     print_report(w, swarm_runs, llama_runs, pairs);
     std::printf("\ntotal %.1f s\n", seconds_since(bench_start));
   } catch (const std::exception& e) {

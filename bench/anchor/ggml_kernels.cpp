@@ -28,30 +28,30 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Every ggml function used here: member, symbol (types from the headers, as in llama_runner.cpp).
-#define SWARM_GGML_FUNCTIONS(X)                          \
-  X(init, ggml_init)                                     \
-  X(free, ggml_free)                                     \
-  X(tensor_overhead, ggml_tensor_overhead)               \
-  X(graph_overhead, ggml_graph_overhead)                 \
-  X(new_tensor_1d, ggml_new_tensor_1d)                   \
-  X(new_tensor_2d, ggml_new_tensor_2d)                   \
-  X(new_tensor_3d, ggml_new_tensor_3d)                   \
-  X(new_tensor_4d, ggml_new_tensor_4d)                   \
-  X(rms_norm, ggml_rms_norm)                             \
-  X(mul, ggml_mul)                                       \
-  X(mul_mat, ggml_mul_mat)                               \
-  X(swiglu_split, ggml_swiglu_split)                     \
-  X(rope_ext, ggml_rope_ext)                             \
-  X(flash_attn_ext, ggml_flash_attn_ext)                 \
-  X(new_graph, ggml_new_graph)                           \
-  X(build_forward_expand, ggml_build_forward_expand)     \
-  X(alloc_ctx_tensors, ggml_backend_alloc_ctx_tensors)   \
-  X(buffer_free, ggml_backend_buffer_free)               \
-  X(tensor_set, ggml_backend_tensor_set)                 \
-  X(graph_compute, ggml_backend_graph_compute)           \
-  X(dev_by_type, ggml_backend_dev_by_type)               \
-  X(dev_init, ggml_backend_dev_init)                     \
-  X(dev_backend_reg, ggml_backend_dev_backend_reg)       \
+#define SWARM_GGML_FUNCTIONS(X)                              \
+  X(init, ggml_init)                                         \
+  X(free, ggml_free)                                         \
+  X(tensor_overhead, ggml_tensor_overhead)                   \
+  X(graph_overhead, ggml_graph_overhead)                     \
+  X(new_tensor_1d, ggml_new_tensor_1d)                       \
+  X(new_tensor_2d, ggml_new_tensor_2d)                       \
+  X(new_tensor_3d, ggml_new_tensor_3d)                       \
+  X(new_tensor_4d, ggml_new_tensor_4d)                       \
+  X(rms_norm, ggml_rms_norm)                                 \
+  X(mul, ggml_mul)                                           \
+  X(mul_mat, ggml_mul_mat)                                   \
+  X(swiglu_split, ggml_swiglu_split)                         \
+  X(rope_ext, ggml_rope_ext)                                 \
+  X(flash_attn_ext, ggml_flash_attn_ext)                     \
+  X(new_graph, ggml_new_graph)                               \
+  X(build_forward_expand, ggml_build_forward_expand)         \
+  X(alloc_ctx_tensors, ggml_backend_alloc_ctx_tensors)       \
+  X(buffer_free, ggml_backend_buffer_free)                   \
+  X(tensor_set, ggml_backend_tensor_set)                     \
+  X(graph_compute, ggml_backend_graph_compute)               \
+  X(dev_by_type, ggml_backend_dev_by_type)                   \
+  X(dev_init, ggml_backend_dev_init)                         \
+  X(dev_backend_reg, ggml_backend_dev_backend_reg)           \
   X(reg_get_proc_address, ggml_backend_reg_get_proc_address) \
   X(backend_free, ggml_backend_free)
 
@@ -88,7 +88,8 @@ class Ggml {
     if (backend_ == nullptr) throw std::runtime_error("ggml could not start its CPU backend");
     auto set_threads = reinterpret_cast<ggml_backend_set_n_threads_t>(
         api_.reg_get_proc_address(api_.dev_backend_reg(dev), "ggml_backend_set_n_threads"));
-    if (set_threads == nullptr) throw std::runtime_error("ggml's CPU backend has no ggml_backend_set_n_threads");
+    if (set_threads == nullptr)
+      throw std::runtime_error("ggml's CPU backend has no ggml_backend_set_n_threads");
     set_threads(backend_, threads);
   }
   ~Ggml() {
@@ -154,10 +155,14 @@ double best_us(const std::function<void()>& call, int reps) {
 
 ggml_type ggml_type_of(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return GGML_TYPE_F32;
-    case at::kHalf: return GGML_TYPE_F16;
-    case at::kBFloat16: return GGML_TYPE_BF16;
-    default: throw std::runtime_error("no ggml type for this dtype");
+    case at::kFloat:
+      return GGML_TYPE_F32;
+    case at::kHalf:
+      return GGML_TYPE_F16;
+    case at::kBFloat16:
+      return GGML_TYPE_BF16;
+    default:
+      throw std::runtime_error("no ggml type for this dtype");
   }
 }
 
@@ -170,7 +175,9 @@ KernelComparison comparison(std::string kernel, std::string shape, std::string g
 }
 
 // Where a row keeps our time for dtype dt (fp32 or bf16), and ggml's (F32, F16 or BF16).
-double& swarm_us(KernelComparison& r, at::ScalarType dt) { return dt == at::kFloat ? r.swarm_fp32_us : r.swarm_bf16_us; }
+double& swarm_us(KernelComparison& r, at::ScalarType dt) {
+  return dt == at::kFloat ? r.swarm_fp32_us : r.swarm_bf16_us;
+}
 double& ggml_us(KernelComparison& r, at::ScalarType dt) {
   return dt == at::kFloat ? r.ggml_f32_us : dt == at::kHalf ? r.ggml_f16_us : r.ggml_bf16_us;
 }
@@ -181,11 +188,14 @@ constexpr double kEps = 1e-5;
 
 }  // namespace
 
-std::vector<KernelComparison> compare_kernels(const LlamaLibrary& lib, int threads, bool quick, int64_t rows_per_op) {
+std::vector<KernelComparison> compare_kernels(const LlamaLibrary& lib, int threads, bool quick,
+                                              int64_t rows_per_op) {
   Ggml g(lib, threads);
   const GgmlApi& api = g.api();
   const int reps = quick ? 3 : 7;
-  const int64_t n = rows_per_op > 0 ? rows_per_op : quick ? 4096 : 16384;  // rows of the elementwise kernels (a prefill's worth)
+  const int64_t n = rows_per_op > 0 ? rows_per_op
+                    : quick         ? 4096
+                                    : 16384;  // rows of the elementwise kernels (a prefill's worth)
   std::vector<KernelComparison> rows;
   at::manual_seed(29);
 
@@ -193,8 +203,9 @@ std::vector<KernelComparison> compare_kernels(const LlamaLibrary& lib, int threa
   // rows (small_linear up to small_linear_max_rows, else model_linear) against ggml_mul_mat
   // with the weights in F32, F16 and BF16 (llama.cpp's matmul for those weight types).
   for (int64_t m : quick ? std::vector<int64_t>{1, 8, 128} : std::vector<int64_t>{1, 8, 32, 128, 512}) {
-    KernelComparison r = comparison("projection (serving's)", std::to_string(m) + (m == 1 ? " row" : " rows") + " x [3072, 576]",
-                                    "mul_mat");
+    KernelComparison r =
+        comparison("projection (serving's)",
+                   std::to_string(m) + (m == 1 ? " row" : " rows") + " x [3072, 576]", "mul_mat");
     const at::Tensor x = at::randn({m, kHidden}), w = at::randn({2 * kInter, kHidden}) * 0.05;
     auto takes_small = [&](at::ScalarType dt) { return m <= swarm::small_linear_max_rows(dt); };
     for (auto dt : {at::kFloat, at::kBFloat16}) {
@@ -222,7 +233,9 @@ std::vector<KernelComparison> compare_kernels(const LlamaLibrary& lib, int threa
           },
           reps);
     }
-    auto path = [&](at::ScalarType dt) { return std::string(takes_small(dt) ? "small_linear" : "model_linear"); };
+    auto path = [&](at::ScalarType dt) {
+      return std::string(takes_small(dt) ? "small_linear" : "model_linear");
+    };
     r.note = "ours: fp32 " + path(at::kFloat) + ", bf16 " + path(at::kBFloat16) +
              "; ggml's input fp32, converted to the weights' type for its dot products";
     rows.push_back(r);
@@ -232,8 +245,7 @@ std::vector<KernelComparison> compare_kernels(const LlamaLibrary& lib, int threa
     const at::Tensor x = at::randn({n, kHidden}), w = at::randn({kHidden});
     for (auto dt : {at::kFloat, at::kBFloat16}) {
       const at::Tensor xd = x.to(dt), wd = w.to(dt), out = at::empty_like(xd);
-      swarm_us(r, dt) =
-          best_us([&] { swarm::rms_norm_rows(xd, wd, kEps, out); }, reps);
+      swarm_us(r, dt) = best_us([&] { swarm::rms_norm_rows(xd, wd, kEps, out); }, reps);
     }
     r.ggml_f32_us = g.best_us(
         [&](ggml_context* ctx, std::vector<Input>& in) {
@@ -254,7 +266,8 @@ std::vector<KernelComparison> compare_kernels(const LlamaLibrary& lib, int threa
       const at::Tensor gu = gate_up.to(dt), out = at::empty({n, kInter}, gu.options());
       swarm_us(r, dt) = best_us([&] { swarm::silu_mul(gu, out); }, reps);
     }
-    const at::Tensor gate = gate_up.narrow(1, 0, kInter).contiguous(), up = gate_up.narrow(1, kInter, kInter).contiguous();
+    const at::Tensor gate = gate_up.narrow(1, 0, kInter).contiguous(),
+                     up = gate_up.narrow(1, kInter, kInter).contiguous();
     r.ggml_f32_us = g.best_us(
         [&](ggml_context* ctx, std::vector<Input>& in) {
           ggml_tensor* gt = api.new_tensor_2d(ctx, GGML_TYPE_F32, kInter, n);
@@ -268,7 +281,8 @@ std::vector<KernelComparison> compare_kernels(const LlamaLibrary& lib, int threa
     rows.push_back(r);
   }
   {  // rotary embedding of q and k (NeoX halves, as HF's llama)
-    KernelComparison r = comparison("rope_qkv_into_cache", std::to_string(n) + " x (9 + 2 x 3) x 64", "rope_ext (NeoX), q and k");
+    KernelComparison r = comparison("rope_qkv_into_cache", std::to_string(n) + " x (9 + 2 x 3) x 64",
+                                    "rope_ext (NeoX), q and k");
     const int64_t width = (kHeads + 2 * kKvHeads) * kHeadDim;
     const at::Tensor qkv = at::randn({n, width});
     const at::Tensor angles =
@@ -279,7 +293,10 @@ std::vector<KernelComparison> compare_kernels(const LlamaLibrary& lib, int threa
       const at::Tensor kc = at::zeros({n, kKvHeads * kHeadDim}, x.options()), vc = at::zeros_like(kc);
       const at::Tensor qout = at::empty({n, kHeads, kHeadDim}, x.options());
       swarm_us(r, dt) = best_us(
-          [&] { swarm::rope_qkv_into_cache(x, kHeads, kKvHeads, kHeadDim, cos, sin, pos, cache_rows, kc, vc, qout); },
+          [&] {
+            swarm::rope_qkv_into_cache(x, kHeads, kKvHeads, kHeadDim, cos, sin, pos, cache_rows, kc, vc,
+                                       qout);
+          },
           reps);
     }
     const at::Tensor qk = qkv.narrow(1, 0, (kHeads + kKvHeads) * kHeadDim).contiguous();
@@ -290,7 +307,8 @@ std::vector<KernelComparison> compare_kernels(const LlamaLibrary& lib, int threa
           ggml_tensor* p = api.new_tensor_1d(ctx, GGML_TYPE_I32, n);
           in.push_back({a, qk});
           in.push_back({p, positions});
-          return api.rope_ext(ctx, a, p, nullptr, kHeadDim, GGML_ROPE_TYPE_NEOX, 0, 10000.f, 1.f, 0.f, 1.f, 32.f, 1.f);
+          return api.rope_ext(ctx, a, p, nullptr, kHeadDim, GGML_ROPE_TYPE_NEOX, 0, 10000.f, 1.f, 0.f, 1.f,
+                              32.f, 1.f);
         },
         reps);
     r.note = "ours also copies v and scatters k, v into cache rows; ggml computes its cos/sin";
@@ -299,9 +317,9 @@ std::vector<KernelComparison> compare_kernels(const LlamaLibrary& lib, int threa
   // Decode attention: one query token per sequence over its cached keys.
   for (int64_t batch : {int64_t{1}, int64_t{32}}) {
     const int64_t ctx_len = batch == 1 ? 4096 : 1024, block = 16, blocks = ctx_len / block;
-    KernelComparison r = comparison("paged_decode_attention",
-                                    "batch " + std::to_string(batch) + ", " + std::to_string(ctx_len) + " keys",
-                                    "flash_attn_ext");
+    KernelComparison r = comparison(
+        "paged_decode_attention", "batch " + std::to_string(batch) + ", " + std::to_string(ctx_len) + " keys",
+        "flash_attn_ext");
     const at::Tensor q = at::randn({batch, kHeads, kHeadDim});
     // The same keys and values on both sides: ours in blocks of 16 rows, ggml's contiguous per
     // sequence and kv head ([64, keys, kv heads, batch] from the outside in).
@@ -314,7 +332,8 @@ std::vector<KernelComparison> compare_kernels(const LlamaLibrary& lib, int threa
       const at::Tensor out = at::empty({batch, kHeads * kHeadDim}, qd.options());
       swarm_us(r, dt) = best_us(
           [&] {
-            swarm::paged_decode_attention(qd, kc, vc, context, std::numeric_limits<int64_t>::max(), 0.125, out);
+            swarm::paged_decode_attention(qd, kc, vc, context, std::numeric_limits<int64_t>::max(), 0.125,
+                                          out);
           },
           reps);
     }

@@ -20,7 +20,7 @@ struct KernelComparison {
   std::string ggml_ops;  // the ggml graph timed against it
   double swarm_fp32_us = 0, swarm_bf16_us = 0;
   double ggml_f32_us = 0, ggml_f16_us = 0, ggml_bf16_us = 0;  // F16 / BF16: weights, or attention's K/V
-  std::string note;                                          // what differs between the two sides
+  std::string note;                                           // what differs between the two sides
 };
 
 /// Runs every comparison. The elementwise kernels take `rows_per_op` rows (0: 16384, a

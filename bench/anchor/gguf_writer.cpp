@@ -126,7 +126,8 @@ struct PendingTensor {
 
 void write_values(std::ofstream& out, const std::vector<float>& v, GgufTensorType type) {
   if (type == GgufTensorType::F32) {
-    out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
+    out.write(reinterpret_cast<const char*>(v.data()),
+              static_cast<std::streamsize>(v.size() * sizeof(float)));
     return;
   }
   std::vector<uint16_t> half(v.size());
@@ -143,7 +144,8 @@ void add_tokenizer(Metadata& md, const fs::path& model_dir, const swarm::ModelCo
   if (!in) throw std::runtime_error(path.string() + ": cannot open");
   const json tok = json::parse(in);
   const json& model = tok.at("model");
-  if (model.value("type", "") != "BPE") throw std::runtime_error(path.string() + ": only BPE tokenizers are supported");
+  if (model.value("type", "") != "BPE")
+    throw std::runtime_error(path.string() + ": only BPE tokenizers are supported");
 
   const size_t n = static_cast<size_t>(config.vocab_size);
   std::vector<std::string> tokens(n);
@@ -151,7 +153,8 @@ void add_tokenizer(Metadata& md, const fs::path& model_dir, const swarm::ModelCo
   std::vector<bool> seen(n, false);
   auto place = [&](const std::string& text, int64_t id) {
     if (id < 0 || static_cast<size_t>(id) >= n)
-      throw std::runtime_error(path.string() + ": token id " + std::to_string(id) + " outside the vocabulary");
+      throw std::runtime_error(path.string() + ": token id " + std::to_string(id) +
+                               " outside the vocabulary");
     tokens[static_cast<size_t>(id)] = text;
     seen[static_cast<size_t>(id)] = true;
   };
@@ -170,7 +173,8 @@ void add_tokenizer(Metadata& md, const fs::path& model_dir, const swarm::ModelCo
 
   std::vector<std::string> merges;
   for (const json& m : model.at("merges")) {  // "a b" (older files) or ["a", "b"]
-    merges.push_back(m.is_string() ? m.get<std::string>() : m.at(0).get<std::string>() + " " + m.at(1).get<std::string>());
+    merges.push_back(m.is_string() ? m.get<std::string>()
+                                   : m.at(0).get<std::string>() + " " + m.at(1).get<std::string>());
   }
 
   md.string("tokenizer.ggml.model", "gpt2");
@@ -182,7 +186,8 @@ void add_tokenizer(Metadata& md, const fs::path& model_dir, const swarm::ModelCo
   if (config.bos_token_id) md.u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(*config.bos_token_id));
   if (!config.eos_token_ids.empty())
     md.u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(config.eos_token_ids.front()));
-  if (config.pad_token_id) md.u32("tokenizer.ggml.padding_token_id", static_cast<uint32_t>(*config.pad_token_id));
+  if (config.pad_token_id)
+    md.u32("tokenizer.ggml.padding_token_id", static_cast<uint32_t>(*config.pad_token_id));
   md.boolean("tokenizer.ggml.add_bos_token", false);
   std::ifstream jinja(model_dir / "chat_template.jinja");
   if (jinja) md.string("tokenizer.chat_template", std::string(std::istreambuf_iterator<char>(jinja), {}));
@@ -200,10 +205,14 @@ std::pair<std::string, int64_t> gguf_name(const std::string& hf, const swarm::Mo
     const std::string layer = hf.substr(prefix.size(), dot - prefix.size());
     const std::string rest = hf.substr(dot + 1);
     static const std::pair<const char*, const char*> kMap[] = {
-        {"input_layernorm.weight", "attn_norm.weight"},     {"self_attn.q_proj.weight", "attn_q.weight"},
-        {"self_attn.k_proj.weight", "attn_k.weight"},       {"self_attn.v_proj.weight", "attn_v.weight"},
-        {"self_attn.o_proj.weight", "attn_output.weight"},  {"post_attention_layernorm.weight", "ffn_norm.weight"},
-        {"mlp.gate_proj.weight", "ffn_gate.weight"},        {"mlp.up_proj.weight", "ffn_up.weight"},
+        {"input_layernorm.weight", "attn_norm.weight"},
+        {"self_attn.q_proj.weight", "attn_q.weight"},
+        {"self_attn.k_proj.weight", "attn_k.weight"},
+        {"self_attn.v_proj.weight", "attn_v.weight"},
+        {"self_attn.o_proj.weight", "attn_output.weight"},
+        {"post_attention_layernorm.weight", "ffn_norm.weight"},
+        {"mlp.gate_proj.weight", "ffn_gate.weight"},
+        {"mlp.up_proj.weight", "ffn_up.weight"},
         {"mlp.down_proj.weight", "ffn_down.weight"},
     };
     for (const auto& [from, to] : kMap) {
@@ -232,7 +241,8 @@ const char* gguf_type_name(GgufTensorType type) noexcept {
   return "?";
 }
 
-std::vector<float> permute_rope_rows(std::span<const float> w, int64_t n_head, int64_t head_dim, int64_t cols) {
+std::vector<float> permute_rope_rows(std::span<const float> w, int64_t n_head, int64_t head_dim,
+                                     int64_t cols) {
   if (head_dim % 2 != 0 || static_cast<int64_t>(w.size()) != n_head * head_dim * cols)
     throw std::invalid_argument("permute_rope_rows: shape does not match");
   const int64_t half = head_dim / 2;
@@ -282,7 +292,8 @@ GgufWriteResult write_llama_gguf(const fs::path& model_dir, const fs::path& out,
     auto [name, heads] = gguf_name(spec.name, config);
     PendingTensor t;
     t.name = name;
-    for (auto it = spec.shape.rbegin(); it != spec.shape.rend(); ++it) t.dims.push_back(static_cast<uint64_t>(*it));
+    for (auto it = spec.shape.rbegin(); it != spec.shape.rend(); ++it)
+      t.dims.push_back(static_cast<uint64_t>(*it));
     t.type = spec.shape.size() == 1 ? GgufTensorType::F32 : type;
     const swarm::TensorView* view = &weights.at(spec.name);
     const int64_t head_dim = config.head_dim;
@@ -315,7 +326,9 @@ GgufWriteResult write_llama_gguf(const fs::path& model_dir, const fs::path& out,
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     if (!f) throw std::runtime_error(tmp.string() + ": cannot create");
-    auto write = [&](const std::vector<char>& b) { f.write(b.data(), static_cast<std::streamsize>(b.size())); };
+    auto write = [&](const std::vector<char>& b) {
+      f.write(b.data(), static_cast<std::streamsize>(b.size()));
+    };
     write(head.data());
     write(md.bytes().data());
     const size_t header_bytes = head.data().size() + md.bytes().data().size() + infos.data().size();

@@ -39,6 +39,7 @@ GgufWriteResult write_llama_gguf(const std::filesystem::path& model_dir, const s
 /// GGUF "llama" uses ggml's normal RoPE, which rotates adjacent pairs (2i, 2i+1). Moving row
 /// (head h, half j, index i) to row (head h, 2i + j) makes the pairs adjacent, so both compute
 /// the same attention. `w` is row-major [n_head * head_dim, cols].
-std::vector<float> permute_rope_rows(std::span<const float> w, int64_t n_head, int64_t head_dim, int64_t cols);
+std::vector<float> permute_rope_rows(std::span<const float> w, int64_t n_head, int64_t head_dim,
+                                     int64_t cols);
 
 }  // namespace swarm::bench

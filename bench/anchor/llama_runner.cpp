@@ -18,27 +18,27 @@ using Clock = std::chrono::steady_clock;
 
 // Every llama.cpp function bench_anchor calls: member, symbol. The types are the declarations'
 // (decltype), so a header/binary mismatch in a signature fails to compile, not at run time.
-#define SWARM_LLAMA_FUNCTIONS(X)                              \
-  X(backend_init, llama_backend_init)                         \
-  X(log_set, llama_log_set)                                   \
-  X(ggml_log_set, ggml_log_set)                               \
-  X(load_backends, ggml_backend_load_all_from_path)           \
-  X(load_backend, ggml_backend_load)                          \
-  X(print_system_info, llama_print_system_info)               \
-  X(model_default_params, llama_model_default_params)         \
-  X(model_load_from_file, llama_model_load_from_file)         \
-  X(model_free, llama_model_free)                             \
-  X(model_get_vocab, llama_model_get_vocab)                   \
-  X(vocab_n_tokens, llama_vocab_n_tokens)                     \
-  X(context_default_params, llama_context_default_params)     \
-  X(init_from_model, llama_init_from_model)                   \
-  X(free, llama_free)                                         \
-  X(get_memory, llama_get_memory)                             \
-  X(memory_clear, llama_memory_clear)                         \
-  X(memory_seq_rm, llama_memory_seq_rm)                       \
-  X(batch_init, llama_batch_init)                             \
-  X(batch_free, llama_batch_free)                             \
-  X(decode, llama_decode)                                     \
+#define SWARM_LLAMA_FUNCTIONS(X)                          \
+  X(backend_init, llama_backend_init)                     \
+  X(log_set, llama_log_set)                               \
+  X(ggml_log_set, ggml_log_set)                           \
+  X(load_backends, ggml_backend_load_all_from_path)       \
+  X(load_backend, ggml_backend_load)                      \
+  X(print_system_info, llama_print_system_info)           \
+  X(model_default_params, llama_model_default_params)     \
+  X(model_load_from_file, llama_model_load_from_file)     \
+  X(model_free, llama_model_free)                         \
+  X(model_get_vocab, llama_model_get_vocab)               \
+  X(vocab_n_tokens, llama_vocab_n_tokens)                 \
+  X(context_default_params, llama_context_default_params) \
+  X(init_from_model, llama_init_from_model)               \
+  X(free, llama_free)                                     \
+  X(get_memory, llama_get_memory)                         \
+  X(memory_clear, llama_memory_clear)                     \
+  X(memory_seq_rm, llama_memory_seq_rm)                   \
+  X(batch_init, llama_batch_init)                         \
+  X(batch_free, llama_batch_free)                         \
+  X(decode, llama_decode)                                 \
   X(get_logits_ith, llama_get_logits_ith)
 
 struct LlamaLibrary::Api {
@@ -59,7 +59,8 @@ fs::path find_libllama(const fs::path& dir) {
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
     // libllama.so or libllama.<version>.so, not libllama-common.so
-    if (name.rfind("libllama.", 0) == 0 && name.size() > 3 && name.substr(name.size() - 3) == ".so") return entry.path();
+    if (name.rfind("libllama.", 0) == 0 && name.size() > 3 && name.substr(name.size() - 3) == ".so")
+      return entry.path();
   }
   throw std::runtime_error("no libllama*.so in " + dir.string() +
                            " (npm ci --prefix bench/anchor --omit=optional --ignore-scripts)");
@@ -96,7 +97,8 @@ class Batch {
 
 }  // namespace
 
-LlamaLibrary::LlamaLibrary(fs::path path, std::unique_ptr<Api> api) : path_(std::move(path)), api_(std::move(api)) {}
+LlamaLibrary::LlamaLibrary(fs::path path, std::unique_ptr<Api> api)
+    : path_(std::move(path)), api_(std::move(api)) {}
 LlamaLibrary::~LlamaLibrary() = default;
 
 const LlamaLibrary& LlamaLibrary::open(const fs::path& dir, const std::string& cpu_variant) {
@@ -153,7 +155,8 @@ int64_t LlamaModel::vocab_size() const {
   return lib_.api().vocab_n_tokens(lib_.api().model_get_vocab(static_cast<llama_model*>(model_)));
 }
 
-std::unique_ptr<LlamaModel::Context> LlamaModel::make_context(int64_t sequences, int64_t tokens_per_sequence) const {
+std::unique_ptr<LlamaModel::Context> LlamaModel::make_context(int64_t sequences,
+                                                              int64_t tokens_per_sequence) const {
   const LlamaLibrary::Api& api = lib_.api();
   llama_context_params p = api.context_default_params();
   const int64_t per_seq = (tokens_per_sequence + 255) / 256 * 256;  // llama.cpp pads to 256
@@ -165,7 +168,7 @@ std::unique_ptr<LlamaModel::Context> LlamaModel::make_context(int64_t sequences,
   p.n_threads_batch = threads_;
   p.kv_unified = false;  // a stream per sequence: attention never scans the others' cells
   p.no_perf = true;
-  const ggml_type kv = type_ == GgufTensorType::F32 ? GGML_TYPE_F32
+  const ggml_type kv = type_ == GgufTensorType::F32   ? GGML_TYPE_F32
                        : type_ == GgufTensorType::F16 ? GGML_TYPE_F16
                                                       : GGML_TYPE_BF16;
   p.type_k = kv;
@@ -194,7 +197,8 @@ std::vector<int32_t> LlamaModel::greedy_ids(const std::vector<int32_t>& prompt, 
   return out;
 }
 
-double LlamaModel::prefill_seconds(const std::vector<std::vector<int32_t>>& prompts, int64_t chunk, int64_t reps) {
+double LlamaModel::prefill_seconds(const std::vector<std::vector<int32_t>>& prompts, int64_t chunk,
+                                   int64_t reps) {
   const LlamaLibrary::Api& api = lib_.api();
   size_t longest = 0;
   for (const auto& p : prompts) longest = std::max(longest, p.size());
@@ -246,7 +250,8 @@ EngineDecodeResult LlamaModel::decode(const EngineDecodeSpec& spec, int64_t prom
         t = 0;
       }
     }
-    if (api.decode(ctx->ctx, batch.get()) != 0) throw std::runtime_error("llama_decode failed (decode prompts)");
+    if (api.decode(ctx->ctx, batch.get()) != 0)
+      throw std::runtime_error("llama_decode failed (decode prompts)");
   }
 
   std::uniform_int_distribution<int32_t> dist(0, static_cast<int32_t>(vocab - 1));
@@ -254,7 +259,8 @@ EngineDecodeResult LlamaModel::decode(const EngineDecodeSpec& spec, int64_t prom
   for (auto& tok : tokens) tok = dist(gen);
   auto step = [&](int64_t pos, double& forward_s, double& sample_s) {
     batch.clear();
-    for (int64_t b = 0; b < B; ++b) batch.add(tokens[static_cast<size_t>(b)], pos, static_cast<int32_t>(b), true);
+    for (int64_t b = 0; b < B; ++b)
+      batch.add(tokens[static_cast<size_t>(b)], pos, static_cast<int32_t>(b), true);
     auto t0 = Clock::now();
     if (api.decode(ctx->ctx, batch.get()) != 0) throw std::runtime_error("llama_decode failed (decode)");
     auto t1 = Clock::now();

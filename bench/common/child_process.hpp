@@ -33,14 +33,16 @@ using ProcClock = std::chrono::steady_clock;
 inline std::string describe_wait_status(int status) {
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status))
-    return std::string("killed by signal ") + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")";
+    return std::string("killed by signal ") + std::to_string(WTERMSIG(status)) + " (" +
+           strsignal(WTERMSIG(status)) + ")";
   return "stopped (wait status " + std::to_string(status) + ")";
 }
 
 /// A child process started with posix_spawn. Not thread-safe. The destructor stops it.
 class ChildProcess {
  public:
-  ChildProcess(std::string name, std::vector<std::string> argv) : name_(std::move(name)), argv_(std::move(argv)) {
+  ChildProcess(std::string name, std::vector<std::string> argv)
+      : name_(std::move(name)), argv_(std::move(argv)) {
     std::vector<char*> args;
     for (auto& a : argv_) args.push_back(a.data());
     args.push_back(nullptr);
@@ -97,7 +99,8 @@ inline double proc_cpu_seconds(pid_t pid) {
   std::string line;
   std::getline(in, line);
   const size_t paren = line.rfind(')');
-  if (paren == std::string::npos) throw std::runtime_error("cannot read /proc/" + std::to_string(pid) + "/stat");
+  if (paren == std::string::npos)
+    throw std::runtime_error("cannot read /proc/" + std::to_string(pid) + "/stat");
   std::istringstream fields(line.substr(paren + 2));
   std::vector<std::string> f;
   for (std::string s; fields >> s;) f.push_back(s);
@@ -140,8 +143,7 @@ inline void wait_until_answering(const std::string& url, ChildProcess& child, st
     try {
       swarm::HttpClient http(url, 500ms);
       if (http.request("GET", "/health").status == 200) return;
-    } catch (const swarm::TransportError&) {
-    }
+    } catch (const swarm::TransportError&) {}
     std::this_thread::sleep_for(20ms);
   }
   throw std::runtime_error(child.name() + " did not answer GET /health on " + url);

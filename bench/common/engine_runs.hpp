@@ -56,7 +56,8 @@ inline std::vector<std::vector<int32_t>> random_token_prompts(int64_t batch, int
 
 /// Finite, non-trivial K/V in every block of `cache` (the "prompt already in the cache" of a
 /// decode case): one random block broadcast over the pool.
-inline void fill_cache_pattern(swarm::KvCache& cache, const swarm::ModelConfig& config, c10::ScalarType type) {
+inline void fill_cache_pattern(swarm::KvCache& cache, const swarm::ModelConfig& config,
+                               c10::ScalarType type) {
   c10::InferenceMode guard;
   at::Tensor pattern =
       at::randn({1, cache.block_size(), config.num_key_value_heads, config.head_dim}).to(type);
@@ -98,7 +99,8 @@ EngineDecodeResult best_decode_pass(const EngineDecodeSpec& spec, int64_t prompt
 /// packing several prompts into one call and splitting a prompt across calls where needed, and
 /// samples the first token of each prompt greedily as it completes. Returns the number of calls.
 inline int64_t engine_prefill(const swarm::DecoderModel& model, swarm::KvCache& cache,
-                              const std::vector<std::vector<int32_t>>& prompts, int64_t first_slot, int64_t chunk) {
+                              const std::vector<std::vector<int32_t>>& prompts, int64_t first_slot,
+                              int64_t chunk) {
   std::vector<int64_t> done(prompts.size(), 0);
   size_t next = 0;  // the first prompt not fully prefilled
   int64_t calls = 0;
@@ -125,7 +127,8 @@ inline int64_t engine_prefill(const swarm::DecoderModel& model, swarm::KvCache& 
     std::vector<int64_t> finished;
     for (size_t i = 0; i < step.size(); ++i) {
       done[owner[i]] += static_cast<int64_t>(step[i].tokens.size());
-      if (done[owner[i]] == static_cast<int64_t>(prompts[owner[i]].size())) finished.push_back(static_cast<int64_t>(i));
+      if (done[owner[i]] == static_cast<int64_t>(prompts[owner[i]].size()))
+        finished.push_back(static_cast<int64_t>(i));
     }
     if (!finished.empty()) {
       at::Tensor rows = logits.index_select(0, at::tensor(finished, at::kLong));

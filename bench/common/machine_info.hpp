@@ -101,8 +101,9 @@ inline std::string git_commit(const fs::path& source) {
   std::string head = read_first_line(git / "HEAD");
   if (head.rfind("ref: ", 0) != 0) return head.empty() ? "unknown" : head.substr(0, 12);
   const std::string ref = head.substr(5);
-  for (const fs::path& dir :
-       {git, fs::path(read_first_line(git / "commondir")).empty() ? git : git / read_first_line(git / "commondir")}) {
+  for (const fs::path& dir : {git, fs::path(read_first_line(git / "commondir")).empty()
+                                       ? git
+                                       : git / read_first_line(git / "commondir")}) {
     std::string sha = read_first_line(dir / ref);
     if (!sha.empty()) return sha.substr(0, 12) + " (" + ref + ")";
     std::ifstream packed(dir / "packed-refs");

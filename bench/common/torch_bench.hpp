@@ -50,7 +50,9 @@ namespace swarm::bench {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-inline double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+inline double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 /// One progress line on stderr, "[bench] ...", flushed at once (tables go to stdout).
 template <typename... Args>
@@ -85,7 +87,6 @@ inline std::vector<std::string> split_list(const std::string& s) {
 }
 
 // ------------------------------------------------------------------ machine and process
-
 
 /// libtorch's fp32 GEMMs go to the system BLAS; on Debian that is OpenBLAS with its own
 /// pthread pool, sized independently of at::set_num_threads. Looked up at run time.
@@ -128,7 +129,9 @@ inline CpuSample cpu_sample() {
   in >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
   const double tick = static_cast<double>(sysconf(_SC_CLK_TCK));
   s.machine_busy_s = static_cast<double>(user + nice + system + irq + softirq) / tick;
-  auto tv = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6; };
+  auto tv = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
+  };
   rusage self{}, kids{};
   getrusage(RUSAGE_SELF, &self);
   getrusage(RUSAGE_CHILDREN, &kids);
@@ -227,7 +230,8 @@ inline std::string last_line(const std::string& out) {
   const auto end = out.find_last_not_of('\n');
   if (end == std::string::npos) return "";
   const auto begin = out.rfind('\n', end);
-  return out.substr(begin == std::string::npos ? 0 : begin + 1, end - (begin == std::string::npos ? 0 : begin + 1) + 1);
+  return out.substr(begin == std::string::npos ? 0 : begin + 1,
+                    end - (begin == std::string::npos ? 0 : begin + 1) + 1);
 }
 
 // ------------------------------------------------------------------ options and the run
@@ -246,7 +250,9 @@ struct CommonOptions {
   std::string python_script;
 
   CommonOptions(std::string fixtures_dir, std::string model_cache_dir, std::string script)
-      : fixtures(std::move(fixtures_dir)), model_cache(std::move(model_cache_dir)), python_script(std::move(script)) {}
+      : fixtures(std::move(fixtures_dir)),
+        model_cache(std::move(model_cache_dir)),
+        python_script(std::move(script)) {}
 
   /// Adds --quick, --threads, --dtypes, --skip-python, --fixtures, --model-cache, --python.
   void add_to(CLI::App& app, const std::string& quick_help, const std::string& threads_help) {
@@ -256,7 +262,8 @@ struct CommonOptions {
     app.add_flag("--skip-python", skip_python, "Do not run the python3-torch reference");
     app.add_option("--fixtures", fixtures, "The fixtures directory with models/ (tests/fixtures)")
         ->capture_default_str();
-    app.add_option("--model-cache", model_cache, "Where random-weight models are written once")->capture_default_str();
+    app.add_option("--model-cache", model_cache, "Where random-weight models are written once")
+        ->capture_default_str();
     app.add_option("--python", python, "Python with torch")->capture_default_str();
   }
 
@@ -280,17 +287,18 @@ struct CommonOptions {
 
 /// The first lines of every report: the machine, libtorch and its thread pools, the commit.
 inline void print_run_header(const fs::path& source_dir, bool quick, const std::string& blas) {
-  std::printf("machine: %s, %ld online CPUs; %s; loadavg %s\n", cpu_model().c_str(), sysconf(_SC_NPROCESSORS_ONLN),
-              utc_now().c_str(), load_average().c_str());
-  std::printf("torch %s (libtorch C++), intra-op threads %d, inter-op threads %d (OpenMP wait: %s); OpenBLAS: %s\n",
-              TORCH_VERSION, at::get_num_threads(), at::get_num_interop_threads(), swarm::openmp_wait_setting(),
-              blas.c_str());
+  std::printf("machine: %s, %ld online CPUs; %s; loadavg %s\n", cpu_model().c_str(),
+              sysconf(_SC_NPROCESSORS_ONLN), utc_now().c_str(), load_average().c_str());
+  std::printf(
+      "torch %s (libtorch C++), intra-op threads %d, inter-op threads %d (OpenMP wait: %s); OpenBLAS: %s\n",
+      TORCH_VERSION, at::get_num_threads(), at::get_num_interop_threads(), swarm::openmp_wait_setting(),
+      blas.c_str());
   const char* dnnl = std::getenv("DNNL_MAX_CPU_ISA");
   const char* aten = std::getenv("ATEN_CPU_CAPABILITY");
   std::printf("CPU level %s: bf16 matmuls %s%s%s%s%s; ATen kernels %s, oneDNN %s\n", cpu_level().c_str(),
-              swarm::bf16_matmul_path().c_str(),
-              dnnl ? "; DNNL_MAX_CPU_ISA=" : "", dnnl ? dnnl : "", aten ? "; ATEN_CPU_CAPABILITY=" : "", aten ? aten : "",
-              swarm::aten_cpu_capability().c_str(), swarm::onednn_cpu_isa().c_str());
+              swarm::bf16_matmul_path().c_str(), dnnl ? "; DNNL_MAX_CPU_ISA=" : "", dnnl ? dnnl : "",
+              aten ? "; ATEN_CPU_CAPABILITY=" : "", aten ? aten : "", swarm::aten_cpu_capability().c_str(),
+              swarm::onednn_cpu_isa().c_str());
   std::printf("commit %s; %s run\n", git_commit(source_dir).c_str(), quick ? "quick" : "full");
   std::fflush(stdout);
 }
@@ -331,7 +339,8 @@ struct PythonResult {
 /// Runs `python script SPEC_FILE`, the spec written to a temporary file (not an argument: a
 /// large spec would exceed the kernel's per-argument limit) and removed afterwards. Never
 /// throws: a failure is in `error`.
-inline PythonResult run_python_reference(const std::string& python, const fs::path& script, const nlohmann::json& spec) {
+inline PythonResult run_python_reference(const std::string& python, const fs::path& script,
+                                         const nlohmann::json& spec) {
   const fs::path spec_path =
       fs::temp_directory_path() / ("swarm_bench_spec_" + std::to_string(getpid()) + ".json");
   PythonResult r;
@@ -358,7 +367,8 @@ inline PythonResult run_python_reference(const std::string& python, const fs::pa
 
 /// A model config with deterministic random fp32 weights (seed 0), created once in
 /// `cache_dir`/`name` and reused while it still validates.
-inline fs::path prepare_random_model(const fs::path& config_dir, const fs::path& cache_dir, const std::string& name) {
+inline fs::path prepare_random_model(const fs::path& config_dir, const fs::path& cache_dir,
+                                     const std::string& name) {
   const fs::path out = cache_dir / name;
   std::error_code ec;
   if (fs::exists(out / "config.json", ec)) {
@@ -370,7 +380,8 @@ inline fs::path prepare_random_model(const fs::path& config_dir, const fs::path&
       fs::remove_all(out);
     }
   }
-  std::fprintf(stderr, "[bench] writing random weights for %s into %s (once)\n", config_dir.c_str(), out.c_str());
+  std::fprintf(stderr, "[bench] writing random weights for %s into %s (once)\n", config_dir.c_str(),
+               out.c_str());
   fs::create_directories(cache_dir);
   swarm::InitModelOptions opts;
   opts.from = config_dir;
@@ -401,30 +412,31 @@ inline std::vector<OpCost> profile_ops(const std::function<void()>& fn, double p
   using namespace torch::autograd::profiler;
   std::map<std::string, OpCost> by_name;
   {
-    TLSLegacyProfilerGuard guard(torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::CPU),
-                                 [&](const thread_event_lists& lists) {
-                                   for (const auto& list : lists) {
-                                     struct Open {
-                                       const LegacyEvent* push;
-                                       double child_us;
-                                     };
-                                     std::vector<Open> stack;
-                                     for (const LegacyEvent& e : list) {
-                                       if (e.kind() == EventKind::PushRange) {
-                                         stack.push_back({&e, 0.0});
-                                       } else if (e.kind() == EventKind::PopRange && !stack.empty()) {
-                                         Open open = stack.back();
-                                         stack.pop_back();
-                                         const double total = open.push->cpuElapsedUs(e);
-                                         OpCost& c = by_name[open.push->name()];
-                                         c.name = open.push->name();
-                                         c.self_us += total - open.child_us;
-                                         c.calls += 1;
-                                         if (!stack.empty()) stack.back().child_us += total;
-                                       }
-                                     }
-                                   }
-                                 });
+    TLSLegacyProfilerGuard guard(
+        torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::CPU),
+        [&](const thread_event_lists& lists) {
+          for (const auto& list : lists) {
+            struct Open {
+              const LegacyEvent* push;
+              double child_us;
+            };
+            std::vector<Open> stack;
+            for (const LegacyEvent& e : list) {
+              if (e.kind() == EventKind::PushRange) {
+                stack.push_back({&e, 0.0});
+              } else if (e.kind() == EventKind::PopRange && !stack.empty()) {
+                Open open = stack.back();
+                stack.pop_back();
+                const double total = open.push->cpuElapsedUs(e);
+                OpCost& c = by_name[open.push->name()];
+                c.name = open.push->name();
+                c.self_us += total - open.child_us;
+                c.calls += 1;
+                if (!stack.empty()) stack.back().child_us += total;
+              }
+            }
+          }
+        });
     fn();
   }
   std::vector<OpCost> ops;

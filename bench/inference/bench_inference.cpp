@@ -83,7 +83,7 @@ struct Probes {
   std::vector<double> copy_runs;
   int64_t copy_bytes = 0;
   int64_t gemm_n = 0;
-  double peak_f32 = 0, peak_bf16 = 0;        // FLOP/s with the bench's thread count
+  double peak_f32 = 0, peak_bf16 = 0;  // FLOP/s with the bench's thread count
   // With one libtorch intra-op thread. OpenBLAS (fp32 GEMM) keeps its own pool, so the fp32
   // figure still uses every core (measured here: 198 GFLOP/s against 122 with N threads).
   double peak_f32_1t = 0, peak_bf16_1t = 0;
@@ -109,8 +109,8 @@ Probes run_probes(int threads, bool quick) {
   p.peak_f32_1t = matmul_peak(at::kFloat, p.gemm_n, reps, seconds);
   p.peak_bf16_1t = matmul_peak(at::kBFloat16, p.gemm_n, reps, seconds);
   swarm::set_compute_threads(threads);
-  progress("matmul peak fp32 %.1f GFLOP/s, bf16 %.1f GFLOP/s (1 libtorch thread: %.1f / %.1f)", p.peak_f32 / 1e9,
-           p.peak_bf16 / 1e9, p.peak_f32_1t / 1e9, p.peak_bf16_1t / 1e9);
+  progress("matmul peak fp32 %.1f GFLOP/s, bf16 %.1f GFLOP/s (1 libtorch thread: %.1f / %.1f)",
+           p.peak_f32 / 1e9, p.peak_bf16 / 1e9, p.peak_f32_1t / 1e9, p.peak_bf16_1t / 1e9);
   return p;
 }
 
@@ -218,7 +218,8 @@ double decode_bytes(const ModelShape& s, int64_t batch, double ctx) {
 /// FLOPs of prefilling `batch` prompts of `tokens`: the LM head runs on each prompt's last token
 /// only; causal attention over tokens*(tokens+1)/2 pairs.
 double prefill_flops(const ModelShape& s, int64_t batch, int64_t tokens) {
-  const double body = 2.0 * static_cast<double>(s.linear_params - s.head_params) * static_cast<double>(tokens);
+  const double body =
+      2.0 * static_cast<double>(s.linear_params - s.head_params) * static_cast<double>(tokens);
   const double head = 2.0 * static_cast<double>(s.head_params);
   const double pairs = static_cast<double>(tokens) * static_cast<double>(tokens + 1) / 2.0;
   const double attention = 4.0 * static_cast<double>(s.layers * s.heads * s.head_dim) * pairs;
@@ -255,8 +256,8 @@ struct EngineResult {
 };
 
 /// `spec.batch` sequences, each with `prompt` tokens already cached, decoded greedily.
-DecodeResult decode(const swarm::DecoderModel& model, swarm::KvCache& cache, const DecodeSpec& spec, int64_t prompt,
-                    std::mt19937& gen) {
+DecodeResult decode(const swarm::DecoderModel& model, swarm::KvCache& cache, const DecodeSpec& spec,
+                    int64_t prompt, std::mt19937& gen) {
   const EngineDecodeResult e = engine_decode(model, cache, spec, prompt, gen);
   DecodeResult r;
   r.spec = spec;
@@ -310,8 +311,9 @@ EngineResult run_engine(const fs::path& dir, swarm::DType dtype, const Workload&
   }
   for (const DecodeSpec& d : w.decode) {
     DecodeResult dr = decode(*model, cache, d, w.prompt_tokens, gen);
-    progress("  C++ decode batch %lld: %.1f tok/s (%.2f ms/step, sample %.2f ms)", static_cast<long long>(d.batch),
-             static_cast<double>(d.batch * d.steps) / dr.seconds, dr.seconds / static_cast<double>(d.steps) * 1e3,
+    progress("  C++ decode batch %lld: %.1f tok/s (%.2f ms/step, sample %.2f ms)",
+             static_cast<long long>(d.batch), static_cast<double>(d.batch * d.steps) / dr.seconds,
+             dr.seconds / static_cast<double>(d.steps) * 1e3,
              dr.sample_s / static_cast<double>(d.steps) * 1e3);
     r.decode.push_back(dr);
   }
@@ -321,15 +323,17 @@ EngineResult run_engine(const fs::path& dir, swarm::DType dtype, const Workload&
   if (profile) {
     constexpr size_t kTop = 14;
     for (int64_t b : {int64_t{1}, int64_t{32}, int64_t{64}}) {
-      if (std::none_of(w.decode.begin(), w.decode.end(), [&](const DecodeSpec& s) { return s.batch == b; })) continue;
+      if (std::none_of(w.decode.begin(), w.decode.end(), [&](const DecodeSpec& s) { return s.batch == b; }))
+        continue;
       const DecodeSpec d{b, 0, 4};
-      r.profile["decode b" + std::to_string(b) + ", per step"] =
-          profile_ops([&] { decode(*model, cache, d, w.prompt_tokens, gen); }, static_cast<double>(d.steps), kTop);
+      r.profile["decode b" + std::to_string(b) + ", per step"] = profile_ops(
+          [&] { decode(*model, cache, d, w.prompt_tokens, gen); }, static_cast<double>(d.steps), kTop);
     }
     const PrefillSpec& p = w.prefill.front();
     r.profile["prefill " + p.name + ", per prompt"] = profile_ops(
         [&] {
-          engine_prefill(*model, cache, random_token_prompts(p.batch, p.tokens, vocab, gen), 0, w.chunk_tokens);
+          engine_prefill(*model, cache, random_token_prompts(p.batch, p.tokens, vocab, gen), 0,
+                         w.chunk_tokens);
           for (int64_t s = 0; s < p.batch; ++s) cache.release(s);
         },
         static_cast<double>(p.batch), kTop);
@@ -357,16 +361,20 @@ double python_decode_tok_s(const PythonResult& py, int64_t batch) {
   return 0;
 }
 
-PythonResult run_python(const std::string& python, const fs::path& script, const fs::path& dir, const char* dtype,
-                        int threads, const Workload& w) {
+PythonResult run_python(const std::string& python, const fs::path& script, const fs::path& dir,
+                        const char* dtype, int threads, const Workload& w) {
   json spec = {{"model_dir", dir.string()}, {"dtype", dtype}, {"threads", threads}, {"seed", 0}};
   spec["prefill"] = json::array();
   for (const auto& p : w.prefill)
-    spec["prefill"].push_back({{"name", p.name}, {"batch", p.batch}, {"tokens", p.tokens}, {"reps", w.prefill_reps}});
+    spec["prefill"].push_back(
+        {{"name", p.name}, {"batch", p.batch}, {"tokens", p.tokens}, {"reps", w.prefill_reps}});
   spec["decode"] = json::array();
   for (const auto& d : w.decode)
-    spec["decode"].push_back(
-        {{"batch", d.batch}, {"prompt", w.prompt_tokens}, {"warmup", d.warmup}, {"steps", d.steps}, {"reps", d.reps}});
+    spec["decode"].push_back({{"batch", d.batch},
+                              {"prompt", w.prompt_tokens},
+                              {"warmup", d.warmup},
+                              {"steps", d.steps},
+                              {"reps", d.reps}});
   return run_python_reference(python, script, spec);
 }
 
@@ -448,13 +456,15 @@ void print_report(const std::vector<CaseResult>& cases, const Workload& w, const
 
   std::printf("\n== C++ decode: ms per step (forward_step / sample_tokens), mean context\n");
   std::printf("%-22s %-5s", "model", "dtype");
-  for (const auto& d : w.decode) std::printf(" %19s", ("b" + std::to_string(d.batch) + " fwd/sample").c_str());
+  for (const auto& d : w.decode)
+    std::printf(" %19s", ("b" + std::to_string(d.batch) + " fwd/sample").c_str());
   std::printf("  prefill calls\n");
   for (const CaseResult& c : cases) {
     std::printf("%-22s %-5s", c.model.label.c_str(), c.dtype.c_str());
     for (const auto& dr : c.engine.decode) {
       const double n = static_cast<double>(dr.spec.steps);
-      std::printf(" %19s", (fmt("%.2f", dr.forward_s / n * 1e3) + " / " + fmt("%.2f", dr.sample_s / n * 1e3)).c_str());
+      std::printf(" %19s",
+                  (fmt("%.2f", dr.forward_s / n * 1e3) + " / " + fmt("%.2f", dr.sample_s / n * 1e3)).c_str());
     }
     std::printf("  ");
     for (const auto& p : c.engine.prefill)
@@ -494,12 +504,13 @@ void print_report(const std::vector<CaseResult>& cases, const Workload& w, const
       cases.empty() || cases[0].engine.peak_reset ? "" : " FAILED: peak is process-wide",
       static_cast<long long>(w.decode.back().batch),
       static_cast<long long>(w.prompt_tokens + w.decode.back().warmup + w.decode.back().steps));
-  std::printf("%-22s %-5s %9s %12s %9s %10s %10s %9s %9s %11s %9s\n", "model", "dtype", "weights", "KV MiB/1k tok",
-              "KV pool", "RSS start", "RSS loaded", "RSS peak", "RSS end", "py loaded", "py peak");
+  std::printf("%-22s %-5s %9s %12s %9s %10s %10s %9s %9s %11s %9s\n", "model", "dtype", "weights",
+              "KV MiB/1k tok", "KV pool", "RSS start", "RSS loaded", "RSS peak", "RSS end", "py loaded",
+              "py peak");
   for (const CaseResult& c : cases) {
     const EngineResult& e = c.engine;
-    std::printf("%-22s %-5s %9.1f %12.1f %9.1f %10.1f %10.1f %9.1f %9.1f", c.model.label.c_str(), c.dtype.c_str(),
-                static_cast<double>(e.shape.weight_bytes) / kMiB,
+    std::printf("%-22s %-5s %9.1f %12.1f %9.1f %10.1f %10.1f %9.1f %9.1f", c.model.label.c_str(),
+                c.dtype.c_str(), static_cast<double>(e.shape.weight_bytes) / kMiB,
                 static_cast<double>(e.shape.kv_bytes_per_token) * 1000 / kMiB,
                 static_cast<double>(e.kv_pool_bytes) / kMiB, static_cast<double>(e.rss_start_kib) / 1024,
                 static_cast<double>(e.rss_loaded_kib) / 1024, static_cast<double>(e.peak_kib) / 1024,
@@ -517,26 +528,28 @@ void print_report(const std::vector<CaseResult>& cases, const Workload& w, const
       "\n== Roofline, batch-1 decode vs memory bandwidth (%.1f GB/s copy probe): bytes/step = weights + "
       "K/V read at the mean context\n",
       probes.copy_gbs);
-  std::printf("%-22s %-5s %13s %15s %13s %10s\n", "model", "dtype", "MiB/step", "roofline tok/s", "achieved", "% roof");
+  std::printf("%-22s %-5s %13s %15s %13s %10s\n", "model", "dtype", "MiB/step", "roofline tok/s", "achieved",
+              "% roof");
   for (const CaseResult& c : cases) {
     const DecodeResult* d = find_decode(c.engine, 1);
     if (!d) continue;
     const double bytes = decode_bytes(c.engine.shape, 1, d->ctx);
     const double roof = probes.copy_gbs * 1e9 / bytes;
-    std::printf("%-22s %-5s %13.2f %15.1f %13.1f %9.1f%%\n", c.model.label.c_str(), c.dtype.c_str(), bytes / kMiB, roof,
-                tok_s(*d), 100.0 * tok_s(*d) / roof);
+    std::printf("%-22s %-5s %13.2f %15.1f %13.1f %9.1f%%\n", c.model.label.c_str(), c.dtype.c_str(),
+                bytes / kMiB, roof, tok_s(*d), 100.0 * tok_s(*d) / roof);
   }
 
   std::printf(
-      "\n== Roofline, decode vs compute (matmul %lld^3 with the bench's threads: fp32 %.1f, bf16%s %.1f GFLOP/s; "
-      "1 libtorch thread, OpenBLAS keeping its pool: %.1f / %.1f; peak = the better of the two). FLOP/step = 2 x linear params (incl. LM head) x "
+      "\n== Roofline, decode vs compute (matmul %lld^3 with the bench's threads: fp32 %.1f, bf16%s %.1f "
+      "GFLOP/s; "
+      "1 libtorch thread, OpenBLAS keeping its pool: %.1f / %.1f; peak = the better of the two). FLOP/step = "
+      "2 x linear params (incl. LM head) x "
       "batch + attention. attainable = batch / max(bytes/BW, FLOP/peak)\n",
       static_cast<long long>(probes.gemm_n), probes.peak_f32 / 1e9,
-      swarm::bf16_matmul_widens() ? " (the engine's bf16 GEMM without AVX512_BF16)" : "", probes.peak_bf16 / 1e9,
-      probes.peak_f32_1t / 1e9,
-      probes.peak_bf16_1t / 1e9);
-  std::printf("%-22s %-5s %6s %11s %13s %9s %12s %13s %10s\n", "model", "dtype", "batch", "GFLOP/step", "GFLOP/s",
-              "% peak", "compute tok/s", "attainable", "% attain");
+      swarm::bf16_matmul_widens() ? " (the engine's bf16 GEMM without AVX512_BF16)" : "",
+      probes.peak_bf16 / 1e9, probes.peak_f32_1t / 1e9, probes.peak_bf16_1t / 1e9);
+  std::printf("%-22s %-5s %6s %11s %13s %9s %12s %13s %10s\n", "model", "dtype", "batch", "GFLOP/step",
+              "GFLOP/s", "% peak", "compute tok/s", "attainable", "% attain");
   for (const CaseResult& c : cases) {
     const double peak = probes.peak(c.scalar);
     for (const DecodeResult& d : c.engine.decode) {
@@ -548,19 +561,20 @@ void print_report(const std::vector<CaseResult>& cases, const Workload& w, const
           std::max(decode_bytes(c.engine.shape, b, d.ctx) / (probes.copy_gbs * 1e9), flops / peak);
       const double attainable = static_cast<double>(b) / step_floor;
       std::printf("%-22s %-5s %6lld %11.3f %13.2f %8.1f%% %12.1f %13.1f %9.1f%%\n", c.model.label.c_str(),
-                  c.dtype.c_str(), static_cast<long long>(b), flops / 1e9, achieved / 1e9, 100.0 * achieved / peak,
-                  compute_roof, attainable, 100.0 * tok_s(d) / attainable);
+                  c.dtype.c_str(), static_cast<long long>(b), flops / 1e9, achieved / 1e9,
+                  100.0 * achieved / peak, compute_roof, attainable, 100.0 * tok_s(d) / attainable);
     }
     for (const PrefillResult& p : c.engine.prefill) {
       const double flops = prefill_flops(c.engine.shape, p.spec.batch, p.spec.tokens);
-      std::printf("%-22s %-5s %6s %11.3f %13.2f %8.1f%%   (prefill)\n", c.model.label.c_str(), c.dtype.c_str(),
-                  p.spec.name.c_str(), flops / 1e9, flops / p.seconds / 1e9, 100.0 * flops / p.seconds / peak);
+      std::printf("%-22s %-5s %6s %11.3f %13.2f %8.1f%%   (prefill)\n", c.model.label.c_str(),
+                  c.dtype.c_str(), p.spec.name.c_str(), flops / 1e9, flops / p.seconds / 1e9,
+                  100.0 * flops / p.seconds / peak);
     }
   }
 
   std::printf("\n== Targets (issue 4 §3; reported, not asserted)\n");
-  std::printf("%-22s %-5s %-28s %-28s %-28s %-28s\n", "model", "dtype", "b1 >= 50% BW roofline", "b1 >= 2x Python",
-              "b32 >= 40% compute peak", "b32 >= 1.2x Python");
+  std::printf("%-22s %-5s %-28s %-28s %-28s %-28s\n", "model", "dtype", "b1 >= 50% BW roofline",
+              "b1 >= 2x Python", "b32 >= 40% compute peak", "b32 >= 1.2x Python");
   auto verdict = [](bool known, double value, double target, const char* unit) {
     if (!known) return std::string("-");
     return std::string(value >= target ? "PASS " : "MISS ") + fmt(unit, value);
@@ -582,18 +596,20 @@ void print_report(const std::vector<CaseResult>& cases, const Workload& w, const
       const double py = python_decode_tok_s(c.python, 32);
       dd = verdict(py > 0, py > 0 ? tok_s(*d32) / py : 0, 1.2, "(%.2fx)");
     }
-    std::printf("%-22s %-5s %-28s %-28s %-28s %-28s\n", c.model.label.c_str(), c.dtype.c_str(), a.c_str(), b.c_str(),
-                cc.c_str(), dd.c_str());
+    std::printf("%-22s %-5s %-28s %-28s %-28s %-28s\n", c.model.label.c_str(), c.dtype.c_str(), a.c_str(),
+                b.c_str(), cc.c_str(), dd.c_str());
   }
 
   for (const CaseResult& c : cases) {
     for (const auto& [what, ops] : c.engine.profile) {
-      std::printf("\n== Op profile: %s %s, %s: self CPU us (calling thread; legacy profiler overhead included)\n",
-                  c.model.label.c_str(), c.dtype.c_str(), what.c_str());
+      std::printf(
+          "\n== Op profile: %s %s, %s: self CPU us (calling thread; legacy profiler overhead included)\n",
+          c.model.label.c_str(), c.dtype.c_str(), what.c_str());
       double total = 0;
       for (const auto& op : ops) total += op.self_us;
       for (const auto& op : ops)
-        std::printf("  %-34s %10.1f us %6lld calls\n", op.name.c_str(), op.self_us, static_cast<long long>(op.calls));
+        std::printf("  %-34s %10.1f us %6lld calls\n", op.name.c_str(), op.self_us,
+                    static_cast<long long>(op.calls));
       std::printf("  %-34s %10.1f us\n", "(top ops total)", total);
     }
   }
@@ -664,8 +680,8 @@ int main(int argc, char** argv) {
     std::vector<CaseResult> cases;
     Workload report_workload;
     for (const ModelEntry& m : models) {
-      const Workload w =
-          make_workload(common.quick, swarm::ModelConfig::from_directory(m.dir).max_position_embeddings, opt.context);
+      const Workload w = make_workload(
+          common.quick, swarm::ModelConfig::from_directory(m.dir).max_position_embeddings, opt.context);
       report_workload = w;
       for (const auto& [name, dtype] : dtypes) {
         CaseResult c;
@@ -677,8 +693,8 @@ int main(int argc, char** argv) {
         if (!opt.fixed_threads) {
           const swarm::ThreadPlan plan = apply_thread_plan(common.threads, dtype);
           py_threads = python_thread_plan(common.threads, dtype).torch;
-          progress("%s %s: thread plan: libtorch %d, OpenBLAS %d", m.label.c_str(), name.c_str(), plan.torch_threads,
-                   plan.openblas_threads);
+          progress("%s %s: thread plan: libtorch %d, OpenBLAS %d", m.label.c_str(), name.c_str(),
+                   plan.torch_threads, plan.openblas_threads);
         }
         progress("%s %s: C++ engine", m.label.c_str(), name.c_str());
         c.engine = run_engine(m.dir, dtype, w, opt.profile_ops);

@@ -64,8 +64,9 @@ double percentile(std::vector<double> v, double p) {
 
 // A user message of about `words` words (SmolLM2's tokenizer: ~1.3 tokens per word).
 std::string prompt_text(int client, int request, int words) {
-  static const char* kWords[] = {"agent", "reward", "policy", "token", "server", "batch", "episode", "model",
-                                 "learn", "step",   "train",  "sample", "group", "value", "update", "weight"};
+  static const char* kWords[] = {"agent",   "reward", "policy", "token", "server", "batch",
+                                 "episode", "model",  "learn",  "step",  "train",  "sample",
+                                 "group",   "value",  "update", "weight"};
   std::string s = "Client " + std::to_string(client) + " request " + std::to_string(request) + ":";
   for (int i = 0; i < words; ++i) s += std::string(" ") + kWords[(client * 7 + request * 3 + i) % 16];
   return s + ". Summarise.";
@@ -76,8 +77,8 @@ std::string prompt_text(int client, int request, int words) {
 // Each request asks for max_tokens drawn uniformly from [max_tokens - spread, max_tokens +
 // spread] (a seeded generator per client), so answers of different lengths keep the clients
 // from moving in lockstep; spread 0 gives every request the same max_tokens.
-void run_clients(const std::string& url, int clients, Clock::time_point until, int min_requests, int prompt_words,
-                 int max_tokens, int spread, Latencies& out) {
+void run_clients(const std::string& url, int clients, Clock::time_point until, int min_requests,
+                 int prompt_words, int max_tokens, int spread, Latencies& out) {
   std::vector<std::thread> threads;
   for (int c = 0; c < clients; ++c) {
     threads.emplace_back([&, c] {
@@ -126,31 +127,36 @@ int main(int argc, char** argv) {
   CLI::App app{"bench_ttft: time to first token, 1 vs 64 concurrent chat clients (torch engine)"};
   std::string server_bin = SWARM_SERVER_BIN, model;
   std::string dtype = "bf16";
-  int clients = 64, seconds = 20, prompt_words = 48, max_tokens = 32, max_tokens_spread = 0, single_requests = 30;
+  int clients = 64, seconds = 20, prompt_words = 48, max_tokens = 32, max_tokens_spread = 0,
+      single_requests = 30;
   int64_t max_step_tokens = 512, engine_threads = 0;
   app.add_option("--server-bin", server_bin, "swarm-server binary")->capture_default_str();
   app.add_option("--model", model, "Hugging Face model directory with a chat template")->required();
   app.add_option("--dtype", dtype, "fp32 or bf16")->capture_default_str();
   app.add_option("--clients", clients, "Concurrent clients in the loaded phase")->capture_default_str();
   app.add_option("--seconds", seconds, "Duration of the loaded phase")->capture_default_str();
-  app.add_option("--single-requests", single_requests, "Requests in the single-client phase")->capture_default_str();
+  app.add_option("--single-requests", single_requests, "Requests in the single-client phase")
+      ->capture_default_str();
   app.add_option("--prompt-words", prompt_words, "Words in each user message")->capture_default_str();
-  app.add_option("--max-tokens", max_tokens, "max_tokens of each completion (the mean with --max-tokens-spread)")
+  app.add_option("--max-tokens", max_tokens,
+                 "max_tokens of each completion (the mean with --max-tokens-spread)")
       ->capture_default_str();
   app.add_option("--max-tokens-spread", max_tokens_spread,
                  "Draw each request's max_tokens uniformly from max-tokens +- this (0: all the same)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   app.add_option("--max-step-tokens", max_step_tokens, "The engine's max_step_tokens")->capture_default_str();
-  app.add_option("--engine-threads", engine_threads, "The job's engine_threads (0: the server's default, all cores)")
+  app.add_option("--engine-threads", engine_threads,
+                 "The job's engine_threads (0: the server's default, all cores)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   try {
     const uint16_t port = pick_free_port();
     const std::string url = "http://127.0.0.1:" + std::to_string(port);
-    ChildProcess server("swarm-server", {server_bin, "start", "--host", "127.0.0.1", "--port", std::to_string(port),
-                                         "--engine", "torch", "--log-level", "warn", "--io-threads", "2"});
+    ChildProcess server("swarm-server",
+                        {server_bin, "start", "--host", "127.0.0.1", "--port", std::to_string(port),
+                         "--engine", "torch", "--log-level", "warn", "--io-threads", "2"});
     wait_until_answering(url, server, std::chrono::seconds(30));
 
     swarm::Job job;
@@ -189,8 +195,9 @@ int main(int argc, char** argv) {
     const double many_s = std::chrono::duration<double>(Clock::now() - t0).count();
     const auto many_engine = inference_metrics(url);
 
-    std::printf("\nmodel %s  dtype %s  prompt ~%d words  max_tokens %d +- %d  max_step_tokens %lld\n", model.c_str(),
-                dtype.c_str(), prompt_words, max_tokens, max_tokens_spread, static_cast<long long>(max_step_tokens));
+    std::printf("\nmodel %s  dtype %s  prompt ~%d words  max_tokens %d +- %d  max_step_tokens %lld\n",
+                model.c_str(), dtype.c_str(), prompt_words, max_tokens, max_tokens_spread,
+                static_cast<long long>(max_step_tokens));
     std::printf("%8s %9s %12s %12s %12s %18s %14s %7s\n", "clients", "requests", "TTFT p50 ms", "TTFT p99 ms",
                 "TTFT max ms", "p99 w/o 1st req ms", "gen tokens/s", "errors");
     for (auto* row : {&one, &many}) {
@@ -204,22 +211,28 @@ int main(int argc, char** argv) {
     }
     // Where a request's time goes inside the engine: its window of the last 256 requests (and
     // steps) when the phase ended, and the mean step from the step counters over the phase.
-    std::printf("\nengine side (percentiles over its window of the last 256 requests / steps at the end of the phase):\n");
-    std::printf("%8s %22s %22s %22s %10s %14s\n", "clients", "queue wait p50/p99 ms", "engine TTFT p50/p99 ms",
-                "step p50/p99 ms", "steps", "mean step ms");
-    for (const auto& [before, after] : {std::pair{&one_before, &one_engine}, std::pair{&many_before, &many_engine}}) {
+    std::printf(
+        "\nengine side (percentiles over its window of the last 256 requests / steps at the end of the "
+        "phase):\n");
+    std::printf("%8s %22s %22s %22s %10s %14s\n", "clients", "queue wait p50/p99 ms",
+                "engine TTFT p50/p99 ms", "step p50/p99 ms", "steps", "mean step ms");
+    for (const auto& [before, after] :
+         {std::pair{&one_before, &one_engine}, std::pair{&many_before, &many_engine}}) {
       const auto f = [&](const char* k) { return after->count(k) ? after->at(k) : 0.0; };
       const auto delta = [&](const char* k) { return f(k) - (before->count(k) ? before->at(k) : 0.0); };
       const double steps = delta("steps_total");
-      std::printf("%8d %10.1f /%10.1f %10.1f /%10.1f %10.1f /%10.1f %10.0f %14.2f\n", after == &one_engine ? 1 : clients,
-                  1e3 * f("queue_wait_p50_seconds"), 1e3 * f("queue_wait_p99_seconds"), 1e3 * f("ttft_p50_seconds"),
-                  1e3 * f("ttft_p99_seconds"), 1e3 * f("step_p50_seconds"), 1e3 * f("step_p99_seconds"), steps,
+      std::printf("%8d %10.1f /%10.1f %10.1f /%10.1f %10.1f /%10.1f %10.0f %14.2f\n",
+                  after == &one_engine ? 1 : clients, 1e3 * f("queue_wait_p50_seconds"),
+                  1e3 * f("queue_wait_p99_seconds"), 1e3 * f("ttft_p50_seconds"), 1e3 * f("ttft_p99_seconds"),
+                  1e3 * f("step_p50_seconds"), 1e3 * f("step_p99_seconds"), steps,
                   steps > 0 ? 1e3 * delta("busy_seconds_total") / steps : 0.0);
     }
     const double ratio = percentile(many.ttft_ms, 99) / std::max(1e-9, percentile(one.ttft_ms, 99));
     const double steady = percentile(many.steady_ms, 99) / std::max(1e-9, percentile(one.ttft_ms, 99));
-    std::printf("p99 TTFT ratio (%d clients / 1 client): %.2f (without the arrival burst: %.2f)   target <= 2.0: %s\n",
-                clients, ratio, steady, ratio <= 2.0 ? "PASS" : "MISS");
+    std::printf(
+        "p99 TTFT ratio (%d clients / 1 client): %.2f (without the arrival burst: %.2f)   target <= 2.0: "
+        "%s\n",
+        clients, ratio, steady, ratio <= 2.0 ? "PASS" : "MISS");
     server.stop();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_ttft: %s\n", e.what());

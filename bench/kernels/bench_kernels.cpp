@@ -50,7 +50,8 @@ void progress(const char* fmt, Args... args) {
 }
 
 // SmolLM2-135M.
-constexpr int64_t kHidden = 576, kInter = 1536, kHeads = 9, kKvHeads = 3, kHeadDim = 64, kVocab = 49152, kLayers = 30;
+constexpr int64_t kHidden = 576, kInter = 1536, kHeads = 9, kKvHeads = 3, kHeadDim = 64, kVocab = 49152,
+                  kLayers = 30;
 
 struct Row {
   std::string kernel, shape, dtype;
@@ -88,11 +89,11 @@ struct Bench {
 
   int passes() const { return quick ? 3 : 7; }
 
-  double peak = 0;  // FLOP/s of the dtype being run
+  double peak = 0;             // FLOP/s of the dtype being run
   double peak_of[2] = {0, 0};  // fp32, bf16 (0: not run)
 
-  void run(const std::string& kernel, const std::string& shape, const std::string& dtype, double bytes, double flops,
-           int calls, const std::function<void(int)>& fn) {
+  void run(const std::string& kernel, const std::string& shape, const std::string& dtype, double bytes,
+           double flops, int calls, const std::function<void(int)>& fn) {
     if (kernel.find(only) == std::string::npos) return;
     progress("%s %s %s", kernel.c_str(), shape.c_str(), dtype.c_str());
     rows.push_back({kernel, shape, dtype, best_per_call(fn, calls, passes()), bytes, flops, copy_bps, peak});
@@ -105,7 +106,7 @@ void run_dtype(Bench& b, const std::string& name, swarm::DType dtype, int thread
   const double es = st == at::kBFloat16 ? 2.0 : 4.0;
   const swarm::ThreadPlan plan = sb::apply_thread_plan(threads, dtype);
   progress("%s: thread plan libtorch %d, OpenBLAS %d, small_linear %d", name.c_str(), plan.torch_threads,
-               plan.openblas_threads, swarm::small_linear_threads());
+           plan.openblas_threads, swarm::small_linear_threads());
   b.peak = sb::matmul_peak(st, 2048, b.quick ? 2 : 4, b.quick ? 0.3 : 1.0);
   progress("%s: matmul peak %.1f GFLOP/s", name.c_str(), b.peak / 1e9);
   b.peak_of[st == at::kBFloat16 ? 1 : 0] = b.peak;
@@ -122,41 +123,46 @@ void run_dtype(Bench& b, const std::string& name, swarm::DType dtype, int thread
   for (int64_t m : {int64_t{1}, int64_t{8}}) {
     const at::Tensor x = randn({m, kHidden}, st), xd = randn({m, kInter}, st);
     const std::string rows_s = std::to_string(m) + (m == 1 ? " row" : " rows");
-    const double w_up = static_cast<double>(2 * kInter * kHidden) * es, w_down = static_cast<double>(kHidden * kInter) * es;
+    const double w_up = static_cast<double>(2 * kInter * kHidden) * es,
+                 w_down = static_cast<double>(kHidden * kInter) * es;
     const double f_up = 2.0 * m * 2 * kInter * kHidden, f_down = 2.0 * m * kHidden * kInter;
-    b.run("small_linear", rows_s + " x [3072, 576]", name, w_up + static_cast<double>(m) * (kHidden + 2 * kInter) * es,
-          f_up, calls, [&](int i) { swarm::small_linear(x, gate_up[static_cast<size_t>(i)], c10::nullopt); });
-    b.run("small_linear", rows_s + " x [576, 1536]", name, w_down + static_cast<double>(m) * (kInter + kHidden) * es,
-          f_down, calls, [&](int i) { swarm::small_linear(xd, down[static_cast<size_t>(i)], c10::nullopt); });
-    b.run("small_linear_silu_mul", rows_s + " x [3072, 576]", name, w_up + static_cast<double>(m) * (kHidden + kInter) * es,
-          f_up, calls, [&](int i) { swarm::small_linear_silu_mul(x, gate_up[static_cast<size_t>(i)], c10::nullopt); });
+    b.run("small_linear", rows_s + " x [3072, 576]", name,
+          w_up + static_cast<double>(m) * (kHidden + 2 * kInter) * es, f_up, calls,
+          [&](int i) { swarm::small_linear(x, gate_up[static_cast<size_t>(i)], c10::nullopt); });
+    b.run("small_linear", rows_s + " x [576, 1536]", name,
+          w_down + static_cast<double>(m) * (kInter + kHidden) * es, f_down, calls,
+          [&](int i) { swarm::small_linear(xd, down[static_cast<size_t>(i)], c10::nullopt); });
+    b.run("small_linear_silu_mul", rows_s + " x [3072, 576]", name,
+          w_up + static_cast<double>(m) * (kHidden + kInter) * es, f_up, calls,
+          [&](int i) { swarm::small_linear_silu_mul(x, gate_up[static_cast<size_t>(i)], c10::nullopt); });
   }
   {  // the LM head, fp32 logits out
     const at::Tensor head = randn({kVocab, kHidden}, st, 0.05), x = randn({1, kHidden}, st);
     b.run("small_linear (LM head, fp32 out)", "1 row x [49152, 576]", name,
           static_cast<double>(kVocab * kHidden) * es + kVocab * 4.0, 2.0 * kVocab * kHidden, 3,
-             [&](int) { swarm::small_linear(x, head, c10::nullopt, /*float_out=*/true); });
+          [&](int) { swarm::small_linear(x, head, c10::nullopt, /*float_out=*/true); });
   }
   gate_up.clear();
   down.clear();
 
   // GEMMs of batched decode and prefill: the weights stay in cache, the arithmetic bounds them.
   {
-    const at::Tensor w_up = randn({2 * kInter, kHidden}, st, 0.05), w_down = randn({kHidden, kInter}, st, 0.05);
+    const at::Tensor w_up = randn({2 * kInter, kHidden}, st, 0.05),
+                     w_down = randn({kHidden, kInter}, st, 0.05);
     for (int64_t m : {int64_t{32}, int64_t{128}, int64_t{512}}) {
       const at::Tensor x = randn({m, kHidden}, st), xd = randn({m, kInter}, st);
       const int reps = m >= 512 ? 3 : 10;
-      b.run("model_linear", std::to_string(m) + " rows x [3072, 576]", name,
-            (static_cast<double>(2 * kInter * kHidden) + static_cast<double>(m) * (kHidden + 2 * kInter)) * es,
-            2.0 * m * 2 * kInter * kHidden, reps,
-                [&](int) { swarm::model_linear(x, w_up); });
+      b.run(
+          "model_linear", std::to_string(m) + " rows x [3072, 576]", name,
+          (static_cast<double>(2 * kInter * kHidden) + static_cast<double>(m) * (kHidden + 2 * kInter)) * es,
+          2.0 * m * 2 * kInter * kHidden, reps, [&](int) { swarm::model_linear(x, w_up); });
       b.run("model_linear", std::to_string(m) + " rows x [576, 1536]", name,
             (static_cast<double>(kHidden * kInter) + static_cast<double>(m) * (kHidden + kInter)) * es,
-            2.0 * m * kHidden * kInter, reps,
-                [&](int) { swarm::model_linear(xd, w_down); });
+            2.0 * m * kHidden * kInter, reps, [&](int) { swarm::model_linear(xd, w_down); });
       if (m > 8 && m <= swarm::small_linear_max_rows(st)) {  // what serving takes at this many rows
         b.run("small_linear", std::to_string(m) + " rows x [3072, 576]", name,
-              (static_cast<double>(2 * kInter * kHidden) + static_cast<double>(m) * (kHidden + 2 * kInter)) * es,
+              (static_cast<double>(2 * kInter * kHidden) + static_cast<double>(m) * (kHidden + 2 * kInter)) *
+                  es,
               2.0 * m * 2 * kInter * kHidden, reps, [&](int) { swarm::small_linear(x, w_up, c10::nullopt); });
         b.run("small_linear", std::to_string(m) + " rows x [576, 1536]", name,
               (static_cast<double>(kHidden * kInter) + static_cast<double>(m) * (kHidden + kInter)) * es,
@@ -179,11 +185,11 @@ void run_dtype(Bench& b, const std::string& name, swarm::DType dtype, int thread
     const at::Tensor q = randn({batch, kHeads, kHeadDim}, st);
     const double bytes = 2.0 * static_cast<double>(batch * ctx * kKvHeads * kHeadDim) * es;
     const double flops = 4.0 * static_cast<double>(batch * ctx * kHeads * kHeadDim);  // q.k and p.v
-    b.run("paged_decode_attention", "batch " + std::to_string(batch) + ", " + std::to_string(ctx) + " keys", name, bytes,
-          flops, static_cast<int>(caches), [&](int i) {
-               swarm::paged_decode_attention(q, ks[static_cast<size_t>(i)], vs[static_cast<size_t>(i)], context,
-                                             std::numeric_limits<int64_t>::max(), 0.125);
-             });
+    b.run("paged_decode_attention", "batch " + std::to_string(batch) + ", " + std::to_string(ctx) + " keys",
+          name, bytes, flops, static_cast<int>(caches), [&](int i) {
+            swarm::paged_decode_attention(q, ks[static_cast<size_t>(i)], vs[static_cast<size_t>(i)], context,
+                                          std::numeric_limits<int64_t>::max(), 0.125);
+          });
   }
 
   // Elementwise serving ops over a prefill-sized block of rows, from memory.
@@ -193,21 +199,23 @@ void run_dtype(Bench& b, const std::string& name, swarm::DType dtype, int thread
     at::Tensor resid = randn({n, kHidden}, st);
     const double row_bytes = static_cast<double>(n * kHidden) * es;
     b.run("rms_norm_rows", std::to_string(n) + " x 576", name, 2 * row_bytes, 0, 5,
-             [&](int) { swarm::rms_norm_rows(x, w, 1e-5, out); });
+          [&](int) { swarm::rms_norm_rows(x, w, 1e-5, out); });
     b.run("add_rms_norm_rows", std::to_string(n) + " x 576", name, 4 * row_bytes, 0, 5,
-             [&](int) { swarm::add_rms_norm_rows(resid, x, w, 1e-5, out); });
+          [&](int) { swarm::add_rms_norm_rows(resid, x, w, 1e-5, out); });
     const at::Tensor gu = randn({n, 2 * kInter}, st, 0.5), act = at::empty({n, kInter}, gu.options());
-    b.run("silu_mul", std::to_string(n) + " x 2 x 1536", name, 3.0 * static_cast<double>(n * kInter) * es, 0, 5,
-             [&](int) { swarm::silu_mul(gu, act); });
+    b.run("silu_mul", std::to_string(n) + " x 2 x 1536", name, 3.0 * static_cast<double>(n * kInter) * es, 0,
+          5, [&](int) { swarm::silu_mul(gu, act); });
     const int64_t width = (kHeads + 2 * kKvHeads) * kHeadDim;
     const at::Tensor qkv = randn({n, width}, st);
-    const at::Tensor angles = at::arange(n, at::kFloat).unsqueeze(1) * at::linspace(0.001, 1.0, kHeadDim).unsqueeze(0);
+    const at::Tensor angles =
+        at::arange(n, at::kFloat).unsqueeze(1) * at::linspace(0.001, 1.0, kHeadDim).unsqueeze(0);
     const at::Tensor cos = angles.cos().to(st), sin = angles.sin().to(st);
     const at::Tensor pos = at::arange(n, at::kLong), rows = at::randperm(n, at::kLong);
     const at::Tensor kc = at::zeros({n, kKvHeads * kHeadDim}, qkv.options()), vc = at::zeros_like(kc);
     const at::Tensor qout = at::empty({n, kHeads, kHeadDim}, qkv.options());
     // read qkv and the step's cos/sin rows, write q, k and v
-    const double rope_bytes = (2.0 * static_cast<double>(n * width) + 2.0 * static_cast<double>(n * kHeadDim)) * es;
+    const double rope_bytes =
+        (2.0 * static_cast<double>(n * width) + 2.0 * static_cast<double>(n * kHeadDim)) * es;
     b.run("rope_qkv_into_cache", std::to_string(n) + " x (9 + 2 x 3) x 64", name, rope_bytes, 0, 5, [&](int) {
       swarm::rope_qkv_into_cache(qkv, kHeads, kKvHeads, kHeadDim, cos, sin, pos, rows, kc, vc, qout);
     });
@@ -216,8 +224,8 @@ void run_dtype(Bench& b, const std::string& name, swarm::DType dtype, int thread
     const int64_t batch = 64;
     const at::Tensor logits = at::randn({batch, kVocab});
     const std::vector<float> temps(static_cast<size_t>(batch), 0.7f);
-    b.run("softmax_row_stats", "64 x 49152 fp32 logits", "fp32", static_cast<double>(batch * kVocab) * 4.0, 0, 5,
-             [&](int) { swarm::softmax_row_stats(logits, temps); });
+    b.run("softmax_row_stats", "64 x 49152 fp32 logits", "fp32", static_cast<double>(batch * kVocab) * 4.0, 0,
+          5, [&](int) { swarm::softmax_row_stats(logits, temps); });
   }
 }
 
@@ -260,19 +268,24 @@ int main(int argc, char** argv) {
   for (double g : runs) std::printf(" %.1f", g);
   std::printf(" (512 MiB, read + write counted, %d threads)\n", threads);
   std::printf(
-      "\n== Kernels at SmolLM2-135M shapes, best time per call. bound = the slower of moving the call's bytes (weights "
-      "or K/V read, inputs read, results written) at the copy probe's rate and doing its FLOPs at the dtype's matmul "
-      "peak (2048^3, the same thread plan); limit = which of the two; %% of bound = bound time / time (elementwise "
+      "\n== Kernels at SmolLM2-135M shapes, best time per call. bound = the slower of moving the call's "
+      "bytes (weights "
+      "or K/V read, inputs read, results written) at the copy probe's rate and doing its FLOPs at the "
+      "dtype's matmul "
+      "peak (2048^3, the same thread plan); limit = which of the two; %% of bound = bound time / time "
+      "(elementwise "
       "ops: bytes only)\n");
-  std::printf("%-34s %-28s %-5s %10s %8s %9s %10s %6s %8s\n", "kernel", "shape", "dtype", "us/call", "GB/s", "GFLOP/s",
-              "bound us", "limit", "% bound");
+  std::printf("%-34s %-28s %-5s %10s %8s %9s %10s %6s %8s\n", "kernel", "shape", "dtype", "us/call", "GB/s",
+              "GFLOP/s", "bound us", "limit", "% bound");
   for (const Row& r : b.rows) {
     std::printf("%-34s %-28s %-5s %10.1f %8.1f %9.1f %10.1f %6s %7.1f%%\n", r.kernel.c_str(), r.shape.c_str(),
                 r.dtype.c_str(), r.seconds * 1e6, r.bytes / r.seconds / 1e9, r.flops / r.seconds / 1e9,
-                r.bound_seconds() * 1e6, r.memory_bound() ? "memory" : "FLOPs", 100.0 * r.bound_seconds() / r.seconds);
+                r.bound_seconds() * 1e6, r.memory_bound() ? "memory" : "FLOPs",
+                100.0 * r.bound_seconds() / r.seconds);
   }
-  std::printf("matmul peak 2048^3: fp32 %.1f GFLOP/s, bf16 %.1f GFLOP/s%s\n", b.peak_of[0] / 1e9, b.peak_of[1] / 1e9,
-              swarm::bf16_matmul_widens() ? " (the engine's bf16 GEMM without AVX512_BF16: widening_linear)" : "");
+  std::printf(
+      "matmul peak 2048^3: fp32 %.1f GFLOP/s, bf16 %.1f GFLOP/s%s\n", b.peak_of[0] / 1e9, b.peak_of[1] / 1e9,
+      swarm::bf16_matmul_widens() ? " (the engine's bf16 GEMM without AVX512_BF16: widening_linear)" : "");
   std::printf("\ntotal %.1f s\n", seconds_since(t_start));
   return 0;
 }

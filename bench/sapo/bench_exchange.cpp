@@ -38,7 +38,6 @@ using namespace swarm;
 using namespace swarm::bench;
 using Clock = std::chrono::steady_clock;
 
-
 namespace {
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -52,8 +51,18 @@ struct Broker {
     dir = fs::temp_directory_path() / ("bench-exchange-" + std::to_string(getpid()));
     fs::remove_all(dir);
     fs::create_directories(dir / "ports");
-    std::vector<std::string> args = {"nats-server", "-js", "-sd", (dir / "store").string(), "-a", "127.0.0.1", "-p",
-                                     "-1", "--ports_file_dir", (dir / "ports").string(), "-l", (dir / "log").string()};
+    std::vector<std::string> args = {"nats-server",
+                                     "-js",
+                                     "-sd",
+                                     (dir / "store").string(),
+                                     "-a",
+                                     "127.0.0.1",
+                                     "-p",
+                                     "-1",
+                                     "--ports_file_dir",
+                                     (dir / "ports").string(),
+                                     "-l",
+                                     (dir / "log").string()};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -63,7 +72,8 @@ struct Broker {
       for (const auto& f : fs::directory_iterator(dir / "ports")) {
         const std::string text = read_first_line(f.path());
         const auto colon = text.rfind(':'), end = text.find('"', colon == std::string::npos ? 0 : colon);
-        if (colon != std::string::npos && end != std::string::npos) port = std::stoi(text.substr(colon + 1, end - colon - 1));
+        if (colon != std::string::npos && end != std::string::npos)
+          port = std::stoi(text.substr(colon + 1, end - colon - 1));
       }
       if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(25));
     }
@@ -93,11 +103,12 @@ SapoGroup make_group(const std::string& node, int index, int episodes, size_t te
     SapoEpisode ep;
     ep.reward = e % 2;
     const std::string answer = "answer " + std::to_string(e) + std::string(text_bytes / 4, 'a');
-    ep.calls.push_back({{"messages", nlohmann::ordered_json::array({{{"role", "system"}, {"content", "Be brief."}},
-                                                                    {{"role", "user"}, {"content", question}}})},
-                        {"completion", {{"role", "assistant"}, {"content", answer}}},
-                        {"text", answer + "<|im_end|>"},
-                        {"finish_reason", "stop"}});
+    ep.calls.push_back(
+        {{"messages", nlohmann::ordered_json::array({{{"role", "system"}, {"content", "Be brief."}},
+                                                     {{"role", "user"}, {"content", question}}})},
+         {"completion", {{"role", "assistant"}, {"content", answer}}},
+         {"text", answer + "<|im_end|>"},
+         {"finish_reason", "stop"}});
     g.episodes.push_back(std::move(ep));
   }
   return g;
@@ -131,14 +142,20 @@ int main(int argc, char** argv) {
   int groups = 2000;
   int64_t flood = 1000000;
   double slack_mib = 32;
-  app.add_option("--groups", groups, "Groups for the throughput run")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--flood", flood, "Messages the hostile peer publishes")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--rss-slack-mib", slack_mib, "Allowed RSS growth over the flood (target)")->capture_default_str();
+  app.add_option("--groups", groups, "Groups for the throughput run")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--flood", flood, "Messages the hostile peer publishes")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--rss-slack-mib", slack_mib, "Allowed RSS growth over the flood (target)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::warn);
   Broker broker;
-  std::printf("bench_exchange: commit %s; %s, %ld CPUs; nats-server %s on loopback; loadavg %s\n", commit().c_str(),
-              cpu_model().c_str(), sysconf(_SC_NPROCESSORS_ONLN), broker.url().c_str(), load_average().c_str());
+  std::printf("bench_exchange: commit %s; %s, %ld CPUs; nats-server %s on loopback; loadavg %s\n",
+              commit().c_str(), cpu_model().c_str(), sysconf(_SC_NPROCESSORS_ONLN), broker.url().c_str(),
+              load_average().c_str());
 
   // ---- 1. throughput
   ExchangeConfig pc;
@@ -169,19 +186,21 @@ int main(int argc, char** argv) {
     }
     wait_until([&] { return producer.status().published >= groups; }, 120);
     publish_s = since(t0);
-    if (!consumer.wait_buffered(static_cast<size_t>(groups), 120)) std::printf("warning: consumer got %ld of %d\n",
-                                                                          static_cast<long>(consumer.status().buffered), groups);
+    if (!consumer.wait_buffered(static_cast<size_t>(groups), 120))
+      std::printf("warning: consumer got %ld of %d\n", static_cast<long>(consumer.status().buffered), groups);
     consume_s = since(t0);
     std::mt19937_64 rng(1);
     const std::vector<SapoGroup> drawn = consumer.draw(static_cast<size_t>(groups), rng);
     MockBackend backend;
     const auto t1 = Clock::now();
-    for (const SapoGroup& g : drawn) reencoded += static_cast<int64_t>(reencode_sapo_group(g, backend, 1, 1 << 20).size());
+    for (const SapoGroup& g : drawn)
+      reencoded += static_cast<int64_t>(reencode_sapo_group(g, backend, 1, 1 << 20).size());
     reencode_s = since(t1);
   }
-  std::printf("\n| throughput (%d groups of 8 episodes, %.1f KB each) | groups/s | MB/s |\n|---|---:|---:|\n", groups,
-              static_cast<double>(bytes) / 1000.0);
-  std::printf("| published (JetStream ack each) | %.0f | %.1f |\n", groups / publish_s, groups * bytes / publish_s / 1e6);
+  std::printf("\n| throughput (%d groups of 8 episodes, %.1f KB each) | groups/s | MB/s |\n|---|---:|---:|\n",
+              groups, static_cast<double>(bytes) / 1000.0);
+  std::printf("| published (JetStream ack each) | %.0f | %.1f |\n", groups / publish_s,
+              groups * bytes / publish_s / 1e6);
   std::printf("| published + consumed, validated, buffered | %.0f | %.1f |\n", groups / consume_s,
               groups * bytes / consume_s / 1e6);
   std::printf("| re-encoded for this node (mock ChatML) | %.0f | %.1f |\n", groups / reencode_s,
@@ -195,7 +214,8 @@ int main(int argc, char** argv) {
   Exchange victim(vc);
   if (!wait_until([&] { return victim.status().ready; }, 20)) throw std::runtime_error("victim not ready");
   natsConnection* nc = nullptr;
-  if (natsConnection_ConnectTo(&nc, broker.url().c_str()) != NATS_OK) throw std::runtime_error("flooder cannot connect");
+  if (natsConnection_ConnectTo(&nc, broker.url().c_str()) != NATS_OK)
+    throw std::runtime_error("flooder cannot connect");
   // Distinct groups, each under its own Nats-Msg-Id (a repeated group is a duplicate, and a
   // message without its id is dropped before it is buffered): every one reaches the buffer.
   SapoGroup flood_group = make_group("flooder", 0, 2, 200);
@@ -209,7 +229,8 @@ int main(int argc, char** argv) {
     const std::string p = encode_sapo_group(flood_group);
     const std::string id = sapo_message_id(flood_group);
     natsMsg* msg = nullptr;
-    if (natsMsg_Create(&msg, "swarm.flood.groups.flooder", nullptr, p.data(), static_cast<int>(p.size())) == NATS_OK) {
+    if (natsMsg_Create(&msg, "swarm.flood.groups.flooder", nullptr, p.data(), static_cast<int>(p.size())) ==
+        NATS_OK) {
       natsMsgHeader_Set(msg, "Nats-Msg-Id", id.c_str());
       natsConnection_PublishMsg(nc, msg);
       natsMsg_Destroy(msg);
@@ -230,10 +251,11 @@ int main(int argc, char** argv) {
   natsConnection_Destroy(nc);
   if (rss_tenth < 0) rss_tenth = rss0;
   const double growth_mib = static_cast<double>(rss_end - rss_tenth) / 1024.0;
-  std::printf("\n| flood: %lld messages of %.1f KB from one peer | value |\n|---|---:|\n", static_cast<long long>(flood),
-              static_cast<double>(payloads[0].size()) / 1000.0);
+  std::printf("\n| flood: %lld messages of %.1f KB from one peer | value |\n|---|---:|\n",
+              static_cast<long long>(flood), static_cast<double>(payloads[0].size()) / 1000.0);
   std::printf("| published in | %.1f s (%.0f msg/s) |\n", flood_s, static_cast<double>(flood) / flood_s);
-  std::printf("| received by the node (the stream keeps 10000 per node) | %lld |\n", static_cast<long long>(vs.received));
+  std::printf("| received by the node (the stream keeps 10000 per node) | %lld |\n",
+              static_cast<long long>(vs.received));
   std::printf("| buffered (bound 256) / evicted | %lld / %lld |\n", static_cast<long long>(vs.buffered),
               static_cast<long long>(vs.dropped.count("evicted") ? vs.dropped.at("evicted") : 0));
   std::printf("| RSS before / after a tenth / max / end (MiB) | %.1f / %.1f / %.1f / %.1f |\n", rss0 / 1024.0,

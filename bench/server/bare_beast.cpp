@@ -31,8 +31,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void run() {
-    net::dispatch(stream_.get_executor(),
-                  beast::bind_front_handler(&Session::do_read, shared_from_this()));
+    net::dispatch(stream_.get_executor(), beast::bind_front_handler(&Session::do_read, shared_from_this()));
   }
 
  private:
@@ -53,8 +52,7 @@ class Session : public std::enable_shared_from_this<Session> {
     res_.keep_alive(req_.keep_alive());
     res_.body() = kBody;
     res_.prepare_payload();
-    http::async_write(stream_, res_,
-                      beast::bind_front_handler(&Session::on_write, shared_from_this()));
+    http::async_write(stream_, res_, beast::bind_front_handler(&Session::on_write, shared_from_this()));
   }
 
   void on_write(beast::error_code ec, std::size_t) {

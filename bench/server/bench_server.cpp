@@ -82,19 +82,19 @@ double self_cpu_seconds() {
   return sec(ru.ru_utime) + sec(ru.ru_stime);
 }
 
-
-
 // ------------------------------------------------------------------ engine control
 
 json get_json(swarm::HttpClient& http, const std::string& path) {
   auto r = http.request("GET", path);
-  if (r.status != 200) throw std::runtime_error("GET " + path + " -> HTTP " + std::to_string(r.status) + ": " + r.body);
+  if (r.status != 200)
+    throw std::runtime_error("GET " + path + " -> HTTP " + std::to_string(r.status) + ": " + r.body);
   return json::parse(r.body);
 }
 
 void post_ok(swarm::HttpClient& http, const std::string& path, const std::string& body) {
   auto r = http.request("POST", path, body);
-  if (r.status != 200) throw std::runtime_error("POST " + path + " -> HTTP " + std::to_string(r.status) + ": " + r.body);
+  if (r.status != 200)
+    throw std::runtime_error("POST " + path + " -> HTTP " + std::to_string(r.status) + ": " + r.body);
 }
 
 // The run's files (metrics, checkpoints, the episode store) go here; removed at the end.
@@ -112,8 +112,8 @@ void start_engine(swarm::HttpClient& http, bool durable = true, bool fsync = tru
     }
   }
   const std::string yaml = std::string(kTrainConfig) + "durable_episodes: " + (durable ? "true" : "false") +
-                           "\ndurable_fsync: " + (fsync ? "true" : "false") + "\nexperiment_dir: " + g_experiment_dir +
-                           "\n";
+                           "\ndurable_fsync: " + (fsync ? "true" : "false") +
+                           "\nexperiment_dir: " + g_experiment_dir + "\n";
   post_ok(http, "/sync_train_config", json{{"yaml_as_string", yaml}}.dump());
   post_ok(http, "/start_engine", "{}");
   const auto until = Clock::now() + 30s;
@@ -193,7 +193,7 @@ struct Shared {
   std::atomic<uint64_t> task_seq{0};   // every 4 consecutive end_episode calls share a task_id
   std::atomic<uint64_t> completed{0};  // full episodes finished in this phase
   std::atomic<int> threads_done{0};
-  std::atomic<bool> abort{false};      // the server died: stop at once
+  std::atomic<bool> abort{false};  // the server died: stop at once
 };
 
 using KeepGoing = std::function<bool()>;
@@ -201,9 +201,15 @@ using KeepGoing = std::function<bool()>;
 /// One swarm client on its own keep-alive connection. Not thread-safe (one per thread).
 class EpisodeClient {
  public:
-  EpisodeClient(const std::string& url, std::string client_uuid, Shared& shared, ClientStats& st, bool record_latency)
-      : http_(url, 30s), client_uuid_(std::move(client_uuid)), shared_(shared), st_(st), record_(record_latency) {
-    claim_body_ = R"({"client_uuid":")" + client_uuid_ + R"(","episode_type":"train","discard_episode_timeout":60})";
+  EpisodeClient(const std::string& url, std::string client_uuid, Shared& shared, ClientStats& st,
+                bool record_latency)
+      : http_(url, 30s),
+        client_uuid_(std::move(client_uuid)),
+        shared_(shared),
+        st_(st),
+        record_(record_latency) {
+    claim_body_ =
+        R"({"client_uuid":")" + client_uuid_ + R"(","episode_type":"train","discard_episode_timeout":60})";
   }
 
   /// Opens the connection before the clock starts.
@@ -286,8 +292,8 @@ class EpisodeClient {
     char reward[32];
     std::snprintf(reward, sizeof(reward), "%.4f", static_cast<double>(k % 4) / 3.0);
     const std::string body = R"({"client_uuid":")" + client_uuid_ + R"(","episode_uuid":")" + episode_uuid_ +
-                             R"(","task_id":"task-)" + std::to_string(k / 4) + R"(","workflow_output":{"reward":)" +
-                             reward + "}}";
+                             R"(","task_id":"task-)" + std::to_string(k / 4) +
+                             R"(","workflow_output":{"reward":)" + reward + "}}";
     const auto t0 = Clock::now();
     auto r = http_.request("POST", "/end_episode", body);
     const auto t1 = Clock::now();
@@ -370,7 +376,9 @@ struct PointResult {
   int64_t steps = 0;
   ClientStats stats;
   /// Cores kept busy by processes other than the server under test and this benchmark.
-  double other_cores() const { return std::max(0.0, (machine_busy_s - server_cpu_s - client_cpu_s) / wall_s); }
+  double other_cores() const {
+    return std::max(0.0, (machine_busy_s - server_cpu_s - client_cpu_s) / wall_s);
+  }
   double rate() const { return wall_s > 0 ? static_cast<double>(stats.episodes) / wall_s : 0.0; }
 };
 
@@ -437,8 +445,8 @@ struct MemoryResult {
   int64_t steps = 0;
 };
 
-MemoryResult run_memory_phase(const std::string& url, ChildProcess& server, swarm::HttpClient& control, int clients,
-                              uint64_t target_episodes, uint64_t sample_every) {
+MemoryResult run_memory_phase(const std::string& url, ChildProcess& server, swarm::HttpClient& control,
+                              int clients, uint64_t target_episodes, uint64_t sample_every) {
   Shared shared;
   std::vector<ClientStats> stats(static_cast<size_t>(clients));
   std::latch ready(clients), go(1);
@@ -497,7 +505,8 @@ MemoryResult run_memory_phase(const std::string& url, ChildProcess& server, swar
 void print_errors(const char* what, const ClientStats& st) {
   if (st.errors == 0) return;
   std::printf("  !! %s: %llu error(s):\n", what, static_cast<unsigned long long>(st.errors));
-  for (const auto& [k, v] : st.error_kinds) std::printf("     %8llu x %s\n", static_cast<unsigned long long>(v), k.c_str());
+  for (const auto& [k, v] : st.error_kinds)
+    std::printf("     %8llu x %s\n", static_cast<unsigned long long>(v), k.c_str());
 }
 
 std::string pair_ms(const Percentiles& p) {
@@ -549,24 +558,32 @@ int main(int argc, char** argv) {
   int bare_port = -1;
   app.add_option("--server-bin", server_bin, "swarm-server binary")->capture_default_str();
   app.add_option("--clients", clients_list, "Concurrent clients per point")->capture_default_str();
-  app.add_option("--seconds", seconds, "Measured seconds per point")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--memory-episodes", memory_episodes, "Full episodes in the memory phase")->capture_default_str();
+  app.add_option("--seconds", seconds, "Measured seconds per point")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--memory-episodes", memory_episodes, "Full episodes in the memory phase")
+      ->capture_default_str();
   app.add_option("--memory-sample-every", memory_sample_every, "Sample the server RSS every N episodes")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--memory-clients", memory_clients, "Concurrent clients in the memory phase")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--io-threads", io_threads, "I/O threads of both servers")->capture_default_str()->check(CLI::Range(1, 256));
-  app.add_option("--repeats", repeats, "Runs of every point, swarm and bare interleaved; the table shows the best")
+  app.add_option("--io-threads", io_threads, "I/O threads of both servers")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  app.add_option("--repeats", repeats,
+                 "Runs of every point, swarm and bare interleaved; the table shows the best")
       ->capture_default_str()
       ->check(CLI::Range(1, 100));
-  app.add_flag("--quick", quick, "Smoke run: 1 s points, 1 run each, 50k memory episodes sampled every 10k (unless given)");
+  app.add_flag("--quick", quick,
+               "Smoke run: 1 s points, 1 run each, 50k memory episodes sampled every 10k (unless given)");
   app.add_flag("--skip-memory", skip_memory, "Skip the memory phase");
   app.add_option("--persistence-clients", persistence_clients,
                  "Client counts of the persistence phase (durable_episodes off vs on); empty = skip it")
       ->capture_default_str();
-  app.add_option("--bare-beast-port", bare_port, "Internal: act as the bare Beast server on this port")->group("");
+  app.add_option("--bare-beast-port", bare_port, "Internal: act as the bare Beast server on this port")
+      ->group("");
   CLI11_PARSE(app, argc, argv);
 
   if (bare_port >= 0) return run_bare_child(bare_port, io_threads);
@@ -587,7 +604,8 @@ int main(int argc, char** argv) {
   }
   std::error_code ec;
   const std::string self_exe = std::filesystem::read_symlink("/proc/self/exe", ec).string();
-  g_experiment_dir = (std::filesystem::temp_directory_path() / ("bench_server-" + std::to_string(::getpid()))).string();
+  g_experiment_dir =
+      (std::filesystem::temp_directory_path() / ("bench_server-" + std::to_string(::getpid()))).string();
   struct RemoveDir {
     ~RemoveDir() {
       std::error_code e;
@@ -598,50 +616,58 @@ int main(int argc, char** argv) {
   try {
     const uint16_t swarm_port = pick_free_port();
     ChildProcess swarm_server("swarm-server", {server_bin, "start", "--host", "127.0.0.1", "--port",
-                                               std::to_string(swarm_port), "--engine", "mock", "--log-level", "warn",
-                                               "--io-threads", std::to_string(io_threads)});
+                                               std::to_string(swarm_port), "--engine", "mock", "--log-level",
+                                               "warn", "--io-threads", std::to_string(io_threads)});
     const std::string swarm_url = "http://127.0.0.1:" + std::to_string(swarm_port);
     wait_until_answering(swarm_url, swarm_server, 15s);
 
     const uint16_t bare_listen_port = pick_free_port();
-    ChildProcess bare_server("bare Beast server", {self_exe, "--bare-beast-port", std::to_string(bare_listen_port),
-                                                   "--io-threads", std::to_string(io_threads)});
+    ChildProcess bare_server("bare Beast server",
+                             {self_exe, "--bare-beast-port", std::to_string(bare_listen_port), "--io-threads",
+                              std::to_string(io_threads)});
     const std::string bare_url = "http://127.0.0.1:" + std::to_string(bare_listen_port);
     wait_until_answering(bare_url, bare_server, 15s);
 
     swarm::HttpClient control(swarm_url, 30s);
     start_engine(control);
 
-    std::printf("bench_server: commit %s; %s; %s\n", git_commit(SWARM_SOURCE_DIR).c_str(), cpu_model().c_str(),
-                utc_now().c_str());
-    std::printf("bench_server: swarm-server (mock engine, %d I/O threads, pid %d) vs bare Beast (%d I/O threads, pid %d)\n",
-                io_threads, swarm_server.pid(), io_threads, bare_server.pid());
+    std::printf("bench_server: commit %s; %s; %s\n", git_commit(SWARM_SOURCE_DIR).c_str(),
+                cpu_model().c_str(), utc_now().c_str());
+    std::printf(
+        "bench_server: swarm-server (mock engine, %d I/O threads, pid %d) vs bare Beast (%d I/O threads, pid "
+        "%d)\n",
+        io_threads, swarm_server.pid(), io_threads, bare_server.pid());
     std::printf("loopback; %u hardware threads SHARED by the server under test and this load generator\n",
                 std::thread::hardware_concurrency());
     {
       std::ifstream la("/proc/loadavg");
       std::string l1, l5, l15;
       la >> l1 >> l5 >> l15;
-      std::printf("load average at start: %s %s %s (other processes compete for the same cores)\n", l1.c_str(),
-                  l5.c_str(), l15.c_str());
+      std::printf("load average at start: %s %s %s (other processes compete for the same cores)\n",
+                  l1.c_str(), l5.c_str(), l15.c_str());
     }
     std::printf("config: %s", kTrainConfig);
-    std::printf("full episode = POST /claim_episode + POST /v1/chat/completions + POST /end_episode\n"
-                "%.1f s per point; %d run(s) of every point, swarm and bare interleaved; tables show the best run\n\n",
-                seconds, repeats);
+    std::printf(
+        "full episode = POST /claim_episode + POST /v1/chat/completions + POST /end_episode\n"
+        "%.1f s per point; %d run(s) of every point, swarm and bare interleaved; tables show the best "
+        "run\n\n",
+        seconds, repeats);
     std::fflush(stdout);
 
     const size_t n_points = clients_list.size();
     std::vector<std::vector<PointResult>> swarm_runs(n_points), bare_runs(n_points);
     for (int r = 0; r < repeats; ++r)
       for (size_t i = 0; i < n_points; ++i) {
-        swarm_runs[i].push_back(run_point(Target::SWARM, swarm_url, swarm_server, &control, clients_list[i], seconds));
-        bare_runs[i].push_back(run_point(Target::BARE, bare_url, bare_server, nullptr, clients_list[i], seconds));
+        swarm_runs[i].push_back(
+            run_point(Target::SWARM, swarm_url, swarm_server, &control, clients_list[i], seconds));
+        bare_runs[i].push_back(
+            run_point(Target::BARE, bare_url, bare_server, nullptr, clients_list[i], seconds));
       }
     // The machine is shared with other work: the best run of each point is the least disturbed.
     auto best = [](const std::vector<PointResult>& runs) {
-      return *std::max_element(runs.begin(), runs.end(),
-                               [](const PointResult& a, const PointResult& b) { return a.rate() < b.rate(); });
+      return *std::max_element(runs.begin(), runs.end(), [](const PointResult& a, const PointResult& b) {
+        return a.rate() < b.rate();
+      });
     };
     std::vector<PointResult> swarm_points, bare_points;
     for (size_t i = 0; i < n_points; ++i) {
@@ -650,19 +676,21 @@ int main(int argc, char** argv) {
     }
 
     std::printf("%7s %11s %19s %19s %19s %13s %13s %8s %6s %5s %13s\n", "clients", "episodes/s",
-                "claim p50/p99 ms", "chat p50/p99 ms", "end p50/p99 ms", "srv CPU/ep us", "gen CPU/ep us", "retries",
-                "errors", "steps", "cores us/oth");
+                "claim p50/p99 ms", "chat p50/p99 ms", "end p50/p99 ms", "srv CPU/ep us", "gen CPU/ep us",
+                "retries", "errors", "steps", "cores us/oth");
     for (const auto& p : swarm_points) {
       const double eps = static_cast<double>(std::max<uint64_t>(1, p.stats.episodes));
-      std::printf("%7d %11.0f %19s %19s %19s %13.1f %13.1f %8llu %6llu %5lld %6.2f/%-6.2f\n", p.clients, p.rate(),
-                  pair_ms(percentiles(p.stats.claim_ns)).c_str(), pair_ms(percentiles(p.stats.chat_ns)).c_str(),
-                  pair_ms(percentiles(p.stats.end_ns)).c_str(), p.server_cpu_s / eps * 1e6,
-                  p.client_cpu_s / eps * 1e6, static_cast<unsigned long long>(p.stats.retries),
+      std::printf("%7d %11.0f %19s %19s %19s %13.1f %13.1f %8llu %6llu %5lld %6.2f/%-6.2f\n", p.clients,
+                  p.rate(), pair_ms(percentiles(p.stats.claim_ns)).c_str(),
+                  pair_ms(percentiles(p.stats.chat_ns)).c_str(), pair_ms(percentiles(p.stats.end_ns)).c_str(),
+                  p.server_cpu_s / eps * 1e6, p.client_cpu_s / eps * 1e6,
+                  static_cast<unsigned long long>(p.stats.retries),
                   static_cast<unsigned long long>(p.stats.errors), static_cast<long long>(p.steps),
                   (p.server_cpu_s + p.client_cpu_s) / p.wall_s, p.other_cores());
     }
     std::printf("\n%7s %11s %19s %13s %13s %6s %13s %21s %12s\n", "clients", "bare req/s", "req p50/p99 ms",
-                "srv CPU/rq us", "gen CPU/rq us", "errors", "cores us/oth", "ratio 3rq/ep [range]", "ratio ep/rq");
+                "srv CPU/rq us", "gen CPU/rq us", "errors", "cores us/oth", "ratio 3rq/ep [range]",
+                "ratio ep/rq");
     for (size_t i = 0; i < n_points; ++i) {
       const auto& b = bare_points[i];
       const double reqs = static_cast<double>(std::max<uint64_t>(1, b.stats.episodes));
@@ -684,9 +712,12 @@ int main(int argc, char** argv) {
                   (b.server_cpu_s + b.client_cpu_s) / b.wall_s, b.other_cores(), range, median);
     }
     std::printf(
-        "srv CPU = server process utime+stime per episode (per request for bare); gen CPU = this load generator's\n"
-        "cores us/oth = cores kept busy by (server + load generator) / by every other process on the machine\n"
-        "ratio 3rq/ep = (swarm episodes/s x 3 requests per episode) / bare req/s, same client count; each swarm\n"
+        "srv CPU = server process utime+stime per episode (per request for bare); gen CPU = this load "
+        "generator's\n"
+        "cores us/oth = cores kept busy by (server + load generator) / by every other process on the "
+        "machine\n"
+        "ratio 3rq/ep = (swarm episodes/s x 3 requests per episode) / bare req/s, same client count; each "
+        "swarm\n"
         "               run is paired with the bare run right after it: median over the pairs [min-max]\n"
         "ratio ep/rq  = swarm episodes/s / bare req/s (a whole episode against one bare request), median\n");
     std::printf("every run, in order (episodes/s | bare req/s):\n");
@@ -701,7 +732,8 @@ int main(int argc, char** argv) {
     }
     for (size_t i = 0; i < n_points; ++i)
       for (size_t r = 0; r < swarm_runs[i].size(); ++r) {
-        const std::string tag = "clients=" + std::to_string(clients_list[i]) + " run " + std::to_string(r + 1);
+        const std::string tag =
+            "clients=" + std::to_string(clients_list[i]) + " run " + std::to_string(r + 1);
         print_errors(("swarm, " + tag).c_str(), swarm_runs[i][r].stats);
         print_errors(("bare, " + tag).c_str(), bare_runs[i][r].stats);
       }
@@ -721,25 +753,29 @@ int main(int argc, char** argv) {
         const auto& s = m.samples[i];
         std::string rate = "-";  // over the interval since the previous sample, if long enough
         if (i > 0 && s.elapsed_s > m.samples[i - 1].elapsed_s + 0.5)
-          rate = std::to_string(static_cast<long>(static_cast<double>(s.episodes - m.samples[i - 1].episodes) /
-                                                  (s.elapsed_s - m.samples[i - 1].elapsed_s)));
-        std::printf("%10llu %10.1f %10.1f %+11ld %12.1f %+13ld %11s%s\n", static_cast<unsigned long long>(s.episodes),
-                    s.elapsed_s, mib(s.rss_kib), s.rss_kib - first.rss_kib, mib(s.anon_kib), s.anon_kib - first.anon_kib,
-                    rate.c_str(), i == 0 ? "  (baseline, before the phase)" : "");
+          rate =
+              std::to_string(static_cast<long>(static_cast<double>(s.episodes - m.samples[i - 1].episodes) /
+                                               (s.elapsed_s - m.samples[i - 1].elapsed_s)));
+        std::printf("%10llu %10.1f %10.1f %+11ld %12.1f %+13ld %11s%s\n",
+                    static_cast<unsigned long long>(s.episodes), s.elapsed_s, mib(s.rss_kib),
+                    s.rss_kib - first.rss_kib, mib(s.anon_kib), s.anon_kib - first.anon_kib, rate.c_str(),
+                    i == 0 ? "  (baseline, before the phase)" : "");
       }
       const auto& last = m.samples.back();
       const double eps = static_cast<double>(std::max<uint64_t>(1, m.stats.episodes));
-      std::printf("RSS after %llu episodes: %.1f MiB (first sample %.1f MiB at %llu episodes, delta %+ld KiB; "
-                  "baseline before the phase %.1f MiB)\n",
-                  static_cast<unsigned long long>(last.episodes), mib(last.rss_kib), mib(first.rss_kib),
-                  static_cast<unsigned long long>(first.episodes), last.rss_kib - first.rss_kib,
-                  mib(m.samples[0].rss_kib));
-      std::printf("memory phase: %.0f episodes/s over %.1f s, server CPU/episode %.1f us, %llu retries, %lld steps, "
-                  "cores busy ours/others %.2f/%.2f\n",
-                  static_cast<double>(m.stats.episodes) / m.wall_s, m.wall_s, m.server_cpu_s / eps * 1e6,
-                  static_cast<unsigned long long>(m.stats.retries), static_cast<long long>(m.steps),
-                  (m.server_cpu_s + m.client_cpu_s) / m.wall_s,
-                  std::max(0.0, (m.machine_busy_s - m.server_cpu_s - m.client_cpu_s) / m.wall_s));
+      std::printf(
+          "RSS after %llu episodes: %.1f MiB (first sample %.1f MiB at %llu episodes, delta %+ld KiB; "
+          "baseline before the phase %.1f MiB)\n",
+          static_cast<unsigned long long>(last.episodes), mib(last.rss_kib), mib(first.rss_kib),
+          static_cast<unsigned long long>(first.episodes), last.rss_kib - first.rss_kib,
+          mib(m.samples[0].rss_kib));
+      std::printf(
+          "memory phase: %.0f episodes/s over %.1f s, server CPU/episode %.1f us, %llu retries, %lld steps, "
+          "cores busy ours/others %.2f/%.2f\n",
+          static_cast<double>(m.stats.episodes) / m.wall_s, m.wall_s, m.server_cpu_s / eps * 1e6,
+          static_cast<unsigned long long>(m.stats.retries), static_cast<long long>(m.steps),
+          (m.server_cpu_s + m.client_cpu_s) / m.wall_s,
+          std::max(0.0, (m.machine_busy_s - m.server_cpu_s - m.client_cpu_s) / m.wall_s));
       print_errors("memory phase", m.stats);
     }
 
@@ -747,16 +783,18 @@ int main(int argc, char** argv) {
       // The cost of durability: the same load with the episode store off, on (fsync every
       // commit: survives a power cut) and on without fsync (survives a crash of the server),
       // alternating, in the same server process; the best run of each is shown.
-      std::printf("\npersistence phase: durable_episodes off / on / on with durable_fsync: false (the episode "
-                  "store: SQLite WAL), %d run(s) of %.1f s each, alternating\n",
-                  repeats, seconds);
+      std::printf(
+          "\npersistence phase: durable_episodes off / on / on with durable_fsync: false (the episode "
+          "store: SQLite WAL), %d run(s) of %.1f s each, alternating\n",
+          repeats, seconds);
       std::printf("%7s %9s %9s %9s %7s %7s %17s %17s %17s %13s %10s %8s\n", "clients", "off ep/s", "on ep/s",
                   "nofs ep/s", "on/off", "nofs/of", "end p50/p99 off", "end p50/p99 on", "end p50/p99 nofs",
                   "srv us/ep o/on", "commits/ep", "target");
       std::fflush(stdout);
       auto best = [](const std::vector<PointResult>& runs) {
-        return *std::max_element(runs.begin(), runs.end(),
-                                 [](const PointResult& a, const PointResult& b) { return a.rate() < b.rate(); });
+        return *std::max_element(runs.begin(), runs.end(), [](const PointResult& a, const PointResult& b) {
+          return a.rate() < b.rate();
+        });
       };
       for (int c : persistence_clients) {
         std::vector<PointResult> off, on, nofsync;
@@ -768,8 +806,8 @@ int main(int argc, char** argv) {
           const auto before = get_json(control, "/get_current_batch_rollout_pool_information");
           on.push_back(run_point(Target::SWARM, swarm_url, swarm_server, &control, c, seconds));
           const auto after = get_json(control, "/get_current_batch_rollout_pool_information");
-          const double recorded = after["episode_store"].value("recorded", 0.0) -
-                                  before["episode_store"].value("recorded", 0.0);
+          const double recorded =
+              after["episode_store"].value("recorded", 0.0) - before["episode_store"].value("recorded", 0.0);
           const double commits =
               after["episode_store"].value("commits", 0.0) - before["episode_store"].value("commits", 0.0);
           if (recorded > 0) commits_per_episode = commits / recorded;
@@ -784,10 +822,11 @@ int main(int argc, char** argv) {
         };
         char cpu[32];
         std::snprintf(cpu, sizeof cpu, "%.0f/%.0f", us_per_ep(a), us_per_ep(b));
-        std::printf("%7d %9.0f %9.0f %9.0f %7.3f %7.3f %17s %17s %17s %13s %10.3f %8s\n", c, a.rate(), b.rate(),
-                    n.rate(), ratio, ratio_n, pair_ms(percentiles(a.stats.end_ns)).c_str(),
-                    pair_ms(percentiles(b.stats.end_ns)).c_str(), pair_ms(percentiles(n.stats.end_ns)).c_str(), cpu,
-                    commits_per_episode, c == 64 ? (ratio >= 0.8 ? "met" : "MISSED") : "-");
+        std::printf("%7d %9.0f %9.0f %9.0f %7.3f %7.3f %17s %17s %17s %13s %10.3f %8s\n", c, a.rate(),
+                    b.rate(), n.rate(), ratio, ratio_n, pair_ms(percentiles(a.stats.end_ns)).c_str(),
+                    pair_ms(percentiles(b.stats.end_ns)).c_str(),
+                    pair_ms(percentiles(n.stats.end_ns)).c_str(), cpu, commits_per_episode,
+                    c == 64 ? (ratio >= 0.8 ? "met" : "MISSED") : "-");
         std::printf("        every run (ep/s): off");
         for (const auto& p : off) std::printf(" %.0f", p.rate());
         std::printf("   on");
@@ -795,16 +834,19 @@ int main(int argc, char** argv) {
         std::printf("   no fsync");
         for (const auto& p : nofsync) std::printf(" %.0f", p.rate());
         std::printf("\n");
-        for (size_t r = 0; r < on.size(); ++r) print_errors(("persistence on, run " + std::to_string(r + 1)).c_str(), on[r].stats);
+        for (size_t r = 0; r < on.size(); ++r)
+          print_errors(("persistence on, run " + std::to_string(r + 1)).c_str(), on[r].stats);
       }
-      std::printf("target (issue 26): episodes/s with the store on (fsync) >= 0.8 x off at 64 clients; commits/ep "
-                  "< 1 = group commit (concurrent end_episode calls share one fsync)\n");
+      std::printf(
+          "target (issue 26): episodes/s with the store on (fsync) >= 0.8 x off at 64 clients; commits/ep "
+          "< 1 = group commit (concurrent end_episode calls share one fsync)\n");
       std::fflush(stdout);
     }
 
     const json st = get_json(control, "/get_engine_status");
     std::printf("\nengine at the end: %s, global_step=%lld, policy_version=%lld\n",
-                st.value("engine_status", "?").c_str(), static_cast<long long>(st.value("global_step", int64_t{-1})),
+                st.value("engine_status", "?").c_str(),
+                static_cast<long long>(st.value("global_step", int64_t{-1})),
                 static_cast<long long>(st.value("policy_version", int64_t{-1})));
     const std::string swarm_end = swarm_server.stop();
     const std::string bare_end = bare_server.stop();

@@ -81,7 +81,8 @@ ojson twenty_properties() {
   for (int i = 0; i < 20; ++i) {
     ojson p = {{"type", types[i % 4]}, {"description", "field " + std::to_string(i)}};
     if (i % 4 == 1) p["minimum"] = 0, p["maximum"] = 1000 + i;
-    if (i % 5 == 0) p = {{"type", "array"}, {"items", {{"type", "string"}, {"maxLength", 32}}}, {"maxItems", 8}};
+    if (i % 5 == 0)
+      p = {{"type", "array"}, {"items", {{"type", "string"}, {"maxLength", 32}}}, {"maxItems", 8}};
     if (i % 7 == 0) p = {{"enum", {"alpha", "beta", "gamma"}}};
     props["field_" + std::to_string(i)] = p;
   }
@@ -100,7 +101,8 @@ double decode_rate(ServingEngine& engine, int64_t vocab, int batch, int tokens, 
     const auto t0 = Clock::now();
     for (int b = 0; b < batch; ++b) {
       GenerationRequest req;
-      for (int i = 0; i < 32; ++i) req.prompt_ids.push_back(static_cast<TokenId>((i * 7919 + b * 131) % (vocab - 1) + 1));
+      for (int i = 0; i < 32; ++i)
+        req.prompt_ids.push_back(static_cast<TokenId>((i * 7919 + b * 131) % (vocab - 1) + 1));
       req.params.temperature = 1.0;
       req.params.max_tokens = tokens;
       req.params.seed = static_cast<uint64_t>(rep * 1000 + b);
@@ -140,7 +142,8 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", repeats, "Runs per case (the best counts)")->capture_default_str();
   app.add_option("--models", models, "smollm2, qwen3")->capture_default_str();
   std::string schemas = "free,counted";
-  app.add_option("--schemas", schemas, "free (unbounded strings), counted (maxLength 16)")->capture_default_str();
+  app.add_option("--schemas", schemas, "free (unbounded strings), counted (maxLength 16)")
+      ->capture_default_str();
   app.add_option("--threads", threads, "Compute threads (0 = every CPU)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
@@ -171,9 +174,11 @@ int main(int argc, char** argv) {
         const fs::path cfg = fs::path(common.model_cache) / "tiny-qwen3-config";
         fs::create_directories(cfg);
         for (const char* f : {"config.json", "generation_config.json"})
-          fs::copy_file(fs::path(SWARM_SOURCE_DIR) / "tests/data/tiny-qwen3" / f, cfg / f, fs::copy_options::overwrite_existing);
+          fs::copy_file(fs::path(SWARM_SOURCE_DIR) / "tests/data/tiny-qwen3" / f, cfg / f,
+                        fs::copy_options::overwrite_existing);
         for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
-          fs::copy_file(fs::path(common.fixtures) / "tokenizers/qwen3" / f, cfg / f, fs::copy_options::overwrite_existing);
+          fs::copy_file(fs::path(common.fixtures) / "tokenizers/qwen3" / f, cfg / f,
+                        fs::copy_options::overwrite_existing);
         dir = prepare_random_model(cfg, common.model_cache, "tiny-qwen3-random-f32-seed0");
       } else {
         throw std::invalid_argument("unknown model '" + name + "' (smollm2, qwen3)");
@@ -191,7 +196,8 @@ int main(int argc, char** argv) {
       sc.max_batch_sequences = 64;
       sc.max_context = 32 + tokens + 16;
       ServingEngine engine(model, tokenizer, sc);  // no eos: every request runs its --tokens
-      for (const auto& [schema_name, schema] : {std::pair{"free", &kFreeSchema}, std::pair{"counted", &kCountedSchema}}) {
+      for (const auto& [schema_name, schema] :
+           {std::pair{"free", &kFreeSchema}, std::pair{"counted", &kCountedSchema}}) {
         const std::vector<std::string> wanted = split_list(schemas);
         if (std::find(wanted.begin(), wanted.end(), schema_name) == wanted.end()) continue;
         auto g = std::make_shared<const grammar::Grammar>(grammar::json_schema_grammar(*schema));
@@ -226,33 +232,41 @@ int main(int argc, char** argv) {
               if (grammar::mask_allows(mask, id)) ok.push_back(id);
             if (ok.empty()) break;
             const uint32_t pick = ok[rng() % ok.size()];
-            for (unsigned char c : tokenizer->token_bytes(static_cast<TokenId>(pick))) ws = walk.step_id(ws, c);
+            for (unsigned char c : tokenizer->token_bytes(static_cast<TokenId>(pick)))
+              ws = walk.step_id(ws, c);
           }
           (pass == 0 ? walk_ms : warm_ms) = walked ? mask_seconds * 1000 / walked : 0;
-          if (pass == 0) hit_rate = walked ? static_cast<double>(walk_masker.cache_hits() - hits0) / walked : 0;
+          if (pass == 0)
+            hit_rate = walked ? static_cast<double>(walk_masker.cache_hits() - hits0) / walked : 0;
         }
-        mask_rows.push_back({name, schema_name, vocab, trie->num_nodes(), trie_ms, cold_ms, walk_ms, warm_ms, hit_rate});
+        mask_rows.push_back(
+            {name, schema_name, vocab, trie->num_nodes(), trie_ms, cold_ms, walk_ms, warm_ms, hit_rate});
         for (int batch : {1, 32}) {
           Row r{name, schema_name, batch, 0, 0};
           r.plain = decode_rate(engine, vocab, batch, tokens, repeats, nullptr);
           r.constrained = decode_rate(engine, vocab, batch, tokens, repeats, g);
           rows.push_back(r);
-          std::fprintf(stderr, "[bench] %s %s batch %d: %.1f vs %.1f tok/s\n", name.c_str(), schema_name, batch, r.plain,
-                       r.constrained);
+          std::fprintf(stderr, "[bench] %s %s batch %d: %.1f vs %.1f tok/s\n", name.c_str(), schema_name,
+                       batch, r.plain, r.constrained);
         }
       }
     }
-    std::printf("\n| model | strings | vocab | trie nodes | trie build ms | first mask ms | mask ms per token (first walk) | (second walk) | mask cache hits (first) |\n|---|---|---|---|---|---|---|---|---|\n");
+    std::printf(
+        "\n| model | strings | vocab | trie nodes | trie build ms | first mask ms | mask ms per token (first "
+        "walk) | (second walk) | mask cache hits (first) |\n|---|---|---|---|---|---|---|---|---|\n");
     for (const MaskRow& r : mask_rows)
-      std::printf("| %s | %s | %lld | %zu | %.0f | %.1f | %.2f | %.2f | %.0f %% |\n", r.model.c_str(), r.schema.c_str(),
-                  static_cast<long long>(r.vocab), r.trie_nodes, r.trie_ms, r.cold_ms, r.walk_ms, r.warm_ms,
-                  100 * r.hit_rate);
-    std::printf("\n| model | strings | batch | unconstrained tok/s | constrained tok/s | ratio | target >= 80 %% |\n|---|---|---|---|---|---|---|\n");
+      std::printf("| %s | %s | %lld | %zu | %.0f | %.1f | %.2f | %.2f | %.0f %% |\n", r.model.c_str(),
+                  r.schema.c_str(), static_cast<long long>(r.vocab), r.trie_nodes, r.trie_ms, r.cold_ms,
+                  r.walk_ms, r.warm_ms, 100 * r.hit_rate);
+    std::printf(
+        "\n| model | strings | batch | unconstrained tok/s | constrained tok/s | ratio | target >= 80 %% "
+        "|\n|---|---|---|---|---|---|---|\n");
     for (const Row& r : rows)
-      std::printf("| %s | %s | %d | %.1f | %.1f | %.0f %% | %s |\n", r.model.c_str(), r.schema.c_str(), r.batch, r.plain, r.constrained,
-                  100 * r.constrained / r.plain, r.batch != 1 ? "-" : (r.constrained >= 0.8 * r.plain ? "met" : "missed"));
-    std::printf("\nschema compile (20 properties, %zu rules): median %.2f ms of 50 — target <= 50 ms: %s\n", rules,
-                compile_ms, compile_ms <= 50 ? "met" : "missed");
+      std::printf("| %s | %s | %d | %.1f | %.1f | %.0f %% | %s |\n", r.model.c_str(), r.schema.c_str(),
+                  r.batch, r.plain, r.constrained, 100 * r.constrained / r.plain,
+                  r.batch != 1 ? "-" : (r.constrained >= 0.8 * r.plain ? "met" : "missed"));
+    std::printf("\nschema compile (20 properties, %zu rules): median %.2f ms of 50 — target <= 50 ms: %s\n",
+                rules, compile_ms, compile_ms <= 50 ? "met" : "missed");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_structured: error: %s\n", e.what());
     return 1;

@@ -27,14 +27,12 @@ std::vector<std::string> category(const nlohmann::json& corpus, const char* name
 
 // Pronounceable made-up words: mostly unseen by the BPE word cache.
 std::string made_up_sentence(std::mt19937& rng) {
-  static const char* kOnsets[] = {"b", "c", "d",  "f",  "g",  "h",  "j",  "k",
-                                  "l", "m", "n",  "p",  "qu", "r",  "s",  "t",
-                                  "v", "w", "st", "tr", "pl", "gr", "sh", "ch"};
+  static const char* kOnsets[] = {"b",  "c", "d", "f", "g", "h", "j",  "k",  "l",  "m",  "n",  "p",
+                                  "qu", "r", "s", "t", "v", "w", "st", "tr", "pl", "gr", "sh", "ch"};
   static const char* kVowels[] = {"a", "e", "i", "o", "u", "ai", "ea", "ou", "io", "y"};
   static const char* kCodas[] = {"", "", "n", "r", "s", "t", "l", "m", "nd", "st", "ck", "ng"};
-  static const char* kCommon[] = {"the", "and",  "of", "to",  "a",   "in",   "is",
-                                  "was", "that", "it", "he",  "she", "they", "with",
-                                  "for", "on",   "as", "but", "had"};
+  static const char* kCommon[] = {"the", "and", "of",   "to",   "a",   "in", "is", "was", "that", "it",
+                                  "he",  "she", "they", "with", "for", "on", "as", "but", "had"};
   std::string s;
   int words = 5 + static_cast<int>(rng() % 15);
   for (int w = 0; w < words; ++w) {
@@ -121,19 +119,18 @@ int main(int argc, char** argv) {
     const char* name;
     const char* dir;
   };
-  const Entry entries[] = {
-      {"tinystories-656k (SentencePiece BPE, 2k)", "models/tinystories-656k"},
-      {"smollm2-135m (byte-level BPE, 49k)", "models/smollm2-135m-instruct-noweights"},
-      {"qwen3 (byte-level BPE, 151k, NFC)", "tokenizers/qwen3"}};
+  const Entry entries[] = {{"tinystories-656k (SentencePiece BPE, 2k)", "models/tinystories-656k"},
+                           {"smollm2-135m (byte-level BPE, 49k)", "models/smollm2-135m-instruct-noweights"},
+                           {"qwen3 (byte-level BPE, 151k, NFC)", "tokenizers/qwen3"}};
   std::printf(
       "corpus: %zu documents, %.2f MB (MB = 1e6 bytes); single thread; cold = first pass (empty "
       "word cache), warm = best of %d more passes\n\n",
       docs.size(), static_cast<double>(bytes) / 1e6, iters);
-  std::printf("| %-42s | %8s | %10s | %9s | %9s | %9s |\n", "tokenizer", "load s", "tokens",
-              "bytes/tok", "cold MB/s", "warm MB/s");
+  std::printf("| %-42s | %8s | %10s | %9s | %9s | %9s |\n", "tokenizer", "load s", "tokens", "bytes/tok",
+              "cold MB/s", "warm MB/s");
   std::printf("|%s|%s|%s|%s|%s|%s|\n", std::string(44, '-').c_str(), std::string(10, '-').c_str(),
-              std::string(12, '-').c_str(), std::string(11, '-').c_str(),
-              std::string(11, '-').c_str(), std::string(11, '-').c_str());
+              std::string(12, '-').c_str(), std::string(11, '-').c_str(), std::string(11, '-').c_str(),
+              std::string(11, '-').c_str());
   for (const Entry& e : entries) {
     auto t0 = std::chrono::steady_clock::now();
     auto tok = swarm::Tokenizer::from_directory(fixtures + "/" + e.dir);

@@ -189,7 +189,9 @@ struct EngineResult {
     for (double x : v) s += x;
     return v.empty() ? 0 : s / static_cast<double>(v.size());
   }
-  static double min(const std::vector<double>& v) { return v.empty() ? 0 : *std::min_element(v.begin(), v.end()); }
+  static double min(const std::vector<double>& v) {
+    return v.empty() ? 0 : *std::min_element(v.begin(), v.end());
+  }
 };
 
 EngineResult run_engine(const fs::path& dir, swarm::DType dtype, const swarm::TrainerOptions& opts,
@@ -217,7 +219,8 @@ EngineResult run_engine(const fs::path& dir, swarm::DType dtype, const swarm::Tr
     const auto s0 = Clock::now();
     trainer->zero_gradients();
     swarm::LossSums sums;
-    for (const auto& micro : plan.micro) sums.add(trainer->accumulate_gradients(plan.prepared, micro, {}, plan.norm));
+    for (const auto& micro : plan.micro)
+      sums.add(trainer->accumulate_gradients(plan.prepared, micro, {}, plan.norm));
     const auto s1 = Clock::now();
     const Usage u1 = Usage::now();
     const double norm = trainer->optimizer_step(opts.learning_rate);
@@ -241,9 +244,9 @@ EngineResult run_engine(const fs::path& dir, swarm::DType dtype, const swarm::Tr
   const sb::CpuSample cpu0 = sb::cpu_sample();
   for (int64_t i = 0; i < w.steps; ++i) {
     step(&r);
-    progress("  C++ step %lld: %.2f s (%.1f tok/s; gradients %.2f s, optimizer %.3f s)", static_cast<long long>(i + 1),
-             r.step_s.back(), static_cast<double>(plan.tokens) / r.step_s.back(), r.grad_s.back(),
-             r.optimizer_s.back());
+    progress("  C++ step %lld: %.2f s (%.1f tok/s; gradients %.2f s, optimizer %.3f s)",
+             static_cast<long long>(i + 1), r.step_s.back(),
+             static_cast<double>(plan.tokens) / r.step_s.back(), r.grad_s.back(), r.optimizer_s.back());
   }
   r.cores = sb::cores_busy(cpu0, sb::cpu_sample());
   const swarm::GrpoTrainer::ExclusiveRunner inline_runner;  // no serving engine: runs inline
@@ -258,7 +261,8 @@ EngineResult run_engine(const fs::path& dir, swarm::DType dtype, const swarm::Tr
     r.profile = sb::profile_ops(
         [&] {
           trainer->zero_gradients();
-          for (const auto& micro : plan.micro) trainer->accumulate_gradients(plan.prepared, micro, {}, plan.norm);
+          for (const auto& micro : plan.micro)
+            trainer->accumulate_gradients(plan.prepared, micro, {}, plan.norm);
         },
         1.0, 22);
     r.profile_opt = sb::profile_ops(
@@ -276,8 +280,8 @@ EngineResult run_engine(const fs::path& dir, swarm::DType dtype, const swarm::Tr
 using sb::PythonResult;
 
 PythonResult run_python(const std::string& python, const fs::path& script, const fs::path& dir,
-                        const std::string& dtype, int threads, const Plan& plan, const swarm::TrainerOptions& opts,
-                        const Workload& w) {
+                        const std::string& dtype, int threads, const Plan& plan,
+                        const swarm::TrainerOptions& opts, const Workload& w) {
   json spec = {{"model_dir", dir.string()},
                {"dtype", dtype},
                {"threads", threads},
@@ -333,7 +337,8 @@ std::string verdict(bool known, double value, double target, const char* unit) {
   return std::string(value >= target ? "PASS " : "MISS ") + fmt(unit, value);
 }
 
-void print_report(const std::vector<CaseResult>& cases, const Plan& plan, const Workload& w, const ModelShape& shape) {
+void print_report(const std::vector<CaseResult>& cases, const Plan& plan, const Workload& w,
+                  const ModelShape& shape) {
   const double tokens = static_cast<double>(plan.tokens);
   std::printf(
       "\n== Workload: %lld sequences x %lld tokens (prompt %lld, trained response %lld), %lld task groups, "
@@ -354,27 +359,29 @@ void print_report(const std::vector<CaseResult>& cases, const Plan& plan, const 
     const double flops = train_flops_per_token(e.params, shape, w.seq_len) * tokens;
     const double mfu = flops / EngineResult::mean(e.step_s) / c.peak;
     std::printf("%-5s %11.1f %13s %7s %8.1f%% %13.1f %16.1f\n", c.dtype.c_str(), cpp,
-                py > 0 ? fmt("%.1f", py).c_str() : "-", py > 0 ? fmt("%.2fx", cpp / py).c_str() : "-", 100.0 * mfu,
-                EngineResult::mean(e.optimizer_s) * 1e3, EngineResult::mean(e.sync_s) * 1e3);
+                py > 0 ? fmt("%.1f", py).c_str() : "-", py > 0 ? fmt("%.2fx", cpp / py).c_str() : "-",
+                100.0 * mfu, EngineResult::mean(e.optimizer_s) * 1e3, EngineResult::mean(e.sync_s) * 1e3);
   }
 
   std::printf("\n== Details (means over the timed steps; min in brackets)\n");
-  std::printf("%-5s %-22s %-20s %-19s %-15s %-13s %-21s %-10s %-10s %-12s\n", "dtype", "C++ s/step", "C++ gradients s",
-              "Py fwd / bwd / opt s", "sync ms (min)", "peak GFLOP/s", "achieved GFLOP/s C/Py", "MFU Py",
-              "cores us/oth", "RSS peak MiB C/Py");
+  std::printf("%-5s %-22s %-20s %-19s %-15s %-13s %-21s %-10s %-10s %-12s\n", "dtype", "C++ s/step",
+              "C++ gradients s", "Py fwd / bwd / opt s", "sync ms (min)", "peak GFLOP/s",
+              "achieved GFLOP/s C/Py", "MFU Py", "cores us/oth", "RSS peak MiB C/Py");
   for (const CaseResult& c : cases) {
     const EngineResult& e = c.engine;
     const double flops = train_flops_per_token(e.params, shape, w.seq_len) * tokens;
     const double py_s = c.python.get("step_s");
     std::printf(
         "%-5s %-22s %-20s %-19s %-15s %-13.1f %-21s %-10s %-12s %-12s\n", c.dtype.c_str(),
-        (fmt("%.2f", EngineResult::mean(e.step_s)) + " (" + fmt("%.2f", EngineResult::min(e.step_s)) + ")").c_str(),
+        (fmt("%.2f", EngineResult::mean(e.step_s)) + " (" + fmt("%.2f", EngineResult::min(e.step_s)) + ")")
+            .c_str(),
         fmt("%.2f", EngineResult::mean(e.grad_s)).c_str(),
-        py_s > 0 ? (fmt("%.2f", c.python.get("forward_s")) + " / " + fmt("%.2f", c.python.get("backward_s")) + " / " +
-                    fmt("%.2f", c.python.get("optimizer_s")))
+        py_s > 0 ? (fmt("%.2f", c.python.get("forward_s")) + " / " + fmt("%.2f", c.python.get("backward_s")) +
+                    " / " + fmt("%.2f", c.python.get("optimizer_s")))
                        .c_str()
                  : "-",
-        (fmt("%.1f", EngineResult::mean(e.sync_s) * 1e3) + " (" + fmt("%.1f", EngineResult::min(e.sync_s) * 1e3) + ")")
+        (fmt("%.1f", EngineResult::mean(e.sync_s) * 1e3) + " (" +
+         fmt("%.1f", EngineResult::min(e.sync_s) * 1e3) + ")")
             .c_str(),
         c.peak / 1e9,
         (fmt("%.1f", flops / EngineResult::mean(e.step_s) / 1e9) + " / " +
@@ -387,20 +394,25 @@ void print_report(const std::vector<CaseResult>& cases, const Plan& plan, const 
             .c_str());
   }
   std::printf("\n%-5s %-24s %-26s %-22s %-12s %-10s %-22s\n", "dtype", "thread plan torch/BLAS",
-              "loadavg before -> after", "grad norm step 1 C/Py", "loss C/Py", "Py cores", "load / trainer init s");
+              "loadavg before -> after", "grad norm step 1 C/Py", "loss C/Py", "Py cores",
+              "load / trainer init s");
   for (const CaseResult& c : cases) {
-    std::printf(
-        "%-5s %-24s %-26s %-22s %-12s %-10s %-22s\n", c.dtype.c_str(),
-        (std::to_string(c.threads.torch_threads) + " / " + std::to_string(c.threads.openblas_threads)).c_str(),
-        (c.load_before + " -> " + c.load_after).c_str(),
-        (fmt("%.5g", c.engine.first_grad_norm) + " / " +
-         (c.python.ok ? fmt("%.5g", c.python.get("first_grad_norm")) : std::string("-")))
-            .c_str(),
-        (fmt("%.4f", c.engine.loss) + "/" + (c.python.ok ? fmt("%.4f", c.python.get("loss")) : std::string("-")))
-            .c_str(),
-        c.ran_python ? (fmt("%.2f", c.python.cores.first) + "/" + fmt("%.2f", c.python.cores.second)).c_str() : "-",
-        (fmt("%.1f", c.engine.load_s) + " / " + fmt("%.2f", c.engine.init_s)).c_str());
-    if (c.ran_python && !c.python.ok) std::printf("      python reference FAILED: %s\n", c.python.error.c_str());
+    std::printf("%-5s %-24s %-26s %-22s %-12s %-10s %-22s\n", c.dtype.c_str(),
+                (std::to_string(c.threads.torch_threads) + " / " + std::to_string(c.threads.openblas_threads))
+                    .c_str(),
+                (c.load_before + " -> " + c.load_after).c_str(),
+                (fmt("%.5g", c.engine.first_grad_norm) + " / " +
+                 (c.python.ok ? fmt("%.5g", c.python.get("first_grad_norm")) : std::string("-")))
+                    .c_str(),
+                (fmt("%.4f", c.engine.loss) + "/" +
+                 (c.python.ok ? fmt("%.4f", c.python.get("loss")) : std::string("-")))
+                    .c_str(),
+                c.ran_python
+                    ? (fmt("%.2f", c.python.cores.first) + "/" + fmt("%.2f", c.python.cores.second)).c_str()
+                    : "-",
+                (fmt("%.1f", c.engine.load_s) + " / " + fmt("%.2f", c.engine.init_s)).c_str());
+    if (c.ran_python && !c.python.ok)
+      std::printf("      python reference FAILED: %s\n", c.python.error.c_str());
   }
 
   std::printf(
@@ -410,16 +422,18 @@ void print_report(const std::vector<CaseResult>& cases, const Plan& plan, const 
               "Python step sys s / kflt");
   for (const CaseResult& c : cases) {
     const Usage g = Usage::mean(c.engine.grad_usage), o = Usage::mean(c.engine.optimizer_usage);
-    std::printf("%-5s %-28s %-28s %-28s\n", c.dtype.c_str(),
-                (fmt("%.2f", g.sys_s) + " / " + fmt("%.0f", g.minflt / 1e3)).c_str(),
-                (fmt("%.2f", o.sys_s) + " / " + fmt("%.0f", o.minflt / 1e3)).c_str(),
-                c.python.ok
-                    ? (fmt("%.2f", c.python.get("sys_s")) + " / " + fmt("%.0f", c.python.get("minflt") / 1e3)).c_str()
-                    : "-");
+    std::printf(
+        "%-5s %-28s %-28s %-28s\n", c.dtype.c_str(),
+        (fmt("%.2f", g.sys_s) + " / " + fmt("%.0f", g.minflt / 1e3)).c_str(),
+        (fmt("%.2f", o.sys_s) + " / " + fmt("%.0f", o.minflt / 1e3)).c_str(),
+        c.python.ok
+            ? (fmt("%.2f", c.python.get("sys_s")) + " / " + fmt("%.0f", c.python.get("minflt") / 1e3)).c_str()
+            : "-");
   }
 
   std::printf("\n== Targets (reported, not asserted)\n");
-  std::printf("%-5s %-22s %-22s %-22s\n", "dtype", ">= 1.0x Python", "bf16 MFU >= 40%", "weight sync <= 50 ms");
+  std::printf("%-5s %-22s %-22s %-22s\n", "dtype", ">= 1.0x Python", "bf16 MFU >= 40%",
+              "weight sync <= 50 ms");
   for (const CaseResult& c : cases) {
     const EngineResult& e = c.engine;
     const double cpp = tokens / EngineResult::mean(e.step_s);
@@ -430,15 +444,19 @@ void print_report(const std::vector<CaseResult>& cases, const Plan& plan, const 
     std::printf("%-5s %-22s %-22s %-22s\n", c.dtype.c_str(),
                 verdict(py > 0, py > 0 ? cpp / py : 0, 1.0, "(%.2fx)").c_str(),
                 c.scalar == at::kBFloat16 ? verdict(true, 100.0 * mfu, 40.0, "(%.1f%%)").c_str() : "n/a",
-                (sync_ms <= 50.0 ? "PASS " + fmt("(%.1f ms)", sync_ms) : "MISS " + fmt("(%.1f ms)", sync_ms)).c_str());
+                (sync_ms <= 50.0 ? "PASS " + fmt("(%.1f ms)", sync_ms) : "MISS " + fmt("(%.1f ms)", sync_ms))
+                    .c_str());
   }
 
   for (const CaseResult& c : cases) {
     if (c.engine.profile.empty()) continue;
-    std::printf("\n== Profile, %s: forward only (token_logprobs, no grad) %.2f s vs forward+backward %.2f s per step\n",
-                c.dtype.c_str(), c.engine.forward_only_s, EngineResult::mean(c.engine.grad_s));
-    for (const auto& [title, ops] : {std::pair{"accumulate_gradients over the micro-batches", &c.engine.profile},
-                                     std::pair{"optimizer_step + sync_to_serving", &c.engine.profile_opt}}) {
+    std::printf(
+        "\n== Profile, %s: forward only (token_logprobs, no grad) %.2f s vs forward+backward %.2f s per "
+        "step\n",
+        c.dtype.c_str(), c.engine.forward_only_s, EngineResult::mean(c.engine.grad_s));
+    for (const auto& [title, ops] :
+         {std::pair{"accumulate_gradients over the micro-batches", &c.engine.profile},
+          std::pair{"optimizer_step + sync_to_serving", &c.engine.profile_opt}}) {
       std::printf("  %s: self CPU ms on the calling thread (legacy profiler overhead included)\n", title);
       double total = 0;
       for (const auto& op : *ops) total += op.self_us;
@@ -463,17 +481,20 @@ int main(int argc, char** argv) {
   swarm::bound_openmp_spin_wait(argv);  // first: it may re-execute this program
   Options opt;
   const sb::CommonOptions& common = opt.common;
-  CLI::App app{"bench_trainer: GRPO trainer step tokens/s, MFU, optimizer and weight-sync time vs python3-torch"};
+  CLI::App app{
+      "bench_trainer: GRPO trainer step tokens/s, MFU, optimizer and weight-sync time vs python3-torch"};
   opt.common.add_to(app, "Smaller batch (2 x 128 tokens) and 1 timed step (smoke run)",
                     "Cores for the engine's thread plan (C++ and Python)");
   app.add_option("--steps", opt.steps, "Timed steps after 1 warm-up (default 2, quick 1)");
   app.add_option("--seqs", opt.seqs, "Sequences in the batch (default 8, quick 2)");
   app.add_option("--seq-len", opt.seq_len, "Tokens per sequence (default 256, quick 128)");
   app.add_option("--prompt-len", opt.prompt_len, "Prompt tokens (loss mask 0) per sequence (default: half)");
-  app.add_option("--micro-batch-tokens", opt.micro_batch_tokens, "micro_batch_max_tokens (padded rows x longest row)")
+  app.add_option("--micro-batch-tokens", opt.micro_batch_tokens,
+                 "micro_batch_max_tokens (padded rows x longest row)")
       ->capture_default_str();
-  app.add_flag("--profile", opt.profile,
-               "Also time a forward-only pass and print per-op self time of one step's gradients and optimizer");
+  app.add_flag(
+      "--profile", opt.profile,
+      "Also time a forward-only pass and print per-op self time of one step's gradients and optimizer");
   CLI11_PARSE(app, argc, argv);
 
   try {

@@ -71,7 +71,8 @@ int verdict(const std::string& reply) {
   return c == 'y' ? 1 : c == 'n' ? 0 : -1;
 }
 
-EpisodeResult run_episode(const Settings& s, const swarm::tasks::TaskInstance& task, const swarm::OpenAIEndpoint& ep) {
+EpisodeResult run_episode(const Settings& s, const swarm::tasks::TaskInstance& task,
+                          const swarm::OpenAIEndpoint& ep) {
   swarm::OpenAIClient llm(ep, std::chrono::seconds(120));
   swarm::ChatParams params;
   params.max_tokens = s.max_tokens;
@@ -108,10 +109,11 @@ int run(const Settings& s) {
   job.group_by = s.group_by;
   job.max_prompt_length = 256;
   job.max_response_length = s.max_tokens;
-  std::printf("at_grpo_agent: %s, model %s, %d steps of %d tasks x %d episodes (%s, difficulty %d), "
-              "roles proposer + checker, group_by %s\n",
-              s.url.c_str(), s.model.c_str(), s.steps, s.batch_size, s.num_repeat, mix.to_string().c_str(), s.difficulty,
-              s.group_by.c_str());
+  std::printf(
+      "at_grpo_agent: %s, model %s, %d steps of %d tasks x %d episodes (%s, difficulty %d), "
+      "roles proposer + checker, group_by %s\n",
+      s.url.c_str(), s.model.c_str(), s.steps, s.batch_size, s.num_repeat, mix.to_string().c_str(),
+      s.difficulty, s.group_by.c_str());
   client.auto_sync_train_config_and_start_engine(job, s.force_restart);
   std::fflush(stdout);
 
@@ -120,7 +122,9 @@ int run(const Settings& s) {
     const int64_t step_before = client.get_engine_status().global_step;
     std::vector<swarm::Task> batch;
     for (int i = 0; i < s.batch_size; ++i) {
-      const auto task = mix.sample(s.difficulty, swarm::tasks::mix_seed(s.seed, static_cast<uint64_t>(step_before), static_cast<uint64_t>(i)));
+      const auto task = mix.sample(
+          s.difficulty,
+          swarm::tasks::mix_seed(s.seed, static_cast<uint64_t>(step_before), static_cast<uint64_t>(i)));
       swarm::Task t;
       t.task_id = task.id;
       t.main_query = task.prompt;
@@ -147,24 +151,24 @@ int run(const Settings& s) {
     };
     const swarm::RunSummary summary = client.run_episodes_until_all_complete(batch, workflow, s.workers);
     if (summary.failed > 0) {
-      std::fprintf(stderr, "at_grpo_agent: error: %zu of %zu episodes of step %d failed after retries\n", summary.failed,
-                   batch.size(), step);
+      std::fprintf(stderr, "at_grpo_agent: error: %zu of %zu episodes of step %d failed after retries\n",
+                   summary.failed, batch.size(), step);
       return 1;
     }
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(s.step_timeout_s);
     swarm::EngineStatus status;
     while ((status = client.get_engine_status()).global_step <= step_before) {
       if (status.engine_status == "ENGINE.OFFLINE" || std::chrono::steady_clock::now() > deadline) {
-        std::fprintf(stderr, "at_grpo_agent: error: no policy step (engine %s %s)\n", status.engine_status.c_str(),
-                     status.engine_status_detail.c_str());
+        std::fprintf(stderr, "at_grpo_agent: error: no policy step (engine %s %s)\n",
+                     status.engine_status.c_str(), status.engine_status_detail.c_str());
         return 1;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     const double n = static_cast<double>(batch.size());
-    std::printf("step %d/%d  global_step=%lld  proposer_reward=%.3f  exact=%.2f  checker_right=%.2f  %.1fs\n", step,
-                s.steps, static_cast<long long>(status.global_step), proposer / n, exact / n, checker / n,
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    std::printf("step %d/%d  global_step=%lld  proposer_reward=%.3f  exact=%.2f  checker_right=%.2f  %.1fs\n",
+                step, s.steps, static_cast<long long>(status.global_step), proposer / n, exact / n,
+                checker / n, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     std::fflush(stdout);
   }
   return 0;
@@ -176,18 +180,32 @@ int main(int argc, char** argv) {
   Settings s;
   CLI::App app{"at_grpo_agent: a proposer and a checker sharing one policy, trained with AT-GRPO"};
   app.add_option("--url", s.url, "Swarm server URL")->capture_default_str();
-  app.add_option("--model", s.model, "Model directory the server loads (any name on the mock engine)")->required();
-  app.add_option("--tasks", s.tasks, "Task mix (examples/tasks: sort, reverse, count, base, add; weights as sort:2)")
+  app.add_option("--model", s.model, "Model directory the server loads (any name on the mock engine)")
+      ->required();
+  app.add_option("--tasks", s.tasks,
+                 "Task mix (examples/tasks: sort, reverse, count, base, add; weights as sort:2)")
       ->capture_default_str();
-  app.add_option("--difficulty", s.difficulty, "Task difficulty")->capture_default_str()->check(CLI::Range(1, 8));
-  app.add_option("--steps", s.steps, "Policy steps to drive")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--batch-size", s.batch_size, "Tasks per policy step")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--difficulty", s.difficulty, "Task difficulty")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 8));
+  app.add_option("--steps", s.steps, "Policy steps to drive")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", s.batch_size, "Tasks per policy step")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--num-repeat", s.num_repeat, "Episodes per task (group size per agent and turn)")
       ->capture_default_str()
       ->check(CLI::Range(2, 64));
-  app.add_option("--workers", s.workers, "Parallel episodes")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--max-tokens", s.max_tokens, "The proposer's completion limit")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--temperature", s.temperature, "Sampling temperature")->capture_default_str()->check(CLI::Range(0.0, 2.0));
+  app.add_option("--workers", s.workers, "Parallel episodes")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-tokens", s.max_tokens, "The proposer's completion limit")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--temperature", s.temperature, "Sampling temperature")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 2.0));
   app.add_option("--learning-rate", s.learning_rate, "AdamW learning rate")->capture_default_str();
   app.add_option("--seed", s.seed, "Seed of the tasks")->capture_default_str();
   app.add_option("--group-by", s.group_by,
@@ -196,7 +214,8 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"task_agent_turn", "task"}));
   app.add_flag("--force-restart", s.force_restart, "Stop and reconfigure the engine even if it is running");
-  app.add_option("--step-timeout", s.step_timeout_s, "Seconds to wait for one policy step")->capture_default_str();
+  app.add_option("--step-timeout", s.step_timeout_s, "Seconds to wait for one policy step")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     return run(s);

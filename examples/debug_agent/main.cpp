@@ -26,7 +26,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 // The few pool figures that show whether a batch changed.
 struct PoolFigures {
@@ -64,22 +66,28 @@ int main(int argc, char** argv) {
   bool force_restart = false, no_configure = false, no_llm = false;
   double claim_timeout_s = 60, discard_timeout_s = 60;
   app.add_option("--url", url, "Swarm server URL")->capture_default_str();
-  app.add_option("--episodes", episodes, "Episodes to claim (each is aborted)")->capture_default_str()->check(
-      CLI::PositiveNumber);
+  app.add_option("--episodes", episodes, "Episodes to claim (each is aborted)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--workers", workers, "Episodes in flight at once (keep it low next to a training run)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--model", model, "Model of the job synced when the engine is OFFLINE")->capture_default_str();
-  app.add_option("--batch-size", batch_size, "batch_size of that job")->capture_default_str()->check(
-      CLI::PositiveNumber);
-  app.add_option("--num-repeat", num_repeat, "num_repeat of that job")->capture_default_str()->check(
-      CLI::PositiveNumber);
+  app.add_option("--model", model, "Model of the job synced when the engine is OFFLINE")
+      ->capture_default_str();
+  app.add_option("--batch-size", batch_size, "batch_size of that job")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--num-repeat", num_repeat, "num_repeat of that job")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_flag("--force-restart", force_restart, "Stop and reconfigure the engine even if it is running");
-  app.add_flag("--no-configure", no_configure, "Never sync a config or start the engine: attach to a running one");
+  app.add_flag("--no-configure", no_configure,
+               "Never sync a config or start the engine: attach to a running one");
   app.add_flag("--no-llm", no_llm, "Claim and abort only, without a model call");
   app.add_option("--prompt", prompt, "User message of the model call")->capture_default_str();
-  app.add_option("--max-tokens", max_tokens, "max_tokens of the model call")->capture_default_str()->check(
-      CLI::PositiveNumber);
+  app.add_option("--max-tokens", max_tokens, "max_tokens of the model call")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--claim-timeout", claim_timeout_s, "Seconds to wait for one claim")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -105,10 +113,11 @@ int main(int argc, char** argv) {
                 static_cast<long long>(status.global_step));
     if (no_configure) {
       if (status.engine_status == "ENGINE.OFFLINE") {
-        std::fprintf(stderr,
-                     "debug_agent: error: the engine is OFFLINE and --no-configure was given (start a training "
-                     "run first, or drop --no-configure)%s%s\n",
-                     status.engine_status_detail.empty() ? "" : ": ", status.engine_status_detail.c_str());
+        std::fprintf(
+            stderr,
+            "debug_agent: error: the engine is OFFLINE and --no-configure was given (start a training "
+            "run first, or drop --no-configure)%s%s\n",
+            status.engine_status_detail.empty() ? "" : ": ", status.engine_status_detail.c_str());
         return 1;
       }
     } else {
@@ -167,8 +176,8 @@ int main(int argc, char** argv) {
             ++llm_calls;
             char buf[160];
             std::snprintf(buf, sizeof buf, ", chat: %d prompt + %d completion tokens, finish=%s, %.2fs",
-                          reply.usage.prompt_tokens, reply.usage.completion_tokens, reply.finish_reason.c_str(),
-                          seconds_since(t0));
+                          reply.usage.prompt_tokens, reply.usage.completion_tokens,
+                          reply.finish_reason.c_str(), seconds_since(t0));
             what += buf;
           }
         } catch (const std::exception& e) {
@@ -203,7 +212,8 @@ int main(int argc, char** argv) {
         static_cast<long long>(after.running));
     return errors == 0 && aborted == episodes ? 0 : 1;
   } catch (const swarm::TransportError& e) {
-    std::fprintf(stderr, "debug_agent: error: cannot reach the swarm server at %s: %s\n", url.c_str(), e.what());
+    std::fprintf(stderr, "debug_agent: error: cannot reach the swarm server at %s: %s\n", url.c_str(),
+                 e.what());
   } catch (const swarm::ClientError& e) {
     std::fprintf(stderr, "debug_agent: error: %s\n", e.what());
   } catch (const std::exception& e) {

@@ -26,8 +26,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 const std::vector<std::string> kWords = {
-    "apple", "river", "mountain", "lantern", "violet", "harbor", "pepper", "glacier",
-    "meadow", "copper", "falcon", "orchid", "thunder", "pebble", "saffron", "willow",
+    "apple",  "river",  "mountain", "lantern", "violet",  "harbor", "pepper",  "glacier",
+    "meadow", "copper", "falcon",   "orchid",  "thunder", "pebble", "saffron", "willow",
 };
 
 std::string lower(std::string s) {
@@ -64,14 +64,18 @@ int main(int argc, char** argv) {
   bool force_restart = false;
   double step_timeout_s = 600;
   app.add_option("--url", url, "Swarm server URL")->capture_default_str();
-  app.add_option("--workers", workers, "Parallel episodes on this client")->capture_default_str()->check(
-      CLI::PositiveNumber);
-  app.add_option("--steps", steps, "Policy steps (weight-sync cycles) to drive")->capture_default_str()->check(
-      CLI::PositiveNumber);
-  app.add_option("--batch-size", batch_size, "Tasks per policy step")->capture_default_str()->check(
-      CLI::PositiveNumber);
-  app.add_option("--num-repeat", num_repeat, "Episodes per task (GRPO group size)")->capture_default_str()->check(
-      CLI::PositiveNumber);
+  app.add_option("--workers", workers, "Parallel episodes on this client")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--steps", steps, "Policy steps (weight-sync cycles) to drive")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", batch_size, "Tasks per policy step")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--num-repeat", num_repeat, "Episodes per task (GRPO group size)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--model", model, "Model the server trains (any name with the mock engine)")
       ->capture_default_str();
   app.add_flag("--force-restart", force_restart, "Stop and reconfigure the engine even if it is running");
@@ -150,8 +154,9 @@ int main(int argc, char** argv) {
         if (status.global_step > step_before) break;
         if (Clock::now() > wait_until) {
           std::fprintf(stderr, "echo_agent: error: global_step stayed at %lld for %.0f s (engine %s%s%s)\n",
-                       static_cast<long long>(status.global_step), step_timeout_s, status.engine_status.c_str(),
-                       status.engine_status_detail.empty() ? "" : ": ", status.engine_status_detail.c_str());
+                       static_cast<long long>(status.global_step), step_timeout_s,
+                       status.engine_status.c_str(), status.engine_status_detail.empty() ? "" : ": ",
+                       status.engine_status_detail.c_str());
           return 1;
         }
         if (status.engine_status == "ENGINE.OFFLINE") {
@@ -162,13 +167,15 @@ int main(int argc, char** argv) {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
       const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
-      std::printf("step %d/%d  global_step=%lld  episodes=%zu  reward_mean=%.2f  elapsed=%.1fs\n", step, steps,
-                  static_cast<long long>(status.global_step), summary.completed, n ? sum / n : 0.0, elapsed);
+      std::printf("step %d/%d  global_step=%lld  episodes=%zu  reward_mean=%.2f  elapsed=%.1fs\n", step,
+                  steps, static_cast<long long>(status.global_step), summary.completed, n ? sum / n : 0.0,
+                  elapsed);
       std::fflush(stdout);
     }
     return 0;
   } catch (const swarm::TransportError& e) {
-    std::fprintf(stderr, "echo_agent: error: cannot reach the swarm server at %s: %s\n", url.c_str(), e.what());
+    std::fprintf(stderr, "echo_agent: error: cannot reach the swarm server at %s: %s\n", url.c_str(),
+                 e.what());
   } catch (const swarm::ClientError& e) {
     std::fprintf(stderr, "echo_agent: error: %s\n", e.what());
   } catch (const std::exception& e) {

@@ -75,8 +75,9 @@ struct Settings {
 
 // Runs argv in `cwd` with `env` added to this process's environment, stdin /dev/null, stdout and
 // stderr into `log`; kills it after `timeout_s`. Returns the exit status (-1: killed / failed).
-int run_process(const std::vector<std::string>& argv, const std::vector<std::pair<std::string, std::string>>& env,
-                const fs::path& cwd, const fs::path& log, double timeout_s) {
+int run_process(const std::vector<std::string>& argv,
+                const std::vector<std::pair<std::string, std::string>>& env, const fs::path& cwd,
+                const fs::path& log, double timeout_s) {
   std::vector<std::string> envs;
   for (char** e = environ; *e; ++e) {
     const std::string kv = *e;
@@ -143,24 +144,45 @@ EpisodeResult run_episode(const Settings& s, const Problem& p, const swarm::Open
   std::vector<std::string> argv;
   std::vector<std::pair<std::string, std::string>> env = {{"HOME", dir.string()}};
   if (s.harness == "claude") {
-    if (s.scripted) prompt += "<tool_call>" + json{{"name", "Bash"}, {"arguments", {{"command", command}}}}.dump() + "</tool_call>";
-    argv = {s.harness_bin, "-p", prompt, "--bare", "--tools", "Bash", "--allowedTools", "Bash", "--system-prompt",
-            "You are a careful assistant working in a shell.", "--model", "swarm", "--output-format", "json"};
-    env.insert(env.end(), {{"ANTHROPIC_BASE_URL", base}, {"ANTHROPIC_API_KEY", ep.api_key}, {"DISABLE_TELEMETRY", "1"},
-                           {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"}, {"DISABLE_AUTOUPDATER", "1"}});
+    if (s.scripted)
+      prompt += "<tool_call>" + json{{"name", "Bash"}, {"arguments", {{"command", command}}}}.dump() +
+                "</tool_call>";
+    argv = {s.harness_bin,
+            "-p",
+            prompt,
+            "--bare",
+            "--tools",
+            "Bash",
+            "--allowedTools",
+            "Bash",
+            "--system-prompt",
+            "You are a careful assistant working in a shell.",
+            "--model",
+            "swarm",
+            "--output-format",
+            "json"};
+    env.insert(env.end(), {{"ANTHROPIC_BASE_URL", base},
+                           {"ANTHROPIC_API_KEY", ep.api_key},
+                           {"DISABLE_TELEMETRY", "1"},
+                           {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"},
+                           {"DISABLE_AUTOUPDATER", "1"}});
   } else {
-    if (s.scripted) prompt += "<tool_call>" + json{{"name", "exec_command"}, {"arguments", {{"cmd", command}}}}.dump() + "</tool_call>";
+    if (s.scripted)
+      prompt += "<tool_call>" + json{{"name", "exec_command"}, {"arguments", {{"cmd", command}}}}.dump() +
+                "</tool_call>";
     const fs::path home = dir / ".codex-home";
     fs::create_directories(home);
-    std::ofstream(home / "config.toml") << "model = \"swarm\"\nmodel_provider = \"swarm\"\napproval_policy = \"never\"\n"
-                                           "sandbox_mode = \"danger-full-access\"\ncheck_for_update_on_startup = false\n"
-                                           "web_search = \"disabled\"\n\n[analytics]\nenabled = false\n\n[feedback]\n"
-                                           "enabled = false\n\n[otel]\nexporter = \"none\"\n\n[model_providers.swarm]\n"
-                                           "name = \"swarm\"\nbase_url = \""
-                                        << ep.base_url
-                                        << "\"\nwire_api = \"responses\"\nenv_key = \"SWARM_API_KEY\"\n"
-                                           "request_max_retries = 1\nstream_max_retries = 1\n";
-    argv = {s.harness_bin, "exec", "--skip-git-repo-check", "--strict-config", "--disable", "plugins", prompt};
+    std::ofstream(home / "config.toml")
+        << "model = \"swarm\"\nmodel_provider = \"swarm\"\napproval_policy = \"never\"\n"
+           "sandbox_mode = \"danger-full-access\"\ncheck_for_update_on_startup = false\n"
+           "web_search = \"disabled\"\n\n[analytics]\nenabled = false\n\n[feedback]\n"
+           "enabled = false\n\n[otel]\nexporter = \"none\"\n\n[model_providers.swarm]\n"
+           "name = \"swarm\"\nbase_url = \""
+        << ep.base_url
+        << "\"\nwire_api = \"responses\"\nenv_key = \"SWARM_API_KEY\"\n"
+           "request_max_retries = 1\nstream_max_retries = 1\n";
+    argv = {s.harness_bin, "exec", "--skip-git-repo-check", "--strict-config", "--disable",
+            "plugins",     prompt};
     env.insert(env.end(), {{"CODEX_HOME", home.string()}, {"SWARM_API_KEY", ep.api_key}});
   }
   EpisodeResult r;
@@ -179,7 +201,8 @@ EpisodeResult run_episode(const Settings& s, const Problem& p, const swarm::Open
 
 int run(const Settings& s) {
   if (!fs::exists(s.harness_bin))
-    throw std::runtime_error("no " + s.harness + " at " + s.harness_bin + " (run scripts/setup.sh, or pass --harness-bin)");
+    throw std::runtime_error("no " + s.harness + " at " + s.harness_bin +
+                             " (run scripts/setup.sh, or pass --harness-bin)");
   swarm::SwarmClientOptions options;
   options.max_connections = static_cast<size_t>(s.workers) + 4;
   options.run_claim_deadline = std::chrono::milliseconds(static_cast<int64_t>(s.step_timeout_s * 1000 / 4));
@@ -193,9 +216,9 @@ int run(const Settings& s) {
   job.seed = static_cast<int64_t>(s.seed);
   job.max_prompt_length = s.max_prompt_length;  // a harness's system prompt and tools: Codex ~10k tokens
   job.max_response_length = s.max_tokens;
-  std::printf("harness_agent: %s, model %s, harness %s (%s), %d steps of %d tasks x %d episodes%s\n", s.url.c_str(),
-              s.model.c_str(), s.harness.c_str(), s.harness_bin.c_str(), s.steps, s.batch_size, s.num_repeat,
-              s.scripted ? ", scripted tool calls (mock engine)" : "");
+  std::printf("harness_agent: %s, model %s, harness %s (%s), %d steps of %d tasks x %d episodes%s\n",
+              s.url.c_str(), s.model.c_str(), s.harness.c_str(), s.harness_bin.c_str(), s.steps, s.batch_size,
+              s.num_repeat, s.scripted ? ", scripted tool calls (mock engine)" : "");
   client.auto_sync_train_config_and_start_engine(job, s.force_restart);
   std::fflush(stdout);
 
@@ -231,8 +254,8 @@ int run(const Settings& s) {
     };
     const swarm::RunSummary summary = client.run_episodes_until_all_complete(batch, workflow, s.workers);
     if (summary.failed > 0) {
-      std::fprintf(stderr, "harness_agent: error: %zu of %zu episodes of step %d failed after retries\n", summary.failed,
-                   batch.size(), step);
+      std::fprintf(stderr, "harness_agent: error: %zu of %zu episodes of step %d failed after retries\n",
+                   summary.failed, batch.size(), step);
       return 1;
     }
     double reward = 0;
@@ -241,16 +264,18 @@ int run(const Settings& s) {
     swarm::EngineStatus status;
     while ((status = client.get_engine_status()).global_step <= step_before) {
       if (status.engine_status == "ENGINE.OFFLINE" || std::chrono::steady_clock::now() > deadline) {
-        std::fprintf(stderr, "harness_agent: error: no policy step (engine %s %s)\n", status.engine_status.c_str(),
-                     status.engine_status_detail.c_str());
+        std::fprintf(stderr, "harness_agent: error: no policy step (engine %s %s)\n",
+                     status.engine_status.c_str(), status.engine_status_detail.c_str());
         return 1;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     const double n = static_cast<double>(batch.size());
-    std::printf("step %d/%d  global_step=%lld  reward=%.3f  answer_file=%.2f  correct=%.2f  harness_failed=%.2f  %.1fs\n",
-                step, s.steps, static_cast<long long>(status.global_step), reward / n, files / n, correct / n,
-                harness_failures / n, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    std::printf(
+        "step %d/%d  global_step=%lld  reward=%.3f  answer_file=%.2f  correct=%.2f  harness_failed=%.2f  "
+        "%.1fs\n",
+        step, s.steps, static_cast<long long>(status.global_step), reward / n, files / n, correct / n,
+        harness_failures / n, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     std::fflush(stdout);
   }
   return 0;
@@ -260,30 +285,52 @@ int run(const Settings& s) {
 
 int main(int argc, char** argv) {
   Settings s;
-  CLI::App app{"harness_agent: trains a model on what Claude Code or Codex does with it on a small file task"};
+  CLI::App app{
+      "harness_agent: trains a model on what Claude Code or Codex does with it on a small file task"};
   app.add_option("--url", s.url, "Swarm server URL")->capture_default_str();
-  app.add_option("--model", s.model, "Model directory the server loads (any name on the mock engine)")->required();
+  app.add_option("--model", s.model, "Model directory the server loads (any name on the mock engine)")
+      ->required();
   app.add_option("--harness", s.harness, "claude (Anthropic Messages API) or codex (Responses API)")
       ->capture_default_str()
       ->check(CLI::IsMember({"claude", "codex"}));
-  app.add_option("--harness-bin", s.harness_bin, "The harness executable (default: tests/harness/node_modules/.bin/<harness>)");
-  app.add_option("--steps", s.steps, "Policy steps to drive")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--batch-size", s.batch_size, "Tasks per policy step")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--num-repeat", s.num_repeat, "Episodes per task (GRPO group size)")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--workers", s.workers, "Parallel episodes (harness processes)")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--max-tokens", s.max_tokens, "Completion limit per model call")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--max-prompt-length", s.max_prompt_length, "Prompt limit in tokens (the harness's system prompt and tools)")
+  app.add_option("--harness-bin", s.harness_bin,
+                 "The harness executable (default: tests/harness/node_modules/.bin/<harness>)");
+  app.add_option("--steps", s.steps, "Policy steps to drive")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--temperature", s.temperature, "Sampling temperature")->capture_default_str()->check(CLI::Range(0.0, 2.0));
+  app.add_option("--batch-size", s.batch_size, "Tasks per policy step")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--num-repeat", s.num_repeat, "Episodes per task (GRPO group size)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--workers", s.workers, "Parallel episodes (harness processes)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-tokens", s.max_tokens, "Completion limit per model call")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-prompt-length", s.max_prompt_length,
+                 "Prompt limit in tokens (the harness's system prompt and tools)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--temperature", s.temperature, "Sampling temperature")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 2.0));
   app.add_option("--learning-rate", s.learning_rate, "AdamW learning rate")->capture_default_str();
-  app.add_option("--file-reward", s.file_reward, "Reward when answer.txt exists but is wrong")->capture_default_str()->check(CLI::Range(0.0, 1.0));
-  app.add_option("--episode-timeout", s.episode_timeout_s, "Seconds one harness run may take")->capture_default_str();
+  app.add_option("--file-reward", s.file_reward, "Reward when answer.txt exists but is wrong")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--episode-timeout", s.episode_timeout_s, "Seconds one harness run may take")
+      ->capture_default_str();
   app.add_option("--seed", s.seed, "Seed of the problems")->capture_default_str();
-  app.add_flag("--scripted", s.scripted, "Script the shell command into each prompt (the mock engine echoes it)");
-  app.add_flag("--keep-dirs", s.keep_dirs, "Keep each episode's directory (harness.log, answer.txt) under the temp dir");
+  app.add_flag("--scripted", s.scripted,
+               "Script the shell command into each prompt (the mock engine echoes it)");
+  app.add_flag("--keep-dirs", s.keep_dirs,
+               "Keep each episode's directory (harness.log, answer.txt) under the temp dir");
   app.add_flag("--force-restart", s.force_restart, "Stop and reconfigure the engine even if it is running");
-  app.add_option("--step-timeout", s.step_timeout_s, "Seconds to wait for one policy step")->capture_default_str();
+  app.add_option("--step-timeout", s.step_timeout_s, "Seconds to wait for one policy step")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (s.harness_bin.empty())
     s.harness_bin = (fs::path(SWARM_SOURCE_DIR) / "tests/harness/node_modules/.bin" / s.harness).string();

@@ -34,8 +34,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 const std::vector<std::string> kWords = {
-    "apple", "river", "mountain", "lantern", "violet", "harbor", "pepper", "glacier",
-    "meadow", "copper", "falcon", "orchid", "thunder", "pebble", "saffron", "willow",
+    "apple",  "river",  "mountain", "lantern", "violet",  "harbor", "pepper",  "glacier",
+    "meadow", "copper", "falcon",   "orchid",  "thunder", "pebble", "saffron", "willow",
 };
 
 std::string lower(std::string s) {
@@ -98,8 +98,8 @@ void abort_quietly(swarm::SwarmClient& client, const std::string& episode_uuid, 
   try {
     client.abort_episode(episode_uuid);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "multi_model_agent: warning: abort of %s on server %s failed: %s\n", episode_uuid.c_str(),
-                 side, e.what());
+    std::fprintf(stderr, "multi_model_agent: warning: abort of %s on server %s failed: %s\n",
+                 episode_uuid.c_str(), side, e.what());
   }
 }
 
@@ -128,20 +128,22 @@ double rollout(Context& ctx, const swarm::Task& task) {
     pa.model = s.model_a;
     pb.model = s.model_b;
     pa.max_tokens = pb.max_tokens = s.max_tokens;
-    const auto plan = planner.chat({{"system", "You are the planner. Write a one-line plan for the solver."},
-                                    {"user", task.main_query}},
-                                   pa);
-    const auto answer = solver.chat({{"system", "You are the solver. Follow the planner's plan."},
-                                     {"user", "Repeat after me: " + word + "\nPlanner's hint: " + plan.content}},
-                                    pb);
+    const auto plan = planner.chat(
+        {{"system", "You are the planner. Write a one-line plan for the solver."}, {"user", task.main_query}},
+        pa);
+    const auto answer =
+        solver.chat({{"system", "You are the solver. Follow the planner's plan."},
+                     {"user", "Repeat after me: " + word + "\nPlanner's hint: " + plan.content}},
+                    pb);
     out.reward = word_reward(word, answer.content);
     out.is_success = *out.reward >= 1.0;
     out.log_metrics["plan_chars"] = static_cast<double>(plan.content.size());
     out.log_metrics["answer_chars"] = static_cast<double>(answer.content.size());
 
     if (s.fail_every > 0 && attempt % s.fail_every == 0)
-      throw InjectedFailure("--fail-every " + std::to_string(s.fail_every) + ": injected failure in attempt " +
-                            std::to_string(attempt) + " after claiming both episodes");
+      throw InjectedFailure("--fail-every " + std::to_string(s.fail_every) +
+                            ": injected failure in attempt " + std::to_string(attempt) +
+                            " after claiming both episodes");
     // Commit only if both episodes are still alive: one the server reclaimed (idle
     // timeout, engine stop) or a server gone means neither may train on this rollout.
     if (!ctx.a.can_continue_episode(ep_a.episode_uuid))
@@ -197,14 +199,16 @@ StepResult run_tasks(Context& ctx, const std::vector<swarm::Task>& tasks, int wo
           result.reward_sum += r;
           break;
         } catch (const HalfCommitted& e) {
-          std::fprintf(stderr, "multi_model_agent: error: rollout %zu/%zu (task %s): %s\n", i + 1, tasks.size(),
-                       tasks[i].task_id.c_str(), e.what());
+          std::fprintf(stderr, "multi_model_agent: error: rollout %zu/%zu (task %s): %s\n", i + 1,
+                       tasks.size(), tasks[i].task_id.c_str(), e.what());
         } catch (const std::exception& e) {
           const bool retry = attempt < max_retries && !give_up;
-          std::fprintf(stderr,
-                       "multi_model_agent: rollout %zu/%zu (task %s, attempt %d) failed, its episodes aborted: "
-                       "%s%s\n",
-                       i + 1, tasks.size(), tasks[i].task_id.c_str(), attempt + 1, e.what(), retry ? "; retrying" : "");
+          std::fprintf(
+              stderr,
+              "multi_model_agent: rollout %zu/%zu (task %s, attempt %d) failed, its episodes aborted: "
+              "%s%s\n",
+              i + 1, tasks.size(), tasks[i].task_id.c_str(), attempt + 1, e.what(),
+              retry ? "; retrying" : "");
           if (retry) continue;
         }
         std::lock_guard lock(mu);
@@ -233,8 +237,9 @@ void configure(swarm::SwarmClient& client, const swarm::Job& job, bool no_config
   }
   const auto st = client.get_engine_status();
   std::printf("multi_model_agent: server %s %s: %s%s, engine %s, global_step=%lld\n", side,
-              client.server_url().c_str(), no_configure ? "attached" : "model ", no_configure ? "" : job.model.c_str(),
-              st.engine_status.c_str(), static_cast<long long>(st.global_step));
+              client.server_url().c_str(), no_configure ? "attached" : "model ",
+              no_configure ? "" : job.model.c_str(), st.engine_status.c_str(),
+              static_cast<long long>(st.global_step));
 }
 
 }  // namespace
@@ -252,17 +257,21 @@ int main(int argc, char** argv) {
   app.add_option("--url-b", url_b, "Swarm server of model B (the solver)")->capture_default_str();
   app.add_option("--model-a", settings.model_a, "Model server A trains")->capture_default_str();
   app.add_option("--model-b", settings.model_b, "Model server B trains")->capture_default_str();
-  app.add_option("--steps", steps, "Policy steps to drive (on both servers)")->capture_default_str()->check(
-      CLI::PositiveNumber);
-  app.add_option("--workers", workers, "Rollouts in flight at once")->capture_default_str()->check(
-      CLI::PositiveNumber);
-  app.add_option("--batch-size", batch_size, "Tasks per policy step (both servers)")->capture_default_str()->check(
-      CLI::PositiveNumber);
+  app.add_option("--steps", steps, "Policy steps to drive (on both servers)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--workers", workers, "Rollouts in flight at once")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", batch_size, "Tasks per policy step (both servers)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--num-repeat", num_repeat, "Rollouts per task (GRPO group size, both servers)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--max-retries", max_retries, "Extra attempts of an aborted rollout")->capture_default_str()->check(
-      CLI::NonNegativeNumber);
+  app.add_option("--max-retries", max_retries, "Extra attempts of an aborted rollout")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--fail-every", settings.fail_every,
                  "Testing: make every K-th rollout fail after claiming both episodes (0 = never)")
       ->capture_default_str()
@@ -280,8 +289,10 @@ int main(int argc, char** argv) {
   app.add_option("--step-timeout", step_timeout_s, "Seconds to wait for one policy step")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_flag("--force-restart", force_restart, "Stop and reconfigure both engines even if they are running");
-  app.add_flag("--no-configure", no_configure, "Never sync a config or start an engine: attach to running ones");
+  app.add_flag("--force-restart", force_restart,
+               "Stop and reconfigure both engines even if they are running");
+  app.add_flag("--no-configure", no_configure,
+               "Never sync a config or start an engine: attach to running ones");
   CLI11_PARSE(app, argc, argv);
   if (force_restart && no_configure) {
     std::fprintf(stderr, "multi_model_agent: error: --force-restart and --no-configure exclude each other\n");
@@ -331,7 +342,8 @@ int main(int argc, char** argv) {
       for (int i = 0; i < batch_size; ++i) {
         const std::string& word = kWords[rng() % kWords.size()];
         swarm::Task task;
-        task.task_id = "mm-" + std::to_string(a_before) + "-" + std::to_string(b_before) + "-" + std::to_string(i);
+        task.task_id =
+            "mm-" + std::to_string(a_before) + "-" + std::to_string(b_before) + "-" + std::to_string(i);
         task.main_query = "Plan how to make the solver say the word \"" + word + "\".";
         task.env_type = "planner-solver";
         task.metadata_json = nlohmann::json{{"word", word}}.dump();
@@ -341,8 +353,8 @@ int main(int argc, char** argv) {
       const int aborted_before = ctx->tally.aborted;
       const StepResult result = run_tasks(*ctx, tasks, workers, max_retries);
       if (result.failed > 0) {
-        std::fprintf(stderr, "multi_model_agent: error: step %d: %d of %zu rollouts failed (see above)\n", step,
-                     result.failed, tasks.size());
+        std::fprintf(stderr, "multi_model_agent: error: step %d: %d of %zu rollouts failed (see above)\n",
+                     step, result.failed, tasks.size());
         summary();
         return 1;
       }
@@ -356,18 +368,19 @@ int main(int argc, char** argv) {
         if (sa.global_step > a_before && sb.global_step > b_before) break;
         for (const auto* st : {&sa, &sb})
           if (st->engine_status == "ENGINE.OFFLINE")
-            throw swarm::ClientError(std::string("server ") + (st == &sa ? "A" : "B") + " went offline: " +
-                                     st->engine_status_detail);
+            throw swarm::ClientError(std::string("server ") + (st == &sa ? "A" : "B") +
+                                     " went offline: " + st->engine_status_detail);
         if (Clock::now() > wait_until)
           throw swarm::TimeoutError("global_step stayed at A=" + std::to_string(sa.global_step) +
                                     " B=" + std::to_string(sb.global_step) + " for " +
                                     std::to_string(step_timeout_s) + " s");
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
-      std::printf("step %d/%d  global_step a=%lld b=%lld  rollouts=%d  aborted=%d  reward_mean=%.2f  elapsed=%.1fs\n",
-                  step, steps, static_cast<long long>(sa.global_step), static_cast<long long>(sb.global_step),
-                  result.committed, ctx->tally.aborted - aborted_before, result.reward_sum / result.committed,
-                  std::chrono::duration<double>(Clock::now() - t0).count());
+      std::printf(
+          "step %d/%d  global_step a=%lld b=%lld  rollouts=%d  aborted=%d  reward_mean=%.2f  elapsed=%.1fs\n",
+          step, steps, static_cast<long long>(sa.global_step), static_cast<long long>(sb.global_step),
+          result.committed, ctx->tally.aborted - aborted_before, result.reward_sum / result.committed,
+          std::chrono::duration<double>(Clock::now() - t0).count());
       std::fflush(stdout);
     }
     summary();

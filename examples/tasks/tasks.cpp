@@ -191,15 +191,20 @@ PartialCredit parse_partial_credit(std::string_view name) {
   if (name == "position") return PartialCredit::POSITION;
   if (name == "prefix") return PartialCredit::PREFIX;
   if (name == "shaped") return PartialCredit::SHAPED;
-  throw std::invalid_argument("unknown partial credit '" + std::string(name) + "' (none, position, prefix, shaped)");
+  throw std::invalid_argument("unknown partial credit '" + std::string(name) +
+                              "' (none, position, prefix, shaped)");
 }
 
 const char* partial_credit_name(PartialCredit p) {
   switch (p) {
-    case PartialCredit::NONE: return "none";
-    case PartialCredit::POSITION: return "position";
-    case PartialCredit::PREFIX: return "prefix";
-    case PartialCredit::SHAPED: return "shaped";
+    case PartialCredit::NONE:
+      return "none";
+    case PartialCredit::POSITION:
+      return "position";
+    case PartialCredit::PREFIX:
+      return "prefix";
+    case PartialCredit::SHAPED:
+      return "shaped";
   }
   return "?";
 }
@@ -223,7 +228,8 @@ std::vector<std::string> family_names() {
 const TaskFamily& family(std::string_view name) {
   for (const auto* f : all_families())
     if (f->name() == name) return *f;
-  throw std::invalid_argument("unknown task family '" + std::string(name) + "' (known: " + known_families() + ")");
+  throw std::invalid_argument("unknown task family '" + std::string(name) + "' (known: " + known_families() +
+                              ")");
 }
 
 std::string task_id(std::string_view family_name, int difficulty, uint64_t seed) {
@@ -267,7 +273,8 @@ double similarity(std::string_view answer, std::string_view reply, PartialCredit
   const auto share = [&](size_t n) { return static_cast<double>(n) / static_cast<double>(longest); };
   size_t hits = 0;
   switch (partial) {
-    case PartialCredit::NONE: return 0.0;
+    case PartialCredit::NONE:
+      return 0.0;
     case PartialCredit::POSITION:
     case PartialCredit::SHAPED:
       for (size_t i = 0; i < common; ++i) hits += answer[i] == reply[i];
@@ -288,7 +295,8 @@ double similarity(std::string_view answer, std::string_view reply, PartialCredit
   size_t right_kind = 0, right_chars = 0;
   for (char c : reply) {
     right_kind += kinds[char_kind(c)];
-    if (available[static_cast<unsigned char>(c)] > 0) --available[static_cast<unsigned char>(c)], ++right_chars;
+    if (available[static_cast<unsigned char>(c)] > 0)
+      --available[static_cast<unsigned char>(c)], ++right_chars;
   }
   const double length = share(common);  // 1 - |len difference| / longest
   return 0.5 * share(hits) + 0.2 * share(right_chars) + 0.15 * share(right_kind) + 0.15 * length;
@@ -301,7 +309,9 @@ double score(const TaskInstance& task, std::string_view reply, const RewardOptio
   return w * similarity(task.answer, r, options.partial);
 }
 
-bool is_exact(const TaskInstance& task, std::string_view reply) { return normalize_reply(reply) == task.answer; }
+bool is_exact(const TaskInstance& task, std::string_view reply) {
+  return normalize_reply(reply) == task.answer;
+}
 
 // ------------------------------------------------------------------ TaskMix
 

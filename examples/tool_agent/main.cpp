@@ -96,9 +96,12 @@ class Calculator {
   long long sum() {
     long long v = product();
     for (;;) {
-      if (eat('+')) check(__builtin_add_overflow(v, product(), &v));
-      else if (eat('-')) check(__builtin_sub_overflow(v, product(), &v));
-      else return v;
+      if (eat('+'))
+        check(__builtin_add_overflow(v, product(), &v));
+      else if (eat('-'))
+        check(__builtin_sub_overflow(v, product(), &v));
+      else
+        return v;
     }
   }
   long long product() {
@@ -133,8 +136,9 @@ class Calculator {
     long long v = 0;
     while (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9')
       check(__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, text_[pos_++] - '0', &v));
-    if (pos_ == begin) throw std::runtime_error(pos_ < text_.size() ? "unexpected '" + text_.substr(pos_, 1) + "'"
-                                                                    : "expression ends early");
+    if (pos_ == begin)
+      throw std::runtime_error(pos_ < text_.size() ? "unexpected '" + text_.substr(pos_, 1) + "'"
+                                                   : "expression ends early");
     return v;
   }
   const std::string& text_;
@@ -142,14 +146,15 @@ class Calculator {
   int depth_ = 0;
 };
 
-const json kTools = json::array({{{"type", "function"},
-                                  {"function",
-                                   {{"name", "calculator"},
-                                    {"description", "Evaluate an integer arithmetic expression (+ - * / and parentheses)."},
-                                    {"parameters",
-                                     {{"type", "object"},
-                                      {"properties", {{"expression", {{"type", "string"}}}}},
-                                      {"required", {"expression"}}}}}}}});
+const json kTools =
+    json::array({{{"type", "function"},
+                  {"function",
+                   {{"name", "calculator"},
+                    {"description", "Evaluate an integer arithmetic expression (+ - * / and parentheses)."},
+                    {"parameters",
+                     {{"type", "object"},
+                      {"properties", {{"expression", {{"type", "string"}}}}},
+                      {"required", {"expression"}}}}}}}});
 
 // ------------------------------------------------------------------ tasks and the verifier
 
@@ -201,7 +206,8 @@ struct EpisodeResult {
   int turns = 0;
 };
 
-EpisodeResult run_episode(const Settings& s, const Problem& p, const swarm::OpenAIEndpoint& ep, uint64_t seed) {
+EpisodeResult run_episode(const Settings& s, const Problem& p, const swarm::OpenAIEndpoint& ep,
+                          uint64_t seed) {
   swarm::OpenAIClient llm(ep, std::chrono::seconds(120));
   swarm::ChatParams params;
   params.tools = kTools;
@@ -211,7 +217,8 @@ EpisodeResult run_episode(const Settings& s, const Problem& p, const swarm::Open
   std::string question = "What is " + p.expression + "? Use the calculator tool, then give the number.";
   if (s.scripted)  // the mock engine answers with this text, i.e. calls the tool
     question += "<tool_call>" +
-                json{{"name", "calculator"}, {"arguments", {{"expression", p.expression}}}}.dump() + "</tool_call>";
+                json{{"name", "calculator"}, {"arguments", {{"expression", p.expression}}}}.dump() +
+                "</tool_call>";
   json messages = json::array({{{"role", "user"}, {"content", question}}});
   EpisodeResult r;
   std::string final_text;
@@ -264,9 +271,10 @@ int run(const Settings& s) {
   job.seed = static_cast<int64_t>(s.seed);
   job.max_prompt_length = 1024 + 64 * s.max_turns;  // tools in the system prompt, tool results
   job.max_response_length = s.max_tokens;
-  std::printf("tool_agent: %s, model %s, %d steps of %d tasks x %d episodes, %d-digit arithmetic, up to %d turns%s\n",
-              s.url.c_str(), s.model.c_str(), s.steps, s.batch_size, s.num_repeat, s.digits, s.max_turns,
-              s.scripted ? ", scripted tool calls (mock engine)" : "");
+  std::printf(
+      "tool_agent: %s, model %s, %d steps of %d tasks x %d episodes, %d-digit arithmetic, up to %d turns%s\n",
+      s.url.c_str(), s.model.c_str(), s.steps, s.batch_size, s.num_repeat, s.digits, s.max_turns,
+      s.scripted ? ", scripted tool calls (mock engine)" : "");
   client.auto_sync_train_config_and_start_engine(job, s.force_restart);
   std::fflush(stdout);
 
@@ -305,8 +313,8 @@ int run(const Settings& s) {
     };
     const swarm::RunSummary summary = client.run_episodes_until_all_complete(batch, workflow, s.workers);
     if (summary.failed > 0) {
-      std::fprintf(stderr, "tool_agent: error: %zu of %zu episodes of step %d failed after retries\n", summary.failed,
-                   batch.size(), step);
+      std::fprintf(stderr, "tool_agent: error: %zu of %zu episodes of step %d failed after retries\n",
+                   summary.failed, batch.size(), step);
       return 1;
     }
     double reward = 0;
@@ -315,18 +323,18 @@ int run(const Settings& s) {
     swarm::EngineStatus status;
     while ((status = client.get_engine_status()).global_step <= step_before) {
       if (status.engine_status == "ENGINE.OFFLINE" || std::chrono::steady_clock::now() > deadline) {
-        std::fprintf(stderr, "tool_agent: error: no policy step (engine %s %s)\n", status.engine_status.c_str(),
-                     status.engine_status_detail.c_str());
+        std::fprintf(stderr, "tool_agent: error: no policy step (engine %s %s)\n",
+                     status.engine_status.c_str(), status.engine_status_detail.c_str());
         return 1;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     const double n = static_cast<double>(batch.size());
-    std::printf("step %d/%d  global_step=%lld  reward=%.3f  well_formed_call=%.2f  correct=%.2f  "
-                "calls/episode=%.2f  turns/episode=%.2f  %.1fs\n",
-                step, s.steps, static_cast<long long>(status.global_step), reward / n, well_formed / n, correct / n,
-                calls / n, turns / n,
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    std::printf(
+        "step %d/%d  global_step=%lld  reward=%.3f  well_formed_call=%.2f  correct=%.2f  "
+        "calls/episode=%.2f  turns/episode=%.2f  %.1fs\n",
+        step, s.steps, static_cast<long long>(status.global_step), reward / n, well_formed / n, correct / n,
+        calls / n, turns / n, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     std::fflush(stdout);
   }
   return 0;
@@ -338,25 +346,43 @@ int main(int argc, char** argv) {
   Settings s;
   CLI::App app{"tool_agent: trains a model to use a calculator tool over several turns"};
   app.add_option("--url", s.url, "Swarm server URL")->capture_default_str();
-  app.add_option("--model", s.model, "Model directory the server loads (any name on the mock engine)")->required();
-  app.add_option("--steps", s.steps, "Policy steps to drive")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--batch-size", s.batch_size, "Tasks per policy step")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--model", s.model, "Model directory the server loads (any name on the mock engine)")
+      ->required();
+  app.add_option("--steps", s.steps, "Policy steps to drive")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", s.batch_size, "Tasks per policy step")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--num-repeat", s.num_repeat, "Episodes per task (GRPO group size)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--workers", s.workers, "Parallel episodes")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--digits", s.digits, "Digits of the operands")->capture_default_str()->check(CLI::Range(1, 9));
-  app.add_option("--max-turns", s.max_turns, "LLM calls per episode at most")->capture_default_str()->check(CLI::Range(1, 16));
-  app.add_option("--max-tokens", s.max_tokens, "Completion limit per turn")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--temperature", s.temperature, "Sampling temperature")->capture_default_str()->check(CLI::Range(0.0, 2.0));
+  app.add_option("--workers", s.workers, "Parallel episodes")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--digits", s.digits, "Digits of the operands")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 9));
+  app.add_option("--max-turns", s.max_turns, "LLM calls per episode at most")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 16));
+  app.add_option("--max-tokens", s.max_tokens, "Completion limit per turn")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--temperature", s.temperature, "Sampling temperature")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 2.0));
   app.add_option("--learning-rate", s.learning_rate, "AdamW learning rate")->capture_default_str();
-  app.add_option("--call-reward", s.call_reward, "Reward of a wrong answer after a well-formed calculator call")
+  app.add_option("--call-reward", s.call_reward,
+                 "Reward of a wrong answer after a well-formed calculator call")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--seed", s.seed, "Seed of the problems and of the sampling")->capture_default_str();
-  app.add_flag("--scripted", s.scripted, "Script the tool call into each question (the mock engine echoes it)");
+  app.add_flag("--scripted", s.scripted,
+               "Script the tool call into each question (the mock engine echoes it)");
   app.add_flag("--force-restart", s.force_restart, "Stop and reconfigure the engine even if it is running");
-  app.add_option("--step-timeout", s.step_timeout_s, "Seconds to wait for one policy step")->capture_default_str();
+  app.add_option("--step-timeout", s.step_timeout_s, "Seconds to wait for one policy step")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     return run(s);

@@ -38,7 +38,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 namespace tasks = swarm::tasks;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 struct Settings {
   std::string url = "http://127.0.0.1:10086";
@@ -78,9 +80,9 @@ struct Settings {
   // asynchronous training and agent timing
   int max_staleness = 0;
   std::string off_policy_correction = "auto";
-  bool stream = false;      // workers claim continuously instead of one batch per step
-  double think_ms = 0;      // median of a long-tailed pause before each episode ends
-  double target_reward = 0; // streaming: stop once the last 10 steps' mean reward reaches it
+  bool stream = false;       // workers claim continuously instead of one batch per step
+  double think_ms = 0;       // median of a long-tailed pause before each episode ends
+  double target_reward = 0;  // streaming: stop once the last 10 steps' mean reward reaches it
   std::string project_name = "tasks";
   std::string experiment_name = "train-agent";
   // output
@@ -126,7 +128,8 @@ struct StepScratch {
   std::map<std::string, int> attempts;
 };
 
-swarm::Job make_job(const Settings& s, const std::vector<const CLI::Option*>& given, int max_response_tokens) {
+swarm::Job make_job(const Settings& s, const std::vector<const CLI::Option*>& given,
+                    int max_response_tokens) {
   // The file is a layer under the flags (it need not name the model --model gives): it is
   // validated once merged, below.
   swarm::Job job = s.job_file.empty() ? swarm::Job() : swarm::Job::load_layer(s.job_file);
@@ -179,8 +182,8 @@ swarm::Job make_job(const Settings& s, const std::vector<const CLI::Option*>& gi
 // partial_weight / max(len(reply), len(answer)) for every character it wrote that matches the
 // answer at the same position; an exact reply's last token gets what is left up to 1. The
 // tokens' rewards add up to the position-credit score, which becomes the episode's reward.
-std::vector<double> token_credit(const swarm::ChatResult& reply, const std::string& answer, double partial_weight,
-                                 double* total) {
+std::vector<double> token_credit(const swarm::ChatResult& reply, const std::string& answer,
+                                 double partial_weight, double* total) {
   std::vector<double> out;
   const nlohmann::json* content = nullptr;
   if (reply.raw.contains("choices") && !reply.raw["choices"].empty()) {
@@ -189,14 +192,16 @@ std::vector<double> token_credit(const swarm::ChatResult& reply, const std::stri
   }
   if (content == nullptr) throw std::runtime_error("--token-credit: the reply has no logprobs.content");
   const std::string& text = reply.content;
-  const double scale = partial_weight / static_cast<double>(std::max<size_t>(1, std::max(text.size(), answer.size())));
+  const double scale =
+      partial_weight / static_cast<double>(std::max<size_t>(1, std::max(text.size(), answer.size())));
   size_t pos = 0;
   double sum = 0;
   for (const auto& tok : *content) {
     const std::string t = tok.value("token", "");
     double r = 0;
     for (size_t j = 0; j < t.size(); ++j, ++pos)
-      if (pos < text.size() && pos < answer.size() && text[pos] == answer[pos] && t[j] == text[pos]) r += scale;
+      if (pos < text.size() && pos < answer.size() && text[pos] == answer[pos] && t[j] == text[pos])
+        r += scale;
     out.push_back(r);
     sum += r;
   }
@@ -276,10 +281,12 @@ class Reporter {
     }
   }
 
-  void step(int64_t global_step, const StepStats& st, StepScratch& scratch, double rollout_s, double elapsed) {
+  void step(int64_t global_step, const StepStats& st, StepScratch& scratch, double rollout_s,
+            double elapsed) {
     history_.push_back(st);
     const int step = static_cast<int>(history_.size());
-    const double tokens_per_s = rollout_s > 0 ? static_cast<double>(scratch.completion_tokens) / rollout_s : 0.0;
+    const double tokens_per_s =
+        rollout_s > 0 ? static_cast<double>(scratch.completion_tokens) / rollout_s : 0.0;
     std::printf(
         "step %d/%d  global_step=%lld  reward=%.3f (%s)  exact=%.2f  episodes=%d  tok/s=%.0f  "
         "rollout=%.1fs  step=%.1fs  total=%.0fs\n",
@@ -308,7 +315,8 @@ class Reporter {
   // Mean reward of the last `n` steps (all of them when fewer).
   double recent_reward(size_t n) const {
     const size_t k = std::min(n, history_.size());
-    return window_mean(history_, history_.size() - k, history_.size(), [](const StepStats& st) { return st.mean(); });
+    return window_mean(history_, history_.size() - k, history_.size(),
+                       [](const StepStats& st) { return st.mean(); });
   }
   size_t steps() const { return history_.size(); }
 
@@ -363,15 +371,15 @@ int drive_streaming(const Settings& s, const tasks::TaskMix& mix, const tasks::R
       const int64_t n = next_episode++;
       const int64_t group = n / s.num_repeat;
       const int attempt = static_cast<int>(n % s.num_repeat);
-      const uint64_t task_seed = tasks::mix_seed(s.seed, 0x5354524541ull, static_cast<uint64_t>(group)) & 0xFFFFFFFFull;
+      const uint64_t task_seed =
+          tasks::mix_seed(s.seed, 0x5354524541ull, static_cast<uint64_t>(group)) & 0xFFFFFFFFull;
       const tasks::TaskInstance inst = mix.sample(s.difficulty, task_seed);
       const swarm::Task task = make_task(inst);
       std::optional<swarm::OpenAIEndpoint> ep;
       while (!stop && !ep) {
         try {
           ep = client.begin_episode(600, "train", std::chrono::milliseconds(1000));
-        } catch (const swarm::TimeoutError&) {
-        }
+        } catch (const swarm::TimeoutError&) {}
       }
       if (!ep) break;
       try {
@@ -380,7 +388,8 @@ int drive_streaming(const Settings& s, const tasks::TaskMix& mix, const tasks::R
           std::lock_guard lk(mu);
           sc = scratch.get();
         }
-        swarm::WorkflowOutput out = play_episode(s, reward_options, inst, attempt, max_tokens_for(inst.family), *ep, *sc);
+        swarm::WorkflowOutput out =
+            play_episode(s, reward_options, inst, attempt, max_tokens_for(inst.family), *ep, *sc);
         if (stop) {
           client.abort_episode(ep->episode_uuid);
           break;
@@ -393,8 +402,7 @@ int drive_streaming(const Settings& s, const tasks::TaskMix& mix, const tasks::R
         if (++failures <= 5) std::fprintf(stderr, "train_agent: episode failed (aborted): %s\n", e.what());
         try {
           client.abort_episode(ep->episode_uuid);
-        } catch (const std::exception&) {
-        }
+        } catch (const std::exception&) {}
       }
     }
   };
@@ -438,8 +446,9 @@ int drive_streaming(const Settings& s, const tasks::TaskMix& mix, const tasks::R
     report.step(status.global_step, st, *done, elapsed, elapsed);
     retired.push_back(std::move(done));
     if (s.target_reward > 0 && report.steps() >= 10 && report.recent_reward(10) >= s.target_reward) {
-      std::printf("train_agent: the last 10 steps' mean reward %.3f reached --target-reward %.3f after %zu steps\n",
-                  report.recent_reward(10), s.target_reward, report.steps());
+      std::printf(
+          "train_agent: the last 10 steps' mean reward %.3f reached --target-reward %.3f after %zu steps\n",
+          report.recent_reward(10), s.target_reward, report.steps());
       break;
     }
   }
@@ -454,7 +463,8 @@ int run(const Settings& s, const std::vector<const CLI::Option*>& given) {
   const std::vector<std::string> families = mix.families();
   const tasks::RewardOptions reward_options{tasks::parse_partial_credit(s.partial), s.partial_weight};
   const auto max_tokens_for = [&](const std::string& family) {
-    return s.max_tokens > 0 ? s.max_tokens : tasks::family(family).max_answer_chars(s.difficulty) + s.max_token_slack;
+    return s.max_tokens > 0 ? s.max_tokens
+                            : tasks::family(family).max_answer_chars(s.difficulty) + s.max_token_slack;
   };
   int max_response_tokens = 0;
   for (const auto& f : families) max_response_tokens = std::max(max_response_tokens, max_tokens_for(f));
@@ -470,14 +480,17 @@ int run(const Settings& s, const std::vector<const CLI::Option*>& given) {
   swarm::SwarmClient client(s.url, options);
 
   const swarm::Job job = make_job(s, given, max_response_tokens);
-  std::printf("train_agent: %s, model %s, tasks %s, difficulty %d, %d steps of %d tasks x %d episodes, %d workers\n",
-              s.url.c_str(), job.model.c_str(), mix.to_string().c_str(), s.difficulty, s.steps, s.batch_size,
-              s.num_repeat, s.workers);
-  std::printf("train_agent: lr %g (%s, warmup %lld), temperature %g, max_tokens %s, reward 1 exact else %g x %s\n",
-              job.learning_rate, job.lr_schedule.c_str(), static_cast<long long>(job.lr_warmup_steps), job.temperature,
-              s.max_tokens > 0 ? std::to_string(s.max_tokens).c_str()
-                               : ("auto (longest answer + " + std::to_string(s.max_token_slack) + ")").c_str(),
-              reward_options.partial_weight, tasks::partial_credit_name(reward_options.partial));
+  std::printf(
+      "train_agent: %s, model %s, tasks %s, difficulty %d, %d steps of %d tasks x %d episodes, %d workers\n",
+      s.url.c_str(), job.model.c_str(), mix.to_string().c_str(), s.difficulty, s.steps, s.batch_size,
+      s.num_repeat, s.workers);
+  std::printf(
+      "train_agent: lr %g (%s, warmup %lld), temperature %g, max_tokens %s, reward 1 exact else %g x %s\n",
+      job.learning_rate, job.lr_schedule.c_str(), static_cast<long long>(job.lr_warmup_steps),
+      job.temperature,
+      s.max_tokens > 0 ? std::to_string(s.max_tokens).c_str()
+                       : ("auto (longest answer + " + std::to_string(s.max_token_slack) + ")").c_str(),
+      reward_options.partial_weight, tasks::partial_credit_name(reward_options.partial));
   client.auto_sync_train_config_and_start_engine(job, s.force_restart);
   swarm::EngineStatus status = client.get_engine_status();
   std::printf("train_agent: engine %s, global_step=%lld\n", status.engine_status.c_str(),
@@ -485,7 +498,8 @@ int run(const Settings& s, const std::vector<const CLI::Option*>& given) {
   std::fflush(stdout);
 
   Reporter report(s, families);
-  if (s.stream || s.max_staleness > 0) return drive_streaming(s, mix, reward_options, max_tokens_for, client, report);
+  if (s.stream || s.max_staleness > 0)
+    return drive_streaming(s, mix, reward_options, max_tokens_for, client, report);
 
   for (int step = 1; step <= s.steps; ++step) {
     const auto t0 = Clock::now();
@@ -496,8 +510,10 @@ int run(const Settings& s, const std::vector<const CLI::Option*>& given) {
     std::vector<swarm::Task> batch;
     for (int i = 0; i < s.batch_size; ++i) {
       const uint64_t task_seed =
-          tasks::mix_seed(s.seed, static_cast<uint64_t>(step_before), static_cast<uint64_t>(i)) & 0xFFFFFFFFull;
-      batch.insert(batch.end(), static_cast<size_t>(s.num_repeat), make_task(mix.sample(s.difficulty, task_seed)));
+          tasks::mix_seed(s.seed, static_cast<uint64_t>(step_before), static_cast<uint64_t>(i)) &
+          0xFFFFFFFFull;
+      batch.insert(batch.end(), static_cast<size_t>(s.num_repeat),
+                   make_task(mix.sample(s.difficulty, task_seed)));
     }
 
     StepScratch scratch;
@@ -513,8 +529,8 @@ int run(const Settings& s, const std::vector<const CLI::Option*>& given) {
     const swarm::RunSummary summary = client.run_episodes_until_all_complete(batch, workflow, s.workers);
     const double rollout_s = seconds_since(t0);
     if (summary.failed > 0) {
-      std::fprintf(stderr, "train_agent: error: %zu of %zu episodes of step %d failed after retries\n", summary.failed,
-                   batch.size(), step);
+      std::fprintf(stderr, "train_agent: error: %zu of %zu episodes of step %d failed after retries\n",
+                   summary.failed, batch.size(), step);
       return 1;
     }
 
@@ -534,7 +550,8 @@ int run(const Settings& s, const std::vector<const CLI::Option*>& given) {
       }
       if (Clock::now() > wait_until) {
         std::fprintf(stderr, "train_agent: error: global_step stayed at %lld for %.0f s (engine %s)\n",
-                     static_cast<long long>(status.global_step), s.step_timeout_s, status.engine_status.c_str());
+                     static_cast<long long>(status.global_step), s.step_timeout_s,
+                     status.engine_status.c_str());
         return 1;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -548,7 +565,8 @@ int run(const Settings& s, const std::vector<const CLI::Option*>& given) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"train_agent: trains a model on generated, verifiable tasks (sort, reverse, count, base, add)"};
+  CLI::App app{
+      "train_agent: trains a model on generated, verifiable tasks (sort, reverse, count, base, add)"};
   Settings s;
   app.add_option("--url", s.url, "Swarm server URL")->capture_default_str();
   app.add_option("--model", s.model,
@@ -559,12 +577,15 @@ int main(int argc, char** argv) {
   for (const auto* f : tasks::all_families())
     families_help += "\n  " + std::string(f->name()) + ": " + std::string(f->description());
   app.add_option("--tasks", s.task_mix, families_help)->capture_default_str();
-  app.add_option("--job", s.job_file, "Base job YAML (any Job key); flags given on the command line override it")
+  app.add_option("--job", s.job_file,
+                 "Base job YAML (any Job key); flags given on the command line override it")
       ->check(CLI::ExistingFile);
   app.add_option("--workers", s.workers, "Parallel episodes on this client")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--steps", s.steps, "Policy steps to drive")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--steps", s.steps, "Policy steps to drive")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--batch-size", s.batch_size, "Tasks per policy step")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -574,24 +595,29 @@ int main(int argc, char** argv) {
   app.add_option("--difficulty", s.difficulty, "Task difficulty (every family)")
       ->capture_default_str()
       ->check(CLI::Range(tasks::kMinDifficulty, tasks::kMaxDifficulty));
-  app.add_option("--seed", s.seed, "Seed of the task stream, of the sampling and of the job")->capture_default_str();
+  app.add_option("--seed", s.seed, "Seed of the task stream, of the sampling and of the job")
+      ->capture_default_str();
   app.add_flag("--force-restart", s.force_restart, "Stop and reconfigure the engine even if it is running");
-  app.add_flag("--random-sampling", s.random_sampling,
-               "Let the server seed each completion at random (default: seeds derived from --seed and the task, "
-               "so a run samples the same replies given the same weights)");
+  app.add_flag(
+      "--random-sampling", s.random_sampling,
+      "Let the server seed each completion at random (default: seeds derived from --seed and the task, "
+      "so a run samples the same replies given the same weights)");
   app.add_option("--temperature", s.temperature, "Sampling temperature")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--max-tokens", s.max_tokens, "Completion limit; 0 = the family's longest answer + --max-token-slack")
+  app.add_option("--max-tokens", s.max_tokens,
+                 "Completion limit; 0 = the family's longest answer + --max-token-slack")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   app.add_option("--max-token-slack", s.max_token_slack,
-                 "With --max-tokens 0: tokens allowed beyond the family's longest answer (0: a reply can be no longer "
+                 "With --max-tokens 0: tokens allowed beyond the family's longest answer (0: a reply can be "
+                 "no longer "
                  "than that, so a model that never ends its turn is cut at the answer's length)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--partial-credit", s.partial,
-                 "Reward of a reply that is not exact: none, position, prefix or shaped (examples/tasks/tasks.hpp)")
+  app.add_option(
+         "--partial-credit", s.partial,
+         "Reward of a reply that is not exact: none, position, prefix or shaped (examples/tasks/tasks.hpp)")
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "position", "prefix", "shaped"}));
   app.add_option("--partial-weight", s.partial_weight, "Partial credit scale (an exact answer gets 1)")
@@ -610,10 +636,12 @@ int main(int argc, char** argv) {
   app.add_option("--lam", s.lam, "PPO: GAE lambda")->capture_default_str();
   app.add_option("--critic-learning-rate", s.critic_learning_rate, "PPO: the critic's learning rate")
       ->capture_default_str();
-  app.add_option("--critic-warmup", s.critic_warmup, "PPO: steps that train only the critic")->capture_default_str();
-  app.add_flag("--token-credit", s.token_credit,
-               "Send the position credit per completion token (workflow_output.token_rewards): PPO's GAE credits "
-               "each character where it was written; the episode's reward is their sum");
+  app.add_option("--critic-warmup", s.critic_warmup, "PPO: steps that train only the critic")
+      ->capture_default_str();
+  app.add_flag(
+      "--token-credit", s.token_credit,
+      "Send the position credit per completion token (workflow_output.token_rewards): PPO's GAE credits "
+      "each character where it was written; the episode's reward is their sum");
   app.add_option("--advantage", s.advantage_estimator, "grpo, grpo_no_std or reinforce_baseline")
       ->capture_default_str()
       ->check(CLI::IsMember({"grpo", "grpo_no_std", "reinforce_baseline"}));
@@ -624,27 +652,32 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--ppo-mini-batch-size", s.ppo_mini_batch_size,
-                 "Tasks per optimizer step (batch-size / this = optimizer steps per policy step); 0 = the whole batch")
+                 "Tasks per optimizer step (batch-size / this = optimizer steps per policy step); 0 = the "
+                 "whole batch")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   app.add_option("--dtype", s.dtype, "Compute precision")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "bf16"}));
-  app.add_option("--engine-threads", s.engine_threads, "Server compute threads; 0 = every CPU")->capture_default_str();
+  app.add_option("--engine-threads", s.engine_threads, "Server compute threads; 0 = every CPU")
+      ->capture_default_str();
   app.add_option("--project", s.project_name, "Job project_name")->capture_default_str();
   app.add_option("--experiment", s.experiment_name, "Job experiment_name")->capture_default_str();
   app.add_option("--metrics-out", s.metrics_out, "Append one JSON line per step to this file");
-  app.add_option("--show-samples", s.show_samples, "Print this many replies of each step")->capture_default_str();
-  app.add_option("--max-staleness", s.max_staleness,
-                 "Asynchronous training (Job max_staleness): 0 = synchronous; N >= 1 trains while the agents go on "
-                 "generating, nothing older than N versions (implies --stream)")
+  app.add_option("--show-samples", s.show_samples, "Print this many replies of each step")
+      ->capture_default_str();
+  app.add_option(
+         "--max-staleness", s.max_staleness,
+         "Asynchronous training (Job max_staleness): 0 = synchronous; N >= 1 trains while the agents go on "
+         "generating, nothing older than N versions (implies --stream)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   app.add_option("--off-policy-correction", s.off_policy_correction, "auto, none, tis or decoupled")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "none", "tis", "decoupled"}));
-  app.add_flag("--stream", s.stream,
-               "Workers claim episodes continuously (groups of --num-repeat, in order) instead of one batch per step");
+  app.add_flag(
+      "--stream", s.stream,
+      "Workers claim episodes continuously (groups of --num-repeat, in order) instead of one batch per step");
   app.add_option("--think-ms", s.think_ms,
                  "Each episode pauses before it ends: long-tailed (lognormal, sigma 1), this median in ms")
       ->capture_default_str()
@@ -663,7 +696,8 @@ int main(int argc, char** argv) {
   try {
     return run(s, given);
   } catch (const swarm::TransportError& e) {
-    std::fprintf(stderr, "train_agent: error: cannot reach the swarm server at %s: %s\n", s.url.c_str(), e.what());
+    std::fprintf(stderr, "train_agent: error: cannot reach the swarm server at %s: %s\n", s.url.c_str(),
+                 e.what());
   } catch (const swarm::ClientError& e) {
     std::fprintf(stderr, "train_agent: error: %s\n", e.what());
   } catch (const std::invalid_argument& e) {

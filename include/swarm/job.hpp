@@ -39,8 +39,8 @@ struct Job {
   int64_t num_repeat = 4;
   std::string sample_collection_method = "rollout_until_finish_enough_tasks";
   double agree_sync_min_seconds = 6.0;  // agree methods: least time out of ROLLING per sync
-  int64_t max_parallel_episodes = 0;   // 0 = 2 × batch_size × num_repeat
-  int64_t max_cached_episodes = 0;     // 0 = 4 × batch_size × num_repeat
+  int64_t max_parallel_episodes = 0;    // 0 = 2 × batch_size × num_repeat
+  int64_t max_cached_episodes = 0;      // 0 = 4 × batch_size × num_repeat
   int64_t max_llm_calls_per_episode = 256;
   int64_t max_claimed_per_client = 0;  // unfinished episodes one client_uuid may hold; 0 = no bound
   // --- lengths and sampling defaults
@@ -52,8 +52,8 @@ struct Job {
   // --- chat output parsing (docs/openai_api.md)
   std::string tool_call_parser = "auto";  // auto | hermes | llama3_json | none
   std::string reasoning_parser = "auto";  // auto | think | none
-  bool exact_history_tokens = true;  // splice a conversation's generated ids (docs/openai_api.md)
-  bool record_samples = false;       // append every trained sample to <experiment>/samples.jsonl
+  bool exact_history_tokens = true;       // splice a conversation's generated ids (docs/openai_api.md)
+  bool record_samples = false;            // append every trained sample to <experiment>/samples.jsonl
   // --- optimisation
   double learning_rate = 1e-6;
   std::string lr_schedule = "constant";
@@ -69,14 +69,14 @@ struct Job {
   double kl_coef = 0.001;
   std::string kl_estimator = "k3";
   // --- PPO with a critic (algorithm: ppo, advantage_estimator: gae; docs/concepts.md)
-  double gamma = 1.0;                  // GAE discount
-  double lam = 1.0;                    // GAE lambda
+  double gamma = 1.0;  // GAE discount
+  double lam = 1.0;    // GAE lambda
   double critic_learning_rate = 1e-5;
-  double cliprange_value = 0.5;        // clipped value loss
-  int64_t critic_warmup = 0;           // policy steps that train only the critic
-  std::string critic_model;            // "" = a value head on a copy of the policy's trunk
+  double cliprange_value = 0.5;  // clipped value loss
+  int64_t critic_warmup = 0;     // policy steps that train only the critic
+  std::string critic_model;      // "" = a value head on a copy of the policy's trunk
   int64_t ppo_epochs = 1;
-  int64_t ppo_mini_batch_size = 0;   // tasks per mini-batch; 0 = the whole batch
+  int64_t ppo_mini_batch_size = 0;  // tasks per mini-batch; 0 = the whole batch
   int64_t micro_batch_max_tokens = 8192;
   std::string dtype = "fp32";
   int64_t seed = 42;
@@ -86,21 +86,22 @@ struct Job {
   std::string off_policy_correction = "auto";  // auto | none | tis | decoupled
   double is_cap = 2.0;                         // importance-weight cap (tis, decoupled)
   std::string kv_cache_on_swap = "keep";       // keep | recompute (in-flight sequences at a swap)
-  int64_t save_freq = 0;             // 0 = checkpoint only on stop
+  int64_t save_freq = 0;                       // 0 = checkpoint only on stop
   // --- durability (docs/reliability.md)
-  bool durable_episodes = true;      // finished episodes in <experiment>/episodes.sqlite before end_episode answers
-  bool durable_fsync = true;         // fsync every commit (survives a power cut); false: survives a crash only
+  bool durable_episodes =
+      true;                   // finished episodes in <experiment>/episodes.sqlite before end_episode answers
+  bool durable_fsync = true;  // fsync every commit (survives a power cut); false: survives a crash only
   // --- swarm experience sharing over NATS JetStream (SAPO; docs/sapo.md)
-  std::string exchange_url;                    // "" = off; nats://host:4222 (tls://, user:pass@ in the URL)
-  std::string exchange_credentials;            // NATS .creds file (JWT + nkey seed); "" = none
-  std::string swarm_name = "default";          // namespaces the subjects and names the stream
-  std::string node_id;                         // "" = a random id kept in the experiment directory
-  bool exchange_publish = true;                // publish this node's train groups
-  bool exchange_consume = true;                // receive the other nodes' groups
-  int64_t sapo_external_groups = 0;            // J: external groups added to each policy step
-  double exchange_max_age_seconds = 600.0;     // older groups are neither kept nor trained
-  int64_t exchange_buffer_groups = 256;        // received groups held at most (oldest dropped)
-  std::string exchange_trusted_nodes;          // comma-separated node ids; "" = every node
+  std::string exchange_url;                      // "" = off; nats://host:4222 (tls://, user:pass@ in the URL)
+  std::string exchange_credentials;              // NATS .creds file (JWT + nkey seed); "" = none
+  std::string swarm_name = "default";            // namespaces the subjects and names the stream
+  std::string node_id;                           // "" = a random id kept in the experiment directory
+  bool exchange_publish = true;                  // publish this node's train groups
+  bool exchange_consume = true;                  // receive the other nodes' groups
+  int64_t sapo_external_groups = 0;              // J: external groups added to each policy step
+  double exchange_max_age_seconds = 600.0;       // older groups are neither kept nor trained
+  int64_t exchange_buffer_groups = 256;          // received groups held at most (oldest dropped)
+  std::string exchange_trusted_nodes;            // comma-separated node ids; "" = every node
   int64_t exchange_max_message_bytes = 1048576;  // larger groups are neither published nor accepted
   // --- torch inference engine (ignored by the mock engine)
   int64_t engine_threads = 0;        // intra-op compute threads; 0 = every online CPU

@@ -38,7 +38,7 @@ struct ChatParams {
   /// Tools the model may call: an array of {"type": "function", "function": {name,
   /// description, parameters}} (null: none sent).
   nlohmann::json tools = nullptr;
-  std::optional<std::string> tool_choice;      // "auto", "none" or "required" (a named function: extra)
+  std::optional<std::string> tool_choice;  // "auto", "none" or "required" (a named function: extra)
   std::optional<bool> parallel_tool_calls;
   nlohmann::json extra = nlohmann::json::object();
 };
@@ -68,17 +68,18 @@ struct ChatMessage {
   std::string content;
 
   template <class R, class C>
-    requires std::constructible_from<std::string, R&&> && std::constructible_from<std::string, C&&>
-  ChatMessage(R&& r, C&& c) : role(std::forward<R>(r)), content(std::forward<C>(c)) {}
+  requires std::constructible_from<std::string, R&&> && std::constructible_from<std::string, C&&> ChatMessage(
+      R&& r, C&& c)
+      : role(std::forward<R>(r)), content(std::forward<C>(c)) {}
 };
 
 /// The first choice of a completion. `raw` is the whole response object (for a stream:
 /// an equivalent `chat.completion` object assembled from the chunks).
 struct ChatResult {
-  std::string content;           // "" when the message is only tool calls
-  std::string reasoning;         // reasoning_content (e.g. a <think> block), "" when none
+  std::string content;    // "" when the message is only tool calls
+  std::string reasoning;  // reasoning_content (e.g. a <think> block), "" when none
   std::vector<ToolCall> tool_calls;
-  std::string finish_reason;     // "tool_calls" when the model called tools
+  std::string finish_reason;  // "tool_calls" when the model called tools
   Usage usage;
   nlohmann::json raw;
 
@@ -100,7 +101,8 @@ class OpenAIClient {
  public:
   /// `base_url` like "http://host:port/v1" or "https://...". Throws ConfigError if it is
   /// malformed. `ca_file`: as SwarmClientOptions::ca_file (https only).
-  OpenAIClient(std::string base_url, std::string api_key, std::chrono::milliseconds timeout = std::chrono::seconds(120),
+  OpenAIClient(std::string base_url, std::string api_key,
+               std::chrono::milliseconds timeout = std::chrono::seconds(120),
                const std::string& ca_file = {});
   /// Uses the endpoint of a claimed episode.
   explicit OpenAIClient(const OpenAIEndpoint& endpoint,

@@ -26,8 +26,8 @@ inline CpuLevel cpu_level() noexcept {
     CpuLevel best = CpuLevel::BASE;
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
-    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                      __builtin_cpu_supports("bmi2");
+    const bool avx2 =
+        __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2");
     const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
     const bool bf16 = avx512 && __builtin_cpu_supports("avx512bf16");
@@ -46,10 +46,14 @@ inline CpuLevel cpu_level() noexcept {
 /// "avx512bf16", "avx512", "avx2" or "base".
 inline const char* cpu_level_name(CpuLevel level) noexcept {
   switch (level) {
-    case CpuLevel::AVX512_BF16: return "avx512bf16";
-    case CpuLevel::AVX512: return "avx512";
-    case CpuLevel::AVX2: return "avx2";
-    default: return "base";
+    case CpuLevel::AVX512_BF16:
+      return "avx512bf16";
+    case CpuLevel::AVX512:
+      return "avx512";
+    case CpuLevel::AVX2:
+      return "avx2";
+    default:
+      return "base";
   }
 }
 
@@ -67,9 +71,12 @@ template <class Fn>
 Fn cpu_pick(Fn avx512, Fn avx2, Fn base) noexcept {
   switch (cpu_level()) {
     case CpuLevel::AVX512_BF16:
-    case CpuLevel::AVX512: return avx512;
-    case CpuLevel::AVX2: return avx2;
-    default: return base;
+    case CpuLevel::AVX512:
+      return avx512;
+    case CpuLevel::AVX2:
+      return avx2;
+    default:
+      return base;
   }
 }
 
@@ -92,19 +99,21 @@ Fn cpu_pick(Fn avx512, Fn avx2, Fn base) noexcept {
 /// The three copies of a kernel body `impl<T, W>(const Args&, int64_t begin, int64_t end)` for
 /// each of fp32 and bf16 (W: 16 floats per vector on AVX-512, 8 otherwise), and `name(bf16)`,
 /// the copy for this CPU. Needs <c10/util/BFloat16.h>.
-#define SWARM_KERNEL_COPIES(name, Args, impl)                                                                   \
-  SWARM_TARGET_AVX512 void name##_f32_avx512(const Args& a, int64_t b, int64_t e) { impl<float, 16>(a, b, e); } \
-  SWARM_TARGET_AVX2 void name##_f32_avx2(const Args& a, int64_t b, int64_t e) { impl<float, 8>(a, b, e); }     \
-  void name##_f32_base(const Args& a, int64_t b, int64_t e) { impl<float, 8>(a, b, e); }                        \
-  SWARM_TARGET_AVX512 void name##_bf16_avx512(const Args& a, int64_t b, int64_t e) {                            \
-    impl<c10::BFloat16, 16>(a, b, e);                                                                           \
-  }                                                                                                             \
-  SWARM_TARGET_AVX2 void name##_bf16_avx2(const Args& a, int64_t b, int64_t e) {                                \
-    impl<c10::BFloat16, 8>(a, b, e);                                                                            \
-  }                                                                                                             \
-  void name##_bf16_base(const Args& a, int64_t b, int64_t e) { impl<c10::BFloat16, 8>(a, b, e); }              \
-  using name##_fn = void (*)(const Args&, int64_t, int64_t);                                                    \
-  name##_fn name(bool bf16) {                                                                                   \
-    return bf16 ? ::swarm::cpu_pick<name##_fn>(name##_bf16_avx512, name##_bf16_avx2, name##_bf16_base)          \
-                : ::swarm::cpu_pick<name##_fn>(name##_f32_avx512, name##_f32_avx2, name##_f32_base);            \
+#define SWARM_KERNEL_COPIES(name, Args, impl)                                                              \
+  SWARM_TARGET_AVX512 void name##_f32_avx512(const Args& a, int64_t b, int64_t e) {                        \
+    impl<float, 16>(a, b, e);                                                                              \
+  }                                                                                                        \
+  SWARM_TARGET_AVX2 void name##_f32_avx2(const Args& a, int64_t b, int64_t e) { impl<float, 8>(a, b, e); } \
+  void name##_f32_base(const Args& a, int64_t b, int64_t e) { impl<float, 8>(a, b, e); }                   \
+  SWARM_TARGET_AVX512 void name##_bf16_avx512(const Args& a, int64_t b, int64_t e) {                       \
+    impl<c10::BFloat16, 16>(a, b, e);                                                                      \
+  }                                                                                                        \
+  SWARM_TARGET_AVX2 void name##_bf16_avx2(const Args& a, int64_t b, int64_t e) {                           \
+    impl<c10::BFloat16, 8>(a, b, e);                                                                       \
+  }                                                                                                        \
+  void name##_bf16_base(const Args& a, int64_t b, int64_t e) { impl<c10::BFloat16, 8>(a, b, e); }          \
+  using name##_fn = void (*)(const Args&, int64_t, int64_t);                                               \
+  name##_fn name(bool bf16) {                                                                              \
+    return bf16 ? ::swarm::cpu_pick<name##_fn>(name##_bf16_avx512, name##_bf16_avx2, name##_bf16_base)     \
+                : ::swarm::cpu_pick<name##_fn>(name##_f32_avx512, name##_f32_avx2, name##_f32_base);       \
   }

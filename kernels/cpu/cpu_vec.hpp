@@ -86,7 +86,8 @@ SWARM_VEC_INLINE void load_pair(const float* p, typename Vec<W>::type& first, ty
   second = load_vec<W>(p + W);
 }
 template <int W>
-SWARM_VEC_INLINE void load_pair(const c10::BFloat16* p, typename Vec<W>::type& even, typename Vec<W>::type& odd) {
+SWARM_VEC_INLINE void load_pair(const c10::BFloat16* p, typename Vec<W>::type& even,
+                                typename Vec<W>::type& odd) {
   using I = typename Vec<W>::ints;
   I pairs;
   __builtin_memcpy(&pairs, p, sizeof pairs);
@@ -247,7 +248,7 @@ SWARM_VEC_INLINE typename Vec<W>::type silu(typename Vec<W>::type x) {
 // (GCC 12's reduce intrinsics also warn about their own undefined lanes).
 SWARM_VEC_INLINE f32x4 sum4(Vec<16>::type a, Vec<16>::type b, Vec<16>::type c, Vec<16>::type d) {
   using V8 = Vec<8>::type;
-  auto half = [](Vec<16>::type v) __attribute__((always_inline)) -> V8 {
+  auto half = [](Vec<16>::type v) __attribute__((always_inline))->V8 {
     return __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
            __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
   };
@@ -259,7 +260,8 @@ SWARM_VEC_INLINE f32x4 sum4(Vec<16>::type a, Vec<16>::type b, Vec<16>::type c, V
                 __builtin_shufflevector(c8, d8, 4, 5, 6, 7, 12, 13, 14, 15);
   const V8 pairs = __builtin_shufflevector(ab, cd, 0, 2, 4, 6, 8, 10, 12, 14) +
                    __builtin_shufflevector(ab, cd, 1, 3, 5, 7, 9, 11, 13, 15);
-  return __builtin_shufflevector(pairs, pairs, 0, 2, 4, 6) + __builtin_shufflevector(pairs, pairs, 1, 3, 5, 7);
+  return __builtin_shufflevector(pairs, pairs, 0, 2, 4, 6) +
+         __builtin_shufflevector(pairs, pairs, 1, 3, 5, 7);
 }
 // The sums of sixteen 16-lane vectors, in order (lane k = the sum of s[k]): four levels that
 // each add pairs of vectors after a two-source permute (one VPERMT2PS each), 30 permutes and
@@ -268,14 +270,20 @@ SWARM_VEC_INLINE Vec<16>::type sum16(const Vec<16>::type (&s)[16]) {
   using V = Vec<16>::type;
   V l1[8], l2[4], l3[2];
   for (int i = 0; i < 8; ++i)  // lanes 0-7: 8 partials of s[2i]; 8-15: of s[2i+1]
-    l1[i] = __builtin_shufflevector(s[2 * i], s[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-            __builtin_shufflevector(s[2 * i], s[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    l1[i] = __builtin_shufflevector(s[2 * i], s[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21,
+                                    22, 23) +
+            __builtin_shufflevector(s[2 * i], s[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28,
+                                    29, 30, 31);
   for (int i = 0; i < 4; ++i)  // four lanes per key, keys 4i .. 4i+3
-    l2[i] = __builtin_shufflevector(l1[2 * i], l1[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
-            __builtin_shufflevector(l1[2 * i], l1[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    l2[i] = __builtin_shufflevector(l1[2 * i], l1[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24,
+                                    25, 26, 27) +
+            __builtin_shufflevector(l1[2 * i], l1[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28,
+                                    29, 30, 31);
   for (int i = 0; i < 2; ++i)  // two lanes per key, keys 8i .. 8i+7
-    l3[i] = __builtin_shufflevector(l2[2 * i], l2[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
-            __builtin_shufflevector(l2[2 * i], l2[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+    l3[i] = __builtin_shufflevector(l2[2 * i], l2[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24,
+                                    25, 28, 29) +
+            __builtin_shufflevector(l2[2 * i], l2[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26,
+                                    27, 30, 31);
   return __builtin_shufflevector(l3[0], l3[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
          __builtin_shufflevector(l3[0], l3[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }

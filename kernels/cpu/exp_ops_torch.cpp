@@ -76,13 +76,15 @@ SWARM_INLINE void silu_mul_rows(const SiluArgs& a, int64_t begin, int64_t end) {
       simd::load_pair<W>(u + j + 2 * W, up[2], up[3]);
       simd::silu_n<W, 4>(x, act);
       simd::store_pair<W>(o + j, round_inner<T, W>(act[0]) * up[0], round_inner<T, W>(act[1]) * up[1]);
-      simd::store_pair<W>(o + j + 2 * W, round_inner<T, W>(act[2]) * up[2], round_inner<T, W>(act[3]) * up[3]);
+      simd::store_pair<W>(o + j + 2 * W, round_inner<T, W>(act[2]) * up[2],
+                          round_inner<T, W>(act[3]) * up[3]);
     }
     for (; j < pairs; j += 2 * W) {  // 2W at a time: bf16 widened without shuffles (load_pair)
       V g0, g1, u0, u1;
       simd::load_pair<W>(g + j, g0, g1);
       simd::load_pair<W>(u + j, u0, u1);
-      simd::store_pair<W>(o + j, round_inner<T, W>(simd::silu<W>(g0)) * u0, round_inner<T, W>(simd::silu<W>(g1)) * u1);
+      simd::store_pair<W>(o + j, round_inner<T, W>(simd::silu<W>(g0)) * u0,
+                          round_inner<T, W>(simd::silu<W>(g1)) * u1);
     }
     for (; j < vec; j += W) {
       const V x = load_vec<W>(g + j);
@@ -262,7 +264,8 @@ std::vector<SoftmaxRowStats> softmax_row_stats(const at::Tensor& x, const std::v
   RECORD_FUNCTION("swarm::softmax_row_stats", c10::ArrayRef<const c10::IValue>{});
   SWARM_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(),
               "softmax_row_stats: x must be [B, V] fp32 contiguous on the CPU");
-  SWARM_CHECK(static_cast<int64_t>(temperature.size()) == x.size(0), "softmax_row_stats: one temperature per row");
+  SWARM_CHECK(static_cast<int64_t>(temperature.size()) == x.size(0),
+              "softmax_row_stats: one temperature per row");
   for (float t : temperature)
     SWARM_CHECK(t > 0.f && std::isfinite(t), "softmax_row_stats: temperatures must be finite and > 0");
   std::vector<SoftmaxRowStats> out(static_cast<size_t>(x.size(0)));
@@ -272,7 +275,8 @@ std::vector<SoftmaxRowStats> softmax_row_stats(const at::Tensor& x, const std::v
   return out;
 }
 
-void log_softmax_row(const float* x, int64_t V, float t, const SoftmaxRowStats& stats, float* logp, float* probs) {
+void log_softmax_row(const float* x, int64_t V, float t, const SoftmaxRowStats& stats, float* logp,
+                     float* probs) {
   SWARM_CHECK(t > 0.f && V > 0, "log_softmax_row: temperature must be > 0 and the row non-empty");
   logp_kernel(false)(RowArgs{x, logp, probs, V, t, stats.max, stats.log_sum}, 0, 1);
 }

@@ -127,13 +127,13 @@ struct TileOut {
   void* y;  // row 0, feature 0 of the tile
   int64_t ld_y;
   bool y_float;
-  const float* bias;  // feature 0 of the tile, or null
+  const float* bias;   // feature 0 of the tile, or null
   int rows, features;  // the rows the tile computes; its features that exist (up to 16)
 };
 
 // One row of a tile, one step: the row's input value broadcast against the 16 weights.
-SWARM_TARGET_AVX2 inline __attribute__((always_inline)) void fma_row(const float* a, __m256 b0, __m256 b1, __m256& c0,
-                                                                      __m256& c1) {
+SWARM_TARGET_AVX2 inline __attribute__((always_inline)) void fma_row(const float* a, __m256 b0, __m256 b1,
+                                                                     __m256& c0, __m256& c1) {
   const __m256 v = _mm256_broadcast_ss(a);
   c0 = _mm256_fmadd_ps(v, b0, c0);
   c1 = _mm256_fmadd_ps(v, b1, c1);
@@ -146,8 +146,8 @@ template <int R, bool First, bool Last>
 SWARM_TARGET_AVX2 void tile(int64_t steps, const float* a, const float* b, const TileOut& o) {
   // Twelve named accumulators, the rows written out: written as an array indexed in loops (as
   // the stores below index it), GCC 12 -O3 kept them in memory and it ran at half the speed.
-  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
-         c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
+         c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
   for (int64_t s = 0; s < steps; ++s) {
     const __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
     fma_row(a, b0, b1, c00, c01);
@@ -211,16 +211,25 @@ using TileFn = void (*)(int64_t, const float*, const float*, const TileOut&);
 // The tile for `rows` rows (1-6) and this pass.
 template <int R>
 TileFn tile_for_pass(bool first, bool last) {
-  return first && last ? tile<R, true, true> : first ? tile<R, true, false> : last ? tile<R, false, true> : tile<R, false, false>;
+  return first && last ? tile<R, true, true>
+         : first       ? tile<R, true, false>
+         : last        ? tile<R, false, true>
+                       : tile<R, false, false>;
 }
 TileFn tile_for(int rows, bool first, bool last) {
   switch (rows) {
-    case 1: return tile_for_pass<1>(first, last);
-    case 2: return tile_for_pass<2>(first, last);
-    case 3: return tile_for_pass<3>(first, last);
-    case 4: return tile_for_pass<4>(first, last);
-    case 5: return tile_for_pass<5>(first, last);
-    default: return tile_for_pass<6>(first, last);
+    case 1:
+      return tile_for_pass<1>(first, last);
+    case 2:
+      return tile_for_pass<2>(first, last);
+    case 3:
+      return tile_for_pass<3>(first, last);
+    case 4:
+      return tile_for_pass<4>(first, last);
+    case 5:
+      return tile_for_pass<5>(first, last);
+    default:
+      return tile_for_pass<6>(first, last);
   }
 }
 
@@ -256,7 +265,8 @@ SWARM_TARGET_AVX2 void gemm_avx2(const PackedGemmArgs& a, int64_t begin, int64_t
               const int64_t row = i0 + ip;
               o.sums = sums == nullptr ? nullptr : sums + (row - m0) * kBlockFeatures + jp;
               o.y = static_cast<char*>(a.y) + static_cast<size_t>(row * a.n + j0 + jp) * elem;
-              (o.rows == kRows ? whole : tile_for(o.rows, first, last))(pass, packed_x + ip * pass, packed_w + jp * pass, o);
+              (o.rows == kRows ? whole : tile_for(o.rows, first, last))(pass, packed_x + ip * pass,
+                                                                        packed_w + jp * pass, o);
             }
           }
         }

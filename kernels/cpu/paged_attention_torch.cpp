@@ -50,13 +50,15 @@ void merge_parts(const Args& a, const std::vector<KeySplit>& splits, const Merge
   for (int64_t r = 0; r < rep; ++r) {
     float top = -std::numeric_limits<float>::infinity();
     for (int64_t p = 0; p < m.parts; ++p) {
-      const auto part = partial_out(a.partial + splits[static_cast<size_t>(m.first_split + p)].partial, rep, hd);
+      const auto part =
+          partial_out(a.partial + splits[static_cast<size_t>(m.first_split + p)].partial, rep, hd);
       top = std::max(top, part.max[r]);
     }
     float total = 0.f;
     std::fill(sum.begin(), sum.end(), 0.f);
     for (int64_t p = 0; p < m.parts; ++p) {
-      const auto part = partial_out(a.partial + splits[static_cast<size_t>(m.first_split + p)].partial, rep, hd);
+      const auto part =
+          partial_out(a.partial + splits[static_cast<size_t>(m.first_split + p)].partial, rep, hd);
       const float w = std::exp(part.max[r] - top);
       total += w * part.total[r];
       const float* s = part.sums + r * hd;
@@ -74,8 +76,9 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
                                   const at::Tensor& out_buffer) {
   // Named in profiles (bench_inference --profile-ops), where it is not an aten op.
   RECORD_FUNCTION("swarm::paged_decode_attention", c10::ArrayRef<const c10::IValue>{});
-  SWARM_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
-              "paged_decode_attention: q must be [B, heads, hd] and the caches [blocks, block, kv_heads, hd]");
+  SWARM_CHECK(
+      q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
+      "paged_decode_attention: q must be [B, heads, hd] and the caches [blocks, block, kv_heads, hd]");
   SWARM_CHECK(q.device().is_cpu() && k_cache.device().is_cpu(), "paged_decode_attention: CPU tensors only");
   SWARM_CHECK(q.scalar_type() == k_cache.scalar_type() && v_cache.scalar_type() == k_cache.scalar_type(),
               "paged_decode_attention: q and the caches must share a dtype");
@@ -83,11 +86,14 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
               "paged_decode_attention: contiguous tensors only");
   const int64_t B = q.size(0), heads = q.size(1), hd = q.size(2);
   const int64_t kvh = k_cache.size(2);
-  SWARM_CHECK(k_cache.size(3) == hd && kvh > 0 && heads % kvh == 0, "paged_decode_attention: head shapes differ");
-  SWARM_CHECK(static_cast<int64_t>(context.lengths.size()) == B, "paged_decode_attention: one length per query");
+  SWARM_CHECK(k_cache.size(3) == hd && kvh > 0 && heads % kvh == 0,
+              "paged_decode_attention: head shapes differ");
+  SWARM_CHECK(static_cast<int64_t>(context.lengths.size()) == B,
+              "paged_decode_attention: one length per query");
   const int64_t tables = static_cast<int64_t>(context.table_offset.size()) - 1;
-  SWARM_CHECK(context.table_index.empty() ? tables == B : static_cast<int64_t>(context.table_index.size()) == B,
-              "paged_decode_attention: context does not give every query a block table");
+  SWARM_CHECK(
+      context.table_index.empty() ? tables == B : static_cast<int64_t>(context.table_index.size()) == B,
+      "paged_decode_attention: context does not give every query a block table");
   const int64_t bs = k_cache.size(1);
   const int64_t visible_max = std::max<int64_t>(1, window);
   std::vector<int64_t> keys_of(static_cast<size_t>(B));  // keys each query reads
@@ -96,16 +102,29 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
     const int64_t len = context.lengths[static_cast<size_t>(b)];
     const int64_t t = context.table_index.empty() ? b : context.table_index[static_cast<size_t>(b)];
     SWARM_CHECK(t >= 0 && t < tables, "paged_decode_attention: a query's block table is out of range");
-    const int64_t blocks = context.table_offset[static_cast<size_t>(t) + 1] - context.table_offset[static_cast<size_t>(t)];
-    SWARM_CHECK(len >= 1 && len <= blocks * bs, "paged_decode_attention: a sequence's length exceeds its blocks");
+    const int64_t blocks =
+        context.table_offset[static_cast<size_t>(t) + 1] - context.table_offset[static_cast<size_t>(t)];
+    SWARM_CHECK(len >= 1 && len <= blocks * bs,
+                "paged_decode_attention: a sequence's length exceeds its blocks");
     keys_of[static_cast<size_t>(b)] = std::min(len, visible_max);
     keys += keys_of[static_cast<size_t>(b)];
   }
 
   at::Tensor out = output_tensor(out_buffer, {B, heads * hd}, q.scalar_type(), "paged_decode_attention",
                                  {&q, &k_cache, &v_cache});
-  Args a{q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), &context, heads, kvh, hd, bs,
-         std::max<int64_t>(1, window), static_cast<float>(scale), nullptr, nullptr};
+  Args a{q.data_ptr(),
+         k_cache.data_ptr(),
+         v_cache.data_ptr(),
+         out.data_ptr(),
+         &context,
+         heads,
+         kvh,
+         hd,
+         bs,
+         std::max<int64_t>(1, window),
+         static_cast<float>(scale),
+         nullptr,
+         nullptr};
   const bool bf16 = q.scalar_type() == at::kBFloat16;
   SWARM_CHECK(bf16 || q.scalar_type() == at::kFloat, "paged_decode_attention: fp32 or bf16 only");
   attention_range_fn run = attention_range(bf16);
@@ -134,7 +153,8 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
         }
         merges.push_back({b, g, static_cast<int64_t>(splits.size()), parts});
         for (int64_t p = 0; p < parts; ++p) {
-          const int64_t begin = n * p / parts / 16 * 16, end = p + 1 == parts ? n : n * (p + 1) / parts / 16 * 16;
+          const int64_t begin = n * p / parts / 16 * 16,
+                        end = p + 1 == parts ? n : n * (p + 1) / parts / 16 * 16;
           splits.push_back({b, g, begin, end, floats});
           unit_keys.push_back(end - begin);
           floats += rep * hd + 2 * rep;
@@ -174,7 +194,8 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
     merge_all();
     return out;
   }
-  const int64_t parts = std::min<int64_t>({threads, units, keys * kvh * per_key / kAttentionMinWorkPerThread});
+  const int64_t parts =
+      std::min<int64_t>({threads, units, keys * kvh * per_key / kAttentionMinWorkPerThread});
   std::vector<int64_t> cut(static_cast<size_t>(parts) + 1, units);
   cut[0] = 0;
   int64_t done = 0, part = 1;
@@ -183,7 +204,8 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
     if (done * parts >= part * keys * kvh) cut[static_cast<size_t>(part++)] = u + 1;
   }
   at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) run(a, cut[static_cast<size_t>(p)], cut[static_cast<size_t>(p) + 1]);
+    for (int64_t p = begin; p < end; ++p)
+      run(a, cut[static_cast<size_t>(p)], cut[static_cast<size_t>(p) + 1]);
   });
   merge_all();
   return out;

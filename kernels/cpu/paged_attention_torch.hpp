@@ -15,9 +15,9 @@ namespace swarm {
 
 /// Where each sequence's context lives in the cache.
 struct PagedContext {
-  std::vector<int64_t> block_ids;      // every block table, concatenated
-  std::vector<int64_t> table_offset;   // [tables + 1]: table t is block_ids[offset[t], offset[t+1])
-  std::vector<int64_t> lengths;        // [B]: keys 0..length-1 (the query's own key included)
+  std::vector<int64_t> block_ids;     // every block table, concatenated
+  std::vector<int64_t> table_offset;  // [tables + 1]: table t is block_ids[offset[t], offset[t+1])
+  std::vector<int64_t> lengths;       // [B]: keys 0..length-1 (the query's own key included)
   /// [B] or empty: query b reads table table_index[b]; empty: table b (one table per query).
   /// Several queries share a table when they are tokens of one sequence (a prompt chunk: the
   /// token at position p is a query with length p + 1).
@@ -25,7 +25,8 @@ struct PagedContext {
 
   /// Where query b's block table starts.
   const int64_t* table(int64_t b) const {
-    const size_t t = table_index.empty() ? static_cast<size_t>(b) : static_cast<size_t>(table_index[static_cast<size_t>(b)]);
+    const size_t t = table_index.empty() ? static_cast<size_t>(b)
+                                         : static_cast<size_t>(table_index[static_cast<size_t>(b)]);
     return block_ids.data() + table_offset[t];
   }
 };

@@ -117,9 +117,10 @@ template <class T, int W>
 SWARM_INLINE void rope_lanes(const T* x, const T* c, const T* s, T* out, int64_t half, int64_t j) {
   using V = typename Vec<W>::type;
   const V x1 = load_vec<W>(x + j), x2 = load_vec<W>(x + half + j);
-  store_vec<W>(out + j, round_inner<T, W>(x1 * load_vec<W>(c + j)) - round_inner<T, W>(x2 * load_vec<W>(s + j)));
-  store_vec<W>(out + half + j,
-               round_inner<T, W>(x2 * load_vec<W>(c + half + j)) + round_inner<T, W>(x1 * load_vec<W>(s + half + j)));
+  store_vec<W>(out + j,
+               round_inner<T, W>(x1 * load_vec<W>(c + j)) - round_inner<T, W>(x2 * load_vec<W>(s + j)));
+  store_vec<W>(out + half + j, round_inner<T, W>(x2 * load_vec<W>(c + half + j)) +
+                                   round_inner<T, W>(x1 * load_vec<W>(s + half + j)));
 }
 
 // 2W lanes of it from column j (j + 2W <= half) through load_pair / store_pair: the same
@@ -177,7 +178,8 @@ SWARM_INLINE void rope_head(const T* x, const T* c, const T* s, const float* cw,
   for (; j < half; ++j) {
     const float x1 = to_float(x[j]), x2 = to_float(x[half + j]);
     out[j] = static_cast<T>(round_to<T>(x1 * to_float(c[j])) - round_to<T>(x2 * to_float(s[j])));
-    out[half + j] = static_cast<T>(round_to<T>(x2 * to_float(c[half + j])) + round_to<T>(x1 * to_float(s[half + j])));
+    out[half + j] =
+        static_cast<T>(round_to<T>(x2 * to_float(c[half + j])) + round_to<T>(x1 * to_float(s[half + j])));
   }
 }
 
@@ -193,7 +195,8 @@ SWARM_INLINE void rope_rows(const RopeArgs& a, int64_t begin, int64_t end) {
     const float* cw = widened_pairs<T, W>(c, widened.data(), half, pairs);
     const float* sw = widened_pairs<T, W>(s, widened.data() + hd, half, pairs);
     T* q = static_cast<T*>(a.q) + i * a.heads * hd;
-    for (int64_t h = 0; h < a.heads; ++h) rope_head<T, W>(src + h * hd, c, s, cw, sw, q + h * hd, half, pairs);
+    for (int64_t h = 0; h < a.heads; ++h)
+      rope_head<T, W>(src + h * hd, c, s, cw, sw, q + h * hd, half, pairs);
     T* k = static_cast<T*>(a.k_cache) + a.rows[i] * kv_width;
     for (int64_t h = 0; h < a.kv_heads; ++h)
       rope_head<T, W>(src + (a.heads + h) * hd, c, s, cw, sw, k + h * hd, half, pairs);
@@ -208,8 +211,9 @@ SWARM_KERNEL_COPIES(rope_kernel, RopeArgs, rope_rows)
 at::Tensor output_tensor(const at::Tensor& out, at::IntArrayRef sizes, at::ScalarType dtype, const char* op,
                          std::initializer_list<const at::Tensor*> inputs) {
   if (!out.defined()) return at::empty(sizes, at::TensorOptions().dtype(dtype));
-  SWARM_CHECK(out.device().is_cpu() && out.is_contiguous() && out.scalar_type() == dtype && out.sizes() == sizes,
-              std::string(op) + ": out must be a contiguous CPU tensor of the result's shape and dtype");
+  SWARM_CHECK(
+      out.device().is_cpu() && out.is_contiguous() && out.scalar_type() == dtype && out.sizes() == sizes,
+      std::string(op) + ": out must be a contiguous CPU tensor of the result's shape and dtype");
   const auto* begin = static_cast<const char*>(out.data_ptr());
   const auto* end = begin + out.nbytes();
   for (const at::Tensor* in : inputs) {
@@ -253,14 +257,15 @@ at::Tensor add_rms_norm_rows(at::Tensor& x, const at::Tensor& delta, const at::T
 
 at::Tensor rope_qkv_into_cache(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, int64_t head_dim,
                                const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions,
-                               const at::Tensor& cache_rows, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                               const at::Tensor& out) {
+                               const at::Tensor& cache_rows, const at::Tensor& k_cache,
+                               const at::Tensor& v_cache, const at::Tensor& out) {
   RECORD_FUNCTION("swarm::rope_qkv_into_cache", c10::ArrayRef<const c10::IValue>{});
   check_cpu_dtype(qkv, "rope_qkv_into_cache");
   const int64_t n = qkv.size(0), width = (heads + 2 * kv_heads) * head_dim;
   const auto dt = qkv.scalar_type();
-  SWARM_CHECK(qkv.dim() == 2 && qkv.is_contiguous() && qkv.size(1) == width && head_dim % 2 == 0,
-              "rope_qkv_into_cache: qkv must be [N, (heads + 2 kv_heads) * head_dim] contiguous, head_dim even");
+  SWARM_CHECK(
+      qkv.dim() == 2 && qkv.is_contiguous() && qkv.size(1) == width && head_dim % 2 == 0,
+      "rope_qkv_into_cache: qkv must be [N, (heads + 2 kv_heads) * head_dim] contiguous, head_dim even");
   SWARM_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.sizes() == sin.sizes() && cos.dim() == 2 &&
                   cos.size(1) == head_dim && cos.scalar_type() == dt && sin.scalar_type() == dt,
               "rope_qkv_into_cache: cos / sin must be [positions, head_dim] of qkv's dtype");
@@ -271,17 +276,20 @@ at::Tensor rope_qkv_into_cache(const at::Tensor& qkv, int64_t heads, int64_t kv_
   SWARM_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == dt &&
                   v_cache.scalar_type() == dt && k_cache.numel() == v_cache.numel() &&
                   k_cache.numel() % (kv_heads * head_dim) == 0,
-              "rope_qkv_into_cache: the caches must be contiguous, of qkv's dtype, whole rows of kv_heads * head_dim");
+              "rope_qkv_into_cache: the caches must be contiguous, of qkv's dtype, whole rows of kv_heads * "
+              "head_dim");
   const int64_t cache_rows_total = k_cache.numel() / (kv_heads * head_dim);
   const int64_t* pos = positions.data_ptr<int64_t>();
   const int64_t* rows = cache_rows.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) {
-    SWARM_CHECK(pos[i] >= 0 && pos[i] < cos.size(0), "rope_qkv_into_cache: position out of the tables' range");
+    SWARM_CHECK(pos[i] >= 0 && pos[i] < cos.size(0),
+                "rope_qkv_into_cache: position out of the tables' range");
     SWARM_CHECK(rows[i] >= 0 && rows[i] < cache_rows_total, "rope_qkv_into_cache: cache row out of range");
   }
-  at::Tensor q = output_tensor(out, {n, heads, head_dim}, dt, "rope_qkv_into_cache", {&qkv, &k_cache, &v_cache});
-  const RopeArgs a{qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), pos, rows, q.data_ptr(), k_cache.data_ptr(),
-                   v_cache.data_ptr(), heads, kv_heads, head_dim};
+  at::Tensor q =
+      output_tensor(out, {n, heads, head_dim}, dt, "rope_qkv_into_cache", {&qkv, &k_cache, &v_cache});
+  const RopeArgs a{qkv.data_ptr(),     cos.data_ptr(),     sin.data_ptr(), pos,      rows,    q.data_ptr(),
+                   k_cache.data_ptr(), v_cache.data_ptr(), heads,          kv_heads, head_dim};
   const auto run = rope_kernel(dt == at::kBFloat16);
   at::parallel_for(0, n, grain_for(width), [&](int64_t b, int64_t e) { run(a, b, e); });
   return q;

@@ -24,7 +24,8 @@ at::Tensor output_tensor(const at::Tensor& out, at::IntArrayRef sizes, at::Scala
 
 /// RMSNorm of each row: y = round(x * rsqrt(mean(x^2) + eps)) * weight, the statistics in
 /// fp32. x [N, H] contiguous, weight [H] of x's dtype. Returns [N, H] in x's dtype.
-at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& out = {});
+at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double eps,
+                         const at::Tensor& out = {});
 
 /// The residual add and the next RMSNorm in one pass: x += delta in place (rounded to x's
 /// dtype, as x.add_(delta)), then returns rms_norm_rows(x, weight, eps). delta [N, H]
@@ -40,8 +41,8 @@ at::Tensor add_rms_norm_rows(at::Tensor& x, const at::Tensor& delta, const at::T
 /// q as [N, heads, head_dim].
 at::Tensor rope_qkv_into_cache(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, int64_t head_dim,
                                const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions,
-                               const at::Tensor& cache_rows, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                               const at::Tensor& out = {});
+                               const at::Tensor& cache_rows, const at::Tensor& k_cache,
+                               const at::Tensor& v_cache, const at::Tensor& out = {});
 
 /// SwiGLU's gate: gate_up [N, 2 * inter] contiguous (gate columns, then up) -> silu(gate) * up,
 /// [N, inter] in gate_up's dtype.
@@ -62,6 +63,7 @@ std::vector<SoftmaxRowStats> softmax_row_stats(const at::Tensor& x, const std::v
 
 /// One row's log-probabilities at temperature t from its stats: logp[j] = (x[j] / t - max) -
 /// log_sum, and probs[j] = exp(logp[j]) (exactly 0 for masked logits) when probs is not null.
-void log_softmax_row(const float* x, int64_t V, float t, const SoftmaxRowStats& stats, float* logp, float* probs);
+void log_softmax_row(const float* x, int64_t V, float t, const SoftmaxRowStats& stats, float* logp,
+                     float* probs);
 
 }  // namespace swarm

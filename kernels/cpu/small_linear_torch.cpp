@@ -33,13 +33,13 @@ struct Args {
   // [M, in], fp32 copy of the input (the widening kernels). For bf16 weights each row's first
   // in / 2W * 2W values are in pair order (widened_input below), matching simd::load_pair.
   const float* x;
-  const void* xb;      // [M, in], the bf16 input itself (the dot-product kernel)
-  const void* w;       // [out, in]
-  const void* bias;    // [out] or null
-  void* y;             // [M, out]
+  const void* xb;    // [M, in], the bf16 input itself (the dot-product kernel)
+  const void* w;     // [out, in]
+  const void* bias;  // [out] or null
+  void* y;           // [M, out]
   int64_t m, in, out;
   bool y_float = false;  // y is fp32, holding the results rounded to bf16 (bf16 weights)
-  int64_t pair = 0;  // > 0: y[:, o] = silu(x . w[o]) * (x . w[o + pair]), out = pair
+  int64_t pair = 0;      // > 0: y[:, o] = silu(x . w[o]) * (x . w[o + pair]), out = pair
 };
 
 using simd::to_float;
@@ -61,7 +61,7 @@ template <class T, int W, int M, int U>
 SWARM_INLINE void one_row(const Args& a, int64_t o, float* sums) {
   using V = typename simd::Vec<W>::type;
   constexpr bool kPairs = std::is_same_v<T, c10::BFloat16>;
-  constexpr int64_t kStep = kPairs ? 2 * W : W;    // values per load
+  constexpr int64_t kStep = kPairs ? 2 * W : W;                            // values per load
   constexpr int64_t kLoads = kPairs && U == 1 ? 1 : (kPairs ? U / 2 : U);  // loads per step
   constexpr int64_t kSpan = kLoads * kStep;
   const int64_t in = a.in, full = in / kSpan * kSpan, vec = in / kStep * kStep;
@@ -137,7 +137,8 @@ SWARM_INLINE void rows(const Args& a, int64_t begin, int64_t end) {
     for (int64_t k = 0; k < count; ++k) one_row<T, W, M, U>(a, o0 + k, block + k);
     for (int m = 0; m < M; ++m) {
       if (a.y_float) {  // fp32 out, holding the results rounded to T (what T then widened gives)
-        for (int64_t k = 0; k < count; ++k) yf[m * a.out + o0 + k] = simd::round_to<T>(block[m * kOutBlock + k]);
+        for (int64_t k = 0; k < count; ++k)
+          yf[m * a.out + o0 + k] = simd::round_to<T>(block[m * kOutBlock + k]);
       } else {
         for (int64_t k = 0; k < count; ++k) y[m * a.out + o0 + k] = static_cast<T>(block[m * kOutBlock + k]);
       }
@@ -148,14 +149,22 @@ SWARM_INLINE void rows(const Args& a, int64_t begin, int64_t end) {
 template <class T, int W>
 SWARM_INLINE void rows_any(const Args& a, int64_t begin, int64_t end) {
   switch (a.m) {
-    case 1: return rows<T, W, 1>(a, begin, end);
-    case 2: return rows<T, W, 2>(a, begin, end);
-    case 3: return rows<T, W, 3>(a, begin, end);
-    case 4: return rows<T, W, 4>(a, begin, end);
-    case 5: return rows<T, W, 5>(a, begin, end);
-    case 6: return rows<T, W, 6>(a, begin, end);
-    case 7: return rows<T, W, 7>(a, begin, end);
-    default: return rows<T, W, 8>(a, begin, end);  // a.m <= kSmallLinearMaxRows == 8
+    case 1:
+      return rows<T, W, 1>(a, begin, end);
+    case 2:
+      return rows<T, W, 2>(a, begin, end);
+    case 3:
+      return rows<T, W, 3>(a, begin, end);
+    case 4:
+      return rows<T, W, 4>(a, begin, end);
+    case 5:
+      return rows<T, W, 5>(a, begin, end);
+    case 6:
+      return rows<T, W, 6>(a, begin, end);
+    case 7:
+      return rows<T, W, 7>(a, begin, end);
+    default:
+      return rows<T, W, 8>(a, begin, end);  // a.m <= kSmallLinearMaxRows == 8
   }
 }
 
@@ -171,9 +180,9 @@ SWARM_KERNEL_COPIES(widening_rows, Args, rows_any)
 // The input rows of a tile stay in L1 while a block of weight rows (in L2) passes them. Without
 // bf16 dot products this reads the bf16 weights as they are (no widened copy, no GEMM packing);
 // see kSmallLinearWideningMaxRows for what it was measured against.
-constexpr int kTileRows = 3;                  // MT: input rows per tile
-constexpr int kTileFeatures = 3;              // U: weight rows per tile
-constexpr int64_t kTileBlockBytes = 96 << 10;  // weights a block of tiles shares (L2)
+constexpr int kTileRows = 3;                       // MT: input rows per tile
+constexpr int kTileFeatures = 3;                   // U: weight rows per tile
+constexpr int64_t kTileBlockBytes = 96 << 10;      // weights a block of tiles shares (L2)
 constexpr int64_t kTileRowBlockBytes = 128 << 10;  // fp32 input rows a block of tiles shares (L2)
 
 // Widens the high halves of W 32-bit lanes at p: read at the values' start, the odd-indexed bf16
@@ -285,9 +294,11 @@ SWARM_INLINE void tile_features(const Args& a, int64_t m0, int64_t begin, int64_
 template <class T, int W>
 SWARM_INLINE void tiles(const Args& a, int64_t begin, int64_t end) {
   constexpr int MT = kTileRows;
-  const int64_t block = std::max<int64_t>(
-      kTileFeatures, kTileBlockBytes / static_cast<int64_t>(sizeof(T)) / std::max<int64_t>(1, a.in) / kTileFeatures * kTileFeatures);
-  const int64_t row_block = std::max<int64_t>(MT, kTileRowBlockBytes / 4 / std::max<int64_t>(1, a.in) / MT * MT);
+  const int64_t block =
+      std::max<int64_t>(kTileFeatures, kTileBlockBytes / static_cast<int64_t>(sizeof(T)) /
+                                           std::max<int64_t>(1, a.in) / kTileFeatures * kTileFeatures);
+  const int64_t row_block =
+      std::max<int64_t>(MT, kTileRowBlockBytes / 4 / std::max<int64_t>(1, a.in) / MT * MT);
   for (int64_t r0 = 0; r0 < a.m; r0 += row_block) {
     const int64_t r1 = std::min(a.m, r0 + row_block);
     for (int64_t o0 = begin; o0 < end; o0 += block) {
@@ -316,8 +327,8 @@ SWARM_KERNEL_COPIES(widening_tiles, Args, tiles)
 
 // 32 columns from i of MT input rows x U weight rows into acc; masked-off lanes load zeros.
 template <int MT, int U>
-SWARM_BF16_INLINE void dot_step(__m512 (&acc)[MT][U], const uint16_t* x, const uint16_t* w, int64_t in, int64_t i,
-                                __mmask32 k) {
+SWARM_BF16_INLINE void dot_step(__m512 (&acc)[MT][U], const uint16_t* x, const uint16_t* w, int64_t in,
+                                int64_t i, __mmask32 k) {
   __m512bh wv[U];
   for (int u = 0; u < U; ++u) wv[u] = (__m512bh)_mm512_maskz_loadu_epi16(k, w + u * in + i);
   for (int m = 0; m < MT; ++m) {
@@ -368,15 +379,19 @@ SWARM_BF16_INLINE void dot_tile(const uint16_t* x, const uint16_t* w, int64_t in
 
 // All M input rows against U weight rows, four input rows at a time.
 template <int U>
-SWARM_BF16_INLINE void dot_rows(const uint16_t* x, int64_t m, const uint16_t* w, int64_t in, float* out, int64_t ld,
-                                const uint16_t* pf = nullptr) {
+SWARM_BF16_INLINE void dot_rows(const uint16_t* x, int64_t m, const uint16_t* w, int64_t in, float* out,
+                                int64_t ld, const uint16_t* pf = nullptr) {
   int64_t r = 0;
   for (; r + 4 <= m; r += 4) dot_tile<4, U>(x + r * in, w, in, out + r * ld, ld, r == 0 ? pf : nullptr);
   switch (m - r) {
-    case 3: return dot_tile<3, U>(x + r * in, w, in, out + r * ld, ld);
-    case 2: return dot_tile<2, U>(x + r * in, w, in, out + r * ld, ld);
-    case 1: return dot_tile<1, U>(x + r * in, w, in, out + r * ld, ld);
-    default: return;
+    case 3:
+      return dot_tile<3, U>(x + r * in, w, in, out + r * ld, ld);
+    case 2:
+      return dot_tile<2, U>(x + r * in, w, in, out + r * ld, ld);
+    case 1:
+      return dot_tile<1, U>(x + r * in, w, in, out + r * ld, ld);
+    default:
+      return;
   }
 }
 
@@ -393,7 +408,8 @@ SWARM_BF16_INLINE void dot_seq(const uint16_t* x, const uint16_t* w, int64_t in,
     for (int m = 0; m < MT; ++m) acc[m][0] = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 32 <= in; i += 32) dot_step<MT, 1>(acc, x, w + f * in, in, i, ~__mmask32{0});
-    if (i < in) dot_step<MT, 1>(acc, x, w + f * in, in, i, static_cast<__mmask32>((uint64_t{1} << (in - i)) - 1));
+    if (i < in)
+      dot_step<MT, 1>(acc, x, w + f * in, in, i, static_cast<__mmask32>((uint64_t{1} << (in - i)) - 1));
     for (int m = 0; m < MT; ++m) all[m * F + f] = simd::Vec<16>::type(acc[m][0]);
   }
   float sums[16];
@@ -403,15 +419,15 @@ SWARM_BF16_INLINE void dot_seq(const uint16_t* x, const uint16_t* w, int64_t in,
 
 // Features [k, count) of the block at o0, in whole groups of 16 / MT, for MT input rows.
 template <int MT>
-SWARM_BF16_INLINE void dot_seq_rows(const Args& a, const uint16_t* x, const uint16_t* w, int64_t o0, int64_t k,
-                                    int64_t count, float* block) {
+SWARM_BF16_INLINE void dot_seq_rows(const Args& a, const uint16_t* x, const uint16_t* w, int64_t o0,
+                                    int64_t k, int64_t count, float* block) {
   for (; k + 16 / MT <= count; k += 16 / MT) dot_seq<MT>(x, w + (o0 + k) * a.in, a.in, block + k, kOutBlock);
 }
 
 // Weight rows [o0, o0 + count) of w (which has rows up to `end`) against every input row, into
 // block (kOutBlock floats per input row).
-SWARM_BF16_INLINE void dot_block(const Args& a, const uint16_t* x, const uint16_t* w, int64_t o0, int64_t count,
-                                 int64_t end, float* block) {
+SWARM_BF16_INLINE void dot_block(const Args& a, const uint16_t* x, const uint16_t* w, int64_t o0,
+                                 int64_t count, int64_t end, float* block) {
   int64_t k = 0;
   if (a.m > kSmallLinearMaxRows) {
     for (; k + 4 <= count; k += 4) {
@@ -424,7 +440,8 @@ SWARM_BF16_INLINE void dot_block(const Args& a, const uint16_t* x, const uint16_
       const int64_t next_row = o0 + k + 4;
       const bool has_next = o0 + k + 8 <= end;
       if (a.m >= 16) {
-        dot_rows<4>(x, a.m, w + (o0 + k) * a.in, a.in, block + k, kOutBlock, has_next ? w + next_row * a.in : nullptr);
+        dot_rows<4>(x, a.m, w + (o0 + k) * a.in, a.in, block + k, kOutBlock,
+                    has_next ? w + next_row * a.in : nullptr);
       } else {
         const char* next = reinterpret_cast<const char*>(w + next_row * a.in);
         const int64_t next_bytes = (has_next ? 4 : 0) * a.in * 2;
@@ -515,7 +532,8 @@ SWARM_TARGET_AVX512_BF16 void rows_bf16_dot(const Args& a, int64_t begin, int64_
         for (k = 0; k < vec; k += 16)
           simd::store_vec<16>(yf + at + k, simd::round_bf16<16>(simd::load_vec<16>(row + k) + bv[k / 16]));
       } else {
-        for (k = 0; k < vec; k += 16) simd::store_vec<16>(y + at + k, simd::load_vec<16>(row + k) + bv[k / 16]);
+        for (k = 0; k < vec; k += 16)
+          simd::store_vec<16>(y + at + k, simd::load_vec<16>(row + k) + bv[k / 16]);
       }
       for (; k < count; ++k) {
         const c10::BFloat16 v(row[k] + (bias ? static_cast<float>(bias[o0 + k]) : 0.f));
@@ -544,7 +562,7 @@ void split_over_threads(int64_t begin, int64_t end, int64_t grain, int threads, 
   const int64_t tasks = std::min<int64_t>(threads, (n + grain - 1) / std::max<int64_t>(1, grain));
 #ifdef _OPENMP
   if (tasks > 1 && !omp_in_parallel()) {
-#pragma omp parallel num_threads(static_cast<int>(tasks))
+#pragma omp parallel num_threads(static_cast <int>(tasks))
     {
       const int64_t chunk = (n + omp_get_num_threads() - 1) / omp_get_num_threads();
       const int64_t b = begin + omp_get_thread_num() * chunk;
@@ -579,8 +597,9 @@ void check_small_linear_args(const at::Tensor& x, const at::Tensor& w, const c10
                              const char* name) {
   const std::string op(name);
   SWARM_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), op + ": shapes [M, in] x [out, in]");
-  SWARM_CHECK(x.size(0) >= 1 && x.size(0) <= std::max(kSmallLinearMaxRows, small_linear_max_rows(x.scalar_type())),
-              op + ": too many rows (" + std::to_string(x.size(0)) + ")");
+  SWARM_CHECK(
+      x.size(0) >= 1 && x.size(0) <= std::max(kSmallLinearMaxRows, small_linear_max_rows(x.scalar_type())),
+      op + ": too many rows (" + std::to_string(x.size(0)) + ")");
   SWARM_CHECK(x.device().is_cpu() && w.device().is_cpu(), op + ": CPU tensors only");
   SWARM_CHECK(x.scalar_type() == w.scalar_type() && (!bias || bias->scalar_type() == w.scalar_type()),
               op + ": x, w and bias must share a dtype");
@@ -596,7 +615,8 @@ void run_features(const Args& a, int64_t out, int64_t rows_per_feature, const F&
   const int64_t units = (out + 3) / 4;
   const int64_t grain = std::max<int64_t>(4, kMinWorkPerThread / std::max<int64_t>(1, work));
   const int threads = g_threads.load() > 0 ? g_threads.load() : at::get_num_threads();
-  split_over_threads(0, units, grain, threads, [&](int64_t begin, int64_t end) { run(a, begin * 4, std::min(end * 4, out)); });
+  split_over_threads(0, units, grain, threads,
+                     [&](int64_t begin, int64_t end) { run(a, begin * 4, std::min(end * 4, out)); });
 }
 
 // The fp32 input the widening kernels read: x itself, or bf16 x widened into a buffer kept by
@@ -640,7 +660,8 @@ bool takes_tiles(int64_t m, int64_t in, bool bf16) {
   if (m > kSmallLinearMaxRows) return true;
   if (cpu_level() != CpuLevel::AVX2) return false;
   return (bf16 && m >= kSmallLinearBf16TilesFromRows) ||
-         (m >= kSmallLinearWideTilesFromRows && m * in * static_cast<int64_t>(sizeof(float)) >= kSmallLinearWideTilesBytes);
+         (m >= kSmallLinearWideTilesFromRows &&
+          m * in * static_cast<int64_t>(sizeof(float)) >= kSmallLinearWideTilesBytes);
 #else
   (void)in, (void)bf16;
   return m > kSmallLinearMaxRows;
@@ -671,24 +692,31 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::opt
     // The packed GEMM from kSmallLinearTileMaxRows + 1 rows on (small_linear_torch.hpp).
     at::Tensor y = output_tensor(out_buffer, {m, out}, want, "small_linear", {&x, &w});
     const at::Tensor biasf = bias ? bias->to(at::kFloat) : at::Tensor();
-    const PackedGemmArgs g{xin.data_ptr<c10::BFloat16>(), w.data_ptr<c10::BFloat16>(),
-                           biasf.defined() ? biasf.data_ptr<float>() : nullptr, y.data_ptr(), float_out, m, out, in};
+    const PackedGemmArgs g{xin.data_ptr<c10::BFloat16>(),
+                           w.data_ptr<c10::BFloat16>(),
+                           biasf.defined() ? biasf.data_ptr<float>() : nullptr,
+                           y.data_ptr(),
+                           float_out,
+                           m,
+                           out,
+                           in};
     const int64_t panels = (out + 15) / 16;
     const int64_t grain = std::max<int64_t>(1, kMinWorkPerThread / std::max<int64_t>(1, 16 * in * m));
-    split_over_threads(0, panels, grain, small_linear_threads(),
-                       [&](int64_t begin, int64_t end) { packed_gemm_bf16(g, begin * 16, std::min(end * 16, out)); });
+    split_over_threads(0, panels, grain, small_linear_threads(), [&](int64_t begin, int64_t end) {
+      packed_gemm_bf16(g, begin * 16, std::min(end * 16, out));
+    });
     return y;
   }
   const auto [run, xf] = pick_kernel(xin, bf16);
   at::Tensor y = output_tensor(out_buffer, {m, out}, want, "small_linear", {&x, &w});
-  const Args a{xf, xin.data_ptr(), w.data_ptr(), bias ? bias->data_ptr() : nullptr, y.data_ptr(), m, in, out,
-               float_out && bf16};
+  const Args a{xf,  xin.data_ptr(),   w.data_ptr(), bias ? bias->data_ptr() : nullptr, y.data_ptr(), m, in,
+               out, float_out && bf16};
   run_features(a, out, 1, run);
   return y;
 }
 
-at::Tensor small_linear_silu_mul(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
-                                 const at::Tensor& out) {
+at::Tensor small_linear_silu_mul(const at::Tensor& x, const at::Tensor& w,
+                                 const c10::optional<at::Tensor>& bias, const at::Tensor& out) {
   RECORD_FUNCTION("swarm::small_linear_silu_mul", c10::ArrayRef<const c10::IValue>{});
   check_small_linear_args(x, w, bias, "small_linear_silu_mul");
   SWARM_CHECK(w.size(0) % 2 == 0, "small_linear_silu_mul: w must stack gate and up rows ([2 * inter, in])");
@@ -703,7 +731,8 @@ at::Tensor small_linear_silu_mul(const at::Tensor& x, const at::Tensor& w, const
   const auto [run, xf] = pick_kernel(xin, bf16);
   const int64_t m = x.size(0), inter = w.size(0) / 2;
   at::Tensor y = output_tensor(out, {m, inter}, x.scalar_type(), "small_linear_silu_mul", {&x, &w});
-  Args a{xf, xin.data_ptr(), w.data_ptr(), bias ? bias->data_ptr() : nullptr, y.data_ptr(), m, x.size(1), inter};
+  Args a{xf, xin.data_ptr(), w.data_ptr(), bias ? bias->data_ptr() : nullptr, y.data_ptr(),
+         m,  x.size(1),      inter};
   a.pair = inter;
   run_features(a, inter, 2, run);
   return y;

@@ -87,7 +87,7 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::opt
 /// or undefined: [M, inter] = silu(x · gateᵀ) * (x · upᵀ), bit for bit that chain. With the bf16
 /// dot-product kernel the activation is applied as the results leave the kernel, with no
 /// [M, 2 * inter] intermediate and no second pass; elsewhere it is the chain itself.
-at::Tensor small_linear_silu_mul(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
-                                 const at::Tensor& out = {});
+at::Tensor small_linear_silu_mul(const at::Tensor& x, const at::Tensor& w,
+                                 const c10::optional<at::Tensor>& bias, const at::Tensor& out = {});
 
 }  // namespace swarm

@@ -42,7 +42,9 @@ SWARM_WIDEN_INLINE void widen_impl(const c10::BFloat16* src, float* dst, int64_t
   for (; i + W <= n; i += W) simd::store_vec<W>(dst + i, simd::load_vec<W>(src + i));
   for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
 }
-SWARM_TARGET_AVX512 void widen_avx512(const c10::BFloat16* s, float* d, int64_t n) { widen_impl<16>(s, d, n); }
+SWARM_TARGET_AVX512 void widen_avx512(const c10::BFloat16* s, float* d, int64_t n) {
+  widen_impl<16>(s, d, n);
+}
 SWARM_TARGET_AVX2 void widen_avx2(const c10::BFloat16* s, float* d, int64_t n) { widen_impl<8>(s, d, n); }
 void widen_base(const c10::BFloat16* s, float* d, int64_t n) { widen_impl<8>(s, d, n); }
 using WidenFn = void (*)(const c10::BFloat16*, float*, int64_t);
@@ -86,8 +88,8 @@ NarrowFn narrow_fn() {
 // threads spinning while OpenBLAS's run) measured 3-4x slower at 32 rows.
 template <class F>
 void split_work(int64_t n, int64_t align, int64_t min_per_thread, const F& f) {
-  const int threads = static_cast<int>(
-      std::max<int64_t>(1, std::min<int64_t>(small_linear_threads(), n / std::max<int64_t>(1, min_per_thread))));
+  const int threads = static_cast<int>(std::max<int64_t>(
+      1, std::min<int64_t>(small_linear_threads(), n / std::max<int64_t>(1, min_per_thread))));
 #ifdef _OPENMP
   if (threads > 1 && !omp_in_parallel()) {
     std::exception_ptr error;
@@ -145,28 +147,28 @@ int64_t panel_rows(int64_t m, int64_t in, int64_t out) {
 void panel_gemm_xwt(const at::Tensor& xf, const at::Tensor& w, const at::Tensor& biasf, at::Tensor& yf,
                     c10::BFloat16* y_bf16) {
   const int64_t m = xf.size(0), in = xf.size(1), out = w.size(0);
-  split_work(out, 16, std::max<int64_t>(16, units_worth_a_thread(m * in)),
-             [&](int64_t begin, int64_t end) {
-               // The results leave in bf16 as the thread finishes them: no pass over all of y after.
-               auto finish = [&] {
-                 float* yp = yf.data_ptr<float>();
-                 for (int64_t r = 0; r < m; ++r)
-                   narrow_fn()(yp + r * out + begin, y_bf16 == nullptr ? nullptr : y_bf16 + r * out + begin, end - begin);
-               };
-               const int64_t p = panel_rows(m, in, end - begin);
-               at::Tensor panel = at::empty({p, in}, xf.options());
-               for (int64_t p0 = begin; p0 < end; p0 += p) {
-                 const int64_t rows = std::min(p, end - p0);
-                 at::Tensor wp = panel.narrow(0, 0, rows);
-                 widen(w.narrow(0, p0, rows), wp);  // bf16 -> fp32, in cache
-                 at::Tensor ys = yf.narrow(1, p0, rows);
-                 if (biasf.defined())
-                   at::addmm_out(ys, biasf.narrow(0, p0, rows), xf, wp.t());
-                 else
-                   at::mm_out(ys, xf, wp.t());
-               }
-               finish();
-             });
+  split_work(out, 16, std::max<int64_t>(16, units_worth_a_thread(m * in)), [&](int64_t begin, int64_t end) {
+    // The results leave in bf16 as the thread finishes them: no pass over all of y after.
+    auto finish = [&] {
+      float* yp = yf.data_ptr<float>();
+      for (int64_t r = 0; r < m; ++r)
+        narrow_fn()(yp + r * out + begin, y_bf16 == nullptr ? nullptr : y_bf16 + r * out + begin,
+                    end - begin);
+    };
+    const int64_t p = panel_rows(m, in, end - begin);
+    at::Tensor panel = at::empty({p, in}, xf.options());
+    for (int64_t p0 = begin; p0 < end; p0 += p) {
+      const int64_t rows = std::min(p, end - p0);
+      at::Tensor wp = panel.narrow(0, 0, rows);
+      widen(w.narrow(0, p0, rows), wp);  // bf16 -> fp32, in cache
+      at::Tensor ys = yf.narrow(1, p0, rows);
+      if (biasf.defined())
+        at::addmm_out(ys, biasf.narrow(0, p0, rows), xf, wp.t());
+      else
+        at::mm_out(ys, xf, wp.t());
+    }
+    finish();
+  });
 }
 
 // gx [M, in] fp32 = gy [M, out] fp32 · w [out, in] (bf16, or fp32): each thread takes a range of
@@ -209,10 +211,11 @@ at::Tensor gemm_gyt_x(const at::Tensor& gyf, const at::Tensor& xf) {
 
 void check_args(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
   SWARM_REQUIRE(x.device().is_cpu() && w.device().is_cpu() && x.scalar_type() == at::kBFloat16 &&
-                    w.scalar_type() == at::kBFloat16 && w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(1),
+                    w.scalar_type() == at::kBFloat16 && w.dim() == 2 && x.dim() >= 1 &&
+                    x.size(-1) == w.size(1),
                 ErrorKind::INVALID_ARGUMENT, "widening_linear: expects bf16 CPU x [..., in] and w [out, in]");
-  SWARM_REQUIRE(!bias.defined() || (bias.dim() == 1 && bias.size(0) == w.size(0)), ErrorKind::INVALID_ARGUMENT,
-                "widening_linear: bias must be [out]");
+  SWARM_REQUIRE(!bias.defined() || (bias.dim() == 1 && bias.size(0) == w.size(0)),
+                ErrorKind::INVALID_ARGUMENT, "widening_linear: bias must be [out]");
 }
 
 using torch::autograd::AutogradContext;
@@ -222,26 +225,24 @@ using torch::autograd::variable_list;
 // output features, one GEMM each.
 void split_gemm_xwt(const at::Tensor& xf, const at::Tensor& w, const at::Tensor& bias, at::Tensor& yf) {
   const int64_t m = xf.size(0), in = xf.size(1), out = w.size(0);
-  split_work(out, 16, std::max<int64_t>(16, units_worth_a_thread(m * in)),
-             [&](int64_t begin, int64_t end) {
-               at::Tensor ys = yf.narrow(1, begin, end - begin);
-               const at::Tensor wp = w.narrow(0, begin, end - begin);
-               if (bias.defined())
-                 at::addmm_out(ys, bias.narrow(0, begin, end - begin), xf, wp.t());
-               else
-                 at::mm_out(ys, xf, wp.t());
-             });
+  split_work(out, 16, std::max<int64_t>(16, units_worth_a_thread(m * in)), [&](int64_t begin, int64_t end) {
+    at::Tensor ys = yf.narrow(1, begin, end - begin);
+    const at::Tensor wp = w.narrow(0, begin, end - begin);
+    if (bias.defined())
+      at::addmm_out(ys, bias.narrow(0, begin, end - begin), xf, wp.t());
+    else
+      at::mm_out(ys, xf, wp.t());
+  });
 }
 
 // out [B, M, N] = a [B, M, K] · b [B, K, N], fp32: each thread a range of the batch items.
 at::Tensor split_bmm(const at::Tensor& a, const at::Tensor& b) {
   const int64_t items = a.size(0), m = a.size(1), k = a.size(2), n = b.size(2);
   at::Tensor out = at::empty({items, m, n}, a.options());
-  split_work(items, 1, units_worth_a_thread(m * k * n),
-             [&](int64_t begin, int64_t end) {
-               at::Tensor o = out.narrow(0, begin, end - begin);
-               at::bmm_out(o, a.narrow(0, begin, end - begin), b.narrow(0, begin, end - begin));
-             });
+  split_work(items, 1, units_worth_a_thread(m * k * n), [&](int64_t begin, int64_t end) {
+    at::Tensor o = out.narrow(0, begin, end - begin);
+    at::bmm_out(o, a.narrow(0, begin, end - begin), b.narrow(0, begin, end - begin));
+  });
   return out;
 }
 
@@ -279,7 +280,8 @@ struct SplitLinear : public torch::autograd::Function<SplitLinear> {
 };
 
 struct SplitLinearBias : public torch::autograd::Function<SplitLinearBias> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
+                            const at::Tensor& b) {
     ctx->save_for_backward({x, w});
     return split_or_widening_linear(x, w, b);
   }
@@ -309,8 +311,10 @@ struct SplitBmm : public torch::autograd::Function<SplitBmm> {
 // a · b in fp32: split over the batch items when the GEMMs split and both have the same batch
 // dimensions (what attention passes), else at::matmul.
 at::Tensor fp32_matmul(const at::Tensor& a, const at::Tensor& b) {
-  const bool same_batch = a.dim() >= 3 && a.dim() == b.dim() && a.sizes().slice(0, a.dim() - 2) == b.sizes().slice(0, b.dim() - 2);
-  if (!splits(a) || !b.device().is_cpu() || b.scalar_type() != at::kFloat || !same_batch) return at::matmul(a, b);
+  const bool same_batch = a.dim() >= 3 && a.dim() == b.dim() &&
+                          a.sizes().slice(0, a.dim() - 2) == b.sizes().slice(0, b.dim() - 2);
+  if (!splits(a) || !b.device().is_cpu() || b.scalar_type() != at::kFloat || !same_batch)
+    return at::matmul(a, b);
   const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
   SWARM_REQUIRE(b.size(-2) == k, ErrorKind::INVALID_ARGUMENT, "model_matmul: inner dimensions differ");
   const at::Tensor a3 = a.reshape({-1, m, k}), b3 = b.reshape({-1, k, n});
@@ -335,8 +339,9 @@ at::Tensor split_linear(const at::Tensor& x, const at::Tensor& w, const at::Tens
   SWARM_REQUIRE(x.device().is_cpu() && w.device().is_cpu() && x.scalar_type() == at::kFloat &&
                     w.scalar_type() == at::kFloat && w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(1),
                 ErrorKind::INVALID_ARGUMENT, "split_linear: expects fp32 CPU x [..., in] and w [out, in]");
-  SWARM_REQUIRE(!bias.defined() || (bias.dim() == 1 && bias.size(0) == w.size(0) && bias.scalar_type() == at::kFloat),
-                ErrorKind::INVALID_ARGUMENT, "split_linear: bias must be fp32 [out]");
+  SWARM_REQUIRE(
+      !bias.defined() || (bias.dim() == 1 && bias.size(0) == w.size(0) && bias.scalar_type() == at::kFloat),
+      ErrorKind::INVALID_ARGUMENT, "split_linear: bias must be fp32 [out]");
   const int64_t in = w.size(1), out = w.size(0);
   const at::Tensor xf = x.reshape({-1, in}).contiguous();
   at::Tensor yf = at::empty({xf.size(0), out}, xf.options());
@@ -374,14 +379,22 @@ std::string onednn_cpu_isa() {
   // oneDNN's dnnl_cpu_isa_t codes (dnnl_types.h).
   const int isa = get();
   switch (isa) {
-    case 0x1: return "sse41";
-    case 0x3: return "avx";
-    case 0x7: return "avx2";
-    case 0x407: return "avx2_vnni";
-    case 0x27: return "avx512_core";
-    case 0x67: return "avx512_core_vnni";
-    case 0xe7: return "avx512_core_bf16";
-    case 0x3e7: return "avx512_core_amx";
+    case 0x1:
+      return "sse41";
+    case 0x3:
+      return "avx";
+    case 0x7:
+      return "avx2";
+    case 0x407:
+      return "avx2_vnni";
+    case 0x27:
+      return "avx512_core";
+    case 0x67:
+      return "avx512_core_vnni";
+    case 0xe7:
+      return "avx512_core_bf16";
+    case 0x3e7:
+      return "avx512_core_amx";
     default: {
       char code[32];
       std::snprintf(code, sizeof code, "isa 0x%x", isa);
@@ -406,8 +419,14 @@ at::Tensor widening_linear(const at::Tensor& x, const at::Tensor& w, const at::T
     const at::Tensor wc = w.contiguous();
     const at::Tensor biasf = bias.defined() ? bias.to(at::kFloat).contiguous() : at::Tensor();
     at::Tensor y = at::empty({m, out}, xb.options().dtype(float_out ? at::kFloat : at::kBFloat16));
-    const PackedGemmArgs args{xb.data_ptr<c10::BFloat16>(), wc.data_ptr<c10::BFloat16>(),
-                              biasf.defined() ? biasf.data_ptr<float>() : nullptr, y.data_ptr(), float_out, m, out, in};
+    const PackedGemmArgs args{xb.data_ptr<c10::BFloat16>(),
+                              wc.data_ptr<c10::BFloat16>(),
+                              biasf.defined() ? biasf.data_ptr<float>() : nullptr,
+                              y.data_ptr(),
+                              float_out,
+                              m,
+                              out,
+                              in};
     split_work(out, 16, std::max<int64_t>(16, units_worth_a_thread(m * in)),
                [&](int64_t begin, int64_t end) { packed_gemm_bf16(args, begin, end); });
     return y.view(sizes);
@@ -418,8 +437,9 @@ at::Tensor widening_linear(const at::Tensor& x, const at::Tensor& w, const at::T
   at::Tensor xf = at::empty({m, in}, xb.options().dtype(at::kFloat));
   const auto* xp = xb.data_ptr<c10::BFloat16>();
   float* xfp = xf.data_ptr<float>();
-  split_work(m, 1, std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, in)),
-             [&](int64_t begin, int64_t end) { widen_fn()(xp + begin * in, xfp + begin * in, (end - begin) * in); });
+  split_work(
+      m, 1, std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, in)),
+      [&](int64_t begin, int64_t end) { widen_fn()(xp + begin * in, xfp + begin * in, (end - begin) * in); });
   const at::Tensor biasf = bias.defined() ? bias.to(at::kFloat) : at::Tensor();
   if (float_out) {
     at::Tensor yf = at::empty({m, out}, xf.options());  // the bf16 results, widened: rounded in place

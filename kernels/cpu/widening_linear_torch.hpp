@@ -65,7 +65,8 @@ bool widens(const at::Tensor& t);
 /// accumulated in fp32 (the packed bf16 GEMM from AVX2 on, else widened panels through
 /// OpenBLAS), rounded once to bf16. `float_out` returns the results rounded
 /// to bf16 and held in fp32 (what .to(kFloat) of the bf16 result gives). No autograd.
-at::Tensor widening_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, bool float_out = false);
+at::Tensor widening_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
+                           bool float_out = false);
 
 /// The model's linear layer, any device and dtype: widening_linear when widens(x), split_linear
 /// when splits(x), else at::linear; differentiable in every case (the backward's

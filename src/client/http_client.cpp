@@ -60,16 +60,17 @@ std::shared_ptr<net::ssl::context> client_tls_context(const std::string& ca_file
   auto& slot = cache[ca_file];
   if (slot) return slot;
   auto ctx = std::make_shared<net::ssl::context>(net::ssl::context::tls_client);
-  ctx->set_options(net::ssl::context::default_workarounds | net::ssl::context::no_sslv2 | net::ssl::context::no_sslv3 |
-                   net::ssl::context::no_tlsv1 | net::ssl::context::no_tlsv1_1 | net::ssl::context::no_compression);
+  ctx->set_options(net::ssl::context::default_workarounds | net::ssl::context::no_sslv2 |
+                   net::ssl::context::no_sslv3 | net::ssl::context::no_tlsv1 | net::ssl::context::no_tlsv1_1 |
+                   net::ssl::context::no_compression);
   SSL_CTX_set_min_proto_version(ctx->native_handle(), TLS1_2_VERSION);
   beast::error_code ec;
   ctx->set_default_verify_paths(ec);  // the system's CAs (and $SSL_CERT_FILE / $SSL_CERT_DIR)
   if (!ca_file.empty()) {
     ctx->load_verify_file(ca_file, ec);
     if (ec)
-      throw TransportError("HttpClient: cannot load the CA file '" + ca_file + "' (PEM certificates expected): " +
-                           ec.message());
+      throw TransportError("HttpClient: cannot load the CA file '" + ca_file +
+                           "' (PEM certificates expected): " + ec.message());
   }
   ctx->set_verify_mode(net::ssl::verify_peer);
   slot = std::move(ctx);
@@ -86,8 +87,7 @@ std::string lower(std::string_view s) {
 template <class Fields>
 void copy_headers(const Fields& fields, HttpClientResponse& out) {
   out.headers.clear();
-  for (const auto& f : fields)
-    out.headers.emplace_back(lower(f.name_string()), std::string(f.value()));
+  for (const auto& f : fields) out.headers.emplace_back(lower(f.name_string()), std::string(f.value()));
 }
 
 }  // namespace
@@ -136,8 +136,7 @@ struct HttpClient::Impl {
     if (port.find_first_not_of("0123456789") != std::string::npos || port.size() > 5 ||
         std::stoi(port) > 65535)
       throw TransportError("HttpClient: bad port in base_url '" + url + "'");
-    host_header =
-        host.find(':') != std::string::npos ? "[" + host + "]:" + port : host + ":" + port;
+    host_header = host.find(':') != std::string::npos ? "[" + host + "]:" + port : host + ":" + port;
   }
 
   std::string where() const { return host_header; }
@@ -164,8 +163,7 @@ struct HttpClient::Impl {
     if (ec == beast::error::timeout)
       throw TransportError("HTTP " + std::string(what) + " to " + where() + " timed out after " +
                            std::to_string(timeout.count()) + " ms");
-    throw TransportError("HTTP " + std::string(what) + " to " + where() +
-                         " failed: " + ec.message());
+    throw TransportError("HTTP " + std::string(what) + " to " + where() + " failed: " + ec.message());
   }
 
   void connect(Clock::time_point deadline) {
@@ -178,14 +176,13 @@ struct HttpClient::Impl {
         tcp::resolver resolver(ioc);
         tcp::resolver::results_type results;
         ec = run([&](auto handler) {
-          resolver.async_resolve(
-              host, port, [&results, handler](beast::error_code e, tcp::resolver::results_type r) {
-                results = std::move(r);
-                handler(e);
-              });
+          resolver.async_resolve(host, port,
+                                 [&results, handler](beast::error_code e, tcp::resolver::results_type r) {
+                                   results = std::move(r);
+                                   handler(e);
+                                 });
         });
-        if (ec)
-          throw TransportError("HTTP cannot resolve host of " + where() + ": " + ec.message());
+        if (ec) throw TransportError("HTTP cannot resolve host of " + where() + ": " + ec.message());
         for (const auto& r : results) endpoints.push_back(r.endpoint());
       }
     }
@@ -215,9 +212,10 @@ struct HttpClient::Impl {
     const long verify = SSL_get_verify_result(tls->native_handle());
     if (verify != X509_V_OK) {
       close();
-      throw TransportError("HTTPS " + where() + ": the server's certificate is not trusted: " +
-                           X509_verify_cert_error_string(verify) +
-                           " (give its CA with ca_file / $SWARM_CA_FILE, and connect by a name it was issued for)");
+      throw TransportError(
+          "HTTPS " + where() +
+          ": the server's certificate is not trusted: " + X509_verify_cert_error_string(verify) +
+          " (give its CA with ca_file / $SWARM_CA_FILE, and connect by a name it was issued for)");
     }
     if (ec == beast::error::timeout) fail("TLS handshake", ec);
     close();
@@ -234,10 +232,10 @@ struct HttpClient::Impl {
     buffer.clear();
   }
 
-  http::request<http::string_body> make_request(
-      const std::string& method, const std::string& path, const std::string& body,
-      const std::vector<std::pair<std::string, std::string>>& extra,
-      const std::string& content_type) {
+  http::request<http::string_body> make_request(const std::string& method, const std::string& path,
+                                                const std::string& body,
+                                                const std::vector<std::pair<std::string, std::string>>& extra,
+                                                const std::string& content_type) {
     http::request<http::string_body> req;
     auto verb = http::string_to_verb(method);
     if (verb == http::verb::unknown)
@@ -251,8 +249,7 @@ struct HttpClient::Impl {
     req.version(11);
     req.set(http::field::host, host_header);
     req.set(http::field::user_agent, "swarm-client");
-    if (!body.empty() || verb == http::verb::post || verb == http::verb::put ||
-        verb == http::verb::patch)
+    if (!body.empty() || verb == http::verb::post || verb == http::verb::put || verb == http::verb::patch)
       req.set(http::field::content_type, content_type);
     for (const auto& [k, v] : extra) req.set(k, v);
     req.body() = body;
@@ -278,7 +275,8 @@ struct HttpClient::Impl {
     bool reused = connected;
     if (!connected) connect(deadline);
     tcp().expires_at(deadline);
-    auto ec = with_stream([&](auto& s) { return run([&](auto handler) { http::async_write(s, req, handler); }); });
+    auto ec =
+        with_stream([&](auto& s) { return run([&](auto handler) { http::async_write(s, req, handler); }); });
     if (ec) {
       if (reused && ec != beast::error::timeout) {
         close();
@@ -291,8 +289,8 @@ struct HttpClient::Impl {
   }
 
   net::io_context ioc;
-  beast::tcp_stream stream;          // plain http://
-  std::unique_ptr<TlsStream> tls;    // https://: one per connection
+  beast::tcp_stream stream;        // plain http://
+  std::unique_ptr<TlsStream> tls;  // https://: one per connection
   std::shared_ptr<net::ssl::context> tls_ctx;
   bool secure = false;
   beast::flat_buffer buffer;
@@ -311,22 +309,25 @@ bool idempotent(const http::request<http::string_body>& req) {
     case http::verb::put:
     case http::verb::delete_:
     case http::verb::options:
-    case http::verb::trace: return true;
-    default: return false;
+    case http::verb::trace:
+      return true;
+    default:
+      return false;
   }
 }
 }  // namespace
 
-HttpClient::HttpClient(const std::string& base_url, std::chrono::milliseconds timeout, const std::string& ca_file)
+HttpClient::HttpClient(const std::string& base_url, std::chrono::milliseconds timeout,
+                       const std::string& ca_file)
     : impl_(std::make_unique<Impl>(base_url, timeout, ca_file)) {}
 HttpClient::~HttpClient() = default;
 HttpClient::HttpClient(HttpClient&&) noexcept = default;
 HttpClient& HttpClient::operator=(HttpClient&&) noexcept = default;
 
-HttpClientResponse HttpClient::request(
-    const std::string& method, const std::string& path, const std::string& body,
-    const std::vector<std::pair<std::string, std::string>>& extra_headers,
-    const std::string& content_type) {
+HttpClientResponse HttpClient::request(const std::string& method, const std::string& path,
+                                       const std::string& body,
+                                       const std::vector<std::pair<std::string, std::string>>& extra_headers,
+                                       const std::string& content_type) {
   Impl& m = *impl_;
   auto req = m.make_request(method, path, body, extra_headers, content_type);
   for (int attempt = 0;; ++attempt) {
@@ -340,7 +341,9 @@ HttpClientResponse HttpClient::request(
     parser.body_limit(boost::none);
     if (req.method() == http::verb::head) parser.skip(true);
     m.tcp().expires_at(deadline);
-    auto ec = m.with_stream([&](auto& s) { return m.run([&](auto handler) { http::async_read(s, m.buffer, parser, handler); }); });
+    auto ec = m.with_stream([&](auto& s) {
+      return m.run([&](auto handler) { http::async_read(s, m.buffer, parser, handler); });
+    });
     if (ec) {
       // A kept-alive connection that closed with no answer: the server may have closed it
       // while idle (nothing processed) or failed after processing the request, so only an
@@ -379,8 +382,9 @@ HttpClientResponse HttpClient::request_stream(
     parser.body_limit(boost::none);
     if (req.method() == http::verb::head) parser.skip(true);
     m.tcp().expires_at(deadline);
-    auto ec = m.with_stream(
-        [&](auto& s) { return m.run([&](auto handler) { http::async_read_header(s, m.buffer, parser, handler); }); });
+    auto ec = m.with_stream([&](auto& s) {
+      return m.run([&](auto handler) { http::async_read_header(s, m.buffer, parser, handler); });
+    });
     if (ec) {
       if (reused && attempt == 0 && !parser.got_some() && ec != beast::error::timeout && idempotent(req)) {
         m.close();
@@ -399,8 +403,9 @@ HttpClientResponse HttpClient::request_stream(
       // Once the body flows the timeout is an inactivity limit: a long stream is fine
       // as long as pieces keep arriving.
       m.tcp().expires_after(m.timeout);
-      ec = m.with_stream(
-          [&](auto& s) { return m.run([&](auto handler) { http::async_read_some(s, m.buffer, parser, handler); }); });
+      ec = m.with_stream([&](auto& s) {
+        return m.run([&](auto handler) { http::async_read_some(s, m.buffer, parser, handler); });
+      });
       if (ec == http::error::need_buffer) ec = {};
       if (ec) m.fail("streaming read", ec);
       const size_t n = sizeof piece - parser.get().body().size;

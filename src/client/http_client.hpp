@@ -26,7 +26,8 @@ class HttpClient {
   /// "/v1" is kept and prepended to every request path). https: the server's certificate must
   /// chain to the system's CAs or to `ca_file` (PEM; empty = $SWARM_CA_FILE when set) and be
   /// issued for the URL's host; TransportError says why when it is not.
-  explicit HttpClient(const std::string& base_url, std::chrono::milliseconds timeout = std::chrono::seconds(60),
+  explicit HttpClient(const std::string& base_url,
+                      std::chrono::milliseconds timeout = std::chrono::seconds(60),
                       const std::string& ca_file = {});
   ~HttpClient();
   HttpClient(HttpClient&&) noexcept;
@@ -35,8 +36,7 @@ class HttpClient {
   /// Sends a request and reads the whole response. `extra_headers` e.g. Authorization.
   /// A request on a stale keep-alive connection is retried once on a fresh connection
   /// (only if nothing of the response had been read).
-  HttpClientResponse request(const std::string& method, const std::string& path,
-                             const std::string& body = "",
+  HttpClientResponse request(const std::string& method, const std::string& path, const std::string& body = "",
                              const std::vector<std::pair<std::string, std::string>>& extra_headers = {},
                              const std::string& content_type = "application/json");
 

@@ -75,8 +75,8 @@ ChatResult parse_result(json raw, const std::string& what, bool chat) {
       for (const json& c : *calls) {
         if (!c.is_object() || !c.contains("function") || !c["function"].is_object())
           throw ClientError(what + ": a tool call has no function");
-        result.tool_calls.push_back(
-            {string_or_empty(c, "id"), string_or_empty(c["function"], "name"), string_or_empty(c["function"], "arguments")});
+        result.tool_calls.push_back({string_or_empty(c, "id"), string_or_empty(c["function"], "name"),
+                                     string_or_empty(c["function"], "arguments")});
       }
     }
   } else {
@@ -91,14 +91,16 @@ ChatResult parse_result(json raw, const std::string& what, bool chat) {
 json tool_calls_json(const std::vector<ToolCall>& calls) {
   json out = json::array();
   for (const auto& c : calls)
-    out.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+    out.push_back(
+        {{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
   return out;
 }
 
 }  // namespace
 
 json ChatResult::assistant_message() const {
-  json m{{"role", "assistant"}, {"content", tool_calls.empty() || !content.empty() ? json(content) : json(nullptr)}};
+  json m{{"role", "assistant"},
+         {"content", tool_calls.empty() || !content.empty() ? json(content) : json(nullptr)}};
   if (!tool_calls.empty()) m["tool_calls"] = tool_calls_json(tool_calls);
   return m;
 }
@@ -119,7 +121,9 @@ struct OpenAIClient::Impl {
         http(wire::make_http_client(base_url, timeout, ca_file)),
         headers{{"Authorization", "Bearer " + api_key}} {}
 
-  json post(const std::string& path, const json& body) { return wire::call_json(http, "POST", path, &body, headers); }
+  json post(const std::string& path, const json& body) {
+    return wire::call_json(http, "POST", path, &body, headers);
+  }
 };
 
 OpenAIClient::OpenAIClient(std::string base_url, std::string api_key, std::chrono::milliseconds timeout,
@@ -165,7 +169,8 @@ std::vector<std::string> OpenAIClient::models() {
   const json r = wire::call_json(impl_->http, "GET", "/models", nullptr, impl_->headers);
   std::vector<std::string> ids;
   const auto data = r.is_object() ? r.find("data") : r.end();
-  if (!r.is_object() || data == r.end() || !data->is_array()) throw ClientError("models: response has no data array");
+  if (!r.is_object() || data == r.end() || !data->is_array())
+    throw ClientError("models: response has no data array");
   for (const auto& m : *data) {
     std::string id = string_or_empty(m, "id");
     if (!id.empty()) ids.push_back(std::move(id));
@@ -183,10 +188,10 @@ ChatResult OpenAIClient::chat_stream(const nlohmann::json& messages,
   if (!req.contains("stream_options")) req["stream_options"] = {{"include_usage", true}};
 
   ChatResult result;
-  json first_chunk;                // id / model / created of the stream, for `raw`
-  std::string raw_prefix;          // the first bytes, to report a non-2xx error body
-  std::exception_ptr failure;      // from on_delta or a malformed chunk
-  std::string stream_error;        // an {"error": ...} event
+  json first_chunk;            // id / model / created of the stream, for `raw`
+  std::string raw_prefix;      // the first bytes, to report a non-2xx error body
+  std::exception_ptr failure;  // from on_delta or a malformed chunk
+  std::string stream_error;    // an {"error": ...} event
   bool done = false;
   bool saw_finish = false;
 
@@ -204,7 +209,8 @@ ChatResult OpenAIClient::chat_stream(const nlohmann::json& messages,
     try {
       chunk = json::parse(data);
     } catch (const std::exception& e) {
-      failure = std::make_exception_ptr(ClientError(std::string("chat_stream: malformed chunk: ") + e.what()));
+      failure =
+          std::make_exception_ptr(ClientError(std::string("chat_stream: malformed chunk: ") + e.what()));
       return false;
     }
     if (!chunk.is_object()) return true;
@@ -260,7 +266,8 @@ ChatResult OpenAIClient::chat_stream(const nlohmann::json& messages,
   HttpClientResponse resp;
   try {
     resp = impl_->http.request_stream(
-        "POST", "/chat/completions", wire::dump_json(req), impl_->headers, [&](std::string_view bytes) -> bool {
+        "POST", "/chat/completions", wire::dump_json(req), impl_->headers,
+        [&](std::string_view bytes) -> bool {
           if (raw_prefix.size() < kMaxErrorBody)
             raw_prefix.append(bytes.substr(0, std::min(bytes.size(), kMaxErrorBody - raw_prefix.size())));
           parser.feed(bytes);
@@ -284,19 +291,21 @@ ChatResult OpenAIClient::chat_stream(const nlohmann::json& messages,
 
   json message = result.assistant_message();
   if (!result.reasoning.empty()) message["reasoning_content"] = result.reasoning;
-  result.raw = {{"id", string_or_empty(first_chunk, "id")},
-                {"object", "chat.completion"},
-                {"model", string_or_empty(first_chunk, "model")},
-                {"choices", json::array({{{"index", 0},
-                                          {"message", message},
-                                          {"finish_reason", result.finish_reason.empty()
-                                                                ? json(nullptr)
-                                                                : json(result.finish_reason)}}})},
-                {"usage",
-                 {{"prompt_tokens", result.usage.prompt_tokens},
-                  {"completion_tokens", result.usage.completion_tokens},
-                  {"total_tokens", result.usage.total_tokens}}}};
-  if (first_chunk.is_object() && first_chunk.contains("created")) result.raw["created"] = first_chunk["created"];
+  result.raw = {
+      {"id", string_or_empty(first_chunk, "id")},
+      {"object", "chat.completion"},
+      {"model", string_or_empty(first_chunk, "model")},
+      {"choices",
+       json::array(
+           {{{"index", 0},
+             {"message", message},
+             {"finish_reason", result.finish_reason.empty() ? json(nullptr) : json(result.finish_reason)}}})},
+      {"usage",
+       {{"prompt_tokens", result.usage.prompt_tokens},
+        {"completion_tokens", result.usage.completion_tokens},
+        {"total_tokens", result.usage.total_tokens}}}};
+  if (first_chunk.is_object() && first_chunk.contains("created"))
+    result.raw["created"] = first_chunk["created"];
   return result;
 }
 

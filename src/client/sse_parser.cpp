@@ -32,7 +32,7 @@ bool SseParser::finish() {
 }
 
 bool SseParser::process_line(std::string_view line) {
-  if (line.empty()) return dispatch();  // blank line ends the event
+  if (line.empty()) return dispatch();   // blank line ends the event
   if (line.front() == ':') return true;  // comment / keep-alive
   const auto colon = line.find(':');
   std::string_view field = line.substr(0, colon);

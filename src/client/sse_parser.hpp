@@ -28,8 +28,8 @@ class SseParser {
   bool dispatch();
 
   OnEvent on_event_;
-  std::string line_;       // the current, incomplete line
-  std::string data_;       // data of the current event
+  std::string line_;  // the current, incomplete line
+  std::string data_;  // data of the current event
   bool has_data_ = false;
   bool pending_cr_ = false;  // last byte was '\r' (a following '\n' belongs to it)
   bool stopped_ = false;

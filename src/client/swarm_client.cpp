@@ -39,7 +39,7 @@ std::mt19937_64& thread_rng() {
 std::string random_uuid_v4() {
   uint64_t a = thread_rng()();
   uint64_t b = thread_rng()();
-  a = (a & ~0xF000ULL) | 0x4000ULL;                            // version 4
+  a = (a & ~0xF000ULL) | 0x4000ULL;                         // version 4
   b = (b & 0x3FFFFFFFFFFFFFFFULL) | 0x8000000000000000ULL;  // RFC 4122 variant
   char buf[40];
   std::snprintf(buf, sizeof(buf), "%08llx-%04llx-%04llx-%04llx-%012llx",
@@ -51,11 +51,16 @@ std::string random_uuid_v4() {
 
 spdlog::level::level_enum to_spdlog(ClientLogLevel level) {
   switch (level) {
-    case ClientLogLevel::OFF: return spdlog::level::off;
-    case ClientLogLevel::ERROR: return spdlog::level::err;
-    case ClientLogLevel::WARN: return spdlog::level::warn;
-    case ClientLogLevel::INFO: return spdlog::level::info;
-    case ClientLogLevel::DEBUG: return spdlog::level::debug;
+    case ClientLogLevel::OFF:
+      return spdlog::level::off;
+    case ClientLogLevel::ERROR:
+      return spdlog::level::err;
+    case ClientLogLevel::WARN:
+      return spdlog::level::warn;
+    case ClientLogLevel::INFO:
+      return spdlog::level::info;
+    case ClientLogLevel::DEBUG:
+      return spdlog::level::debug;
   }
   return spdlog::level::warn;
 }
@@ -91,7 +96,8 @@ int64_t int_field(const json& j, const char* key) {
 void require_success(const json& j, const std::string& what) {
   if (bool_field(j, "success").value_or(true)) return;
   std::string cause = str_field(j, "fail_cause");
-  if (cause.empty() && j.contains("error") && j["error"].is_object()) cause = str_field(j["error"], "message");
+  if (cause.empty() && j.contains("error") && j["error"].is_object())
+    cause = str_field(j["error"], "message");
   if (cause.empty()) cause = "request failed";
   throw ServerError(200, "request_failed", what + ": " + cause);
 }
@@ -130,7 +136,8 @@ json output_to_json(const WorkflowOutput& out) {
          {"log_metrics", std::move(metrics)}};
   const auto finite = [](const std::vector<double>& v, const char* what) {
     for (double x : v)
-      if (!std::isfinite(x)) throw ConfigError(std::string("workflow_output.") + what + " must hold finite numbers");
+      if (!std::isfinite(x))
+        throw ConfigError(std::string("workflow_output.") + what + " must hold finite numbers");
   };
   if (!out.turn_rewards.empty()) {
     finite(out.turn_rewards, "turn_rewards");
@@ -170,7 +177,9 @@ Clock::time_point after(milliseconds d) {
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::min<milliseconds>(d, kFar));
 }
 
-bool is_running_state(const std::string& s) { return s == kRolling || s == kRollingPost || s == kWeightSyncing; }
+bool is_running_state(const std::string& s) {
+  return s == kRolling || s == kRollingPost || s == kWeightSyncing;
+}
 
 }  // namespace
 
@@ -241,16 +250,18 @@ struct SwarmClient::Impl {
   // The token a route needs (the server's Access table): control routes the admin token, the
   // episode routes the client token (or the admin token when there is no client token).
   wire::Headers auth_headers(const std::string& path) const {
-    static const char* kAdmin[] = {"/sync_train_config", "/start_engine", "/stop_engine", "/sync_train_code",
-                                   "/get_episode_buffer", "/replay_latest_llm_call", "/get_verbose_logs"};
-    static const char* kClient[] = {"/claim_episode", "/end_episode", "/abort_episode", "/can_continue_episode",
-                                    "/agree_sync_weight"};
+    static const char* kAdmin[] = {"/sync_train_config", "/start_engine",       "/stop_engine",
+                                   "/sync_train_code",   "/get_episode_buffer", "/replay_latest_llm_call",
+                                   "/get_verbose_logs"};
+    static const char* kClient[] = {"/claim_episode", "/end_episode", "/abort_episode",
+                                    "/can_continue_episode", "/agree_sync_weight"};
     const auto in = [&](const auto& list) {
       return std::any_of(std::begin(list), std::end(list), [&](const char* p) { return path == p; });
     };
     const std::string& token = in(kAdmin) ? opts.admin_token
-                               : in(kClient) ? (opts.client_token.empty() ? opts.admin_token : opts.client_token)
-                                             : std::string();
+                               : in(kClient)
+                                   ? (opts.client_token.empty() ? opts.admin_token : opts.client_token)
+                                   : std::string();
     if (token.empty()) return {};
     return {{"Authorization", "Bearer " + token}};
   }
@@ -337,8 +348,8 @@ SwarmClient::SwarmClient(std::string server_url, SwarmClientOptions opts) : impl
   impl_->log = std::make_shared<spdlog::logger>("swarm_client", sink);
   impl_->log->set_level(to_spdlog(impl_->opts.log_level));
   // Validate the URL now (no connection is made) and keep the connection for later.
-  impl_->release(
-      std::make_unique<HttpClient>(wire::make_http_client(impl_->url, impl_->opts.request_timeout, impl_->opts.ca_file)));
+  impl_->release(std::make_unique<HttpClient>(
+      wire::make_http_client(impl_->url, impl_->opts.request_timeout, impl_->opts.ca_file)));
   impl_->open_conns = 1;
 }
 
@@ -399,12 +410,14 @@ OpenAIEndpoint SwarmClient::begin_episode(double discard_episode_timeout, const 
                            " ms (" + std::to_string(attempt) + " attempts); last cause: " + cause);
       wait = std::min(wait, std::chrono::duration_cast<milliseconds>(until - now) + milliseconds(1));
     }
-    impl_->log->debug("claim_episode attempt {} failed ({}); retrying in {} ms", attempt, cause, wait.count());
+    impl_->log->debug("claim_episode attempt {} failed ({}); retrying in {} ms", attempt, cause,
+                      wait.count());
     std::this_thread::sleep_for(wait);
   }
 }
 
-bool SwarmClient::end_episode(const Task& task, const std::string& episode_uuid, const WorkflowOutput& output) {
+bool SwarmClient::end_episode(const Task& task, const std::string& episode_uuid,
+                              const WorkflowOutput& output) {
   json body{{"client_uuid", impl_->opts.client_uuid},
             {"episode_uuid", episode_uuid},
             {"task_id", task.task_id},
@@ -445,7 +458,9 @@ void SwarmClient::start_engine() {
   require_success(impl_->post("/start_engine", json::object()), "start_engine");
 }
 
-void SwarmClient::stop_engine() { require_success(impl_->post("/stop_engine", json::object()), "stop_engine"); }
+void SwarmClient::stop_engine() {
+  require_success(impl_->post("/stop_engine", json::object()), "stop_engine");
+}
 
 void SwarmClient::auto_sync_train_config_and_start_engine(const Job& job, bool force_restart,
                                                           milliseconds timeout) {
@@ -453,9 +468,9 @@ void SwarmClient::auto_sync_train_config_and_start_engine(const Job& job, bool f
   const auto until = after(timeout);
   Backoff backoff(impl_->opts);
   bool restart_pending = force_restart;
-  bool started = false;                         // we sent start_engine ...
-  Clock::time_point started_at{};               // ... at this time
-  bool saw_foreign_boot = false;                // waited on a boot someone else started
+  bool started = false;            // we sent start_engine ...
+  Clock::time_point started_at{};  // ... at this time
+  bool saw_foreign_boot = false;   // waited on a boot someone else started
   std::string last_state;
   for (;;) {
     EngineStatus st;
@@ -515,8 +530,8 @@ void SwarmClient::auto_sync_train_config_and_start_engine(const Job& job, bool f
         const auto entered = now - std::chrono::duration_cast<Clock::duration>(
                                        std::chrono::duration<double>(std::max(0.0, st.seconds_in_state)));
         if (entered >= started_at || now - started_at > std::chrono::seconds(5)) {
-          throw ClientError("engine failed to boot: " +
-                            (st.engine_status_detail.empty() ? std::string("(no detail from the server)")
+          throw ClientError("engine failed to boot: " + (st.engine_status_detail.empty()
+                                                             ? std::string("(no detail from the server)")
                                                              : st.engine_status_detail));
         }
       }
@@ -539,7 +554,8 @@ EngineStatus SwarmClient::get_engine_status() {
   const json r = impl_->get("/get_engine_status");
   EngineStatus st;
   st.engine_status = str_field(r, "engine_status");
-  if (st.engine_status.empty()) throw ClientError("get_engine_status: the server's answer lacks engine_status");
+  if (st.engine_status.empty())
+    throw ClientError("get_engine_status: the server's answer lacks engine_status");
   st.engine_status_detail = str_field(r, "engine_status_detail");
   st.global_step = int_field(r, "global_step");
   st.policy_version = int_field(r, "policy_version");
@@ -547,7 +563,9 @@ EngineStatus SwarmClient::get_engine_status() {
   return st;
 }
 
-nlohmann::json SwarmClient::get_pool_information() { return impl_->get("/get_current_batch_rollout_pool_information"); }
+nlohmann::json SwarmClient::get_pool_information() {
+  return impl_->get("/get_current_batch_rollout_pool_information");
+}
 
 bool SwarmClient::health() {
   try {
@@ -594,12 +612,15 @@ RunSummary SwarmClient::run_episodes_until_all_complete(const std::vector<Task>&
         } catch (const std::exception& e) {
           impl_->log->warn("task {}: attempt {} failed: {}", task.task_id, attempt + 1, e.what());
         } catch (...) {
-          impl_->log->warn("task {}: attempt {} failed with a non-standard exception", task.task_id, attempt + 1);
+          impl_->log->warn("task {}: attempt {} failed with a non-standard exception", task.task_id,
+                           attempt + 1);
         }
         if (ep && !settled) impl_->abort_quietly(ep->episode_uuid);
       }
-      if (done) ++completed;
-      else ++failed;
+      if (done)
+        ++completed;
+      else
+        ++failed;
     }
   };
 

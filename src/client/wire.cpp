@@ -15,7 +15,8 @@ std::string snippet(const std::string& s, size_t max = 300) {
 
 }  // namespace
 
-HttpClient make_http_client(const std::string& url, std::chrono::milliseconds timeout, const std::string& ca_file) {
+HttpClient make_http_client(const std::string& url, std::chrono::milliseconds timeout,
+                            const std::string& ca_file) {
   if (url.rfind("http://", 0) != 0 && url.rfind("https://", 0) != 0)
     throw ConfigError("invalid URL '" + url + "': expected http://host:port[/path]");
   try {
@@ -63,7 +64,8 @@ void throw_if_error_status(int status, const std::string& body) {
 
 nlohmann::json parse_body(const std::string& body, const std::string& what) {
   if (!json_nesting_within(body))
-    throw ClientError(what + ": response is nested deeper than " + std::to_string(kMaxJsonNesting) + " levels");
+    throw ClientError(what + ": response is nested deeper than " + std::to_string(kMaxJsonNesting) +
+                      " levels");
   try {
     return nlohmann::json::parse(body);
   } catch (const std::exception& e) {

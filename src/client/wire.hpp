@@ -17,7 +17,8 @@ namespace swarm::wire {
 using Headers = std::vector<std::pair<std::string, std::string>>;
 
 /// Constructs an HttpClient, turning a malformed URL or an unreadable CA file into ConfigError.
-HttpClient make_http_client(const std::string& url, std::chrono::milliseconds timeout, const std::string& ca_file = {});
+HttpClient make_http_client(const std::string& url, std::chrono::milliseconds timeout,
+                            const std::string& ca_file = {});
 
 /// Sends a request; any non-ClientError exception from the transport becomes
 /// TransportError. Returns the raw response (any status).

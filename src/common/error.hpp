@@ -10,15 +10,15 @@ namespace swarm {
 
 /// What went wrong, which decides the HTTP status the server answers with.
 enum class ErrorKind {
-  INVALID_ARGUMENT,   // 400: malformed or semantically bad input
-  UNAUTHORIZED,       // 401: missing or wrong API key
-  FORBIDDEN,          // 403: the caller does not own the resource
-  NOT_FOUND,          // 404: unknown episode, route, model
-  METHOD_NOT_ALLOWED, // 405: known route, wrong HTTP method
-  CONFLICT,           // 409: request not valid in the current engine state
-  PAYLOAD_TOO_LARGE,  // 413
-  UNAVAILABLE,        // 503: temporarily cannot serve (shutting down, queue full)
-  INTERNAL,           // 500: a bug or an unexpected failure
+  INVALID_ARGUMENT,    // 400: malformed or semantically bad input
+  UNAUTHORIZED,        // 401: missing or wrong API key
+  FORBIDDEN,           // 403: the caller does not own the resource
+  NOT_FOUND,           // 404: unknown episode, route, model
+  METHOD_NOT_ALLOWED,  // 405: known route, wrong HTTP method
+  CONFLICT,            // 409: request not valid in the current engine state
+  PAYLOAD_TOO_LARGE,   // 413
+  UNAVAILABLE,         // 503: temporarily cannot serve (shutting down, queue full)
+  INTERNAL,            // 500: a bug or an unexpected failure
 };
 
 /// Thrown for every error inside the server. Carries its kind and where it was raised.
@@ -44,15 +44,15 @@ const char* error_type_for(ErrorKind kind) noexcept;
 }  // namespace swarm
 
 /// Throws SwarmError(kind, msg) when cond is false. msg may be any expression yielding a string.
-#define SWARM_REQUIRE(cond, kind, msg)                        \
-  do {                                                        \
-    if (!(cond)) throw ::swarm::SwarmError((kind), (msg));    \
+#define SWARM_REQUIRE(cond, kind, msg)                     \
+  do {                                                     \
+    if (!(cond)) throw ::swarm::SwarmError((kind), (msg)); \
   } while (0)
 
 /// Invariant check: a failure is a bug (500), reported with the condition text.
-#define SWARM_CHECK(cond, msg)                                                            \
-  do {                                                                                    \
-    if (!(cond))                                                                          \
-      throw ::swarm::SwarmError(::swarm::ErrorKind::INTERNAL,                             \
-                                std::string("check failed: " #cond ": ") + (msg));        \
+#define SWARM_CHECK(cond, msg)                                                     \
+  do {                                                                             \
+    if (!(cond))                                                                   \
+      throw ::swarm::SwarmError(::swarm::ErrorKind::INTERNAL,                      \
+                                std::string("check failed: " #cond ": ") + (msg)); \
   } while (0)

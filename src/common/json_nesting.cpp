@@ -20,7 +20,9 @@ int json_nesting_depth(std::string_view text, int limit) {
       continue;
     }
     switch (c) {
-      case '"': in_string = true; break;
+      case '"':
+        in_string = true;
+        break;
       case '[':
       case '{':
         if (++depth > deepest) {
@@ -32,7 +34,8 @@ int json_nesting_depth(std::string_view text, int limit) {
       case '}':
         if (depth > 0) --depth;
         break;
-      default: break;
+      default:
+        break;
     }
   }
   return deepest;

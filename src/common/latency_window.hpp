@@ -10,7 +10,9 @@ namespace swarm {
 
 class LatencyWindow {
  public:
-  explicit LatencyWindow(size_t capacity) : capacity_(std::max<size_t>(capacity, 1)) { samples_.reserve(capacity_); }
+  explicit LatencyWindow(size_t capacity) : capacity_(std::max<size_t>(capacity, 1)) {
+    samples_.reserve(capacity_);
+  }
 
   void add(double v) {
     if (samples_.size() < capacity_) {

@@ -37,8 +37,7 @@ std::string utf8_sanitize(std::string_view s) {
     unsigned char c = static_cast<unsigned char>(s[i]);
     int len = sequence_length(c);
     bool ok = len > 0 && i + static_cast<size_t>(len) <= s.size();
-    for (int k = 1; ok && k < len; ++k)
-      ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
+    for (int k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
     if (ok && len == 2 && c < 0xC2) ok = false;  // overlong
     if (ok) {
       out.append(s.substr(i, len));

@@ -11,7 +11,8 @@ void Backend::unsupported(const std::string& what) const {
   throw SwarmError(ErrorKind::INTERNAL, "backend '" + name() + "' does not support " + what);
 }
 
-std::vector<TokenId> Backend::render_chat(const nlohmann::ordered_json&, const nlohmann::ordered_json&, bool) const {
+std::vector<TokenId> Backend::render_chat(const nlohmann::ordered_json&, const nlohmann::ordered_json&,
+                                          bool) const {
   unsupported("chat templates");
 }
 std::vector<TokenId> Backend::encode(const std::string&) const { unsupported("encode"); }
@@ -44,7 +45,8 @@ TrainStepReport summarize_batch(const TrainBatch& batch) {
   }
   if (r.episodes > 0) {
     r.reward_mean = sum / static_cast<double>(r.episodes);
-    r.reward_std = std::sqrt(std::max(0.0, sq / static_cast<double>(r.episodes) - r.reward_mean * r.reward_mean));
+    r.reward_std =
+        std::sqrt(std::max(0.0, sq / static_cast<double>(r.episodes) - r.reward_mean * r.reward_mean));
   }
   return r;
 }
@@ -75,8 +77,9 @@ std::unique_ptr<Backend> make_backend(const std::string& name) {
   std::string names;
   for (const auto& n : available_backends()) names += (names.empty() ? "" : ", ") + n;
   if (name == "torch")
-    throw SwarmError(ErrorKind::INVALID_ARGUMENT,
-                     "the torch engine is not available: this build has no libtorch (available: " + names + ")");
+    throw SwarmError(
+        ErrorKind::INVALID_ARGUMENT,
+        "the torch engine is not available: this build has no libtorch (available: " + names + ")");
   throw SwarmError(ErrorKind::INVALID_ARGUMENT, "unknown engine '" + name + "' (available: " + names + ")");
 }
 

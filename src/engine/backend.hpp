@@ -27,8 +27,8 @@ struct TrainStepReport {
   int64_t global_step = 0;  // step number after this update
   int64_t episodes = 0;
   int64_t samples = 0;
-  int64_t tokens = 0;           // all tokens in the batch
-  int64_t trained_tokens = 0;   // loss-mask-1 tokens
+  int64_t tokens = 0;          // all tokens in the batch
+  int64_t trained_tokens = 0;  // loss-mask-1 tokens
   int64_t tasks = 0;
   double reward_mean = 0.0;
   double reward_std = 0.0;
@@ -61,12 +61,14 @@ class Backend {
   /// Renders an OpenAI chat request's messages (and tools) with the chat template to
   /// prompt token ids. Throws INVALID_ARGUMENT for malformed messages. Ordered JSON keeps the
   /// request's key order, so `tojson` in a template prints what the agent sent.
-  virtual std::vector<TokenId> render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+  virtual std::vector<TokenId> render_chat(const nlohmann::ordered_json& messages,
+                                           const nlohmann::ordered_json& tools,
                                            bool add_generation_prompt) const;
   /// render_chat with extra template variables (a request's `chat_template_kwargs`, e.g.
   /// {"enable_thinking": false}). The default ignores them (the mock's template has none).
   virtual std::vector<TokenId> render_chat_with_kwargs(const nlohmann::ordered_json& messages,
-                                                       const nlohmann::ordered_json& tools, bool add_generation_prompt,
+                                                       const nlohmann::ordered_json& tools,
+                                                       bool add_generation_prompt,
                                                        const nlohmann::ordered_json& template_kwargs) const {
     (void)template_kwargs;
     return render_chat(messages, tools, add_generation_prompt);
@@ -75,7 +77,8 @@ class Backend {
   /// a conversation's generated ids with what the environment added; nullopt when the backend
   /// has no text form (then conversations are always rendered afresh).
   virtual std::optional<std::string> render_chat_text(const nlohmann::ordered_json& messages,
-                                                      const nlohmann::ordered_json& tools, bool add_generation_prompt,
+                                                      const nlohmann::ordered_json& tools,
+                                                      bool add_generation_prompt,
                                                       const nlohmann::ordered_json& template_kwargs) const {
     (void)messages, (void)tools, (void)add_generation_prompt, (void)template_kwargs;
     return std::nullopt;

@@ -35,7 +35,8 @@ PoolConfig pool_config_from(const Job& job) {
 // How old what a step trains is: per trained token, the lag between the weights the trainer
 // starts from (`trainer_version`) and the weights that sampled it. Synchronous runs have lag 0
 // except for task groups carried over from an earlier batch; asynchronous runs stay within η.
-void add_staleness_metrics(const TrainBatch& batch, int64_t trainer_version, std::map<std::string, double>& m) {
+void add_staleness_metrics(const TrainBatch& batch, int64_t trainer_version,
+                           std::map<std::string, double>& m) {
   constexpr int64_t kLastBucket = 8;  // lags 0..7 each, then "8 or more"
   std::array<int64_t, kLastBucket + 1> count{};
   int64_t tokens = 0, max_lag = 0, off_policy = 0;
@@ -67,11 +68,16 @@ void add_staleness_metrics(const TrainBatch& batch, int64_t trainer_version, std
 
 const char* engine_state_wire(EngineState s) {
   switch (s) {
-    case EngineState::OFFLINE: return "ENGINE.OFFLINE";
-    case EngineState::BOOTING: return "ENGINE.BOOTING";
-    case EngineState::ROLLING: return "ENGINE.ROLLING";
-    case EngineState::ROLLING_POST: return "ENGINE.ROLLING_POST";
-    case EngineState::WEIGHT_SYNCING: return "ENGINE.WEIGHT_SYNCING";
+    case EngineState::OFFLINE:
+      return "ENGINE.OFFLINE";
+    case EngineState::BOOTING:
+      return "ENGINE.BOOTING";
+    case EngineState::ROLLING:
+      return "ENGINE.ROLLING";
+    case EngineState::ROLLING_POST:
+      return "ENGINE.ROLLING_POST";
+    case EngineState::WEIGHT_SYNCING:
+      return "ENGINE.WEIGHT_SYNCING";
   }
   return "ENGINE.UNKNOWN";
 }
@@ -118,10 +124,12 @@ void Engine::enter_locked(EngineState next, const std::string& detail) {
   state_ = next;
   state_since_ = clock_->now();
   // (Asynchronous runs leave ROLLING only for the swap: their collection time runs from batch to batch.)
-  if (next == EngineState::ROLLING && (max_staleness_ == 0 || prev == EngineState::BOOTING)) rolling_since_ = state_since_;
+  if (next == EngineState::ROLLING && (max_staleness_ == 0 || prev == EngineState::BOOTING))
+    rolling_since_ = state_since_;
   if (prev == EngineState::ROLLING) rolling_left_ = state_since_;
   if (next == EngineState::BOOTING)
-    booting_since_unix_ = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    booting_since_unix_ =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   else
     booting_since_unix_.reset();
   detail_ = detail;
@@ -138,8 +146,8 @@ void Engine::maybe_advance_locked() {
   if (max_staleness_ > 0) return advance_async_locked();
   if (state_ == EngineState::ROLLING && pool_->batch_ready()) {
     pool_->set_accepting_claims(false);
-    enter_locked(EngineState::ROLLING_POST, "batch complete; waiting for " + std::to_string(pool_->running()) +
-                                                " in-flight episode(s)");
+    enter_locked(EngineState::ROLLING_POST,
+                 "batch complete; waiting for " + std::to_string(pool_->running()) + " in-flight episode(s)");
   }
   if (state_ == EngineState::ROLLING_POST && pool_->running() == 0) {
     auto batch = std::make_shared<TrainBatch>(pool_->take_batch());
@@ -170,9 +178,10 @@ void Engine::advance_async_locked() {
       batch->stale_dropped = stale_dropped_since_step_ + dropped;
       stale_dropped_since_step_ = 0;
       if (batch->stale_dropped > 0)
-        spdlog::warn("engine: {} episode(s) dropped as too stale for step {} (a token older than version {}, "
-                     "max_staleness {})",
-                     batch->stale_dropped, global_step_ + 1, min_version, max_staleness_);
+        spdlog::warn(
+            "engine: {} episode(s) dropped as too stale for step {} (a token older than version {}, "
+            "max_staleness {})",
+            batch->stale_dropped, global_step_ + 1, min_version, max_staleness_);
       const int64_t next_step = global_step_ + 1;
       trainer_step_ = next_step;
       const uint64_t epoch = epoch_;
@@ -186,8 +195,9 @@ void Engine::advance_async_locked() {
                                                     ", total_training_steps) on " +
                                                     std::to_string(batch->episodes.size()) + " episodes");
       } else {
-        detail_ = "trainer on step " + std::to_string(next_step) + " (" + std::to_string(batch->episodes.size()) +
-                  " episodes); collecting episodes for step " + std::to_string(next_step + 1);
+        detail_ = "trainer on step " + std::to_string(next_step) + " (" +
+                  std::to_string(batch->episodes.size()) + " episodes); collecting episodes for step " +
+                  std::to_string(next_step + 1);
         state_cv_.notify_all();
       }
       post([this, epoch, batch, next_step, rollout_seconds, stop] {
@@ -239,8 +249,8 @@ JobConfigReport Engine::sync_train_config(const std::string& yaml) {
   spdlog::info("engine: config synced (model={}, batch_size={}, num_repeat={}, method={})", config_->model,
                config_->batch_size, config_->num_repeat, config_->sample_collection_method);
   if (report.format == "agentjet") {
-    spdlog::info("engine: AgentJet config: {} keys mapped, {} ignored (docs/agentjet.md)", report.mapped.size(),
-                 report.ignored.size());
+    spdlog::info("engine: AgentJet config: {} keys mapped, {} ignored (docs/agentjet.md)",
+                 report.mapped.size(), report.ignored.size());
     for (const auto& m : report.mapped) spdlog::debug("engine: config {} -> {} = {}", m.from, m.to, m.value);
     std::string ignored;
     for (const auto& path : report.ignored) ignored += (ignored.empty() ? "" : ", ") + path;
@@ -253,18 +263,20 @@ JobConfigReport Engine::sync_train_config(const std::string& yaml) {
 std::string Engine::store_train_code(const std::string& zip_bytes) {
   std::lock_guard lk(mu_);
   SWARM_REQUIRE(state_ == EngineState::OFFLINE, ErrorKind::CONFLICT,
-                std::string("sync_train_code is only allowed in ENGINE.OFFLINE (engine is ") + engine_state_wire(state_) +
-                    "); call stop_engine first");
+                std::string("sync_train_code is only allowed in ENGINE.OFFLINE (engine is ") +
+                    engine_state_wire(state_) + "); call stop_engine first");
   // AgentJet's client usually uploads before it syncs the config, so the run's directory is
   // not known yet: the archive waits under the experiments root and start_engine copies it in.
   const Job& job = config_ ? *config_ : Job{};
   const std::filesystem::path file =
-      std::filesystem::absolute(std::filesystem::path(job.experiment_dir) / "agentjet_code.zip").lexically_normal();
+      std::filesystem::absolute(std::filesystem::path(job.experiment_dir) / "agentjet_code.zip")
+          .lexically_normal();
   write_file_atomically(file, zip_bytes);
   pending_code_ = file;
-  spdlog::info("engine: code archive of {} bytes stored as {}; it is copied into the experiment directory at "
-               "start_engine (kept, never run: swarm-server runs no Python)",
-               zip_bytes.size(), file.string());
+  spdlog::info(
+      "engine: code archive of {} bytes stored as {}; it is copied into the experiment directory at "
+      "start_engine (kept, never run: swarm-server runs no Python)",
+      zip_bytes.size(), file.string());
   return file.string();
 }
 
@@ -272,9 +284,10 @@ void Engine::start_engine() {
   std::lock_guard lk(mu_);
   SWARM_REQUIRE(!closed_, ErrorKind::UNAVAILABLE, "the server is shutting down");
   SWARM_REQUIRE(state_ == EngineState::OFFLINE, ErrorKind::CONFLICT,
-                std::string("start_engine is only allowed in ENGINE.OFFLINE (engine is ") + engine_state_wire(state_) +
-                    ")");
-  SWARM_REQUIRE(config_.has_value(), ErrorKind::CONFLICT, "no config: call sync_train_config before start_engine");
+                std::string("start_engine is only allowed in ENGINE.OFFLINE (engine is ") +
+                    engine_state_wire(state_) + ")");
+  SWARM_REQUIRE(config_.has_value(), ErrorKind::CONFLICT,
+                "no config: call sync_train_config before start_engine");
   ++epoch_;
   run_stop_ = std::stop_source();
   std::error_code ec;
@@ -284,7 +297,9 @@ void Engine::start_engine() {
     std::filesystem::create_directories(experiment_dir_, ec);
     std::filesystem::copy_file(pending_code_, std::filesystem::path(experiment_dir_) / "agentjet_code.zip",
                                std::filesystem::copy_options::overwrite_existing, ec);
-    if (ec) spdlog::warn("engine: could not copy {} into {}: {}", pending_code_.string(), experiment_dir_, ec.message());
+    if (ec)
+      spdlog::warn("engine: could not copy {} into {}: {}", pending_code_.string(), experiment_dir_,
+                   ec.message());
     pending_code_.clear();
   }
   enter_locked(EngineState::BOOTING, "loading " + config_->model);
@@ -402,8 +417,9 @@ void Engine::run_boot(uint64_t epoch, Job job, std::string resume_from, std::sto
     const bool store_only = !resume_from.empty() && !has_checkpoint(resume_from) &&
                             std::filesystem::exists(std::filesystem::path(resume_from) / "episodes.sqlite");
     if (store_only) {
-      spdlog::info("engine: resuming {}: no checkpoint yet, so the job's model at step 0, with the episodes it stored",
-                   resume_from);
+      spdlog::info(
+          "engine: resuming {}: no checkpoint yet, so the job's model at step 0, with the episodes it stored",
+          resume_from);
     } else if (!resume_from.empty()) {
       const auto cp = resolve_checkpoint(resume_from);
       resumed = read_checkpoint_state(cp);
@@ -420,13 +436,15 @@ void Engine::run_boot(uint64_t epoch, Job job, std::string resume_from, std::sto
       if (!resume_from.empty()) {
         // Resuming: what was collected and not trained into the checkpoint trains now.
         stored = store->pending_for_restart(resumed ? resumed->global_step : 0);
-        spdlog::info("engine: {} finished episode(s) collected before the restart are back in the pool ({} of them "
-                     "trained by steps after the checkpoint, {} unreadable and dropped) from {}",
-                     stored.episodes.size(), stored.retrained, stored.discarded, store->file().string());
+        spdlog::info(
+            "engine: {} finished episode(s) collected before the restart are back in the pool ({} of them "
+            "trained by steps after the checkpoint, {} unreadable and dropped) from {}",
+            stored.episodes.size(), stored.retrained, stored.discarded, store->file().string());
       } else if (const int64_t old = store->discard_all(); old > 0) {
-        spdlog::warn("engine: {} finished episode(s) of an earlier run in {} were not trained and are discarded: this "
-                     "start is a fresh run (swarm-server start --resume trains on them)",
-                     old, store->file().string());
+        spdlog::warn(
+            "engine: {} finished episode(s) of an earlier run in {} were not trained and are discarded: this "
+            "start is a fresh run (swarm-server start --resume trains on them)",
+            old, store->file().string());
       }
     }
   } catch (const std::exception& e) {
@@ -506,15 +524,19 @@ std::shared_ptr<Exchange> Engine::make_exchange(const Job& job, const std::strin
   for (std::string id; std::getline(trusted, id, ',');)
     if (!id.empty()) c.trusted_nodes.push_back(id);
   c.max_message_bytes = job.exchange_max_message_bytes;
-  spdlog::info("engine: swarm '{}' as node {} of model {} via {} (publish {}, consume {}, {} external group(s) per step)",
-               c.swarm_name, c.node_id, model, redact_url(c.url), c.publish, c.consume, job.sapo_external_groups);
+  spdlog::info(
+      "engine: swarm '{}' as node {} of model {} via {} (publish {}, consume {}, {} external group(s) per "
+      "step)",
+      c.swarm_name, c.node_id, model, redact_url(c.url), c.publish, c.consume, job.sapo_external_groups);
   return std::make_shared<Exchange>(std::move(c));
 }
 
-std::map<std::string, double> Engine::share_experience(Exchange& exchange, const Backend& backend, const Job& job,
-                                                       TrainBatch& batch, int64_t policy_step) {
+std::map<std::string, double> Engine::share_experience(Exchange& exchange, const Backend& backend,
+                                                       const Job& job, TrainBatch& batch,
+                                                       int64_t policy_step) {
   std::map<std::string, double> m;
-  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   int64_t local_episodes = 0;
   double local_reward = 0.0;
   for (const FinishedEpisode& e : batch.episodes) {
@@ -522,26 +544,28 @@ std::map<std::string, double> Engine::share_experience(Exchange& exchange, const
     local_reward += e.reward;
   }
   if (job.exchange_publish)
-    for (const SapoGroup& g : sapo_groups_of_batch(batch, exchange.config().node_id, backend.model_id(), policy_step, now))
+    for (const SapoGroup& g :
+         sapo_groups_of_batch(batch, exchange.config().node_id, backend.model_id(), policy_step, now))
       exchange.publish(g);
   int64_t used = 0, episodes = 0;
   if (job.sapo_external_groups > 0) {
     for (const SapoGroup& g : exchange.draw(static_cast<size_t>(job.sapo_external_groups), exchange_rng_)) {
       try {
-        std::vector<FinishedEpisode> eps = reencode_sapo_group(g, backend, policy_step, backend.max_context_length());
+        std::vector<FinishedEpisode> eps =
+            reencode_sapo_group(g, backend, policy_step, backend.max_context_length());
         episodes += static_cast<int64_t>(eps.size());
         for (FinishedEpisode& e : eps) batch.episodes.push_back(std::move(e));
         ++batch.num_tasks;
         ++used;
       } catch (const std::exception& e) {
-        spdlog::warn("engine: an external group from {} (task '{}') could not be re-encoded: {}", g.node_id, g.task_id,
-                     e.what());
+        spdlog::warn("engine: an external group from {} (task '{}') could not be re-encoded: {}", g.node_id,
+                     g.task_id, e.what());
         exchange.note_unusable(g, SapoDrop::REENCODE);
       }
     }
     if (used < job.sapo_external_groups)
-      spdlog::info("engine: step {} trains on {} of {} external group(s) (the buffer held no more)", policy_step + 1,
-                   used, job.sapo_external_groups);
+      spdlog::info("engine: step {} trains on {} of {} external group(s) (the buffer held no more)",
+                   policy_step + 1, used, job.sapo_external_groups);
   }
   const ExchangeStatus st = exchange.status();
   m["external_groups"] = static_cast<double>(used);
@@ -561,8 +585,8 @@ std::map<std::string, double> Engine::share_experience(Exchange& exchange, const
   return m;
 }
 
-void Engine::run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_t next_step, double rollout_seconds,
-                       std::stop_token stop) {
+void Engine::run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_t next_step,
+                       double rollout_seconds, std::stop_token stop) {
   std::shared_ptr<Backend> backend;
   std::shared_ptr<Exchange> exchange;
   std::shared_ptr<EpisodeStore> store;
@@ -662,7 +686,8 @@ void Engine::run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_
   spdlog::info("engine: step {} done in {:.2f}s: {} episodes, {} samples, {} tokens, reward mean {:.4f}",
                next_step, report.seconds, report.episodes, report.samples, report.tokens, report.reward_mean);
   if (config_ && config_->total_training_steps > 0 && global_step_ >= config_->total_training_steps) {
-    end_run_locked("finished: reached total_training_steps = " + std::to_string(config_->total_training_steps));
+    end_run_locked("finished: reached total_training_steps = " +
+                   std::to_string(config_->total_training_steps));
     return;
   }
   if (max_staleness_ > 0) {  // collection never stopped: hand over the next batch if it is ready
@@ -700,7 +725,8 @@ void Engine::tick() {
   std::lock_guard lk(mu_);
   if (!pool_) return;
   auto reaped = pool_->reap_idle();
-  for (const auto& uuid : reaped) spdlog::warn("engine: episode {} timed out (idle); its slot was reclaimed", uuid);
+  for (const auto& uuid : reaped)
+    spdlog::warn("engine: episode {} timed out (idle); its slot was reclaimed", uuid);
   maybe_advance_locked();
 }
 
@@ -713,17 +739,26 @@ namespace {
 std::string claim_refused_cause(EngineState state) {
   std::string advice;
   switch (state) {
-    case EngineState::OFFLINE: advice = "Please start the engine first (sync_train_config, then start_engine)."; break;
-    case EngineState::BOOTING: advice = "Please wait until the engine is fully booted. Try again later."; break;
-    case EngineState::ROLLING_POST: advice = "Engine is in post-rolling phase. Try again later."; break;
-    case EngineState::WEIGHT_SYNCING: advice = "Engine is syncing weights. Try again later."; break;
-    case EngineState::ROLLING: advice = "Try again later."; break;
+    case EngineState::OFFLINE:
+      advice = "Please start the engine first (sync_train_config, then start_engine).";
+      break;
+    case EngineState::BOOTING:
+      advice = "Please wait until the engine is fully booted. Try again later.";
+      break;
+    case EngineState::ROLLING_POST:
+      advice = "Engine is in post-rolling phase. Try again later.";
+      break;
+    case EngineState::WEIGHT_SYNCING:
+      advice = "Engine is syncing weights. Try again later.";
+      break;
+    case EngineState::ROLLING:
+      advice = "Try again later.";
+      break;
   }
   return std::string("Engine not ready. Current status: [") + engine_state_wire(state) + "]. " + advice;
 }
 
 }  // namespace
-
 
 ClaimResult Engine::claim_episode(const ClaimRequest& request) {
   std::lock_guard lk(mu_);
@@ -750,8 +785,8 @@ EndOutcome Engine::end_episode(const std::string& client_uuid, const std::string
 }
 
 void Engine::end_episode_async(const std::string& client_uuid, const std::string& episode_uuid,
-                               const std::string& task_id, const WorkflowOutput& output, bool declare_client_active,
-                               RolloutPool::EndDone done) {
+                               const std::string& task_id, const WorkflowOutput& output,
+                               bool declare_client_active, RolloutPool::EndDone done) {
   std::shared_ptr<RolloutPool> pool;
   try {
     std::lock_guard lk(mu_);
@@ -761,10 +796,12 @@ void Engine::end_episode_async(const std::string& client_uuid, const std::string
     // A 400 naming the state: AgentJet's client discards the episode quietly on exactly that.
     // (Asynchronous training's WEIGHT_SYNCING is only the swap: episodes run through it.) A retry
     // of an end that was accepted (its answer lost) gets that answer again, whatever the state.
-    SWARM_REQUIRE(state_ != EngineState::WEIGHT_SYNCING || max_staleness_ > 0 || pool_->remembers_end(episode_uuid),
-                  ErrorKind::INVALID_ARGUMENT,
-                  "episode " + episode_uuid + " is not running: the engine is ENGINE.WEIGHT_SYNCING (it ended, was "
-                  "aborted or timed out before the weight sync); its output is discarded");
+    SWARM_REQUIRE(
+        state_ != EngineState::WEIGHT_SYNCING || max_staleness_ > 0 || pool_->remembers_end(episode_uuid),
+        ErrorKind::INVALID_ARGUMENT,
+        "episode " + episode_uuid +
+            " is not running: the engine is ENGINE.WEIGHT_SYNCING (it ended, was "
+            "aborted or timed out before the weight sync); its output is discarded");
     pool = pool_;
   } catch (...) {
     return done(EndOutcome{}, std::current_exception());
@@ -805,11 +842,12 @@ AgreeResult Engine::agree_sync_weight(const std::string& client_uuid) {
   std::lock_guard lk(mu_);
   SWARM_REQUIRE(config_, ErrorKind::CONFLICT, "agree_sync_weight: no config has been synced");
   CollectionMethod method{};
-  SWARM_REQUIRE(parse_collection_method(config_->sample_collection_method, &method) && is_agree_method(method),
-                ErrorKind::CONFLICT,
-                "agree_sync_weight needs sample_collection_method rollout_until_any_client_agree_sync_weight or "
-                "rollout_until_all_clients_agree_sync_weight; the synced config uses " +
-                    config_->sample_collection_method);
+  SWARM_REQUIRE(
+      parse_collection_method(config_->sample_collection_method, &method) && is_agree_method(method),
+      ErrorKind::CONFLICT,
+      "agree_sync_weight needs sample_collection_method rollout_until_any_client_agree_sync_weight or "
+      "rollout_until_all_clients_agree_sync_weight; the synced config uses " +
+          config_->sample_collection_method);
   AgreeResult result;
   if ((state_ != EngineState::ROLLING && state_ != EngineState::ROLLING_POST) || !pool_) {
     result.failure_reason = std::string("The engine is ") + engine_state_wire(state_) +
@@ -835,7 +873,8 @@ GenerationLease Engine::begin_generation(const std::string& api_key) {
   {
     std::lock_guard lk(mu_);
     SWARM_REQUIRE(pool_ && backend_, ErrorKind::UNAUTHORIZED,
-                  std::string("invalid API key: no episodes are running (engine is ") + engine_state_wire(state_) + ")");
+                  std::string("invalid API key: no episodes are running (engine is ") +
+                      engine_state_wire(state_) + ")");
     pool = pool_;
     lease.backend = backend_;
     lease.job = *config_;
@@ -849,7 +888,9 @@ void Engine::finish_generation(const GenerationLease& lease, LlmCall call) {
   lease.pool->finish_call(lease.ticket.episode_uuid, std::move(call));
 }
 
-void Engine::cancel_generation(const GenerationLease& lease) { lease.pool->cancel_call(lease.ticket.episode_uuid); }
+void Engine::cancel_generation(const GenerationLease& lease) {
+  lease.pool->cancel_call(lease.ticket.episode_uuid);
+}
 
 std::shared_ptr<Backend> Engine::backend() const {
   std::lock_guard lk(mu_);
@@ -885,7 +926,8 @@ EngineSnapshot Engine::status() const {
     if (!s.exchange->ready)
       s.detail += std::string(s.detail.empty() ? "" : "; ") + "exchange " +
                   (s.exchange->connected ? "not ready" : "unreachable") + " (" + s.exchange->url + ")" +
-                  (s.exchange->last_error.empty() ? "" : ": " + s.exchange->last_error) + "; training on local groups";
+                  (s.exchange->last_error.empty() ? "" : ": " + s.exchange->last_error) +
+                  "; training on local groups";
   }
   return s;
 }
@@ -899,8 +941,7 @@ PoolSnapshot Engine::pool_snapshot() const {
     if (!pool && config_) {
       try {
         empty.config = pool_config_from(*config_);
-      } catch (const std::exception&) {
-      }
+      } catch (const std::exception&) {}
       empty.target_tasks = empty.config.batch_size;
       empty.target_episodes = empty.config.batch_size * empty.config.num_repeat;
     }

@@ -34,11 +34,11 @@ const char* engine_state_wire(EngineState s);
 using BackendFactory = std::function<std::unique_ptr<Backend>()>;
 
 struct EngineOptions {
-  std::string backend = "mock";           // used when `factory` is empty
-  BackendFactory factory;                 // tests inject fakes here
-  std::shared_ptr<Clock> clock;           // default: steady clock
-  double janitor_interval_seconds = 0.25; // idle-timeout sweep; <= 0 disables the thread
-  size_t step_history = 512;              // step reports kept for the monitor
+  std::string backend = "mock";            // used when `factory` is empty
+  BackendFactory factory;                  // tests inject fakes here
+  std::shared_ptr<Clock> clock;            // default: steady clock
+  double janitor_interval_seconds = 0.25;  // idle-timeout sweep; <= 0 disables the thread
+  size_t step_history = 512;               // step reports kept for the monitor
   /// A checkpoint to resume from at the first start_engine (`swarm-server start --resume`): a
   /// checkpoint directory, or one holding `latest` (checkpoints/ or the experiment directory).
   std::string resume_from;
@@ -112,8 +112,9 @@ class Engine {
                          bool declare_client_active = true);
   /// end_episode that does not wait for the episode store: `done` is called exactly once with
   /// the outcome or the error (a SwarmError), here or later from the store's thread.
-  void end_episode_async(const std::string& client_uuid, const std::string& episode_uuid, const std::string& task_id,
-                         const WorkflowOutput& output, bool declare_client_active, RolloutPool::EndDone done);
+  void end_episode_async(const std::string& client_uuid, const std::string& episode_uuid,
+                         const std::string& task_id, const WorkflowOutput& output, bool declare_client_active,
+                         RolloutPool::EndDone done);
   /// False when there was nothing to abort (no such running episode, or no episodes at all in
   /// this state); FORBIDDEN for another client's running episode.
   bool abort_episode(const std::string& client_uuid, const std::string& episode_uuid,

@@ -40,7 +40,8 @@ std::vector<TokenId> grammar_walk(const grammar::Grammar& g, Rng& rng, int64_t m
     for (int b = 0; b < 256; ++b)
       if (!m.advance(m.state(), static_cast<uint8_t>(b)).empty()) {
         bytes.push_back(static_cast<uint8_t>(b));
-        weight.push_back(std::string_view("\"}],").find(static_cast<char>(b)) != std::string_view::npos ? 30.0 : 1.0);
+        weight.push_back(
+            std::string_view("\"}],").find(static_cast<char>(b)) != std::string_view::npos ? 30.0 : 1.0);
         total += weight.back();
       }
     if (m.accepting() && ((bytes.empty() && tokens.empty()) || rng.uniform() < 0.3)) break;
@@ -81,23 +82,23 @@ std::string content_text(const nlohmann::ordered_json& content, size_t index) {
     std::string out;
     for (const auto& part : content) {
       if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
-        throw SwarmError(ErrorKind::INVALID_ARGUMENT,
-                         "messages[" + std::to_string(index) + "].content parts must be objects with a 'type'");
+        throw SwarmError(ErrorKind::INVALID_ARGUMENT, "messages[" + std::to_string(index) +
+                                                          "].content parts must be objects with a 'type'");
       if (part["type"] == "text") {
         if (!part.contains("text") || !part["text"].is_string())
           throw SwarmError(ErrorKind::INVALID_ARGUMENT,
                            "messages[" + std::to_string(index) + "].content text part needs a string 'text'");
         out += part["text"].get<std::string>();
       } else {
-        throw SwarmError(ErrorKind::INVALID_ARGUMENT, "messages[" + std::to_string(index) +
-                                                          "].content part type '" +
-                                                          part["type"].get<std::string>() + "' is not supported");
+        throw SwarmError(ErrorKind::INVALID_ARGUMENT,
+                         "messages[" + std::to_string(index) + "].content part type '" +
+                             part["type"].get<std::string>() + "' is not supported");
       }
     }
     return out;
   }
-  throw SwarmError(ErrorKind::INVALID_ARGUMENT,
-                   "messages[" + std::to_string(index) + "].content must be a string, an array of parts, or null");
+  throw SwarmError(ErrorKind::INVALID_ARGUMENT, "messages[" + std::to_string(index) +
+                                                    "].content must be a string, an array of parts, or null");
 }
 
 // The last user turn (chat prompts) or the last line of a plain prompt.
@@ -149,26 +150,31 @@ void MockBackend::boot(const Job& job, std::stop_token stop) {
   train_seconds_ = job.mock_train_seconds;
   policy_version_ = 0;
   if (!resume_checkpoint_.empty())
-    SWARM_REQUIRE(std::filesystem::exists(resume_checkpoint_ / "mock_checkpoint.json"), ErrorKind::INVALID_ARGUMENT,
-                  "'" + resume_checkpoint_.string() + "' was not written by the mock engine (no mock_checkpoint.json)");
+    SWARM_REQUIRE(
+        std::filesystem::exists(resume_checkpoint_ / "mock_checkpoint.json"), ErrorKind::INVALID_ARGUMENT,
+        "'" + resume_checkpoint_.string() + "' was not written by the mock engine (no mock_checkpoint.json)");
 }
 
 void MockBackend::save_checkpoint(const std::filesystem::path& dir) {
   // No weights: a marker that says which engine wrote it (the engine adds its own state).
   std::ofstream out(dir / "mock_checkpoint.json", std::ios::binary | std::ios::trunc);
-  out << nlohmann::json{{"backend", "mock"}, {"model", model_id_}, {"policy_version", policy_version_.load()}}.dump()
+  out << nlohmann::json{{"backend", "mock"}, {"model", model_id_}, {"policy_version", policy_version_.load()}}
+             .dump()
       << '\n';
   out.flush();
   SWARM_REQUIRE(out.good(), ErrorKind::INTERNAL, "cannot write " + (dir / "mock_checkpoint.json").string());
 }
 
-std::vector<TokenId> MockBackend::render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+std::vector<TokenId> MockBackend::render_chat(const nlohmann::ordered_json& messages,
+                                              const nlohmann::ordered_json& tools,
                                               bool add_generation_prompt) const {
-  return encode_rendered(*render_chat_text(messages, tools, add_generation_prompt, nlohmann::ordered_json::object()));
+  return encode_rendered(
+      *render_chat_text(messages, tools, add_generation_prompt, nlohmann::ordered_json::object()));
 }
 
 std::optional<std::string> MockBackend::render_chat_text(const nlohmann::ordered_json& messages,
-                                                         const nlohmann::ordered_json& tools, bool add_generation_prompt,
+                                                         const nlohmann::ordered_json& tools,
+                                                         bool add_generation_prompt,
                                                          const nlohmann::ordered_json&) const {
   if (!messages.is_array() || messages.empty())
     throw SwarmError(ErrorKind::INVALID_ARGUMENT, "'messages' must be a non-empty array");
@@ -176,17 +182,20 @@ std::optional<std::string> MockBackend::render_chat_text(const nlohmann::ordered
     return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   };
   std::string out;
-  if (tools.is_array() && !tools.empty()) out += "<|im_start|>system\n# Tools\n" + dump(tools) + "<|im_end|>\n";
+  if (tools.is_array() && !tools.empty())
+    out += "<|im_start|>system\n# Tools\n" + dump(tools) + "<|im_end|>\n";
   for (size_t i = 0; i < messages.size(); ++i) {
     const auto& m = messages[i];
     if (!m.is_object())
       throw SwarmError(ErrorKind::INVALID_ARGUMENT, "messages[" + std::to_string(i) + "] must be an object");
     if (!m.contains("role") || !m["role"].is_string())
-      throw SwarmError(ErrorKind::INVALID_ARGUMENT, "messages[" + std::to_string(i) + "].role must be a string");
+      throw SwarmError(ErrorKind::INVALID_ARGUMENT,
+                       "messages[" + std::to_string(i) + "].role must be a string");
     const std::string role = m["role"].get<std::string>();
     if (role != "system" && role != "user" && role != "assistant" && role != "tool" && role != "developer")
       throw SwarmError(ErrorKind::INVALID_ARGUMENT,
-                       "messages[" + std::to_string(i) + "].role '" + role + "' is not one of system, user, assistant, tool, developer");
+                       "messages[" + std::to_string(i) + "].role '" + role +
+                           "' is not one of system, user, assistant, tool, developer");
     std::string text = content_text(m.contains("content") ? m["content"] : nlohmann::ordered_json(), i);
     if (m.contains("tool_calls") && m["tool_calls"].is_array())
       for (const auto& call : m["tool_calls"]) text += "<tool_call>" + dump(call) + "</tool_call>";
@@ -229,10 +238,14 @@ std::string MockBackend::decode(const std::vector<TokenId>& ids) const {
 
 std::string MockBackend::token_text(TokenId id) const {
   switch (id) {
-    case kEndOfText: return "<|endoftext|>";
-    case kImStart: return "<|im_start|>";
-    case kImEnd: return "<|im_end|>";
-    default: return id >= 0 && id < 256 ? std::string(1, static_cast<char>(id)) : std::string();
+    case kEndOfText:
+      return "<|endoftext|>";
+    case kImStart:
+      return "<|im_start|>";
+    case kImEnd:
+      return "<|im_end|>";
+    default:
+      return id >= 0 && id < 256 ? std::string(1, static_cast<char>(id)) : std::string();
   }
 }
 
@@ -241,9 +254,9 @@ void MockBackend::generate(GenerationRequest request, std::shared_ptr<Generation
     const auto& p = request.params;
     const int64_t prompt_len = static_cast<int64_t>(request.prompt_ids.size());
     if (prompt_len >= max_context_) {
-      observer->on_error(ErrorKind::INVALID_ARGUMENT,
-                         "prompt is " + std::to_string(prompt_len) + " tokens; the context length is " +
-                             std::to_string(max_context_));
+      observer->on_error(ErrorKind::INVALID_ARGUMENT, "prompt is " + std::to_string(prompt_len) +
+                                                          " tokens; the context length is " +
+                                                          std::to_string(max_context_));
       return;
     }
     const int64_t max_new = std::min<int64_t>(p.max_tokens, max_context_ - prompt_len);
@@ -280,8 +293,10 @@ void MockBackend::generate(GenerationRequest request, std::shared_ptr<Generation
         }
       }
       const size_t text_ids = reply.size();  // ids past these are the stop string: never streamed
-      if (request.grammar && !cut_by_stop_string) choice.ids = constrained;
-      else append_text(choice.ids, reply + matched);
+      if (request.grammar && !cut_by_stop_string)
+        choice.ids = constrained;
+      else
+        append_text(choice.ids, reply + matched);
       if (!cut_by_stop_string) choice.ids.push_back(stop_token);
       if (static_cast<int64_t>(choice.ids.size()) > max_new) {
         choice.ids.resize(static_cast<size_t>(max_new));
@@ -323,7 +338,8 @@ void MockBackend::generate(GenerationRequest request, std::shared_ptr<Generation
   }
 }
 
-TrainStepReport MockBackend::train_step(const TrainBatch& batch, int64_t next_global_step, std::stop_token stop) {
+TrainStepReport MockBackend::train_step(const TrainBatch& batch, int64_t next_global_step,
+                                        std::stop_token stop) {
   auto start = std::chrono::steady_clock::now();
   if (!sleep_for(train_seconds_, stop)) throw SwarmError(ErrorKind::CONFLICT, "training step cancelled");
   // The simulated weight swap: generations from now on are stamped with the new version.

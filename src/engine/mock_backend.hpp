@@ -28,12 +28,15 @@ class MockBackend : public Backend {
   std::string model_id() const override { return model_id_; }
   int64_t max_context_length() const override { return max_context_; }
 
-  std::vector<TokenId> render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+  std::vector<TokenId> render_chat(const nlohmann::ordered_json& messages,
+                                   const nlohmann::ordered_json& tools,
                                    bool add_generation_prompt) const override;
   /// Names the mock's convention for format detection: tool calls as hermes-style
   /// `<tool_call>` blocks (reasoning_parser auto finds no `<think>`: set it to think to
   /// split a scripted reasoning block).
-  std::string chat_template_source() const override { return "mock ChatML; tool calls: <tool_call> ... </tool_call>"; }
+  std::string chat_template_source() const override {
+    return "mock ChatML; tool calls: <tool_call> ... </tool_call>";
+  }
   /// ChatML text with the special tokens written out (<|im_start|>, <|im_end|>).
   std::optional<std::string> render_chat_text(const nlohmann::ordered_json& messages,
                                               const nlohmann::ordered_json& tools, bool add_generation_prompt,
@@ -44,7 +47,8 @@ class MockBackend : public Backend {
   std::string token_text(TokenId id) const override;
 
   void generate(GenerationRequest request, std::shared_ptr<GenerationObserver> observer) override;
-  TrainStepReport train_step(const TrainBatch& batch, int64_t next_global_step, std::stop_token stop) override;
+  TrainStepReport train_step(const TrainBatch& batch, int64_t next_global_step,
+                             std::stop_token stop) override;
   void save_checkpoint(const std::filesystem::path& dir) override;
   void set_policy_version(int64_t version) override { policy_version_ = version; }
 

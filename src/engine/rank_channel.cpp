@@ -67,7 +67,8 @@ bool wait_readable(int fd, std::optional<Clock::time_point> deadline) {
 bool read_exact(int fd, char* data, size_t n, std::optional<Clock::time_point> deadline) {
   size_t done = 0;
   while (done < n) {
-    if (!wait_readable(fd, deadline)) throw SwarmError(ErrorKind::UNAVAILABLE, "timed out waiting for an answer");
+    if (!wait_readable(fd, deadline))
+      throw SwarmError(ErrorKind::UNAVAILABLE, "timed out waiting for an answer");
     const ssize_t got = ::recv(fd, data + done, n - done, 0);
     if (got == 0) {
       if (done == 0) return false;
@@ -108,8 +109,8 @@ std::optional<RankMessage> read_frame(int fd, std::optional<Clock::time_point> d
   uint64_t lens[2];
   if (!read_exact(fd, reinterpret_cast<char*>(lens), sizeof(lens), deadline)) return std::nullopt;
   if (lens[0] > kMaxHeaderBytes || lens[1] > kMaxPayloadBytes)
-    throw SwarmError(ErrorKind::UNAVAILABLE, "malformed frame (header " + std::to_string(lens[0]) + " bytes, payload " +
-                                                 std::to_string(lens[1]) + " bytes)");
+    throw SwarmError(ErrorKind::UNAVAILABLE, "malformed frame (header " + std::to_string(lens[0]) +
+                                                 " bytes, payload " + std::to_string(lens[1]) + " bytes)");
   std::string header(lens[0], '\0');
   RankMessage m;
   m.payload.resize(lens[1]);
@@ -161,9 +162,9 @@ std::unique_ptr<RankLeader> RankLeader::accept(const std::string& host, int port
   while (joined < world_size - 1) {
     if (!wait_readable(ls, deadline))
       throw SwarmError(ErrorKind::UNAVAILABLE,
-                       "only " + std::to_string(joined + 1) + " of " + std::to_string(world_size) + " ranks joined within " +
-                           std::to_string(timeout.count() / 1000.0) + " s (rank 0 listens on " + host + ":" +
-                           std::to_string(port) + ")");
+                       "only " + std::to_string(joined + 1) + " of " + std::to_string(world_size) +
+                           " ranks joined within " + std::to_string(timeout.count() / 1000.0) +
+                           " s (rank 0 listens on " + host + ":" + std::to_string(port) + ")");
     const int fd = ::accept4(ls, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
@@ -176,7 +177,8 @@ std::unique_ptr<RankLeader> RankLeader::accept(const std::string& host, int port
     } catch (const SwarmError&) {
       hello.reset();
     }
-    const int rank = hello && hello->header.value("kind", "") == "hello" ? hello->header.value("rank", -1) : -1;
+    const int rank =
+        hello && hello->header.value("kind", "") == "hello" ? hello->header.value("rank", -1) : -1;
     if (rank < 1 || rank >= world_size || leader->fds_[static_cast<size_t>(rank - 1)] >= 0) {
       ::close(fd);  // not one of ours (or a duplicate rank): ignore it
       continue;
@@ -263,9 +265,10 @@ std::unique_ptr<RankFollower> RankFollower::connect(const std::string& host, int
     last_error = errno_text();
     ::close(fd);
     if (Clock::now() >= deadline)
-      throw SwarmError(ErrorKind::UNAVAILABLE, "rank " + std::to_string(rank) + " could not reach rank 0 at " + host +
-                                                   ":" + std::to_string(port) + " within " +
-                                                   std::to_string(timeout.count() / 1000.0) + " s: " + last_error);
+      throw SwarmError(ErrorKind::UNAVAILABLE,
+                       "rank " + std::to_string(rank) + " could not reach rank 0 at " + host + ":" +
+                           std::to_string(port) + " within " + std::to_string(timeout.count() / 1000.0) +
+                           " s: " + last_error);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
@@ -353,7 +356,8 @@ TrainBatch deserialize_train_batch(const std::string& bytes) {
     const auto n = get<uint64_t>(bytes, at);
     if (n > bytes.size() - at) corrupt_batch("truncated");
     try {
-      batch.episodes.push_back(decode_finished_episode(std::string_view(bytes).substr(at, static_cast<size_t>(n))));
+      batch.episodes.push_back(
+          decode_finished_episode(std::string_view(bytes).substr(at, static_cast<size_t>(n))));
     } catch (const SwarmError& e) {
       corrupt_batch("episode " + std::to_string(i) + ": " + e.what());
     }

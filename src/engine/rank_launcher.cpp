@@ -48,7 +48,8 @@ LocalRanks::LocalRanks(int nproc, const std::vector<std::string>& argv, const st
     if (pid < 0) {
       const std::string why = std::strerror(errno);
       wait_all(std::chrono::seconds(5));
-      throw SwarmError(ErrorKind::UNAVAILABLE, "cannot start rank " + std::to_string(rank) + ": fork: " + why);
+      throw SwarmError(ErrorKind::UNAVAILABLE,
+                       "cannot start rank " + std::to_string(rank) + ": fork: " + why);
     }
     if (pid == 0) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -85,10 +86,12 @@ std::string LocalRanks::exited() {
   for (auto& c : children_) {
     reap(c, false);
     if (!c.reaped) continue;
-    std::string how = WIFEXITED(c.status)     ? "exited with status " + std::to_string(WEXITSTATUS(c.status))
-                      : WIFSIGNALED(c.status) ? std::string("was killed by signal ") + strsignal(WTERMSIG(c.status))
-                                              : "ended";
-    out += (out.empty() ? "" : "; ") + ("rank " + std::to_string(c.rank) + " (pid " + std::to_string(c.pid) + ") ") + how;
+    std::string how = WIFEXITED(c.status) ? "exited with status " + std::to_string(WEXITSTATUS(c.status))
+                      : WIFSIGNALED(c.status)
+                          ? std::string("was killed by signal ") + strsignal(WTERMSIG(c.status))
+                          : "ended";
+    out += (out.empty() ? "" : "; ") +
+           ("rank " + std::to_string(c.rank) + " (pid " + std::to_string(c.pid) + ") ") + how;
   }
   return out;
 }

@@ -20,7 +20,8 @@ class LocalRanks {
   /// group, and the followers must stay alive until rank 0 has written its last checkpoint
   /// (they exit when rank 0 closes the control channel). Throws SwarmError(UNAVAILABLE) when a
   /// process cannot be started.
-  LocalRanks(int nproc, const std::vector<std::string>& argv, const std::string& master_addr, int master_port);
+  LocalRanks(int nproc, const std::vector<std::string>& argv, const std::string& master_addr,
+             int master_port);
   /// wait_all(30 s).
   ~LocalRanks();
   LocalRanks(const LocalRanks&) = delete;

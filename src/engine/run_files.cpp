@@ -29,11 +29,13 @@ namespace {
 // cut once `latest` names it). SwarmError(INTERNAL) when the disk refuses.
 void fsync_path(const fs::path& p) {
   const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
-  SWARM_REQUIRE(fd >= 0, ErrorKind::INTERNAL, "cannot open " + p.string() + " to sync it: " + std::strerror(errno));
+  SWARM_REQUIRE(fd >= 0, ErrorKind::INTERNAL,
+                "cannot open " + p.string() + " to sync it: " + std::strerror(errno));
   const int rc = ::fsync(fd);
   const int err = errno;
   ::close(fd);
-  SWARM_REQUIRE(rc == 0, ErrorKind::INTERNAL, "cannot sync " + p.string() + " to disk: " + std::strerror(err));
+  SWARM_REQUIRE(rc == 0, ErrorKind::INTERNAL,
+                "cannot sync " + p.string() + " to disk: " + std::strerror(err));
 }
 
 // Temporary directories of checkpoints whose writer died (kill -9, power cut): `.<name>.tmp-<pid>`
@@ -50,7 +52,8 @@ void remove_abandoned_temporaries(const fs::path& checkpoints_dir) {
     if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
     long pid_number = 0;
     const auto [end, err] = std::from_chars(pid.data(), pid.data() + pid.size(), pid_number);
-    if (err != std::errc() || end != pid.data() + pid.size()) continue;  // not a pid (e.g. too long): not ours
+    if (err != std::errc() || end != pid.data() + pid.size())
+      continue;  // not a pid (e.g. too long): not ours
     if (pid_number == ::getpid() || fs::exists("/proc/" + pid)) continue;
     std::error_code rm;
     fs::remove_all(entry.path(), rm);
@@ -62,8 +65,10 @@ void remove_abandoned_temporaries(const fs::path& checkpoints_dir) {
 void write_file_atomically(const fs::path& path, const std::string& text) {
   std::error_code ec;
   if (!path.parent_path().empty()) fs::create_directories(path.parent_path(), ec);
-  SWARM_REQUIRE(!ec, ErrorKind::INTERNAL, "cannot create " + path.parent_path().string() + ": " + ec.message());
-  const fs::path tmp = path.parent_path() / ("." + path.filename().string() + ".tmp-" + std::to_string(::getpid()));
+  SWARM_REQUIRE(!ec, ErrorKind::INTERNAL,
+                "cannot create " + path.parent_path().string() + ": " + ec.message());
+  const fs::path tmp =
+      path.parent_path() / ("." + path.filename().string() + ".tmp-" + std::to_string(::getpid()));
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     out << text;
@@ -79,19 +84,20 @@ fs::path experiment_path(const Job& job) {
 }
 
 void append_step_metrics(const fs::path& file, const TrainStepReport& report, int64_t policy_version) {
-  json line = {{"step", report.global_step},
-               {"policy_version", policy_version},
-               {"time", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()},
-               {"episodes", report.episodes},
-               {"samples", report.samples},
-               {"tasks", report.tasks},
-               {"tokens", report.tokens},
-               {"trained_tokens_in_batch", report.trained_tokens},
-               {"reward_mean", report.reward_mean},
-               {"reward_std", report.reward_std},
-               {"reward_min", report.reward_min},
-               {"reward_max", report.reward_max},
-               {"step_seconds", report.seconds}};
+  json line = {
+      {"step", report.global_step},
+      {"policy_version", policy_version},
+      {"time", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()},
+      {"episodes", report.episodes},
+      {"samples", report.samples},
+      {"tasks", report.tasks},
+      {"tokens", report.tokens},
+      {"trained_tokens_in_batch", report.trained_tokens},
+      {"reward_mean", report.reward_mean},
+      {"reward_std", report.reward_std},
+      {"reward_min", report.reward_min},
+      {"reward_max", report.reward_max},
+      {"step_seconds", report.seconds}};
   for (const auto& [k, v] : report.metrics) line[k] = std::isfinite(v) ? json(v) : json(nullptr);
   std::error_code ec;
   fs::create_directories(file.parent_path(), ec);
@@ -175,15 +181,18 @@ fs::path write_checkpoint(const fs::path& checkpoints_dir, const EngineCheckpoin
       std::ifstream in(checkpoints_dir / "latest");
       std::string latest;
       if (std::getline(in, latest) && !latest.empty() && latest != name)
-        last = "the last good checkpoint, " + (checkpoints_dir / latest).string() + ", is intact and loadable";
+        last =
+            "the last good checkpoint, " + (checkpoints_dir / latest).string() + ", is intact and loadable";
     }
-    throw SwarmError(ErrorKind::INTERNAL, "checkpoint " + name + " could not be written (" + e.what() + "); " + last);
+    throw SwarmError(ErrorKind::INTERNAL,
+                     "checkpoint " + name + " could not be written (" + e.what() + "); " + last);
   }
   return final_dir;
 }
 
 fs::path resolve_checkpoint(const fs::path& dir) {
-  SWARM_REQUIRE(fs::is_directory(dir), ErrorKind::INVALID_ARGUMENT, "--resume: '" + dir.string() + "' is not a directory");
+  SWARM_REQUIRE(fs::is_directory(dir), ErrorKind::INVALID_ARGUMENT,
+                "--resume: '" + dir.string() + "' is not a directory");
   if (fs::exists(dir / "engine_state.json")) return dir;
   for (const fs::path& base : {dir, dir / "checkpoints"}) {
     const fs::path latest = base / "latest";
@@ -196,9 +205,10 @@ fs::path resolve_checkpoint(const fs::path& dir) {
                   "--resume: " + latest.string() + " names '" + name + "', which is not a checkpoint");
     return cp;
   }
-  throw SwarmError(ErrorKind::INVALID_ARGUMENT,
-                   "--resume: '" + dir.string() +
-                       "' is neither a checkpoint (engine_state.json) nor a directory with a 'latest' checkpoint");
+  throw SwarmError(
+      ErrorKind::INVALID_ARGUMENT,
+      "--resume: '" + dir.string() +
+          "' is neither a checkpoint (engine_state.json) nor a directory with a 'latest' checkpoint");
 }
 
 bool has_checkpoint(const fs::path& dir) {

@@ -23,7 +23,8 @@ std::filesystem::path experiment_path(const Job& job);
 
 /// Appends the step's report as one JSON line ({"step", "policy_version", "time", "episodes",
 /// "reward_mean", ..., every metric}) to `file`, creating its directory. SwarmError(INTERNAL) on I/O errors.
-void append_step_metrics(const std::filesystem::path& file, const TrainStepReport& report, int64_t policy_version);
+void append_step_metrics(const std::filesystem::path& file, const TrainStepReport& report,
+                         int64_t policy_version);
 
 /// Appends every sample of `batch` as one JSON line ({"step", "task_id", "episode_uuid",
 /// "reward", "num_calls", "token_ids", "loss_mask", "rollout_logprobs", "policy_versions"}) to
@@ -42,7 +43,8 @@ struct EngineCheckpointState {
 /// fresh temporary directory beside it, engine_state.json is added, then one rename makes it
 /// visible, and `latest` (a text file naming it) is replaced by rename too. A crash at any point
 /// leaves the previous checkpoints and `latest` intact. Returns the checkpoint's path.
-std::filesystem::path write_checkpoint(const std::filesystem::path& checkpoints_dir, const EngineCheckpointState& state,
+std::filesystem::path write_checkpoint(const std::filesystem::path& checkpoints_dir,
+                                       const EngineCheckpointState& state,
                                        const std::function<void(const std::filesystem::path&)>& write_into);
 
 /// `dir` as given to --resume: a checkpoint (has engine_state.json), a checkpoints directory

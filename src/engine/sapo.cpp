@@ -56,7 +56,8 @@ std::vector<SapoGroup> sapo_groups_of_batch(const TrainBatch& batch, const std::
 namespace {
 
 std::string rstrip_whitespace(std::string s) {
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.pop_back();
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ' || s.back() == '\t' || s.back() == '\r'))
+    s.pop_back();
   return s;
 }
 
@@ -68,8 +69,10 @@ void normalize_contents(OJson& messages) {
     std::string text;
     if (it != m.end() && it->is_array())
       for (const auto& part : *it) {
-        if (part.is_string()) text += part.get<std::string>();
-        else if (part.is_object() && part.contains("text") && part["text"].is_string()) text += part["text"].get<std::string>();
+        if (part.is_string())
+          text += part.get<std::string>();
+        else if (part.is_object() && part.contains("text") && part["text"].is_string())
+          text += part["text"].get<std::string>();
       }
     m["content"] = text;
   }
@@ -92,7 +95,8 @@ LlmCall reencode_call(const OJson& call, const Backend& backend, int64_t version
     full.push_back(completion);
     normalize_contents(full);
     const OJson kwargs = OJson::object();
-    const auto prompt_text = backend.render_chat_text(messages, tools, /*add_generation_prompt=*/true, kwargs);
+    const auto prompt_text =
+        backend.render_chat_text(messages, tools, /*add_generation_prompt=*/true, kwargs);
     const auto full_text = backend.render_chat_text(full, tools, /*add_generation_prompt=*/false, kwargs);
     if (prompt_text && full_text && full_text->size() > prompt_text->size() &&
         full_text->compare(0, prompt_text->size(), *prompt_text) == 0) {
@@ -131,8 +135,8 @@ LlmCall reencode_call(const OJson& call, const Backend& backend, int64_t version
 
 }  // namespace
 
-std::vector<FinishedEpisode> reencode_sapo_group(const SapoGroup& group, const Backend& backend, int64_t version,
-                                                 int64_t max_context) {
+std::vector<FinishedEpisode> reencode_sapo_group(const SapoGroup& group, const Backend& backend,
+                                                 int64_t version, int64_t max_context) {
   std::vector<FinishedEpisode> out;
   const std::string task_id = "sapo/" + group.node_id + "/" + group.task_id;
   for (size_t e = 0; e < group.episodes.size(); ++e) {
@@ -144,12 +148,14 @@ std::vector<FinishedEpisode> reencode_sapo_group(const SapoGroup& group, const B
       SWARM_REQUIRE(length <= max_context, ErrorKind::INVALID_ARGUMENT,
                     "a call of " + std::to_string(length) + " tokens does not fit the context (" +
                         std::to_string(max_context) + ")");
-      SWARM_REQUIRE(!c.completion_ids.empty(), ErrorKind::INVALID_ARGUMENT, "a call with an empty completion");
+      SWARM_REQUIRE(!c.completion_ids.empty(), ErrorKind::INVALID_ARGUMENT,
+                    "a call with an empty completion");
       calls.push_back(std::move(c));
     }
     FinishedEpisode ep;
     ep.episode_uuid = "sapo-" + group.node_id + "-" + std::to_string(group.policy_step) + "-" +
-                      std::to_string(std::hash<std::string>{}(group.task_id) & 0xffffffffu) + "-" + std::to_string(e);
+                      std::to_string(std::hash<std::string>{}(group.task_id) & 0xffffffffu) + "-" +
+                      std::to_string(e);
     ep.client_uuid = "swarm:" + group.node_id;
     ep.task_id = task_id;
     ep.reward = episode.reward;

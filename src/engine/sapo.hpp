@@ -24,7 +24,7 @@ std::vector<SapoGroup> sapo_groups_of_batch(const TrainBatch& batch, const std::
 /// (the trainer recomputes them; the samples count as on-policy at `version`). The episodes'
 /// task id is "sapo/<node>/<task_id>", so the group gets its own advantages. Throws SwarmError
 /// when the template rejects it or a call does not fit `max_context` tokens.
-std::vector<FinishedEpisode> reencode_sapo_group(const SapoGroup& group, const Backend& backend, int64_t version,
-                                                 int64_t max_context);
+std::vector<FinishedEpisode> reencode_sapo_group(const SapoGroup& group, const Backend& backend,
+                                                 int64_t version, int64_t max_context);
 
 }  // namespace swarm

@@ -60,7 +60,8 @@ DType compute_dtype(const Job& job, const torch::Device& device, std::string* wh
     d = DType::BF16;
     reason = "dtype: bf16";
     if (device.is_cpu() && bf16_matmul_widens())
-      reason += std::string(" (CPU level ") + cpu_level_name(cpu_level()) + ": matmuls " + bf16_matmul_path() + ")";
+      reason +=
+          std::string(" (CPU level ") + cpu_level_name(cpu_level()) + ": matmuls " + bf16_matmul_path() + ")";
   } else if (job.dtype == "auto") {
     const bool fast = device.is_cuda() || !bf16_matmul_widens();
     d = fast ? DType::BF16 : DType::F32;
@@ -91,18 +92,21 @@ int compute_threads(const Job& job, int local_world_size) {
 // libtorch has no CUDA or sees no GPU), or auto (cuda when there is one, else cpu).
 torch::Device rank_device(const DistConfig& dist, const std::string& wanted = "auto") {
   const bool cuda = torch::cuda::is_available();
-  SWARM_REQUIRE(wanted != "cuda" || cuda, ErrorKind::INVALID_ARGUMENT,
-                "device: cuda, but this swarm-server's libtorch has no CUDA or sees no GPU (build against a CUDA "
-                "libtorch, docs/gpu.md; or use device: auto / cpu)");
+  SWARM_REQUIRE(
+      wanted != "cuda" || cuda, ErrorKind::INVALID_ARGUMENT,
+      "device: cuda, but this swarm-server's libtorch has no CUDA or sees no GPU (build against a CUDA "
+      "libtorch, docs/gpu.md; or use device: auto / cpu)");
   if (wanted == "cpu" || !cuda) return torch::Device(torch::kCPU);
-  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(dist.rank % std::max(1, dist.local_world_size)));
+  return torch::Device(torch::kCUDA,
+                       static_cast<c10::DeviceIndex>(dist.rank % std::max(1, dist.local_world_size)));
 }
 
 // The model directory a rank loads: the checkpoint when resuming, else the job's model.
 std::filesystem::path model_directory(const Job& job, const std::filesystem::path& resume) {
   const std::filesystem::path dir = resume.empty() ? std::filesystem::path(job.model) : resume;
   SWARM_REQUIRE(std::filesystem::is_directory(dir), ErrorKind::INVALID_ARGUMENT,
-                "model '" + dir.string() + "' is not a directory (the torch engine needs a Hugging Face model directory)");
+                "model '" + dir.string() +
+                    "' is not a directory (the torch engine needs a Hugging Face model directory)");
   SWARM_REQUIRE(std::filesystem::is_regular_file(dir / "config.json"), ErrorKind::INVALID_ARGUMENT,
                 "model directory '" + dir.string() + "' has no config.json");
   return dir;
@@ -115,8 +119,8 @@ struct RankModel {
   std::unique_ptr<GrpoTrainer> trainer;
 };
 
-RankModel load_rank_model(const Job& job, const std::filesystem::path& dir, bool resuming, torch::Device device,
-                          std::shared_ptr<Collectives> comm) {
+RankModel load_rank_model(const Job& job, const std::filesystem::path& dir, bool resuming,
+                          torch::Device device, std::shared_ptr<Collectives> comm) {
   const DType dtype = compute_dtype(job, device);
   RankModel r;
   r.model = DecoderModel::load(dir, dtype, device);
@@ -129,7 +133,8 @@ RankModel load_rank_model(const Job& job, const std::filesystem::path& dir, bool
   std::shared_ptr<DecoderModel> critic, critic_master;
   if (job.algorithm == "ppo" && !job.critic_model.empty()) {
     critic = DecoderModel::load(model_directory(job, job.critic_model), dtype, device);
-    if (dtype != DType::F32 && !resuming) critic_master = DecoderModel::load(job.critic_model, DType::F32, device);
+    if (dtype != DType::F32 && !resuming)
+      critic_master = DecoderModel::load(job.critic_model, DType::F32, device);
   }
   // The KL reference is the job's initial model, also when resuming: the checkpoint holds the
   // trained weights (and no reference), so the job's model is loaded again (in fp32; the trainer
@@ -142,8 +147,8 @@ RankModel load_rank_model(const Job& job, const std::filesystem::path& dir, bool
                       "' (the frozen KL reference), and it is not a model directory");
     reference = DecoderModel::load(job.model, DType::F32, device);
   }
-  r.trainer = std::make_unique<GrpoTrainer>(r.model, TrainerOptions::from_job(job), std::move(comm), master.get(),
-                                            critic.get(), critic_master.get(), reference.get());
+  r.trainer = std::make_unique<GrpoTrainer>(r.model, TrainerOptions::from_job(job), std::move(comm),
+                                            master.get(), critic.get(), critic_master.get(), reference.get());
   if (resuming) load_trainer_state(dir / "trainer_state", *r.trainer);
   return r;
 }
@@ -244,7 +249,8 @@ class TorchBackend final : public Backend {
       sc.kv_cache_tokens = job.kv_cache_tokens;
     } else {
       const int64_t seqs = std::min(job.max_batch_sequences, job.effective_max_parallel_episodes());
-      sc.kv_cache_tokens = std::max(max_context_, std::min(seqs * max_context_, kAutoKvCacheBytes / bytes_per_token));
+      sc.kv_cache_tokens =
+          std::max(max_context_, std::min(seqs * max_context_, kAutoKvCacheBytes / bytes_per_token));
     }
     auto engine = std::make_shared<ServingEngine>(model_, tokenizer_, sc);
     engine->set_policy_version(0);
@@ -253,11 +259,12 @@ class TorchBackend final : public Backend {
       engine_ = engine;
     }
     spdlog::info(
-        "torch engine: {} ({}, {} parameters, {}) on {} with {} threads (libtorch {}, OpenBLAS {}{}; {}); context {} "
+        "torch engine: {} ({}, {} parameters, {}) on {} with {} threads (libtorch {}, OpenBLAS {}{}; {}); "
+        "context {} "
         "tokens; KV cache {} tokens ({:.1f} MiB); batch {} sequences / {} tokens per step",
         job.model, cfg.architecture_name, cfg.parameter_count(), dtype_reason, device.str(), threads,
-        plan.torch_threads, plan.openblas_threads, plan.gemm_splits ? ", GEMMs split over libtorch's threads" : "",
-        openmp_wait_setting(), max_context_,
+        plan.torch_threads, plan.openblas_threads,
+        plan.gemm_splits ? ", GEMMs split over libtorch's threads" : "", openmp_wait_setting(), max_context_,
         sc.kv_cache_tokens, static_cast<double>(engine->kv_cache_bytes()) / (1 << 20), sc.max_batch_sequences,
         sc.max_step_tokens);
   }
@@ -265,7 +272,8 @@ class TorchBackend final : public Backend {
   std::string model_id() const override { return job_.model; }
   int64_t max_context_length() const override { return max_context_; }
 
-  std::vector<TokenId> render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+  std::vector<TokenId> render_chat(const nlohmann::ordered_json& messages,
+                                   const nlohmann::ordered_json& tools,
                                    bool add_generation_prompt) const override {
     return render_chat_with_kwargs(messages, tools, add_generation_prompt, nlohmann::ordered_json::object());
   }
@@ -273,7 +281,8 @@ class TorchBackend final : public Backend {
   std::string chat_template_source() const override { return chat_template_ ? chat_template_->source() : ""; }
 
   std::vector<TokenId> render_chat_with_kwargs(const nlohmann::ordered_json& messages,
-                                               const nlohmann::ordered_json& tools, bool add_generation_prompt,
+                                               const nlohmann::ordered_json& tools,
+                                               bool add_generation_prompt,
                                                const nlohmann::ordered_json& template_kwargs) const override {
     // As Hugging Face's apply_chat_template(tokenize=True): the template already wrote any BOS.
     return encode_rendered(*render_chat_text(messages, tools, add_generation_prompt, template_kwargs));
@@ -291,8 +300,9 @@ class TorchBackend final : public Backend {
       SWARM_REQUIRE(m.is_object() && m.contains("role") && m["role"].is_string(), ErrorKind::INVALID_ARGUMENT,
                     "messages[" + std::to_string(i) + "] must be an object with a string 'role'");
     }
-    return chat_template_->render(messages, tools, add_generation_prompt,
-                                  template_kwargs.is_object() ? template_kwargs : nlohmann::ordered_json::object());
+    return chat_template_->render(
+        messages, tools, add_generation_prompt,
+        template_kwargs.is_object() ? template_kwargs : nlohmann::ordered_json::object());
   }
 
   std::vector<TokenId> encode_rendered(const std::string& text) const override {
@@ -314,11 +324,13 @@ class TorchBackend final : public Backend {
     engine->submit(std::move(request), std::move(observer));
   }
 
-  TrainStepReport train_step(const TrainBatch& batch, int64_t next_global_step, std::stop_token stop) override {
+  TrainStepReport train_step(const TrainBatch& batch, int64_t next_global_step,
+                             std::stop_token stop) override {
     return on_own_thread([&] { return train_step_on_this_thread(batch, next_global_step, stop); });
   }
 
-  TrainStepReport train_step_on_this_thread(const TrainBatch& batch, int64_t next_global_step, std::stop_token stop) {
+  TrainStepReport train_step_on_this_thread(const TrainBatch& batch, int64_t next_global_step,
+                                            std::stop_token stop) {
     SWARM_REQUIRE(trainer_ != nullptr, ErrorKind::CONFLICT, "no model is loaded");
     const auto t0 = std::chrono::steady_clock::now();
     std::shared_ptr<ServingEngine> engine = serving();
@@ -360,7 +372,8 @@ class TorchBackend final : public Backend {
     } else {
       // Every rank gets the whole batch (advantages need whole task groups) and trains its
       // share of the sequences; the gradients meet in the collectives.
-      followers_->send_all(RankMessage{{{"kind", "train"}, {"step", next_global_step}}, serialize_train_batch(batch)});
+      followers_->send_all(
+          RankMessage{{{"kind", "train"}, {"step", next_global_step}}, serialize_train_batch(batch)});
       std::string error;
       try {
         report.metrics = trainer_->train(batch, next_global_step, exclusive, stop);
@@ -393,7 +406,8 @@ class TorchBackend final : public Backend {
     save_hf_model(dir, *model_, model_dir_);
     save_trainer_state(dir / "trainer_state", *trainer_);
     // The other ranks write their optimizer shards beside rank 0's (a shared filesystem).
-    if (followers_) followers_->request(RankMessage{{{"kind", "save"}, {"dir", dir.string()}}, {}}, kFollowerLoadTimeout);
+    if (followers_)
+      followers_->request(RankMessage{{{"kind", "save"}, {"dir", dir.string()}}, {}}, kFollowerLoadTimeout);
   }
 
   void set_policy_version(int64_t version) override {
@@ -462,8 +476,8 @@ class TorchBackend final : public Backend {
   std::shared_ptr<DecoderModel> model_;
   std::unique_ptr<GrpoTrainer> trainer_;  // control thread only
   bool trainer_dirty_ = false;
-  std::filesystem::path model_dir_;       // where the model was loaded from
-  mutable std::mutex engine_mu_;  // guards engine_ (HTTP threads and /metrics read it)
+  std::filesystem::path model_dir_;  // where the model was loaded from
+  mutable std::mutex engine_mu_;     // guards engine_ (HTTP threads and /metrics read it)
   std::shared_ptr<ServingEngine> engine_;
   int64_t max_context_ = 0;
   std::shared_ptr<RankLeader> followers_;  // null on one rank; control thread only
@@ -473,9 +487,13 @@ class TorchBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_torch_backend() { return std::make_unique<TorchBackend>(nullptr, DistConfig{}); }
+std::unique_ptr<Backend> make_torch_backend() {
+  return std::make_unique<TorchBackend>(nullptr, DistConfig{});
+}
 
-void register_torch_backend() { register_backend("torch", [] { return make_torch_backend(); }); }
+void register_torch_backend() {
+  register_backend("torch", [] { return make_torch_backend(); });
+}
 
 void register_torch_backend(std::shared_ptr<RankLeader> followers, const DistConfig& dist) {
   register_backend("torch", [followers, dist] { return std::make_unique<TorchBackend>(followers, dist); });
@@ -483,7 +501,8 @@ void register_torch_backend(std::shared_ptr<RankLeader> followers, const DistCon
 
 int run_torch_follower(const DistConfig& dist) {
   auto channel = RankFollower::connect(dist.master_addr, dist.master_port, dist.rank, dist.timeout);
-  spdlog::info("rank {} of {}: joined rank 0 at {}:{}", dist.rank, dist.world_size, dist.master_addr, dist.master_port);
+  spdlog::info("rank {} of {}: joined rank 0 at {}:{}", dist.rank, dist.world_size, dist.master_addr,
+               dist.master_port);
   std::optional<RankModel> held;
   const GrpoTrainer::ExclusiveRunner inline_runner = [](const std::function<void()>& fn) { fn(); };
   for (;;) {
@@ -520,8 +539,9 @@ int run_torch_follower(const DistConfig& dist) {
         spdlog::debug("rank {}: step {} done", dist.rank, step);
       } else if (kind == "save") {
         SWARM_REQUIRE(held.has_value(), ErrorKind::CONFLICT, "no model is loaded on this rank");
-        save_trainer_state(std::filesystem::path(message->header.at("dir").get<std::string>()) / "trainer_state",
-                           *held->trainer);
+        save_trainer_state(
+            std::filesystem::path(message->header.at("dir").get<std::string>()) / "trainer_state",
+            *held->trainer);
       } else if (kind == "release") {
         held.reset();
       } else {
@@ -545,11 +565,13 @@ std::string compute_paths_summary() {
     }
   }
   std::string s = "CPU " + cpu + ", kernel level " + cpu_level_name(cpu_level());
-  if (const char* forced = std::getenv("SWARM_CPU_LEVEL")) s += std::string(" (SWARM_CPU_LEVEL=") + forced + ")";
+  if (const char* forced = std::getenv("SWARM_CPU_LEVEL"))
+    s += std::string(" (SWARM_CPU_LEVEL=") + forced + ")";
   s += "; bf16 matmuls " + bf16_matmul_path();
   s += "; libtorch " + std::string(TORCH_VERSION) + " (ATen kernels " + aten_cpu_capability() + ", oneDNN " +
        onednn_cpu_isa() + ")";
-  if (torch::cuda::is_available()) s += ", " + std::to_string(torch::cuda::device_count()) + " CUDA device(s)";
+  if (torch::cuda::is_available())
+    s += ", " + std::to_string(torch::cuda::device_count()) + " CUDA device(s)";
   return s;
 }
 

@@ -139,7 +139,8 @@ struct Exchange::Impl {
         if (connected)
           spdlog::info("exchange: {} to {} as node {}", ever_connected ? "reconnected" : "connected",
                        redact_url(self.config_.url), self.config_.node_id);
-        else set_error("lost the broker at " + redact_url(self.config_.url) + "; reconnecting");
+        else
+          set_error("lost the broker at " + redact_url(self.config_.url) + "; reconnecting");
         was_connected = connected;
         ever_connected = ever_connected || connected;
         drop_subscription();  // a fresh consumer after every reconnect (the broker may have lost it)
@@ -153,8 +154,10 @@ struct Exchange::Impl {
         continue;
       }
       publish_outbox();
-      if (sub != nullptr) fetch();
-      else wait_for(std::chrono::milliseconds(200));
+      if (sub != nullptr)
+        fetch();
+      else
+        wait_for(std::chrono::milliseconds(200));
     }
     drop_subscription();
     if (js != nullptr) jsCtx_Destroy(js);
@@ -240,16 +243,21 @@ struct Exchange::Impl {
       sc.Duplicates = int64_t{120} * 1000000000;  // the Nats-Msg-Id window
       jerr = static_cast<jsErrCode>(0);
       s = js_AddStream(&si, js, &sc, nullptr, &jerr);
-      if (s == NATS_OK) spdlog::info("exchange: created stream {} ({}; max age {:.0f}s, {} messages per node)", stream,
-                                     subjects, c.max_age_seconds, c.max_msgs_per_node);
+      if (s == NATS_OK)
+        spdlog::info("exchange: created stream {} ({}; max age {:.0f}s, {} messages per node)", stream,
+                     subjects, c.max_age_seconds, c.max_msgs_per_node);
     }
     if (s == NATS_OK && si != nullptr && si->Config != nullptr && !stream_checked) {
       stream_checked = true;
       const int64_t ours = static_cast<int64_t>(c.max_age_seconds * 1e9);
       if (si->Config->MaxAge != ours)
-        spdlog::info("exchange: stream {} keeps messages {} (its maker's setting; exchange_max_age_seconds here is {:.0f}s)",
-                     stream, si->Config->MaxAge > 0 ? fmt::format("{:.0f}s", si->Config->MaxAge / 1e9) : "without an age limit",
-                     c.max_age_seconds);
+        spdlog::info(
+            "exchange: stream {} keeps messages {} (its maker's setting; exchange_max_age_seconds here is "
+            "{:.0f}s)",
+            stream,
+            si->Config->MaxAge > 0 ? fmt::format("{:.0f}s", si->Config->MaxAge / 1e9)
+                                   : "without an age limit",
+            c.max_age_seconds);
     }
     if (si != nullptr) jsStreamInfo_Destroy(si);
     if (s != NATS_OK) {
@@ -318,7 +326,8 @@ struct Exchange::Impl {
       }
       natsMsg* msg = nullptr;
       const std::string subject = self.subject();
-      natsStatus s = natsMsg_Create(&msg, subject.c_str(), nullptr, out.payload.data(), static_cast<int>(out.payload.size()));
+      natsStatus s = natsMsg_Create(&msg, subject.c_str(), nullptr, out.payload.data(),
+                                    static_cast<int>(out.payload.size()));
       if (s == NATS_OK) s = natsMsgHeader_Set(msg, "Nats-Msg-Id", out.id.c_str());
       jsPubOptions po;
       jsPubOptions_Init(&po);
@@ -400,7 +409,8 @@ struct Exchange::Impl {
       if (natsMsgHeader_Get(m, "Nats-Msg-Id", &id) == NATS_OK && id != nullptr) msg_id = id;
       const char* data = natsMsg_GetData(m);
       const int len = natsMsg_GetDataLength(m);
-      self.receive(natsMsg_GetSubject(m), std::string_view(data == nullptr ? "" : data, static_cast<size_t>(std::max(0, len))),
+      self.receive(natsMsg_GetSubject(m),
+                   std::string_view(data == nullptr ? "" : data, static_cast<size_t>(std::max(0, len))),
                    msg_id);
       natsMsg_Ack(m, nullptr);
     }
@@ -454,8 +464,9 @@ void Exchange::publish(const SapoGroup& group) {
   std::lock_guard lk(impl_->mu);
   if (static_cast<int64_t>(out.payload.size()) > config_.max_message_bytes) {
     ++impl_->st.publish_too_large;
-    spdlog::warn("exchange: group of task '{}' is {} bytes, over exchange_max_message_bytes ({}): not published",
-                 group.task_id, out.payload.size(), config_.max_message_bytes);
+    spdlog::warn(
+        "exchange: group of task '{}' is {} bytes, over exchange_max_message_bytes ({}): not published",
+        group.task_id, out.payload.size(), config_.max_message_bytes);
     return;
   }
   impl_->outbox.push_back(std::move(out));
@@ -476,15 +487,16 @@ void Exchange::receive(const std::string& subject, std::string_view payload, con
   ExchangePeer* peer = valid_swarm_token(node) ? &impl_->peer_locked(node) : &impl_->peer_locked(kOtherPeers);
   ++peer->received;
   peer->last_seen = impl_->now();
-  if (!config_.trusted_nodes.empty() &&
-      std::find(config_.trusted_nodes.begin(), config_.trusted_nodes.end(), node) == config_.trusted_nodes.end())
+  if (!config_.trusted_nodes.empty() && std::find(config_.trusted_nodes.begin(), config_.trusted_nodes.end(),
+                                                  node) == config_.trusted_nodes.end())
     return impl_->drop_locked(SapoDrop::UNTRUSTED, peer);
   SapoLimits limits;
   limits.max_bytes = config_.max_message_bytes;
   limits.now = impl_->now();  // `created` too far ahead is refused: it would dodge `stale`
   SapoParse parsed = parse_sapo_group(payload, limits);
   if (!parsed.group) {
-    spdlog::debug("exchange: dropped a message from '{}': {} ({})", node, sapo_drop_name(parsed.drop), parsed.reason);
+    spdlog::debug("exchange: dropped a message from '{}': {} ({})", node, sapo_drop_name(parsed.drop),
+                  parsed.reason);
     return impl_->drop_locked(parsed.drop, peer);
   }
   SapoGroup& g = *parsed.group;
@@ -518,7 +530,8 @@ void Exchange::receive(const std::string& subject, std::string_view payload, con
     // its own groups, not the others'.
     std::map<std::string, int64_t> held;
     for (const auto& b : impl_->buffer) ++held[b.group.node_id];
-    const auto most = std::max_element(held.begin(), held.end(), [](const auto& x, const auto& y) { return x.second < y.second; });
+    const auto most = std::max_element(held.begin(), held.end(),
+                                       [](const auto& x, const auto& y) { return x.second < y.second; });
     const std::string from = most->first;
     const auto victim = std::find_if(impl_->buffer.begin(), impl_->buffer.end(),
                                      [&](const Impl::Buffered& b) { return b.group.node_id == from; });

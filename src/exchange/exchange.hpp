@@ -33,9 +33,9 @@ struct ExchangeConfig {
   // publishes on its own subject, so one node cannot push the others' groups out).
   int64_t stream_max_bytes = int64_t{1} << 30;
   int64_t max_msgs_per_node = 10000;
-  int64_t outbox_groups = 64;      // groups waiting for the broker (the oldest is dropped)
-  int64_t max_peers_tracked = 256; // per-peer counters kept; the rest are summed under "(other)"
-  std::function<double()> now;     // unix seconds; default: the system clock
+  int64_t outbox_groups = 64;       // groups waiting for the broker (the oldest is dropped)
+  int64_t max_peers_tracked = 256;  // per-peer counters kept; the rest are summed under "(other)"
+  std::function<double()> now;      // unix seconds; default: the system clock
 };
 
 /// What one peer sent this node.
@@ -50,7 +50,7 @@ struct ExchangePeer {
 };
 
 struct ExchangeStatus {
-  std::string url;         // without credentials
+  std::string url;  // without credentials
   std::string node_id;
   std::string swarm_name;
   std::string stream;
@@ -62,9 +62,9 @@ struct ExchangeStatus {
   int64_t publish_errors = 0;
   int64_t publish_too_large = 0;
   int64_t publish_skipped_zero_advantage = 0;  // every reward equal: not worth sending
-  int64_t outbox = 0;              // waiting for the broker
-  int64_t outbox_dropped = 0;      // pushed out of a full outbox
-  int64_t received = 0;            // messages from the stream, own ones included
+  int64_t outbox = 0;                          // waiting for the broker
+  int64_t outbox_dropped = 0;                  // pushed out of a full outbox
+  int64_t received = 0;                        // messages from the stream, own ones included
   int64_t accepted = 0;
   int64_t buffered = 0;
   int64_t used = 0;
@@ -99,8 +99,8 @@ class Exchange {
   bool wait_buffered(size_t n, double timeout_seconds) const;
 
   const ExchangeConfig& config() const { return config_; }
-  std::string subject() const;          // this node's publishing subject
-  std::string stream_name() const;      // SWARM_<swarm_name>
+  std::string subject() const;      // this node's publishing subject
+  std::string stream_name() const;  // SWARM_<swarm_name>
   /// The Nats-Msg-Id this node publishes the group under: sapo_message_id() with run_id() as
   /// the run (a node restarted from step 0 does not repeat its ids).
   std::string message_id(const SapoGroup& group) const;

@@ -10,20 +10,34 @@ namespace swarm {
 
 const char* sapo_drop_name(SapoDrop d) {
   switch (d) {
-    case SapoDrop::MALFORMED: return "malformed";
-    case SapoDrop::SCHEMA: return "schema";
-    case SapoDrop::TOO_LARGE: return "too_large";
-    case SapoDrop::NON_FINITE: return "non_finite_reward";
-    case SapoDrop::OWN: return "own";
-    case SapoDrop::UNTRUSTED: return "untrusted";
-    case SapoDrop::SPOOFED: return "spoofed";
-    case SapoDrop::STALE: return "stale";
-    case SapoDrop::ZERO_ADVANTAGE: return "zero_advantage";
-    case SapoDrop::NO_ID: return "no_id";
-    case SapoDrop::ID_MISMATCH: return "id_mismatch";
-    case SapoDrop::DUPLICATE: return "duplicate";
-    case SapoDrop::EVICTED: return "evicted";
-    case SapoDrop::REENCODE: return "reencode_failed";
+    case SapoDrop::MALFORMED:
+      return "malformed";
+    case SapoDrop::SCHEMA:
+      return "schema";
+    case SapoDrop::TOO_LARGE:
+      return "too_large";
+    case SapoDrop::NON_FINITE:
+      return "non_finite_reward";
+    case SapoDrop::OWN:
+      return "own";
+    case SapoDrop::UNTRUSTED:
+      return "untrusted";
+    case SapoDrop::SPOOFED:
+      return "spoofed";
+    case SapoDrop::STALE:
+      return "stale";
+    case SapoDrop::ZERO_ADVANTAGE:
+      return "zero_advantage";
+    case SapoDrop::NO_ID:
+      return "no_id";
+    case SapoDrop::ID_MISMATCH:
+      return "id_mismatch";
+    case SapoDrop::DUPLICATE:
+      return "duplicate";
+    case SapoDrop::EVICTED:
+      return "evicted";
+    case SapoDrop::REENCODE:
+      return "reencode_failed";
   }
   return "unknown";
 }
@@ -31,7 +45,8 @@ const char* sapo_drop_name(SapoDrop d) {
 bool valid_swarm_token(std::string_view s) {
   if (s.empty() || s.size() > 64) return false;
   for (char c : s) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
+    const bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
     if (!ok) return false;
   }
   return true;
@@ -52,11 +67,16 @@ std::string encode_sapo_group(const SapoGroup& group) {
   nlohmann::ordered_json episodes = nlohmann::ordered_json::array();
   for (const SapoEpisode& e : group.episodes)
     episodes.push_back({{"reward", e.reward}, {"metadata", e.metadata}, {"calls", e.calls}});
-  const nlohmann::ordered_json j = {{"schema", kSapoSchemaVersion},      {"kind", "swarm.sapo.group"},
-                                    {"node_id", group.node_id},          {"run", group.run},
-                                    {"model", group.model},              {"policy_step", group.policy_step},
-                                    {"created", group.created},          {"task_id", group.task_id},
-                                    {"task_metadata", group.task_metadata}, {"episodes", std::move(episodes)}};
+  const nlohmann::ordered_json j = {{"schema", kSapoSchemaVersion},
+                                    {"kind", "swarm.sapo.group"},
+                                    {"node_id", group.node_id},
+                                    {"run", group.run},
+                                    {"model", group.model},
+                                    {"policy_step", group.policy_step},
+                                    {"created", group.created},
+                                    {"task_id", group.task_id},
+                                    {"task_metadata", group.task_metadata},
+                                    {"episodes", std::move(episodes)}};
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
@@ -81,22 +101,26 @@ std::string string_field(const OJson& obj, const char* key, const std::string& w
   const OJson& v = field(obj, key, where);
   if (!v.is_string()) invalid(SapoDrop::SCHEMA, where + "." + key + " must be a string");
   const auto& s = v.get_ref<const std::string&>();
-  if (s.size() > max_len) invalid(SapoDrop::SCHEMA, where + "." + key + " is longer than " + std::to_string(max_len));
+  if (s.size() > max_len)
+    invalid(SapoDrop::SCHEMA, where + "." + key + " is longer than " + std::to_string(max_len));
   return s;
 }
 
 void check_content(const OJson& content, const std::string& where) {
   if (content.is_null() || content.is_string()) return;
-  if (!content.is_array()) invalid(SapoDrop::SCHEMA, where + ".content must be a string, an array of parts or null");
+  if (!content.is_array())
+    invalid(SapoDrop::SCHEMA, where + ".content must be a string, an array of parts or null");
   for (const auto& part : content)
-    if (!part.is_object() && !part.is_string()) invalid(SapoDrop::SCHEMA, where + ".content parts must be objects");
+    if (!part.is_object() && !part.is_string())
+      invalid(SapoDrop::SCHEMA, where + ".content parts must be objects");
 }
 
 void check_message(const OJson& m, const std::string& where, bool completion) {
   if (!m.is_object()) invalid(SapoDrop::SCHEMA, where + " must be an object");
   const std::string role = string_field(m, "role", where, 32);
   if (completion ? role != "assistant"
-                 : role != "system" && role != "user" && role != "assistant" && role != "tool" && role != "developer")
+                 : role != "system" && role != "user" && role != "assistant" && role != "tool" &&
+                       role != "developer")
     invalid(SapoDrop::SCHEMA, where + ".role '" + role + "' is not allowed");
   if (auto c = m.find("content"); c != m.end()) check_content(*c, where);
   if (auto t = m.find("tool_calls"); t != m.end() && !t->is_null()) {
@@ -107,7 +131,8 @@ void check_message(const OJson& m, const std::string& where, bool completion) {
       if (!fn.is_object()) invalid(SapoDrop::SCHEMA, where + ".tool_calls[].function must be an object");
       string_field(fn, "name", where + ".tool_calls[].function", 256);
       const OJson& args = field(fn, "arguments", where + ".tool_calls[].function");
-      if (!args.is_string() && !args.is_object()) invalid(SapoDrop::SCHEMA, where + ".tool_calls[].function.arguments must be a string");
+      if (!args.is_string() && !args.is_object())
+        invalid(SapoDrop::SCHEMA, where + ".tool_calls[].function.arguments must be a string");
     }
   }
   for (const char* key : {"reasoning_content", "reasoning", "name", "tool_call_id"})
@@ -125,15 +150,18 @@ void check_call(const OJson& call, const std::string& where, const SapoLimits& l
   if (auto f = call.find("finish_reason"); f != call.end() && !f->is_string())
     invalid(SapoDrop::SCHEMA, where + ".finish_reason must be a string");
   if (auto t = call.find("temperature"); t != call.end() && !t->is_null() &&
-      (!t->is_number() || !(t->get<double>() >= kMinSapoTemperature) || t->get<double>() > kMaxSapoTemperature))
+                                         (!t->is_number() || !(t->get<double>() >= kMinSapoTemperature) ||
+                                          t->get<double>() > kMaxSapoTemperature))
     invalid(SapoDrop::SCHEMA, where + ".temperature must be a number in [1e-5, 2]");
   if (call.contains("messages")) {
     const OJson& messages = call["messages"];
     if (!messages.is_array() || messages.empty())
       invalid(SapoDrop::SCHEMA, where + ".messages must be a non-empty array");
     if (static_cast<int64_t>(messages.size()) > limits.max_messages)
-      invalid(SapoDrop::SCHEMA, where + ".messages has more than " + std::to_string(limits.max_messages) + " messages");
-    for (size_t i = 0; i < messages.size(); ++i) check_message(messages[i], where + ".messages[" + std::to_string(i) + "]", false);
+      invalid(SapoDrop::SCHEMA,
+              where + ".messages has more than " + std::to_string(limits.max_messages) + " messages");
+    for (size_t i = 0; i < messages.size(); ++i)
+      check_message(messages[i], where + ".messages[" + std::to_string(i) + "]", false);
     check_message(field(call, "completion", where), where + ".completion", true);
     if (auto t = call.find("tools"); t != call.end() && !t->is_null()) {
       if (!t->is_array()) invalid(SapoDrop::SCHEMA, where + ".tools must be an array");
@@ -171,10 +199,12 @@ SapoParse parse_sapo_group(std::string_view payload, const SapoLimits& limits) {
     if (!j.is_object()) invalid(SapoDrop::MALFORMED, "the message is not a JSON object");
     const OJson& schema = field(j, "schema", "message");
     if (!schema.is_number_integer() || schema.get<int64_t>() != kSapoSchemaVersion)
-      invalid(SapoDrop::SCHEMA, "schema version " + schema.dump() + " is not " + std::to_string(kSapoSchemaVersion));
+      invalid(SapoDrop::SCHEMA,
+              "schema version " + schema.dump() + " is not " + std::to_string(kSapoSchemaVersion));
     SapoGroup g;
     g.node_id = string_field(j, "node_id", "message", 64);
-    if (!valid_swarm_token(g.node_id)) invalid(SapoDrop::SCHEMA, "node_id '" + g.node_id + "' is not a valid id");
+    if (!valid_swarm_token(g.node_id))
+      invalid(SapoDrop::SCHEMA, "node_id '" + g.node_id + "' is not a valid id");
     g.run = string_field(j, "run", "message", 64);
     if (!valid_swarm_token(g.run)) invalid(SapoDrop::SCHEMA, "run '" + g.run + "' is not a valid id");
     g.model = string_field(j, "model", "message", 512);
@@ -184,7 +214,8 @@ SapoParse parse_sapo_group(std::string_view payload, const SapoLimits& limits) {
       g.task_metadata = *tm;
     }
     const OJson& step = field(j, "policy_step", "message");
-    if (!step.is_number_integer() || step.get<int64_t>() < 0) invalid(SapoDrop::SCHEMA, "policy_step must be an integer >= 0");
+    if (!step.is_number_integer() || step.get<int64_t>() < 0)
+      invalid(SapoDrop::SCHEMA, "policy_step must be an integer >= 0");
     g.policy_step = step.get<int64_t>();
     const OJson& created = field(j, "created", "message");
     if (!created.is_number() || !std::isfinite(created.get<double>()))
@@ -197,7 +228,8 @@ SapoParse parse_sapo_group(std::string_view payload, const SapoLimits& limits) {
       invalid(SapoDrop::SCHEMA, ahead);
     }
     const OJson& episodes = field(j, "episodes", "message");
-    if (!episodes.is_array() || episodes.empty()) invalid(SapoDrop::SCHEMA, "episodes must be a non-empty array");
+    if (!episodes.is_array() || episodes.empty())
+      invalid(SapoDrop::SCHEMA, "episodes must be a non-empty array");
     if (static_cast<int64_t>(episodes.size()) > limits.max_episodes)
       invalid(SapoDrop::SCHEMA, "more than " + std::to_string(limits.max_episodes) + " episodes");
     for (size_t e = 0; e < episodes.size(); ++e) {
@@ -209,12 +241,15 @@ SapoParse parse_sapo_group(std::string_view payload, const SapoLimits& limits) {
       if (!reward.is_number()) invalid(SapoDrop::SCHEMA, where + ".reward must be a number");
       out_ep.reward = reward.get<double>();
       if (!std::isfinite(out_ep.reward) || std::fabs(out_ep.reward) > limits.max_abs_reward)
-        invalid(SapoDrop::NON_FINITE, where + ".reward is not a finite number within +-" + std::to_string(limits.max_abs_reward));
+        invalid(SapoDrop::NON_FINITE,
+                where + ".reward is not a finite number within +-" + std::to_string(limits.max_abs_reward));
       const OJson& calls = field(ep, "calls", where);
-      if (!calls.is_array() || calls.empty()) invalid(SapoDrop::SCHEMA, where + ".calls must be a non-empty array");
+      if (!calls.is_array() || calls.empty())
+        invalid(SapoDrop::SCHEMA, where + ".calls must be a non-empty array");
       if (static_cast<int64_t>(calls.size()) > limits.max_calls)
         invalid(SapoDrop::SCHEMA, where + " has more than " + std::to_string(limits.max_calls) + " calls");
-      for (size_t c = 0; c < calls.size(); ++c) check_call(calls[c], where + ".calls[" + std::to_string(c) + "]", limits);
+      for (size_t c = 0; c < calls.size(); ++c)
+        check_call(calls[c], where + ".calls[" + std::to_string(c) + "]", limits);
       out_ep.calls = calls;
       if (auto m = ep.find("metadata"); m != ep.end() && !m->is_null()) {
         if (!m->is_object()) invalid(SapoDrop::SCHEMA, where + ".metadata must be an object");

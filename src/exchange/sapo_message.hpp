@@ -37,7 +37,8 @@ struct SapoGroup {
   int64_t policy_step = 0;  // the weights version that generated it
   double created = 0.0;     // unix seconds when published
   std::string task_id;
-  nlohmann::ordered_json task_metadata = nlohmann::ordered_json::object();  // the task's metadata, as its client sent it
+  nlohmann::ordered_json task_metadata =
+      nlohmann::ordered_json::object();  // the task's metadata, as its client sent it
   std::vector<SapoEpisode> episodes;
 };
 
@@ -74,8 +75,8 @@ inline constexpr double kSapoMaxClockSkewSeconds = 300.0;
 struct SapoLimits {
   int64_t max_bytes = 1 << 20;
   int64_t max_episodes = 1024;
-  int64_t max_calls = 256;       // per episode
-  int64_t max_messages = 4096;   // per call
+  int64_t max_calls = 256;      // per episode
+  int64_t max_messages = 4096;  // per call
   double max_abs_reward = 1e9;
   /// The receiver's clock (unix seconds): `created` may be at most kSapoMaxClockSkewSeconds
   /// ahead of it. Unset: not checked.

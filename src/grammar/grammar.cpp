@@ -31,10 +31,12 @@ uint32_t Grammar::rule_of(const std::vector<std::vector<Element>>& alternatives,
 void Grammar::validate() const {
   if (root_ >= rules_.size()) throw std::invalid_argument("grammar: no root rule");
   for (size_t r = 0; r < rules_.size(); ++r)
-    if (rules_[r].empty()) throw std::invalid_argument("grammar: rule '" + names_[r] + "' has no alternatives");
+    if (rules_[r].empty())
+      throw std::invalid_argument("grammar: rule '" + names_[r] + "' has no alternatives");
   for (const Element& e : elements_) {
     if (e.kind == Element::RULE && e.ref >= rules_.size())
-      throw std::invalid_argument("grammar: reference to rule " + std::to_string(e.ref) + " that does not exist");
+      throw std::invalid_argument("grammar: reference to rule " + std::to_string(e.ref) +
+                                  " that does not exist");
     if (e.kind == Element::BYTES && e.lo > e.hi) throw std::invalid_argument("grammar: empty byte range");
   }
 }
@@ -67,7 +69,7 @@ Matcher::Matcher(const Grammar& grammar) : g_(&grammar) {
   grammar.validate();
   nodes_.push_back({0, kNoPos});  // 0: the empty stack
   hole_ = intern(0, kHolePos);
-  state_id(State{});               // state id 0: dead
+  state_id(State{});  // state id 0: dead
   State init;
   for (uint32_t alt : g_->alternatives(g_->root())) expand(intern(0, alt), init, 0);
   normalize(init);
@@ -99,7 +101,8 @@ void Matcher::expand(uint32_t stack, std::vector<uint32_t>& out, int depth) {
       return;
     }
     // Replace the reference by its continuation, then push each alternative of the rule.
-    const uint32_t cont = g_->element(n.pos + 1).kind == Element::END ? n.parent : intern(n.parent, n.pos + 1);
+    const uint32_t cont =
+        g_->element(n.pos + 1).kind == Element::END ? n.parent : intern(n.parent, n.pos + 1);
     for (uint32_t alt : g_->alternatives(e.ref)) expand(intern(cont, alt), out, depth + 1);
     return;
   }
@@ -206,7 +209,8 @@ Matcher::StateId Matcher::state_id(const State& s) {
 size_t Matcher::memory_bytes() const {
   // Hash nodes: the value, a next pointer and the cached hash.
   constexpr size_t kHashNode = 2 * sizeof(void*);
-  return nodes_.capacity() * sizeof(Node) + index_.size() * (sizeof(uint64_t) + sizeof(uint32_t) + kHashNode) +
+  return nodes_.capacity() * sizeof(Node) +
+         index_.size() * (sizeof(uint64_t) + sizeof(uint32_t) + kHashNode) +
          index_.bucket_count() * sizeof(void*) + block_of_.capacity() * sizeof(int32_t) +
          blocks_.capacity() * sizeof(blocks_[0]) + step_results_.size() * sizeof(State) +
          sets_.size() * sizeof(State) + set_index_.size() * (sizeof(State) + sizeof(StateId) + kHashNode) +
@@ -238,7 +242,8 @@ std::vector<uint32_t> Matcher::allowed_special_tokens(const State& s) const {
 
 Matcher::Local Matcher::local_view(uint32_t stack, int depth) {
   std::array<uint32_t, 8> pos{};
-  if (depth < 1 || depth > static_cast<int>(pos.size())) throw std::invalid_argument("local_view: depth 1..8");
+  if (depth < 1 || depth > static_cast<int>(pos.size()))
+    throw std::invalid_argument("local_view: depth 1..8");
   uint32_t s = stack;
   int kept = 0;
   for (; kept < depth && s != 0 && s != hole_; ++kept) {

@@ -62,8 +62,8 @@ class Grammar {
   static std::vector<Element> literal(std::string_view text);
 
  private:
-  std::vector<Element> elements_;            // every alternative's sequence, each ending with END
-  std::vector<std::vector<uint32_t>> rules_; // rule -> start position of each alternative
+  std::vector<Element> elements_;             // every alternative's sequence, each ending with END
+  std::vector<std::vector<uint32_t>> rules_;  // rule -> start position of each alternative
   std::vector<std::string> names_;
   uint32_t root_ = 0;
 };

@@ -14,10 +14,11 @@ namespace {
 using json = nlohmann::ordered_json;  // properties are generated in the schema's order
 using Seq = std::vector<Element>;
 
-const std::set<std::string> kAnnotations = {"$schema",  "$id",       "title",    "description", "default",      "examples",
-                                            "$comment", "deprecated", "readOnly", "writeOnly",   "discriminator"};
-const std::set<std::string> kCommon = {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions",
-                                       "nullable"};
+const std::set<std::string> kAnnotations = {"$schema",  "$id",       "title",        "description",
+                                            "default",  "examples",  "$comment",     "deprecated",
+                                            "readOnly", "writeOnly", "discriminator"};
+const std::set<std::string> kCommon = {"type",  "enum", "const", "anyOf",       "oneOf",
+                                       "allOf", "$ref", "$defs", "definitions", "nullable"};
 const std::map<std::string, std::set<std::string>> kByType = {
     {"object", {"properties", "required", "additionalProperties"}},
     {"array", {"items", "minItems", "maxItems"}},
@@ -51,7 +52,8 @@ struct JsonSchemaCompiler::Impl {
 
   void check_size() {
     if (g.num_rules() > limits.max_rules)
-      throw SchemaError("schema too large: its grammar exceeds " + std::to_string(limits.max_rules) + " rules");
+      throw SchemaError("schema too large: its grammar exceeds " + std::to_string(limits.max_rules) +
+                        " rules");
   }
 
   uint32_t ws() {
@@ -68,9 +70,14 @@ struct JsonSchemaCompiler::Impl {
     if (char_rule) return *char_rule;
     const auto B = Element::bytes;
     const uint32_t hex = g.rule_of({{B('0', '9')}, {B('a', 'f')}, {B('A', 'F')}}, "hex");
-    const uint32_t esc = g.rule_of({{Element::byte('"')}, {Element::byte('\\')}, {Element::byte('/')},
-                                    {Element::byte('b')}, {Element::byte('f')}, {Element::byte('n')},
-                                    {Element::byte('r')}, {Element::byte('t')},
+    const uint32_t esc = g.rule_of({{Element::byte('"')},
+                                    {Element::byte('\\')},
+                                    {Element::byte('/')},
+                                    {Element::byte('b')},
+                                    {Element::byte('f')},
+                                    {Element::byte('n')},
+                                    {Element::byte('r')},
+                                    {Element::byte('t')},
                                     cat({lit("u"), ref(hex), ref(hex), ref(hex), ref(hex)})},
                                    "escape");
     char_rule = g.rule_of({{B(0x20, 0x21)},
@@ -107,7 +114,8 @@ struct JsonSchemaCompiler::Impl {
       r = g.rule_of({{}});
     } else {
       const uint32_t prev = char_run(n - 1, optional);
-      r = optional ? g.rule_of({{}, cat({ref(string_char()), ref(prev)})}) : g.rule_of({cat({ref(string_char()), ref(prev)})});
+      r = optional ? g.rule_of({{}, cat({ref(string_char()), ref(prev)})})
+                   : g.rule_of({cat({ref(string_char()), ref(prev)})});
     }
     check_size();
     char_runs[key] = r;
@@ -116,11 +124,10 @@ struct JsonSchemaCompiler::Impl {
 
   uint32_t string(std::optional<int64_t> min_len, std::optional<int64_t> max_len, const std::string& path) {
     const int64_t lo = min_len.value_or(0);
-    if (lo < 0 || (max_len && *max_len < lo))
-      throw SchemaError("invalid minLength/maxLength at " + path);
+    if (lo < 0 || (max_len && *max_len < lo)) throw SchemaError("invalid minLength/maxLength at " + path);
     if (lo > limits.max_repeat_bound || (max_len && *max_len > limits.max_repeat_bound))
-      throw SchemaError("minLength/maxLength above " + std::to_string(limits.max_repeat_bound) + " at " + path +
-                          " is not supported");
+      throw SchemaError("minLength/maxLength above " + std::to_string(limits.max_repeat_bound) + " at " +
+                        path + " is not supported");
     if (!min_len && !max_len) {
       if (!string_rule) string_rule = g.rule_of({cat({lit("\""), ref(chars()), lit("\"")})}, "string");
       return *string_rule;
@@ -140,7 +147,8 @@ struct JsonSchemaCompiler::Impl {
   uint32_t integer_unbounded() {
     if (integer_rule) return *integer_rule;
     if (!digits_rule) digits_rule = digits(18);
-    const uint32_t nat = g.rule_of({lit("0"), {Element::bytes('1', '9'), Element::rule(*digits_rule)}}, "natural");
+    const uint32_t nat =
+        g.rule_of({lit("0"), {Element::bytes('1', '9'), Element::rule(*digits_rule)}}, "natural");
     integer_rule = g.rule_of({ref(nat), cat({lit("-"), ref(nat)})}, "integer");
     return *integer_rule;
   }
@@ -149,12 +157,15 @@ struct JsonSchemaCompiler::Impl {
     if (number_rule) return *number_rule;
     const uint32_t integer = integer_unbounded();
     const uint32_t frac_digits = digits(15);
-    const uint32_t frac = g.rule_of({{}, {Element::byte('.'), Element::bytes('0', '9'), Element::rule(frac_digits)}}, "frac");
+    const uint32_t frac =
+        g.rule_of({{}, {Element::byte('.'), Element::bytes('0', '9'), Element::rule(frac_digits)}}, "frac");
     const uint32_t exp_digits = digits(2);
     const uint32_t sign = g.rule_of({{}, lit("+"), lit("-")});
     const uint32_t exp = g.rule_of(
-        {{}, {Element::bytes('E', 'E'), Element::rule(sign), Element::bytes('0', '9'), Element::rule(exp_digits)},
-         {Element::bytes('e', 'e'), Element::rule(sign), Element::bytes('0', '9'), Element::rule(exp_digits)}},
+        {{},
+         {Element::bytes('E', 'E'), Element::rule(sign), Element::bytes('0', '9'), Element::rule(exp_digits)},
+         {Element::bytes('e', 'e'), Element::rule(sign), Element::bytes('0', '9'),
+          Element::rule(exp_digits)}},
         "exp");
     number_rule = g.rule_of({cat({ref(integer), ref(frac), ref(exp)})}, "number");
     return *number_rule;
@@ -165,7 +176,8 @@ struct JsonSchemaCompiler::Impl {
     if (a.size() == 1) return {Element::bytes(static_cast<uint8_t>(a[0]), static_cast<uint8_t>(b[0]))};
     if (a.find_first_not_of('0') == std::string::npos && b.find_first_not_of('9') == std::string::npos)
       return Seq(a.size(), Element::bytes('0', '9'));  // every digit string of this length
-    if (a[0] == b[0]) return cat({{Element::byte(static_cast<uint8_t>(a[0]))}, same_length_range(a.substr(1), b.substr(1))});
+    if (a[0] == b[0])
+      return cat({{Element::byte(static_cast<uint8_t>(a[0]))}, same_length_range(a.substr(1), b.substr(1))});
     const std::string nines(a.size() - 1, '9'), zeros(a.size() - 1, '0');
     std::vector<Seq> alts;
     alts.push_back(cat({{Element::byte(static_cast<uint8_t>(a[0]))}, same_length_range(a.substr(1), nines)}));
@@ -200,13 +212,17 @@ struct JsonSchemaCompiler::Impl {
       auto it = s.find(key);
       if (it == s.end()) return;
       if (!it->is_number()) {
-        if (exclusive && it->is_boolean()) throw SchemaError("boolean '" + std::string(key) + "' (draft 4) at " + path + " is not supported");
+        if (exclusive && it->is_boolean())
+          throw SchemaError("boolean '" + std::string(key) + "' (draft 4) at " + path + " is not supported");
         throw SchemaError("'" + std::string(key) + "' at " + path + " must be a number");
       }
       long double v = it->get<long double>();
-      v = lower ? (exclusive ? std::floor(v) + 1 : std::ceil(v)) : (exclusive ? std::ceil(v) - 1 : std::floor(v));
-      if (lower) lo = lo ? std::max(*lo, v) : v;
-      else hi = hi ? std::min(*hi, v) : v;
+      v = lower ? (exclusive ? std::floor(v) + 1 : std::ceil(v))
+                : (exclusive ? std::ceil(v) - 1 : std::floor(v));
+      if (lower)
+        lo = lo ? std::max(*lo, v) : v;
+      else
+        hi = hi ? std::min(*hi, v) : v;
     };
     bound("minimum", true, false);
     bound("exclusiveMinimum", true, true);
@@ -241,25 +257,33 @@ struct JsonSchemaCompiler::Impl {
   // uuid. Other formats are refused: an unchecked format would silently not be honoured.
   uint32_t formatted_string(const std::string& format, const std::string& path) {
     const auto B = Element::bytes;
-    const auto D = [&](char lo, char hi) { return Element::bytes(static_cast<uint8_t>(lo), static_cast<uint8_t>(hi)); };
+    const auto D = [&](char lo, char hi) {
+      return Element::bytes(static_cast<uint8_t>(lo), static_cast<uint8_t>(hi));
+    };
     const auto digit = D('0', '9');
     auto date = [&]() {
       // Leap years: the last two digits a non-zero multiple of 4, or 00 after a multiple of 4.
       std::vector<Seq> leap_tail, leap_century;
       for (int v = 4; v <= 96; v += 4)
-        leap_tail.push_back(lit(std::string(1, static_cast<char>('0' + v / 10)) + static_cast<char>('0' + v % 10)));
+        leap_tail.push_back(
+            lit(std::string(1, static_cast<char>('0' + v / 10)) + static_cast<char>('0' + v % 10)));
       for (int v = 0; v <= 96; v += 4)
-        leap_century.push_back(lit(std::string(1, static_cast<char>('0' + v / 10)) + static_cast<char>('0' + v % 10) + "00"));
+        leap_century.push_back(
+            lit(std::string(1, static_cast<char>('0' + v / 10)) + static_cast<char>('0' + v % 10) + "00"));
       const uint32_t tail = g.rule_of(leap_tail);
       const uint32_t century = g.rule_of(leap_century);
       const uint32_t leap_year = g.rule_of({{digit, digit, Element::rule(tail)}, ref(century)}, "leap_year");
       const uint32_t year = g.rule_of({{digit, digit, digit, digit}}, "year");
-      const uint32_t d28 = g.rule_of({{Element::byte('0'), D('1', '9')}, {Element::byte('1'), digit}, {Element::byte('2'), D('0', '8')}});
+      const uint32_t d28 = g.rule_of({{Element::byte('0'), D('1', '9')},
+                                      {Element::byte('1'), digit},
+                                      {Element::byte('2'), D('0', '8')}});
       const uint32_t d30 = g.rule_of({ref(d28), lit("29"), lit("30")});
       const uint32_t d31 = g.rule_of({ref(d30), lit("31")});
       std::vector<Seq> alts;
-      for (const char* m : {"01", "03", "05", "07", "08", "10", "12"}) alts.push_back(cat({ref(year), lit("-"), lit(m), lit("-"), ref(d31)}));
-      for (const char* m : {"04", "06", "09", "11"}) alts.push_back(cat({ref(year), lit("-"), lit(m), lit("-"), ref(d30)}));
+      for (const char* m : {"01", "03", "05", "07", "08", "10", "12"})
+        alts.push_back(cat({ref(year), lit("-"), lit(m), lit("-"), ref(d31)}));
+      for (const char* m : {"04", "06", "09", "11"})
+        alts.push_back(cat({ref(year), lit("-"), lit(m), lit("-"), ref(d30)}));
       alts.push_back(cat({ref(year), lit("-02-"), ref(d28)}));
       alts.push_back(cat({ref(leap_year), lit("-02-29")}));
       return g.rule_of(alts, "date");
@@ -269,8 +293,10 @@ struct JsonSchemaCompiler::Impl {
       const uint32_t minute = g.rule_of({{D('0', '5'), digit}}, "minute");
       const uint32_t frac = g.rule_of({{}, {Element::byte('.'), digit, Element::rule(digits(8))}}, "secfrac");
       const uint32_t offset = g.rule_of({lit("Z"), cat({{B('+', '+')}, ref(hour), lit(":"), ref(minute)}),
-                                         cat({{B('-', '-')}, ref(hour), lit(":"), ref(minute)})}, "offset");
-      return g.rule_of({cat({ref(hour), lit(":"), ref(minute), lit(":"), ref(minute), ref(frac), ref(offset)})}, "time");
+                                         cat({{B('-', '-')}, ref(hour), lit(":"), ref(minute)})},
+                                        "offset");
+      return g.rule_of(
+          {cat({ref(hour), lit(":"), ref(minute), lit(":"), ref(minute), ref(frac), ref(offset)})}, "time");
     };
     Seq body;
     if (format == "date") {
@@ -304,17 +330,18 @@ struct JsonSchemaCompiler::Impl {
     const uint32_t members_tail = g.add_rule("members_tail");
     g.add_alternative(members_tail, {});
     g.add_alternative(members_tail, cat({ref(w), lit(","), ref(w), ref(member), ref(members_tail)}));
-    const uint32_t object = g.rule_of({cat({lit("{"), ref(w), lit("}")}),
-                                       cat({lit("{"), ref(w), ref(member), ref(members_tail), ref(w), lit("}")})},
-                                      "object");
+    const uint32_t object =
+        g.rule_of({cat({lit("{"), ref(w), lit("}")}),
+                   cat({lit("{"), ref(w), ref(member), ref(members_tail), ref(w), lit("}")})},
+                  "object");
     const uint32_t items_tail = g.add_rule("items_tail");
     g.add_alternative(items_tail, {});
     g.add_alternative(items_tail, cat({ref(w), lit(","), ref(w), ref(value), ref(items_tail)}));
     const uint32_t array = g.rule_of({cat({lit("["), ref(w), lit("]")}),
                                       cat({lit("["), ref(w), ref(value), ref(items_tail), ref(w), lit("]")})},
                                      "array");
-    for (const Seq& alt : std::vector<Seq>{ref(object), ref(array), ref(str), ref(number()), lit("true"), lit("false"),
-                                           lit("null")})
+    for (const Seq& alt : std::vector<Seq>{ref(object), ref(array), ref(str), ref(number()), lit("true"),
+                                           lit("false"), lit("null")})
       g.add_alternative(value, alt);
     return value;
   }
@@ -340,7 +367,9 @@ struct JsonSchemaCompiler::Impl {
           node = &root[section][name];
       }
     }
-    if (!node) throw SchemaError("'$ref' at " + path + " points to '" + target + "', which is not in this schema's $defs");
+    if (!node)
+      throw SchemaError("'$ref' at " + path + " points to '" + target +
+                        "', which is not in this schema's $defs");
     // The rule exists before its body, so recursive references close the loop.
     const uint32_t r = g.add_rule("ref:" + target);
     refs[target] = r;
@@ -369,9 +398,12 @@ struct JsonSchemaCompiler::Impl {
     const json* additional = nullptr;
     bool additional_allowed = true;
     if (auto it = s.find("additionalProperties"); it != s.end()) {
-      if (it->is_boolean()) additional_allowed = it->get<bool>();
-      else if (it->is_object()) additional = &*it;
-      else throw SchemaError("'additionalProperties' at " + path + " must be a boolean or a schema");
+      if (it->is_boolean())
+        additional_allowed = it->get<bool>();
+      else if (it->is_object())
+        additional = &*it;
+      else
+        throw SchemaError("'additionalProperties' at " + path + " must be a boolean or a schema");
     }
     if (props.empty()) {
       if (!additional_allowed) return g.rule_of({cat({lit("{"), ref(w), lit("}")})});
@@ -382,7 +414,8 @@ struct JsonSchemaCompiler::Impl {
       const uint32_t tail = g.add_rule();
       g.add_alternative(tail, {});
       g.add_alternative(tail, cat({ref(w), lit(","), ref(w), ref(member), ref(tail)}));
-      return g.rule_of({cat({lit("{"), ref(w), lit("}")}), cat({lit("{"), ref(w), ref(member), ref(tail), ref(w), lit("}")})});
+      return g.rule_of({cat({lit("{"), ref(w), lit("}")}),
+                        cat({lit("{"), ref(w), ref(member), ref(tail), ref(w), lit("}")})});
     }
     // rest[i][first]: properties i.. given whether none was written yet.
     const size_t n = props.size();
@@ -437,7 +470,8 @@ struct JsonSchemaCompiler::Impl {
       g.add_alternative(tail, cat({next, ref(tail)}));
     } else {
       tail = g.rule_of({{}});
-      for (int64_t k = 1; k <= *hi - std::max<int64_t>(lo, 1); ++k) tail = g.rule_of({{}, cat({next, ref(tail)})});
+      for (int64_t k = 1; k <= *hi - std::max<int64_t>(lo, 1); ++k)
+        tail = g.rule_of({{}, cat({next, ref(tail)})});
     }
     Seq items = ref(item);
     for (int64_t k = 1; k < lo; ++k) items = cat({items, next});
@@ -471,7 +505,8 @@ struct JsonSchemaCompiler::Impl {
       auto len = [&](const char* key) -> std::optional<int64_t> {
         auto it = s.find(key);
         if (it == s.end()) return std::nullopt;
-        if (!it->is_number_integer()) throw SchemaError("'" + std::string(key) + "' at " + path + " must be an integer");
+        if (!it->is_number_integer())
+          throw SchemaError("'" + std::string(key) + "' at " + path + " must be an integer");
         return it->get<int64_t>();
       };
       return string(len("minLength"), len("maxLength"), path);
@@ -482,7 +517,15 @@ struct JsonSchemaCompiler::Impl {
   // What is known of the values a schema admits, to prove oneOf's branches exclusive: the JSON
   // types (an integer-valued number is of both "integer" and "number"), the enumerated values
   // (const / enum), and the required properties whose values are enumerated (discriminators).
-  enum TypeBit : unsigned { kObject = 1, kArray = 2, kString = 4, kInteger = 8, kFraction = 16, kBool = 32, kNull = 64 };
+  enum TypeBit : unsigned {
+    kObject = 1,
+    kArray = 2,
+    kString = 4,
+    kInteger = 8,
+    kFraction = 16,
+    kBool = 32,
+    kNull = 64
+  };
   struct Admits {
     unsigned types = 127;
     std::optional<std::vector<json>> values;
@@ -511,7 +554,8 @@ struct JsonSchemaCompiler::Impl {
   static std::optional<std::vector<json>> enumerated(const json& s) {
     if (!s.is_object()) return std::nullopt;
     if (auto it = s.find("const"); it != s.end()) return std::vector<json>{*it};
-    if (auto it = s.find("enum"); it != s.end() && it->is_array()) return std::vector<json>(it->begin(), it->end());
+    if (auto it = s.find("enum"); it != s.end() && it->is_array())
+      return std::vector<json>(it->begin(), it->end());
     return std::nullopt;
   }
   const json* ref_target(const std::string& target) const {
@@ -520,7 +564,8 @@ struct JsonSchemaCompiler::Impl {
       const std::string p = prefix;
       if (target.rfind(p, 0) != 0) continue;
       const std::string section = p.substr(2, p.size() - 3), name = target.substr(p.size());
-      if (root.contains(section) && root[section].is_object() && root[section].contains(name)) return &root[section][name];
+      if (root.contains(section) && root[section].is_object() && root[section].contains(name))
+        return &root[section][name];
     }
     return nullptr;
   }
@@ -543,10 +588,12 @@ struct JsonSchemaCompiler::Impl {
         for (const auto& b : *it) a.types |= admits(b, depth + 1).types;
         return a;
       }
-    if (auto it = s.find("allOf"); it != s.end() && it->is_array() && it->size() == 1) return admits((*it)[0], depth + 1);
+    if (auto it = s.find("allOf"); it != s.end() && it->is_array() && it->size() == 1)
+      return admits((*it)[0], depth + 1);
     if (auto it = s.find("type"); it != s.end()) {
       a.types = 0;
-      if (it->is_string()) a.types = type_bits(it->get<std::string>());
+      if (it->is_string())
+        a.types = type_bits(it->get<std::string>());
       else if (it->is_array())
         for (const auto& t : *it) a.types |= t.is_string() ? type_bits(t.get<std::string>()) : 127;
       if (s.value("nullable", false)) a.types |= kNull;
@@ -555,7 +602,8 @@ struct JsonSchemaCompiler::Impl {
       if (auto req = s.find("required"); req != s.end() && req->is_array())
         for (const auto& r : *req)
           if (r.is_string() && props->contains(r.get<std::string>()))
-            if (auto values = enumerated((*props)[r.get<std::string>()])) a.tags[r.get<std::string>()] = *values;
+            if (auto values = enumerated((*props)[r.get<std::string>()]))
+              a.tags[r.get<std::string>()] = *values;
     return a;
   }
   static bool share_a_value(const std::vector<json>& x, const std::vector<json>& y) {
@@ -570,7 +618,8 @@ struct JsonSchemaCompiler::Impl {
     if (a.values && b.values) return !share_a_value(*a.values, *b.values);
     if (a.types == kObject && b.types == kObject)
       for (const auto& [name, values] : a.tags)
-        if (auto it = b.tags.find(name); it != b.tags.end() && !share_a_value(values, it->second)) return true;
+        if (auto it = b.tags.find(name); it != b.tags.end() && !share_a_value(values, it->second))
+          return true;
     return false;
   }
 
@@ -584,13 +633,16 @@ struct JsonSchemaCompiler::Impl {
     // Which keywords may appear: those of the types it can have.
     std::vector<std::string> types;
     if (auto it = s.find("type"); it != s.end()) {
-      if (it->is_string()) types.push_back(it->get<std::string>());
+      if (it->is_string())
+        types.push_back(it->get<std::string>());
       else if (it->is_array())
         for (const auto& t : *it) {
-          if (!t.is_string()) throw SchemaError("'type' at " + path + " must be a string or an array of strings");
+          if (!t.is_string())
+            throw SchemaError("'type' at " + path + " must be a string or an array of strings");
           types.push_back(t.get<std::string>());
         }
-      else throw SchemaError("'type' at " + path + " must be a string or an array of strings");
+      else
+        throw SchemaError("'type' at " + path + " must be a string or an array of strings");
       for (const auto& t : types)
         if (!kByType.count(t)) throw SchemaError("unknown type '" + t + "' at " + path);
     }
@@ -599,7 +651,8 @@ struct JsonSchemaCompiler::Impl {
       if (kAnnotations.count(k) || kCommon.count(k)) continue;
       bool known = false;
       for (const auto& [t, keys] : kByType)
-        if ((types.empty() || std::find(types.begin(), types.end(), t) != types.end()) && keys.count(k)) known = true;
+        if ((types.empty() || std::find(types.begin(), types.end(), t) != types.end()) && keys.count(k))
+          known = true;
       if (!known) throw SchemaError("unsupported keyword '" + k + "' at " + path);
     }
     if (s.value("nullable", false) && !types.empty() &&
@@ -608,20 +661,25 @@ struct JsonSchemaCompiler::Impl {
     if (auto it = s.find("$ref"); it != s.end()) {
       if (!it->is_string()) throw SchemaError("'$ref' at " + path + " must be a string");
       for (auto k = s.begin(); k != s.end(); ++k)
-        if (!kAnnotations.count(k.key()) && k.key() != "$ref" && k.key() != "$defs" && k.key() != "definitions")
+        if (!kAnnotations.count(k.key()) && k.key() != "$ref" && k.key() != "$defs" &&
+            k.key() != "definitions")
           throw SchemaError("'$ref' with '" + k.key() + "' beside it at " + path + " is not supported");
       return resolve_ref(it->get<std::string>(), path);
     }
     if (auto it = s.find("const"); it != s.end()) return literal_values(json::array({*it}));
     if (auto it = s.find("enum"); it != s.end()) {
-      if (!it->is_array() || it->empty()) throw SchemaError("'enum' at " + path + " must be a non-empty array");
+      if (!it->is_array() || it->empty())
+        throw SchemaError("'enum' at " + path + " must be a non-empty array");
       return literal_values(*it);
     }
     for (const char* key : {"anyOf", "oneOf"}) {
       auto it = s.find(key);
       if (it == s.end()) continue;
-      if (!it->is_array() || it->empty()) throw SchemaError("'" + std::string(key) + "' at " + path + " must be a non-empty array");
-      if (!types.empty()) throw SchemaError("'" + std::string(key) + "' with 'type' beside it at " + path + " is not supported");
+      if (!it->is_array() || it->empty())
+        throw SchemaError("'" + std::string(key) + "' at " + path + " must be a non-empty array");
+      if (!types.empty())
+        throw SchemaError("'" + std::string(key) + "' with 'type' beside it at " + path +
+                          " is not supported");
       if (std::string(key) == "oneOf") {
         // Exactly one branch must match. Generated as anyOf, which is the same language when no
         // value can match two branches; anything else is refused rather than generated wrong.
@@ -630,10 +688,11 @@ struct JsonSchemaCompiler::Impl {
         for (size_t i = 0; i < branches.size(); ++i)
           for (size_t j = i + 1; j < branches.size(); ++j)
             if (!exclusive(branches[i], branches[j]))
-              throw SchemaError("'oneOf' at " + path + ": branches " + std::to_string(i) + " and " + std::to_string(j) +
-                                " may both match, which is not supported (supported: branches of different types, "
-                                "different const/enum values, or objects with a required property of different "
-                                "const values); use anyOf");
+              throw SchemaError(
+                  "'oneOf' at " + path + ": branches " + std::to_string(i) + " and " + std::to_string(j) +
+                  " may both match, which is not supported (supported: branches of different types, "
+                  "different const/enum values, or objects with a required property of different "
+                  "const values); use anyOf");
       }
       std::vector<Seq> alts;
       for (size_t i = 0; i < it->size(); ++i)
@@ -646,11 +705,16 @@ struct JsonSchemaCompiler::Impl {
       return value((*it)[0], path + "/allOf/0");
     }
     if (types.empty()) {  // inferred from the keywords, else any value
-      if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")) types = {"object"};
-      else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) types = {"array"};
-      else if (s.contains("minLength") || s.contains("maxLength")) types = {"string"};
-      else if (s.contains("minimum") || s.contains("maximum")) types = {"number"};
-      else return any_value();
+      if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties"))
+        types = {"object"};
+      else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems"))
+        types = {"array"};
+      else if (s.contains("minLength") || s.contains("maxLength"))
+        types = {"string"};
+      else if (s.contains("minimum") || s.contains("maximum"))
+        types = {"number"};
+      else
+        return any_value();
     }
     if (types.size() == 1) return typed(types[0], s, path);
     std::vector<Seq> alts;
@@ -662,7 +726,9 @@ struct JsonSchemaCompiler::Impl {
 JsonSchemaCompiler::JsonSchemaCompiler(Grammar& g, const json& root_schema, JsonGrammarLimits limits)
     : impl_(std::make_unique<Impl>(g, root_schema, limits)) {}
 JsonSchemaCompiler::~JsonSchemaCompiler() = default;
-uint32_t JsonSchemaCompiler::value(const json& schema, const std::string& path) { return impl_->value(schema, path); }
+uint32_t JsonSchemaCompiler::value(const json& schema, const std::string& path) {
+  return impl_->value(schema, path);
+}
 uint32_t JsonSchemaCompiler::ws() { return impl_->ws(); }
 
 Grammar json_schema_grammar(const json& schema, const JsonGrammarLimits& limits) {
@@ -676,8 +742,6 @@ Grammar json_schema_grammar(const json& schema, const JsonGrammarLimits& limits)
   return g;
 }
 
-Grammar json_object_grammar() {
-  return json_schema_grammar(json{{"type", "object"}});
-}
+Grammar json_object_grammar() { return json_schema_grammar(json{{"type", "object"}}); }
 
 }  // namespace swarm::grammar

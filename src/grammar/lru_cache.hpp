@@ -46,7 +46,8 @@ class LruCache {
   /// Caches `value` (replacing the key's old value) as the most recent, costing `value_bytes`
   /// plus the entry's bookkeeping, then drops least recently used entries until both bounds
   /// hold — the new one too when it alone is over the byte bound. Returns `value`.
-  std::shared_ptr<const Value> insert(const Key& key, std::shared_ptr<const Value> value, size_t value_bytes) {
+  std::shared_ptr<const Value> insert(const Key& key, std::shared_ptr<const Value> value,
+                                      size_t value_bytes) {
     if (auto it = index_.find(key); it != index_.end()) erase(it->second);
     const size_t cost = value_bytes + kEntryOverhead + key_bytes(key);
     lru_.push_front(Entry{key, value, cost});
@@ -82,8 +83,10 @@ class LruCache {
   using Iterator = typename std::list<Entry>::iterator;
 
   static size_t key_bytes(const Key& key) {
-    if constexpr (std::is_same_v<Key, std::string>) return 2 * key.size();  // in the list and the index
-    else return 0;
+    if constexpr (std::is_same_v<Key, std::string>)
+      return 2 * key.size();  // in the list and the index
+    else
+      return 0;
   }
   void erase(Iterator it) {
     bytes_ -= it->cost;

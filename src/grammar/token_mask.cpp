@@ -12,7 +12,8 @@ TokenTrie::TokenTrie(const std::vector<std::string>& token_bytes, const std::vec
   std::vector<uint32_t> order;
   for (uint32_t id = 0; id < token_bytes.size(); ++id)
     if (!special[id] && !token_bytes[id].empty()) order.push_back(id);
-  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return token_bytes[a] < token_bytes[b]; });
+  std::sort(order.begin(), order.end(),
+            [&](uint32_t a, uint32_t b) { return token_bytes[a] < token_bytes[b]; });
   // Sorted byte strings give the nodes in preorder as they are created: a new node is always
   // a child of the current path, and a shared prefix is always the last child made.
   struct Build {
@@ -62,8 +63,8 @@ TokenTrie::TokenTrie(const std::vector<std::string>& token_bytes, const std::vec
         child_start_[static_cast<size_t>(c)] = static_cast<uint32_t>(n);
 }
 
-TokenMasker::TokenMasker(std::shared_ptr<const TokenTrie> trie, std::vector<uint32_t> eos_ids, size_t cache_entries,
-                         size_t local_entries, size_t cache_bytes)
+TokenMasker::TokenMasker(std::shared_ptr<const TokenTrie> trie, std::vector<uint32_t> eos_ids,
+                         size_t cache_entries, size_t local_entries, size_t cache_bytes)
     : trie_(std::move(trie)),
       eos_ids_(std::move(eos_ids)),
       cache_(cache_entries, cache_bytes - cache_bytes / 3),
@@ -86,12 +87,14 @@ std::shared_ptr<const TokenMask> TokenMasker::allowed_shared(Matcher& matcher, M
 
 size_t TokenMasker::memory_bytes() const {
   constexpr size_t kFirstBytesNode = sizeof(uint32_t) + sizeof(std::array<uint64_t, 4>) + 2 * sizeof(void*);
-  return cached_bytes() + first_bytes_.size() * kFirstBytesNode + first_bytes_.bucket_count() * sizeof(void*) +
+  return cached_bytes() + first_bytes_.size() * kFirstBytesNode +
+         first_bytes_.bucket_count() * sizeof(void*) +
          (cur_.capacity() + candidates_.capacity() + path_nodes_.capacity() + path_states_.capacity()) *
              sizeof(uint32_t);
 }
 
-void TokenMasker::walk(Matcher& matcher, uint32_t from, uint32_t end, Matcher::StateId parent_state, TokenMask& out) {
+void TokenMasker::walk(Matcher& matcher, uint32_t from, uint32_t end, Matcher::StateId parent_state,
+                       TokenMask& out) {
   // A preorder scan; cur_[d] is the state after the d bytes leading to the node. A step is a
   // lookup in the matcher's memoised transitions between state ids (0: refused).
   const TokenTrie::Node* nodes = trie_->nodes_.data();
@@ -162,7 +165,8 @@ void TokenMasker::compute(Matcher& matcher, Matcher::StateId state_id, TokenMask
     for (size_t w = 0; w < out.size(); ++w) out[w] |= (*local)[w];
     if (view.below == Matcher::kNoBelow) continue;
     auto fb = first_bytes_.find(view.below);
-    if (fb == first_bytes_.end()) fb = first_bytes_.emplace(view.below, matcher.first_bytes(view.below)).first;
+    if (fb == first_bytes_.end())
+      fb = first_bytes_.emplace(view.below, matcher.first_bytes(view.below)).first;
     const uint32_t lo = trie_->child_start_[top.lo], hi = trie_->child_start_[top.hi + 1u];
     for (unsigned c = 0; c < 256; ++c) {
       if (!((fb->second[c >> 6] >> (c & 63)) & 1u)) continue;
@@ -182,7 +186,7 @@ void TokenMasker::compute(Matcher& matcher, Matcher::StateId state_id, TokenMask
   path_nodes_.assign(trie_->max_depth() + 2, 0);
   path_states_.assign(trie_->max_depth() + 2, 0);
   path_states_[0] = state_id;
-  size_t path_len = 1;  // depths 0 .. path_len-1 of path_nodes_/path_states_ are valid
+  size_t path_len = 1;   // depths 0 .. path_len-1 of path_nodes_/path_states_ are valid
   uint32_t covered = 0;  // candidates before this preorder index are done
   std::vector<uint32_t> up;
   for (uint32_t cand : candidates_) {

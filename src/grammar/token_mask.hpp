@@ -52,12 +52,12 @@ class TokenTrie {
     uint32_t end = 0;          // one past the last node of this subtree
     uint32_t first_token = 0;  // into tokens_: ids whose bytes end here
     uint32_t num_tokens = 0;
-    uint16_t depth = 0;        // bytes from the root
-    uint8_t byte = 0;          // the byte leading here from the parent
+    uint16_t depth = 0;  // bytes from the root
+    uint8_t byte = 0;    // the byte leading here from the parent
   };
   std::vector<Node> nodes_;
-  std::vector<uint32_t> parent_;                   // per node (root: 0)
-  std::array<uint32_t, 257> child_start_{};        // first node under a root child of byte >= b
+  std::vector<uint32_t> parent_;                    // per node (root: 0)
+  std::array<uint32_t, 257> child_start_{};         // first node under a root child of byte >= b
   std::array<std::vector<uint32_t>, 256> by_byte_;  // nodes of depth >= 2 whose byte is b, in preorder
   std::vector<uint32_t> tokens_;
   size_t vocab_size_ = 0;
@@ -80,8 +80,9 @@ class TokenMasker {
   /// allowed tokens once it is finished. Masks are cached by state (`cache_entries`) and by cut
   /// stack (`local_entries`), the two caches together within `cache_bytes` (two thirds for
   /// masks by state), least recently used out first.
-  TokenMasker(std::shared_ptr<const TokenTrie> trie, std::vector<uint32_t> eos_ids, size_t cache_entries = 512,
-              size_t local_entries = 256, size_t cache_bytes = kDefaultCacheBytes);
+  TokenMasker(std::shared_ptr<const TokenTrie> trie, std::vector<uint32_t> eos_ids,
+              size_t cache_entries = 512, size_t local_entries = 256,
+              size_t cache_bytes = kDefaultCacheBytes);
 
   /// The tokens allowed after `state` of `matcher`, shared with the cache: the mask stays valid
   /// and unchanged for as long as the caller holds it, whatever the cache evicts meanwhile (a
@@ -126,9 +127,9 @@ class TokenMasker {
   std::shared_ptr<const TokenTrie> trie_;
   std::vector<uint32_t> eos_ids_;
   LruCache<Matcher::StateId, TokenMask> cache_;  // by matcher state
-  std::vector<Matcher::StateId> cur_;  // per trie depth: the state after that many bytes
-  LruCache<uint32_t, TokenMask> local_cache_;  // by cut stack
-  std::shared_ptr<const TokenMask> last_;      // what allowed() last returned
+  std::vector<Matcher::StateId> cur_;            // per trie depth: the state after that many bytes
+  LruCache<uint32_t, TokenMask> local_cache_;    // by cut stack
+  std::shared_ptr<const TokenMask> last_;        // what allowed() last returned
   std::unordered_map<uint32_t, std::array<uint64_t, 4>> first_bytes_;  // by stack below a cut
   std::vector<uint32_t> candidates_, path_nodes_;
   std::vector<Matcher::StateId> path_states_;

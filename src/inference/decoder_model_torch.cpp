@@ -47,12 +47,12 @@ std::string shape_str(at::IntArrayRef shape) {
 // context, or one multi-token (prefill) sequence alone, so a long prefill never pads a batch
 // of decodes. Built once per step, shared by every layer.
 struct AttentionGroup {
-  int64_t row_begin = 0;  // the group's rows in the (reordered) packed activation
-  int64_t batch = 0;      // sequences
-  int64_t queries = 0;    // new tokens per sequence (1 for decode)
-  int64_t keys = 0;       // context length L (padded for decode groups)
-  torch::Tensor gather;   // [batch * keys] rows of the flattened cache to read K/V from
-  torch::Tensor blocked;  // [batch, queries, keys] bool, true where attention is not allowed
+  int64_t row_begin = 0;           // the group's rows in the (reordered) packed activation
+  int64_t batch = 0;               // sequences
+  int64_t queries = 0;             // new tokens per sequence (1 for decode)
+  int64_t keys = 0;                // context length L (padded for decode groups)
+  torch::Tensor gather;            // [batch * keys] rows of the flattened cache to read K/V from
+  torch::Tensor blocked;           // [batch, queries, keys] bool, true where attention is not allowed
   torch::Tensor blocked_windowed;  // the same for a layer with a sliding window (when the model has one)
   // The CPU's group reads the cache in place through the block tables instead.
   bool paged = false;
@@ -62,13 +62,15 @@ struct AttentionGroup {
 }  // namespace
 
 void set_compute_threads(int n) {
-  SWARM_REQUIRE(n >= 1, ErrorKind::INVALID_ARGUMENT, "compute threads must be >= 1, got " + std::to_string(n));
+  SWARM_REQUIRE(n >= 1, ErrorKind::INVALID_ARGUMENT,
+                "compute threads must be >= 1, got " + std::to_string(n));
   at::set_num_threads(n);
   set_small_linear_threads(n);
 }
 
 ThreadPlan configure_compute_threads(int n, DType compute) {
-  SWARM_REQUIRE(n >= 1, ErrorKind::INVALID_ARGUMENT, "compute threads must be >= 1, got " + std::to_string(n));
+  SWARM_REQUIRE(n >= 1, ErrorKind::INVALID_ARGUMENT,
+                "compute threads must be >= 1, got " + std::to_string(n));
   // OpenBLAS is whatever BLAS libtorch was linked against; look its setter up at run time.
   using SetThreads = void (*)(int);
   auto openblas_set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
@@ -121,18 +123,24 @@ void tune_memory_allocator() {
 
 c10::ScalarType compute_scalar_type(DType compute) {
   switch (compute) {
-    case DType::F32: return torch::kFloat;
-    case DType::BF16: return torch::kBFloat16;
-    default: break;
+    case DType::F32:
+      return torch::kFloat;
+    case DType::BF16:
+      return torch::kBFloat16;
+    default:
+      break;
   }
-  throw SwarmError(ErrorKind::INVALID_ARGUMENT,
-                   std::string("unsupported compute dtype ") + dtype_name(compute) + " (supported: F32, BF16)");
+  throw SwarmError(ErrorKind::INVALID_ARGUMENT, std::string("unsupported compute dtype ") +
+                                                    dtype_name(compute) + " (supported: F32, BF16)");
 }
 
 // ---------------------------------------------------------------- loading
 
 DecoderModel::DecoderModel(Private, ModelConfig config, DType compute, torch::Device device)
-    : config_(std::move(config)), compute_(compute), scalar_type_(compute_scalar_type(compute)), device_(device) {}
+    : config_(std::move(config)),
+      compute_(compute),
+      scalar_type_(compute_scalar_type(compute)),
+      device_(device) {}
 
 std::shared_ptr<DecoderModel> DecoderModel::load(const std::filesystem::path& dir, DType compute,
                                                  torch::Device device) {
@@ -149,8 +157,9 @@ std::shared_ptr<DecoderModel> DecoderModel::from_state_dict(const ModelConfig& c
                 "rope_scaling type 'dynamic' is not supported yet");
   SWARM_REQUIRE(config.head_dim % 2 == 0, ErrorKind::INVALID_ARGUMENT,
                 "head_dim must be even for RoPE, got " + std::to_string(config.head_dim));
-  SWARM_REQUIRE(config.num_key_value_heads > 0 && config.num_attention_heads % config.num_key_value_heads == 0,
-                ErrorKind::INVALID_ARGUMENT, "num_attention_heads must be a multiple of num_key_value_heads");
+  SWARM_REQUIRE(
+      config.num_key_value_heads > 0 && config.num_attention_heads % config.num_key_value_heads == 0,
+      ErrorKind::INVALID_ARGUMENT, "num_attention_heads must be a multiple of num_key_value_heads");
   SWARM_REQUIRE(config.max_position_embeddings > 0, ErrorKind::INVALID_ARGUMENT,
                 "max_position_embeddings must be positive");
   tune_memory_allocator();
@@ -235,9 +244,11 @@ torch::Tensor stack_rows(const std::vector<torch::Tensor*>& parts) {
 
 // Whether `part` is the view of rows [row, row + part.size(0)) of `stacked`.
 bool is_rows_of(const torch::Tensor& part, const torch::Tensor& stacked, int64_t row) {
-  if (!part.defined() || !stacked.defined() || !part.is_contiguous() || part.dim() != stacked.dim()) return false;
+  if (!part.defined() || !stacked.defined() || !part.is_contiguous() || part.dim() != stacked.dim())
+    return false;
   const int64_t row_elems = stacked.dim() == 2 ? stacked.size(1) : 1;
-  return part.data_ptr() == static_cast<const char*>(stacked.data_ptr()) + row * row_elems * stacked.element_size();
+  return part.data_ptr() ==
+         static_cast<const char*>(stacked.data_ptr()) + row * row_elems * stacked.element_size();
 }
 
 }  // namespace
@@ -279,7 +290,8 @@ bool DecoderModel::gate_up_merged(size_t l) const {
   const Merged& m = merged_[l];
   const int64_t g = p(lp.gate_w).size(0);
   if (!is_rows_of(p(lp.gate_w), m.gate_up_w, 0) || !is_rows_of(p(lp.up_w), m.gate_up_w, g)) return false;
-  return !m.gate_up_b.defined() || (is_rows_of(p(lp.gate_b), m.gate_up_b, 0) && is_rows_of(p(lp.up_b), m.gate_up_b, g));
+  return !m.gate_up_b.defined() ||
+         (is_rows_of(p(lp.gate_b), m.gate_up_b, 0) && is_rows_of(p(lp.up_b), m.gate_up_b, g));
 }
 
 const torch::Tensor& DecoderModel::parameter(const std::string& name) const {
@@ -290,7 +302,7 @@ const torch::Tensor& DecoderModel::parameter(const std::string& name) const {
 }
 
 std::shared_ptr<DecoderModel> DecoderModel::with_parameters(std::vector<torch::Tensor> tensors,
-                                                           std::optional<DType> compute) const {
+                                                            std::optional<DType> compute) const {
   SWARM_REQUIRE(tensors.size() == params_.size(), ErrorKind::INVALID_ARGUMENT,
                 "with_parameters: " + std::to_string(tensors.size()) + " tensors for " +
                     std::to_string(params_.size()) + " parameters");
@@ -300,10 +312,11 @@ std::shared_ptr<DecoderModel> DecoderModel::with_parameters(std::vector<torch::T
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& [name, mine] = params_[i];
     const torch::Tensor& t = tensors[i];
-    SWARM_REQUIRE(t.defined() && t.sizes() == mine.sizes() && t.scalar_type() == model->scalar_type_ &&
-                      t.device() == mine.device(),
-                  ErrorKind::INVALID_ARGUMENT,
-                  "with_parameters: tensor for '" + name + "' does not match the parameter's shape, dtype or device");
+    SWARM_REQUIRE(
+        t.defined() && t.sizes() == mine.sizes() && t.scalar_type() == model->scalar_type_ &&
+            t.device() == mine.device(),
+        ErrorKind::INVALID_ARGUMENT,
+        "with_parameters: tensor for '" + name + "' does not match the parameter's shape, dtype or device");
     model->params_.emplace_back(name, t);
   }
   model->layers_ = layers_;
@@ -327,12 +340,16 @@ void DecoderModel::build_rope_tables() {
   // division: written the same way here.
   torch::Tensor inv =
       at::pow(config_.rope_theta,
-              torch::arange(0, hd, 2, torch::TensorOptions().dtype(torch::kLong)).to(torch::kFloat) / static_cast<double>(hd))
+              torch::arange(0, hd, 2, torch::TensorOptions().dtype(torch::kLong)).to(torch::kFloat) /
+                  static_cast<double>(hd))
           .reciprocal();
   const RopeScaling& rs = config_.rope_scaling;
   switch (rs.type) {
-    case RopeScalingType::NONE: break;
-    case RopeScalingType::LINEAR: inv = inv / rs.factor; break;
+    case RopeScalingType::NONE:
+      break;
+    case RopeScalingType::LINEAR:
+      inv = inv / rs.factor;
+      break;
     case RopeScalingType::LLAMA3: {
       const double old = static_cast<double>(rs.original_max_position_embeddings);
       const double lo_wavelen = old / rs.low_freq_factor;
@@ -370,12 +387,14 @@ torch::Tensor DecoderModel::rms_norm(const torch::Tensor& x, const torch::Tensor
 
 torch::Tensor DecoderModel::serving_rms_norm(const torch::Tensor& x, const torch::Tensor& weight,
                                              const torch::Tensor& out) const {
-  if (device_.is_cpu() && x.dim() == 2 && x.is_contiguous()) return rms_norm_rows(x, weight, config_.rms_norm_eps, out);
+  if (device_.is_cpu() && x.dim() == 2 && x.is_contiguous())
+    return rms_norm_rows(x, weight, config_.rms_norm_eps, out);
   return rms_norm(x, weight);
 }
 
 torch::Tensor DecoderModel::serving_add_rms_norm(torch::Tensor& x, const torch::Tensor& delta,
-                                                 const torch::Tensor& weight, const torch::Tensor& out) const {
+                                                 const torch::Tensor& weight,
+                                                 const torch::Tensor& out) const {
   if (device_.is_cpu() && x.dim() == 2 && x.is_contiguous() && delta.is_contiguous()) {
     return add_rms_norm_rows(x, delta, weight, config_.rms_norm_eps, out);
   }
@@ -395,7 +414,8 @@ torch::Tensor DecoderModel::attend(const torch::Tensor& q, const torch::Tensor& 
                                    const torch::Tensor& blocked) const {
   const int64_t b = q.size(0), nq = q.size(1), hd = config_.head_dim;
   const int64_t kvh = config_.num_key_value_heads, rep = config_.num_attention_heads / kvh, L = k.size(1);
-  const torch::Tensor qg = q.reshape({b, nq, kvh, rep, hd}).permute({0, 2, 3, 1, 4}).reshape({b, kvh, rep * nq, hd});
+  const torch::Tensor qg =
+      q.reshape({b, nq, kvh, rep, hd}).permute({0, 2, 3, 1, 4}).reshape({b, kvh, rep * nq, hd});
   const torch::Tensor kt = k.permute({0, 2, 3, 1});  // [b, kv, hd, L]
   // Scores and softmax in fp32 (a no-op cast in fp32 mode). The 1/sqrt(head_dim) scale goes on
   // q, not on the scores: a pass over [.., nq, hd] instead of [.., nq, L] (forward and backward);
@@ -408,8 +428,9 @@ torch::Tensor DecoderModel::attend(const torch::Tensor& q, const torch::Tensor& 
   return out.view({b, kvh, rep, nq, hd}).permute({0, 3, 1, 2, 4}).reshape({b, nq, kvh * rep * hd});
 }
 
-torch::Tensor DecoderModel::serving_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
-                                           bool float_out, const torch::Tensor& out) const {
+torch::Tensor DecoderModel::serving_linear(const torch::Tensor& x, const torch::Tensor& w,
+                                           const torch::Tensor& b, bool float_out,
+                                           const torch::Tensor& out) const {
   // Decode steps have a handful of rows: stream the weights once instead of a GEMM (faster than
   // OpenBLAS up to 8 rows in fp32, 32 with AVX2 but not AVX-512; in bf16 up to 384 rows on CPUs
   // with AVX512_BF16, 64 with AVX2: small_linear_max_rows).
@@ -418,12 +439,13 @@ torch::Tensor DecoderModel::serving_linear(const torch::Tensor& x, const torch::
     return small_linear(x, w, bias, float_out, out);
   }
   if (widens(x)) return widening_linear(x, w, b, float_out);  // no bf16 dot products: fp32 GEMM
-  if (splits(x)) return split_linear(x, w, b);                 // fp32: float_out is the result itself
+  if (splits(x)) return split_linear(x, w, b);                // fp32: float_out is the result itself
   const torch::Tensor y = at::linear(x, w, bias);
   return float_out ? y.to(torch::kFloat) : y;
 }
 
-torch::Tensor DecoderModel::proj(const torch::Tensor& x, int w, int b, bool serving, const torch::Tensor& out) const {
+torch::Tensor DecoderModel::proj(const torch::Tensor& x, int w, int b, bool serving,
+                                 const torch::Tensor& out) const {
   if (serving) return serving_linear(x, p(w), b < 0 ? torch::Tensor() : p(b), false, out);
   return model_linear(x, p(w), bias(b));
 }
@@ -442,13 +464,15 @@ torch::Tensor DecoderModel::serving_mlp(size_t l, const torch::Tensor& x, const 
   const int64_t inter = p(layer.gate_w).size(0);
   if (device_.is_cpu() && x.dim() == 2 && x.size(0) <= small_linear_max_rows(scalar_type_)) {
     // The activation as the projection's results leave the kernel.
-    const c10::optional<torch::Tensor> b = m.gate_up_b.defined() ? c10::optional<torch::Tensor>(m.gate_up_b) : c10::nullopt;
+    const c10::optional<torch::Tensor> b =
+        m.gate_up_b.defined() ? c10::optional<torch::Tensor>(m.gate_up_b) : c10::nullopt;
     const torch::Tensor act = small_linear_silu_mul(x, m.gate_up_w, b, act_out);
     return proj(act, layer.down_w, layer.down_b, true, out);
   }
   const torch::Tensor both = serving_linear(x, m.gate_up_w, m.gate_up_b);  // [N, 2 * inter]
-  const torch::Tensor act = device_.is_cpu() ? silu_mul(both)  // one fused pass
-                                             : at::silu(both.narrow(1, 0, inter)) * both.narrow(1, inter, inter);
+  const torch::Tensor act = device_.is_cpu()
+                                ? silu_mul(both)  // one fused pass
+                                : at::silu(both.narrow(1, 0, inter)) * both.narrow(1, inter, inter);
   return proj(act, layer.down_w, layer.down_b, true);
 }
 
@@ -464,7 +488,9 @@ torch::Tensor DecoderModel::forward_full(const torch::Tensor& input_ids, const t
 
 torch::Tensor DecoderModel::head_logits(const torch::Tensor& hidden) const { return logits(hidden); }
 
-torch::Tensor DecoderModel::final_norm(const torch::Tensor& hidden) const { return rms_norm(hidden, p(final_norm_)); }
+torch::Tensor DecoderModel::final_norm(const torch::Tensor& hidden) const {
+  return rms_norm(hidden, p(final_norm_));
+}
 
 torch::Tensor DecoderModel::final_hidden(const torch::Tensor& input_ids, const torch::Tensor& lengths) const {
   SWARM_REQUIRE(input_ids.dim() == 2, ErrorKind::INVALID_ARGUMENT,
@@ -509,7 +535,8 @@ torch::Tensor DecoderModel::final_hidden(const torch::Tensor& input_ids, const t
     }
     q = apply_rope(q, cos, sin);
     k = apply_rope(k, cos, sin);
-    const torch::Tensor o = attend(q, k, v, config_.layer_window(static_cast<int64_t>(l)) ? blocked_windowed : blocked);
+    const torch::Tensor o =
+        attend(q, k, v, config_.layer_window(static_cast<int64_t>(l)) ? blocked_windowed : blocked);
     x = x + model_linear(o, p(layer.o_w), bias(layer.o_b));
     x = x + mlp(layer, rms_norm(x, p(layer.post_norm)));
   }
@@ -518,11 +545,12 @@ torch::Tensor DecoderModel::final_hidden(const torch::Tensor& input_ids, const t
 
 // ---------------------------------------------------------------- packed step (serving)
 
-torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvCache& cache, bool all_logits) const {
+torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvCache& cache,
+                                         bool all_logits) const {
   c10::InferenceMode inference_mode;
   SWARM_REQUIRE(!seqs.empty(), ErrorKind::INVALID_ARGUMENT, "forward_step: no sequences");
-  SWARM_CHECK(cache.num_layers() == config_.num_hidden_layers && cache.num_kv_heads() == config_.num_key_value_heads &&
-                  cache.head_dim() == config_.head_dim,
+  SWARM_CHECK(cache.num_layers() == config_.num_hidden_layers &&
+                  cache.num_kv_heads() == config_.num_key_value_heads && cache.head_dim() == config_.head_dim,
               "forward_step: the KV cache is shaped for another model");
   SWARM_CHECK(cache.dtype() == scalar_type_ && cache.device() == device_,
               "forward_step: the KV cache's dtype/device differ from the model's");
@@ -542,7 +570,8 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
     SWARM_REQUIRE(n > 0, ErrorKind::INVALID_ARGUMENT, "forward_step: sequence with no new tokens");
     SWARM_REQUIRE(in.start_pos >= 0, ErrorKind::INVALID_ARGUMENT, "forward_step: negative start_pos");
     SWARM_REQUIRE(in.start_pos + n <= config_.max_position_embeddings, ErrorKind::INVALID_ARGUMENT,
-                  "forward_step: " + std::to_string(in.start_pos + n) + " positions exceed max_position_embeddings " +
+                  "forward_step: " + std::to_string(in.start_pos + n) +
+                      " positions exceed max_position_embeddings " +
                       std::to_string(config_.max_position_embeddings));
     SWARM_CHECK(in.start_pos + n <= blocks.capacity(in.seq_slot),
                 "forward_step: sequence " + std::to_string(in.seq_slot) + " needs " +
@@ -581,8 +610,19 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
   // model's arithmetic. (Larger steps go through libtorch GEMMs, which allocate their results.)
   StepBuffers& kept = cache.step_buffers();
   const bool reuse = device_.is_cpu() && N <= small_linear_max_rows(scalar_type_);
-  enum : size_t { kIds, kPositions, kWriteRows, kResidual, kNormed, kQkv, kQuery, kAttention, kProjected, kActivation,
-                  kNoBuffer };
+  enum : size_t {
+    kIds,
+    kPositions,
+    kWriteRows,
+    kResidual,
+    kNormed,
+    kQkv,
+    kQuery,
+    kAttention,
+    kProjected,
+    kActivation,
+    kNoBuffer
+  };
   auto buffer = [&](size_t slot, std::initializer_list<int64_t> sizes, c10::ScalarType dtype) {
     return reuse && slot != kNoBuffer ? kept.get(slot, sizes, dtype, device_) : torch::Tensor();
   };
@@ -595,7 +635,8 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
       std::memcpy(t.data_ptr<int64_t>(), v.data(), v.size() * sizeof(int64_t));
       return t;
     }
-    return torch::from_blob(v.data(), {n}, torch::kLong).to(device_, torch::kLong, /*non_blocking=*/false, /*copy=*/true);
+    return torch::from_blob(v.data(), {n}, torch::kLong)
+        .to(device_, torch::kLong, /*non_blocking=*/false, /*copy=*/true);
   };
 
   // Attention groups: which cache rows each attends over, and its mask.
@@ -634,8 +675,9 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
     g.blocked = torch::from_blob(blocked.data(), {g.batch, g.queries, g.keys}, torch::kByte)
                     .to(device_, torch::kBool, /*non_blocking=*/false, /*copy=*/true);
     if (windowed) {
-      g.blocked_windowed = torch::from_blob(blocked_windowed.data(), {g.batch, g.queries, g.keys}, torch::kByte)
-                               .to(device_, torch::kBool, /*non_blocking=*/false, /*copy=*/true);
+      g.blocked_windowed =
+          torch::from_blob(blocked_windowed.data(), {g.batch, g.queries, g.keys}, torch::kByte)
+              .to(device_, torch::kBool, /*non_blocking=*/false, /*copy=*/true);
     }
     groups.push_back(std::move(g));
   };
@@ -686,13 +728,14 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
     const auto* table = static_cast<const char*>(embed.data_ptr());
     auto* rows_out = static_cast<char*>(x.data_ptr());
     for (int64_t i = 0; i < N; ++i) {  // ids were checked against the vocabulary above
-      std::memcpy(rows_out + static_cast<size_t>(i) * row_bytes, table + static_cast<size_t>(ids[static_cast<size_t>(i)]) * row_bytes,
-                  row_bytes);
+      std::memcpy(rows_out + static_cast<size_t>(i) * row_bytes,
+                  table + static_cast<size_t>(ids[static_cast<size_t>(i)]) * row_bytes, row_bytes);
     }
   } else {
     x = at::embedding(embed, ids_t);
   }
-  torch::Tensor h = serving_rms_norm(x, p(layers_.empty() ? final_norm_ : layers_[0].in_norm), buffer(kNormed, {N, H}, st));
+  torch::Tensor h =
+      serving_rms_norm(x, p(layers_.empty() ? final_norm_ : layers_[0].in_norm), buffer(kNormed, {N, H}, st));
   for (size_t l = 0; l < layers_.size(); ++l) {
     const LayerParams& layer = layers_[l];
     const int64_t l64 = static_cast<int64_t>(l);
@@ -704,8 +747,8 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
       // One GEMM, then rotary embedding of q and k, and the new K/V into the cache, in one pass.
       const torch::Tensor qkv = serving_linear(h, merged_[l].qkv_w, merged_[l].qkv_b, false,
                                                buffer(kQkv, {N, merged_[l].qkv_w.size(0)}, st));
-      q = rope_qkv_into_cache(qkv, nh, kvh, hd, cos_, sin_, pos_t, write_t, cache.keys(l64), cache.values(l64),
-                              buffer(kQuery, {N, nh, hd}, st));
+      q = rope_qkv_into_cache(qkv, nh, kvh, hd, cos_, sin_, pos_t, write_t, cache.keys(l64),
+                              cache.values(l64), buffer(kQuery, {N, nh, hd}, st));
     } else {
       torch::Tensor k, v;
       if (qkv_merged(l)) {  // one GEMM, split into views: [N, (nh + 2 kvh) * hd]
@@ -736,10 +779,12 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
       if (g.paged) {  // the CPU's one group: every row of the step
         outs.push_back(paged_decode_attention(q.contiguous(), cache.keys(l64), cache.values(l64), g.context,
                                               layer_windowed ? window : std::numeric_limits<int64_t>::max(),
-                                              1.0 / std::sqrt(static_cast<double>(hd)), buffer(kAttention, {N, nh * hd}, st)));
+                                              1.0 / std::sqrt(static_cast<double>(hd)),
+                                              buffer(kAttention, {N, nh * hd}, st)));
         continue;
       }
-      const torch::Tensor qg = q.narrow(0, g.row_begin, g.batch * g.queries).view({g.batch, g.queries, nh, hd});
+      const torch::Tensor qg =
+          q.narrow(0, g.row_begin, g.batch * g.queries).view({g.batch, g.queries, nh, hd});
       const torch::Tensor kg = k_rows.index_select(0, g.gather).view({g.batch, g.keys, kvh, hd});
       const torch::Tensor vg = v_rows.index_select(0, g.gather).view({g.batch, g.keys, kvh, hd});
       outs.push_back(attend(qg, kg, vg, layer_windowed ? g.blocked_windowed : g.blocked)
@@ -749,9 +794,11 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
     // h is spent (q, k, v are computed), so the norms take turns in its buffer; the o and down
     // projections share one (the first is added into x before the second is computed).
     const torch::Tensor attn_out = proj(o, layer.o_w, layer.o_b, true, buffer(kProjected, {N, H}, st));
-    const torch::Tensor post = serving_add_rms_norm(x, attn_out, p(layer.post_norm), buffer(kNormed, {N, H}, st));
+    const torch::Tensor post =
+        serving_add_rms_norm(x, attn_out, p(layer.post_norm), buffer(kNormed, {N, H}, st));
     const int64_t inter = p(layer.down_w).size(1);
-    const torch::Tensor mlp_out = serving_mlp(l, post, buffer(kActivation, {N, inter}, st), buffer(kProjected, {N, H}, st));
+    const torch::Tensor mlp_out =
+        serving_mlp(l, post, buffer(kActivation, {N, inter}, st), buffer(kProjected, {N, H}, st));
     h = serving_add_rms_norm(x, mlp_out, p(l + 1 < layers_.size() ? layers_[l + 1].in_norm : final_norm_),
                              buffer(kNormed, {N, H}, st));
   }
@@ -769,7 +816,8 @@ torch::Tensor DecoderModel::forward_step(const std::vector<StepInput>& seqs, KvC
   bool identity = static_cast<int64_t>(rows.size()) == N;
   for (size_t r = 0; identity && r < rows.size(); ++r) identity = rows[r] == static_cast<int64_t>(r);
   // h is the final norm of every row: the LM head of the rows asked for.
-  return serving_linear(identity ? h : h.index_select(0, to_device(rows)), p(head_), torch::Tensor(), /*float_out=*/true);
+  return serving_linear(identity ? h : h.index_select(0, to_device(rows)), p(head_), torch::Tensor(),
+                        /*float_out=*/true);
 }
 
 }  // namespace swarm

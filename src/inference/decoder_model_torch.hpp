@@ -57,9 +57,9 @@ c10::ScalarType compute_scalar_type(DType compute);
 
 /// The new tokens of one sequence in a forward_step.
 struct StepInput {
-  int64_t seq_slot = 0;          // the sequence's key in the KvCache
-  std::vector<int32_t> tokens;   // a prefill chunk, or the one token to decode
-  int64_t start_pos = 0;         // tokens of this sequence already in the cache
+  int64_t seq_slot = 0;         // the sequence's key in the KvCache
+  std::vector<int32_t> tokens;  // a prefill chunk, or the one token to decode
+  int64_t start_pos = 0;        // tokens of this sequence already in the cache
 };
 
 /// A loaded decoder model. Its weights are owned tensors in the compute dtype on its device.
@@ -139,7 +139,8 @@ class DecoderModel {
   /// last new token of each sequence [B, vocab], or of every new token [N, vocab] in input order
   /// when `all_logits`. Runs in inference mode (no autograd): the result is an inference tensor,
   /// so sample from it with out-of-place ops or inside c10::InferenceMode.
-  torch::Tensor forward_step(const std::vector<StepInput>& seqs, KvCache& cache, bool all_logits = false) const;
+  torch::Tensor forward_step(const std::vector<StepInput>& seqs, KvCache& cache,
+                             bool all_logits = false) const;
 
   /// The RoPE tables [max_position_embeddings, head_dim], fp32 (cos and sin of the angle,
   /// computed in double, repeated over both halves like Hugging Face's rotate-half layout).
@@ -180,8 +181,8 @@ class DecoderModel {
                                  const torch::Tensor& out = {}) const;
   /// The serving step's residual add and the next norm: x += delta, then rms_norm(x) (one
   /// fused pass on the CPU).
-  torch::Tensor serving_add_rms_norm(torch::Tensor& x, const torch::Tensor& delta, const torch::Tensor& weight,
-                                     const torch::Tensor& out = {}) const;
+  torch::Tensor serving_add_rms_norm(torch::Tensor& x, const torch::Tensor& delta,
+                                     const torch::Tensor& weight, const torch::Tensor& out = {}) const;
   torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) const;
   torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                        const torch::Tensor& allowed) const;

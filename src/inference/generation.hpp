@@ -34,14 +34,14 @@ inline double logprob_temperature(double temperature) {
 struct SamplingParams {
   double temperature = 1.0;  // is_greedy_temperature: greedy
   double top_p = 1.0;
-  int64_t top_k = -1;                 // -1 = off
+  int64_t top_k = -1;  // -1 = off
   int64_t max_tokens = 256;
   std::optional<uint64_t> seed;
-  std::vector<std::string> stop;      // stop strings (not included in the output)
+  std::vector<std::string> stop;  // stop strings (not included in the output)
   std::vector<TokenId> stop_token_ids;
   int64_t n = 1;
   bool logprobs = false;
-  int64_t top_logprobs = 0;           // alternatives per position when logprobs
+  int64_t top_logprobs = 0;  // alternatives per position when logprobs
 };
 
 struct GenerationRequest {
@@ -61,19 +61,19 @@ struct TokenAlternative {
 
 /// One sampled sequence.
 struct GenerationChoice {
-  std::vector<TokenId> ids;        // includes a generated stop token (e.g. <|im_end|>)
-  std::vector<float> logprobs;     // log-prob of each sampled id
-  std::vector<int64_t> versions;   // the weights version that sampled each id (a generation
-                                   // running across a weight swap holds two)
+  std::vector<TokenId> ids;                        // includes a generated stop token (e.g. <|im_end|>)
+  std::vector<float> logprobs;                     // log-prob of each sampled id
+  std::vector<int64_t> versions;                   // the weights version that sampled each id (a generation
+                                                   // running across a weight swap holds two)
   std::vector<std::vector<TokenAlternative>> top;  // per position, when requested
-  std::string text;                // decoded text without stop token / stop string
-  std::string finish_reason;       // "stop" or "length"
+  std::string text;                                // decoded text without stop token / stop string
+  std::string finish_reason;                       // "stop" or "length"
 };
 
 struct GenerationResult {
   std::vector<GenerationChoice> choices;
-  int64_t policy_version = 0;      // the oldest weights version that sampled a token of it (the
-                                   // serving version when nothing was sampled)
+  int64_t policy_version = 0;  // the oldest weights version that sampled a token of it (the
+                               // serving version when nothing was sampled)
 };
 
 /// Receives the progress of one generation. Called from the backend's thread (the mock

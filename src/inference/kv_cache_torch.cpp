@@ -14,8 +14,8 @@ const std::vector<int64_t> kNoBlocks;
 BlockAllocator::BlockAllocator(int64_t num_blocks, int64_t block_size)
     : num_blocks_(num_blocks), block_size_(block_size) {
   SWARM_REQUIRE(num_blocks > 0 && block_size > 0, ErrorKind::INVALID_ARGUMENT,
-                "KV cache needs num_blocks > 0 and block_size > 0, got " + std::to_string(num_blocks) + " and " +
-                    std::to_string(block_size));
+                "KV cache needs num_blocks > 0 and block_size > 0, got " + std::to_string(num_blocks) +
+                    " and " + std::to_string(block_size));
   free_.reserve(static_cast<size_t>(num_blocks));
   // Pushed in reverse so that a fresh pool hands out blocks 0, 1, 2, ...
   for (int64_t b = num_blocks - 1; b >= 0; --b) free_.push_back(b);
@@ -86,7 +86,10 @@ int64_t StepBuffers::bytes() const noexcept {
 
 KvCache::KvCache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks,
                  int64_t block_size, c10::ScalarType dtype, torch::Device device)
-    : num_layers_(num_layers), num_kv_heads_(num_kv_heads), head_dim_(head_dim), blocks_(num_blocks, block_size) {
+    : num_layers_(num_layers),
+      num_kv_heads_(num_kv_heads),
+      head_dim_(head_dim),
+      blocks_(num_blocks, block_size) {
   SWARM_REQUIRE(num_layers > 0 && num_kv_heads > 0 && head_dim > 0, ErrorKind::INVALID_ARGUMENT,
                 "KV cache needs positive layers, kv heads and head_dim");
   // Zeroed, not just reserved: the pages are committed now (the footprint is real from the
@@ -103,8 +106,8 @@ KvCache::KvCache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int
 
 KvCache KvCache::for_model(const ModelConfig& config, int64_t num_blocks, int64_t block_size,
                            c10::ScalarType dtype, torch::Device device) {
-  return KvCache(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, num_blocks, block_size,
-                 dtype, device);
+  return KvCache(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, num_blocks,
+                 block_size, dtype, device);
 }
 
 int64_t KvCache::bytes_per_block(const ModelConfig& config, int64_t block_size, c10::ScalarType dtype) {

@@ -87,14 +87,20 @@ class KvCache {
   KvCache& operator=(KvCache&&) = default;
 
   // ---- block accounting (see BlockAllocator)
-  bool ensure_capacity(int64_t seq_slot, int64_t total_tokens) { return blocks_.ensure_capacity(seq_slot, total_tokens); }
-  bool can_fit(int64_t seq_slot, int64_t total_tokens) const noexcept { return blocks_.can_fit(seq_slot, total_tokens); }
+  bool ensure_capacity(int64_t seq_slot, int64_t total_tokens) {
+    return blocks_.ensure_capacity(seq_slot, total_tokens);
+  }
+  bool can_fit(int64_t seq_slot, int64_t total_tokens) const noexcept {
+    return blocks_.can_fit(seq_slot, total_tokens);
+  }
   void release(int64_t seq_slot) { blocks_.release(seq_slot); }
   int64_t free_blocks() const noexcept { return blocks_.free_blocks(); }
   int64_t num_blocks() const noexcept { return blocks_.num_blocks(); }
   int64_t block_size() const noexcept { return blocks_.block_size(); }
   int64_t capacity(int64_t seq_slot) const noexcept { return blocks_.capacity(seq_slot); }
-  const std::vector<int64_t>& block_table(int64_t seq_slot) const noexcept { return blocks_.block_table(seq_slot); }
+  const std::vector<int64_t>& block_table(int64_t seq_slot) const noexcept {
+    return blocks_.block_table(seq_slot);
+  }
   const BlockAllocator& allocator() const noexcept { return blocks_; }
 
   // ---- storage

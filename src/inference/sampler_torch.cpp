@@ -27,10 +27,9 @@ std::vector<std::pair<int32_t, float>> top_of(const float* row, const std::vecto
   const int64_t t = std::min<int64_t>(count, static_cast<int64_t>(finite.size()));
   if (t <= 0) return out;
   std::vector<int32_t> ids(static_cast<size_t>(t));
-  std::partial_sort_copy(finite.begin(), finite.end(), ids.begin(), ids.end(),
-                         [row](int32_t a, int32_t b) {
-                           return row[a] > row[b] || (row[a] == row[b] && a < b);
-                         });
+  std::partial_sort_copy(finite.begin(), finite.end(), ids.begin(), ids.end(), [row](int32_t a, int32_t b) {
+    return row[a] > row[b] || (row[a] == row[b] && a < b);
+  });
   out.reserve(ids.size());
   for (int32_t id : ids) out.emplace_back(id, row[id]);
   return out;
@@ -62,9 +61,7 @@ int32_t draw_untruncated(const float* probs, int64_t V, SamplerRng& rng) {
 // Non-greedy draw over one row of scaled log-probabilities; `finite` = ids with finite logprob.
 int32_t draw_row(const float* row, const std::vector<int32_t>& finite, const SamplingConfig& cfg,
                  SamplerRng& rng) {
-  const auto cmp = [row](int32_t a, int32_t b) {
-    return row[a] > row[b] || (row[a] == row[b] && a < b);
-  };
+  const auto cmp = [row](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); };
   // One draw per sampled row, whatever the truncation turns out to be.
   const double u = rng.uniform();
 
@@ -142,8 +139,7 @@ uint64_t SamplerRng::next_u64() { return gen_.next(); }
 
 double SamplerRng::uniform() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
 
-std::vector<SampledToken> sample_tokens(const at::Tensor& logits,
-                                        const std::vector<SamplingConfig>& configs,
+std::vector<SampledToken> sample_tokens(const at::Tensor& logits, const std::vector<SamplingConfig>& configs,
                                         std::vector<SamplerRng*>& rngs) {
   SWARM_REQUIRE(logits.defined() && logits.dim() == 2, ErrorKind::INVALID_ARGUMENT,
                 "sample_tokens: logits must be a 2-D [B, V] tensor");
@@ -153,9 +149,8 @@ std::vector<SampledToken> sample_tokens(const at::Tensor& logits,
   const int64_t V = logits.size(1);
   SWARM_REQUIRE(static_cast<int64_t>(configs.size()) == B && static_cast<int64_t>(rngs.size()) == B,
                 ErrorKind::INVALID_ARGUMENT,
-                "sample_tokens: " + std::to_string(B) + " rows but " +
-                    std::to_string(configs.size()) + " configs and " + std::to_string(rngs.size()) +
-                    " rngs");
+                "sample_tokens: " + std::to_string(B) + " rows but " + std::to_string(configs.size()) +
+                    " configs and " + std::to_string(rngs.size()) + " rngs");
   std::vector<SampledToken> out(static_cast<size_t>(B));
   if (B == 0) return out;
   SWARM_REQUIRE(V > 0 && V <= std::numeric_limits<int32_t>::max(), ErrorKind::INVALID_ARGUMENT,
@@ -177,7 +172,8 @@ std::vector<SampledToken> sample_tokens(const at::Tensor& logits,
     if (x.device().is_cpu()) {
       stats = softmax_row_stats(x, temps);
     } else {
-      const at::Tensor t = at::tensor(temps, at::TensorOptions().dtype(at::kFloat)).to(x.device()).view({B, 1});
+      const at::Tensor t =
+          at::tensor(temps, at::TensorOptions().dtype(at::kFloat)).to(x.device()).view({B, 1});
       logp_all = at::log_softmax(x / t, 1).to(at::kCPU).contiguous();
       argmax_all = at::argmax(x, 1).to(at::kCPU, at::kLong).contiguous();
       probs_all = logp_all.exp();  // vectorised once for the untruncated draws

@@ -71,14 +71,13 @@ class SamplerRng {
 /// One sampled position.
 struct SampledToken {
   int32_t id = 0;
-  float logprob = 0.0f;                          // under the scaled, untruncated distribution
-  std::vector<std::pair<int32_t, float>> top;    // (id, logprob), descending
+  float logprob = 0.0f;                        // under the scaled, untruncated distribution
+  std::vector<std::pair<int32_t, float>> top;  // (id, logprob), descending
 };
 
 /// Samples one token per row of `logits` ([B, V]); see the file comment for the exact rules.
 /// Throws SwarmError(INVALID_ARGUMENT) on shape / size mismatches or a row with no finite logit.
-std::vector<SampledToken> sample_tokens(const at::Tensor& logits,
-                                        const std::vector<SamplingConfig>& configs,
+std::vector<SampledToken> sample_tokens(const at::Tensor& logits, const std::vector<SamplingConfig>& configs,
                                         std::vector<SamplerRng*>& rngs);
 
 }  // namespace swarm

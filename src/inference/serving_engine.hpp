@@ -41,21 +41,21 @@ class TokenTrie;
 std::shared_ptr<const grammar::TokenTrie> vocabulary_trie(const Tokenizer& tokenizer);
 
 struct ServingConfig {
-  int64_t kv_cache_tokens = 4096;      // KV capacity (rounded up to whole blocks)
-  int64_t block_size = 16;             // tokens per KV block
-  int64_t max_batch_sequences = 64;    // sequences in one forward step
-  int64_t max_step_tokens = 512;       // tokens in one forward step
-  int64_t max_waiting_sequences = 4096;// beyond this, submit fails with UNAVAILABLE
-  int64_t max_context = 0;             // prompt + completion limit; 0 = max_position_embeddings
-  std::vector<TokenId> eos_token_ids;  // always end a sequence (besides per-request stop ids)
+  int64_t kv_cache_tokens = 4096;        // KV capacity (rounded up to whole blocks)
+  int64_t block_size = 16;               // tokens per KV block
+  int64_t max_batch_sequences = 64;      // sequences in one forward step
+  int64_t max_step_tokens = 512;         // tokens in one forward step
+  int64_t max_waiting_sequences = 4096;  // beyond this, submit fails with UNAVAILABLE
+  int64_t max_context = 0;               // prompt + completion limit; 0 = max_position_embeddings
+  std::vector<TokenId> eos_token_ids;    // always end a sequence (besides per-request stop ids)
 };
 
 /// Counters for /metrics and benchmarks (cumulative unless noted).
 struct ServingStats {
-  int64_t running = 0;           // now: sequences admitted (holding KV blocks)
-  int64_t waiting = 0;           // now: sequences queued for admission
+  int64_t running = 0;  // now: sequences admitted (holding KV blocks)
+  int64_t waiting = 0;  // now: sequences queued for admission
   int64_t kv_blocks_total = 0;
-  int64_t kv_blocks_free = 0;    // now
+  int64_t kv_blocks_free = 0;  // now
   int64_t steps = 0;
   int64_t prefill_tokens = 0;
   int64_t decode_tokens = 0;
@@ -63,11 +63,11 @@ struct ServingStats {
   int64_t cancelled_requests = 0;
   int64_t completed_requests = 0;
   int64_t failed_requests = 0;
-  double busy_seconds = 0.0;     // time spent in forward + sampling
+  double busy_seconds = 0.0;  // time spent in forward + sampling
   // Over the most recent requests / steps (a bounded window, kLatencyWindow samples each):
   // queue wait = submit to admission; ttft = submit to the first sampled token (the engine's
   // share of a client's time to first token); step = one packed forward + sampling.
-  int64_t latency_samples = 0;   // requests in the window
+  int64_t latency_samples = 0;  // requests in the window
   double queue_wait_p50_seconds = 0.0, queue_wait_p99_seconds = 0.0;
   double ttft_p50_seconds = 0.0, ttft_p99_seconds = 0.0;
   double step_p50_seconds = 0.0, step_p99_seconds = 0.0;

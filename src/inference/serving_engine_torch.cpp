@@ -35,9 +35,13 @@ struct Request;
 struct Constrained {
   Constrained(std::shared_ptr<const grammar::Grammar> g, std::shared_ptr<const grammar::TokenTrie> trie,
               std::vector<uint32_t> eos)
-      : grammar(std::move(g)), matcher(*grammar), masker(std::move(trie), std::move(eos), /*cache_entries=*/512) {}
+      : grammar(std::move(g)),
+        matcher(*grammar),
+        masker(std::move(trie), std::move(eos), /*cache_entries=*/512) {}
   // The grammar's tables, the matcher's arena and transitions, the cached masks (estimated).
-  size_t memory_bytes() const { return grammar->memory_bytes() + matcher.memory_bytes() + masker.memory_bytes(); }
+  size_t memory_bytes() const {
+    return grammar->memory_bytes() + matcher.memory_bytes() + masker.memory_bytes();
+  }
   std::shared_ptr<const grammar::Grammar> grammar;
   grammar::Matcher matcher;
   grammar::TokenMasker masker;
@@ -48,18 +52,18 @@ struct Constrained {
 struct Sequence {
   std::shared_ptr<Request> request;
   int64_t choice = 0;
-  int64_t slot = 0;                // key in the KV cache (unique per sequence)
-  std::vector<int32_t> tokens;     // prompt + generated so far
+  int64_t slot = 0;             // key in the KV cache (unique per sequence)
+  std::vector<int32_t> tokens;  // prompt + generated so far
   int64_t prompt_len = 0;
-  int64_t computed = 0;            // tokens whose K/V are in the cache
+  int64_t computed = 0;  // tokens whose K/V are in the cache
   int64_t max_new = 0;
   SamplingConfig sampling;
   SamplerRng rng{0};
   std::optional<Tokenizer::IncrementalDecoder> decoder;
-  std::string text;                // decoded completion (stop string cut off once found)
-  size_t streamed = 0;             // bytes of `text` already sent through on_text
+  std::string text;     // decoded completion (stop string cut off once found)
+  size_t streamed = 0;  // bytes of `text` already sent through on_text
   GenerationChoice out;
-  std::shared_ptr<Constrained> constraint;  // constrained decoding: set at its first sampling step
+  std::shared_ptr<Constrained> constraint;      // constrained decoding: set at its first sampling step
   grammar::Matcher::StateId grammar_state = 0;  // in constraint->matcher
 };
 
@@ -67,13 +71,13 @@ struct Request {
   GenerationRequest request;
   std::shared_ptr<GenerationObserver> observer;
   std::unordered_set<TokenId> stop_ids;
-  size_t hold_back = 0;            // longest stop string - 1: text kept back while streaming
+  size_t hold_back = 0;  // longest stop string - 1: text kept back while streaming
   int64_t unfinished = 0;
-  bool ended = false;              // completed, failed or cancelled
+  bool ended = false;  // completed, failed or cancelled
   GenerationResult result;
   std::chrono::steady_clock::time_point submitted;
-  bool admitted = false;           // a sequence of it has been admitted (queue wait recorded)
-  bool sampled = false;            // a token of it has been sampled (ttft recorded)
+  bool admitted = false;  // a sequence of it has been admitted (queue wait recorded)
+  bool sampled = false;   // a token of it has been sampled (ttft recorded)
 };
 
 using SeqPtr = std::unique_ptr<Sequence>;
@@ -97,8 +101,11 @@ std::shared_ptr<const grammar::TokenTrie> vocabulary_trie(const Tokenizer& token
 
 struct ServingEngine::Impl {
   Impl(std::shared_ptr<DecoderModel> m, std::shared_ptr<const Tokenizer> t, ServingConfig c)
-      : model(std::move(m)), tokenizer(std::move(t)), config(std::move(c)),
-        cache(KvCache::for_model(model->config(), (config.kv_cache_tokens + config.block_size - 1) / config.block_size,
+      : model(std::move(m)),
+        tokenizer(std::move(t)),
+        config(std::move(c)),
+        cache(KvCache::for_model(model->config(),
+                                 (config.kv_cache_tokens + config.block_size - 1) / config.block_size,
                                  config.block_size, model->scalar_type(), model->device())) {
     if (config.max_context <= 0) config.max_context = model->config().max_position_embeddings;
     config.max_context = std::min(config.max_context, model->config().max_position_embeddings);
@@ -115,7 +122,7 @@ struct ServingEngine::Impl {
   mutable std::mutex mu;
   std::condition_variable cv;
   std::deque<SeqPtr> incoming;
-  int64_t queued = 0;              // sequences incoming + waiting (admission bound)
+  int64_t queued = 0;  // sequences incoming + waiting (admission bound)
   std::deque<std::packaged_task<void()>> exclusive;
   bool stopping = false;
   std::string stop_reason;
@@ -132,9 +139,9 @@ struct ServingEngine::Impl {
   std::unordered_set<TokenId> eos;
   std::shared_ptr<const grammar::TokenTrie> trie;  // the vocabulary as bytes, built at first use
   std::map<const grammar::Grammar*, std::shared_ptr<Constrained>> constrained;  // grammars in use
-  uint64_t constrained_uses = 0;    // grammars handed to sequences so far (recency)
-  std::deque<SeqPtr> waiting;       // admission order (preempted ones go back to the front)
-  std::vector<SeqPtr> running;      // admission order
+  uint64_t constrained_uses = 0;                 // grammars handed to sequences so far (recency)
+  std::deque<SeqPtr> waiting;                    // admission order (preempted ones go back to the front)
+  std::vector<SeqPtr> running;                   // admission order
   std::vector<std::shared_ptr<Request>> active;  // requests not ended
 
   // ------------------------------------------------------------------ submission
@@ -148,26 +155,30 @@ struct ServingEngine::Impl {
       for (TokenId id : req.prompt_ids)
         if (id < 0 || id >= vocab)
           return fail(ErrorKind::INVALID_ARGUMENT, "prompt token id " + std::to_string(id) +
-                                                       " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+                                                       " is outside the vocabulary [0, " +
+                                                       std::to_string(vocab) + ")");
       for (TokenId id : p.stop_token_ids)
         if (id < 0 || id >= vocab)
-          return fail(ErrorKind::INVALID_ARGUMENT,
-                      "stop token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+          return fail(ErrorKind::INVALID_ARGUMENT, "stop token id " + std::to_string(id) +
+                                                       " is outside the vocabulary [0, " +
+                                                       std::to_string(vocab) + ")");
       if (prompt_len >= config.max_context)
         return fail(ErrorKind::INVALID_ARGUMENT, "prompt is " + std::to_string(prompt_len) +
-                                                     " tokens; the context length is " + std::to_string(config.max_context));
+                                                     " tokens; the context length is " +
+                                                     std::to_string(config.max_context));
       const int64_t kv_tokens = cache.num_blocks() * cache.block_size();
       if (prompt_len + 1 > kv_tokens)
         return fail(ErrorKind::INVALID_ARGUMENT, "prompt is " + std::to_string(prompt_len) +
-                                                     " tokens; the KV cache holds " + std::to_string(kv_tokens) +
-                                                     " (raise kv_cache_tokens)");
+                                                     " tokens; the KV cache holds " +
+                                                     std::to_string(kv_tokens) + " (raise kv_cache_tokens)");
       if (p.n < 1) return fail(ErrorKind::INVALID_ARGUMENT, "n must be >= 1");
       if (p.max_tokens < 1) return fail(ErrorKind::INVALID_ARGUMENT, "max_tokens must be >= 1");
 
       auto request = std::make_shared<Request>();
       request->observer = observer;  // `fail` still uses `observer`
       request->stop_ids.insert(p.stop_token_ids.begin(), p.stop_token_ids.end());
-      for (const auto& s : p.stop) request->hold_back = std::max(request->hold_back, s.empty() ? 0 : s.size() - 1);
+      for (const auto& s : p.stop)
+        request->hold_back = std::max(request->hold_back, s.empty() ? 0 : s.size() - 1);
       request->unfinished = p.n;
       request->result.choices.resize(static_cast<size_t>(p.n));
 
@@ -196,7 +207,8 @@ struct ServingEngine::Impl {
       request->submitted = std::chrono::steady_clock::now();
       {
         std::lock_guard lk(mu);
-        if (stopping) return fail(ErrorKind::UNAVAILABLE, "the inference engine is shutting down: " + stop_reason);
+        if (stopping)
+          return fail(ErrorKind::UNAVAILABLE, "the inference engine is shutting down: " + stop_reason);
         if (queued + p.n > config.max_waiting_sequences)
           return fail(ErrorKind::UNAVAILABLE, "the inference engine's queue is full (" +
                                                   std::to_string(config.max_waiting_sequences) +
@@ -235,7 +247,9 @@ struct ServingEngine::Impl {
       std::deque<std::packaged_task<void()>> tasks;
       {
         std::unique_lock lk(mu);
-        cv.wait(lk, [&] { return stopping || !incoming.empty() || !exclusive.empty() || !waiting.empty() || !running.empty(); });
+        cv.wait(lk, [&] {
+          return stopping || !incoming.empty() || !exclusive.empty() || !waiting.empty() || !running.empty();
+        });
         if (stopping) break;
         tasks = take_new_work_locked();
       }
@@ -382,7 +396,8 @@ struct ServingEngine::Impl {
       const int64_t remaining = static_cast<int64_t>(s.tokens.size()) - s.computed;
       if (remaining <= 1 || budget <= 0) continue;
       const int64_t chunk = std::min(remaining, budget);
-      SWARM_CHECK(cache.capacity(s.slot) >= s.computed + chunk, "serving engine: prefill without reserved blocks");
+      SWARM_CHECK(cache.capacity(s.slot) >= s.computed + chunk,
+                  "serving engine: prefill without reserved blocks");
       plan.push_back({&s, chunk});
       budget -= chunk;
       prefill_tokens += chunk;
@@ -390,7 +405,8 @@ struct ServingEngine::Impl {
     // 3. Admission in FIFO order while the batch, the budget and the cache allow. A new
     //    sequence needs room for its whole prompt plus one token, and leaves one free block
     //    per running sequence so those can keep growing.
-    while (!waiting.empty() && budget > 0 && static_cast<int64_t>(running.size()) < config.max_batch_sequences) {
+    while (!waiting.empty() && budget > 0 &&
+           static_cast<int64_t>(running.size()) < config.max_batch_sequences) {
       Sequence& s = *waiting.front();
       const int64_t need = static_cast<int64_t>(s.tokens.size()) + 1;
       const int64_t need_blocks = cache.allocator().blocks_for(need);
@@ -437,7 +453,8 @@ struct ServingEngine::Impl {
       StepInput in;
       in.seq_slot = pl.seq->slot;
       in.start_pos = pl.seq->computed;
-      in.tokens.assign(pl.seq->tokens.begin() + pl.seq->computed, pl.seq->tokens.begin() + pl.seq->computed + pl.count);
+      in.tokens.assign(pl.seq->tokens.begin() + pl.seq->computed,
+                       pl.seq->tokens.begin() + pl.seq->computed + pl.count);
       inputs.push_back(std::move(in));
     }
     torch::Tensor logits = model->forward_step(inputs, cache);
@@ -460,7 +477,8 @@ struct ServingEngine::Impl {
     if (!sampled.empty()) {
       torch::Tensor chosen = logits;
       if (rows.size() != plan.size())
-        chosen = logits.index_select(0, torch::tensor(rows, torch::TensorOptions().dtype(torch::kLong)).to(logits.device()));
+        chosen = logits.index_select(
+            0, torch::tensor(rows, torch::TensorOptions().dtype(torch::kLong)).to(logits.device()));
       // Constrained rows sample from the masked logits but record the model's own log-prob
       // of the token (what the trainer recomputes), see docs/openai_api.md.
       std::vector<SampledToken> tokens = sample_rows(chosen, sampled, configs, rngs);
@@ -515,7 +533,8 @@ struct ServingEngine::Impl {
     while (constrained.size() > entries || total > bytes) {
       auto lru = constrained.end();
       for (auto it = constrained.begin(); it != constrained.end(); ++it)
-        if (it->second.use_count() == 1 && (lru == constrained.end() || it->second->last_used < lru->second->last_used))
+        if (it->second.use_count() == 1 &&
+            (lru == constrained.end() || it->second->last_used < lru->second->last_used))
           lru = it;
       if (lru == constrained.end()) break;  // all in use
       total -= lru->second->memory_bytes();
@@ -527,7 +546,8 @@ struct ServingEngine::Impl {
   // gets logit -inf (so before temperature / top-k / top-p), and the row records the model's
   // own log-prob of the token it drew.
   std::vector<SampledToken> sample_rows(torch::Tensor& chosen, const std::vector<Sequence*>& seqs,
-                                        const std::vector<SamplingConfig>& configs, std::vector<SamplerRng*>& rngs) {
+                                        const std::vector<SamplingConfig>& configs,
+                                        std::vector<SamplerRng*>& rngs) {
     std::vector<int64_t> rows;
     for (size_t i = 0; i < seqs.size(); ++i) {
       Sequence& s = *seqs[i];
@@ -573,7 +593,8 @@ struct ServingEngine::Impl {
       // model's.
       const bool all = rows.size() == seqs.size();
       const torch::Tensor idx = torch::tensor(rows, torch::TensorOptions().dtype(torch::kLong));
-      const std::vector<SoftmaxRowStats> stats = softmax_row_stats(all ? chosen : chosen.index_select(0, idx), temps);
+      const std::vector<SoftmaxRowStats> stats =
+          softmax_row_stats(all ? chosen : chosen.index_select(0, idx), temps);
       float* base = chosen.data_ptr<float>();
       for (size_t k = 0; k < rows.size(); ++k) {
         float* row = base + rows[k] * vocab;
@@ -610,14 +631,16 @@ struct ServingEngine::Impl {
         }
       }
     }
-    const torch::Tensor idx = torch::tensor(rows, torch::TensorOptions().dtype(torch::kLong)).to(chosen.device());
+    const torch::Tensor idx =
+        torch::tensor(rows, torch::TensorOptions().dtype(torch::kLong)).to(chosen.device());
     const torch::Tensor unmasked = chosen.index_select(0, idx).to(torch::kFloat);
     torch::Tensor masked = chosen.clone();
     torch::Tensor sub = masked.index_select(0, idx);
     sub.masked_fill_(allowed.to(chosen.device()).logical_not(), kNegInf);
     masked.index_copy_(0, idx, sub);
     std::vector<SampledToken> tokens = sample_tokens(masked, configs, rngs);
-    const torch::Tensor t = torch::tensor(temps, torch::TensorOptions().dtype(torch::kFloat)).to(chosen.device()).view({-1, 1});
+    const torch::Tensor t =
+        torch::tensor(temps, torch::TensorOptions().dtype(torch::kFloat)).to(chosen.device()).view({-1, 1});
     const torch::Tensor logp = torch::log_softmax(unmasked / t, 1).to(torch::kCPU).contiguous();
     const float* lp = logp.data_ptr<float>();
     for (size_t k = 0; k < rows.size(); ++k) {
@@ -738,7 +761,8 @@ struct ServingEngine::Impl {
     std::erase(active, r);
     r->result.policy_version = policy_version.load();
     for (const GenerationChoice& c : r->result.choices)
-      if (!c.versions.empty()) r->result.policy_version = std::min(r->result.policy_version, c.versions.front());
+      if (!c.versions.empty())
+        r->result.policy_version = std::min(r->result.policy_version, c.versions.front());
     {
       std::lock_guard lk(stats_mu);
       ++stats.completed_requests;
@@ -777,11 +801,15 @@ struct ServingEngine::Impl {
 
 ServingEngine::ServingEngine(std::shared_ptr<DecoderModel> model, std::shared_ptr<const Tokenizer> tokenizer,
                              ServingConfig config) {
-  SWARM_REQUIRE(model && tokenizer, ErrorKind::INVALID_ARGUMENT, "serving engine: model and tokenizer are required");
-  SWARM_REQUIRE(config.block_size >= 1, ErrorKind::INVALID_ARGUMENT, "serving engine: block_size must be >= 1");
-  SWARM_REQUIRE(config.kv_cache_tokens >= 1, ErrorKind::INVALID_ARGUMENT, "serving engine: kv_cache_tokens must be >= 1");
-  SWARM_REQUIRE(config.max_batch_sequences >= 1 && config.max_step_tokens >= 1 && config.max_waiting_sequences >= 1,
-                ErrorKind::INVALID_ARGUMENT, "serving engine: batch, step and queue limits must be >= 1");
+  SWARM_REQUIRE(model && tokenizer, ErrorKind::INVALID_ARGUMENT,
+                "serving engine: model and tokenizer are required");
+  SWARM_REQUIRE(config.block_size >= 1, ErrorKind::INVALID_ARGUMENT,
+                "serving engine: block_size must be >= 1");
+  SWARM_REQUIRE(config.kv_cache_tokens >= 1, ErrorKind::INVALID_ARGUMENT,
+                "serving engine: kv_cache_tokens must be >= 1");
+  SWARM_REQUIRE(
+      config.max_batch_sequences >= 1 && config.max_step_tokens >= 1 && config.max_waiting_sequences >= 1,
+      ErrorKind::INVALID_ARGUMENT, "serving engine: batch, step and queue limits must be >= 1");
   impl_ = std::make_unique<Impl>(std::move(model), std::move(tokenizer), std::move(config));
 }
 

@@ -21,7 +21,9 @@ namespace {
 
 bool is_null(const YAML::Node& n) { return !n || n.IsNull(); }
 
-std::string scalar_text(const YAML::Node& n) { return n.IsScalar() ? n.Scalar() : std::string("(not a scalar)"); }
+std::string scalar_text(const YAML::Node& n) {
+  return n.IsScalar() ? n.Scalar() : std::string("(not a scalar)");
+}
 
 // The leaves of AgentJet's `ajet:` tree by path relative to it ("data.train_batch_size"). A
 // leaf is a scalar, a null, a list or an empty mapping.
@@ -48,7 +50,9 @@ std::string generated_experiment_name() {
 
 class Mapper {
  public:
-  Mapper(const YAML::Node& ajet, JobConfigReport& report) : report_(report) { collect_leaves(ajet, "", leaves_); }
+  Mapper(const YAML::Node& ajet, JobConfigReport& report) : report_(report) {
+    collect_leaves(ajet, "", leaves_);
+  }
 
   Job run(const YAML::Node& root) {
     identity();
@@ -79,23 +83,20 @@ class Mapper {
     try {
       const double d = n.as<double>();
       if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e15) return static_cast<int64_t>(d);
-    } catch (const YAML::Exception&) {
-    }
+    } catch (const YAML::Exception&) {}
     bad("ajet." + path, "expected an integer, got '" + scalar_text(n) + "'");
   }
   double as_double(const std::string& path, const YAML::Node& n) {
     try {
       const double d = n.as<double>();
       if (std::isfinite(d)) return d;
-    } catch (const YAML::Exception&) {
-    }
+    } catch (const YAML::Exception&) {}
     bad("ajet." + path, "expected a finite number, got '" + scalar_text(n) + "'");
   }
   bool as_bool(const std::string& path, const YAML::Node& n) {
     try {
       return n.as<bool>();
-    } catch (const YAML::Exception&) {
-    }
+    } catch (const YAML::Exception&) {}
     bad("ajet." + path, "expected true or false, got '" + scalar_text(n) + "'");
   }
   std::string as_string(const std::string& path, const YAML::Node& n) {
@@ -194,9 +195,10 @@ class Mapper {
       direct("data.max_prompt_length", "max_prompt_length");
     }
     if (!is_null(get("data.max_response_length")))
-      warn("ajet.data.max_response_length (the token budget of a whole multi-turn sample) has no swarm "
-           "counterpart and is not enforced; each completion is capped by max_response_length "
-           "(from ajet.rollout.max_response_length_in_one_turn)");
+      warn(
+          "ajet.data.max_response_length (the token budget of a whole multi-turn sample) has no swarm "
+          "counterpart and is not enforced; each completion is capped by max_response_length "
+          "(from ajet.rollout.max_response_length_in_one_turn)");
     direct("rollout.temperature", "temperature");
     direct("rollout.top_p", "top_p");
     // AgentJet parses hermes tool calls unless this is set.
@@ -216,8 +218,9 @@ class Mapper {
       const std::string e = as_string("trainer_common.algorithm.adv_estimator", est);
       if (e != "grpo" && e != "gae")
         bad("ajet.trainer_common.algorithm.adv_estimator",
-            "'" + e + "' is not supported; swarm trains with grpo or gae (PPO with a critic; or, in its own keys, "
-            "grpo_no_std or reinforce_baseline: set swarm.advantage_estimator)");
+            "'" + e +
+                "' is not supported; swarm trains with grpo or gae (PPO with a critic; or, in its own keys, "
+                "grpo_no_std or reinforce_baseline: set swarm.advantage_estimator)");
       if (e == "gae") {  // verl's PPO: a critic and GAE
         set("algorithm", "ppo", "ajet.trainer_common.algorithm.adv_estimator");
         direct("trainer_common.algorithm.gamma", "gamma");
@@ -232,16 +235,19 @@ class Mapper {
     if (!is_null(sched)) {
       const std::string s = as_string("trainer_common.optim.lr_scheduler_type", sched);
       if (s != "constant" && s != "cosine")
-        bad("ajet.trainer_common.optim.lr_scheduler_type", "'" + s + "' is not supported (constant or cosine)");
+        bad("ajet.trainer_common.optim.lr_scheduler_type",
+            "'" + s + "' is not supported (constant or cosine)");
       set("lr_schedule", s, "ajet.trainer_common.optim.lr_scheduler_type");
     }
     YAML::Node total = get("trainer_common.total_training_steps");
     if (!is_null(total)) {
       const int64_t t = as_int("trainer_common.total_training_steps", total);
-      set("total_training_steps", std::to_string(std::max<int64_t>(t, 0)), "ajet.trainer_common.total_training_steps");
+      set("total_training_steps", std::to_string(std::max<int64_t>(t, 0)),
+          "ajet.trainer_common.total_training_steps");
     } else if (!is_null(get("trainer_common.total_epochs"))) {
-      warn("ajet.trainer_common.total_epochs is not used: swarm has no dataset of its own, so a run "
-           "lasts until stop_engine or ajet.trainer_common.total_training_steps");
+      warn(
+          "ajet.trainer_common.total_epochs is not used: swarm has no dataset of its own, so a run "
+          "lasts until stop_engine or ajet.trainer_common.total_training_steps");
     }
     YAML::Node warmup = get("trainer_common.optim.lr_warmup_steps");
     YAML::Node ratio = get("trainer_common.optim.lr_warmup_steps_ratio");
@@ -254,7 +260,8 @@ class Mapper {
       if (job_.total_training_steps <= 0)
         bad("ajet.trainer_common.optim.lr_warmup_steps_ratio",
             "needs ajet.trainer_common.total_training_steps (swarm has no epochs to take a ratio of)");
-      set("lr_warmup_steps", std::to_string(static_cast<int64_t>(rr * static_cast<double>(job_.total_training_steps))),
+      set("lr_warmup_steps",
+          std::to_string(static_cast<int64_t>(rr * static_cast<double>(job_.total_training_steps))),
           "ajet.trainer_common.optim.lr_warmup_steps_ratio");
     } else if (!is_null(warmup)) {
       set("lr_warmup_steps", "0", "ajet.trainer_common.optim.lr_warmup_steps");
@@ -265,9 +272,12 @@ class Mapper {
     if (!is_null(kl_type)) {
       const std::string k = as_string("trainer_common.kl_loss_type", kl_type);
       std::string ours;
-      if (k == "low_var_kl" || k == "k3") ours = "k3";
-      else if (k == "kl" || k == "k1") ours = "k1";
-      else bad("ajet.trainer_common.kl_loss_type", "'" + k + "' is not supported (low_var_kl / k3, or kl / k1)");
+      if (k == "low_var_kl" || k == "k3")
+        ours = "k3";
+      else if (k == "kl" || k == "k1")
+        ours = "k1";
+      else
+        bad("ajet.trainer_common.kl_loss_type", "'" + k + "' is not supported (low_var_kl / k3, or kl / k1)");
       set("kl_estimator", ours, "ajet.trainer_common.kl_loss_type");
     }
     direct("trainer_common.ppo_epochs", "ppo_epochs");
@@ -277,7 +287,8 @@ class Mapper {
       if (n < 1) bad("ajet.trainer_common.mini_batch_num", "must be >= 1");
       // Optimizer steps per batch → tasks per optimizer step.
       const int64_t b = std::max<int64_t>(job_.batch_size, 1);
-      set("ppo_mini_batch_size", std::to_string(n == 1 ? 0 : (b + n - 1) / n), "ajet.trainer_common.mini_batch_num");
+      set("ppo_mini_batch_size", std::to_string(n == 1 ? 0 : (b + n - 1) / n),
+          "ajet.trainer_common.mini_batch_num");
     }
     YAML::Node save = get("trainer_common.save_freq");
     if (!is_null(save)) {
@@ -302,7 +313,8 @@ class Mapper {
     if (!is_null(nodes) || !is_null(per_node)) {
       const int64_t nn = is_null(nodes) ? 1 : as_int("trainer_common.nnodes", nodes);
       const int64_t g = is_null(per_node) ? 1 : as_int("trainer_common.n_gpus_per_node", per_node);
-      if (nn < 1 || g < 1) bad("ajet.trainer_common.n_gpus_per_node", "needs n_gpus_per_node >= 1 and nnodes >= 1");
+      if (nn < 1 || g < 1)
+        bad("ajet.trainer_common.n_gpus_per_node", "needs n_gpus_per_node >= 1 and nnodes >= 1");
       set("n_gpu", std::to_string(nn * g), "ajet.trainer_common.n_gpus_per_node");
       if (nn * g > 1)
         warn("ajet.trainer_common.n_gpus_per_node x nnodes = " + std::to_string(nn * g) +
@@ -313,7 +325,8 @@ class Mapper {
                              "trainer_common.advantage_estimation_episode_level"}) {
       YAML::Node n = get(path);
       if (!is_null(n) && as_bool(path, n))
-        warn(std::string("ajet.") + path + " = true is not honoured: swarm gives every sample of an episode "
+        warn(std::string("ajet.") + path +
+             " = true is not honoured: swarm gives every sample of an episode "
              "that episode's advantage and averages the loss over tokens");
     }
     YAML::Node backbone = get("backbone");
@@ -328,7 +341,8 @@ class Mapper {
     if (!own.IsMap()) bad("swarm", "must be a mapping of swarm config keys (docs/configuration.md)");
     for (const auto& kv : own) {
       const std::string key = job_keys::key_text(kv.first);
-      if (!job_keys::known(key)) bad("swarm." + key, "unknown key (see docs/configuration.md for the valid keys)");
+      if (!job_keys::known(key))
+        bad("swarm." + key, "unknown key (see docs/configuration.md for the valid keys)");
       job_keys::set(job_, key, kv.second, "swarm." + key);
       record(key, "swarm." + key);
     }

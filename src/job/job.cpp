@@ -34,7 +34,8 @@ const std::vector<Field>& field_table() {
       {"project_name", &Job::project_name, "Project name (names the experiment directory)."},
       {"experiment_name", &Job::experiment_name, "Experiment name (names the experiment directory)."},
       {"experiment_dir", &Job::experiment_dir,
-       "Root directory for metrics, checkpoints and logs: <experiment_dir>/<project_name>/<experiment_name>."},
+       "Root directory for metrics, checkpoints and logs: "
+       "<experiment_dir>/<project_name>/<experiment_name>."},
       {"n_gpu", &Job::n_gpu, "Number of GPUs (ranks) to train on; 1 on CPU."},
       {"model", &Job::model, "Hugging Face model directory (required; any name with the mock engine)."},
       {"batch_size", &Job::batch_size, "Tasks per policy step."},
@@ -86,10 +87,12 @@ const std::vector<Field>& field_table() {
       {"weight_decay", &Job::weight_decay, "AdamW weight decay."},
       {"grad_clip", &Job::grad_clip, "Gradient norm clipping; 0 disables."},
       {"advantage_estimator", &Job::advantage_estimator,
-       "grpo, grpo_no_std (Dr.GRPO), reinforce_baseline, or gae (per-token generalised advantage estimation from "
+       "grpo, grpo_no_std (Dr.GRPO), reinforce_baseline, or gae (per-token generalised advantage estimation "
+       "from "
        "the critic; algorithm: ppo)."},
       {"group_by", &Job::group_by,
-       "What a GRPO group is: task (every sample of a task, on the episode reward) or task_agent_turn (AT-GRPO: "
+       "What a GRPO group is: task (every sample of a task, on the episode reward) or task_agent_turn "
+       "(AT-GRPO: "
        "the calls of one task, one agent, one turn index, on workflow_output.turn_rewards)."},
       {"clip_ratio_low", &Job::clip_ratio_low, "PPO clip epsilon below 1."},
       {"clip_ratio_high", &Job::clip_ratio_high, "PPO clip epsilon above 1."},
@@ -107,7 +110,8 @@ const std::vector<Field>& field_table() {
        "PPO: how far a value may move from the value at rollout time before its loss is clipped."},
       {"critic_warmup", &Job::critic_warmup, "PPO: the first N policy steps train the critic only."},
       {"critic_model", &Job::critic_model,
-       "PPO: the critic's trunk, a Hugging Face model directory with the policy's vocabulary; empty means a copy "
+       "PPO: the critic's trunk, a Hugging Face model directory with the policy's vocabulary; empty means a "
+       "copy "
        "of the policy's own trunk. A value head (zero at the start) reads its last hidden state."},
       {"ppo_epochs", &Job::ppo_epochs, "Passes over each batch."},
       {"ppo_mini_batch_size", &Job::ppo_mini_batch_size,
@@ -121,7 +125,8 @@ const std::vector<Field>& field_table() {
       {"total_training_steps", &Job::total_training_steps, "Stop after this many policy steps; 0 = never."},
       {"save_freq", &Job::save_freq, "Checkpoint every N steps; 0 = only on stop_engine."},
       {"durable_episodes", &Job::durable_episodes,
-       "Store every finished train episode in <experiment dir>/episodes.sqlite (SQLite, WAL) before end_episode "
+       "Store every finished train episode in <experiment dir>/episodes.sqlite (SQLite, WAL) before "
+       "end_episode "
        "answers success; a restart of the experiment (swarm-server start --resume) trains on those not yet "
        "trained, so a crash loses nothing acknowledged. Records go once a checkpoint holds their step."},
       {"durable_fsync", &Job::durable_fsync,
@@ -129,25 +134,34 @@ const std::vector<Field>& field_table() {
        "them through a crash or kill -9 of the server only (faster on slow disks). Concurrent end_episode "
        "calls share a commit."},
       {"max_staleness", &Job::max_staleness,
-       "Asynchronous training: 0 trains synchronously (collection stops while the trainer updates); N >= 1 keeps "
-       "agents generating while the trainer works, and no token trains in step v+1 that weights older than v - N "
+       "Asynchronous training: 0 trains synchronously (collection stops while the trainer updates); N >= 1 "
+       "keeps "
+       "agents generating while the trainer works, and no token trains in step v+1 that weights older than v "
+       "- N "
        "generated (new episodes wait when they could not meet that; one that finishes too stale anyway is "
        "dropped and counted). Needs a task or episode collection method."},
       {"off_policy_correction", &Job::off_policy_correction,
        "How tokens sampled by older weights are corrected: none, tis (truncated importance sampling: each "
-       "token's loss times min(pi_old / pi_behaviour, is_cap)), decoupled (AReaL's decoupled PPO: clipped around "
-       "the recomputed proximal policy, weighted by pi_prox / pi_behaviour, tokens above is_cap left out), or auto "
-       "(none when max_staleness is 0, tis otherwise: the best of the three in the learning runs, docs/concepts.md)."},
+       "token's loss times min(pi_old / pi_behaviour, is_cap)), decoupled (AReaL's decoupled PPO: clipped "
+       "around "
+       "the recomputed proximal policy, weighted by pi_prox / pi_behaviour, tokens above is_cap left out), "
+       "or auto "
+       "(none when max_staleness is 0, tis otherwise: the best of the three in the learning runs, "
+       "docs/concepts.md)."},
       {"is_cap", &Job::is_cap, "The importance-weight cap of tis and decoupled (>= 1)."},
       {"kv_cache_on_swap", &Job::kv_cache_on_swap,
-       "Asynchronous training, torch engine: what happens to a sequence generating when new weights go in: keep "
-       "(its KV cache stays; later tokens attend to keys the old weights computed) or recompute (its tokens so "
+       "Asynchronous training, torch engine: what happens to a sequence generating when new weights go in: "
+       "keep "
+       "(its KV cache stays; later tokens attend to keys the old weights computed) or recompute (its tokens "
+       "so "
        "far are prefilled again with the new weights)."},
       {"exchange_url", &Job::exchange_url,
-       "Swarm experience sharing (SAPO, docs/sapo.md): the NATS server of the swarm, e.g. nats://127.0.0.1:4222 "
+       "Swarm experience sharing (SAPO, docs/sapo.md): the NATS server of the swarm, e.g. "
+       "nats://127.0.0.1:4222 "
        "(nats://user:password@host:4222 or tls://host:4222 for a public broker); empty turns sharing off."},
       {"exchange_credentials", &Job::exchange_credentials,
-       "A NATS credentials file (.creds: user JWT and nkey seed) for the exchange; empty = none (or what the URL "
+       "A NATS credentials file (.creds: user JWT and nkey seed) for the exchange; empty = none (or what the "
+       "URL "
        "holds)."},
       {"swarm_name", &Job::swarm_name,
        "The swarm this node joins: its subjects are swarm.<swarm_name>.groups.<node_id> in stream "
@@ -155,13 +169,15 @@ const std::vector<Field>& field_table() {
       {"node_id", &Job::node_id,
        "This node's name in the swarm (letters, digits, - and _); empty = a random id kept in the experiment "
        "directory (file node_id)."},
-      {"exchange_publish", &Job::exchange_publish, "Publish each trained task group of this node to the swarm."},
+      {"exchange_publish", &Job::exchange_publish,
+       "Publish each trained task group of this node to the swarm."},
       {"exchange_consume", &Job::exchange_consume, "Receive the other nodes' groups into the local buffer."},
       {"sapo_external_groups", &Job::sapo_external_groups,
        "J: external task groups drawn uniformly from the buffer and trained in each policy step beside the "
        "batch_size local ones (I). 0 = share without training on others."},
       {"exchange_max_age_seconds", &Job::exchange_max_age_seconds,
-       "Groups older than this are dropped on receipt and on draw; also the stream's retention (max age) when "
+       "Groups older than this are dropped on receipt and on draw; also the stream's retention (max age) "
+       "when "
        "this node creates it."},
       {"exchange_buffer_groups", &Job::exchange_buffer_groups,
        "External groups kept locally for drawing (bounded; the oldest is dropped when full)."},
@@ -171,7 +187,8 @@ const std::vector<Field>& field_table() {
       {"exchange_max_message_bytes", &Job::exchange_max_message_bytes,
        "Largest group message published or accepted (bytes); larger ones are dropped and counted."},
       {"device", &Job::device,
-       "Where the torch engine runs: auto (the GPU when its libtorch has CUDA and sees one, else the CPU), cpu, or "
+       "Where the torch engine runs: auto (the GPU when its libtorch has CUDA and sees one, else the CPU), "
+       "cpu, or "
        "cuda (an error at boot when there is no GPU to use). docs/gpu.md."},
       {"engine_threads", &Job::engine_threads,
        "Torch engine: compute threads for inference and training; 0 means every online CPU."},
@@ -193,10 +210,14 @@ const std::vector<Field>& field_table() {
 
 const char* type_name(const Member& m) {
   switch (m.index()) {
-    case 0: return "string";
-    case 1: return "int";
-    case 2: return "float";
-    default: return "bool";
+    case 0:
+      return "string";
+    case 1:
+      return "int";
+    case 2:
+      return "float";
+    default:
+      return "bool";
   }
 }
 
@@ -215,10 +236,14 @@ std::string value_text(const Job& job, const Member& m) {
       [&](auto ptr) -> std::string {
         using T = std::decay_t<decltype(job.*ptr)>;
         const T& v = job.*ptr;
-        if constexpr (std::is_same_v<T, std::string>) return v;
-        else if constexpr (std::is_same_v<T, bool>) return v ? "true" : "false";
-        else if constexpr (std::is_same_v<T, double>) return format_double(v);
-        else return std::to_string(v);
+        if constexpr (std::is_same_v<T, std::string>)
+          return v;
+        else if constexpr (std::is_same_v<T, bool>)
+          return v ? "true" : "false";
+        else if constexpr (std::is_same_v<T, double>)
+          return format_double(v);
+        else
+          return std::to_string(v);
       },
       m);
 }
@@ -243,9 +268,12 @@ void assign(Job& job, const Field& f, const YAML::Node& node, const std::string&
         if constexpr (std::is_same_v<T, std::string>) {
           job.*ptr = text;
         } else if constexpr (std::is_same_v<T, bool>) {
-          if (text == "true" || text == "True" || text == "TRUE") job.*ptr = true;
-          else if (text == "false" || text == "False" || text == "FALSE") job.*ptr = false;
-          else bad(key, "expected true or false, got '" + text + "'");
+          if (text == "true" || text == "True" || text == "TRUE")
+            job.*ptr = true;
+          else if (text == "false" || text == "False" || text == "FALSE")
+            job.*ptr = false;
+          else
+            bad(key, "expected true or false, got '" + text + "'");
         } else if constexpr (std::is_same_v<T, int64_t>) {
           size_t pos = 0;
           long long v = 0;
@@ -272,7 +300,8 @@ void assign(Job& job, const Field& f, const YAML::Node& node, const std::string&
       f.member);
 }
 
-void require_one_of(const std::string& key, const std::string& value, std::initializer_list<const char*> options) {
+void require_one_of(const std::string& key, const std::string& value,
+                    std::initializer_list<const char*> options) {
   std::string list;
   for (const char* o : options) {
     if (value == o) return;
@@ -387,7 +416,9 @@ Job load_file(const std::string& path, bool validate) {
 
 }  // namespace
 
-Job Job::from_yaml(const std::string& yaml_text, JobConfigReport* report) { return parse_yaml(yaml_text, report, true); }
+Job Job::from_yaml(const std::string& yaml_text, JobConfigReport* report) {
+  return parse_yaml(yaml_text, report, true);
+}
 
 Job Job::load(const std::string& path) { return load_file(path, true); }
 
@@ -437,13 +468,14 @@ void Job::validate() const {
   if (max_parallel_episodes < 0) bad("max_parallel_episodes", "must be >= 0");
   if (max_cached_episodes < 0) bad("max_cached_episodes", "must be >= 0");
   if (max_cached_episodes > 0 && max_cached_episodes < batch_size * num_repeat)
-    bad("max_cached_episodes", "must be 0 or at least batch_size x num_repeat (" +
-                                   std::to_string(batch_size * num_repeat) + ")");
+    bad("max_cached_episodes",
+        "must be 0 or at least batch_size x num_repeat (" + std::to_string(batch_size * num_repeat) + ")");
   if (max_llm_calls_per_episode < 1) bad("max_llm_calls_per_episode", "must be >= 1");
   if (max_claimed_per_client < 0) bad("max_claimed_per_client", "must be >= 0 (0 = no bound)");
   if (max_prompt_length < 1) bad("max_prompt_length", "must be >= 1");
   if (max_response_length < 1) bad("max_response_length", "must be >= 1");
-  if (temperature < 0 || temperature > 2) bad("temperature", "must be in [0, 2] (the range the OpenAI routes accept)");
+  if (temperature < 0 || temperature > 2)
+    bad("temperature", "must be in [0, 2] (the range the OpenAI routes accept)");
   if (top_p <= 0 || top_p > 1) bad("top_p", "must be in (0, 1]");
   if (top_k < -1 || top_k == 0) bad("top_k", "must be -1 (off) or >= 1");
   if (learning_rate <= 0) bad("learning_rate", "must be > 0");
@@ -453,7 +485,8 @@ void Job::validate() const {
   if (lr_warmup_steps < 0) bad("lr_warmup_steps", "must be >= 0");
   if (weight_decay < 0) bad("weight_decay", "must be >= 0");
   if (grad_clip < 0) bad("grad_clip", "must be >= 0");
-  require_one_of("advantage_estimator", advantage_estimator, {"grpo", "grpo_no_std", "reinforce_baseline", "gae"});
+  require_one_of("advantage_estimator", advantage_estimator,
+                 {"grpo", "grpo_no_std", "reinforce_baseline", "gae"});
   require_one_of("group_by", group_by, {"task", "task_agent_turn"});
   if (clip_ratio_low < 0 || clip_ratio_low >= 1) bad("clip_ratio_low", "must be in [0, 1)");
   if (clip_ratio_high < 0) bad("clip_ratio_high", "must be >= 0");
@@ -483,17 +516,20 @@ void Job::validate() const {
   if (!(is_cap >= 1.0) || !std::isfinite(is_cap)) bad("is_cap", "must be a finite number >= 1");
   require_one_of("kv_cache_on_swap", kv_cache_on_swap, {"keep", "recompute"});
   const auto name_ok = [](const std::string& v) {
-    return !v.empty() && v.size() <= 64 &&
-           std::all_of(v.begin(), v.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'; });
+    return !v.empty() && v.size() <= 64 && std::all_of(v.begin(), v.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_';
+    });
   };
   if (!exchange_url.empty() && exchange_url.rfind("nats://", 0) != 0 && exchange_url.rfind("tls://", 0) != 0)
     bad("exchange_url", "must start with nats:// or tls:// (or be empty to turn sharing off)");
   if (!name_ok(swarm_name)) bad("swarm_name", "must be 1-64 letters, digits, - or _");
-  if (!node_id.empty() && !name_ok(node_id)) bad("node_id", "must be 1-64 letters, digits, - or _ (or empty)");
+  if (!node_id.empty() && !name_ok(node_id))
+    bad("node_id", "must be 1-64 letters, digits, - or _ (or empty)");
   if (sapo_external_groups < 0) bad("sapo_external_groups", "must be >= 0");
   if (sapo_external_groups > 0 && exchange_url.empty())
     bad("sapo_external_groups", "needs exchange_url (the swarm to draw external groups from)");
-  if (sapo_external_groups > 0 && !exchange_consume) bad("sapo_external_groups", "needs exchange_consume: true");
+  if (sapo_external_groups > 0 && !exchange_consume)
+    bad("sapo_external_groups", "needs exchange_consume: true");
   if (!(exchange_max_age_seconds > 0) || !std::isfinite(exchange_max_age_seconds))
     bad("exchange_max_age_seconds", "must be a finite number > 0");
   if (exchange_buffer_groups < 1) bad("exchange_buffer_groups", "must be >= 1");
@@ -502,16 +538,19 @@ void Job::validate() const {
   {
     std::stringstream ss(exchange_trusted_nodes);
     for (std::string id; std::getline(ss, id, ',');)
-      if (!name_ok(id)) bad("exchange_trusted_nodes", "must be comma-separated node ids (letters, digits, - or _)");
+      if (!name_ok(id))
+        bad("exchange_trusted_nodes", "must be comma-separated node ids (letters, digits, - or _)");
   }
   if (exchange_max_message_bytes < 1024 || exchange_max_message_bytes > (int64_t{64} << 20))
     bad("exchange_max_message_bytes", "must be in [1024, 67108864]");
   if (max_staleness > 0 && (sample_collection_method == "rollout_until_any_client_agree_sync_weight" ||
                             sample_collection_method == "rollout_until_all_clients_agree_sync_weight"))
-    bad("max_staleness", "must be 0 with the agree collection methods (their clients hold every weight sync "
-                         "themselves); use a task or episode method for asynchronous training");
+    bad("max_staleness",
+        "must be 0 with the agree collection methods (their clients hold every weight sync "
+        "themselves); use a task or episode method for asynchronous training");
   if (lr_schedule == "cosine" && total_training_steps <= lr_warmup_steps)
-    bad("lr_schedule", "cosine needs total_training_steps > lr_warmup_steps (the decay ends at the last step)");
+    bad("lr_schedule",
+        "cosine needs total_training_steps > lr_warmup_steps (the decay ends at the last step)");
   if (engine_threads < 0) bad("engine_threads", "must be >= 0");
   require_one_of("device", device, {"auto", "cpu", "cuda"});
   if (kv_cache_tokens < 0) bad("kv_cache_tokens", "must be >= 0");

@@ -360,8 +360,9 @@ ModelConfig ModelConfig::from_json(std::string_view text, std::string_view sourc
   // comment in model_config.hpp). An absent sliding_window is the config class's default, 4096;
   // a null one is none.
   constexpr int64_t kDefaultSlidingWindow = 4096;
-  const std::optional<int64_t> window =
-      r.present("sliding_window") ? r.opt_int("sliding_window") : std::optional<int64_t>(kDefaultSlidingWindow);
+  const std::optional<int64_t> window = r.present("sliding_window")
+                                            ? r.opt_int("sliding_window")
+                                            : std::optional<int64_t>(kDefaultSlidingWindow);
   if (c.architecture == Architecture::MISTRAL) {
     c.sliding_window = window;
     if (c.sliding_window) c.sliding_window_layers.assign(static_cast<size_t>(c.num_hidden_layers), true);
@@ -372,8 +373,8 @@ ModelConfig ModelConfig::from_json(std::string_view text, std::string_view sourc
     std::vector<bool> layers(static_cast<size_t>(c.num_hidden_layers), false);
     if (const json* types = r.get("layer_types")) {
       if (!types->is_array() || static_cast<int64_t>(types->size()) != c.num_hidden_layers) {
-        fail(source, "key 'layer_types' must be a list of num_hidden_layers (" + std::to_string(c.num_hidden_layers) +
-                         ") entries, got " + types->dump());
+        fail(source, "key 'layer_types' must be a list of num_hidden_layers (" +
+                         std::to_string(c.num_hidden_layers) + ") entries, got " + types->dump());
       }
       for (size_t l = 0; l < types->size(); ++l) {
         const json& t = (*types)[l];
@@ -432,7 +433,9 @@ std::string ModelConfig::to_json() const {
   j["max_position_embeddings"] = max_position_embeddings;
   j["rope_theta"] = rope_theta;
   switch (rope_scaling.type) {
-    case RopeScalingType::NONE: j["rope_scaling"] = nullptr; break;
+    case RopeScalingType::NONE:
+      j["rope_scaling"] = nullptr;
+      break;
     case RopeScalingType::LINEAR:
     case RopeScalingType::DYNAMIC: {
       ordered_json rs;

@@ -85,10 +85,10 @@ struct ModelConfig {
   std::string hidden_act = "silu";
 
   bool tie_word_embeddings = false;
-  bool attention_bias = false;            // bias on q/k/v_proj (Qwen2: always)
-  bool attention_output_bias = false;     // bias on o_proj (Llama/Qwen3/Mistral attention_bias; never Qwen2)
-  bool mlp_bias = false;                  // bias on gate/up/down_proj (Llama mlp_bias)
-  bool qk_norm = false;                   // per-head RMSNorm on q and k (Qwen3)
+  bool attention_bias = false;         // bias on q/k/v_proj (Qwen2: always)
+  bool attention_output_bias = false;  // bias on o_proj (Llama/Qwen3/Mistral attention_bias; never Qwen2)
+  bool mlp_bias = false;               // bias on gate/up/down_proj (Llama mlp_bias)
+  bool qk_norm = false;                // per-head RMSNorm on q and k (Qwen3)
   // Sliding-window attention as transformers applies it: a windowed layer's query at position i
   // sees keys j with i - j < sliding_window. Mistral windows every layer (sliding_window 4096
   // when the key is absent, none when it is null); Qwen2/3 only with use_sliding_window, and then

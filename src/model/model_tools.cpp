@@ -52,7 +52,9 @@ void fill_normal(std::vector<float>& out, double stddev, uint64_t seed) {
 
 void store(const std::vector<float>& values, DType dtype, std::span<std::byte> dst) {
   switch (dtype) {
-    case DType::F32: std::memcpy(dst.data(), values.data(), values.size() * 4); return;
+    case DType::F32:
+      std::memcpy(dst.data(), values.data(), values.size() * 4);
+      return;
     case DType::BF16:
     case DType::F16:
       for (size_t i = 0; i < values.size(); ++i) {
@@ -66,7 +68,8 @@ void store(const std::vector<float>& values, DType dtype, std::span<std::byte> d
         std::memcpy(dst.data() + 8 * i, &d, 8);
       }
       return;
-    default: SWARM_CHECK(false, std::string("random init into ") + dtype_name(dtype));
+    default:
+      SWARM_CHECK(false, std::string("random init into ") + dtype_name(dtype));
   }
 }
 
@@ -96,21 +99,30 @@ std::string human_count(double n) {
 
 const char* rope_scaling_name(RopeScalingType t) {
   switch (t) {
-    case RopeScalingType::NONE: return "none";
-    case RopeScalingType::LINEAR: return "linear";
-    case RopeScalingType::DYNAMIC: return "dynamic";
-    case RopeScalingType::LLAMA3: return "llama3";
+    case RopeScalingType::NONE:
+      return "none";
+    case RopeScalingType::LINEAR:
+      return "linear";
+    case RopeScalingType::DYNAMIC:
+      return "dynamic";
+    case RopeScalingType::LLAMA3:
+      return "llama3";
   }
   return "?";
 }
 
 const char* torch_dtype_name(DType d) {
   switch (d) {
-    case DType::F32: return "float32";
-    case DType::BF16: return "bfloat16";
-    case DType::F16: return "float16";
-    case DType::F64: return "float64";
-    default: return "";
+    case DType::F32:
+      return "float32";
+    case DType::BF16:
+      return "bfloat16";
+    case DType::F16:
+      return "float16";
+    case DType::F64:
+      return "float64";
+    default:
+      return "";
   }
 }
 
@@ -137,7 +149,7 @@ constexpr const char* kTinyCharChatTemplate =
 
 Preset tiny_char_preset() {
   // Ids: the special tokens first, then tab, newline and printable ASCII (space .. '~').
-  const std::vector<std::string> specials = {"<unk>",      "<|pad|>",  "<|bos|>",     "<|eos|>",
+  const std::vector<std::string> specials = {"<unk>",      "<|pad|>",  "<|bos|>",      "<|eos|>",
                                              "<|system|>", "<|user|>", "<|assistant|>"};
   std::vector<std::string> chars = {"\t", "\n"};
   for (int c = 0x20; c <= 0x7E; ++c) chars.emplace_back(1, static_cast<char>(c));
@@ -203,12 +215,9 @@ Preset tiny_char_preset() {
 
   ordered_json added_decoder = ordered_json::object();
   for (const auto& a : added)
-    added_decoder[std::to_string(a["id"].get<int64_t>())] = {{"content", a["content"]},
-                                                              {"lstrip", false},
-                                                              {"normalized", false},
-                                                              {"rstrip", false},
-                                                              {"single_word", false},
-                                                              {"special", true}};
+    added_decoder[std::to_string(a["id"].get<int64_t>())] = {{"content", a["content"]}, {"lstrip", false},
+                                                             {"normalized", false},     {"rstrip", false},
+                                                             {"single_word", false},    {"special", true}};
   ordered_json tokenizer_config = {
       {"add_bos_token", false},
       {"add_eos_token", false},
@@ -297,8 +306,8 @@ ModelWriteResult init_random_model(const InitModelOptions& options) {
     require_json_nesting(text, (options.from / "config.json").string());
     raw = ordered_json::parse(text, nullptr, false);
     if (raw.is_discarded() || !raw.is_object())
-      throw SwarmError(ErrorKind::INVALID_ARGUMENT, "init: " + (options.from / "config.json").string() +
-                                                        " is not a JSON object");
+      throw SwarmError(ErrorKind::INVALID_ARGUMENT,
+                       "init: " + (options.from / "config.json").string() + " is not a JSON object");
   }
   const std::string config_source =
       from_preset ? "preset " + options.preset + " config.json" : (options.from / "config.json").string();

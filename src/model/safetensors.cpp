@@ -165,18 +165,36 @@ std::vector<float> TensorView::to_f32() const {
   };
   auto cast = [](auto v) { return static_cast<float>(v); };
   switch (dtype) {
-    case DType::BOOL: load(uint8_t{}, [](uint8_t v) { return v ? 1.0f : 0.0f; }); break;
-    case DType::U8: load(uint8_t{}, cast); break;
-    case DType::I8: load(int8_t{}, cast); break;
-    case DType::I16: load(int16_t{}, cast); break;
-    case DType::I32: load(int32_t{}, cast); break;
-    case DType::I64: load(int64_t{}, cast); break;
-    case DType::F16: load(uint16_t{}, f16_to_f32); break;
-    case DType::BF16: load(uint16_t{}, bf16_to_f32); break;
+    case DType::BOOL:
+      load(uint8_t{}, [](uint8_t v) { return v ? 1.0f : 0.0f; });
+      break;
+    case DType::U8:
+      load(uint8_t{}, cast);
+      break;
+    case DType::I8:
+      load(int8_t{}, cast);
+      break;
+    case DType::I16:
+      load(int16_t{}, cast);
+      break;
+    case DType::I32:
+      load(int32_t{}, cast);
+      break;
+    case DType::I64:
+      load(int64_t{}, cast);
+      break;
+    case DType::F16:
+      load(uint16_t{}, f16_to_f32);
+      break;
+    case DType::BF16:
+      load(uint16_t{}, bf16_to_f32);
+      break;
     case DType::F32:
       if (n) std::memcpy(out.data(), data, n * 4);
       break;
-    case DType::F64: load(double{}, cast); break;
+    case DType::F64:
+      load(double{}, cast);
+      break;
   }
   return out;
 }

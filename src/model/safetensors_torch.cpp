@@ -8,16 +8,26 @@ namespace swarm {
 
 c10::ScalarType to_scalar_type(DType dtype) noexcept {
   switch (dtype) {
-    case DType::BOOL: return torch::kBool;
-    case DType::U8: return torch::kByte;
-    case DType::I8: return torch::kChar;
-    case DType::I16: return torch::kShort;
-    case DType::I32: return torch::kInt;
-    case DType::I64: return torch::kLong;
-    case DType::F16: return torch::kHalf;
-    case DType::BF16: return torch::kBFloat16;
-    case DType::F32: return torch::kFloat;
-    case DType::F64: return torch::kDouble;
+    case DType::BOOL:
+      return torch::kBool;
+    case DType::U8:
+      return torch::kByte;
+    case DType::I8:
+      return torch::kChar;
+    case DType::I16:
+      return torch::kShort;
+    case DType::I32:
+      return torch::kInt;
+    case DType::I64:
+      return torch::kLong;
+    case DType::F16:
+      return torch::kHalf;
+    case DType::BF16:
+      return torch::kBFloat16;
+    case DType::F32:
+      return torch::kFloat;
+    case DType::F64:
+      return torch::kDouble;
   }
   return torch::kFloat;
 }

@@ -29,7 +29,8 @@ std::string normalize_url(std::string url) {
   return url;
 }
 
-Poller::Poller(std::string base_url, std::chrono::milliseconds timeout) : url_(normalize_url(std::move(base_url))) {
+Poller::Poller(std::string base_url, std::chrono::milliseconds timeout)
+    : url_(normalize_url(std::move(base_url))) {
   try {
     http_ = std::make_unique<HttpClient>(url_, timeout);
   } catch (const TransportError& e) {
@@ -45,7 +46,8 @@ PollResult Poller::poll() {
   try {
     const HttpClientResponse r = http_->request("GET", kPoolRoute);
     if (r.status != 200) {
-      result.error = "HTTP " + std::to_string(r.status) + " from " + kPoolRoute + ": " + describe_error_body(r.body);
+      result.error =
+          "HTTP " + std::to_string(r.status) + " from " + kPoolRoute + ": " + describe_error_body(r.body);
       return result;
     }
     snap.pool = parse_pool_information(r.body);
@@ -63,15 +65,13 @@ PollResult Poller::poll() {
     if (r.status == 200) snap.engine = parse_engine_status(r.body);
   } catch (const ClientError&) {
     http_->close();
-  } catch (const std::exception&) {
-  }
+  } catch (const std::exception&) {}
   try {
     const HttpClientResponse r = http_->request("GET", "/metrics");
     if (r.status == 200) snap.requests = request_stats_from_metrics(r.body);
   } catch (const ClientError&) {
     http_->close();
-  } catch (const std::exception&) {
-  }
+  } catch (const std::exception&) {}
   result.snapshot = std::move(snap);
   return result;
 }

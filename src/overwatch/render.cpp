@@ -246,28 +246,33 @@ std::vector<std::string> state_lines(const PoolInfo& p, const Style& st, size_t 
   line += fmt::format("  for {}", format_duration(p.seconds_in_state));
   line += st.paint("   step ", kDim) + st.paint(std::to_string(p.global_step), kBold);
   line += st.paint(" · policy v", kDim) + std::to_string(p.policy_version);
-  line += st.paint(" · claims ", kDim) + (p.accepting_claims ? st.paint("open", kGreen) : st.paint("closed", kYellow));
+  line += st.paint(" · claims ", kDim) +
+          (p.accepting_claims ? st.paint("open", kGreen) : st.paint("closed", kYellow));
   out.push_back(line);
   if (p.has_training) {
     // The mode, the trainer beside the collection, and how stale the last step's tokens were.
     std::string t = st.paint("  training ", kDim) +
                     (p.max_staleness > 0 ? fmt::format("async (max_staleness {})", p.max_staleness)
                                          : std::string("synchronous"));
-    t += st.paint(" · trainer ", kDim) +
-         (p.trainer_step > 0 ? st.paint(fmt::format("on step {}", p.trainer_step), kBold) : std::string("idle"));
+    t += st.paint(" · trainer ", kDim) + (p.trainer_step > 0
+                                              ? st.paint(fmt::format("on step {}", p.trainer_step), kBold)
+                                              : std::string("idle"));
     if (!p.step_history.empty()) {
       const StepPoint& last = p.step_history.back();
-      t += st.paint(" · staleness ", kDim) + fmt::format("mean {:.2f} max {:.0f}", last.staleness_mean, last.staleness_max);
-      if (last.stale_dropped > 0) t += st.paint(fmt::format(" · {} stale dropped", last.stale_dropped), kYellow);
+      t += st.paint(" · staleness ", kDim) +
+           fmt::format("mean {:.2f} max {:.0f}", last.staleness_mean, last.staleness_max);
+      if (last.stale_dropped > 0)
+        t += st.paint(fmt::format(" · {} stale dropped", last.stale_dropped), kYellow);
     }
     out.push_back(t);
   }
   if (p.exchange.present) {
     // Swarm experience sharing: the broker, what went out and came in, and each peer.
     const ExchangeInfo& x = p.exchange;
-    std::string l = st.paint("  swarm ", kDim) + sanitize(x.swarm_name) + st.paint(" as ", kDim) + sanitize(x.node_id) +
-                    " " + (x.ready ? st.paint("● connected", kGreen)
-                                   : st.paint(x.connected ? "● connecting" : "● broker unreachable", kYellow));
+    std::string l = st.paint("  swarm ", kDim) + sanitize(x.swarm_name) + st.paint(" as ", kDim) +
+                    sanitize(x.node_id) + " " +
+                    (x.ready ? st.paint("● connected", kGreen)
+                             : st.paint(x.connected ? "● connecting" : "● broker unreachable", kYellow));
     l += st.paint(" · published ", kDim) + std::to_string(x.published);
     if (x.outbox > 0) l += st.paint(fmt::format(" ({} waiting)", x.outbox), kYellow);
     l += st.paint(" · accepted ", kDim) + fmt::format("{}/{}", x.accepted, x.received);
@@ -280,13 +285,16 @@ std::vector<std::string> state_lines(const PoolInfo& p, const Style& st, size_t 
       const ExchangePeerInfo& q = x.peers[k];
       std::string pl = st.paint("    peer ", kDim) + sanitize(q.node_id);
       if (!q.model.empty()) pl += st.paint(" (", kDim) + sanitize(q.model) + st.paint(")", kDim);
-      pl += st.paint(" · accepted ", kDim) + std::to_string(q.accepted) + st.paint(" · used ", kDim) + std::to_string(q.used);
+      pl += st.paint(" · accepted ", kDim) + std::to_string(q.accepted) + st.paint(" · used ", kDim) +
+            std::to_string(q.used);
       if (q.dropped > 0) pl += st.paint(fmt::format(" · {} dropped", q.dropped), kYellow);
       if (q.last_policy_step >= 0) pl += st.paint(" · step ", kDim) + std::to_string(q.last_policy_step);
-      if (q.seconds_since_seen >= 0) pl += st.paint(" · seen ", kDim) + format_duration(q.seconds_since_seen) + " ago";
+      if (q.seconds_since_seen >= 0)
+        pl += st.paint(" · seen ", kDim) + format_duration(q.seconds_since_seen) + " ago";
       out.push_back(pl);
     }
-    if (x.peers.size() > kMaxPeers) out.push_back(st.paint(fmt::format("    … {} more peers", x.peers.size() - kMaxPeers), kDim));
+    if (x.peers.size() > kMaxPeers)
+      out.push_back(st.paint(fmt::format("    … {} more peers", x.peers.size() - kMaxPeers), kDim));
   }
   if (!p.engine_status_detail.empty()) {
     const auto wrapped = wrap_text(sanitize(p.engine_status_detail), width > 12 ? width - 10 : 2);
@@ -343,8 +351,9 @@ std::vector<std::string> batch_lines(const PoolInfo& p, const Style& st, size_t 
     if (is_active) line += st.paint("  ← target", kDim);
     out.push_back(line);
   }
-  out.push_back("  " + pad("slots", kLabelWidth) +
-                fmt::format("running {} · unclaimed {} · max {}", p.running, p.unclaimed, p.max_parallel_episodes));
+  out.push_back(
+      "  " + pad("slots", kLabelWidth) +
+      fmt::format("running {} · unclaimed {} · max {}", p.running, p.unclaimed, p.max_parallel_episodes));
   return out;
 }
 
@@ -370,7 +379,8 @@ List running_list(const PoolInfo& p, const Style& st, size_t width) {
     std::string line = "  " + pad(short_id(e->episode_uuid), 10) + pad(short_id(e->client_uuid), 10) +
                        pad(sanitize(e->episode_type), 7) + pad(calls, 8) +
                        pad(format_duration(e->seconds_since_claim), 8);
-    const std::string idle = format_duration(e->seconds_idle) + " / " + format_duration(e->discard_episode_timeout);
+    const std::string idle =
+        format_duration(e->seconds_idle) + " / " + format_duration(e->discard_episode_timeout);
     const double r = ratio(e);
     const char* color = r >= 0.8 ? kRed : r >= 0.5 ? kYellow : kGreen;
     line += st.paint(pad(idle, 16), e->in_flight_calls > 0 ? kCyan : color);
@@ -400,7 +410,8 @@ List task_list(const PoolInfo& p, const Style& st, size_t width) {
   const std::string header = "  " + pad("TASK", id_width) + pad("EPISODES", 14) + "REWARD mean ± std";
   list.head.push_back(st.paint(header, kDim));
   for (const auto& t : p.tasks) {
-    std::string eps = p.num_repeat > 0 ? fmt::format("{}/{}", t.episodes, p.num_repeat) : std::to_string(t.episodes);
+    std::string eps =
+        p.num_repeat > 0 ? fmt::format("{}/{}", t.episodes, p.num_repeat) : std::to_string(t.episodes);
     std::string mark;
     if (t.complete) mark = t.dummy ? st.paint(" ✓ dummy", kYellow) : st.paint(" ✓", kGreen);
     std::string line = "  " + pad(sanitize(t.task_id), id_width) + pad(eps + mark, 14);
@@ -411,7 +422,8 @@ List task_list(const PoolInfo& p, const Style& st, size_t width) {
   return list;
 }
 
-std::vector<std::string> reward_lines(const FrameInput& in, const PoolInfo& p, const Style& st, size_t width) {
+std::vector<std::string> reward_lines(const FrameInput& in, const PoolInfo& p, const Style& st,
+                                      size_t width) {
   std::vector<std::string> out;
   out.push_back(section(st, "Reward", width));
   const size_t label = 2 + kLabelWidth;
@@ -441,8 +453,8 @@ std::vector<std::string> reward_lines(const FrameInput& in, const PoolInfo& p, c
                                     format_reward(last.reward_std));
     if (std::isfinite(lo))
       stats += st.paint(fmt::format(" · range {}..{}", format_reward(lo), format_reward(hi)), kDim);
-    stats +=
-        st.paint(fmt::format(" · {} step{}", in.step_history.size(), in.step_history.size() == 1 ? "" : "s"), kDim);
+    stats += st.paint(
+        fmt::format(" · {} step{}", in.step_history.size(), in.step_history.size() == 1 ? "" : "s"), kDim);
     spark_line("per step", means, stats);
   }
   if (p.recent_rewards.empty()) {
@@ -457,14 +469,15 @@ std::vector<std::string> reward_lines(const FrameInput& in, const PoolInfo& p, c
                    st.paint(fmt::format(" · last {}", p.recent_rewards.size()), kDim));
   }
   // The server always reports eval/episodes; the line only shows once there is an eval figure.
-  const bool any_eval =
-      std::any_of(p.eval_metrics.begin(), p.eval_metrics.end(), [](const auto& kv) { return kv.second != 0.0; });
+  const bool any_eval = std::any_of(p.eval_metrics.begin(), p.eval_metrics.end(),
+                                    [](const auto& kv) { return kv.second != 0.0; });
   if (any_eval) {
     std::vector<std::string> items;
     for (const auto& [k, v] : p.eval_metrics) items.push_back(fmt::format("{} {:.4g}", sanitize(k), v));
     auto lines = pack(items, width > label ? width - label + 2 : 10, st);
     for (size_t k = 0; k < lines.size(); ++k)
-      out.push_back((k == 0 ? "  " + pad("eval", kLabelWidth) : std::string(label, ' ')) + lines[k].substr(2));
+      out.push_back((k == 0 ? "  " + pad("eval", kLabelWidth) : std::string(label, ' ')) +
+                    lines[k].substr(2));
   }
   return out;
 }
@@ -481,11 +494,11 @@ std::vector<std::string> traffic_lines(const FrameInput& in, const PoolInfo& p, 
     items.push_back(req);
     items.push_back("openai " + format_count(r->openai));
     const int64_t errors = r->client_errors + r->server_errors;
-    std::string err = fmt::format("errors {} (4xx {}, 5xx {})", format_count(errors), format_count(r->client_errors),
-                                  format_count(r->server_errors));
+    std::string err = fmt::format("errors {} (4xx {}, 5xx {})", format_count(errors),
+                                  format_count(r->client_errors), format_count(r->server_errors));
     items.push_back(r->server_errors > 0 ? st.paint(err, kRed) : errors > 0 ? st.paint(err, kYellow) : err);
-    items.push_back(
-        fmt::format("tokens {} in / {} out", format_count(r->prompt_tokens), format_count(r->completion_tokens)));
+    items.push_back(fmt::format("tokens {} in / {} out", format_count(r->prompt_tokens),
+                                format_count(r->completion_tokens)));
   } else {
     items.push_back(st.paint("requests n/a (/metrics unavailable)", kDim));
   }
@@ -525,8 +538,9 @@ std::vector<std::string> render_dashboard(const FrameInput& in, const RenderOpti
   const List running = running_list(p, st, width);
   const List tasks = task_list(p, st, width);
   const std::string footer =
-      opt.interactive ? st.paint(fmt::format("  q quit · refresh every {}", format_duration(in.interval_seconds)), kDim)
-                      : std::string();
+      opt.interactive
+          ? st.paint(fmt::format("  q quit · refresh every {}", format_duration(in.interval_seconds)), kDim)
+          : std::string();
 
   // Everything but the two lists. On a short screen, secondary lines go first to leave
   // rows for the lists: compact 1 drops the targets the method does not stop at, 2 also
@@ -544,9 +558,11 @@ std::vector<std::string> render_dashboard(const FrameInput& in, const RenderOpti
   auto fixed = [&] {
     return top.size() + bottom.size() + running.head.size() + tasks.head.size() + (footer.empty() ? 0 : 1);
   };
-  const size_t wanted_rows = std::min<size_t>(running.rows.size(), 3) + std::min<size_t>(tasks.rows.size(), 3);
+  const size_t wanted_rows =
+      std::min<size_t>(running.rows.size(), 3) + std::min<size_t>(tasks.rows.size(), 3);
   build(0);
-  for (int compact = 1; compact <= 2 && height > 0 && fixed() + wanted_rows > height; ++compact) build(compact);
+  for (int compact = 1; compact <= 2 && height > 0 && fixed() + wanted_rows > height; ++compact)
+    build(compact);
 
   size_t limit_running = static_cast<size_t>(std::max(opt.max_list_rows, 1));
   size_t limit_tasks = limit_running;
@@ -562,7 +578,8 @@ std::vector<std::string> render_dashboard(const FrameInput& in, const RenderOpti
   emit_list(tasks, limit_tasks, st, out);
   out.insert(out.end(), bottom.begin(), bottom.end());
   // On a screen too short even for that, the footer (how to quit) still shows.
-  if (height > 0 && out.size() + (footer.empty() ? 0 : 1) > height) out.resize(footer.empty() ? height : height - 1);
+  if (height > 0 && out.size() + (footer.empty() ? 0 : 1) > height)
+    out.resize(footer.empty() ? height : height - 1);
   if (!footer.empty()) out.push_back(footer);
   return out;
 }
@@ -571,8 +588,9 @@ std::vector<std::string> render_dashboard(const FrameInput& in, const RenderOpti
 
 std::vector<std::string> render_frame(const FrameInput& in, const RenderOptions& options) {
   const Style st{options.color};
-  std::vector<std::string> lines =
-      in.connection.reachable && in.snapshot ? render_dashboard(in, options, st) : render_unreachable(in, options, st);
+  std::vector<std::string> lines = in.connection.reachable && in.snapshot
+                                       ? render_dashboard(in, options, st)
+                                       : render_unreachable(in, options, st);
   if (options.height > 0 && lines.size() > static_cast<size_t>(options.height))
     lines.resize(static_cast<size_t>(options.height));
   const size_t width = static_cast<size_t>(std::max(options.width, 1));

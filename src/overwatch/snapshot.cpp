@@ -179,7 +179,8 @@ PoolInfo pool_information_from_json(const json& j) {
   // nlohmann's default json keeps object keys sorted, which is also a stable display order.
   for (const auto& [k, v] : get_object(j, "counters").items())
     if (v.is_number())
-      p.counters.emplace_back(k, v.is_number_float() ? static_cast<int64_t>(v.get<double>()) : v.get<int64_t>());
+      p.counters.emplace_back(k,
+                              v.is_number_float() ? static_cast<int64_t>(v.get<double>()) : v.get<int64_t>());
   return p;
 }
 

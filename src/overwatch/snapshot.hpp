@@ -52,9 +52,9 @@ struct StepPoint {
   int64_t episodes = 0;
   int64_t tasks = 0;
   double seconds = 0.0;
-  double staleness_mean = 0.0;      // lag of the trained tokens (0 when the server does not say)
+  double staleness_mean = 0.0;  // lag of the trained tokens (0 when the server does not say)
   double staleness_max = 0.0;
-  int64_t stale_dropped = 0;        // episodes dropped as too stale for this step
+  int64_t stale_dropped = 0;  // episodes dropped as too stale for this step
 };
 
 /// GET /get_current_batch_rollout_pool_information.
@@ -92,9 +92,9 @@ struct PoolInfo {
   double seconds_in_state = 0.0;
   int64_t global_step = 0;
   int64_t policy_version = 0;
-  bool has_training = false;        // the server reports its training mode (newer servers)
-  int64_t max_staleness = 0;        // 0 = synchronous
-  int64_t trainer_step = 0;         // the step the trainer computes; 0 = idle
+  bool has_training = false;  // the server reports its training mode (newer servers)
+  int64_t max_staleness = 0;  // 0 = synchronous
+  int64_t trainer_step = 0;   // the step the trainer computes; 0 = idle
   std::string sample_collection_method;
   bool accepting_claims = false;
   int64_t batch_size = 0;

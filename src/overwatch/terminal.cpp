@@ -113,14 +113,17 @@ void TerminalSession::restore() {
   restored_ = true;
   write_all(1, kLeave);
   if (termios_saved_) ::tcsetattr(0, TCSANOW, &saved_termios_);
-  for (size_t i = 0; i < sizeof(kSignals) / sizeof(kSignals[0]); ++i) ::sigaction(kSignals[i], &g_previous[i], nullptr);
+  for (size_t i = 0; i < sizeof(kSignals) / sizeof(kSignals[0]); ++i)
+    ::sigaction(kSignals[i], &g_previous[i], nullptr);
   for (int& fd : g_pipe) {
     if (fd >= 0) ::close(fd);
     fd = -1;
   }
 }
 
-void TerminalSession::draw(const std::vector<std::string>& lines) { write_all(1, screen_bytes(lines, rows())); }
+void TerminalSession::draw(const std::vector<std::string>& lines) {
+  write_all(1, screen_bytes(lines, rows()));
+}
 
 bool TerminalSession::quit_requested() const { return quit_ || g_stop != 0; }
 
@@ -145,8 +148,7 @@ TerminalSession::Event TerminalSession::wait(std::chrono::milliseconds timeout) 
     }
     if (fds[0].revents & POLLIN) {
       char buf[64];
-      while (::read(g_pipe[0], buf, sizeof(buf)) > 0) {
-      }
+      while (::read(g_pipe[0], buf, sizeof(buf)) > 0) {}
       continue;  // the flags say what happened
     }
     if (nfds == 2 && (fds[1].revents & (POLLIN | POLLHUP | POLLERR))) {

@@ -186,10 +186,12 @@ void draw_legend(RgbImage& img, ChartLayout& L, const ChartSpec& spec) {
     const int sx = x + kPad;
     if (entries[i].line) {
       const double cy = row_y + kGlyphHeight / 2.0;
-      draw_segment(img, all, sx + 1, cy, sx + kSwatch - 1, cy, entries[i].line->width, entries[i].line->color);
+      draw_segment(img, all, sx + 1, cy, sx + kSwatch - 1, cy, entries[i].line->width,
+                   entries[i].line->color);
     } else {
       for (int yy = row_y; yy < row_y + kGlyphHeight; ++yy)
-        for (int xx = sx; xx < sx + kSwatch; ++xx) img.blend(xx, yy, entries[i].band->color, entries[i].band->alpha);
+        for (int xx = sx; xx < sx + kSwatch; ++xx)
+          img.blend(xx, yy, entries[i].band->color, entries[i].band->alpha);
     }
     draw_text(img, sx + kSwatch + kPad, row_y, entries[i].label, kText);
   }
@@ -201,9 +203,13 @@ void draw_legend(RgbImage& img, ChartLayout& L, const ChartSpec& spec) {
 
 }  // namespace
 
-double ChartLayout::to_px_x(double v) const { return left + 0.5 + (v - x.min) / (x.max - x.min) * (right - left); }
+double ChartLayout::to_px_x(double v) const {
+  return left + 0.5 + (v - x.min) / (x.max - x.min) * (right - left);
+}
 
-double ChartLayout::to_px_y(double v) const { return bottom + 0.5 - (v - y.min) / (y.max - y.min) * (bottom - top); }
+double ChartLayout::to_px_y(double v) const {
+  return bottom + 0.5 - (v - y.min) / (y.max - y.min) * (bottom - top);
+}
 
 Axis make_axis(double lo, double hi, int target_ticks, bool integer) {
   if (!(hi > lo)) {
@@ -224,7 +230,7 @@ Axis make_axis(double lo, double hi, int target_ticks, bool integer) {
 
 std::string format_tick(double v, double step) {
   if (std::fabs(v) < step * 1e-6) v = 0.0;  // no "-0.00"
-  int decimals = 0;                         // the fewest that write `step` exactly (0.25 -> 2, 0.5 -> 1, 20 -> 0)
+  int decimals = 0;  // the fewest that write `step` exactly (0.25 -> 2, 0.5 -> 1, 20 -> 0)
   while (decimals < 10) {
     const double scaled = step * std::pow(10.0, decimals);
     if (std::fabs(scaled - std::round(scaled)) < 1e-6 * scaled) break;
@@ -241,14 +247,15 @@ std::string format_tick(double v, double step) {
 
 RgbImage render_chart(const ChartSpec& spec, ChartLayout* layout_out) {
   if (spec.width < 160 || spec.height < 120)
-    throw std::invalid_argument("chart size " + std::to_string(spec.width) + "x" + std::to_string(spec.height) +
-                                " is below 160x120");
+    throw std::invalid_argument("chart size " + std::to_string(spec.width) + "x" +
+                                std::to_string(spec.height) + " is below 160x120");
   // Only finite points count; they set the ranges.
   double x_lo = std::numeric_limits<double>::infinity(), x_hi = -x_lo, y_lo = x_lo, y_hi = -x_lo;
   std::vector<LineSeries> lines;
   std::vector<BandSeries> bands;
   for (const auto& l : spec.lines) {
-    if (l.x.size() != l.y.size()) throw std::invalid_argument("line '" + l.label + "': x and y differ in length");
+    if (l.x.size() != l.y.size())
+      throw std::invalid_argument("line '" + l.label + "': x and y differ in length");
     LineSeries f{l.label, {}, {}, l.color, l.width};
     for (size_t i = 0; i < l.x.size(); ++i) {
       if (!std::isfinite(l.x[i]) || !std::isfinite(l.y[i])) continue;
@@ -281,11 +288,13 @@ RgbImage render_chart(const ChartSpec& spec, ChartLayout* layout_out) {
 
   RgbImage img(spec.width, spec.height, kBackground);
   ChartLayout L;
-  const std::string title = to_ascii(spec.title), x_label = to_ascii(spec.x_label), y_label = to_ascii(spec.y_label);
+  const std::string title = to_ascii(spec.title), x_label = to_ascii(spec.x_label),
+                    y_label = to_ascii(spec.y_label);
 
   // Vertical layout first: it decides the y ticks, whose labels decide the left margin.
   L.top = title.empty() ? 14 : 12 + kGlyphHeight * kTitleScale + 12;
-  L.bottom = spec.height - 1 - (kTickLength + 5 + kGlyphHeight + (x_label.empty() ? 8 : 10 + kGlyphHeight + 8));
+  L.bottom =
+      spec.height - 1 - (kTickLength + 5 + kGlyphHeight + (x_label.empty() ? 8 : 10 + kGlyphHeight + 8));
   const double y_pad = (y_hi - y_lo) * 0.04;
   L.y = make_axis(y_lo - y_pad, y_hi + y_pad, std::max(2, (L.bottom - L.top) / 55), false);
   std::vector<std::string> y_tick_labels;
@@ -297,13 +306,15 @@ RgbImage render_chart(const ChartSpec& spec, ChartLayout* layout_out) {
   L.left = 10 + (y_label.empty() ? 0 : kGlyphHeight + 10) + y_label_w + 5 + kTickLength;
   L.right = spec.width - 1 - 24;
   if (L.right - L.left < 40 || L.bottom - L.top < 40)
-    throw std::invalid_argument("chart size " + std::to_string(spec.width) + "x" + std::to_string(spec.height) +
-                                " leaves no room to plot");
+    throw std::invalid_argument("chart size " + std::to_string(spec.width) + "x" +
+                                std::to_string(spec.height) + " leaves no room to plot");
   L.x = make_axis(x_lo, x_hi, std::max(2, (L.right - L.left) / 90), spec.integer_x);
 
   // Grid, then data, then frame and labels over it.
-  for (double v : L.y.ticks) draw_hline(img, L.left, L.right, static_cast<int>(std::floor(L.to_px_y(v))), kGrid);
-  for (double v : L.x.ticks) draw_vline(img, static_cast<int>(std::floor(L.to_px_x(v))), L.top, L.bottom, kGrid);
+  for (double v : L.y.ticks)
+    draw_hline(img, L.left, L.right, static_cast<int>(std::floor(L.to_px_y(v))), kGrid);
+  for (double v : L.x.ticks)
+    draw_vline(img, static_cast<int>(std::floor(L.to_px_x(v))), L.top, L.bottom, kGrid);
   for (const auto& b : bands) draw_band(img, L, b);
   for (const auto& l : lines)
     if (!l.x.empty()) draw_line(img, L, l);
@@ -330,8 +341,8 @@ RgbImage render_chart(const ChartSpec& spec, ChartLayout* layout_out) {
   }
   if (!x_label.empty()) {
     const std::string s = fit_text(x_label, L.right - L.left, 1);
-    draw_text(img, (L.left + L.right) / 2 - text_width(s) / 2, L.bottom + kTickLength + 5 + kGlyphHeight + 10, s,
-              kText);
+    draw_text(img, (L.left + L.right) / 2 - text_width(s) / 2, L.bottom + kTickLength + 5 + kGlyphHeight + 10,
+              s, kText);
   }
   if (!y_label.empty()) {
     const std::string s = fit_text(y_label, L.bottom - L.top, 1);

@@ -147,7 +147,8 @@ void draw_text(RgbImage& image, int x, int y, std::string_view text, Rgb color, 
     for (int r = 0; r < kGlyphHeight; ++r)
       for (int col = 0; col < kGlyphWidth; ++col)
         if (rows[r] & (0x10 >> col))
-          image.fill_rect(pen + col * scale, top + r * scale, pen + (col + 1) * scale, top + (r + 1) * scale, color);
+          image.fill_rect(pen + col * scale, top + r * scale, pen + (col + 1) * scale, top + (r + 1) * scale,
+                          color);
     pen += kGlyphAdvance * scale;
   });
 }
@@ -162,8 +163,8 @@ void draw_text_vertical(RgbImage& image, int x, int y, std::string_view text, Rg
     for (int r = 0; r < kGlyphHeight; ++r)
       for (int col = 0; col < kGlyphWidth; ++col)
         if (rows[r] & (0x10 >> col))
-          image.fill_rect(left + r * scale, pen - (col + 1) * scale + 1, left + (r + 1) * scale, pen - col * scale + 1,
-                          color);
+          image.fill_rect(left + r * scale, pen - (col + 1) * scale + 1, left + (r + 1) * scale,
+                          pen - col * scale + 1, color);
     pen -= kGlyphAdvance * scale;
   });
 }

@@ -83,8 +83,9 @@ class PngWriteGuard {
 bool run_libpng(png_structp png, png_infop info, EncodeState* state, const RgbImage& image) {
   if (setjmp(png_jmpbuf(png))) return false;
   png_set_write_fn(png, state, on_write, on_flush);
-  png_set_IHDR(png, info, static_cast<png_uint_32>(image.width()), static_cast<png_uint_32>(image.height()), 8,
-               PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+  png_set_IHDR(png, info, static_cast<png_uint_32>(image.width()), static_cast<png_uint_32>(image.height()),
+               8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
+               PNG_FILTER_TYPE_DEFAULT);
   png_write_info(png, info);
   const uint8_t* row = image.pixels().data();
   const size_t stride = static_cast<size_t>(image.width()) * 3;
@@ -132,13 +133,15 @@ void encode_png(const RgbImage& image, const PngSink& sink) {
 std::vector<uint8_t> encode_png(const RgbImage& image) {
   std::vector<uint8_t> out;
   out.reserve(static_cast<size_t>(image.width()) * static_cast<size_t>(image.height()) / 8 + 1024);
-  encode_png(image, [&out](std::span<const uint8_t> piece) { out.insert(out.end(), piece.begin(), piece.end()); });
+  encode_png(image,
+             [&out](std::span<const uint8_t> piece) { out.insert(out.end(), piece.begin(), piece.end()); });
   return out;
 }
 
 void write_png(const std::filesystem::path& path, const RgbImage& image) {
   const std::filesystem::path dir = path.parent_path().empty() ? "." : path.parent_path();
-  const std::filesystem::path tmp = dir / ("." + path.filename().string() + ".tmp-" + std::to_string(::getpid()));
+  const std::filesystem::path tmp =
+      dir / ("." + path.filename().string() + ".tmp-" + std::to_string(::getpid()));
   auto fail = [&](const std::string& why) {
     std::error_code ec;
     std::filesystem::remove(tmp, ec);

@@ -201,10 +201,10 @@ ChartSpec build_reward_chart(const MetricSeries& s, const RewardChartOptions& op
   return spec;
 }
 
-ChartSpec build_comparison_chart(const std::vector<MetricSeries>& series, const std::vector<std::string>& labels,
-                                 const RewardChartOptions& options) {
-  static constexpr Rgb kPalette[] = {{31, 119, 180}, {255, 127, 14}, {44, 160, 44},  {214, 39, 40},
-                                     {148, 103, 189}, {140, 86, 75}, {227, 119, 194}, {127, 127, 127}};
+ChartSpec build_comparison_chart(const std::vector<MetricSeries>& series,
+                                 const std::vector<std::string>& labels, const RewardChartOptions& options) {
+  static constexpr Rgb kPalette[] = {{31, 119, 180},  {255, 127, 14}, {44, 160, 44},   {214, 39, 40},
+                                     {148, 103, 189}, {140, 86, 75},  {227, 119, 194}, {127, 127, 127}};
   constexpr size_t kColors = sizeof(kPalette) / sizeof(kPalette[0]);
   SWARM_REQUIRE(!series.empty(), ErrorKind::INVALID_ARGUMENT, "no series to draw");
   SWARM_REQUIRE(series.size() <= kColors, ErrorKind::INVALID_ARGUMENT,
@@ -219,8 +219,10 @@ ChartSpec build_comparison_chart(const std::vector<MetricSeries>& series, const 
   for (size_t k = 0; k < series.size(); ++k) {
     const MetricSeries& s = series[k];
     const std::string label = k < labels.size() && !labels[k].empty() ? labels[k] : s.field;
-    spec.integer_x = spec.integer_x && std::all_of(s.steps.begin(), s.steps.end(), [](double x) { return x == std::floor(x); });
-    if (BandSeries band = std_band(s, "", kPalette[k], 0.14); !band.x.empty()) spec.bands.push_back(std::move(band));
+    spec.integer_x = spec.integer_x &&
+                     std::all_of(s.steps.begin(), s.steps.end(), [](double x) { return x == std::floor(x); });
+    if (BandSeries band = std_band(s, "", kPalette[k], 0.14); !band.x.empty())
+      spec.bands.push_back(std::move(band));
     spec.lines.push_back({label, s.steps, s.values, kPalette[k], 2.0});
   }
   return spec;
@@ -232,8 +234,8 @@ std::string summarize(const MetricSeries& s) {
   const auto at = [&](auto it) { return format_step(s.steps[static_cast<size_t>(it - s.values.begin())]); };
   return s.field + ": " + std::to_string(s.values.size()) + (s.values.size() == 1 ? " step (" : " steps (") +
          format_step(s.steps.front()) + ".." + format_step(s.steps.back()) + "), first " +
-         format_value(s.values.front()) + ", last " + format_value(s.values.back()) + ", min " + format_value(*lo) +
-         " at step " + at(lo) + ", max " + format_value(*hi) + " at step " + at(hi);
+         format_value(s.values.front()) + ", last " + format_value(s.values.back()) + ", min " +
+         format_value(*lo) + " at step " + at(lo) + ", max " + format_value(*hi) + " at step " + at(hi);
 }
 
 }  // namespace swarm::plot

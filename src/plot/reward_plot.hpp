@@ -58,8 +58,8 @@ ChartSpec build_reward_chart(const MetricSeries& series, const RewardChartOption
 /// own colour with its +/- std band when it has one; labels[i] names series[i] in the legend
 /// (its file's field when empty). Throws SwarmError(INVALID_ARGUMENT) on no series or more than
 /// the palette's 8.
-ChartSpec build_comparison_chart(const std::vector<MetricSeries>& series, const std::vector<std::string>& labels,
-                                 const RewardChartOptions& options);
+ChartSpec build_comparison_chart(const std::vector<MetricSeries>& series,
+                                 const std::vector<std::string>& labels, const RewardChartOptions& options);
 
 /// "<field>: <project>/<experiment>" for .../<project>/<experiment>/metrics.jsonl.
 std::string default_title(const std::filesystem::path& metrics_file, const std::string& field);

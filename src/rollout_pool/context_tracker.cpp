@@ -35,7 +35,8 @@ void append_completion(Sample& s, const LlmCall& call, int32_t call_in_sample) {
     s.token_call.push_back(call_in_sample);
     s.loss_mask.push_back(1);
     s.rollout_logprobs.push_back(call.completion_logprobs[i]);
-    s.policy_versions.push_back(call.completion_versions.empty() ? call.policy_version : call.completion_versions[i]);
+    s.policy_versions.push_back(call.completion_versions.empty() ? call.policy_version
+                                                                 : call.completion_versions[i]);
   }
 }
 
@@ -47,12 +48,12 @@ std::vector<Sample> merge_calls_into_samples(const std::vector<LlmCall>& calls) 
   for (size_t c = 0; c < calls.size(); ++c) {
     const LlmCall& call = calls[c];
     SWARM_CHECK(call.completion_logprobs.size() == call.completion_ids.size(),
-                "call " + std::to_string(c) + " has " +
-                    std::to_string(call.completion_logprobs.size()) + " logprobs for " +
-                    std::to_string(call.completion_ids.size()) + " completion tokens");
-    SWARM_CHECK(call.completion_versions.empty() || call.completion_versions.size() == call.completion_ids.size(),
-                "call " + std::to_string(c) + " has " + std::to_string(call.completion_versions.size()) +
-                    " token versions for " + std::to_string(call.completion_ids.size()) + " completion tokens");
+                "call " + std::to_string(c) + " has " + std::to_string(call.completion_logprobs.size()) +
+                    " logprobs for " + std::to_string(call.completion_ids.size()) + " completion tokens");
+    SWARM_CHECK(
+        call.completion_versions.empty() || call.completion_versions.size() == call.completion_ids.size(),
+        "call " + std::to_string(c) + " has " + std::to_string(call.completion_versions.size()) +
+            " token versions for " + std::to_string(call.completion_ids.size()) + " completion tokens");
 
     Timeline* best = nullptr;
     for (Timeline& t : timelines) {

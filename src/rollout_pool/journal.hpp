@@ -29,8 +29,10 @@ class EpisodeJournal {
     std::promise<void> p;
     std::future<void> f = p.get_future();
     record_async(episode, [&p](std::exception_ptr e) {
-      if (e) p.set_exception(e);
-      else p.set_value();
+      if (e)
+        p.set_exception(e);
+      else
+        p.set_value();
     });
     f.get();
   }

@@ -60,14 +60,12 @@ RewardStats reward_stats(const Episodes& episodes) {
 }
 
 std::string not_found_message(const std::string& episode_uuid) {
-  return "episode " + episode_uuid +
-         " not found (it may have ended, been aborted, or timed out)";
+  return "episode " + episode_uuid + " not found (it may have ended, been aborted, or timed out)";
 }
 
 void require_positive(int64_t value, const char* name) {
   SWARM_REQUIRE(value > 0, ErrorKind::INVALID_ARGUMENT,
-                std::string("pool config: ") + name + " must be positive, got " +
-                    std::to_string(value));
+                std::string("pool config: ") + name + " must be positive, got " + std::to_string(value));
 }
 
 }  // namespace
@@ -96,15 +94,15 @@ void RolloutPool::set_accepting_claims(bool accepting) {
 ClaimResult RolloutPool::claim(const ClaimRequest& request) {
   SWARM_REQUIRE(!request.client_uuid.empty(), ErrorKind::INVALID_ARGUMENT,
                 "claim: client_uuid must not be empty");
-  SWARM_REQUIRE(std::isfinite(request.discard_episode_timeout) &&
-                    request.discard_episode_timeout > 0.0,
+  SWARM_REQUIRE(std::isfinite(request.discard_episode_timeout) && request.discard_episode_timeout > 0.0,
                 ErrorKind::INVALID_ARGUMENT,
                 "claim: discard_episode_timeout must be a positive number of seconds, got " +
                     std::to_string(request.discard_episode_timeout));
   // Bounded: an idle episode holds a slot and its context until the timeout reaps it.
   SWARM_REQUIRE(request.discard_episode_timeout <= kMaxDiscardEpisodeTimeout, ErrorKind::INVALID_ARGUMENT,
-                "claim: discard_episode_timeout must be at most " + std::to_string(int64_t(kMaxDiscardEpisodeTimeout)) +
-                    " seconds (24 h), got " + std::to_string(request.discard_episode_timeout));
+                "claim: discard_episode_timeout must be at most " +
+                    std::to_string(int64_t(kMaxDiscardEpisodeTimeout)) + " seconds (24 h), got " +
+                    std::to_string(request.discard_episode_timeout));
   // Generated before taking the lock: reading the OS CSPRNG is a syscall.
   std::string api_key = "sk-swarm-" + random_hex(kApiKeyRandomBytes);
 
@@ -113,26 +111,30 @@ ClaimResult RolloutPool::claim(const ClaimRequest& request) {
   if (!accepting_) {
     // The wording AgentJet's client retries on (15 s), as in the engine's own refusals.
     result.fail_cause =
-        "Engine is in post-rolling phase: not accepting new episodes (the batch is complete; waiting for weight "
+        "Engine is in post-rolling phase: not accepting new episodes (the batch is complete; waiting for "
+        "weight "
         "sync). Try again later.";
     return result;
   }
   if (request.episode_type == EpisodeType::TRAIN && train_admission_limit_ >= 0) {
     int64_t running_train = 0;
-    for (const auto& [id, ep] : episodes_) running_train += ep->claimed && ep->type == EpisodeType::TRAIN ? 1 : 0;
+    for (const auto& [id, ep] : episodes_)
+      running_train += ep->claimed && ep->type == EpisodeType::TRAIN ? 1 : 0;
     const bool could_progress = batch_ready_locked() || running_train > 0;
     if (running_train + finished_cached_ >= train_admission_limit_ && could_progress) {
       counters_.claims_held_by_staleness++;
-      result.fail_cause = "No available episodes to claim. The staleness bound (max_staleness) holds new episodes "
-                          "until the trainer has caught up (" + std::to_string(running_train + finished_cached_) +
-                          " train episodes running or waiting, bound " + std::to_string(train_admission_limit_) +
-                          "); try again later.";
+      result.fail_cause =
+          "No available episodes to claim. The staleness bound (max_staleness) holds new episodes "
+          "until the trainer has caught up (" +
+          std::to_string(running_train + finished_cached_) + " train episodes running or waiting, bound " +
+          std::to_string(train_admission_limit_) + "); try again later.";
       return result;
     }
   }
   if (config_.max_claimed_per_client > 0) {
     int64_t held = 0;
-    for (const auto& [id, ep] : episodes_) held += ep->claimed && ep->client_uuid == request.client_uuid ? 1 : 0;
+    for (const auto& [id, ep] : episodes_)
+      held += ep->claimed && ep->client_uuid == request.client_uuid ? 1 : 0;
     if (held >= config_.max_claimed_per_client) {
       result.fail_cause = "Client " + request.client_uuid + " holds " + std::to_string(held) +
                           " unfinished episodes, the most one client may (max_claimed_per_client " +
@@ -143,8 +145,8 @@ ClaimResult RolloutPool::claim(const ClaimRequest& request) {
   }
   if (unclaimed_.empty()) {
     // "No available episodes to claim." is what AgentJet's client retries on quickly (2 s).
-    result.fail_cause = "No available episodes to claim. All " + std::to_string(config_.max_parallel_episodes) +
-                        " slots are in use; try again later.";
+    result.fail_cause = "No available episodes to claim. All " +
+                        std::to_string(config_.max_parallel_episodes) + " slots are in use; try again later.";
     return result;
   }
   std::string uuid = std::move(unclaimed_.front());
@@ -199,9 +201,8 @@ bool RolloutPool::finish_call(const std::string& episode_uuid, LlmCall call) {
   ep.last_activity = clock_->now();
   // The call has ended either way (in_flight released above); a mismatch is an engine bug.
   SWARM_CHECK(call.completion_logprobs.size() == call.completion_ids.size(),
-              "episode " + episode_uuid + ": " +
-                  std::to_string(call.completion_logprobs.size()) + " logprobs for " +
-                  std::to_string(call.completion_ids.size()) + " completion tokens");
+              "episode " + episode_uuid + ": " + std::to_string(call.completion_logprobs.size()) +
+                  " logprobs for " + std::to_string(call.completion_ids.size()) + " completion tokens");
   ep.calls.push_back(std::move(call));
   counters_.llm_calls++;
   return true;
@@ -270,7 +271,8 @@ void RolloutPool::end_episode_async(const std::string& client_uuid, const std::s
   [&] {
     std::lock_guard lock(mu_);
     // A retry (the first answer was lost): the recorded outcome, or the one in progress.
-    if (auto it = episodes_.find(episode_uuid); it != episodes_.end() && it->second->claimed && it->second->ending) {
+    if (auto it = episodes_.find(episode_uuid);
+        it != episodes_.end() && it->second->claimed && it->second->ending) {
       Episode& ending = *it->second;
       SWARM_REQUIRE(ending.client_uuid == client_uuid, ErrorKind::FORBIDDEN,
                     "episode " + episode_uuid + " belongs to another client");
@@ -302,8 +304,8 @@ void RolloutPool::end_episode_async(const std::string& client_uuid, const std::s
       counters_.ended++;
       counters_.ended_eval++;
       if (!output.reward) {
-        outcome.note = "eval episode " + episode_uuid +
-                       " ended without a reward; it is not part of eval/reward_mean";
+        outcome.note =
+            "eval episode " + episode_uuid + " ended without a reward; it is not part of eval/reward_mean";
       }
       free_slot_locked(episode_uuid, true);
       outcome.batch_ready = batch_ready_locked();
@@ -315,22 +317,26 @@ void RolloutPool::end_episode_async(const std::string& client_uuid, const std::s
     // Finer rewards must match the calls the episode made (before anything is changed).
     const size_t made = ep.calls.size();
     const bool turns_match = output.turn_rewards.size() == made;
-    SWARM_REQUIRE(output.turn_rewards.empty() || turns_match || output.turn_rewards_from_list, ErrorKind::INVALID_ARGUMENT,
-                  "end_episode: workflow_output.turn_rewards has " + std::to_string(output.turn_rewards.size()) +
-                      " numbers but episode " + episode_uuid + " made " + std::to_string(made) +
-                      " LLM calls (one per call, in call order)");
-    SWARM_REQUIRE(output.token_rewards.empty() || output.token_rewards.size() == made, ErrorKind::INVALID_ARGUMENT,
-                  "end_episode: workflow_output.token_rewards has " + std::to_string(output.token_rewards.size()) +
-                      " lists but episode " + episode_uuid + " made " + std::to_string(made) + " LLM calls");
+    SWARM_REQUIRE(output.turn_rewards.empty() || turns_match || output.turn_rewards_from_list,
+                  ErrorKind::INVALID_ARGUMENT,
+                  "end_episode: workflow_output.turn_rewards has " +
+                      std::to_string(output.turn_rewards.size()) + " numbers but episode " + episode_uuid +
+                      " made " + std::to_string(made) + " LLM calls (one per call, in call order)");
+    SWARM_REQUIRE(
+        output.token_rewards.empty() || output.token_rewards.size() == made, ErrorKind::INVALID_ARGUMENT,
+        "end_episode: workflow_output.token_rewards has " + std::to_string(output.token_rewards.size()) +
+            " lists but episode " + episode_uuid + " made " + std::to_string(made) + " LLM calls");
     for (size_t c = 0; c < output.token_rewards.size(); ++c)
-      SWARM_REQUIRE(output.token_rewards[c].size() == ep.calls[c].completion_ids.size(), ErrorKind::INVALID_ARGUMENT,
-                    "end_episode: workflow_output.token_rewards[" + std::to_string(c) + "] has " +
-                        std::to_string(output.token_rewards[c].size()) + " numbers but call " + std::to_string(c) +
-                        " generated " + std::to_string(ep.calls[c].completion_ids.size()) + " tokens");
+      SWARM_REQUIRE(
+          output.token_rewards[c].size() == ep.calls[c].completion_ids.size(), ErrorKind::INVALID_ARGUMENT,
+          "end_episode: workflow_output.token_rewards[" + std::to_string(c) + "] has " +
+              std::to_string(output.token_rewards[c].size()) + " numbers but call " + std::to_string(c) +
+              " generated " + std::to_string(ep.calls[c].completion_ids.size()) + " tokens");
     if (!output.turn_rewards.empty()) {
       counters_.ended_with_turn_rewards++;
       TurnRewardEpisode kept{episode_uuid, client_uuid, task_id, output.turn_rewards};
-      if (kept.turn_rewards.size() > config_.max_turn_rewards) kept.turn_rewards.resize(config_.max_turn_rewards);
+      if (kept.turn_rewards.size() > config_.max_turn_rewards)
+        kept.turn_rewards.resize(config_.max_turn_rewards);
       turn_reward_episodes_.push_back(std::move(kept));
       while (turn_reward_episodes_.size() > config_.turn_reward_history) turn_reward_episodes_.pop_front();
     }
@@ -363,15 +369,15 @@ void RolloutPool::end_episode_async(const std::string& client_uuid, const std::s
   // Answered once, by the completion or by the failure below, whichever comes first.
   auto reply = std::make_shared<EndDone>(std::move(done));
   try {
-    finish_end(client_uuid, episode_uuid, task_id, output, std::move(calls), std::move(optional_task_id), reply);
+    finish_end(client_uuid, episode_uuid, task_id, output, std::move(calls), std::move(optional_task_id),
+               reply);
   } catch (...) {
     std::string why = "unknown error";
     try {
       throw;
     } catch (const std::exception& e) {
       why = e.what();
-    } catch (...) {
-    }
+    } catch (...) {}
     std::vector<EndDone> waiters;
     EndDone answer;
     {
@@ -380,8 +386,8 @@ void RolloutPool::end_episode_async(const std::string& client_uuid, const std::s
       if (answer) waiters = fail_end_locked(episode_uuid);
     }
     const auto error = std::make_exception_ptr(
-        SwarmError(ErrorKind::UNAVAILABLE, "end_episode: episode " + episode_uuid + " could not be ended (" + why +
-                                               "); it was dropped: run the task again"));
+        SwarmError(ErrorKind::UNAVAILABLE, "end_episode: episode " + episode_uuid + " could not be ended (" +
+                                               why + "); it was dropped: run the task again"));
     for (EndDone& w : waiters) w(EndOutcome{}, error);
     if (answer) answer(EndOutcome{}, error);
   }
@@ -413,8 +419,9 @@ void RolloutPool::remember_end_locked(const std::string& episode_uuid, const std
   }
 }
 
-void RolloutPool::finish_end(const std::string& client_uuid, const std::string& episode_uuid, const std::string& task_id,
-                             const WorkflowOutput& output, std::vector<LlmCall> calls, std::string optional_task_id,
+void RolloutPool::finish_end(const std::string& client_uuid, const std::string& episode_uuid,
+                             const std::string& task_id, const WorkflowOutput& output,
+                             std::vector<LlmCall> calls, std::string optional_task_id,
                              const std::shared_ptr<EndDone>& reply) {
   FinishedEpisode finished;
   finished.episode_uuid = episode_uuid;
@@ -425,7 +432,8 @@ void RolloutPool::finish_end(const std::string& client_uuid, const std::string& 
   finished.log_metrics = output.log_metrics;
   finished.optional_task_id = std::move(optional_task_id);
   if (output.turn_rewards.size() == calls.size()) finished.turn_rewards = output.turn_rewards;
-  if (!calls.empty() && std::all_of(calls.begin(), calls.end(), [](const LlmCall& c) { return !c.exchange_record.empty(); })) {
+  if (!calls.empty() &&
+      std::all_of(calls.begin(), calls.end(), [](const LlmCall& c) { return !c.exchange_record.empty(); })) {
     for (LlmCall& c : calls) finished.exchange_calls.push_back(std::move(c.exchange_record));
     finished.metadata_json = output.metadata_json;
     finished.task_metadata_json = output.task_metadata_json;
@@ -438,7 +446,8 @@ void RolloutPool::finish_end(const std::string& client_uuid, const std::string& 
       for (size_t t = 0; t < s.token_ids.size(); ++t) {
         const int32_t k = s.token_call[t];
         if (k < 0) continue;
-        const auto& rewards = output.token_rewards[static_cast<size_t>(s.calls[static_cast<size_t>(k)].index)];
+        const auto& rewards =
+            output.token_rewards[static_cast<size_t>(s.calls[static_cast<size_t>(k)].index)];
         s.token_rewards[t] = static_cast<float>(rewards[next[static_cast<size_t>(k)]++]);
       }
     }
@@ -466,7 +475,8 @@ void RolloutPool::finish_end(const std::string& client_uuid, const std::string& 
     std::unique_lock lock(mu_);
     EndDone answer = std::exchange(*reply, EndDone());
     if (!answer) return;  // the end already failed (the journal's call threw) and was answered
-    if (auto it = episodes_.find(episode_uuid); it != episodes_.end()) waiters = std::move(it->second->end_waiters);
+    if (auto it = episodes_.find(episode_uuid); it != episodes_.end())
+      waiters = std::move(it->second->end_waiters);
     if (stored) {
       counters_.store_failures++;
       free_slot_locked(episode_uuid, true);
@@ -480,8 +490,10 @@ void RolloutPool::finish_end(const std::string& client_uuid, const std::string& 
     for (EndDone& w : waiters) w(outcome, nullptr);
     answer(std::move(outcome), nullptr);
   };
-  if (journal) journal->record_async(*fin, std::move(complete));
-  else complete(nullptr);
+  if (journal)
+    journal->record_async(*fin, std::move(complete));
+  else
+    complete(nullptr);
 }
 
 EndOutcome RolloutPool::cache_ended_locked(FinishedEpisode finished, bool list_mismatch, size_t list_size,
@@ -524,22 +536,27 @@ bool RolloutPool::abort_episode(const std::string& client_uuid, const std::strin
 
 AgreeResult RolloutPool::agree_sync_weight(const std::string& client_uuid) {
   std::lock_guard lock(mu_);
-  SWARM_REQUIRE(is_agree_method(config_.method), ErrorKind::CONFLICT,
-                std::string("agree_sync_weight needs sample_collection_method "
-                            "rollout_until_any_client_agree_sync_weight or rollout_until_all_clients_agree_sync_weight; "
-                            "this run uses ") + collection_method_name(config_.method));
+  SWARM_REQUIRE(
+      is_agree_method(config_.method), ErrorKind::CONFLICT,
+      std::string(
+          "agree_sync_weight needs sample_collection_method "
+          "rollout_until_any_client_agree_sync_weight or rollout_until_all_clients_agree_sync_weight; "
+          "this run uses ") +
+          collection_method_name(config_.method));
   expire_active_clients_locked();
   AgreeResult result;
   auto it = active_clients_.find(client_uuid);
   if (it == active_clients_.end()) {
-    result.failure_reason = "Client " + client_uuid +
-                            " is not in the active list -- it must have ended or aborted at least one episode "
-                            "(with declare_client_active) since the last weight sync before agreeing.";
+    result.failure_reason =
+        "Client " + client_uuid +
+        " is not in the active list -- it must have ended or aborted at least one episode "
+        "(with declare_client_active) since the last weight sync before agreeing.";
     return result;
   }
   if (finished_cached_ == 0) {
-    result.failure_reason = "Nothing to train on yet: no finished train episode is cached since the last weight "
-                            "sync. Try again after an episode ends.";
+    result.failure_reason =
+        "Nothing to train on yet: no finished train episode is cached since the last weight "
+        "sync. Try again after an episode ends.";
     return result;
   }
   it->second.allowed_sync_weight = true;
@@ -548,8 +565,7 @@ AgreeResult RolloutPool::agree_sync_weight(const std::string& client_uuid) {
   return result;
 }
 
-bool RolloutPool::can_continue(const std::string& client_uuid,
-                               const std::string& episode_uuid) const {
+bool RolloutPool::can_continue(const std::string& client_uuid, const std::string& episode_uuid) const {
   std::lock_guard lock(mu_);
   const auto* ep = running_episode(episodes_, episode_uuid);
   return ep && ep->client_uuid == client_uuid;
@@ -593,7 +609,8 @@ TrainBatch RolloutPool::take_batch() {
 
 TrainBatch RolloutPool::take_batch_locked() {
   TrainBatch batch;
-  const bool take_all = config_.method == CollectionMethod::ENOUGH_EPISODES || is_agree_method(config_.method);
+  const bool take_all =
+      config_.method == CollectionMethod::ENOUGH_EPISODES || is_agree_method(config_.method);
   std::vector<std::string> kept;
   for (const std::string& task_id : group_order_) {
     auto it = groups_.find(task_id);
@@ -647,8 +664,10 @@ int64_t RolloutPool::drop_stale_locked(int64_t min_version) {
       g.stale_dropped += dropped;
       n += dropped;
       if (g.episodes.empty()) {
-        if (complete_locked(g)) gone.push_back(task_id);
-        else ++empty_groups;
+        if (complete_locked(g))
+          gone.push_back(task_id);
+        else
+          ++empty_groups;
       }
     }
     for (const std::string& task_id : group_order_) {
@@ -778,14 +797,14 @@ PoolSnapshot RolloutPool::snapshot() const {
     if (idle > config_.client_active_seconds) continue;  // expired; the janitor drops it
     snap.active_clients.push_back({uuid, idle, c.allowed_sync_weight});
   }
-  std::sort(snap.active_clients.begin(), snap.active_clients.end(),
-            [](const ActiveClientInfo& a, const ActiveClientInfo& b) { return a.seconds_idle < b.seconds_idle; });
+  std::sort(
+      snap.active_clients.begin(), snap.active_clients.end(),
+      [](const ActiveClientInfo& a, const ActiveClientInfo& b) { return a.seconds_idle < b.seconds_idle; });
   snap.turn_reward_episodes.assign(turn_reward_episodes_.begin(), turn_reward_episodes_.end());
   snap.recent_rewards.assign(recent_rewards_.begin(), recent_rewards_.end());
   snap.eval_metrics["eval/episodes"] = static_cast<double>(eval_episodes_);
   if (eval_reward_.count > 0) {
-    snap.eval_metrics["eval/reward_mean"] =
-        eval_reward_.sum / static_cast<double>(eval_reward_.count);
+    snap.eval_metrics["eval/reward_mean"] = eval_reward_.sum / static_cast<double>(eval_reward_.count);
   }
   for (const auto& [name, acc] : eval_log_metrics_) {
     snap.eval_metrics["eval/" + name] = acc.sum / static_cast<double>(acc.count);
@@ -802,8 +821,7 @@ PoolCounters RolloutPool::counters() const {
 // ---------------------------------------------------------------- private helpers
 
 void RolloutPool::register_slots_locked() {
-  while (static_cast<int64_t>(unclaimed_.size()) + running_locked() <
-         config_.max_parallel_episodes) {
+  while (static_cast<int64_t>(unclaimed_.size()) + running_locked() < config_.max_parallel_episodes) {
     auto ep = std::make_unique<Episode>();
     ep->uuid = random_uuid();
     unclaimed_.push_back(ep->uuid);
@@ -820,8 +838,7 @@ void RolloutPool::free_slot_locked(const std::string& episode_uuid, bool reregis
       key_to_episode_.erase(key_it);
     }
     if (!it->second->claimed) {
-      unclaimed_.erase(std::remove(unclaimed_.begin(), unclaimed_.end(), episode_uuid),
-                       unclaimed_.end());
+      unclaimed_.erase(std::remove(unclaimed_.begin(), unclaimed_.end(), episode_uuid), unclaimed_.end());
     }
     episodes_.erase(it);
   }
@@ -839,7 +856,8 @@ void RolloutPool::register_active_client_locked(const std::string& client_uuid) 
   // Bounded: drop the least recently active other client.
   auto oldest = active_clients_.end();
   for (auto c = active_clients_.begin(); c != active_clients_.end(); ++c)
-    if (c != it && (oldest == active_clients_.end() || c->second.last_activity < oldest->second.last_activity))
+    if (c != it &&
+        (oldest == active_clients_.end() || c->second.last_activity < oldest->second.last_activity))
       oldest = c;
   if (oldest != active_clients_.end()) active_clients_.erase(oldest);
 }
@@ -873,8 +891,7 @@ bool RolloutPool::batch_ready_locked() const {
   int64_t complete = 0;
   for (const auto& [task_id, g] : groups_) {
     if (g->episodes.empty() || !complete_locked(*g)) continue;
-    if (config_.method == CollectionMethod::ENOUGH_NON_DUMMY_TASKS &&
-        reward_stats(g->episodes).all_equal) {
+    if (config_.method == CollectionMethod::ENOUGH_NON_DUMMY_TASKS && reward_stats(g->episodes).all_equal) {
       continue;
     }
     complete++;
@@ -883,7 +900,7 @@ bool RolloutPool::batch_ready_locked() const {
 }
 
 RolloutPool::Episode& RolloutPool::owned_episode_locked(const std::string& client_uuid,
-                                           const std::string& episode_uuid) {
+                                                        const std::string& episode_uuid) {
   auto* ep = running_episode(episodes_, episode_uuid);
   SWARM_REQUIRE(ep, ErrorKind::NOT_FOUND, not_found_message(episode_uuid));
   SWARM_REQUIRE(ep->client_uuid == client_uuid, ErrorKind::FORBIDDEN,
@@ -920,8 +937,9 @@ void RolloutPool::record_eval_locked(const WorkflowOutput& output) {
     if (eval_log_metrics_.size() >= kMaxEvalLogMetrics && !eval_log_metrics_.contains(name)) {
       static std::atomic<bool> told{false};
       if (!told.exchange(true))
-        spdlog::warn("eval log_metrics: more than {} distinct names in one step; later names are left out (said once)",
-                     kMaxEvalLogMetrics);
+        spdlog::warn(
+            "eval log_metrics: more than {} distinct names in one step; later names are left out (said once)",
+            kMaxEvalLogMetrics);
       continue;
     }
     MeanAccumulator& acc = eval_log_metrics_[name];
@@ -975,8 +993,7 @@ void RolloutPool::drop_group_locked(const std::string& task_id) {
     j->forget(std::move(uuids));
   }
   groups_.erase(it);
-  group_order_.erase(std::remove(group_order_.begin(), group_order_.end(), task_id),
-                     group_order_.end());
+  group_order_.erase(std::remove(group_order_.begin(), group_order_.end(), task_id), group_order_.end());
 }
 
 // ---------------------------------------------------------------- random identifiers
@@ -1025,8 +1042,8 @@ std::string random_uuid() {
   b[6] = static_cast<uint8_t>((b[6] & 0x0f) | 0x40);  // version 4
   b[8] = static_cast<uint8_t>((b[8] & 0x3f) | 0x80);  // RFC 4122 variant
   const std::string h = to_hex(b, sizeof b);
-  return h.substr(0, 8) + "-" + h.substr(8, 4) + "-" + h.substr(12, 4) + "-" + h.substr(16, 4) +
-         "-" + h.substr(20, 12);
+  return h.substr(0, 8) + "-" + h.substr(8, 4) + "-" + h.substr(12, 4) + "-" + h.substr(16, 4) + "-" +
+         h.substr(20, 12);
 }
 
 // ------------------------------------------------------------------ counters

@@ -22,25 +22,26 @@
 namespace swarm {
 
 struct PoolConfig {
-  int64_t max_parallel_episodes = 64;   // claimable slots
-  int64_t batch_size = 32;              // tasks (or episodes/num_repeat) per policy step
-  int64_t num_repeat = 4;               // episodes per task (GRPO group size)
+  int64_t max_parallel_episodes = 64;  // claimable slots
+  int64_t batch_size = 32;             // tasks (or episodes/num_repeat) per policy step
+  int64_t num_repeat = 4;              // episodes per task (GRPO group size)
   CollectionMethod method = CollectionMethod::ENOUGH_TASKS;
-  int64_t max_cached_episodes = 512;    // safety valve threshold (finished train episodes)
+  int64_t max_cached_episodes = 512;        // safety valve threshold (finished train episodes)
   int64_t max_llm_calls_per_episode = 256;  // bounded memory per episode
   int64_t max_claimed_per_client = 0;       // unfinished episodes one client_uuid may hold; 0 = no bound
-  size_t reward_history = 256;          // recent rewards kept for the monitor
-  double client_active_seconds = 600.0; // an active client expires after this long idle
-  size_t max_active_clients = 4096;     // bounded: the least recently active go first
-  size_t turn_reward_history = 64;      // per-turn-reward episodes kept for the pool information
-  size_t max_turn_rewards = 1024;       // values kept per such episode
+  size_t reward_history = 256;              // recent rewards kept for the monitor
+  double client_active_seconds = 600.0;     // an active client expires after this long idle
+  size_t max_active_clients = 4096;         // bounded: the least recently active go first
+  size_t turn_reward_history = 64;          // per-turn-reward episodes kept for the pool information
+  size_t max_turn_rewards = 1024;           // values kept per such episode
 };
 
 struct ClaimRequest {
   std::string client_uuid;
   EpisodeType episode_type = EpisodeType::TRAIN;
   double discard_episode_timeout = 600.0;  // seconds of idleness before reclaim
-  std::string optional_task_id{};          // the task the client means to run (AgentJet's throttle_policy.current_task_id)
+  std::string
+      optional_task_id{};  // the task the client means to run (AgentJet's throttle_policy.current_task_id)
 };
 
 struct ClaimedEpisode {
@@ -63,9 +64,9 @@ struct CallTicket {
 
 /// What end_episode did.
 struct EndOutcome {
-  bool accepted = true;          // false when the reward was null and the episode dropped
-  std::string note;              // explanation when not accepted
-  bool batch_ready = false;      // the collection method's stop condition now holds
+  bool accepted = true;      // false when the reward was null and the episode dropped
+  std::string note;          // explanation when not accepted
+  bool batch_ready = false;  // the collection method's stop condition now holds
 };
 
 /// A running (claimed) episode, for the monitor.
@@ -84,13 +85,13 @@ struct RunningEpisodeInfo {
 struct TaskGroupInfo {
   std::string task_id;
   int64_t episodes = 0;
-  std::vector<std::string> episode_uuids;  // in order of arrival
-  std::vector<double> rewards;             // same order
+  std::vector<std::string> episode_uuids;           // in order of arrival
+  std::vector<double> rewards;                      // same order
   std::vector<std::string> throttled_client_uuids;  // owners of episodes claimed for a task id
   double reward_mean = 0.0;
   double reward_std = 0.0;
-  bool complete = false;   // episodes >= num_repeat
-  bool dummy = false;      // all rewards equal (only meaningful when complete)
+  bool complete = false;  // episodes >= num_repeat
+  bool dummy = false;     // all rewards equal (only meaningful when complete)
 };
 
 /// A client that recently ended or aborted an episode (AgentJet's active-client list; the
@@ -118,25 +119,25 @@ struct TurnRewardEpisode {
 /// Monotonic counters since the pool was created.
 struct PoolCounters {
   int64_t claimed = 0;
-  int64_t ended = 0;              // accepted end_episode (train + eval)
+  int64_t ended = 0;  // accepted end_episode (train + eval)
   int64_t ended_eval = 0;
   int64_t ended_without_reward = 0;
   int64_t ended_with_turn_rewards = 0;  // train episodes that sent turn_rewards (or a list reward)
   int64_t episodes_split_by_drift = 0;  // train episodes whose calls made more than one sample
   int64_t aborted = 0;
   int64_t timed_out = 0;
-  int64_t cancelled = 0;          // by cancel_all (stop_engine)
+  int64_t cancelled = 0;  // by cancel_all (stop_engine)
   int64_t llm_calls = 0;
-  int64_t late_calls_dropped = 0; // calls finishing after their episode was gone
+  int64_t late_calls_dropped = 0;  // calls finishing after their episode was gone
   int64_t valve_dropped_groups = 0;
   int64_t valve_dropped_episodes = 0;
   int64_t batches_taken = 0;
-  int64_t stale_dropped_episodes = 0;  // asynchronous training: too old to train (max_staleness)
+  int64_t stale_dropped_episodes = 0;    // asynchronous training: too old to train (max_staleness)
   int64_t claims_held_by_staleness = 0;  // train claims refused by the admission bound
-  int64_t restored = 0;           // finished episodes reloaded from the episode store at a restart
-  int64_t store_failures = 0;     // end_episode refused because the episode could not be stored
-  int64_t end_replayed = 0;       // end_episode retries answered with the recorded outcome
-  int64_t end_failed = 0;         // ends that failed half-way (merge, allocation): the episode was dropped
+  int64_t restored = 0;                  // finished episodes reloaded from the episode store at a restart
+  int64_t store_failures = 0;            // end_episode refused because the episode could not be stored
+  int64_t end_replayed = 0;              // end_episode retries answered with the recorded outcome
+  int64_t end_failed = 0;  // ends that failed half-way (merge, allocation): the episode was dropped
 
   /// Field-by-field sum (the counters of several runs or pools).
   PoolCounters& operator+=(const PoolCounters& other);
@@ -150,19 +151,19 @@ struct PoolCounters {
 struct PoolSnapshot {
   PoolConfig config;
   bool accepting_claims = false;
-  int64_t unclaimed = 0;           // registered, claimable slots
-  int64_t running = 0;             // claimed and not yet ended
-  int64_t finished_episodes = 0;   // cached finished train episodes
-  int64_t complete_tasks = 0;      // groups with >= num_repeat finished
+  int64_t unclaimed = 0;          // registered, claimable slots
+  int64_t running = 0;            // claimed and not yet ended
+  int64_t finished_episodes = 0;  // cached finished train episodes
+  int64_t complete_tasks = 0;     // groups with >= num_repeat finished
   int64_t complete_non_dummy_tasks = 0;
-  int64_t target_episodes = 0;     // batch_size * num_repeat
-  int64_t target_tasks = 0;        // batch_size
+  int64_t target_episodes = 0;  // batch_size * num_repeat
+  int64_t target_tasks = 0;     // batch_size
   std::vector<RunningEpisodeInfo> running_episodes;
   std::vector<TaskGroupInfo> tasks;
-  std::vector<ActiveClientInfo> active_clients;  // most recently active first
+  std::vector<ActiveClientInfo> active_clients;         // most recently active first
   std::vector<TurnRewardEpisode> turn_reward_episodes;  // the latest ones, oldest first
-  std::vector<double> recent_rewards;     // train rewards, oldest first
-  std::map<std::string, double> eval_metrics;  // eval reward mean etc. since last batch
+  std::vector<double> recent_rewards;                   // train rewards, oldest first
+  std::map<std::string, double> eval_metrics;           // eval reward mean etc. since last batch
   PoolCounters counters;
 };
 
@@ -204,7 +205,8 @@ class RolloutPool {
   bool finish_call(const std::string& episode_uuid, LlmCall call);
   /// The ids (prompt + completion) of the episode's latest recorded call whose turn_key is
   /// `turn_key`; nullopt when none (or the episode is gone).
-  std::optional<std::vector<TokenId>> turn_ids(const std::string& episode_uuid, const std::string& turn_key) const;
+  std::optional<std::vector<TokenId>> turn_ids(const std::string& episode_uuid,
+                                               const std::string& turn_key) const;
   /// Ends an in-flight call that failed (nothing recorded).
   void cancel_call(const std::string& episode_uuid);
   /// Marks activity without a call (e.g. while a long generation is running).
@@ -227,8 +229,9 @@ class RolloutPool {
   /// `done` is not called); otherwise `done` is called exactly once, from the journal's thread
   /// once the episode is durable (or could not be stored), or here when there is no journal or
   /// nothing to store. The episode counts as running until then. end_episode waits for it.
-  void end_episode_async(const std::string& client_uuid, const std::string& episode_uuid, const std::string& task_id,
-                         const WorkflowOutput& output, bool declare_client_active, EndDone done);
+  void end_episode_async(const std::string& client_uuid, const std::string& episode_uuid,
+                         const std::string& task_id, const WorkflowOutput& output, bool declare_client_active,
+                         EndDone done);
   /// Whether a retry of episode_uuid's end would be answered with its recorded outcome.
   bool remembers_end(const std::string& episode_uuid) const;
   /// Runs an asynchronous end (`start` is given the completion) and waits for its outcome,
@@ -240,8 +243,8 @@ class RolloutPool {
   /// when the episode is not running (unknown, already ended, aborted or timed out): an
   /// abort is idempotent, as AgentJet's server makes it. Throws FORBIDDEN for another
   /// client's running episode.
-  bool abort_episode(const std::string& client_uuid, const std::string& episode_uuid,
-                     bool delete_record, bool declare_client_active = true);
+  bool abort_episode(const std::string& client_uuid, const std::string& episode_uuid, bool delete_record,
+                     bool declare_client_active = true);
 
   /// An active client agrees to sync weights now (agree methods only; CONFLICT otherwise).
   /// Refused, with the reason, for a client not on the active list and while no finished
@@ -323,8 +326,8 @@ class RolloutPool {
   Episode& owned_episode_locked(const std::string& client_uuid, const std::string& episode_uuid);
   void cache_finished_locked(FinishedEpisode episode);
   // The end of end_episode once the episode is durable: caches it and frees its slot.
-  EndOutcome cache_ended_locked(FinishedEpisode finished, bool list_mismatch, size_t list_size, size_t n_calls,
-                                bool stored);
+  EndOutcome cache_ended_locked(FinishedEpisode finished, bool list_mismatch, size_t list_size,
+                                size_t n_calls, bool stored);
   void register_active_client_locked(const std::string& client_uuid);
   void refresh_active_client_locked(const std::string& client_uuid);
   void expire_active_clients_locked();
@@ -336,7 +339,7 @@ class RolloutPool {
   bool accepting_ = false;
   std::unordered_map<std::string, std::unique_ptr<Episode>> episodes_;  // by uuid
   std::unordered_map<std::string, std::string> key_to_episode_;
-  std::deque<std::string> unclaimed_;  // FIFO of episode uuids
+  std::deque<std::string> unclaimed_;                     // FIFO of episode uuids
   std::map<std::string, std::unique_ptr<Group>> groups_;  // finished train episodes by task
   std::vector<std::string> group_order_;                  // task ids, by first arrival
   int64_t finished_cached_ = 0;
@@ -369,7 +372,8 @@ class RolloutPool {
   };
   std::unordered_map<std::string, RememberedEnd> remembered_ends_;
   std::deque<std::string> remembered_order_;
-  void remember_end_locked(const std::string& episode_uuid, const std::string& client_uuid, const EndOutcome& outcome);
+  void remember_end_locked(const std::string& episode_uuid, const std::string& client_uuid,
+                           const EndOutcome& outcome);
   // Ends an episode whose end failed half-way: frees its slot, returns the waiters to answer.
   std::vector<EndDone> fail_end_locked(const std::string& episode_uuid);
   // end_episode_async after the episode became "ending": merges its calls, stores and caches

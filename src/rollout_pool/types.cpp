@@ -4,12 +4,16 @@ namespace swarm {
 
 const char* collection_method_name(CollectionMethod m) {
   switch (m) {
-    case CollectionMethod::ENOUGH_EPISODES: return "rollout_until_finish_enough_episodes";
-    case CollectionMethod::ENOUGH_TASKS: return "rollout_until_finish_enough_tasks";
+    case CollectionMethod::ENOUGH_EPISODES:
+      return "rollout_until_finish_enough_episodes";
+    case CollectionMethod::ENOUGH_TASKS:
+      return "rollout_until_finish_enough_tasks";
     case CollectionMethod::ENOUGH_NON_DUMMY_TASKS:
       return "rollout_until_finish_enough_non_dummy_tasks";
-    case CollectionMethod::ANY_CLIENT_AGREES: return "rollout_until_any_client_agree_sync_weight";
-    case CollectionMethod::ALL_CLIENTS_AGREE: return "rollout_until_all_clients_agree_sync_weight";
+    case CollectionMethod::ANY_CLIENT_AGREES:
+      return "rollout_until_any_client_agree_sync_weight";
+    case CollectionMethod::ALL_CLIENTS_AGREE:
+      return "rollout_until_all_clients_agree_sync_weight";
   }
   return "unknown";
 }

@@ -40,9 +40,9 @@ struct LlmCall {
 
 /// One LLM call merged into a sample.
 struct SampleCall {
-  int32_t index = 0;  // the call's position among all calls of its episode (turn_rewards index)
-  std::string agent;  // LlmCall::agent
-  int32_t turn = 0;   // how many calls of the same agent came before it in the episode
+  int32_t index = 0;         // the call's position among all calls of its episode (turn_rewards index)
+  std::string agent;         // LlmCall::agent
+  int32_t turn = 0;          // how many calls of the same agent came before it in the episode
   float temperature = 1.0f;  // LlmCall::temperature: the trainer's log-probs of its tokens use it
 };
 
@@ -52,13 +52,13 @@ struct Sample {
   std::string episode_uuid;
   double reward = 0.0;
   std::vector<TokenId> token_ids;
-  std::vector<uint8_t> loss_mask;         // 1 on model-generated tokens, 0 elsewhere
-  std::vector<float> rollout_logprobs;    // log-prob at sampling time; 0 where mask is 0
-  std::vector<int64_t> policy_versions;   // per token; -1 where mask is 0
-  int num_calls = 0;                      // LLM calls merged into this timeline
-  std::vector<SampleCall> calls;          // those calls, in order
-  std::vector<int32_t> token_call;        // per token: index into `calls` where mask is 1, else -1
-  std::vector<float> token_rewards;       // per token (workflow_output.token_rewards); empty when none
+  std::vector<uint8_t> loss_mask;        // 1 on model-generated tokens, 0 elsewhere
+  std::vector<float> rollout_logprobs;   // log-prob at sampling time; 0 where mask is 0
+  std::vector<int64_t> policy_versions;  // per token; -1 where mask is 0
+  int num_calls = 0;                     // LLM calls merged into this timeline
+  std::vector<SampleCall> calls;         // those calls, in order
+  std::vector<int32_t> token_call;       // per token: index into `calls` where mask is 1, else -1
+  std::vector<float> token_rewards;      // per token (workflow_output.token_rewards); empty when none
 };
 
 /// A finished episode waiting in the pool for a batch.
@@ -72,14 +72,14 @@ struct FinishedEpisode {
   std::string optional_task_id;  // the task the client claimed it for (AgentJet's throttle policy)
   std::vector<Sample> samples;
   std::vector<double> turn_rewards;  // one per LLM call of the episode (call order), or empty
-  int64_t finish_seq = 0;  // order of arrival, for the safety valve
-  int64_t min_version = -1;  // the oldest weights version that sampled a token of it (-1: none)
+  int64_t finish_seq = 0;            // order of arrival, for the safety valve
+  int64_t min_version = -1;          // the oldest weights version that sampled a token of it (-1: none)
   // Swarm experience sharing: LlmCall::exchange_record of each call in order (empty when not
   // publishing, or when a call has none), and workflow_output.metadata as JSON text.
   std::vector<std::string> exchange_calls;
   std::string metadata_json;
   std::string task_metadata_json;  // end_episode's task.metadata, when sharing
-  std::string from_node;  // set on groups received from another swarm node ("" = local)
+  std::string from_node;           // set on groups received from another swarm node ("" = local)
 };
 
 /// What WEIGHT_SYNCING trains on.

@@ -27,7 +27,8 @@ std::string text_of(const ojson& content, const std::string& where) {
   for (size_t j = 0; j < content.size(); ++j) {
     const ojson& b = content[j];
     const std::string at = where + "[" + std::to_string(j) + "]";
-    if (!b.is_object() || !b.contains("type") || !b["type"].is_string()) bad("field '" + at + "' must be a content block with a 'type'");
+    if (!b.is_object() || !b.contains("type") || !b["type"].is_string())
+      bad("field '" + at + "' must be a content block with a 'type'");
     const std::string type = b["type"].get<std::string>();
     if (type == "image" || type == "document")
       bad("field '" + at + "' is an " + type + " block: the models served here are text-only");
@@ -46,7 +47,8 @@ const ojson& blocks_of(const ojson& m, const std::string& where) {
 }
 
 std::string block_type(const ojson& b, const std::string& at) {
-  if (!b.is_object() || !b.contains("type") || !b["type"].is_string()) bad("field '" + at + "' must be a content block with a 'type'");
+  if (!b.is_object() || !b.contains("type") || !b["type"].is_string())
+    bad("field '" + at + "' must be a content block with a 'type'");
   return b["type"].get<std::string>();
 }
 
@@ -69,13 +71,16 @@ void convert_user(const ojson& m, const std::string& where, ojson& messages) {
       text += b["text"].get<std::string>();
       has_text = true;
     } else if (type == "tool_result") {
-      if (!b.contains("tool_use_id") || !b["tool_use_id"].is_string()) bad("field '" + at + ".tool_use_id' must be a string");
+      if (!b.contains("tool_use_id") || !b["tool_use_id"].is_string())
+        bad("field '" + at + ".tool_use_id' must be a string");
       std::string result = text_of(b.value("content", ojson("")), at + ".content");
-      messages.push_back({{"role", "tool"}, {"tool_call_id", b["tool_use_id"]}, {"content", std::move(result)}});
+      messages.push_back(
+          {{"role", "tool"}, {"tool_call_id", b["tool_use_id"]}, {"content", std::move(result)}});
     } else if (type == "image" || type == "document") {
       bad("field '" + at + "' is an " + type + " block: the models served here are text-only");
     } else {
-      bad("field '" + at + "' has type '" + type + "', which a user turn cannot hold here (text, tool_result)");
+      bad("field '" + at + "' has type '" + type +
+          "', which a user turn cannot hold here (text, tool_result)");
     }
   }
   if (has_text) messages.push_back({{"role", "user"}, {"content", std::move(text)}});
@@ -83,7 +88,8 @@ void convert_user(const ojson& m, const std::string& where, ojson& messages) {
 
 void convert_assistant(const ojson& m, const std::string& where, ojson& messages) {
   if (!m.contains("content") || m["content"].is_string()) {
-    messages.push_back({{"role", "assistant"}, {"content", m.value("content", ojson("")).get<std::string>()}});
+    messages.push_back(
+        {{"role", "assistant"}, {"content", m.value("content", ojson("")).get<std::string>()}});
     return;
   }
   std::string text, thinking;
@@ -97,7 +103,8 @@ void convert_assistant(const ojson& m, const std::string& where, ojson& messages
       if (!b.contains("text") || !b["text"].is_string()) bad("field '" + at + ".text' must be a string");
       text += b["text"].get<std::string>();
     } else if (type == "thinking") {
-      if (!b.contains("thinking") || !b["thinking"].is_string()) bad("field '" + at + ".thinking' must be a string");
+      if (!b.contains("thinking") || !b["thinking"].is_string())
+        bad("field '" + at + ".thinking' must be a string");
       thinking += b["thinking"].get<std::string>();
     } else if (type == "redacted_thinking") {
       // Nothing to render: its data is opaque.
@@ -106,9 +113,12 @@ void convert_assistant(const ojson& m, const std::string& where, ojson& messages
       if (!b.contains("name") || !b["name"].is_string()) bad("field '" + at + ".name' must be a string");
       const ojson input = b.value("input", ojson::object());
       if (!input.is_object()) bad("field '" + at + ".input' must be an object");
-      calls.push_back({{"id", b["id"]}, {"type", "function"}, {"function", {{"name", b["name"]}, {"arguments", input.dump()}}}});
+      calls.push_back({{"id", b["id"]},
+                       {"type", "function"},
+                       {"function", {{"name", b["name"]}, {"arguments", input.dump()}}}});
     } else {
-      bad("field '" + at + "' has type '" + type + "', which an assistant turn cannot hold here (text, thinking, tool_use)");
+      bad("field '" + at + "' has type '" + type +
+          "', which an assistant turn cannot hold here (text, thinking, tool_use)");
     }
   }
   ojson out = {{"role", "assistant"}, {"content", text}};
@@ -149,14 +159,33 @@ bool thinking_signature_valid(const std::string& thinking, const std::string& si
 json anthropic_error_body(int status, const std::string& message) {
   const char* type = "api_error";
   switch (status) {
-    case 400: case 405: case 409: case 422: type = "invalid_request_error"; break;
-    case 401: type = "authentication_error"; break;
-    case 403: type = "permission_error"; break;
-    case 404: type = "not_found_error"; break;
-    case 413: type = "request_too_large"; break;
-    case 429: type = "rate_limit_error"; break;
-    case 503: case 529: type = "overloaded_error"; break;
-    default: break;
+    case 400:
+    case 405:
+    case 409:
+    case 422:
+      type = "invalid_request_error";
+      break;
+    case 401:
+      type = "authentication_error";
+      break;
+    case 403:
+      type = "permission_error";
+      break;
+    case 404:
+      type = "not_found_error";
+      break;
+    case 413:
+      type = "request_too_large";
+      break;
+    case 429:
+      type = "rate_limit_error";
+      break;
+    case 503:
+    case 529:
+      type = "overloaded_error";
+      break;
+    default:
+      break;
   }
   return {{"type", "error"}, {"error", {{"type", type}, {"message", message}}}};
 }
@@ -171,14 +200,20 @@ ojson anthropic_to_chat(const ojson& body, std::vector<std::string>& notes) {
   for (size_t i = 0; i < ms->size(); ++i) {
     const ojson& m = (*ms)[i];
     const std::string where = "messages[" + std::to_string(i) + "]";
-    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) bad("field '" + where + ".role' must be a string");
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      bad("field '" + where + ".role' must be a string");
     if (m.contains("content") && !m["content"].is_string() && !m["content"].is_array())
       bad("field '" + where + ".content' must be a string or an array of content blocks");
     const std::string role = m["role"].get<std::string>();
-    if (role == "user") convert_user(m, where, messages);
-    else if (role == "assistant") convert_assistant(m, where, messages);
-    else if (role == "system") messages.push_back({{"role", "system"}, {"content", text_of(m.value("content", ojson("")), where + ".content")}});
-    else bad("field '" + where + ".role' must be \"user\", \"assistant\" or \"system\"");
+    if (role == "user")
+      convert_user(m, where, messages);
+    else if (role == "assistant")
+      convert_assistant(m, where, messages);
+    else if (role == "system")
+      messages.push_back(
+          {{"role", "system"}, {"content", text_of(m.value("content", ojson("")), where + ".content")}});
+    else
+      bad("field '" + where + ".role' must be \"user\", \"assistant\" or \"system\"");
   }
   ojson chat = {{"messages", std::move(messages)}};
   if (auto it = body.find("tools"); it != body.end() && !it->is_null()) {
@@ -208,11 +243,15 @@ ojson anthropic_to_chat(const ojson& body, std::vector<std::string>& notes) {
     if (!it->is_object() || !it->contains("type") || !(*it)["type"].is_string())
       bad("field 'tool_choice' must be an object with a string 'type'");
     const std::string type = (*it)["type"].get<std::string>();
-    if (type == "auto") chat["tool_choice"] = "auto";
-    else if (type == "any") chat["tool_choice"] = "required";
-    else if (type == "none") chat["tool_choice"] = "none";
+    if (type == "auto")
+      chat["tool_choice"] = "auto";
+    else if (type == "any")
+      chat["tool_choice"] = "required";
+    else if (type == "none")
+      chat["tool_choice"] = "none";
     else if (type == "tool") {
-      if (!it->contains("name") || !(*it)["name"].is_string()) bad("field 'tool_choice.name' must be a string");
+      if (!it->contains("name") || !(*it)["name"].is_string())
+        bad("field 'tool_choice.name' must be a string");
       chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", (*it)["name"]}}}};
     } else {
       bad("field 'tool_choice.type' must be \"auto\", \"any\", \"tool\" or \"none\"");
@@ -232,7 +271,9 @@ ojson anthropic_to_chat(const ojson& body, std::vector<std::string>& notes) {
 
 namespace {
 
-std::string sse(const char* event, const json& data) { return std::string("event: ") + event + "\ndata: " + dump_json(data) + "\n\n"; }
+std::string sse(const char* event, const json& data) {
+  return std::string("event: ") + event + "\ndata: " + dump_json(data) + "\n\n";
+}
 
 class AnthropicDialect final : public ChatDialect {
  public:
@@ -241,9 +282,13 @@ class AnthropicDialect final : public ChatDialect {
   json answer(const DialectAnswer& a) override {
     json content = json::array();
     if (a.parsed.reasoning)
-      content.push_back({{"type", "thinking"}, {"thinking", *a.parsed.reasoning}, {"signature", thinking_signature(*a.parsed.reasoning)}});
-    if (a.parsed.content && !blank(*a.parsed.content)) content.push_back({{"type", "text"}, {"text", *a.parsed.content}});
-    for (const auto& call : a.parsed.tool_calls) content.push_back(tool_use_json(call.name, input_of(call.arguments)));
+      content.push_back({{"type", "thinking"},
+                         {"thinking", *a.parsed.reasoning},
+                         {"signature", thinking_signature(*a.parsed.reasoning)}});
+    if (a.parsed.content && !blank(*a.parsed.content))
+      content.push_back({{"type", "text"}, {"text", *a.parsed.content}});
+    for (const auto& call : a.parsed.tool_calls)
+      content.push_back(tool_use_json(call.name, input_of(call.arguments)));
     json m = message_json(std::move(content), stop_reason(a, !a.parsed.tool_calls.empty()),
                           a.stop_sequence.empty() ? json(nullptr) : json(a.stop_sequence));
     m["usage"] = usage_json(a.prompt_tokens, a.completion_tokens);
@@ -285,7 +330,10 @@ class AnthropicDialect final : public ChatDialect {
           out += close_block();
           pending_ws_.clear();
           called_ = true;
-          out += open_block(Block::TOOL_USE, {{"type", "tool_use"}, {"id", "toolu_" + random_hex(12)}, {"name", e.name}, {"input", json::object()}});
+          out += open_block(Block::TOOL_USE, {{"type", "tool_use"},
+                                              {"id", "toolu_" + random_hex(12)},
+                                              {"name", e.name},
+                                              {"input", json::object()}});
           break;
         case StreamEvent::TOOL_CALL_ARGUMENTS:
           out += delta({{"type", "input_json_delta"}, {"partial_json", e.text}});
@@ -297,10 +345,12 @@ class AnthropicDialect final : public ChatDialect {
 
   std::string stream_finish(const DialectAnswer& a) override {
     std::string out = close_block();
-    out += sse("message_delta", {{"type", "message_delta"},
-                                 {"delta", {{"stop_reason", stop_reason(a, called_)},
-                                            {"stop_sequence", a.stop_sequence.empty() ? json(nullptr) : json(a.stop_sequence)}}},
-                                 {"usage", {{"output_tokens", a.completion_tokens}}}});
+    out += sse("message_delta",
+               {{"type", "message_delta"},
+                {"delta",
+                 {{"stop_reason", stop_reason(a, called_)},
+                  {"stop_sequence", a.stop_sequence.empty() ? json(nullptr) : json(a.stop_sequence)}}},
+                {"usage", {{"output_tokens", a.completion_tokens}}}});
     out += sse("message_stop", {{"type", "message_stop"}});
     return out;
   }
@@ -315,18 +365,21 @@ class AnthropicDialect final : public ChatDialect {
  private:
   enum class Block { NONE, THINKING, TEXT, TOOL_USE };
 
-
   static json input_of(const std::string& arguments) {
     json input = json::parse(arguments, nullptr, /*allow_exceptions=*/false);
     return input.is_object() ? input : json::object();
   }
 
   static json tool_use_json(const std::string& name, json input) {
-    return {{"type", "tool_use"}, {"id", "toolu_" + random_hex(12)}, {"name", name}, {"input", std::move(input)}};
+    return {
+        {"type", "tool_use"}, {"id", "toolu_" + random_hex(12)}, {"name", name}, {"input", std::move(input)}};
   }
 
   static json usage_json(int64_t in, int64_t out) {
-    return {{"input_tokens", in}, {"output_tokens", out}, {"cache_creation_input_tokens", 0}, {"cache_read_input_tokens", 0}};
+    return {{"input_tokens", in},
+            {"output_tokens", out},
+            {"cache_creation_input_tokens", 0},
+            {"cache_read_input_tokens", 0}};
   }
 
   static const char* stop_reason(const DialectAnswer& a, bool called) {
@@ -337,19 +390,25 @@ class AnthropicDialect final : public ChatDialect {
   }
 
   json message_json(json content, json stop_reason, json stop_sequence) const {
-    return {{"id", id_},           {"type", "message"},         {"role", "assistant"},
-            {"model", model_},     {"content", std::move(content)}, {"stop_reason", std::move(stop_reason)},
+    return {{"id", id_},
+            {"type", "message"},
+            {"role", "assistant"},
+            {"model", model_},
+            {"content", std::move(content)},
+            {"stop_reason", std::move(stop_reason)},
             {"stop_sequence", std::move(stop_sequence)}};
   }
 
   std::string open_block(Block kind, json block) {
     open_ = kind;
     ++index_;
-    return sse("content_block_start", {{"type", "content_block_start"}, {"index", index_}, {"content_block", std::move(block)}});
+    return sse("content_block_start",
+               {{"type", "content_block_start"}, {"index", index_}, {"content_block", std::move(block)}});
   }
 
   std::string delta(json d) {
-    return sse("content_block_delta", {{"type", "content_block_delta"}, {"index", index_}, {"delta", std::move(d)}});
+    return sse("content_block_delta",
+               {{"type", "content_block_delta"}, {"index", index_}, {"delta", std::move(d)}});
   }
 
   std::string close_block() {

@@ -21,16 +21,18 @@ namespace swarm {
 
 namespace dialect_detail {
 /// A 400 naming what is wrong (the conversions' one error).
-[[noreturn]] inline void bad(const std::string& message) { throw SwarmError(ErrorKind::INVALID_ARGUMENT, message); }
+[[noreturn]] inline void bad(const std::string& message) {
+  throw SwarmError(ErrorKind::INVALID_ARGUMENT, message);
+}
 /// Only whitespace (or nothing): such text between blocks opens no text block / message item.
 inline bool blank(const std::string& s) { return s.find_first_not_of(" \t\r\n") == std::string::npos; }
 }  // namespace dialect_detail
 
 /// One finished answer, as the dialects describe it.
 struct DialectAnswer {
-  ParsedAssistant parsed;      // the whole text split (reasoning, content, tool calls)
-  std::string finish_reason;   // "stop" or "length"
-  std::string stop_sequence;   // the stop string that ended it ("" = none)
+  ParsedAssistant parsed;     // the whole text split (reasoning, content, tool calls)
+  std::string finish_reason;  // "stop" or "length"
+  std::string stop_sequence;  // the stop string that ended it ("" = none)
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;  // the end-of-turn token included
 };

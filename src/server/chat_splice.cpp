@@ -73,7 +73,8 @@ std::string message_key(const ojson& m) {
 
 }  // namespace
 
-std::string answer_key(const std::optional<std::string>& content, const std::vector<ParsedToolCall>& tool_calls) {
+std::string answer_key(const std::optional<std::string>& content,
+                       const std::vector<ParsedToolCall>& tool_calls) {
   nlohmann::json calls = nlohmann::json::array();
   for (const auto& c : tool_calls) {
     // Too deep to dump safely (common/json_nesting.hpp): compared as text, like invalid JSON.
@@ -83,7 +84,8 @@ std::string answer_key(const std::optional<std::string>& content, const std::vec
     if (args.is_discarded()) args = nlohmann::json{{"unparsed", c.arguments}};
     calls.push_back({c.name, std::move(args)});
   }
-  nlohmann::json key = {{"role", "assistant"}, {"content", trim(content.value_or(""))}, {"tool_calls", calls}};
+  nlohmann::json key = {
+      {"role", "assistant"}, {"content", trim(content.value_or(""))}, {"tool_calls", calls}};
   return key.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 

@@ -27,7 +27,8 @@ class Backend;
 /// (null and "" alike) and its tool calls as (name, arguments parsed as JSON, so key order and
 /// whitespace do not matter; raw text when they do not parse). Reasoning and call ids are left
 /// out: SDKs drop or keep them as they like.
-std::string answer_key(const std::optional<std::string>& content, const std::vector<ParsedToolCall>& tool_calls);
+std::string answer_key(const std::optional<std::string>& content,
+                       const std::vector<ParsedToolCall>& tool_calls);
 
 /// The keys of one chat request (messages normalised: content is a string).
 struct ChatKeys {
@@ -51,7 +52,8 @@ using TurnLookup = std::function<std::optional<std::vector<TokenId>>(const std::
 /// afresh. The latest recognised assistant turn wins; what follows it is rendered in context
 /// by putting a marker in that turn's place, and the part of the template's end-of-turn text
 /// the model already generated (its stop token) is not repeated.
-std::optional<std::vector<TokenId>> splice_chat_prompt(const Backend& backend, const nlohmann::ordered_json& messages,
+std::optional<std::vector<TokenId>> splice_chat_prompt(const Backend& backend,
+                                                       const nlohmann::ordered_json& messages,
                                                        const nlohmann::ordered_json& tools,
                                                        const nlohmann::ordered_json& template_kwargs,
                                                        const ChatKeys& keys, const TurnLookup& lookup);

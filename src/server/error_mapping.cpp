@@ -16,15 +16,24 @@ namespace {
 
 const char* code_for(ErrorKind kind) {
   switch (kind) {
-    case ErrorKind::INVALID_ARGUMENT: return "invalid_argument";
-    case ErrorKind::UNAUTHORIZED: return "invalid_api_key";
-    case ErrorKind::FORBIDDEN: return "forbidden";
-    case ErrorKind::NOT_FOUND: return "not_found";
-    case ErrorKind::METHOD_NOT_ALLOWED: return "method_not_allowed";
-    case ErrorKind::CONFLICT: return "wrong_state";
-    case ErrorKind::PAYLOAD_TOO_LARGE: return "payload_too_large";
-    case ErrorKind::UNAVAILABLE: return "unavailable";
-    case ErrorKind::INTERNAL: return "internal_error";
+    case ErrorKind::INVALID_ARGUMENT:
+      return "invalid_argument";
+    case ErrorKind::UNAUTHORIZED:
+      return "invalid_api_key";
+    case ErrorKind::FORBIDDEN:
+      return "forbidden";
+    case ErrorKind::NOT_FOUND:
+      return "not_found";
+    case ErrorKind::METHOD_NOT_ALLOWED:
+      return "method_not_allowed";
+    case ErrorKind::CONFLICT:
+      return "wrong_state";
+    case ErrorKind::PAYLOAD_TOO_LARGE:
+      return "payload_too_large";
+    case ErrorKind::UNAVAILABLE:
+      return "unavailable";
+    case ErrorKind::INTERNAL:
+      return "internal_error";
   }
   return "internal_error";
 }
@@ -40,7 +49,8 @@ HttpResponse error_response(ErrorStyle style, int status, const std::string& typ
     r.body = dump_json(anthropic_error_body(status, message));
     return r;
   }
-  body["error"] = {{"message", message}, {"type", type}, {"code", code.empty() ? nullptr : nlohmann::json(code)}};
+  body["error"] = {
+      {"message", message}, {"type", type}, {"code", code.empty() ? nullptr : nlohmann::json(code)}};
   // FastAPI's shape beside ours: AgentJet's Python client reads the top-level `detail`.
   body["detail"] = message;
   if (style == ErrorStyle::COMMAND) body["success"] = false;
@@ -59,10 +69,11 @@ HttpResponse error_response_from_current_exception(ErrorStyle style, const std::
       const std::string id = random_hex(6);
       spdlog::error("{}: internal error {} at {}:{}: {}", route, id, e.where().file_name(), e.where().line(),
                     e.what());
-      return error_response(style, 500, error_type_for(e.kind()), "internal server error (incident " + id + ")",
-                            code_for(e.kind()));
+      return error_response(style, 500, error_type_for(e.kind()),
+                            "internal server error (incident " + id + ")", code_for(e.kind()));
     }
-    return error_response(style, http_status_for(e.kind()), error_type_for(e.kind()), e.what(), code_for(e.kind()));
+    return error_response(style, http_status_for(e.kind()), error_type_for(e.kind()), e.what(),
+                          code_for(e.kind()));
   } catch (const ConfigError& e) {
     return error_response(style, 400, "invalid_request_error", e.what(), "invalid_config");
   } catch (const nlohmann::json::exception& e) {

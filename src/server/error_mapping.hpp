@@ -9,7 +9,7 @@ namespace swarm {
 
 /// Which error body shape a route family uses.
 enum class ErrorStyle {
-  COMMAND,  // {"success": false, "error": {...}} — swarm command routes
+  COMMAND,    // {"success": false, "error": {...}} — swarm command routes
   OPENAI,     // {"error": {...}} — OpenAI routes
   ANTHROPIC,  // {"type": "error", "error": {"type", "message"}} — /v1/messages routes
 };

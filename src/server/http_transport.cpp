@@ -96,8 +96,7 @@ std::string error_json(std::string_view message, const char* type, std::string_v
   return j.dump();
 }
 
-HttpResponse error_response(int status, std::string_view message, ErrorKind kind,
-                            std::string_view code) {
+HttpResponse error_response(int status, std::string_view message, ErrorKind kind, std::string_view code) {
   HttpResponse r;
   r.status = status;
   r.body = error_json(message, error_type_for(kind), code);
@@ -147,8 +146,7 @@ void append_head(std::string& out, const Head& h) {
   out += h.version == 10 ? "HTTP/1.0 " : "HTTP/1.1 ";
   append_number(out, static_cast<std::uint64_t>(h.status));
   out += ' ';
-  std::string_view reason =
-      http::obsolete_reason(http::int_to_status(static_cast<unsigned>(h.status)));
+  std::string_view reason = http::obsolete_reason(http::int_to_status(static_cast<unsigned>(h.status)));
   if (reason.empty() || reason.front() == '<') reason = "Unknown";
   out += reason;
   out += "\r\nServer: swarm\r\n";
@@ -193,7 +191,8 @@ struct Core {
   HttpHandler handler;
   net::io_context ioc;
   std::chrono::seconds read_timeout{std::max(1, options.read_timeout_seconds)};
-  std::chrono::seconds header_timeout{std::max(1, std::min(options.header_timeout_seconds, options.read_timeout_seconds))};
+  std::chrono::seconds header_timeout{
+      std::max(1, std::min(options.header_timeout_seconds, options.read_timeout_seconds))};
   size_t max_pipelined = static_cast<size_t>(std::max(1, options.max_pipelined));
   size_t max_connections = static_cast<size_t>(std::max(1, options.max_connections));
   std::atomic<std::uint64_t> refused_connections{0};
@@ -342,8 +341,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (s->out.size() + write_buf_.size() + data.size() > core_->options.max_stream_backlog_bytes) {
       // The client stopped reading: drop it rather than buffer without bound. Its handler
       // sees a disconnect (the sink's write() returns false) and cancels the generation.
-      spdlog::warn("http: dropping {}: {} bytes of a streamed answer wait for it to read (limit {})", remote_address_,
-                   s->out.size() + write_buf_.size() + data.size(), core_->options.max_stream_backlog_bytes);
+      spdlog::warn("http: dropping {}: {} bytes of a streamed answer wait for it to read (limit {})",
+                   remote_address_, s->out.size() + write_buf_.size() + data.size(),
+                   core_->options.max_stream_backlog_bytes);
       close();
       return;
     }
@@ -416,20 +416,23 @@ class Connection : public std::enable_shared_from_this<Connection> {
     const auto n = ++core_->failed_handshakes;
     // A plain HTTP request on the TLS port: say so in plain HTTP (OpenSSL read the request
     // line and recognised it), so a client configured with http:// gets a reason, not a reset.
-    if (ec.category() == net::error::get_ssl_category() && ERR_GET_REASON(static_cast<unsigned long>(ec.value())) == SSL_R_HTTP_REQUEST) {
+    if (ec.category() == net::error::get_ssl_category() &&
+        ERR_GET_REASON(static_cast<unsigned long>(ec.value())) == SSL_R_HTTP_REQUEST) {
       spdlog::debug("http: {} sent plain HTTP to the TLS port", remote_address_);
       const std::string body = error_json("this server speaks HTTPS only: use an https:// URL",
                                           error_type_for(ErrorKind::INVALID_ARGUMENT), "tls_required");
-      plain_reply_ = "HTTP/1.1 400 Bad Request\r\nServer: swarm\r\nContent-Type: application/json\r\n"
-                     "Connection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+      plain_reply_ =
+          "HTTP/1.1 400 Bad Request\r\nServer: swarm\r\nContent-Type: application/json\r\n"
+          "Connection: close\r\nContent-Length: " +
+          std::to_string(body.size()) + "\r\n\r\n" + body;
       tcp().expires_after(core_->header_timeout);
-      net::async_write(tcp(), net::buffer(plain_reply_), [self = shared_from_this()](beast::error_code, std::size_t) {
-        self->close();
-      });
+      net::async_write(tcp(), net::buffer(plain_reply_),
+                       [self = shared_from_this()](beast::error_code, std::size_t) { self->close(); });
       return;
     }
     if (n == 1 || n % 1000 == 0)
-      spdlog::info("http: {} TLS handshake(s) failed, the latest from {}: {}", n, remote_address_, ec.message());
+      spdlog::info("http: {} TLS handshake(s) failed, the latest from {}: {}", n, remote_address_,
+                   ec.message());
     close();
   }
 
@@ -448,8 +451,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // tcp_stream's expiry cannot be changed while a read is pending, and a read stays pending
   // while a long answer is computed (to notice disconnects and to pipeline).
   void maybe_read() {
-    if (closed_ || reading_ || stop_reading_ || core_->draining.load(std::memory_order_relaxed))
-      return;
+    if (closed_ || reading_ || stop_reading_ || core_->draining.load(std::memory_order_relaxed)) return;
     if (slots_.size() >= core_->max_pipelined) return;  // resumed when an answer goes out
     parser_.emplace();
     parser_->body_limit(core_->options.max_body_bytes);
@@ -516,7 +518,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void read_body() {
     with_stream([this](auto& s) {
-      http::async_read(s, buffer_, *parser_, beast::bind_front_handler(&Connection::on_read, shared_from_this()));
+      http::async_read(s, buffer_, *parser_,
+                       beast::bind_front_handler(&Connection::on_read, shared_from_this()));
     });
   }
 
@@ -576,19 +579,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     // Bad input: answer, then close after the answers queued before it.
     stop_reading_ = true;
-    unsigned version =
-        parser_ && parser_->is_header_done() && parser_->get().version() == 10 ? 10 : 11;
+    unsigned version = parser_ && parser_->is_header_done() && parser_->get().version() == 10 ? 10 : 11;
     HttpResponse r;
     if (ec == http::error::body_limit) {
-      r = error_response(
-          413, "request body exceeds " + std::to_string(core_->options.max_body_bytes) + " bytes",
-          ErrorKind::PAYLOAD_TOO_LARGE, "payload_too_large");
+      r = error_response(413,
+                         "request body exceeds " + std::to_string(core_->options.max_body_bytes) + " bytes",
+                         ErrorKind::PAYLOAD_TOO_LARGE, "payload_too_large");
     } else if (ec == http::error::header_limit) {
       r = error_response(431, "request headers exceed " + std::to_string(kHeaderLimit) + " bytes",
                          ErrorKind::INVALID_ARGUMENT, "headers_too_large");
     } else {
-      r = error_response(400, "malformed HTTP request: " + ec.message(),
-                         ErrorKind::INVALID_ARGUMENT, "bad_request");
+      r = error_response(400, "malformed HTTP request: " + ec.message(), ErrorKind::INVALID_ARGUMENT,
+                         "bad_request");
     }
     parser_.reset();
     Slot& slot = slots_.emplace_back();
@@ -626,7 +628,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     writing_ = true;
     tcp().expires_after(core_->read_timeout);  // a peer that stops reading is dropped
     with_stream([this](auto& s) {
-      net::async_write(s, net::buffer(write_buf_), beast::bind_front_handler(&Connection::on_write, shared_from_this()));
+      net::async_write(s, net::buffer(write_buf_),
+                       beast::bind_front_handler(&Connection::on_write, shared_from_this()));
     });
   }
 
@@ -681,14 +684,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void linger_read() {
     buffer_.consume(buffer_.size());
     with_stream([this](auto& s) {
-      s.async_read_some(buffer_.prepare(4096), [self = shared_from_this()](beast::error_code ec, std::size_t) {
-        if (self->closed_) return;
-        if (ec) {
-          self->close();
-          return;
-        }
-        self->linger_read();
-      });
+      s.async_read_some(buffer_.prepare(4096),
+                        [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                          if (self->closed_) return;
+                          if (ec) {
+                            self->close();
+                            return;
+                          }
+                          self->linger_read();
+                        });
     });
   }
 
@@ -745,8 +749,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 // connection's strand; state_ makes "exactly one answer" hold across threads.
 class ConnectionSink final : public ResponseSink {
  public:
-  ConnectionSink(std::shared_ptr<Connection> conn, std::uint64_t id)
-      : conn_(std::move(conn)), id_(id) {}
+  ConnectionSink(std::shared_ptr<Connection> conn, std::uint64_t id) : conn_(std::move(conn)), id_(id) {}
 
   ~ConnectionSink() override {
     int s = state_.load();
@@ -764,8 +767,7 @@ class ConnectionSink final : public ResponseSink {
   void respond(HttpResponse response) override {
     int expected = kNone;
     if (!state_.compare_exchange_strong(expected, kDone)) return;  // already answered
-    conn_->run_on_strand(
-        [c = conn_, id = id_, r = std::move(response)]() mutable { c->on_respond(id, r); });
+    conn_->run_on_strand([c = conn_, id = id_, r = std::move(response)]() mutable { c->on_respond(id, r); });
   }
 
   void start_stream(int status, const std::string& content_type) override {
@@ -777,8 +779,7 @@ class ConnectionSink final : public ResponseSink {
 
   bool write(std::string chunk) override {
     if (state_.load() != kStreaming || !conn_->connected()) return false;
-    conn_->run_on_strand(
-        [c = conn_, id = id_, d = std::move(chunk)]() mutable { c->on_chunk(id, d); });
+    conn_->run_on_strand([c = conn_, id = id_, d = std::move(chunk)]() mutable { c->on_chunk(id, d); });
     return true;
   }
 
@@ -819,27 +820,34 @@ void Connection::dispatch_request(HttpRequest&& req, std::uint64_t id) {
 
 // The server's TLS settings: TLS 1.2 or newer, the certificate chain and its key, checked to
 // belong together. Every failure is a std::runtime_error naming the file and OpenSSL's reason.
-std::unique_ptr<net::ssl::context> load_tls_context(const std::string& cert_file, const std::string& key_file) {
+std::unique_ptr<net::ssl::context> load_tls_context(const std::string& cert_file,
+                                                    const std::string& key_file) {
   if (cert_file.empty() || key_file.empty())
     throw std::runtime_error("TLS needs both a certificate (--tls-cert) and its private key (--tls-key)");
   auto ctx = std::make_unique<net::ssl::context>(net::ssl::context::tls_server);
-  ctx->set_options(net::ssl::context::default_workarounds | net::ssl::context::no_sslv2 | net::ssl::context::no_sslv3 |
-                   net::ssl::context::no_tlsv1 | net::ssl::context::no_tlsv1_1 | net::ssl::context::no_compression);
+  ctx->set_options(net::ssl::context::default_workarounds | net::ssl::context::no_sslv2 |
+                   net::ssl::context::no_sslv3 | net::ssl::context::no_tlsv1 | net::ssl::context::no_tlsv1_1 |
+                   net::ssl::context::no_compression);
   SSL_CTX_set_min_proto_version(ctx->native_handle(), TLS1_2_VERSION);
   // A key with a passphrase would make OpenSSL prompt on the terminal: refuse instead.
-  ctx->set_password_callback([](std::size_t, net::ssl::context::password_purpose) -> std::string { return {}; });
+  ctx->set_password_callback(
+      [](std::size_t, net::ssl::context::password_purpose) -> std::string { return {}; });
   beast::error_code ec;
   ctx->use_certificate_chain_file(cert_file, ec);
-  if (ec) throw std::runtime_error("TLS: cannot load the certificate chain '" + cert_file + "' (PEM expected): " + ec.message());
+  if (ec)
+    throw std::runtime_error("TLS: cannot load the certificate chain '" + cert_file +
+                             "' (PEM expected): " + ec.message());
   ctx->use_private_key_file(key_file, net::ssl::context::pem, ec);
   if (ec && ec.category() == net::error::get_ssl_category() &&
       ERR_GET_REASON(static_cast<unsigned long>(ec.value())) == X509_R_KEY_VALUES_MISMATCH)
-    throw std::runtime_error("TLS: the private key '" + key_file + "' does not belong to the certificate '" + cert_file + "'");
+    throw std::runtime_error("TLS: the private key '" + key_file + "' does not belong to the certificate '" +
+                             cert_file + "'");
   if (ec)
     throw std::runtime_error("TLS: cannot load the private key '" + key_file +
                              "' (unencrypted PEM expected): " + ec.message());
   if (SSL_CTX_check_private_key(ctx->native_handle()) != 1)
-    throw std::runtime_error("TLS: the private key '" + key_file + "' does not belong to the certificate '" + cert_file + "'");
+    throw std::runtime_error("TLS: the private key '" + key_file + "' does not belong to the certificate '" +
+                             cert_file + "'");
   return ctx;
 }
 
@@ -879,11 +887,16 @@ struct HttpServer::Impl {
   void refuse(tcp::socket socket) {
     const auto n = ++core->refused_connections;
     if (n == 1 || n % 1000 == 0)
-      spdlog::warn("http: {} connection(s) refused with 503: {} are open, the most allowed (--max-connections)", n,
-                   core->max_connections);
-    const std::string body = R"({"error":{"message":"too many open connections; retry later","type":"unavailable","code":"too_many_connections"}})";
-    std::string out = "HTTP/1.1 503 Service Unavailable\r\nServer: swarm\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-                      "Connection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+      spdlog::warn(
+          "http: {} connection(s) refused with 503: {} are open, the most allowed (--max-connections)", n,
+          core->max_connections);
+    const std::string body =
+        R"({"error":{"message":"too many open connections; retry later","type":"unavailable","code":"too_many_connections"}})";
+    std::string out =
+        "HTTP/1.1 503 Service Unavailable\r\nServer: swarm\r\nContent-Type: application/json\r\nRetry-After: "
+        "1\r\n"
+        "Connection: close\r\nContent-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n" + body;
     beast::error_code ec;
     socket.non_blocking(true, ec);
     if (!core->tls) net::write(socket, net::buffer(out), ec);  // a TLS client could not read it: just close
@@ -923,7 +936,8 @@ void HttpServer::start() {
     throw std::runtime_error("HttpServer: cannot " + std::string(what) + " " + o.host + ":" +
                              std::to_string(o.port) + ": " + ec.message());
   };
-  if (!o.tls_cert_file.empty() || !o.tls_key_file.empty()) m.core->tls = load_tls_context(o.tls_cert_file, o.tls_key_file);
+  if (!o.tls_cert_file.empty() || !o.tls_key_file.empty())
+    m.core->tls = load_tls_context(o.tls_cert_file, o.tls_key_file);
   m.acceptor.open(ep.protocol(), ec);
   if (ec) fail("open socket for");
   m.acceptor.set_option(net::socket_base::reuse_address(true), ec);
@@ -943,7 +957,8 @@ void HttpServer::start() {
     raised.rlim_cur = rl.rlim_max == RLIM_INFINITY ? want : std::min(want, rl.rlim_max);
     if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) rl = raised;
     if (rl.rlim_cur < want) {
-      const size_t fit = rl.rlim_cur > 512 ? static_cast<size_t>(rl.rlim_cur - 256) : static_cast<size_t>(rl.rlim_cur / 2);
+      const size_t fit =
+          rl.rlim_cur > 512 ? static_cast<size_t>(rl.rlim_cur - 256) : static_cast<size_t>(rl.rlim_cur / 2);
       spdlog::warn("http: the open-file limit is {}: at most {} connections (not {}); raise `ulimit -n`",
                    static_cast<unsigned long long>(rl.rlim_cur), fit, m.core->max_connections);
       m.core->max_connections = std::max<size_t>(1, fit);
@@ -979,8 +994,7 @@ bool HttpServer::tls() const { return impl_->core->tls != nullptr; }
 
 void HttpServer::stop(int grace_ms) {
   Impl& m = *impl_;
-  if (t_io_thread_of == m.core.get())
-    throw std::logic_error("HttpServer::stop: called from an I/O thread");
+  if (t_io_thread_of == m.core.get()) throw std::logic_error("HttpServer::stop: called from an I/O thread");
   std::lock_guard lk(m.lifecycle_mu);
   if (!m.running) return;
   m.running = false;

@@ -71,11 +71,11 @@ using HttpHandler = std::function<void(HttpRequest&& request, std::shared_ptr<Re
 /// Transport settings.
 struct HttpServerOptions {
   std::string host = "127.0.0.1";
-  uint16_t port = 10086;            // 0 = pick an ephemeral port
+  uint16_t port = 10086;  // 0 = pick an ephemeral port
   int io_threads = 2;
   size_t max_body_bytes = 8 * 1024 * 1024;  // larger bodies get 413
-  int read_timeout_seconds = 60;   // idle keep-alive / slow request limit
-  int max_pipelined = 16;          // queued requests per connection before reading pauses
+  int read_timeout_seconds = 60;            // idle keep-alive / slow request limit
+  int max_pipelined = 16;                   // queued requests per connection before reading pauses
   // Open connections at most; a connection beyond it is answered 503 and closed at once. The
   // process's open-file limit is raised to fit (HttpServer::start).
   int max_connections = 4096;

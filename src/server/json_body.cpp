@@ -48,7 +48,8 @@ std::string dump_json(const nlohmann::json& j) {
 
 std::string require_string(const nlohmann::json& obj, const char* field, bool allow_empty) {
   const auto* v = find(obj, field);
-  if (!v) throw SwarmError(ErrorKind::INVALID_ARGUMENT, std::string("missing required field '") + field + "'");
+  if (!v)
+    throw SwarmError(ErrorKind::INVALID_ARGUMENT, std::string("missing required field '") + field + "'");
   if (!v->is_string()) wrong(field, "a string");
   std::string s = v->get<std::string>();
   if (!allow_empty && s.empty()) wrong(field, "a non-empty string");

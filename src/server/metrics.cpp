@@ -30,7 +30,8 @@ std::string Metrics::render(const EngineSnapshot& st, const PoolSnapshot& pool,
   header("swarm_engine_state", "gauge", "1 for the engine's current state.");
   for (auto s : {EngineState::OFFLINE, EngineState::BOOTING, EngineState::ROLLING, EngineState::ROLLING_POST,
                  EngineState::WEIGHT_SYNCING})
-    out += fmt::format("swarm_engine_state{{state=\"{}\"}} {}\n", engine_state_wire(s), st.state == s ? 1 : 0);
+    out +=
+        fmt::format("swarm_engine_state{{state=\"{}\"}} {}\n", engine_state_wire(s), st.state == s ? 1 : 0);
   header("swarm_engine_seconds_in_state", "gauge", "Seconds since the engine entered its current state.");
   out += fmt::format("swarm_engine_seconds_in_state {:.3f}\n", st.seconds_in_state);
   header("swarm_engine_transitions_total", "counter", "State transitions by from->to.");
@@ -51,18 +52,21 @@ std::string Metrics::render(const EngineSnapshot& st, const PoolSnapshot& pool,
   if (st.store) {
     const EpisodeStoreStats& d = *st.store;
     header("swarm_episode_store_total", "counter",
-           "The episode store (durable_episodes): episodes recorded, commits, failed records, records forgotten/trained/pruned.");
-    for (auto [event, v] : std::initializer_list<std::pair<const char*, int64_t>>{{"recorded", d.recorded},
-                                                                                 {"commits", d.commits},
-                                                                                 {"record_failures", d.record_failures},
-                                                                                 {"forgotten", d.forgotten},
-                                                                                 {"marked_trained", d.marked_trained},
-                                                                                 {"pruned", d.pruned},
-                                                                                 {"retried", d.retried},
-                                                                                 {"given_up", d.given_up},
-                                                                                 {"bytes", d.bytes}})
+           "The episode store (durable_episodes): episodes recorded, commits, failed records, records "
+           "forgotten/trained/pruned.");
+    for (auto [event, v] :
+         std::initializer_list<std::pair<const char*, int64_t>>{{"recorded", d.recorded},
+                                                                {"commits", d.commits},
+                                                                {"record_failures", d.record_failures},
+                                                                {"forgotten", d.forgotten},
+                                                                {"marked_trained", d.marked_trained},
+                                                                {"pruned", d.pruned},
+                                                                {"retried", d.retried},
+                                                                {"given_up", d.given_up},
+                                                                {"bytes", d.bytes}})
       out += fmt::format("swarm_episode_store_total{{event=\"{}\"}} {}\n", event, v);
-    header("swarm_episode_store_pending", "gauge", "Stored episodes not yet trained (a restart reloads them).");
+    header("swarm_episode_store_pending", "gauge",
+           "Stored episodes not yet trained (a restart reloads them).");
     out += fmt::format("swarm_episode_store_pending {}\n", d.pending);
     header("swarm_episode_store_last_commit_seconds", "gauge", "Duration of the store's last commit.");
     out += fmt::format("swarm_episode_store_last_commit_seconds {:.6f}\n", d.last_commit_ms / 1000.0);
@@ -72,15 +76,16 @@ std::string Metrics::render(const EngineSnapshot& st, const PoolSnapshot& pool,
     header("swarm_exchange_connected", "gauge", "1 while the swarm's NATS broker is connected (SAPO).");
     out += fmt::format("swarm_exchange_connected {}\n", x.connected ? 1 : 0);
     header("swarm_exchange_groups_total", "counter", "Task groups shared through the swarm, by event.");
-    for (auto [event, v] : std::initializer_list<std::pair<const char*, int64_t>>{{"published", x.published},
-                                                                               {"received", x.received},
-                                                                               {"accepted", x.accepted},
-                                                                               {"used", x.used},
-                                                                               {"outbox_dropped", x.outbox_dropped},
-                                                                               {"publish_errors", x.publish_errors},
-                                                                               {"publish_duplicates", x.publish_duplicates},
-                                                                               {"publish_skipped_zero_advantage", x.publish_skipped_zero_advantage},
-                                                                               {"publish_too_large", x.publish_too_large}})
+    for (auto [event, v] : std::initializer_list<std::pair<const char*, int64_t>>{
+             {"published", x.published},
+             {"received", x.received},
+             {"accepted", x.accepted},
+             {"used", x.used},
+             {"outbox_dropped", x.outbox_dropped},
+             {"publish_errors", x.publish_errors},
+             {"publish_duplicates", x.publish_duplicates},
+             {"publish_skipped_zero_advantage", x.publish_skipped_zero_advantage},
+             {"publish_too_large", x.publish_too_large}})
       out += fmt::format("swarm_exchange_groups_total{{event=\"{}\"}} {}\n", event, v);
     header("swarm_exchange_reconnects_total", "counter", "Reconnections to the broker after a loss.");
     out += fmt::format("swarm_exchange_reconnects_total {}\n", x.reconnects);
@@ -95,7 +100,8 @@ std::string Metrics::render(const EngineSnapshot& st, const PoolSnapshot& pool,
     for (const auto& [node, p] : x.peers)
       for (auto [event, v] : std::initializer_list<std::pair<const char*, int64_t>>{
                {"received", p.received}, {"accepted", p.accepted}, {"used", p.used}, {"dropped", p.dropped}})
-        out += fmt::format("swarm_exchange_peer_groups_total{{peer=\"{}\",event=\"{}\"}} {}\n", node, event, v);
+        out +=
+            fmt::format("swarm_exchange_peer_groups_total{{peer=\"{}\",event=\"{}\"}} {}\n", node, event, v);
   }
 
   const auto& c = st.counters;
@@ -120,7 +126,8 @@ std::string Metrics::render(const EngineSnapshot& st, const PoolSnapshot& pool,
   out += fmt::format("swarm_llm_calls_total {}\n", c.llm_calls);
   header("swarm_late_llm_calls_total", "counter", "LLM calls that finished after their episode was gone.");
   out += fmt::format("swarm_late_llm_calls_total {}\n", c.late_calls_dropped);
-  header("swarm_safety_valve_dropped_total", "counter", "Incomplete task groups dropped by the safety valve.");
+  header("swarm_safety_valve_dropped_total", "counter",
+         "Incomplete task groups dropped by the safety valve.");
   out += fmt::format("swarm_safety_valve_dropped_total{{unit=\"groups\"}} {}\n", c.valve_dropped_groups);
   out += fmt::format("swarm_safety_valve_dropped_total{{unit=\"episodes\"}} {}\n", c.valve_dropped_episodes);
   header("swarm_tokens_total", "counter", "Tokens processed by the OpenAI endpoint.");
@@ -157,20 +164,24 @@ std::string Metrics::render(const EngineSnapshot& st, const PoolSnapshot& pool,
 
   if (!inference.empty()) {
     header("swarm_inference", "gauge",
-           "The inference engine: sequences running/waiting, KV blocks, steps and tokens (cumulative ones end in _total).");
+           "The inference engine: sequences running/waiting, KV blocks, steps and tokens (cumulative ones "
+           "end in _total).");
     for (const auto& [k, v] : inference) out += fmt::format("swarm_inference{{field=\"{}\"}} {}\n", k, v);
   }
 
   std::lock_guard lk(mu_);
   header("swarm_http_requests_total", "counter", "HTTP requests by route and status.");
   for (const auto& [key, v] : requests_)
-    out += fmt::format("swarm_http_requests_total{{route=\"{}\",status=\"{}\"}} {}\n", key.first, key.second, v);
-  header("swarm_http_request_duration_seconds", "histogram", "Time from request parsed to response handed off.");
+    out +=
+        fmt::format("swarm_http_requests_total{{route=\"{}\",status=\"{}\"}} {}\n", key.first, key.second, v);
+  header("swarm_http_request_duration_seconds", "histogram",
+         "Time from request parsed to response handed off.");
   for (const auto& [route, h] : latency_) {
     for (size_t i = 0; i < kBuckets.size(); ++i)
       out += fmt::format("swarm_http_request_duration_seconds_bucket{{route=\"{}\",le=\"{}\"}} {}\n", route,
                          kBuckets[i], h.buckets[i]);
-    out += fmt::format("swarm_http_request_duration_seconds_bucket{{route=\"{}\",le=\"+Inf\"}} {}\n", route, h.count);
+    out += fmt::format("swarm_http_request_duration_seconds_bucket{{route=\"{}\",le=\"+Inf\"}} {}\n", route,
+                       h.count);
     out += fmt::format("swarm_http_request_duration_seconds_sum{{route=\"{}\"}} {:.6f}\n", route, h.sum);
     out += fmt::format("swarm_http_request_duration_seconds_count{{route=\"{}\"}} {}\n", route, h.count);
   }

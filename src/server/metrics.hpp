@@ -18,7 +18,7 @@ namespace swarm {
 class Metrics {
  public:
   static constexpr std::array<double, 14> kBuckets = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-                                                       0.1,    0.25,  0.5,    1.0,   2.5,   5.0,  10.0};
+                                                      0.1,    0.25,  0.5,    1.0,   2.5,  5.0,   10.0};
 
   void observe_request(const std::string& route, int status, double seconds);
   /// Counts an OpenAI generation's tokens.

@@ -28,13 +28,15 @@ constexpr size_t kMaxStopTokenIds = 64;
 
 std::string bearer_key(const HttpRequest& request) {
   const std::string& auth = request.header("authorization");
-  SWARM_REQUIRE(!auth.empty(), ErrorKind::UNAUTHORIZED,
-                "missing API key: send 'Authorization: Bearer <openai_api_key>' as returned by claim_episode");
+  SWARM_REQUIRE(
+      !auth.empty(), ErrorKind::UNAUTHORIZED,
+      "missing API key: send 'Authorization: Bearer <openai_api_key>' as returned by claim_episode");
   const std::string prefix = "bearer ";
-  SWARM_REQUIRE(auth.size() > prefix.size() &&
-                    std::equal(prefix.begin(), prefix.end(), auth.begin(),
-                               [](char a, char b) { return a == std::tolower(static_cast<unsigned char>(b)); }),
-                ErrorKind::UNAUTHORIZED, "malformed Authorization header: expected 'Bearer <openai_api_key>'");
+  SWARM_REQUIRE(
+      auth.size() > prefix.size() &&
+          std::equal(prefix.begin(), prefix.end(), auth.begin(),
+                     [](char a, char b) { return a == std::tolower(static_cast<unsigned char>(b)); }),
+      ErrorKind::UNAUTHORIZED, "malformed Authorization header: expected 'Bearer <openai_api_key>'");
   return auth.substr(prefix.size());
 }
 
@@ -44,9 +46,9 @@ struct RequestOptions {
   bool include_usage = false;
   bool return_token_ids = false;
   // chat only
-  bool tool_choice_none = false;   // tool_choice "none": tools are rendered, calls not parsed
-  bool parallel_tool_calls = true; // false: at most the first call is returned
-  bool has_tools = false;          // the request offers tools (calls are parsed only then)
+  bool tool_choice_none = false;    // tool_choice "none": tools are rendered, calls not parsed
+  bool parallel_tool_calls = true;  // false: at most the first call is returned
+  bool has_tools = false;           // the request offers tools (calls are parsed only then)
   // How the generated text is split into the message's fields (resolved per request).
   ToolCallFormat tool_format = ToolCallFormat::NONE;
   ReasoningFormat reasoning_format = ReasoningFormat::NONE;
@@ -78,7 +80,8 @@ std::string agent_of(const json& body, const HttpRequest& request) {
     }
   }
   SWARM_REQUIRE(agent.size() <= kMaxAgentName, ErrorKind::INVALID_ARGUMENT,
-                "the agent name (swarm.agent / x-swarm-agent) may have at most " + std::to_string(kMaxAgentName) + " bytes");
+                "the agent name (swarm.agent / x-swarm-agent) may have at most " +
+                    std::to_string(kMaxAgentName) + " bytes");
   return agent;
 }
 
@@ -93,14 +96,15 @@ void parse_tool_options(const json& body, RequestOptions& o) {
       const std::string at = "tools[" + std::to_string(i) + "]";
       SWARM_REQUIRE(t.is_object(), ErrorKind::INVALID_ARGUMENT, "field '" + at + "' must be an object");
       auto type = t.find("type");
-      SWARM_REQUIRE(type == t.end() || (type->is_string() && *type == "function"), ErrorKind::INVALID_ARGUMENT,
-                    "field '" + at + ".type' must be \"function\"");
+      SWARM_REQUIRE(type == t.end() || (type->is_string() && *type == "function"),
+                    ErrorKind::INVALID_ARGUMENT, "field '" + at + ".type' must be \"function\"");
       auto fn = t.find("function");
       SWARM_REQUIRE(fn != t.end() && fn->is_object(), ErrorKind::INVALID_ARGUMENT,
                     "field '" + at + ".function' must be an object");
       auto name = fn->find("name");
       SWARM_REQUIRE(name != fn->end() && name->is_string() && !name->get<std::string>().empty(),
-                    ErrorKind::INVALID_ARGUMENT, "field '" + at + ".function.name' must be a non-empty string");
+                    ErrorKind::INVALID_ARGUMENT,
+                    "field '" + at + ".function.name' must be a non-empty string");
       names.push_back(name->get<std::string>());
     }
     o.has_tools = !it->empty();
@@ -128,22 +132,26 @@ void parse_tool_options(const json& body, RequestOptions& o) {
   }
   o.parallel_tool_calls = optional_bool(body, "parallel_tool_calls").value_or(true);
   if (auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
-    SWARM_REQUIRE(it->is_object() && it->contains("type") && (*it)["type"].is_string(), ErrorKind::INVALID_ARGUMENT,
+    SWARM_REQUIRE(it->is_object() && it->contains("type") && (*it)["type"].is_string(),
+                  ErrorKind::INVALID_ARGUMENT,
                   "field 'response_format' must be an object with a string 'type'");
     const std::string type = (*it)["type"].get<std::string>();
-    SWARM_REQUIRE(type == "text" || type == "json_object" || type == "json_schema", ErrorKind::INVALID_ARGUMENT,
+    SWARM_REQUIRE(type == "text" || type == "json_object" || type == "json_schema",
+                  ErrorKind::INVALID_ARGUMENT,
                   "field 'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"");
   }
   if (auto it = body.find("chat_template_kwargs"); it != body.end() && !it->is_null())
-    SWARM_REQUIRE(it->is_object(), ErrorKind::INVALID_ARGUMENT, "field 'chat_template_kwargs' must be an object");
+    SWARM_REQUIRE(it->is_object(), ErrorKind::INVALID_ARGUMENT,
+                  "field 'chat_template_kwargs' must be an object");
   const json& messages = body.at("messages");
   for (size_t i = 0; i < messages.size(); ++i) {
     const json& m = messages[i];
     if (!m.is_object() || !m.contains("role") || m["role"] != "tool") continue;
     auto id = m.find("tool_call_id");
     SWARM_REQUIRE(id != m.end() && id->is_string(), ErrorKind::INVALID_ARGUMENT,
-                  "field 'messages[" + std::to_string(i) + "].tool_call_id' must be a string (a tool message answers "
-                  "a tool call)");
+                  "field 'messages[" + std::to_string(i) +
+                      "].tool_call_id' must be a string (a tool message answers "
+                      "a tool call)");
   }
 }
 
@@ -172,7 +180,8 @@ RequestOptions parse_options(const json& body, OpenAIKind kind, const Job& job) 
   p.top_p = optional_number(body, "top_p").value_or(job.top_p);
   SWARM_REQUIRE(p.top_p > 0 && p.top_p <= 1, ErrorKind::INVALID_ARGUMENT, "field 'top_p' must be in (0, 1]");
   p.top_k = optional_int(body, "top_k").value_or(job.top_k);
-  SWARM_REQUIRE(p.top_k == -1 || p.top_k >= 1, ErrorKind::INVALID_ARGUMENT, "field 'top_k' must be -1 or >= 1");
+  SWARM_REQUIRE(p.top_k == -1 || p.top_k >= 1, ErrorKind::INVALID_ARGUMENT,
+                "field 'top_k' must be -1 or >= 1");
   auto max_tokens = optional_int(body, "max_completion_tokens");
   if (!max_tokens) max_tokens = optional_int(body, "max_tokens");
   p.max_tokens = max_tokens.value_or(job.max_response_length);
@@ -189,7 +198,8 @@ RequestOptions parse_options(const json& body, OpenAIKind kind, const Job& job) 
       SWARM_REQUIRE(it->size() <= kMaxStopStrings, ErrorKind::INVALID_ARGUMENT,
                     "field 'stop' may hold at most " + std::to_string(kMaxStopStrings) + " strings");
       for (const auto& s : *it) {
-        SWARM_REQUIRE(s.is_string(), ErrorKind::INVALID_ARGUMENT, "field 'stop' must be a string or an array of strings");
+        SWARM_REQUIRE(s.is_string(), ErrorKind::INVALID_ARGUMENT,
+                      "field 'stop' must be a string or an array of strings");
         p.stop.push_back(s.get<std::string>());
       }
     } else {
@@ -201,8 +211,9 @@ RequestOptions parse_options(const json& body, OpenAIKind kind, const Job& job) 
                   "field 'stop_token_ids' must be an array of at most " + std::to_string(kMaxStopTokenIds) +
                       " token ids");
     for (const auto& id : *it) {
-      SWARM_REQUIRE(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < (int64_t{1} << 31),
-                    ErrorKind::INVALID_ARGUMENT, "field 'stop_token_ids' must hold non-negative token ids");
+      SWARM_REQUIRE(
+          id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < (int64_t{1} << 31),
+          ErrorKind::INVALID_ARGUMENT, "field 'stop_token_ids' must hold non-negative token ids");
       p.stop_token_ids.push_back(static_cast<TokenId>(id.get<int64_t>()));
     }
   }
@@ -234,25 +245,32 @@ void resolve_output_formats(const Job& job, const Backend& backend, const std::v
                             RequestOptions& o) {
   const std::string tmpl = backend.chat_template_source();
   ToolCallFormat tools = ToolCallFormat::NONE;
-  if (job.tool_call_parser == "auto") tools = detect_tool_call_format(tmpl);
-  else parse_tool_call_format(job.tool_call_parser, &tools);
+  if (job.tool_call_parser == "auto")
+    tools = detect_tool_call_format(tmpl);
+  else
+    parse_tool_call_format(job.tool_call_parser, &tools);
   o.tool_format = o.has_tools && !o.tool_choice_none ? tools : ToolCallFormat::NONE;
   ReasoningFormat reasoning = ReasoningFormat::NONE;
-  if (job.reasoning_parser == "auto") reasoning = detect_reasoning_format(tmpl);
-  else parse_reasoning_format(job.reasoning_parser, &reasoning);
+  if (job.reasoning_parser == "auto")
+    reasoning = detect_reasoning_format(tmpl);
+  else
+    parse_reasoning_format(job.reasoning_parser, &reasoning);
   o.reasoning_format = reasoning;
   if (reasoning != ReasoningFormat::NONE) {
     std::string tail;
-    for (size_t i = prompt.size() > 8 ? prompt.size() - 8 : 0; i < prompt.size(); ++i) tail += backend.token_text(prompt[i]);
+    for (size_t i = prompt.size() > 8 ? prompt.size() - 8 : 0; i < prompt.size(); ++i)
+      tail += backend.token_text(prompt[i]);
     o.reasoning_start = reasoning_start_from_prompt(tail);
   }
 }
 
 std::vector<TokenId> completion_prompt(const json& body, const Backend& backend) {
   auto it = body.find("prompt");
-  SWARM_REQUIRE(it != body.end() && !it->is_null(), ErrorKind::INVALID_ARGUMENT, "missing required field 'prompt'");
+  SWARM_REQUIRE(it != body.end() && !it->is_null(), ErrorKind::INVALID_ARGUMENT,
+                "missing required field 'prompt'");
   if (it->is_string()) return backend.encode(it->get<std::string>());
-  if (it->is_array() && it->size() == 1 && (*it)[0].is_string()) return backend.encode((*it)[0].get<std::string>());
+  if (it->is_array() && it->size() == 1 && (*it)[0].is_string())
+    return backend.encode((*it)[0].get<std::string>());
   if (it->is_array() && !it->empty()) {
     std::vector<TokenId> ids;
     for (const auto& v : *it) {
@@ -276,20 +294,30 @@ class GenerationHandler final : public GenerationObserver,
                                 public SseStream,
                                 public std::enable_shared_from_this<GenerationHandler> {
  public:
-  GenerationHandler(std::shared_ptr<Metrics> metrics, OpenAIKind kind, GenerationLease lease, std::string api_key,
-                    std::shared_ptr<ResponseSink> sink, RequestOptions options, std::vector<TokenId> prompt,
-                    OpenAIContext context, std::string request_body, std::unique_ptr<ChatDialect> dialect = nullptr)
-      : metrics_(std::move(metrics)), kind_(kind), lease_(std::move(lease)), api_key_(std::move(api_key)),
-        sink_(std::move(sink)), options_(std::move(options)), prompt_(std::move(prompt)),
-        id_((kind == OpenAIKind::COMPLETION ? "cmpl-" : "chatcmpl-") + random_hex(12)), created_(std::time(nullptr)),
-        model_(lease_.backend->model_id()), context_(context), request_body_(std::move(request_body)),
+  GenerationHandler(std::shared_ptr<Metrics> metrics, OpenAIKind kind, GenerationLease lease,
+                    std::string api_key, std::shared_ptr<ResponseSink> sink, RequestOptions options,
+                    std::vector<TokenId> prompt, OpenAIContext context, std::string request_body,
+                    std::unique_ptr<ChatDialect> dialect = nullptr)
+      : metrics_(std::move(metrics)),
+        kind_(kind),
+        lease_(std::move(lease)),
+        api_key_(std::move(api_key)),
+        sink_(std::move(sink)),
+        options_(std::move(options)),
+        prompt_(std::move(prompt)),
+        id_((kind == OpenAIKind::COMPLETION ? "cmpl-" : "chatcmpl-") + random_hex(12)),
+        created_(std::time(nullptr)),
+        model_(lease_.backend->model_id()),
+        context_(context),
+        request_body_(std::move(request_body)),
         dialect_(std::move(dialect)) {}
 
   void start() {
     if (options_.stream) {
       // Opened at once; the heartbeat keeps it alive while the first token is not ready.
       sink_->start_stream(200, "text/event-stream");
-      if (dialect_) send_raw(dialect_->stream_start(static_cast<int64_t>(prompt_.size())));
+      if (dialect_)
+        send_raw(dialect_->stream_start(static_cast<int64_t>(prompt_.size())));
       else if (kind_ == OpenAIKind::CHAT)
         for (int64_t c = 0; c < options_.params.n; ++c)
           send_chunk(chunk_json(c, {{"role", "assistant"}, {"content", ""}}, nullptr));
@@ -331,8 +359,9 @@ class GenerationHandler final : public GenerationObserver,
       call.agent = options_.agent;
       if (options_.exchange_request) call.exchange_record = exchange_record(choice);
       if (options_.chat_keys) {
-        const ParsedAssistant parsed = parse_assistant_output(choice.text, options_.tool_format, options_.reasoning_format,
-                                                              options_.parallel_tool_calls, options_.reasoning_start);
+        const ParsedAssistant parsed =
+            parse_assistant_output(choice.text, options_.tool_format, options_.reasoning_format,
+                                   options_.parallel_tool_calls, options_.reasoning_start);
         call.turn_key = answer_turn_key(*options_.chat_keys, answer_key(parsed.content, parsed.tool_calls));
       }
       Engine::finish_generation(lease_, std::move(call));
@@ -350,8 +379,9 @@ class GenerationHandler final : public GenerationObserver,
       json choices = json::array();
       for (size_t c = 0; c < result.choices.size(); ++c) {
         std::string finish = result.choices[c].finish_reason;
-        choices.push_back(
-            {{"index", c}, {"message", message_json(result.choices[c].text, finish, false)}, {"finish_reason", finish}});
+        choices.push_back({{"index", c},
+                           {"message", message_json(result.choices[c].text, finish, false)},
+                           {"finish_reason", finish}});
       }
       assembled["choices"] = std::move(choices);
       assembled["usage"] = usage;
@@ -392,14 +422,17 @@ class GenerationHandler final : public GenerationObserver,
     if (options_.return_token_ids) body["prompt_token_ids"] = prompt_;
     HttpResponse r;
     r.body = dump_json(body);
-    if (kind_ == OpenAIKind::CHAT && context_.last_chat) context_.last_chat->record(std::move(request_body_), r.body);
+    if (kind_ == OpenAIKind::CHAT && context_.last_chat)
+      context_.last_chat->record(std::move(request_body_), r.body);
     sink_->respond(std::move(r));
   }
 
   void on_error(ErrorKind kind, const std::string& message) override {
     for (int64_t i = 0; i < options_.params.n; ++i) Engine::cancel_generation(lease_);
-    HttpResponse err = error_response(ErrorStyle::OPENAI, http_status_for(kind), error_type_for(kind), message);
-    if (kind_ == OpenAIKind::ANTHROPIC_MESSAGES) err.body = dump_json(anthropic_error_body(err.status, message));
+    HttpResponse err =
+        error_response(ErrorStyle::OPENAI, http_status_for(kind), error_type_for(kind), message);
+    if (kind_ == OpenAIKind::ANTHROPIC_MESSAGES)
+      err.body = dump_json(anthropic_error_body(err.status, message));
     if (options_.stream && dialect_) {
       {
         std::lock_guard lk(dialect_mu_);
@@ -427,8 +460,8 @@ class GenerationHandler final : public GenerationObserver,
     if (result.choices.empty()) return on_error(ErrorKind::INTERNAL, "no choice was generated");
     const GenerationChoice& ch = result.choices.front();
     DialectAnswer a;
-    a.parsed = parse_assistant_output(ch.text, options_.tool_format, options_.reasoning_format, options_.parallel_tool_calls,
-                                      options_.reasoning_start);
+    a.parsed = parse_assistant_output(ch.text, options_.tool_format, options_.reasoning_format,
+                                      options_.parallel_tool_calls, options_.reasoning_start);
     metrics_->observe_tool_call_parse_failures(a.parsed.parse_failures);
     a.finish_reason = ch.finish_reason;
     a.stop_sequence = matched_stop_string(ch);
@@ -436,7 +469,8 @@ class GenerationHandler final : public GenerationObserver,
     a.completion_tokens = static_cast<int64_t>(ch.ids.size());
     std::lock_guard lk(dialect_mu_);
     const json whole = dialect_->answer(a);
-    if (context_.last_chat) context_.last_chat->record(std::move(request_body_), dump_json(whole), dialect_->api());
+    if (context_.last_chat)
+      context_.last_chat->record(std::move(request_body_), dump_json(whole), dialect_->api());
     if (options_.stream) {
       send_raw(dialect_->stream_events(parser(0).finish()));
       send_raw(dialect_->stream_finish(a));
@@ -453,12 +487,14 @@ class GenerationHandler final : public GenerationObserver,
   std::string matched_stop_string(const GenerationChoice& ch) const {
     if (ch.finish_reason != "stop" || options_.params.stop.empty()) return "";
     std::string tail;
-    for (size_t i = ch.ids.size() > 16 ? ch.ids.size() - 16 : 0; i < ch.ids.size(); ++i) tail += lease_.backend->token_text(ch.ids[i]);
+    for (size_t i = ch.ids.size() > 16 ? ch.ids.size() - 16 : 0; i < ch.ids.size(); ++i)
+      tail += lease_.backend->token_text(ch.ids[i]);
     std::string best;
     size_t best_pos = std::string::npos;
     for (const std::string& stop : options_.params.stop) {
       const size_t pos = stop.empty() ? std::string::npos : tail.rfind(stop);
-      if (pos != std::string::npos && (best_pos == std::string::npos || pos < best_pos)) best_pos = pos, best = stop;
+      if (pos != std::string::npos && (best_pos == std::string::npos || pos < best_pos))
+        best_pos = pos, best = stop;
     }
     return best;
   }
@@ -469,14 +505,15 @@ class GenerationHandler final : public GenerationObserver,
 
   json chunk_json(size_t choice, json delta, const json& finish_reason) const {
     json j = base_object("chat.completion.chunk");
-    j["choices"] = json::array({{{"index", choice}, {"delta", std::move(delta)}, {"finish_reason", finish_reason}}});
+    j["choices"] =
+        json::array({{{"index", choice}, {"delta", std::move(delta)}, {"finish_reason", finish_reason}}});
     return j;
   }
 
   json text_chunk_json(size_t choice, const std::string& text, const json& finish_reason) const {
     json j = base_object("text_completion");
-    j["choices"] =
-        json::array({{{"index", choice}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", finish_reason}}});
+    j["choices"] = json::array(
+        {{{"index", choice}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", finish_reason}}});
     return j;
   }
 
@@ -494,7 +531,8 @@ class GenerationHandler final : public GenerationObserver,
               const std::string t = backend.token_text(alt.id);
               top.push_back({{"token", t}, {"logprob", alt.logprob}, {"bytes", bytes_of(t)}});
             }
-          content.push_back({{"token", tok}, {"logprob", ch.logprobs[i]}, {"bytes", bytes_of(tok)}, {"top_logprobs", top}});
+          content.push_back(
+              {{"token", tok}, {"logprob", ch.logprobs[i]}, {"bytes", bytes_of(tok)}, {"top_logprobs", top}});
         }
         logprobs = {{"content", content}};
       } else {
@@ -530,7 +568,8 @@ class GenerationHandler final : public GenerationObserver,
       std::string finish = choice.finish_reason;
       const json message = message_json(choice.text, finish, false);
       nlohmann::ordered_json completion = {{"role", "assistant"}, {"content", message["content"]}};
-      if (message.contains("reasoning_content")) completion["reasoning_content"] = message["reasoning_content"];
+      if (message.contains("reasoning_content"))
+        completion["reasoning_content"] = message["reasoning_content"];
       if (message.contains("tool_calls")) completion["tool_calls"] = message["tool_calls"];
       record["completion"] = std::move(completion);
     }
@@ -546,8 +585,9 @@ class GenerationHandler final : public GenerationObserver,
   // The assistant message of a whole generated text: reasoning split off, tool calls parsed
   // (as the request's options say). `finish` becomes "tool_calls" when there are calls.
   json message_json(const std::string& text, std::string& finish, bool count_failures) const {
-    const ParsedAssistant parsed = parse_assistant_output(text, options_.tool_format, options_.reasoning_format,
-                                                          options_.parallel_tool_calls, options_.reasoning_start);
+    const ParsedAssistant parsed =
+        parse_assistant_output(text, options_.tool_format, options_.reasoning_format,
+                               options_.parallel_tool_calls, options_.reasoning_start);
     if (count_failures) metrics_->observe_tool_call_parse_failures(parsed.parse_failures);
     json m = {{"role", "assistant"}, {"content", parsed.content ? json(*parsed.content) : json(nullptr)}};
     if (parsed.reasoning) {
@@ -569,8 +609,9 @@ class GenerationHandler final : public GenerationObserver,
   StreamingAssistantParser& parser(size_t choice) {
     std::lock_guard lk(parse_mu_);
     while (parsers_.size() <= choice) {
-      parsers_.push_back(std::make_unique<StreamingAssistantParser>(
-          options_.tool_format, options_.reasoning_format, options_.parallel_tool_calls, options_.reasoning_start));
+      parsers_.push_back(
+          std::make_unique<StreamingAssistantParser>(options_.tool_format, options_.reasoning_format,
+                                                     options_.parallel_tool_calls, options_.reasoning_start));
       calls_sent_.push_back(0);
     }
     return *parsers_[choice];
@@ -601,7 +642,8 @@ class GenerationHandler final : public GenerationObserver,
         }
         case StreamEvent::TOOL_CALL_ARGUMENTS:
           send_chunk(chunk_json(
-              choice, {{"tool_calls", json::array({{{"index", e.index}, {"function", {{"arguments", e.text}}}}})}},
+              choice,
+              {{"tool_calls", json::array({{{"index", e.index}, {"function", {{"arguments", e.text}}}}})}},
               nullptr));
           break;
       }
@@ -648,11 +690,11 @@ class GenerationHandler final : public GenerationObserver,
   int64_t created_;
   std::string model_;
   OpenAIContext context_;
-  std::string request_body_;  // kept for LastChatCall (chat only)
+  std::string request_body_;              // kept for LastChatCall (chat only)
   std::unique_ptr<ChatDialect> dialect_;  // Anthropic / Responses requests: how answers are written
   std::mutex dialect_mu_;
   std::mutex write_mu_;
-  bool ended_ = false;  // under write_mu_
+  bool ended_ = false;   // under write_mu_
   std::mutex parse_mu_;  // guards parsers_ / calls_sent_ growth (a backend may report from several threads)
   std::vector<std::unique_ptr<StreamingAssistantParser>> parsers_;  // one per choice (streamed chat)
   std::vector<int> calls_sent_;
@@ -725,27 +767,32 @@ namespace {
 std::vector<TokenId> chat_prompt(const json& body, nlohmann::ordered_json& ordered, RequestOptions& options,
                                  const GenerationLease& lease) {
   auto messages = body.find("messages");
-  SWARM_REQUIRE(messages != body.end() && messages->is_array(), ErrorKind::INVALID_ARGUMENT,
-                messages == body.end() ? "missing required field 'messages'" : "field 'messages' must be an array");
+  SWARM_REQUIRE(
+      messages != body.end() && messages->is_array(), ErrorKind::INVALID_ARGUMENT,
+      messages == body.end() ? "missing required field 'messages'" : "field 'messages' must be an array");
   parse_tool_options(body, options);
   normalize_messages(ordered["messages"], lease.backend->chat_template_source());
-  const nlohmann::ordered_json tools = ordered.contains("tools") ? ordered["tools"] : nlohmann::ordered_json();
-  const nlohmann::ordered_json kwargs = ordered.contains("chat_template_kwargs") && ordered["chat_template_kwargs"].is_object()
-                                            ? ordered["chat_template_kwargs"]
-                                            : nlohmann::ordered_json::object();
+  const nlohmann::ordered_json tools =
+      ordered.contains("tools") ? ordered["tools"] : nlohmann::ordered_json();
+  const nlohmann::ordered_json kwargs =
+      ordered.contains("chat_template_kwargs") && ordered["chat_template_kwargs"].is_object()
+          ? ordered["chat_template_kwargs"]
+          : nlohmann::ordered_json::object();
   options.chat_keys = chat_keys(ordered["messages"], tools, kwargs);
   std::optional<std::vector<TokenId>> spliced;
   if (lease.job.exact_history_tokens)
-    spliced = splice_chat_prompt(*lease.backend, ordered["messages"], tools, kwargs, *options.chat_keys,
-                                 [&lease](const std::string& key) { return lease.pool->turn_ids(lease.ticket.episode_uuid, key); });
-  std::vector<TokenId> prompt =
-      spliced ? std::move(*spliced)
-              : lease.backend->render_chat_with_kwargs(ordered["messages"], tools, /*add_generation_prompt=*/true, kwargs);
+    spliced = splice_chat_prompt(
+        *lease.backend, ordered["messages"], tools, kwargs, *options.chat_keys,
+        [&lease](const std::string& key) { return lease.pool->turn_ids(lease.ticket.episode_uuid, key); });
+  std::vector<TokenId> prompt = spliced
+                                    ? std::move(*spliced)
+                                    : lease.backend->render_chat_with_kwargs(
+                                          ordered["messages"], tools, /*add_generation_prompt=*/true, kwargs);
   resolve_output_formats(lease.job, *lease.backend, prompt, options);
   // Structured outputs: a forced tool call wins over response_format.
   if (options.tool_required || !options.forced_tool.empty())
-    options.grammar = tool_choice_grammar(tools, options.forced_tool, options.tool_format, options.parallel_tool_calls,
-                                          *lease.backend);
+    options.grammar = tool_choice_grammar(tools, options.forced_tool, options.tool_format,
+                                          options.parallel_tool_calls, *lease.backend);
   else if (ordered.contains("response_format"))
     options.grammar = response_format_grammar(ordered["response_format"]);
   return prompt;
@@ -774,8 +821,9 @@ void require_json_field_nesting(const json& body) {
       if (!call.is_object() || fn == call.end() || !fn->is_object()) continue;
       const auto args = fn->find("arguments");
       if (args == fn->end() || !args->is_string()) continue;
-      require_json_nesting(args->get_ref<const std::string&>(), "messages[" + std::to_string(m) + "].tool_calls[" +
-                                                                    std::to_string(c) + "].function.arguments");
+      require_json_nesting(
+          args->get_ref<const std::string&>(),
+          "messages[" + std::to_string(m) + "].tool_calls[" + std::to_string(c) + "].function.arguments");
     }
   }
 }
@@ -784,9 +832,11 @@ ConvertedRequest convert_request(OpenAIKind kind, const std::string& text) {
   ConvertedRequest c;
   (void)parse_json_object(text);  // the same checks (size, object) and messages as every route
   c.original = nlohmann::ordered_json::parse(text);
-  c.chat = kind == OpenAIKind::ANTHROPIC_MESSAGES ? anthropic_to_chat(c.original, c.notes) : responses_to_chat(c.original, c.notes);
+  c.chat = kind == OpenAIKind::ANTHROPIC_MESSAGES ? anthropic_to_chat(c.original, c.notes)
+                                                  : responses_to_chat(c.original, c.notes);
   c.body = c.chat;  // the same value without key order (no re-parse)
-  for (const std::string& note : c.notes) spdlog::debug("{}: {}", kind == OpenAIKind::RESPONSES ? "/v1/responses" : "/v1/messages", note);
+  for (const std::string& note : c.notes)
+    spdlog::debug("{}: {}", kind == OpenAIKind::RESPONSES ? "/v1/responses" : "/v1/messages", note);
   return c;
 }
 
@@ -795,9 +845,10 @@ ConvertedRequest convert_request(OpenAIKind kind, const std::string& text) {
 std::string anthropic_api_key(const HttpRequest& request) {
   const std::string& key = request.header("x-api-key");
   if (!key.empty()) return key;
-  SWARM_REQUIRE(!request.header("authorization").empty(), ErrorKind::UNAUTHORIZED,
-                "missing API key: send 'x-api-key: <openai_api_key>' (or 'Authorization: Bearer ...') as returned by "
-                "claim_episode");
+  SWARM_REQUIRE(
+      !request.header("authorization").empty(), ErrorKind::UNAUTHORIZED,
+      "missing API key: send 'x-api-key: <openai_api_key>' (or 'Authorization: Bearer ...') as returned by "
+      "claim_episode");
   return bearer_key(request);
 }
 
@@ -817,10 +868,11 @@ HttpResponse anthropic_count_tokens(Engine& engine, const HttpRequest& request) 
   return r;
 }
 
-void serve_generation(Engine& engine, std::shared_ptr<Metrics> metrics, OpenAIKind kind, const HttpRequest& request,
-                      std::shared_ptr<ResponseSink> sink, OpenAIContext context) {
+void serve_generation(Engine& engine, std::shared_ptr<Metrics> metrics, OpenAIKind kind,
+                      const HttpRequest& request, std::shared_ptr<ResponseSink> sink, OpenAIContext context) {
   const bool dialect_kind = kind == OpenAIKind::ANTHROPIC_MESSAGES || kind == OpenAIKind::RESPONSES;
-  const std::string api_key = kind == OpenAIKind::ANTHROPIC_MESSAGES ? anthropic_api_key(request) : bearer_key(request);
+  const std::string api_key =
+      kind == OpenAIKind::ANTHROPIC_MESSAGES ? anthropic_api_key(request) : bearer_key(request);
   GenerationLease lease = engine.begin_generation(api_key);
   int64_t reserved = 1;
   try {
@@ -839,21 +891,22 @@ void serve_generation(Engine& engine, std::shared_ptr<Metrics> metrics, OpenAIKi
       if (kind == OpenAIKind::CHAT) ordered = nlohmann::ordered_json::parse(request.body);
     }
     require_json_field_nesting(body);
-    RequestOptions options = parse_options(body, kind == OpenAIKind::COMPLETION ? kind : OpenAIKind::CHAT, lease.job);
+    RequestOptions options =
+        parse_options(body, kind == OpenAIKind::COMPLETION ? kind : OpenAIKind::CHAT, lease.job);
     options.agent = agent_of(body, request);
     if (dialect_kind) {
       const auto asked = optional_int(body, "max_tokens");
       static std::atomic<bool> told{false};  // harnesses ask for 32k-128k on every call: said once at info
       if (asked && *asked > options.params.max_tokens) {
         if (!told.exchange(true))
-          spdlog::info("{}: max_tokens {} clamped to {} (the job's max_response_length; said once)", dialect->api(),
-                       *asked, options.params.max_tokens);
+          spdlog::info("{}: max_tokens {} clamped to {} (the job's max_response_length; said once)",
+                       dialect->api(), *asked, options.params.max_tokens);
         else
           spdlog::debug("{}: max_tokens {} clamped to {}", dialect->api(), *asked, options.params.max_tokens);
       }
     }
-    std::vector<TokenId> prompt =
-        kind == OpenAIKind::COMPLETION ? completion_prompt(body, *lease.backend) : chat_prompt(body, ordered, options, lease);
+    std::vector<TokenId> prompt = kind == OpenAIKind::COMPLETION ? completion_prompt(body, *lease.backend)
+                                                                 : chat_prompt(body, ordered, options, lease);
     if (!lease.job.exchange_url.empty() && lease.job.exchange_publish) {
       auto request = std::make_shared<nlohmann::ordered_json>(nlohmann::ordered_json::object());
       if (kind == OpenAIKind::COMPLETION) {
@@ -867,14 +920,16 @@ void serve_generation(Engine& engine, std::shared_ptr<Metrics> metrics, OpenAIKi
       }
       options.exchange_request = std::move(request);
     }
-    SWARM_REQUIRE(static_cast<int64_t>(prompt.size()) <= lease.job.max_prompt_length, ErrorKind::INVALID_ARGUMENT,
+    SWARM_REQUIRE(static_cast<int64_t>(prompt.size()) <= lease.job.max_prompt_length,
+                  ErrorKind::INVALID_ARGUMENT,
                   "prompt is " + std::to_string(prompt.size()) + " tokens; max_prompt_length is " +
                       std::to_string(lease.job.max_prompt_length));
     // Every choice is recorded as its own call: reserve the extra ones now.
     for (; reserved < options.params.n; ++reserved) lease.pool->begin_call(api_key);
     auto handler = std::make_shared<GenerationHandler>(
-        std::move(metrics), kind, lease, api_key, std::move(sink), std::move(options), std::move(prompt), context,
-        kind != OpenAIKind::COMPLETION && context.last_chat ? request.body : std::string(), std::move(dialect));
+        std::move(metrics), kind, lease, api_key, std::move(sink), std::move(options), std::move(prompt),
+        context, kind != OpenAIKind::COMPLETION && context.last_chat ? request.body : std::string(),
+        std::move(dialect));
     reserved = 0;  // the handler owns the reservations now
     handler->start();
   } catch (...) {

@@ -81,8 +81,9 @@ HttpResponse openai_models(Engine& engine);
 /// prompt/completion ids and log-probs into the episode, and answers through `sink`.
 /// Throws SwarmError for errors found before generation starts; later errors are
 /// answered through the sink.
-void serve_generation(Engine& engine, std::shared_ptr<Metrics> metrics, OpenAIKind kind, const HttpRequest& request,
-                      std::shared_ptr<ResponseSink> sink, OpenAIContext context = {});
+void serve_generation(Engine& engine, std::shared_ptr<Metrics> metrics, OpenAIKind kind,
+                      const HttpRequest& request, std::shared_ptr<ResponseSink> sink,
+                      OpenAIContext context = {});
 
 /// POST /v1/messages/count_tokens: {"input_tokens"} of the prompt the same body would get on
 /// /v1/messages (generation prompt included). Records no call.

@@ -15,7 +15,8 @@ std::string seconds_text(double s) { return fmt::format("{:.1f}s", s); }
 // The fields AgentJet's client and overwatch read (its CurrentBatchRolloutPoolInformation).
 void add_agentjet_fields(json& out, const EngineSnapshot& st, const PoolSnapshot& pool,
                          const std::optional<Job>& config, const ClientIdView& show) {
-  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   out["completed_episodes"] = pool.finished_episodes;
   out["completed_episode_target"] = pool.target_episodes;
   out["completed_tasks"] = pool.complete_tasks;
@@ -67,19 +68,21 @@ void add_agentjet_fields(json& out, const EngineSnapshot& st, const PoolSnapshot
 
 // Swarm experience sharing (SAPO): the connection, the counters and what each peer sent.
 json exchange_json(const ExchangeStatus& x) {
-  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   json dropped = json::object();
   for (const auto& [reason, n] : x.dropped) dropped[reason] = n;
   json peers = json::array();
   for (const auto& [node, p] : x.peers)
-    peers.push_back({{"node_id", node},
-                     {"model", p.model},
-                     {"received", p.received},
-                     {"accepted", p.accepted},
-                     {"used", p.used},
-                     {"dropped", p.dropped},
-                     {"last_policy_step", p.last_policy_step},
-                     {"seconds_since_seen", p.last_seen > 0 ? json(std::max(0.0, now - p.last_seen)) : json(nullptr)}});
+    peers.push_back(
+        {{"node_id", node},
+         {"model", p.model},
+         {"received", p.received},
+         {"accepted", p.accepted},
+         {"used", p.used},
+         {"dropped", p.dropped},
+         {"last_policy_step", p.last_policy_step},
+         {"seconds_since_seen", p.last_seen > 0 ? json(std::max(0.0, now - p.last_seen)) : json(nullptr)}});
   return {{"url", x.url},
           {"swarm_name", x.swarm_name},
           {"node_id", x.node_id},
@@ -106,8 +109,8 @@ json exchange_json(const ExchangeStatus& x) {
 }  // namespace
 
 nlohmann::json pool_information_json(const EngineSnapshot& st, const PoolSnapshot& pool,
-                                     const std::vector<TrainStepReport>& steps, const std::optional<Job>& config,
-                                     const ClientIdView& show_client) {
+                                     const std::vector<TrainStepReport>& steps,
+                                     const std::optional<Job>& config, const ClientIdView& show_client) {
   const ClientIdView show = show_client ? show_client : [](const std::string& c) { return c; };
   json running = json::array();
   for (const auto& e : pool.running_episodes)
@@ -165,7 +168,9 @@ nlohmann::json pool_information_json(const EngineSnapshot& st, const PoolSnapsho
       {"batch_size", pool.config.batch_size},
       {"num_repeat", pool.config.num_repeat},
       {"targets",
-       {{"episodes", pool.target_episodes}, {"tasks", pool.target_tasks}, {"non_dummy_tasks", pool.target_tasks}}},
+       {{"episodes", pool.target_episodes},
+        {"tasks", pool.target_tasks},
+        {"non_dummy_tasks", pool.target_tasks}}},
       {"progress",
        {{"finished_episodes", pool.finished_episodes},
         {"complete_tasks", pool.complete_tasks},
@@ -184,12 +189,18 @@ nlohmann::json pool_information_json(const EngineSnapshot& st, const PoolSnapsho
   if (st.exchange) out["exchange"] = exchange_json(*st.exchange);
   if (st.store) {
     const EpisodeStoreStats& d = *st.store;
-    out["episode_store"] = {{"file", st.store_file},          {"pending", d.pending},
-                            {"recorded", d.recorded},         {"record_failures", d.record_failures},
-                            {"commits", d.commits},           {"bytes", d.bytes},
-                            {"marked_trained", d.marked_trained}, {"forgotten", d.forgotten},
-                            {"pruned", d.pruned},             {"retried", d.retried},
-                            {"given_up", d.given_up},         {"last_commit_ms", d.last_commit_ms}};
+    out["episode_store"] = {{"file", st.store_file},
+                            {"pending", d.pending},
+                            {"recorded", d.recorded},
+                            {"record_failures", d.record_failures},
+                            {"commits", d.commits},
+                            {"bytes", d.bytes},
+                            {"marked_trained", d.marked_trained},
+                            {"forgotten", d.forgotten},
+                            {"pruned", d.pruned},
+                            {"retried", d.retried},
+                            {"given_up", d.given_up},
+                            {"last_commit_ms", d.last_commit_ms}};
   }
   add_agentjet_fields(out, st, pool, config, show);
   return out;

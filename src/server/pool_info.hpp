@@ -20,7 +20,8 @@ using ClientIdView = std::function<std::string(const std::string&)>;
 /// client throttles on and its overwatch shows). `config` gives training_model_path. Every
 /// client_uuid goes through `show_client` (as is when empty).
 nlohmann::json pool_information_json(const EngineSnapshot& status, const PoolSnapshot& pool,
-                                     const std::vector<TrainStepReport>& steps, const std::optional<Job>& config = {},
+                                     const std::vector<TrainStepReport>& steps,
+                                     const std::optional<Job>& config = {},
                                      const ClientIdView& show_client = {});
 
 }  // namespace swarm

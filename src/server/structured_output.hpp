@@ -30,13 +30,14 @@ class Backend;
 
 /// The grammar of a response_format, or nullptr for none / {"type": "text"}. Throws SwarmError
 /// INVALID_ARGUMENT naming the field for a malformed or unsupported one.
-std::shared_ptr<const grammar::Grammar> response_format_grammar(const nlohmann::ordered_json& response_format);
+std::shared_ptr<const grammar::Grammar> response_format_grammar(
+    const nlohmann::ordered_json& response_format);
 
 /// The grammar of forced tool calls: `only` names the function (tool_choice naming one), empty
 /// for any of `tools` (tool_choice "required"). Throws SwarmError INVALID_ARGUMENT naming the
 /// field (e.g. a tool whose parameters schema is unsupported, or no tool-call format).
-std::shared_ptr<const grammar::Grammar> tool_choice_grammar(const nlohmann::ordered_json& tools, const std::string& only,
-                                                            ToolCallFormat format, bool parallel_tool_calls,
-                                                            const Backend& backend);
+std::shared_ptr<const grammar::Grammar> tool_choice_grammar(const nlohmann::ordered_json& tools,
+                                                            const std::string& only, ToolCallFormat format,
+                                                            bool parallel_tool_calls, const Backend& backend);
 
 }  // namespace swarm

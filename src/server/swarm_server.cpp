@@ -53,16 +53,17 @@ SwarmServer::~SwarmServer() { stop(); }
 void SwarmServer::start() {
   std::lock_guard lk(impl_->mu);
   auto& o = impl_->options;
-  impl_->http = std::make_unique<HttpServer>(o.http, [this](HttpRequest&& req, std::shared_ptr<ResponseSink> sink) {
-    impl_->service->handle(std::move(req), std::move(sink));
-  });
+  impl_->http =
+      std::make_unique<HttpServer>(o.http, [this](HttpRequest&& req, std::shared_ptr<ResponseSink> sink) {
+        impl_->service->handle(std::move(req), std::move(sink));
+      });
   impl_->service = std::make_unique<SwarmService>(
       impl_->engine, impl_->metrics,
-      [this] { return impl_->options.http.host + ":" + std::to_string(impl_->http->port()); }, o.sse_keep_alive,
-      o.tokens);
+      [this] { return impl_->options.http.host + ":" + std::to_string(impl_->http->port()); },
+      o.sse_keep_alive, o.tokens);
   impl_->http->start();
-  spdlog::info("swarm-server listening on {}://{}:{} (engine: {})", impl_->http->tls() ? "https" : "http", o.http.host,
-               impl_->http->port(), o.engine.backend);
+  spdlog::info("swarm-server listening on {}://{}:{} (engine: {})", impl_->http->tls() ? "https" : "http",
+               o.http.host, impl_->http->port(), o.engine.backend);
   spdlog::info("swarm-server: control routes {}; episode routes {}",
                o.tokens.admin.empty() ? "open (no admin token)" : "need the admin token",
                o.tokens.client.empty() ? "open (no client token)" : "need the client token");

@@ -81,7 +81,8 @@ std::string bearer_token(const HttpRequest& request) {
 }
 
 // Throws UNAUTHORIZED (401) when the route needs a token this request does not carry.
-void check_access(Access access, const AccessTokens& tokens, const HttpRequest& request, const std::string& route) {
+void check_access(Access access, const AccessTokens& tokens, const HttpRequest& request,
+                  const std::string& route) {
   if (access == Access::OPEN || access == Access::EPISODE) return;
   const bool admin_only = access == Access::ADMIN;
   if (admin_only ? tokens.admin.empty() : tokens.client.empty()) return;
@@ -89,10 +90,11 @@ void check_access(Access access, const AccessTokens& tokens, const HttpRequest& 
   if (!presented.empty() && ((!tokens.admin.empty() && same_secret(presented, tokens.admin)) ||
                              (!admin_only && same_secret(presented, tokens.client))))
     return;
-  throw SwarmError(ErrorKind::UNAUTHORIZED,
-                   route + " needs " + (admin_only ? "the admin token" : "the client token") +
-                       (presented.empty() ? ": send 'Authorization: Bearer <token>'" : ": the token sent is not it") +
-                       " (swarm-server --" + (admin_only ? "admin" : "client") + "-token-file; docs/reliability.md)");
+  throw SwarmError(
+      ErrorKind::UNAUTHORIZED,
+      route + " needs " + (admin_only ? "the admin token" : "the client token") +
+          (presented.empty() ? ": send 'Authorization: Bearer <token>'" : ": the token sent is not it") +
+          " (swarm-server --" + (admin_only ? "admin" : "client") + "-token-file; docs/reliability.md)");
 }
 
 // Whether the request carries the admin token (when one is configured).
@@ -107,8 +109,8 @@ bool presents_admin(const AccessTokens& tokens, const HttpRequest& request) {
 std::string keyed_client_id(const std::string& key, const std::string& client_uuid) {
   unsigned char mac[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
-  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(client_uuid.data()),
-       client_uuid.size(), mac, &len);
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(client_uuid.data()), client_uuid.size(), mac, &len);
   static const char* kHex = "0123456789abcdef";
   std::string out = "client-";
   for (unsigned int i = 0; i < 8 && i < len; ++i) {
@@ -125,7 +127,9 @@ bool anthropic_path(const std::string& path) { return path.rfind("/v1/messages",
 class MeteredSink final : public ResponseSink {
  public:
   MeteredSink(std::shared_ptr<ResponseSink> inner, std::shared_ptr<Metrics> metrics, std::string route)
-      : inner_(std::move(inner)), metrics_(std::move(metrics)), route_(std::move(route)),
+      : inner_(std::move(inner)),
+        metrics_(std::move(metrics)),
+        route_(std::move(route)),
         start_(std::chrono::steady_clock::now()) {}
 
   void respond(HttpResponse response) override {
@@ -145,8 +149,8 @@ class MeteredSink final : public ResponseSink {
 
  private:
   void observe(int status) {
-    metrics_->observe_request(route_, status,
-                             std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+    metrics_->observe_request(
+        route_, status, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
   }
   std::shared_ptr<ResponseSink> inner_;
   std::shared_ptr<Metrics> metrics_;  // shared: the answer may end after the service is gone
@@ -166,7 +170,8 @@ EpisodeType parse_episode_type(const json& body) {
   auto t = optional_string(body, "episode_type").value_or("train");
   if (t == "train") return EpisodeType::TRAIN;
   if (t == "eval") return EpisodeType::EVAL;
-  throw SwarmError(ErrorKind::INVALID_ARGUMENT, "field 'episode_type' must be \"train\" or \"eval\", got \"" + t + "\"");
+  throw SwarmError(ErrorKind::INVALID_ARGUMENT,
+                   "field 'episode_type' must be \"train\" or \"eval\", got \"" + t + "\"");
 }
 
 // log_metrics values: a number; a list of numbers (AgentJet's client sends per-turn values),
@@ -185,7 +190,8 @@ void add_log_metric(const std::string& name, const json& value, bool nested, Wor
   if ((value.is_number() || value.is_array()) && out.log_metrics.size() >= kMaxLogMetrics &&
       !out.log_metrics.contains(name)) {
     throw SwarmError(ErrorKind::INVALID_ARGUMENT, "field 'workflow_output.log_metrics' has more than " +
-                                                      std::to_string(kMaxLogMetrics) + " metrics (flattened)");
+                                                      std::to_string(kMaxLogMetrics) +
+                                                      " metrics (flattened)");
   }
   if (value.is_number()) {
     out.log_metrics[name] = value.get<double>();
@@ -196,8 +202,8 @@ void add_log_metric(const std::string& name, const json& value, bool nested, Wor
     for (const json& x : value) {
       if (!x.is_number()) {
         if (nested) return;
-        throw SwarmError(ErrorKind::INVALID_ARGUMENT,
-                         "field 'workflow_output.log_metrics." + name + "' must be a number or a list of numbers");
+        throw SwarmError(ErrorKind::INVALID_ARGUMENT, "field 'workflow_output.log_metrics." + name +
+                                                          "' must be a number or a list of numbers");
       }
       sum += x.get<double>();
     }
@@ -205,7 +211,8 @@ void add_log_metric(const std::string& name, const json& value, bool nested, Wor
     return;
   }
   if (value.is_object()) {
-    for (auto it = value.begin(); it != value.end(); ++it) add_log_metric(name + "/" + it.key(), it.value(), true, out);
+    for (auto it = value.begin(); it != value.end(); ++it)
+      add_log_metric(name + "/" + it.key(), it.value(), true, out);
     return;
   }
   if (nested) return;
@@ -220,7 +227,8 @@ struct ParsedOutput {
 // A list of finite numbers (`what` names the field in errors; `expected` says what it may be).
 std::vector<double> finite_numbers(const json& list, const std::string& what,
                                    const std::string& expected = "a list of finite numbers") {
-  if (!list.is_array()) throw SwarmError(ErrorKind::INVALID_ARGUMENT, "field '" + what + "' must be " + expected);
+  if (!list.is_array())
+    throw SwarmError(ErrorKind::INVALID_ARGUMENT, "field '" + what + "' must be " + expected);
   std::vector<double> out;
   out.reserve(list.size());
   for (const json& x : list) {
@@ -251,14 +259,17 @@ ParsedOutput parse_workflow_output(const json& body) {
   }
   if (auto it = wo->find("turn_rewards"); it != wo->end() && !it->is_null()) {
     if (reward != wo->end() && reward->is_array())
-      throw SwarmError(ErrorKind::INVALID_ARGUMENT, "send either a list 'workflow_output.reward' or 'turn_rewards', not both");
+      throw SwarmError(ErrorKind::INVALID_ARGUMENT,
+                       "send either a list 'workflow_output.reward' or 'turn_rewards', not both");
     out.turn_rewards = finite_numbers(*it, "workflow_output.turn_rewards");
   }
   if (auto it = wo->find("token_rewards"); it != wo->end() && !it->is_null()) {
     if (!it->is_array())
-      throw SwarmError(ErrorKind::INVALID_ARGUMENT, "field 'workflow_output.token_rewards' must be a list (one list per LLM call)");
+      throw SwarmError(ErrorKind::INVALID_ARGUMENT,
+                       "field 'workflow_output.token_rewards' must be a list (one list per LLM call)");
     for (size_t c = 0; c < it->size(); ++c)
-      out.token_rewards.push_back(finite_numbers((*it)[c], "workflow_output.token_rewards[" + std::to_string(c) + "]"));
+      out.token_rewards.push_back(
+          finite_numbers((*it)[c], "workflow_output.token_rewards[" + std::to_string(c) + "]"));
   }
   out.is_success = optional_bool(*wo, "is_success");
   if (const json* md = optional_object(*wo, "metadata")) out.metadata_json = dump_json(*md);
@@ -279,8 +290,8 @@ std::string parse_task_id(const json& body) {
 }  // namespace
 
 SwarmService::SwarmService(Engine& engine, std::shared_ptr<Metrics> metrics,
-                           std::function<std::string()> fallback_authority, std::chrono::milliseconds keep_alive,
-                           AccessTokens tokens)
+                           std::function<std::string()> fallback_authority,
+                           std::chrono::milliseconds keep_alive, AccessTokens tokens)
     : engine_(engine),
       metrics_(std::move(metrics)),
       fallback_authority_(std::move(fallback_authority)),
@@ -302,16 +313,16 @@ void SwarmService::handle(HttpRequest&& request, std::shared_ptr<ResponseSink> r
   auto sink = std::make_shared<MeteredSink>(std::move(raw_sink), metrics_, route_name);
   const bool openai_path = request.path.rfind("/v1/", 0) == 0;
   const ErrorStyle style = anthropic_path(request.path) ? ErrorStyle::ANTHROPIC
-                           : openai_path               ? ErrorStyle::OPENAI
-                                                       : ErrorStyle::COMMAND;
+                           : openai_path                ? ErrorStyle::OPENAI
+                                                        : ErrorStyle::COMMAND;
   if (!route) {
     if (path_known)
       sink->respond(error_response(style, 405, "invalid_request_error",
                                    "method " + request.method + " is not allowed on " + request.path,
                                    "method_not_allowed"));
     else
-      sink->respond(error_response(style, 404, "not_found_error", "no route " + request.method + " " + request.path,
-                                   "not_found"));
+      sink->respond(error_response(style, 404, "not_found_error",
+                                   "no route " + request.method + " " + request.path, "not_found"));
     return;
   }
   if (route->openai) {
@@ -343,22 +354,24 @@ void SwarmService::handle(HttpRequest&& request, std::shared_ptr<ResponseSink> r
       const std::string task_id = parse_task_id(body);
       ParsedOutput parsed = parse_workflow_output(body);
       if (const json* task = optional_object(body, "task"))
-        if (const json* md = optional_object(*task, "metadata")) parsed.output.task_metadata_json = dump_json(*md);
-      engine_.end_episode_async(client, episode, task_id, parsed.output,
-                                optional_bool(body, "declare_client_active").value_or(true),
-                                [sink, route_name](EndOutcome outcome, std::exception_ptr error) {
-                                  if (error) {
-                                    try {
-                                      std::rethrow_exception(error);
-                                    } catch (...) {
-                                      sink->respond(error_response_from_current_exception(ErrorStyle::COMMAND, route_name));
-                                    }
-                                    return;
-                                  }
-                                  json out = {{"success", true}, {"accepted", outcome.accepted}};
-                                  if (!outcome.note.empty()) out["note"] = outcome.note;
-                                  sink->respond(json_response(out));
-                                });
+        if (const json* md = optional_object(*task, "metadata"))
+          parsed.output.task_metadata_json = dump_json(*md);
+      engine_.end_episode_async(
+          client, episode, task_id, parsed.output,
+          optional_bool(body, "declare_client_active").value_or(true),
+          [sink, route_name](EndOutcome outcome, std::exception_ptr error) {
+            if (error) {
+              try {
+                std::rethrow_exception(error);
+              } catch (...) {
+                sink->respond(error_response_from_current_exception(ErrorStyle::COMMAND, route_name));
+              }
+              return;
+            }
+            json out = {{"success", true}, {"accepted", outcome.accepted}};
+            if (!outcome.note.empty()) out["note"] = outcome.note;
+            sink->respond(json_response(out));
+          });
     } catch (...) {
       sink->respond(error_response_from_current_exception(ErrorStyle::COMMAND, route_name));
     }
@@ -389,7 +402,7 @@ HttpResponse SwarmService::handle_command(const std::string& route, const HttpRe
     r.content_type = "text/plain; version=0.0.4";
     const auto backend = engine_.backend();
     r.body = metrics_->render(engine_.status(), engine_.pool_snapshot(), engine_.step_history(),
-                             backend ? backend->inference_metrics() : std::map<std::string, double>{});
+                              backend ? backend->inference_metrics() : std::map<std::string, double>{});
     return r;
   }
   if (route == "/get_current_batch_rollout_pool_information") {
@@ -397,8 +410,8 @@ HttpResponse SwarmService::handle_command(const std::string& route, const HttpRe
     ClientIdView show;
     if (!tokens_.client.empty() && !presents_admin(tokens_, request))
       show = [this](const std::string& c) { return keyed_client_id(client_id_key_, c); };
-    return json_response(pool_information_json(engine_.status(), engine_.pool_snapshot(), engine_.step_history(),
-                                               engine_.config(), show));
+    return json_response(pool_information_json(engine_.status(), engine_.pool_snapshot(),
+                                               engine_.step_history(), engine_.config(), show));
   }
   if (route == "/get_server_experiment_dir") {
     const std::string dir = engine_.status().experiment_dir;
@@ -420,28 +433,34 @@ HttpResponse SwarmService::handle_command(const std::string& route, const HttpRe
   if (route == "/sync_train_code") {  // the body is the zip itself (Content-Type: application/zip)
     const EngineState state = engine_.status().state;  // the state first, as AgentJet answers
     if (state != EngineState::OFFLINE)
-      throw SwarmError(ErrorKind::CONFLICT, std::string("sync_train_code is only allowed in ENGINE.OFFLINE (engine is ") +
-                                                engine_state_wire(state) + "); call stop_engine first");
+      throw SwarmError(ErrorKind::CONFLICT,
+                       std::string("sync_train_code is only allowed in ENGINE.OFFLINE (engine is ") +
+                           engine_state_wire(state) + "); call stop_engine first");
     check_agentjet_code_zip(request.body);
     const std::string path = engine_.store_train_code(request.body);
     return json_response({{"success", true},
                           {"message", "Training code synced successfully."},
                           {"temp_ajet_code_path", path},
-                          {"note", "swarm-server runs no Python: the archive is stored in the experiment "
-                                   "directory for the record and is not executed; training uses swarm's own "
-                                   "trainer with the synced config"}});
+                          {"note",
+                           "swarm-server runs no Python: the archive is stored in the experiment "
+                           "directory for the record and is not executed; training uses swarm's own "
+                           "trainer with the synced config"}});
   }
 
-  const json body = parse_json_object(request.body, /*allow_empty=*/route == "/start_engine" ||
-                                                         route == "/stop_engine" || route == "/get_episode_buffer");
+  const json body =
+      parse_json_object(request.body, /*allow_empty=*/route == "/start_engine" || route == "/stop_engine" ||
+                                          route == "/get_episode_buffer");
   if (route == "/sync_train_config") {
     const JobConfigReport report = engine_.sync_train_config(require_string(body, "yaml_as_string"));
     json mapped = json::array();
     for (const auto& m : report.mapped) {
       json value = m.value;  // typed as our key is
-      if (m.type == "bool") value = m.value == "true";
-      else if (m.type == "int") value = std::stoll(m.value);
-      else if (m.type == "float") value = std::stod(m.value);
+      if (m.type == "bool")
+        value = m.value == "true";
+      else if (m.type == "int")
+        value = std::stoll(m.value);
+      else if (m.type == "float")
+        value = std::stod(m.value);
       mapped.push_back({{"from", m.from}, {"to", m.to}, {"value", value}});
     }
     return json_response({{"success", true},
@@ -489,10 +508,11 @@ HttpResponse SwarmService::handle_command(const std::string& route, const HttpRe
     // is a success with a note, in every state.
     if (!engine_.abort_episode(require_string(body, "client_uuid"), episode,
                                optional_bool(body, "declare_client_active").value_or(true)))
-      return json_response({{"success", true},
-                            {"note", "episode " + episode +
-                                         " is not running (unknown, already ended, aborted or timed out); nothing "
-                                         "to abort"}});
+      return json_response(
+          {{"success", true},
+           {"note", "episode " + episode +
+                        " is not running (unknown, already ended, aborted or timed out); nothing "
+                        "to abort"}});
     return json_response({{"success", true}});
   }
   if (route == "/agree_sync_weight") {
@@ -501,7 +521,8 @@ HttpResponse SwarmService::handle_command(const std::string& route, const HttpRe
   }
   if (route == "/get_episode_buffer") {
     // AgentJet's EpisodeStatus for every running episode (API keys are not handed out again).
-    const auto now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    const auto now =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     json buffer = json::array();
     for (const auto& e : engine_.pool_snapshot().running_episodes)
       buffer.push_back({{"episode_uuid", e.episode_uuid},
@@ -519,7 +540,8 @@ HttpResponse SwarmService::handle_command(const std::string& route, const HttpRe
     return json_response({{"buffer", buffer}});
   }
   if (route == "/can_continue_episode") {
-    bool ok = engine_.can_continue_episode(require_string(body, "client_uuid"), require_string(body, "episode_uuid"));
+    bool ok = engine_.can_continue_episode(require_string(body, "client_uuid"),
+                                           require_string(body, "episode_uuid"));
     return json_response({{"can_continue", ok}});
   }
   throw SwarmError(ErrorKind::INTERNAL, "route " + route + " has no handler");

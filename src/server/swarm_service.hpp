@@ -31,7 +31,8 @@ class SwarmService {
   /// Streamed answers silent for `keep_alive` get an SSE comment.
   /// `metrics` is shared with the answers still in flight (a stream that ends as the server
   /// stops records its status after the service is gone).
-  SwarmService(Engine& engine, std::shared_ptr<Metrics> metrics, std::function<std::string()> fallback_authority,
+  SwarmService(Engine& engine, std::shared_ptr<Metrics> metrics,
+               std::function<std::string()> fallback_authority,
                std::chrono::milliseconds keep_alive = std::chrono::seconds(5), AccessTokens tokens = {});
 
   void handle(HttpRequest&& request, std::shared_ptr<ResponseSink> sink);

@@ -72,7 +72,8 @@ class Reader {
   }
   uint64_t count(const char* what, size_t min_bytes_each) {
     const uint64_t n = pod<uint64_t>(what);
-    if (min_bytes_each > 0 && n > (in_.size() - at_) / min_bytes_each) fail(std::string(what) + " is longer than the record");
+    if (min_bytes_each > 0 && n > (in_.size() - at_) / min_bytes_each)
+      fail(std::string(what) + " is longer than the record");
     return n;
   }
   void expect_magic() {
@@ -82,7 +83,8 @@ class Reader {
   }
   bool done() const { return at_ == in_.size(); }
   [[noreturn]] void fail(const std::string& why) const {
-    throw SwarmError(ErrorKind::INTERNAL, "corrupt episode record (" + std::to_string(in_.size()) + " bytes): " + why);
+    throw SwarmError(ErrorKind::INTERNAL,
+                     "corrupt episode record (" + std::to_string(in_.size()) + " bytes): " + why);
   }
 
  private:
@@ -146,8 +148,8 @@ FinishedEpisode decode_finished_episode(std::string_view bytes) {
   r.expect_magic();
   const auto version = r.pod<uint32_t>("version");
   if (version < kOldestVersion || version > kVersion)
-    r.fail("format version " + std::to_string(version) + " (this build reads " + std::to_string(kOldestVersion) + " to " +
-           std::to_string(kVersion) + ")");
+    r.fail("format version " + std::to_string(version) + " (this build reads " +
+           std::to_string(kOldestVersion) + " to " + std::to_string(kVersion) + ")");
   FinishedEpisode e;
   e.episode_uuid = r.str("episode_uuid");
   e.client_uuid = r.str("client_uuid");
@@ -195,13 +197,15 @@ FinishedEpisode decode_finished_episode(std::string_view bytes) {
       r.fail("sample " + std::to_string(i) + " has per-token lists of different lengths");
     for (int32_t k : s.token_call)
       if (k < -1 || k >= static_cast<int64_t>(s.calls.size()))
-        r.fail("sample " + std::to_string(i) + " names call " + std::to_string(k) + " of " + std::to_string(s.calls.size()));
+        r.fail("sample " + std::to_string(i) + " names call " + std::to_string(k) + " of " +
+               std::to_string(s.calls.size()));
     e.samples.push_back(std::move(s));
   }
   e.turn_rewards = r.vec<double>("turn_rewards");
   e.finish_seq = r.pod<int64_t>("finish_seq");
   e.min_version = r.pod<int64_t>("min_version");
-  for (uint64_t n = r.count("exchange_calls", 8); n > 0; --n) e.exchange_calls.push_back(r.str("exchange call"));
+  for (uint64_t n = r.count("exchange_calls", 8); n > 0; --n)
+    e.exchange_calls.push_back(r.str("exchange call"));
   e.metadata_json = r.str("metadata_json");
   e.task_metadata_json = r.str("task_metadata_json");
   e.from_node = r.str("from_node");

@@ -18,36 +18,46 @@ class EpisodeStore::Statement {
  public:
   Statement(sqlite3* db, const char* sql) : db_(db) {
     if (sqlite3_prepare_v2(db, sql, -1, &st_, nullptr) != SQLITE_OK)
-      throw SwarmError(ErrorKind::INTERNAL, std::string("episode store: ") + sqlite3_errmsg(db) + " in: " + sql);
+      throw SwarmError(ErrorKind::INTERNAL,
+                       std::string("episode store: ") + sqlite3_errmsg(db) + " in: " + sql);
   }
   ~Statement() { sqlite3_finalize(st_); }
   Statement(const Statement&) = delete;
   Statement& operator=(const Statement&) = delete;
-  void text(int i, const std::string& s) { sqlite3_bind_text(st_, i, s.data(), static_cast<int>(s.size()), SQLITE_STATIC); }
-  void blob(int i, const std::string& s) { sqlite3_bind_blob(st_, i, s.data(), static_cast<int>(s.size()), SQLITE_STATIC); }
+  void text(int i, const std::string& s) {
+    sqlite3_bind_text(st_, i, s.data(), static_cast<int>(s.size()), SQLITE_STATIC);
+  }
+  void blob(int i, const std::string& s) {
+    sqlite3_bind_blob(st_, i, s.data(), static_cast<int>(s.size()), SQLITE_STATIC);
+  }
   void integer(int i, int64_t v) { sqlite3_bind_int64(st_, i, v); }
   /// Runs a statement that returns no rows; resets it for the next bindings. Returns the rows changed.
   int64_t run() {
     const int rc = sqlite3_step(st_);
     sqlite3_reset(st_);
-    if (rc != SQLITE_DONE) throw SwarmError(ErrorKind::UNAVAILABLE, std::string("episode store: ") + sqlite3_errmsg(db_));
+    if (rc != SQLITE_DONE)
+      throw SwarmError(ErrorKind::UNAVAILABLE, std::string("episode store: ") + sqlite3_errmsg(db_));
     return sqlite3_changes(db_);
   }
   bool row() {
     const int rc = sqlite3_step(st_);
     if (rc == SQLITE_ROW) return true;
-    if (rc != SQLITE_DONE) throw SwarmError(ErrorKind::UNAVAILABLE, std::string("episode store: ") + sqlite3_errmsg(db_));
+    if (rc != SQLITE_DONE)
+      throw SwarmError(ErrorKind::UNAVAILABLE, std::string("episode store: ") + sqlite3_errmsg(db_));
     return false;
   }
   int64_t column_int(int i) { return sqlite3_column_int64(st_, i); }
   bool column_null(int i) { return sqlite3_column_type(st_, i) == SQLITE_NULL; }
   std::string column_text(int i) {
     const auto* p = sqlite3_column_text(st_, i);
-    return p ? std::string(reinterpret_cast<const char*>(p), static_cast<size_t>(sqlite3_column_bytes(st_, i))) : "";
+    return p ? std::string(reinterpret_cast<const char*>(p),
+                           static_cast<size_t>(sqlite3_column_bytes(st_, i)))
+             : "";
   }
   std::string_view column_blob(int i) {
     const void* p = sqlite3_column_blob(st_, i);
-    return p ? std::string_view(static_cast<const char*>(p), static_cast<size_t>(sqlite3_column_bytes(st_, i)))
+    return p ? std::string_view(static_cast<const char*>(p),
+                                static_cast<size_t>(sqlite3_column_bytes(st_, i)))
              : std::string_view();
   }
 
@@ -64,8 +74,8 @@ EpisodeStore::EpisodeStore(std::filesystem::path file, EpisodeStoreOptions optio
     : file_(std::move(file)), options_(options) {
   std::error_code ec;
   if (file_.has_parent_path()) std::filesystem::create_directories(file_.parent_path(), ec);
-  const int rc = sqlite3_open_v2(file_.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
-                                 nullptr);
+  const int rc = sqlite3_open_v2(file_.c_str(), &db_,
+                                 SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);
   if (rc != SQLITE_OK) {
     const std::string why = db_ ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
     sqlite3_close(db_);
@@ -95,16 +105,19 @@ EpisodeStore::EpisodeStore(std::filesystem::path file, EpisodeStoreOptions optio
         const std::string v = get.column_text(0);
         if (v != std::to_string(kSchemaVersion))
           throw SwarmError(ErrorKind::INTERNAL, "episode store " + file_.string() + " has schema " + v +
-                                                    "; this build reads schema " + std::to_string(kSchemaVersion));
+                                                    "; this build reads schema " +
+                                                    std::to_string(kSchemaVersion));
       }
     }
     exec("INSERT OR IGNORE INTO meta(key, value) VALUES('schema', '1')");
     stats_.pending = count_pending();
-    insert_ = std::make_unique<Statement>(
-        db_, "INSERT OR REPLACE INTO episodes(episode_uuid, task_id, trained_step, record) VALUES(?1, ?2, NULL, ?3)");
+    insert_ = std::make_unique<Statement>(db_,
+                                          "INSERT OR REPLACE INTO episodes(episode_uuid, task_id, "
+                                          "trained_step, record) VALUES(?1, ?2, NULL, ?3)");
     forget_ = std::make_unique<Statement>(db_, "DELETE FROM episodes WHERE episode_uuid = ?1");
     mark_ = std::make_unique<Statement>(db_, "UPDATE episodes SET trained_step = ?2 WHERE episode_uuid = ?1");
-    prune_ = std::make_unique<Statement>(db_, "DELETE FROM episodes WHERE trained_step IS NOT NULL AND trained_step <= ?1");
+    prune_ = std::make_unique<Statement>(
+        db_, "DELETE FROM episodes WHERE trained_step IS NOT NULL AND trained_step <= ?1");
   } catch (...) {
     insert_.reset();
     forget_.reset();
@@ -136,7 +149,8 @@ void EpisodeStore::exec(const char* sql) {
   if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
     const std::string why = err ? err : sqlite3_errmsg(db_);
     sqlite3_free(err);
-    throw SwarmError(ErrorKind::UNAVAILABLE, "episode store " + file_.string() + ": " + why + " (in: " + sql + ")");
+    throw SwarmError(ErrorKind::UNAVAILABLE,
+                     "episode store " + file_.string() + ": " + why + " (in: " + sql + ")");
   }
 }
 
@@ -202,7 +216,8 @@ void EpisodeStore::flush() {
   auto op = std::make_unique<Op>();
   op->kind = Op::FLUSH;
   std::future<void> done = op->done.get_future();
-  if (enqueue(std::move(op))) done.wait();  // a flush fails only with its batch, whose records already said so
+  if (enqueue(std::move(op)))
+    done.wait();  // a flush fails only with its batch, whose records already said so
 }
 
 void EpisodeStore::apply(Op& op) {
@@ -230,7 +245,8 @@ void EpisodeStore::apply(Op& op) {
       prune_->integer(1, op.step);
       op.step = prune_->run();  // rows deleted, for the stats
       break;
-    case Op::FLUSH: break;
+    case Op::FLUSH:
+      break;
   }
 }
 
@@ -258,12 +274,15 @@ void EpisodeStore::writer_loop() {
         throw;
       }
     } catch (const std::exception& e) {
-      failure = std::make_exception_ptr(SwarmError(
-          ErrorKind::UNAVAILABLE, std::string("the episode could not be stored durably, so it is not accepted: ") +
-                                      e.what() + " (is the disk full?)"));
-      spdlog::error("episode store {}: a transaction of {} operation(s) failed: {}", file_.string(), batch.size(), e.what());
+      failure = std::make_exception_ptr(
+          SwarmError(ErrorKind::UNAVAILABLE,
+                     std::string("the episode could not be stored durably, so it is not accepted: ") +
+                         e.what() + " (is the disk full?)"));
+      spdlog::error("episode store {}: a transaction of {} operation(s) failed: {}", file_.string(),
+                    batch.size(), e.what());
     }
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     {
       std::lock_guard lk(mu_);
       stats_.last_commit_ms = ms;
@@ -279,10 +298,17 @@ void EpisodeStore::writer_loop() {
             stats_.pending++;
             stats_.bytes += static_cast<int64_t>(op->bytes.size());
             break;
-          case Op::FORGET: stats_.forgotten += static_cast<int64_t>(op->uuids.size()); break;
-          case Op::MARK: stats_.marked_trained += static_cast<int64_t>(op->uuids.size()); break;
-          case Op::PRUNE: stats_.pruned += op->step; break;
-          case Op::FLUSH: break;
+          case Op::FORGET:
+            stats_.forgotten += static_cast<int64_t>(op->uuids.size());
+            break;
+          case Op::MARK:
+            stats_.marked_trained += static_cast<int64_t>(op->uuids.size());
+            break;
+          case Op::PRUNE:
+            stats_.pruned += op->step;
+            break;
+          case Op::FLUSH:
+            break;
         }
       }
     }
@@ -297,7 +323,10 @@ void EpisodeStore::writer_loop() {
         if (op->kind != Op::FLUSH) {
           if (++op->attempts >= kMaxAttempts) {
             spdlog::error("episode store {}: gave up on a {} of {} episode(s) after {} failed transactions",
-                          file_.string(), op->kind == Op::MARK ? "mark-trained" : op->kind == Op::FORGET ? "forget" : "prune",
+                          file_.string(),
+                          op->kind == Op::MARK     ? "mark-trained"
+                          : op->kind == Op::FORGET ? "forget"
+                                                   : "prune",
                           op->uuids.size(), op->attempts);
             std::lock_guard lk(mu_);
             stats_.given_up++;
@@ -321,13 +350,14 @@ void EpisodeStore::writer_loop() {
       }
       batch.erase(std::remove(batch.begin(), batch.end(), nullptr), batch.end());
     }
-    if (!failure && std::any_of(batch.begin(), batch.end(), [](const auto& op) { return op->kind == Op::FORGET || op->kind == Op::MARK; })) {
+    if (!failure && std::any_of(batch.begin(), batch.end(), [](const auto& op) {
+          return op->kind == Op::FORGET || op->kind == Op::MARK;
+        })) {
       try {
         const int64_t pending = count_pending();
         std::lock_guard lk(mu_);
         stats_.pending = pending;
-      } catch (const std::exception&) {
-      }
+      } catch (const std::exception&) {}
     }
     for (auto& op : batch) {
       if (op->kind == Op::FLUSH) op->done.set_value();

@@ -35,24 +35,24 @@ struct EpisodeStoreOptions {
 };
 
 struct EpisodeStoreStats {
-  int64_t recorded = 0;       // episodes made durable
+  int64_t recorded = 0;  // episodes made durable
   int64_t record_failures = 0;
-  int64_t commits = 0;        // transactions (several records share one under load)
-  int64_t bytes = 0;          // record bytes written
-  int64_t pending = 0;        // untrained records in the database now
+  int64_t commits = 0;  // transactions (several records share one under load)
+  int64_t bytes = 0;    // record bytes written
+  int64_t pending = 0;  // untrained records in the database now
   int64_t marked_trained = 0;
   int64_t forgotten = 0;
   int64_t pruned = 0;
-  int64_t retried = 0;        // bookkeeping operations (mark, forget, prune) tried again after a failed transaction
-  int64_t given_up = 0;       // ... and dropped after kMaxAttempts (logged)
+  int64_t retried = 0;  // bookkeeping operations (mark, forget, prune) tried again after a failed transaction
+  int64_t given_up = 0;  // ... and dropped after kMaxAttempts (logged)
   double last_commit_ms = 0.0;
 };
 
 /// What a restart reloads (pending_for_restart).
 struct StoredEpisodes {
   std::vector<FinishedEpisode> episodes;  // in the order they were recorded
-  int64_t retrained = 0;   // trained by a step after the resumed checkpoint (that training was lost)
-  int64_t discarded = 0;   // records that could not be decoded (logged, deleted)
+  int64_t retrained = 0;  // trained by a step after the resumed checkpoint (that training was lost)
+  int64_t discarded = 0;  // records that could not be decoded (logged, deleted)
 };
 
 class EpisodeStore final : public EpisodeJournal {
@@ -99,13 +99,13 @@ class EpisodeStore final : public EpisodeJournal {
     std::string bytes;
     std::vector<std::string> uuids;
     int64_t step = 0;
-    int attempts = 0;           // transactions it was part of that failed (FORGET, MARK, PRUNE)
-    Done recorded;              // RECORD
-    std::promise<void> done;    // FLUSH
+    int attempts = 0;         // transactions it was part of that failed (FORGET, MARK, PRUNE)
+    Done recorded;            // RECORD
+    std::promise<void> done;  // FLUSH
   };
   bool enqueue(std::unique_ptr<Op>&& op);  // false (or a throw, for a record) once closing
   void writer_loop();
-  void apply(Op& op);   // inside a transaction (writer thread)
+  void apply(Op& op);  // inside a transaction (writer thread)
   void exec(const char* sql);
   int64_t count_pending();
 

@@ -86,17 +86,18 @@ ChatTemplate ChatTemplate::from_directory(const std::string& dir) {
         }
       }
       if (!found)
-        throw SwarmError(ErrorKind::INVALID_ARGUMENT,
-                         config_path.string() + ": chat_template lists named templates but none is \"default\"");
+        throw SwarmError(
+            ErrorKind::INVALID_ARGUMENT,
+            config_path.string() + ": chat_template lists named templates but none is \"default\"");
     } else {
       throw SwarmError(ErrorKind::INVALID_ARGUMENT,
                        config_path.string() + ": chat_template must be a string or a list");
     }
   }
   if (!found)
-    throw SwarmError(
-        ErrorKind::INVALID_ARGUMENT,
-        "no chat template in " + dir + " (no chat_template.jinja, no \"chat_template\" in tokenizer_config.json)");
+    throw SwarmError(ErrorKind::INVALID_ARGUMENT,
+                     "no chat template in " + dir +
+                         " (no chat_template.jinja, no \"chat_template\" in tokenizer_config.json)");
   return ChatTemplate(std::move(source), token_text(config, "bos_token"), token_text(config, "eos_token"));
 }
 
@@ -150,7 +151,8 @@ std::string ChatTemplate::render(const nlohmann::json& messages, const nlohmann:
 }
 
 std::string ChatTemplate::render(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
-                                 bool add_generation_prompt, const nlohmann::ordered_json& extra_context) const {
+                                 bool add_generation_prompt,
+                                 const nlohmann::ordered_json& extra_context) const {
   return render_impl(messages, tools, add_generation_prompt, extra_context);
 }
 

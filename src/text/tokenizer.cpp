@@ -48,8 +48,7 @@ std::string get_string(const json& j, const char* key, const std::string& fallba
 size_t get_size(const json& j, const char* key, size_t fallback) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
-  if (!it->is_number_unsigned())
-    fail(std::string("\"") + key + "\" must be a non-negative integer");
+  if (!it->is_number_unsigned()) fail(std::string("\"") + key + "\" must be a non-negative integer");
   return it->get<size_t>();
 }
 
@@ -67,8 +66,7 @@ std::string type_of(const json& j, const std::string& what) {
 }
 
 // {"String": "..."} or {"Regex": "..."}.
-std::unique_ptr<Regex> compile_pattern(const json& p, const std::string& where,
-                                       std::string* literal) {
+std::unique_ptr<Regex> compile_pattern(const json& p, const std::string& where, std::string* literal) {
   if (!p.is_object()) fail(where + ": \"pattern\" must be {\"String\": ...} or {\"Regex\": ...}");
   try {
     if (auto it = p.find("String"); it != p.end() && it->is_string()) {
@@ -101,8 +99,7 @@ void parse_normalizer(const json& j, std::vector<NormalizerStep>& out) {
   if (j.is_null()) return;
   std::string type = type_of(j, "normalizer");
   if (type == "Sequence") {
-    for (const json& n : get_array(j, "normalizers", "normalizer Sequence"))
-      parse_normalizer(n, out);
+    for (const json& n : get_array(j, "normalizers", "normalizer Sequence")) parse_normalizer(n, out);
   } else if (type == "Prepend") {
     out.emplace_back(NormalizerStep::Kind::PREPEND, get_string(j, "prepend"));
   } else if (type == "Replace") {
@@ -144,8 +141,7 @@ void parse_pre_tokenizer(const json& j, std::vector<PreTokenizerStep>& out) {
   std::string type = type_of(j, "pre_tokenizer");
   using K = PreTokenizerStep::Kind;
   if (type == "Sequence") {
-    for (const json& p : get_array(j, "pretokenizers", "pre_tokenizer Sequence"))
-      parse_pre_tokenizer(p, out);
+    for (const json& p : get_array(j, "pretokenizers", "pre_tokenizer Sequence")) parse_pre_tokenizer(p, out);
   } else if (type == "ByteLevel") {
     PreTokenizerStep step(K::BYTE_LEVEL);
     step.add_prefix_space = get_bool(j, "add_prefix_space", true);
@@ -200,8 +196,7 @@ void parse_decoder(const json& j, std::vector<DecoderStep>& out, bool& text) {
     text = true;
   } else if (type == "Replace") {
     DecoderStep step(K::REPLACE);
-    step.pattern =
-        compile_pattern(j.value("pattern", json()), "decoder Replace", &step.pattern_literal);
+    step.pattern = compile_pattern(j.value("pattern", json()), "decoder Replace", &step.pattern_literal);
     step.content = get_string(j, "content");
     if (!step.pattern_literal.empty()) step.pattern.reset();  // literal: plain search
     if (text && step.pattern) fail("unsupported decoder chain: Replace with a Regex after Fuse");
@@ -231,16 +226,14 @@ void parse_decoder(const json& j, std::vector<DecoderStep>& out, bool& text) {
   }
 }
 
-std::vector<Id> special_ids(const json& specials, const std::string& name,
-                            const TokenizerImpl& impl) {
+std::vector<Id> special_ids(const json& specials, const std::string& name, const TokenizerImpl& impl) {
   if (specials.is_object()) {
     auto it = specials.find(name);
     if (it != specials.end() && it->is_object() && it->contains("ids") && (*it)["ids"].is_array())
       return (*it)["ids"].get<std::vector<Id>>();
   }
   if (auto it = impl.added_ids.find(name); it != impl.added_ids.end()) return {it->second};
-  if (auto it = impl.model->vocab().find(name); it != impl.model->vocab().end())
-    return {it->second};
+  if (auto it = impl.model->vocab().find(name); it != impl.model->vocab().end()) return {it->second};
   fail("post_processor: special token \"" + name + "\" is not in the vocabulary");
 }
 
@@ -248,8 +241,7 @@ void parse_post_processor(const json& j, TokenizerImpl& impl) {
   if (j.is_null()) return;
   std::string type = type_of(j, "post_processor");
   if (type == "Sequence") {
-    for (const json& p : get_array(j, "processors", "post_processor Sequence"))
-      parse_post_processor(p, impl);
+    for (const json& p : get_array(j, "processors", "post_processor Sequence")) parse_post_processor(p, impl);
   } else if (type == "ByteLevel") {
     // Only trims offsets; adds no ids.
   } else if (type == "TemplateProcessing") {
@@ -283,8 +275,7 @@ void parse_post_processor(const json& j, TokenizerImpl& impl) {
 
 std::unique_ptr<BpeModel> parse_model(const json& m, bool byte_level) {
   if (!m.is_object()) fail("\"model\" must be an object");
-  std::string type =
-      m.contains("type") ? get_string(m, "type") : (m.contains("merges") ? "BPE" : "");
+  std::string type = m.contains("type") ? get_string(m, "type") : (m.contains("merges") ? "BPE" : "");
   if (type != "BPE") fail("unsupported model \"" + type + "\" (only BPE is supported)");
   if (auto it = m.find("dropout"); it != m.end() && !it->is_null() && it->get<double>() > 0.0)
     fail("unsupported BPE option: dropout");
@@ -293,8 +284,7 @@ std::unique_ptr<BpeModel> parse_model(const json& m, bool byte_level) {
   Vocab vocab;
   vocab.reserve(vit->size());
   for (auto it = vit->begin(); it != vit->end(); ++it) {
-    if (!it.value().is_number_integer())
-      fail("model vocab: id of \"" + it.key() + "\" is not an integer");
+    if (!it.value().is_number_integer()) fail("model vocab: id of \"" + it.key() + "\" is not an integer");
     vocab.emplace(it.key(), it.value().get<Id>());
   }
   std::vector<std::pair<std::string, std::string>> merges;
@@ -307,8 +297,7 @@ std::unique_ptr<BpeModel> parse_model(const json& m, bool byte_level) {
       if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos)
         fail("model merges: \"" + s + "\" is not two tokens separated by one space");
       merges.emplace_back(s.substr(0, space), s.substr(space + 1));
-    } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() &&
-               merge[1].is_string()) {
+    } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() && merge[1].is_string()) {
       merges.emplace_back(merge[0].get<std::string>(), merge[1].get<std::string>());
     } else {
       fail("model merges: entry " + merge.dump() + " is neither \"a b\" nor [a, b]");
@@ -412,8 +401,7 @@ std::unique_ptr<TokenizerImpl> build(const json& tj) {
     for (const json& a : *it) {
       AddedToken t;
       t.content = get_string(a, "content");
-      if (!a.contains("id") || !a["id"].is_number_integer())
-        fail("added token without an integer \"id\"");
+      if (!a.contains("id") || !a["id"].is_number_integer()) fail("added token without an integer \"id\"");
       t.id = a["id"].get<Id>();
       if (t.id < 0) fail("added token \"" + t.content + "\" has a negative id");
       t.single_word = get_bool(a, "single_word", false);
@@ -565,8 +553,8 @@ void apply_config(TokenizerImpl* impl, const json& config) {
       impl->normalized_matcher.add(content, i);
     }
   }
-  bool single_word = std::any_of(impl->added.begin(), impl->added.end(),
-                                 [](const AddedToken& t) { return t.single_word; });
+  bool single_word =
+      std::any_of(impl->added.begin(), impl->added.end(), [](const AddedToken& t) { return t.single_word; });
   if (single_word) impl->word_char = Regex::compile(R"(\w)");
 }
 
@@ -588,9 +576,8 @@ void AddedTokenMatcher::add(std::string_view pattern, size_t index) {
       next = static_cast<int32_t>(nodes_.size());
       nodes_.emplace_back();
       auto& children = nodes_[static_cast<size_t>(node)].children;
-      children.insert(
-          std::upper_bound(children.begin(), children.end(), std::make_pair(c, INT32_MIN)),
-          {c, next});
+      children.insert(std::upper_bound(children.begin(), children.end(), std::make_pair(c, INT32_MIN)),
+                      {c, next});
     }
     node = next;
   }
@@ -660,14 +647,12 @@ void split_added(const TokenizerImpl& impl, const AddedTokenMatcher& matcher, st
     size_t start = b, stop = e;
     if (t.single_word) {
       bool start_space =
-          start == 0 ||
-          !is_word_char(*impl.word_char, text.substr(last_char_start(text, start),
-                                                     start - last_char_start(text, start)));
+          start == 0 || !is_word_char(*impl.word_char, text.substr(last_char_start(text, start),
+                                                                   start - last_char_start(text, start)));
       bool stop_space =
           stop == text.size() ||
-          !is_word_char(
-              *impl.word_char,
-              text.substr(stop, unicode::char_length(static_cast<unsigned char>(text[stop]))));
+          !is_word_char(*impl.word_char,
+                        text.substr(stop, unicode::char_length(static_cast<unsigned char>(text[stop]))));
       if (!start_space || !stop_space) continue;
     }
     if (t.lstrip) {
@@ -779,8 +764,7 @@ void split_span(const Regex& pattern, SplitBehavior behavior, bool invert, PreTo
   for (size_t i = 0; i < w; ++i) {
     const auto& [off, remove] = pieces[i];
     if (remove || off.begin == off.end) continue;
-    pt.next.push_back(
-        {span.begin + off.begin, span.begin + off.end, span.at_start && off.begin == 0});
+    pt.next.push_back({span.begin + off.begin, span.begin + off.end, span.at_start && off.begin == 0});
   }
 }
 
@@ -839,8 +823,7 @@ void apply_pre_tokenizer(const PreTokenizerStep& step, PreTokenized& pt) {
 
 }  // namespace
 
-void TokenizerImpl::encode(std::string_view text, bool add_special_tokens,
-                           std::vector<Id>& out) const {
+void TokenizerImpl::encode(std::string_view text, bool add_special_tokens, std::vector<Id>& out) const {
   std::string sanitized;
   if (!unicode::is_valid_utf8(text)) {
     unicode::append_lossy(sanitized, text);
@@ -896,8 +879,7 @@ void TokenizerImpl::encode(std::string_view text, bool add_special_tokens,
           normalized.insert(0, kSentencePieceSpace);
         model->tokenize(normalized, out);
       }
-      if (out.size() - first > 1 &&
-          id_to_token[static_cast<size_t>(out[first])] == kSentencePieceSpace &&
+      if (out.size() - first > 1 && id_to_token[static_cast<size_t>(out[first])] == kSentencePieceSpace &&
           is_special[static_cast<size_t>(out[first + 1])])
         out.erase(out.begin() + static_cast<std::ptrdiff_t>(first));
     }
@@ -960,9 +942,8 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-std::unique_ptr<TokenizerImpl> load(const std::string& tokenizer_json,
-                                    const std::string& config_json, const std::string& json_name,
-                                    const std::string& config_name) {
+std::unique_ptr<TokenizerImpl> load(const std::string& tokenizer_json, const std::string& config_json,
+                                    const std::string& json_name, const std::string& config_name) {
   auto parse = [](const std::string& text, const std::string& name) {
     require_json_nesting(text, name);
     try {
@@ -973,8 +954,7 @@ std::unique_ptr<TokenizerImpl> load(const std::string& tokenizer_json,
   };
   json tj = parse(tokenizer_json, json_name);
   json config = config_json.empty() ? json::object() : parse(config_json, config_name);
-  if (!config.is_object())
-    throw SwarmError(ErrorKind::INVALID_ARGUMENT, config_name + ": not a JSON object");
+  if (!config.is_object()) throw SwarmError(ErrorKind::INVALID_ARGUMENT, config_name + ": not a JSON object");
   std::unique_ptr<TokenizerImpl> impl;
   const std::string* current = &json_name;
   try {
@@ -1036,9 +1016,8 @@ std::string Tokenizer::decode(const std::vector<TokenId>& ids, bool skip_special
 
 const std::string& Tokenizer::token_string(TokenId id) const {
   if (id < 0 || static_cast<size_t>(id) >= impl_->id_to_token.size())
-    throw SwarmError(ErrorKind::INVALID_ARGUMENT,
-                     "token id " + std::to_string(id) + " is out of range [0, " +
-                         std::to_string(impl_->id_to_token.size()) + ")");
+    throw SwarmError(ErrorKind::INVALID_ARGUMENT, "token id " + std::to_string(id) + " is out of range [0, " +
+                                                      std::to_string(impl_->id_to_token.size()) + ")");
   return impl_->id_to_token[static_cast<size_t>(id)];
 }
 
@@ -1052,9 +1031,8 @@ std::string Tokenizer::token_bytes(TokenId id) const {
   using K = tokenizer_detail::DecoderStep::Kind;
   std::string s = token;
   for (const auto& step : impl_->decoder) {
-    if (step.kind == K::BYTE_FALLBACK && s.size() == 6 && s.compare(0, 3, "<0x") == 0 &&
-        s[5] == '>' && std::isxdigit(static_cast<unsigned char>(s[3])) &&
-        std::isxdigit(static_cast<unsigned char>(s[4])))
+    if (step.kind == K::BYTE_FALLBACK && s.size() == 6 && s.compare(0, 3, "<0x") == 0 && s[5] == '>' &&
+        std::isxdigit(static_cast<unsigned char>(s[3])) && std::isxdigit(static_cast<unsigned char>(s[4])))
       return std::string(1, static_cast<char>(std::stoi(s.substr(3, 2), nullptr, 16)));
     const std::string* from = step.kind == K::REPLACE && !step.pattern ? &step.pattern_literal
                               : step.kind == K::METASPACE              ? &step.replacement
@@ -1103,8 +1081,8 @@ Tokenizer::IncrementalDecoder::IncrementalDecoder(std::shared_ptr<const Tokenize
     : tokenizer_(std::move(tokenizer)),
       state_(std::make_unique<DecodeState>(*tokenizer_->impl_, skip_special_tokens)) {}
 Tokenizer::IncrementalDecoder::IncrementalDecoder(IncrementalDecoder&&) noexcept = default;
-Tokenizer::IncrementalDecoder& Tokenizer::IncrementalDecoder::operator=(
-    IncrementalDecoder&&) noexcept = default;
+Tokenizer::IncrementalDecoder& Tokenizer::IncrementalDecoder::operator=(IncrementalDecoder&&) noexcept =
+    default;
 Tokenizer::IncrementalDecoder::~IncrementalDecoder() = default;
 
 std::string Tokenizer::IncrementalDecoder::push(TokenId id) {

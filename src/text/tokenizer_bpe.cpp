@@ -132,8 +132,7 @@ struct BpeModel::Cache {
 BpeModel::BpeModel(Vocab vocab, const std::vector<std::pair<std::string, std::string>>& merges,
                    BpeOptions options)
     : vocab_(std::move(vocab)), options_(std::move(options)), cache_(std::make_unique<Cache>()) {
-  plain_symbols_ =
-      options_.continuing_subword_prefix.empty() && options_.end_of_word_suffix.empty();
+  plain_symbols_ = options_.continuing_subword_prefix.empty() && options_.end_of_word_suffix.empty();
   if (options_.unk_token) {
     auto it = vocab_.find(*options_.unk_token);
     if (it != vocab_.end()) unk_id_ = it->second;
@@ -162,8 +161,7 @@ BpeModel::BpeModel(Vocab vocab, const std::vector<std::pair<std::string, std::st
       throw std::invalid_argument("merge " + std::to_string(rank) + " (\"" + a + "\", \"" + b +
                                   "\") uses a token that is not in the vocabulary");
     std::string merged = a;
-    merged +=
-        !prefix.empty() && b.compare(0, prefix.size(), prefix) == 0 ? b.substr(prefix.size()) : b;
+    merged += !prefix.empty() && b.compare(0, prefix.size(), prefix) == 0 ? b.substr(prefix.size()) : b;
     auto im = vocab_.find(merged);
     if (im == vocab_.end())
       throw std::invalid_argument("merge " + std::to_string(rank) + " result \"" + merged +
@@ -195,8 +193,7 @@ void BpeModel::tokenize(std::string_view word, std::vector<Id>& out) const {
   size_t first = out.size();
   merge_word(word, out);
   if (cacheable)
-    cache_->put(word, h,
-                std::vector<Id>(out.begin() + static_cast<std::ptrdiff_t>(first), out.end()));
+    cache_->put(word, h, std::vector<Id>(out.begin() + static_cast<std::ptrdiff_t>(first), out.end()));
 }
 
 void BpeModel::merge_word(std::string_view word, std::vector<Id>& out) const {
@@ -219,8 +216,7 @@ void BpeModel::merge_word(std::string_view word, std::vector<Id>& out) const {
   std::optional<Id> pending_unk;
   std::string symbol;
   for (size_t i = 0; i < word.size();) {
-    size_t len =
-        options_.byte_level ? 1 : unicode::char_length(static_cast<unsigned char>(word[i]));
+    size_t len = options_.byte_level ? 1 : unicode::char_length(static_cast<unsigned char>(word[i]));
     bool is_first = i == 0, is_last = i + len >= word.size();
     std::string_view piece = word.substr(i, len);
     i += len;
@@ -244,8 +240,7 @@ void BpeModel::merge_word(std::string_view word, std::vector<Id>& out) const {
       continue;
     }
     if (options_.byte_fallback) {
-      std::string_view bytes =
-          options_.byte_level || plain_symbols_ ? piece : std::string_view(symbol);
+      std::string_view bytes = options_.byte_level || plain_symbols_ ? piece : std::string_view(symbol);
       bool all = std::all_of(bytes.begin(), bytes.end(),
                              [&](char c) { return byte_fallback_[static_cast<uint8_t>(c)] >= 0; });
       if (all) {

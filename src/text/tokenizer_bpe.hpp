@@ -49,8 +49,7 @@ class BpeModel {
  public:
   /// merges: pairs of token strings, in rank order. Throws std::invalid_argument for a merge
   /// whose parts or result are not in the vocabulary.
-  BpeModel(Vocab vocab, const std::vector<std::pair<std::string, std::string>>& merges,
-           BpeOptions options);
+  BpeModel(Vocab vocab, const std::vector<std::pair<std::string, std::string>>& merges, BpeOptions options);
   ~BpeModel();
 
   /// Appends the ids of one pre-tokenized word.

@@ -16,8 +16,7 @@ namespace swarm::tokenizer_detail {
 class Sink {
  public:
   template <class F>
-  explicit Sink(F& f)
-      : obj_(&f), call_([](void* o, std::string_view s) { (*static_cast<F*>(o))(s); }) {}
+  explicit Sink(F& f) : obj_(&f), call_([](void* o, std::string_view s) { (*static_cast<F*>(o))(s); }) {}
   void operator()(std::string_view s) const { call_(obj_, s); }
 
  private:
@@ -36,8 +35,7 @@ namespace {
 
 constexpr std::string_view kReplacementChar = "\xEF\xBF\xBD";
 
-std::string replace_all_literal(std::string_view s, std::string_view pattern,
-                                std::string_view with) {
+std::string replace_all_literal(std::string_view s, std::string_view pattern, std::string_view with) {
   std::string out;
   if (pattern.empty()) return std::string(s);
   size_t pos = 0;
@@ -86,9 +84,8 @@ class StripTokenStage : public DecodeState::Stage {
     size_t begin = 0, end = item.size();
     for (size_t k = 0; k < step_.start && item.compare(begin, c.size(), c) == 0 && begin < end; ++k)
       begin += c.size();
-    for (size_t k = 0; k < step_.stop && end >= begin + c.size() &&
-                       item.compare(end - c.size(), c.size(), c) == 0;
-         ++k)
+    for (size_t k = 0;
+         k < step_.stop && end >= begin + c.size() && item.compare(end - c.size(), c.size(), c) == 0; ++k)
       end -= c.size();
     next(item.substr(begin, end - begin));
   }
@@ -302,11 +299,8 @@ class CleanupStage : public DecodeState::Stage {
     held_.append(item);
     size_t cut = held_.size();
     while (cut > 0) {
-      bool boundary =
-          cut == held_.size() || (static_cast<unsigned char>(held_[cut]) & 0xC0) != 0x80;
-      if (boundary &&
-          std::string_view(" '.?!,ntmsver").find(held_[cut - 1]) == std::string_view::npos)
-        break;
+      bool boundary = cut == held_.size() || (static_cast<unsigned char>(held_[cut]) & 0xC0) != 0x80;
+      if (boundary && std::string_view(" '.?!,ntmsver").find(held_[cut - 1]) == std::string_view::npos) break;
       --cut;
     }
     if (cut == 0) return;

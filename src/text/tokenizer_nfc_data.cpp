@@ -3,6 +3,7 @@
 // primary composites and the NFC_Quick_Check No/Maybe sets (Unicode 17.0 as far as NFC goes).
 #include "text/tokenizer_unicode.hpp"
 
+// clang-format off
 namespace swarm::unicode_data {
 
 const CccRange kCccRanges[] = {
@@ -983,3 +984,4 @@ const size_t kQcMaybeRangesSize = sizeof(kQcMaybeRanges) / sizeof(kQcMaybeRanges
 // w('}  // namespace swarm::unicode_data\n')
 // w('\n// Generator (run with Debian\'s /usr/bin/python3, Unicode 14.0 data; strip the "// "):\n')
 // w(''.join(('// ' + l) if l.strip() else '//\n' for l in open(__file__).read().splitlines(True)))
+// clang-format on

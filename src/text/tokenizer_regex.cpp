@@ -49,8 +49,7 @@ std::string translate_pattern(std::string_view p) {
       if (items != nullptr) {
         bool negated = e == 'S' || e == 'W';
         if (in_class) {
-          if (negated)
-            throw std::invalid_argument(std::string("\\") + e + " inside a character class");
+          if (negated) throw std::invalid_argument(std::string("\\") + e + " inside a character class");
           out += items;
         } else {
           out += negated ? "[^" : "[";
@@ -91,9 +90,8 @@ std::unique_ptr<Regex> Regex::compile(std::string_view pattern) {
   std::string translated = translate_pattern(pattern);
   int error = 0;
   PCRE2_SIZE offset = 0;
-  pcre2_code* code =
-      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
-                    PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
+                                   PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
   if (code == nullptr) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error, message, sizeof(message));
@@ -124,17 +122,15 @@ bool Regex::find(std::string_view subject, size_t from, size_t& begin, size_t& e
   pcre2_match_data* md = thread_match_data();
   uint32_t options = PCRE2_NO_UTF_CHECK | (not_empty_at_start ? PCRE2_NOTEMPTY_ATSTART : 0);
   auto subj = reinterpret_cast<PCRE2_SPTR>(subject.data());
-  int rc = code_->jit
-               ? pcre2_jit_match(code_->code, subj, subject.size(), from, options, md, nullptr)
-               : PCRE2_ERROR_JIT_BADOPTION;
+  int rc = code_->jit ? pcre2_jit_match(code_->code, subj, subject.size(), from, options, md, nullptr)
+                      : PCRE2_ERROR_JIT_BADOPTION;
   if (rc == PCRE2_ERROR_JIT_BADOPTION || rc == PCRE2_ERROR_JIT_STACKLIMIT)
     rc = pcre2_match(code_->code, subj, subject.size(), from, options, md, nullptr);
   if (rc == PCRE2_ERROR_NOMATCH) return false;
   if (rc < 0) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(rc, message, sizeof(message));
-    throw std::runtime_error(std::string("regex match failed: ") +
-                             reinterpret_cast<const char*>(message));
+    throw std::runtime_error(std::string("regex match failed: ") + reinterpret_cast<const char*>(message));
   }
   PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
   begin = ov[0];

@@ -9,8 +9,7 @@ namespace {
 
 using namespace swarm::unicode_data;
 
-constexpr uint32_t kHangulSBase = 0xAC00, kHangulLBase = 0x1100, kHangulVBase = 0x1161,
-                   kHangulTBase = 0x11A7;
+constexpr uint32_t kHangulSBase = 0xAC00, kHangulLBase = 0x1100, kHangulVBase = 0x1161, kHangulTBase = 0x11A7;
 constexpr uint32_t kHangulLCount = 19, kHangulVCount = 21, kHangulTCount = 28;
 constexpr uint32_t kHangulNCount = kHangulVCount * kHangulTCount;
 constexpr uint32_t kHangulSCount = kHangulLCount * kHangulNCount;
@@ -19,15 +18,14 @@ enum QuickCheck : uint8_t { QC_YES = 0, QC_MAYBE = 1, QC_NO = 2 };
 
 bool in_ranges(const CodePointRange* ranges, size_t n, uint32_t cp) {
   const CodePointRange* end = ranges + n;
-  auto it = std::upper_bound(ranges, end, cp,
-                             [](uint32_t v, const CodePointRange& r) { return v < r.first; });
+  auto it =
+      std::upper_bound(ranges, end, cp, [](uint32_t v, const CodePointRange& r) { return v < r.first; });
   return it != ranges && cp <= (it - 1)->last;
 }
 
 uint8_t ccc_slow(uint32_t cp) {
   const CccRange* end = kCccRanges + kCccRangesSize;
-  auto it = std::upper_bound(kCccRanges, end, cp,
-                             [](uint32_t v, const CccRange& r) { return v < r.first; });
+  auto it = std::upper_bound(kCccRanges, end, cp, [](uint32_t v, const CccRange& r) { return v < r.first; });
   if (it != kCccRanges && cp <= (it - 1)->last) return static_cast<uint8_t>((it - 1)->ccc);
   return 0;
 }
@@ -47,8 +45,7 @@ struct BmpTables {
       for (uint32_t cp = kCccRanges[i].first; cp <= kCccRanges[i].last && cp < 0x10000; ++cp)
         ccc[cp] = static_cast<uint8_t>(kCccRanges[i].ccc);
     for (size_t i = 0; i < kQcMaybeRangesSize; ++i)
-      for (uint32_t cp = kQcMaybeRanges[i].first; cp <= kQcMaybeRanges[i].last && cp < 0x10000;
-           ++cp)
+      for (uint32_t cp = kQcMaybeRanges[i].first; cp <= kQcMaybeRanges[i].last && cp < 0x10000; ++cp)
         qc[cp] = QC_MAYBE;
     for (size_t i = 0; i < kQcNoRangesSize; ++i)
       for (uint32_t cp = kQcNoRanges[i].first; cp <= kQcNoRanges[i].last && cp < 0x10000; ++cp)
@@ -72,8 +69,8 @@ void decompose(uint32_t cp, std::vector<uint32_t>& out) {
     return;
   }
   const Decomposition* end = kDecompositions + kDecompositionsSize;
-  auto it = std::lower_bound(kDecompositions, end, cp,
-                             [](const Decomposition& d, uint32_t v) { return d.cp < v; });
+  auto it =
+      std::lower_bound(kDecompositions, end, cp, [](const Decomposition& d, uint32_t v) { return d.cp < v; });
   if (it == end || it->cp != cp) {
     out.push_back(cp);
     return;
@@ -87,9 +84,8 @@ uint32_t compose_pair(uint32_t a, uint32_t b) {
   if (a >= kHangulLBase && a < kHangulLBase + kHangulLCount && b >= kHangulVBase &&
       b < kHangulVBase + kHangulVCount)
     return kHangulSBase + ((a - kHangulLBase) * kHangulVCount + (b - kHangulVBase)) * kHangulTCount;
-  if (a >= kHangulSBase && a < kHangulSBase + kHangulSCount &&
-      (a - kHangulSBase) % kHangulTCount == 0 && b > kHangulTBase &&
-      b < kHangulTBase + kHangulTCount)
+  if (a >= kHangulSBase && a < kHangulSBase + kHangulSCount && (a - kHangulSBase) % kHangulTCount == 0 &&
+      b > kHangulTBase && b < kHangulTBase + kHangulTCount)
     return a + (b - kHangulTBase);
   const Composition* end = kCompositions + kCompositionsSize;
   auto it = std::lower_bound(kCompositions, end, std::pair<uint32_t, uint32_t>{a, b},
@@ -222,8 +218,8 @@ void append_lossy(std::string& out, std::string_view s) {
 bool is_white_space(uint32_t cp) {
   if (cp <= 0x20) return cp == 0x20 || (cp >= 0x09 && cp <= 0x0D);
   if (cp < 0x85) return false;
-  return cp == 0x85 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) ||
-         cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
+  return cp == 0x85 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 ||
+         cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 
 uint8_t combining_class(uint32_t cp) { return cp < 0x10000 ? bmp().ccc[cp] : ccc_slow(cp); }

@@ -62,9 +62,7 @@ inline uint32_t next_code_point(std::string_view s, size_t& i) {
 }
 
 /// Byte length of the UTF-8 character starting with lead byte c (valid input).
-inline size_t char_length(unsigned char c) {
-  return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
-}
+inline size_t char_length(unsigned char c) { return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4; }
 
 void append_utf8(std::string& out, uint32_t cp);
 

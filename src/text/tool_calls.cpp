@@ -203,7 +203,8 @@ bool parse_llama_calls(std::string_view body, std::vector<ParsedToolCall>* calls
 }
 
 // Splits off the reasoning (see the header for the rules). *body is the text left for tools.
-std::optional<std::string> split_reasoning(std::string_view text, ReasoningStart start, std::string_view* body) {
+std::optional<std::string> split_reasoning(std::string_view text, ReasoningStart start,
+                                           std::string_view* body) {
   std::string_view reasoning;
   if (start == ReasoningStart::IN_REASONING) {
     const size_t close = text.find(kThinkClose);
@@ -362,7 +363,8 @@ ToolArgumentsForm detect_tool_arguments_form(std::string_view t) {
     }
     // Back over the expression the reference ends (`tool['function']`), then to an operator.
     size_t before = at;
-    while (before > 0 && (is_word_char(t[before - 1]) || std::string_view(".[]'\"").find(t[before - 1]) != npos))
+    while (before > 0 &&
+           (is_word_char(t[before - 1]) || std::string_view(".[]'\"").find(t[before - 1]) != npos))
       --before;
     while (before > 0 && is_space_char(t[before - 1])) --before;
     if (before > 0 && (t[before - 1] == '+' || t[before - 1] == '~')) joined = true;
@@ -390,7 +392,8 @@ void normalize_tool_calls(nlohmann::ordered_json& messages, ToolArgumentsForm fo
       const auto fn = call.find("function");
       if (fn == call.end() || !fn->is_object()) continue;
       const auto args = fn->find("arguments");
-      if (args == fn->end() || args->is_null() || (args->is_string() && args->get_ref<const std::string&>().empty())) {
+      if (args == fn->end() || args->is_null() ||
+          (args->is_string() && args->get_ref<const std::string&>().empty())) {
         (*fn)["arguments"] = ojson::object();
         continue;
       }
@@ -420,7 +423,8 @@ const char* reasoning_format_name(ReasoningFormat format) {
 
 ReasoningFormat detect_reasoning_format(std::string_view chat_template) {
   // "</think>" contains "think>" but not "<think>": check both.
-  if (chat_template.find(kThinkOpen) != npos || chat_template.find(kThinkClose) != npos) return ReasoningFormat::THINK;
+  if (chat_template.find(kThinkOpen) != npos || chat_template.find(kThinkClose) != npos)
+    return ReasoningFormat::THINK;
   return ReasoningFormat::NONE;
 }
 
@@ -640,13 +644,14 @@ void StreamingAssistantParser::feed_hermes(std::string_view delta) {
     // BLOCK: tool_buf_ starts with "<tool_call>".
     const size_t close = tool_buf_.find(kToolCallClose, block_searched_);
     if (close == npos) {
-      block_searched_ =
-          std::max(kToolCallOpen.size(), tool_buf_.size() - std::min(tool_buf_.size(), kToolCallClose.size()));
+      block_searched_ = std::max(kToolCallOpen.size(),
+                                 tool_buf_.size() - std::min(tool_buf_.size(), kToolCallClose.size()));
       return;
     }
     const size_t end = close + kToolCallClose.size();
     ParsedToolCall call;
-    if (parse_call(std::string_view(tool_buf_).substr(kToolCallOpen.size(), close - kToolCallOpen.size()), &call)) {
+    if (parse_call(std::string_view(tool_buf_).substr(kToolCallOpen.size(), close - kToolCallOpen.size()),
+                   &call)) {
       tool_call(std::move(call));
     } else {
       ++parse_failures_;

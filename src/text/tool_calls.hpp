@@ -106,7 +106,8 @@ struct ParsedAssistant {
 /// parallel_tool_calls=false keeps only the first call (the others are dropped, not content).
 /// "Whitespace" is ASCII whitespace throughout.
 ParsedAssistant parse_assistant_output(std::string_view text, ToolCallFormat tools, ReasoningFormat reasoning,
-                                       bool parallel_tool_calls = true, ReasoningStart start = ReasoningStart::AUTO);
+                                       bool parallel_tool_calls = true,
+                                       ReasoningStart start = ReasoningStart::AUTO);
 
 /// One piece of a streamed assistant message.
 struct StreamEvent {

@@ -22,11 +22,16 @@ namespace {
 
 DType dtype_of(const torch::Tensor& t) {
   switch (t.scalar_type()) {
-    case torch::kFloat: return DType::F32;
-    case torch::kBFloat16: return DType::BF16;
-    case torch::kDouble: return DType::F64;
-    case torch::kHalf: return DType::F16;
-    default: throw SwarmError(ErrorKind::INTERNAL, "cannot save a tensor of this dtype");
+    case torch::kFloat:
+      return DType::F32;
+    case torch::kBFloat16:
+      return DType::BF16;
+    case torch::kDouble:
+      return DType::F64;
+    case torch::kHalf:
+      return DType::F16;
+    default:
+      throw SwarmError(ErrorKind::INTERNAL, "cannot save a tensor of this dtype");
   }
 }
 
@@ -60,8 +65,8 @@ void write_named(const fs::path& file, const std::map<std::string, torch::Tensor
 
 std::map<std::string, torch::Tensor> read_named(const fs::path& file, const std::string& what) {
   SWARM_REQUIRE(fs::exists(file), ErrorKind::INVALID_ARGUMENT,
-                "no " + what + " " + file.string() + " (was the checkpoint written with another number of ranks" +
-                    " or another algorithm?)");
+                "no " + what + " " + file.string() +
+                    " (was the checkpoint written with another number of ranks" + " or another algorithm?)");
   std::map<std::string, torch::Tensor> state;
   for (const auto& [name, t] : load_state_dict(file)) state[name] = t.clone();
   return state;
@@ -83,7 +88,8 @@ void save_hf_model(const fs::path& dir, const DecoderModel& model, const fs::pat
   std::vector<std::string> extra = tokenizer_file_names();
   extra.push_back("generation_config.json");
   for (const std::string& name : extra) {
-    if (fs::exists(source_dir / name)) fs::copy_file(source_dir / name, dir / name, fs::copy_options::overwrite_existing);
+    if (fs::exists(source_dir / name))
+      fs::copy_file(source_dir / name, dir / name, fs::copy_options::overwrite_existing);
   }
 }
 
@@ -92,7 +98,8 @@ void save_trainer_state(const fs::path& dir, const GrpoTrainer& trainer) {
   const Collectives& comm = trainer.collectives();
   write_named(dir / shard_file_name(comm.rank(), comm.world_size()), trainer.optimizer_state());
   if (const Critic* critic = trainer.critic()) {  // PPO: the critic's weights and its optimizer shard
-    write_named(dir / ("critic-" + shard_file_name(comm.rank(), comm.world_size())), critic->parameters().state());
+    write_named(dir / ("critic-" + shard_file_name(comm.rank(), comm.world_size())),
+                critic->parameters().state());
     if (comm.rank() == 0) write_named(dir / "critic.safetensors", critic->weights());
   }
   if (comm.rank() == 0) {
@@ -113,11 +120,13 @@ void save_trainer_state(const fs::path& dir, const GrpoTrainer& trainer) {
 
 void load_trainer_state(const fs::path& dir, GrpoTrainer& trainer) {
   auto& comm = trainer.collectives();
-  trainer.load_optimizer_state(read_named(dir / shard_file_name(comm.rank(), comm.world_size()), "trainer state"));
+  trainer.load_optimizer_state(
+      read_named(dir / shard_file_name(comm.rank(), comm.world_size()), "trainer state"));
   if (Critic* critic = trainer.critic()) {
     critic->load_weights(read_named(dir / "critic.safetensors", "critic weights"));
     critic->parameters().load_state(
-        read_named(dir / ("critic-" + shard_file_name(comm.rank(), comm.world_size())), "critic optimizer state"),
+        read_named(dir / ("critic-" + shard_file_name(comm.rank(), comm.world_size())),
+                   "critic optimizer state"),
         "critic optimizer state");
   }
 }

@@ -15,7 +15,8 @@ class GrpoTrainer;
 /// compute dtype, sharded like save_pretrained above 2 GB), config.json copied from `source_dir`
 /// with torch_dtype set to match, and generation_config.json plus the tokenizer files that
 /// `source_dir` has. Our loader and Hugging Face tools read the result.
-void save_hf_model(const std::filesystem::path& dir, const DecoderModel& model, const std::filesystem::path& source_dir);
+void save_hf_model(const std::filesystem::path& dir, const DecoderModel& model,
+                   const std::filesystem::path& source_dir);
 
 /// Writes `trainer`'s state into `dir`: optimizer-rank<R>-of-<N>.safetensors (master weights
 /// shard unless they are the model weights themselves, AdamW moments, step) and

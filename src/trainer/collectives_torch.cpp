@@ -23,7 +23,6 @@ std::optional<std::string> env_value(const char* name) {
   return std::string(v);
 }
 
-
 // ---------------------------------------------------------------- argument checks (all backends)
 
 void require_contiguous(const char* op, const at::Tensor& t) {
@@ -186,17 +185,19 @@ class C10dCollectives final : public Collectives {
   template <class Issue>
   void run(const char* op, Issue&& issue) {
     const std::string where = " on rank " + std::to_string(rank_) + " of " + std::to_string(world_size_);
-    SWARM_REQUIRE(broken_.empty(), ErrorKind::UNAVAILABLE,
-                  std::string("collective ") + op + where + " refused: an earlier collective failed: " + broken_);
+    SWARM_REQUIRE(
+        broken_.empty(), ErrorKind::UNAVAILABLE,
+        std::string("collective ") + op + where + " refused: an earlier collective failed: " + broken_);
     c10::intrusive_ptr<c10d::Work> work;
     try {
       work = issue();
       work->wait(timeout_);  // throws the failure, or "Operation timed out!" past timeout_
     } catch (const std::exception& e) {
-      broken_ = work && !work->isCompleted()
-                    ? "no result after " + std::to_string(timeout_.count()) + " ms (a peer is missing or stuck)"
-                    : describe(e);
-      throw SwarmError(ErrorKind::UNAVAILABLE, std::string("collective ") + op + where + " failed: " + broken_);
+      broken_ = work && !work->isCompleted() ? "no result after " + std::to_string(timeout_.count()) +
+                                                   " ms (a peer is missing or stuck)"
+                                             : describe(e);
+      throw SwarmError(ErrorKind::UNAVAILABLE,
+                       std::string("collective ") + op + where + " failed: " + broken_);
     }
   }
 
@@ -204,7 +205,7 @@ class C10dCollectives final : public Collectives {
   const int world_size_;
   const std::chrono::milliseconds timeout_;
   const bool nccl_;
-  std::string broken_;  // why the group is unusable; empty while healthy
+  std::string broken_;                     // why the group is unusable; empty while healthy
   c10::intrusive_ptr<c10d::Store> store_;  // declared before group_: outlives it
   c10::intrusive_ptr<C10dGroup> group_;
 };
@@ -245,7 +246,8 @@ std::vector<double> all_reduce_sum_values(Collectives& comm, const std::vector<d
   return values_of(t);
 }
 
-std::vector<double> all_gather_values(Collectives& comm, const std::vector<double>& values, const torch::Device& device) {
+std::vector<double> all_gather_values(Collectives& comm, const std::vector<double>& values,
+                                      const torch::Device& device) {
   if (comm.world_size() == 1 || values.empty()) return values;
   const torch::Tensor mine = values_on(values, device);
   torch::Tensor all = torch::empty({comm.world_size() * mine.numel()}, mine.options());
@@ -258,12 +260,14 @@ std::unique_ptr<Collectives> make_single_process_collectives() {
 }
 
 std::unique_ptr<Collectives> make_collectives(const DistConfig& config, bool cuda) {
-  SWARM_REQUIRE(config.world_size >= 1 && config.rank >= 0 && config.rank < config.world_size,
-                ErrorKind::INVALID_ARGUMENT,
-                "rank " + std::to_string(config.rank) + " is not in a world of " + std::to_string(config.world_size));
+  SWARM_REQUIRE(
+      config.world_size >= 1 && config.rank >= 0 && config.rank < config.world_size,
+      ErrorKind::INVALID_ARGUMENT,
+      "rank " + std::to_string(config.rank) + " is not in a world of " + std::to_string(config.world_size));
   SWARM_REQUIRE(config.master_port >= 1 && config.master_port <= 65535, ErrorKind::INVALID_ARGUMENT,
                 "master_port " + std::to_string(config.master_port) + " is not a TCP port");
-  SWARM_REQUIRE(config.timeout.count() > 0, ErrorKind::INVALID_ARGUMENT, "the collectives timeout must be positive");
+  SWARM_REQUIRE(config.timeout.count() > 0, ErrorKind::INVALID_ARGUMENT,
+                "the collectives timeout must be positive");
   if (config.world_size == 1) return make_single_process_collectives();
 #ifndef SWARM_WITH_CUDA
   SWARM_REQUIRE(!cuda, ErrorKind::INVALID_ARGUMENT,

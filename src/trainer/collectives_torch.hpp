@@ -51,7 +51,8 @@ std::vector<double> all_reduce_sum_values(Collectives& comm, const std::vector<d
                                           const torch::Device& device);
 /// Every rank's `values` (the same count on each), in rank order, gathered as one fp64 tensor on
 /// `device`.
-std::vector<double> all_gather_values(Collectives& comm, const std::vector<double>& values, const torch::Device& device);
+std::vector<double> all_gather_values(Collectives& comm, const std::vector<double>& values,
+                                      const torch::Device& device);
 
 /// One rank, no communication (copies where the shapes say so).
 std::unique_ptr<Collectives> make_single_process_collectives();

@@ -8,8 +8,10 @@
 namespace swarm {
 namespace {
 
-std::vector<std::pair<std::string, torch::Tensor>> with_value_head(const DecoderModel& model, torch::ScalarType dtype) {
-  std::vector<std::pair<std::string, torch::Tensor>> out(model.parameters().begin(), model.parameters().end());
+std::vector<std::pair<std::string, torch::Tensor>> with_value_head(const DecoderModel& model,
+                                                                   torch::ScalarType dtype) {
+  std::vector<std::pair<std::string, torch::Tensor>> out(model.parameters().begin(),
+                                                         model.parameters().end());
   const int64_t hidden = model.config().hidden_size;
   const auto opts = torch::TensorOptions().dtype(dtype).device(model.device());
   out.emplace_back("value_head.weight", torch::zeros({hidden}, opts));
@@ -27,8 +29,8 @@ void ValueLossSums::add(const ValueLossSums& o) {
   tokens += o.tokens;
 }
 
-Critic::Critic(const DecoderModel& trunk, std::shared_ptr<Collectives> comm, const DecoderModel* master_source,
-               bool fp32_compute)
+Critic::Critic(const DecoderModel& trunk, std::shared_ptr<Collectives> comm,
+               const DecoderModel* master_source, bool fp32_compute)
     : storage_(trunk.scalar_type()) {
   torch::NoGradGuard no_grad;
   const auto initial = with_value_head(trunk, trunk.scalar_type());
@@ -45,12 +47,14 @@ Critic::Critic(const DecoderModel& trunk, std::shared_ptr<Collectives> comm, con
   head_w_ = leaves[trunk_params_];
   head_b_ = leaves[trunk_params_ + 1];
   leaves.resize(trunk_params_);
-  trunk_ = trunk.with_parameters(std::move(leaves), fp32_compute ? std::optional<DType>(DType::F32) : std::nullopt);
+  trunk_ = trunk.with_parameters(std::move(leaves),
+                                 fp32_compute ? std::optional<DType>(DType::F32) : std::nullopt);
 }
 
 Critic::~Critic() = default;
 
-torch::Tensor Critic::values(const torch::Tensor& ids, const torch::Tensor& lengths, const torch::Tensor& positions) {
+torch::Tensor Critic::values(const torch::Tensor& ids, const torch::Tensor& lengths,
+                             const torch::Tensor& positions) {
   const torch::Tensor hidden = trunk_->final_hidden(ids, lengths);  // [B, T, H]
   const torch::Tensor h = hidden.reshape({-1, hidden.size(-1)}).index_select(0, positions);
   const torch::Tensor x = trunk_->final_norm(h).to(torch::kFloat);
@@ -59,8 +63,8 @@ torch::Tensor Critic::values(const torch::Tensor& ids, const torch::Tensor& leng
 
 ValueLossSums Critic::accumulate_gradients(const torch::Tensor& ids, const torch::Tensor& lengths,
                                            const torch::Tensor& positions, const torch::Tensor& returns,
-                                           const torch::Tensor& old_values, const torch::Tensor& weight, double norm,
-                                           double cliprange) {
+                                           const torch::Tensor& old_values, const torch::Tensor& weight,
+                                           double norm, double cliprange) {
   SWARM_REQUIRE(norm > 0, ErrorKind::INVALID_ARGUMENT, "value loss normaliser must be > 0");
   const torch::Tensor v = values(ids, lengths, positions);
   SWARM_CHECK(v.numel() == returns.numel() && v.numel() == old_values.numel(),
@@ -103,7 +107,8 @@ void Critic::load_weights(const std::map<std::string, torch::Tensor>& named) {
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < params_->size(); ++i) {
     auto it = named.find(params_->name(i));
-    SWARM_REQUIRE(it != named.end(), ErrorKind::INVALID_ARGUMENT, "critic weights have no '" + params_->name(i) + "'");
+    SWARM_REQUIRE(it != named.end(), ErrorKind::INVALID_ARGUMENT,
+                  "critic weights have no '" + params_->name(i) + "'");
     torch::Tensor dst = params_->view(i);
     SWARM_REQUIRE(it->second.sizes() == dst.sizes(), ErrorKind::INVALID_ARGUMENT,
                   "critic weight '" + params_->name(i) + "' has the wrong shape");

@@ -26,10 +26,10 @@ namespace swarm {
 class DecoderModel;
 
 struct ValueLossSums {
-  double loss = 0.0;         // the micro-batch's share of the aggregated loss
-  double clipped = 0.0;      // tokens whose clipped loss was the larger
-  double value_sum = 0.0;    // sum of the predicted values
-  double error_sum = 0.0;    // sum of (V - R)²
+  double loss = 0.0;       // the micro-batch's share of the aggregated loss
+  double clipped = 0.0;    // tokens whose clipped loss was the larger
+  double value_sum = 0.0;  // sum of the predicted values
+  double error_sum = 0.0;  // sum of (V - R)²
   double tokens = 0.0;
   void add(const ValueLossSums& o);
 };
@@ -41,21 +41,22 @@ class Critic {
   /// trunk trains in fp32 (as the policy does on a CPU without bf16 dot products): its weights
   /// are the fp32 masters, which the optimizer state then stores; weights() still gives the
   /// trunk's dtype.
-  Critic(const DecoderModel& trunk, std::shared_ptr<Collectives> comm, const DecoderModel* master_source = nullptr,
-         bool fp32_compute = false);
+  Critic(const DecoderModel& trunk, std::shared_ptr<Collectives> comm,
+         const DecoderModel* master_source = nullptr, bool fp32_compute = false);
   ~Critic();
   Critic(const Critic&) = delete;
   Critic& operator=(const Critic&) = delete;
 
   /// Values [N] fp32 at `positions` (indices into the flattened [B, T] of `ids`), as
   /// DecoderModel::final_hidden reads `ids` / `lengths`. Under the caller's grad mode.
-  torch::Tensor values(const torch::Tensor& ids, const torch::Tensor& lengths, const torch::Tensor& positions);
+  torch::Tensor values(const torch::Tensor& ids, const torch::Tensor& lengths,
+                       const torch::Tensor& positions);
   /// Forward + backward of the clipped value loss of one micro-batch; adds the gradient into the
   /// flat gradient. `weight` [N]: each token's weight in the aggregate divided by `norm`.
   ValueLossSums accumulate_gradients(const torch::Tensor& ids, const torch::Tensor& lengths,
                                      const torch::Tensor& positions, const torch::Tensor& returns,
-                                     const torch::Tensor& old_values, const torch::Tensor& weight, double norm,
-                                     double cliprange);
+                                     const torch::Tensor& old_values, const torch::Tensor& weight,
+                                     double norm, double cliprange);
   /// One AdamW step of the critic (returns the gradient norm before clipping).
   double optimizer_step(double lr, const AdamWOptions& o) { return params_->step(lr, o); }
   void zero_gradients() { params_->zero_gradients(); }
@@ -74,7 +75,7 @@ class Critic {
   std::shared_ptr<DecoderModel> trunk_;  // parameters are views into params_
   torch::Tensor head_w_, head_b_;        // leaves: views into params_ ([hidden], [1])
   size_t trunk_params_ = 0;
-  torch::ScalarType storage_;            // the trunk model's dtype: what weights() gives
+  torch::ScalarType storage_;  // the trunk model's dtype: what weights() gives
 };
 
 }  // namespace swarm

@@ -34,7 +34,8 @@ void add_in_chunks(torch::Tensor dst, const torch::Tensor& src) {
 }  // namespace
 
 FlatParameters::FlatParameters(const std::vector<std::pair<std::string, torch::Tensor>>& initial,
-                               torch::ScalarType compute, torch::Device device, std::shared_ptr<Collectives> comm,
+                               torch::ScalarType compute, torch::Device device,
+                               std::shared_ptr<Collectives> comm,
                                const std::vector<std::pair<std::string, torch::Tensor>>* master_init)
     : comm_(std::move(comm)) {
   SWARM_CHECK(comm_ != nullptr, "FlatParameters needs collectives");

@@ -81,11 +81,11 @@ class FlatParameters {
   std::vector<std::vector<int64_t>> shapes_;
   std::vector<int64_t> offsets_;  // per parameter, into the flat buffers
   int64_t numel_ = 0;
-  int64_t shard_ = 0;             // elements per rank (flat buffers are padded to shard_ × world)
-  torch::Tensor weights_;         // [shard_ × world] compute dtype
-  torch::Tensor grad_;            // [shard_ × world] fp32
-  torch::Tensor master_;          // [shard_] fp32 (aliases weights_ in fp32 on one rank)
-  bool master_in_state_ = false;  // state() stores master_ even where it aliases weights_
+  int64_t shard_ = 0;                   // elements per rank (flat buffers are padded to shard_ × world)
+  torch::Tensor weights_;               // [shard_ × world] compute dtype
+  torch::Tensor grad_;                  // [shard_ × world] fp32
+  torch::Tensor master_;                // [shard_] fp32 (aliases weights_ in fp32 on one rank)
+  bool master_in_state_ = false;        // state() stores master_ even where it aliases weights_
   torch::Tensor exp_avg_, exp_avg_sq_;  // [shard_] fp32
   int64_t adam_steps_ = 0;
 };

@@ -21,7 +21,8 @@ std::vector<float> place_rewards(const Sample& sample, const FinishedEpisode& ep
     if (!sample.loss_mask[t]) continue;
     last_generated = static_cast<int64_t>(t);
     const int32_t k = t < sample.token_call.size() ? sample.token_call[t] : -1;
-    if (k >= 0 && static_cast<size_t>(k) < last.size()) last[static_cast<size_t>(k)] = static_cast<int64_t>(t);
+    if (k >= 0 && static_cast<size_t>(k) < last.size())
+      last[static_cast<size_t>(k)] = static_cast<int64_t>(t);
   }
   if (!episode.turn_rewards.empty()) {
     for (size_t k = 0; k < sample.calls.size(); ++k) {
@@ -60,7 +61,8 @@ GaeResult compute_gae(const std::vector<float>& rewards, const std::vector<float
 
 MaskedSum masked_sum(const std::vector<const std::vector<float>*>& values,
                      const std::vector<const std::vector<uint8_t>*>& masks) {
-  SWARM_REQUIRE(values.size() == masks.size(), ErrorKind::INVALID_ARGUMENT, "masked_sum: one mask per sample");
+  SWARM_REQUIRE(values.size() == masks.size(), ErrorKind::INVALID_ARGUMENT,
+                "masked_sum: one mask per sample");
   MaskedSum out;
   for (size_t s = 0; s < values.size(); ++s)
     for (size_t t = 0; t < values[s]->size(); ++t)
@@ -84,8 +86,8 @@ double whitening_scale(double squared_deviation, double count, double eps) {
   return 1.0 / std::sqrt(var + eps);
 }
 
-void whiten_advantages(std::vector<std::vector<float>*> advantages, const std::vector<const std::vector<uint8_t>*>& masks,
-                       bool shift_mean, double eps) {
+void whiten_advantages(std::vector<std::vector<float>*> advantages,
+                       const std::vector<const std::vector<uint8_t>*>& masks, bool shift_mean, double eps) {
   const std::vector<const std::vector<float>*> values(advantages.begin(), advantages.end());
   const MaskedSum total = masked_sum(values, masks);
   if (total.count == 0) return;

@@ -48,7 +48,8 @@ double whitening_scale(double squared_deviation, double count, double eps = 1e-8
 /// Whitens advantages over the tokens with mask 1 of several samples at once (mean 0, unit
 /// variance; the mean is kept when `shift_mean` is false, as verl's masked_whiten does for
 /// returns). Unbiased variance; a single token or zero variance leaves the values centred only.
-void whiten_advantages(std::vector<std::vector<float>*> advantages, const std::vector<const std::vector<uint8_t>*>& masks,
-                       bool shift_mean = true, double eps = 1e-8);
+void whiten_advantages(std::vector<std::vector<float>*> advantages,
+                       const std::vector<const std::vector<uint8_t>*>& masks, bool shift_mean = true,
+                       double eps = 1e-8);
 
 }  // namespace swarm

@@ -52,12 +52,17 @@ int64_t count_trained(const Sample& s) {
   return n;
 }
 
-double advantage_of(AdvantageEstimator estimator, double reward, double mean, double std, double batch_mean, double eps) {
+double advantage_of(AdvantageEstimator estimator, double reward, double mean, double std, double batch_mean,
+                    double eps) {
   switch (estimator) {
-    case AdvantageEstimator::GRPO: return (reward - mean) / (std + eps);
-    case AdvantageEstimator::GRPO_NO_STD: return reward - mean;
-    case AdvantageEstimator::REINFORCE_BASELINE: return reward - batch_mean;
-    case AdvantageEstimator::GAE: return 0.0;  // per token, from the critic (the trainer)
+    case AdvantageEstimator::GRPO:
+      return (reward - mean) / (std + eps);
+    case AdvantageEstimator::GRPO_NO_STD:
+      return reward - mean;
+    case AdvantageEstimator::REINFORCE_BASELINE:
+      return reward - batch_mean;
+    case AdvantageEstimator::GAE:
+      return 0.0;  // per token, from the critic (the trainer)
   }
   return 0.0;
 }
@@ -70,9 +75,12 @@ double advantage_of(AdvantageEstimator estimator, double reward, double mean, do
 bool has_signal(AdvantageEstimator estimator, bool rewards_all_equal, bool any_nonzero_advantage) {
   switch (estimator) {
     case AdvantageEstimator::GRPO:
-    case AdvantageEstimator::GRPO_NO_STD: return !rewards_all_equal;
-    case AdvantageEstimator::REINFORCE_BASELINE: return any_nonzero_advantage;
-    case AdvantageEstimator::GAE: return true;
+    case AdvantageEstimator::GRPO_NO_STD:
+      return !rewards_all_equal;
+    case AdvantageEstimator::REINFORCE_BASELINE:
+      return any_nonzero_advantage;
+    case AdvantageEstimator::GAE:
+      return true;
   }
   return true;
 }
@@ -108,7 +116,8 @@ PreparedBatch prepare_by_agent_turn(const TrainBatch& batch, AdvantageEstimator 
     for (const Sample& s : ep.samples)
       for (size_t k = 0; k < s.calls.size(); ++k) {
         const SampleCall& call = s.calls[k];
-        const double reward = ep.turn_rewards.empty() ? s.reward : ep.turn_rewards.at(static_cast<size_t>(call.index));
+        const double reward =
+            ep.turn_rewards.empty() ? s.reward : ep.turn_rewards.at(static_cast<size_t>(call.index));
         const std::string key = s.task_id + '\x1f' + call.agent + '\x1f' + std::to_string(call.turn);
         auto [it, fresh] = group_of.try_emplace(key, groups.size());
         if (fresh) groups.emplace_back();
@@ -201,7 +210,8 @@ PreparedBatch prepare_for_gae(const TrainBatch& batch) {
 
 }  // namespace
 
-PreparedBatch prepare_batch(const TrainBatch& batch, AdvantageEstimator estimator, double eps, GroupBy group_by) {
+PreparedBatch prepare_batch(const TrainBatch& batch, AdvantageEstimator estimator, double eps,
+                            GroupBy group_by) {
   if (estimator == AdvantageEstimator::GAE) return prepare_for_gae(batch);
   if (group_by == GroupBy::TASK_AGENT_TURN) return prepare_by_agent_turn(batch, estimator, eps);
   // Group every sample by task, in order of the task's first arrival.
@@ -266,9 +276,11 @@ PreparedBatch prepare_batch(const TrainBatch& batch, AdvantageEstimator estimato
   return out;
 }
 
-std::vector<std::vector<size_t>> split_mini_batches(const PreparedBatch& batch, int64_t tasks_per_mini_batch) {
+std::vector<std::vector<size_t>> split_mini_batches(const PreparedBatch& batch,
+                                                    int64_t tasks_per_mini_batch) {
   std::vector<std::vector<size_t>> out;
-  const size_t per = tasks_per_mini_batch > 0 ? static_cast<size_t>(tasks_per_mini_batch) : batch.groups.size();
+  const size_t per =
+      tasks_per_mini_batch > 0 ? static_cast<size_t>(tasks_per_mini_batch) : batch.groups.size();
   for (size_t g = 0; g < batch.groups.size(); g += per) {
     std::vector<size_t> mb;
     for (size_t k = g; k < std::min(batch.groups.size(), g + per); ++k)
@@ -288,8 +300,8 @@ std::vector<size_t> longest_first(const PreparedBatch& batch, std::vector<size_t
 
 }  // namespace
 
-std::vector<size_t> shard_for_rank(const PreparedBatch& batch, const std::vector<size_t>& mini_batch, int rank,
-                                   int world_size) {
+std::vector<size_t> shard_for_rank(const PreparedBatch& batch, const std::vector<size_t>& mini_batch,
+                                   int rank, int world_size) {
   SWARM_REQUIRE(world_size >= 1 && rank >= 0 && rank < world_size, ErrorKind::INVALID_ARGUMENT,
                 "shard_for_rank: bad rank " + std::to_string(rank) + " of " + std::to_string(world_size));
   if (world_size == 1) return mini_batch;
@@ -303,8 +315,8 @@ std::vector<size_t> shard_for_rank(const PreparedBatch& batch, const std::vector
   return mine;
 }
 
-std::vector<std::vector<size_t>> plan_micro_batches(const PreparedBatch& batch, const std::vector<size_t>& seqs,
-                                                    int64_t max_tokens) {
+std::vector<std::vector<size_t>> plan_micro_batches(const PreparedBatch& batch,
+                                                    const std::vector<size_t>& seqs, int64_t max_tokens) {
   SWARM_REQUIRE(max_tokens >= 1, ErrorKind::INVALID_ARGUMENT, "micro-batch token budget must be >= 1");
   std::vector<std::vector<size_t>> out;
   int64_t longest = 0;  // sorted longest first: the first row of a micro-batch is its longest
@@ -320,8 +332,8 @@ std::vector<std::vector<size_t>> plan_micro_batches(const PreparedBatch& batch, 
   return out;
 }
 
-double learning_rate_at(double base_lr, const std::string& schedule, int64_t warmup_steps, int64_t total_steps,
-                        int64_t step) {
+double learning_rate_at(double base_lr, const std::string& schedule, int64_t warmup_steps,
+                        int64_t total_steps, int64_t step) {
   SWARM_REQUIRE(schedule == "constant" || schedule == "cosine", ErrorKind::INVALID_ARGUMENT,
                 "unknown lr_schedule '" + schedule + "' (constant, cosine)");
   SWARM_REQUIRE(schedule == "constant" || total_steps > warmup_steps, ErrorKind::INVALID_ARGUMENT,
@@ -329,8 +341,8 @@ double learning_rate_at(double base_lr, const std::string& schedule, int64_t war
   if (warmup_steps > 0 && step < warmup_steps)
     return base_lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
   if (schedule == "constant") return base_lr;
-  const double progress = std::clamp(static_cast<double>(step - warmup_steps) /
-                                         static_cast<double>(total_steps - warmup_steps), 0.0, 1.0);
+  const double progress = std::clamp(
+      static_cast<double>(step - warmup_steps) / static_cast<double>(total_steps - warmup_steps), 0.0, 1.0);
   return base_lr * 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
 }
 

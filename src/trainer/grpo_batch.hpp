@@ -37,11 +37,11 @@ KlEstimator parse_kl_estimator(const std::string& name);
 struct TrainSequence {
   const Sample* sample = nullptr;
   const FinishedEpisode* episode = nullptr;  // AdvantageEstimator::GAE (where its rewards were earned)
-  int64_t group = 0;           // index into PreparedBatch::groups
-  double advantage = 0.0;      // GroupBy::TASK_AGENT_TURN: the mean over its trained tokens (statistics)
+  int64_t group = 0;                         // index into PreparedBatch::groups
+  double advantage = 0.0;  // GroupBy::TASK_AGENT_TURN: the mean over its trained tokens (statistics)
   std::vector<float> token_advantage;  // per token when they differ within the sample (AT-GRPO); else empty
-  int64_t length = 0;          // tokens
-  int64_t trained_tokens = 0;  // loss-mask-1 tokens at positions >= 1 (position 0 has no prediction)
+  int64_t length = 0;                  // tokens
+  int64_t trained_tokens = 0;          // loss-mask-1 tokens at positions >= 1 (position 0 has no prediction)
 };
 
 struct AdvantageStats {
@@ -53,8 +53,8 @@ struct AdvantageStats {
 
 /// The batch, grouped by task_id in arrival order, with advantages.
 struct PreparedBatch {
-  std::vector<TrainSequence> sequences;      // kept sequences, grouped, in batch order
-  std::vector<std::vector<size_t>> groups;   // per kept group: indices into `sequences`
+  std::vector<TrainSequence> sequences;     // kept sequences, grouped, in batch order
+  std::vector<std::vector<size_t>> groups;  // per kept group: indices into `sequences`
   AdvantageStats stats;
   int64_t trained_tokens() const;
 };
@@ -88,19 +88,19 @@ std::vector<std::vector<size_t>> split_mini_batches(const PreparedBatch& batch, 
 
 /// The share of a mini-batch one rank computes: sequences dealt longest-first to the rank with
 /// the fewest tokens so far, so ranks get about the same work. Every rank computes the same plan.
-std::vector<size_t> shard_for_rank(const PreparedBatch& batch, const std::vector<size_t>& mini_batch, int rank,
-                                   int world_size);
+std::vector<size_t> shard_for_rank(const PreparedBatch& batch, const std::vector<size_t>& mini_batch,
+                                   int rank, int world_size);
 
 /// Micro-batches of `seqs` for padded forward passes: sorted longest first, each micro-batch's
 /// padded size (rows × longest row) stays within `max_tokens`; a sequence longer than the budget
 /// gets a micro-batch of its own. Deterministic.
-std::vector<std::vector<size_t>> plan_micro_batches(const PreparedBatch& batch, const std::vector<size_t>& seqs,
-                                                    int64_t max_tokens);
+std::vector<std::vector<size_t>> plan_micro_batches(const PreparedBatch& batch,
+                                                    const std::vector<size_t>& seqs, int64_t max_tokens);
 
 /// Learning rate of policy step `step` (0-based): linear warm-up over `warmup_steps`
 /// (lr × (step+1)/warmup), then constant or cosine decay to 0 at `total_steps`.
 /// Cosine needs total_steps > warmup_steps (INVALID_ARGUMENT otherwise).
-double learning_rate_at(double base_lr, const std::string& schedule, int64_t warmup_steps, int64_t total_steps,
-                        int64_t step);
+double learning_rate_at(double base_lr, const std::string& schedule, int64_t warmup_steps,
+                        int64_t total_steps, int64_t step);
 
 }  // namespace swarm

@@ -48,7 +48,8 @@ void tune_allocator_for_training() {
 // One chunk of rows of the logits in fp32, divided by each row's sampling temperature when the
 // rows have one (`temperature` [N] fp32, undefined = all 1): x / t, as the sampler computes it
 // (src/inference/sampler_torch.hpp), so the trainer's log-probs are the recorded ones' definition.
-torch::Tensor scaled_chunk(const torch::Tensor& logits, const torch::Tensor& temperature, int64_t r, int64_t c) {
+torch::Tensor scaled_chunk(const torch::Tensor& logits, const torch::Tensor& temperature, int64_t r,
+                           int64_t c) {
   torch::Tensor x = logits.narrow(0, r, c).to(torch::kFloat);
   if (temperature.defined()) x = x / temperature.narrow(0, r, c).unsqueeze(1);
   return x;
@@ -109,7 +110,8 @@ struct ChunkedHeadLogprobs : public torch::autograd::Function<ChunkedHeadLogprob
     const torch::Tensor logits = ctx->saved_data["logits"].toTensor();
     const torch::Tensor targets = ctx->saved_data["targets"].toTensor();
     const c10::IValue saved_temperature = ctx->saved_data["temperature"];
-    const torch::Tensor temperature = saved_temperature.isTensor() ? saved_temperature.toTensor() : torch::Tensor();
+    const torch::Tensor temperature =
+        saved_temperature.isTensor() ? saved_temperature.toTensor() : torch::Tensor();
     const int64_t n = logits.size(0);
     torch::Tensor g = grads[0];
     if (!g.defined()) g = torch::zeros({n}, logits.options().dtype(torch::kFloat));
@@ -119,8 +121,8 @@ struct ChunkedHeadLogprobs : public torch::autograd::Function<ChunkedHeadLogprob
       const int64_t c = std::min(kHeadChunkRows, n - r);
       const torch::Tensor gc = g.narrow(0, r, c).unsqueeze(1);
       const torch::Tensor logp = torch::log_softmax(scaled_chunk(logits, temperature, r, c), -1);
-      torch::Tensor d = logp.exp_().mul_(-gc);  // -exp(logp)·g
-      d.scatter_add_(1, targets.narrow(0, r, c).unsqueeze(1), gc);  // + g at the target
+      torch::Tensor d = logp.exp_().mul_(-gc);                                      // -exp(logp)·g
+      d.scatter_add_(1, targets.narrow(0, r, c).unsqueeze(1), gc);                  // + g at the target
       if (temperature.defined()) d.div_(temperature.narrow(0, r, c).unsqueeze(1));  // d(x / t) / dx
       glogits.narrow(0, r, c).copy_(d);
     }
@@ -165,7 +167,8 @@ TrainerOptions TrainerOptions::from_job(const Job& job) {
   return o;
 }
 
-torch::Tensor kl_penalty(const torch::Tensor& logprobs, const torch::Tensor& ref_logprobs, KlEstimator estimator) {
+torch::Tensor kl_penalty(const torch::Tensor& logprobs, const torch::Tensor& ref_logprobs,
+                         KlEstimator estimator) {
   if (estimator == KlEstimator::K1) return logprobs - ref_logprobs;
   // k3 = exp(d) - d - 1 with d = ref - lp overflows for a token the reference likes and the
   // policy no longer does (d = 100: e^100); bounded as verl's low_var_kl: d to ±20, k3 to ±10
@@ -178,8 +181,9 @@ OffPolicyCorrection parse_off_policy_correction(const std::string& name) {
   if (name == "none") return OffPolicyCorrection::NONE;
   if (name == "tis") return OffPolicyCorrection::TIS;
   if (name == "decoupled") return OffPolicyCorrection::DECOUPLED;
-  throw SwarmError(ErrorKind::INVALID_ARGUMENT,
-                   "off_policy_correction must be none, tis or decoupled (auto is resolved by the job), got " + name);
+  throw SwarmError(
+      ErrorKind::INVALID_ARGUMENT,
+      "off_policy_correction must be none, tis or decoupled (auto is resolved by the job), got " + name);
 }
 
 void LossSums::add(const LossSums& o) {
@@ -200,14 +204,15 @@ void LossSums::add(const LossSums& o) {
 
 // The tensors of one padded micro-batch, and where its trained tokens are.
 struct GrpoTrainer::MicroBatchInputs {
-  torch::Tensor ids;        // [B, T] int64, right-padded with 0
-  torch::Tensor lengths;    // [B] int64
-  torch::Tensor positions;  // [N] int64: b*T + t-1, the position whose logits predict trained token t of row b
-  torch::Tensor targets;    // [N] int64: the trained tokens
-  torch::Tensor advantage;  // [N] fp32
-  torch::Tensor rollout;    // [N] fp32: log-probs at sampling time
-  torch::Tensor weight;     // [N] fp32: 1 (token-mean) or 1/tokens of its sequence (seq-mean-token-mean)
-  torch::Tensor temperature;  // [N] fp32: each token's sampling temperature; undefined when all are 1
+  torch::Tensor ids;      // [B, T] int64, right-padded with 0
+  torch::Tensor lengths;  // [B] int64
+  torch::Tensor
+      positions;          // [N] int64: b*T + t-1, the position whose logits predict trained token t of row b
+  torch::Tensor targets;  // [N] int64: the trained tokens
+  torch::Tensor advantage;      // [N] fp32
+  torch::Tensor rollout;        // [N] fp32: log-probs at sampling time
+  torch::Tensor weight;         // [N] fp32: 1 (token-mean) or 1/tokens of its sequence (seq-mean-token-mean)
+  torch::Tensor temperature;    // [N] fp32: each token's sampling temperature; undefined when all are 1
   std::vector<int64_t> counts;  // trained tokens per row
   int64_t tokens = 0;           // real (unpadded) tokens
 };
@@ -221,28 +226,30 @@ GrpoTrainer::GrpoTrainer(std::shared_ptr<DecoderModel> serving_model, TrainerOpt
   if (!comm_) comm_ = make_single_process_collectives();
   SWARM_REQUIRE(options_.micro_batch_max_tokens >= 1 && options_.ppo_epochs >= 1, ErrorKind::INVALID_ARGUMENT,
                 "micro_batch_max_tokens and ppo_epochs must be >= 1");
-  SWARM_REQUIRE(options_.ppo == (options_.advantage_estimator == AdvantageEstimator::GAE), ErrorKind::INVALID_ARGUMENT,
+  SWARM_REQUIRE(options_.ppo == (options_.advantage_estimator == AdvantageEstimator::GAE),
+                ErrorKind::INVALID_ARGUMENT,
                 "PPO trains with advantage_estimator gae, and gae needs PPO's critic");
   tune_allocator_for_training();
   torch::NoGradGuard no_grad;
   std::vector<std::pair<std::string, torch::Tensor>> master;
   if (master_source != nullptr) {
-    SWARM_REQUIRE(master_source->parameters().size() == serving_->parameters().size(), ErrorKind::INVALID_ARGUMENT,
-                  "master_source has a different parameter list");
+    SWARM_REQUIRE(master_source->parameters().size() == serving_->parameters().size(),
+                  ErrorKind::INVALID_ARGUMENT, "master_source has a different parameter list");
     master.assign(master_source->parameters().begin(), master_source->parameters().end());
   }
   // The training dtype: a model's own, except bf16 on a CPU whose bf16 matmuls widen to fp32
   // anyway (TrainerOptions::fp32_compute_without_bf16_dot); the same rule for the critic.
   const auto trains_in_fp32 = [&](const DecoderModel& m) {
-    return options_.fp32_compute_without_bf16_dot && m.scalar_type() == torch::kBFloat16 && m.device().is_cpu() &&
-           bf16_matmul_widens();
+    return options_.fp32_compute_without_bf16_dot && m.scalar_type() == torch::kBFloat16 &&
+           m.device().is_cpu() && bf16_matmul_widens();
   };
   const bool fp32_compute = trains_in_fp32(*serving_);
   const torch::ScalarType compute = fp32_compute ? torch::kFloat : serving_->scalar_type();
   const std::optional<DType> model_dtype = fp32_compute ? std::optional<DType>(DType::F32) : std::nullopt;
   if (fp32_compute)
-    spdlog::info("trainer: bf16 model trained in fp32 (fp32 weights = masters, fp32 activations; serving stays bf16): "
-                 "this CPU has no bf16 dot products, so bf16 matmuls would widen to fp32 GEMMs anyway");
+    spdlog::info(
+        "trainer: bf16 model trained in fp32 (fp32 weights = masters, fp32 activations; serving stays bf16): "
+        "this CPU has no bf16 dot products, so bf16 matmuls would widen to fp32 GEMMs anyway");
   policy_ = std::make_unique<FlatParameters>(serving_->parameters(), compute, serving_->device(), comm_,
                                              master_source != nullptr ? &master : nullptr);
   policy_->set_master_in_state(fp32_compute);  // the checkpoint's model files hold them rounded
@@ -252,13 +259,13 @@ GrpoTrainer::GrpoTrainer(std::shared_ptr<DecoderModel> serving_model, TrainerOpt
       const auto& theirs = reference_source->parameters();
       const auto& ours = serving_->parameters();
       SWARM_REQUIRE(theirs.size() == ours.size(), ErrorKind::INVALID_ARGUMENT,
-                    "the KL reference model has " + std::to_string(theirs.size()) + " parameters, the trained model " +
-                        std::to_string(ours.size()));
+                    "the KL reference model has " + std::to_string(theirs.size()) +
+                        " parameters, the trained model " + std::to_string(ours.size()));
       for (size_t i = 0; i < ours.size(); ++i) {
         SWARM_REQUIRE(theirs[i].first == ours[i].first && theirs[i].second.sizes() == ours[i].second.sizes(),
                       ErrorKind::INVALID_ARGUMENT,
-                      "the KL reference model's parameter " + theirs[i].first + " does not match the trained model's " +
-                          ours[i].first);
+                      "the KL reference model's parameter " + theirs[i].first +
+                          " does not match the trained model's " + ours[i].first);
         ref_weights_.push_back(theirs[i].second.to(serving_->device(), compute, false, /*copy=*/true));
       }
     } else {
@@ -297,7 +304,8 @@ GrpoTrainer::MicroBatchInputs GrpoTrainer::build_inputs(const PreparedBatch& bat
     const Sample& s = *seq.sample;
     lengths.push_back(seq.length);
     in.tokens += seq.length;
-    for (int64_t t = 0; t < seq.length; ++t) ids[static_cast<size_t>(b * T + t)] = s.token_ids[static_cast<size_t>(t)];
+    for (int64_t t = 0; t < seq.length; ++t)
+      ids[static_cast<size_t>(b * T + t)] = s.token_ids[static_cast<size_t>(t)];
     const float w = options_.loss_aggregation == LossAggregation::TOKEN_MEAN
                         ? 1.0f
                         : static_cast<float>(1.0 / static_cast<double>(seq.trained_tokens));
@@ -308,11 +316,13 @@ GrpoTrainer::MicroBatchInputs GrpoTrainer::build_inputs(const PreparedBatch& bat
       targets.push_back(s.token_ids[static_cast<size_t>(t)]);
       adv.push_back(seq.token_advantage.empty() ? static_cast<float>(seq.advantage)
                                                 : seq.token_advantage[static_cast<size_t>(t)]);
-      rollout.push_back(t < static_cast<int64_t>(s.rollout_logprobs.size()) ? s.rollout_logprobs[static_cast<size_t>(t)]
-                                                                             : 0.0f);
+      rollout.push_back(t < static_cast<int64_t>(s.rollout_logprobs.size())
+                            ? s.rollout_logprobs[static_cast<size_t>(t)]
+                            : 0.0f);
       weight.push_back(w);
       // The call that generated the token sampled at its temperature (1 without a call record).
-      const int32_t call = t < static_cast<int64_t>(s.token_call.size()) ? s.token_call[static_cast<size_t>(t)] : -1;
+      const int32_t call =
+          t < static_cast<int64_t>(s.token_call.size()) ? s.token_call[static_cast<size_t>(t)] : -1;
       const float temp = call >= 0 && call < static_cast<int32_t>(s.calls.size())
                              ? s.calls[static_cast<size_t>(call)].temperature
                              : 1.0f;
@@ -347,7 +357,8 @@ torch::Tensor GrpoTrainer::selected_logprobs(const DecoderModel& model, const Mi
     const torch::Tensor logits = model_linear(x, model.head_weight());
     return chunked_selected_logprobs(logits, in.targets, in.temperature, entropy);
   }
-  torch::autograd::variable_list out = ChunkedHeadLogprobs::apply(x, model.head_weight(), in.targets, RowTemperatures{in.temperature});
+  torch::autograd::variable_list out =
+      ChunkedHeadLogprobs::apply(x, model.head_weight(), in.targets, RowTemperatures{in.temperature});
   if (entropy != nullptr) *entropy = out[1];
   return out[0];
 }
@@ -488,7 +499,8 @@ bool GrpoTrainer::stop_requested_anywhere(const std::stop_token& stop) {
   // A stop reaches one rank (rank 0 serves stop_engine); the others learn of it here, so they
   // all leave the step together instead of waiting in a collective until it times out.
   if (comm_->world_size() == 1) return stop.stop_requested();
-  torch::Tensor flag = torch::full({1}, stop.stop_requested() ? 1.0 : 0.0, policy_->grad_options());  // on the collectives' device
+  torch::Tensor flag = torch::full({1}, stop.stop_requested() ? 1.0 : 0.0,
+                                   policy_->grad_options());  // on the collectives' device
   comm_->all_reduce_sum(flag);
   return flag.item<float>() > 0.f;
 }
@@ -524,7 +536,8 @@ GrpoTrainer::GaeTargets GrpoTrainer::compute_advantages(PreparedBatch& batch) {
       for (size_t t = 1; t < s.token_ids.size(); ++t)
         if (masks[idx][t]) values[t] = vp[at++];
       out.old_values[idx] = v.narrow(0, at - in.counts[k], in.counts[k]).clone();
-      gae[idx] = compute_gae(place_rewards(s, *seq.episode), values, masks[idx], options_.gamma, options_.lam);
+      gae[idx] =
+          compute_gae(place_rewards(s, *seq.episode), values, masks[idx], options_.gamma, options_.lam);
     }
   }
   // Whitened over the whole batch (every rank's tokens): mean 0, unit (unbiased) variance, as
@@ -534,10 +547,12 @@ GrpoTrainer::GaeTargets GrpoTrainer::compute_advantages(PreparedBatch& batch) {
   std::vector<const std::vector<uint8_t>*> my_masks;
   for (size_t idx : mine) my_advantages.push_back(&gae[idx].advantages), my_masks.push_back(&masks[idx]);
   const MaskedSum local = masked_sum(my_advantages, my_masks);
-  const std::vector<double> sc = all_reduce_sum_values(*comm_, {local.sum, static_cast<double>(local.count)}, dev);
+  const std::vector<double> sc =
+      all_reduce_sum_values(*comm_, {local.sum, static_cast<double>(local.count)}, dev);
   const double count = sc[1];
   const double mean = count > 0 ? sc[0] / count : 0.0;
-  const double sq = all_reduce_sum_values(*comm_, {masked_squared_deviation(my_advantages, my_masks, mean)}, dev)[0];
+  const double sq =
+      all_reduce_sum_values(*comm_, {masked_squared_deviation(my_advantages, my_masks, mean)}, dev)[0];
   const double scale = whitening_scale(sq, count);
   AdvantageStats& st = batch.stats;
   bool first = true;
@@ -565,9 +580,11 @@ GrpoTrainer::GaeTargets GrpoTrainer::compute_advantages(PreparedBatch& batch) {
     const std::vector<double> sums = all_reduce_sum_values(*comm_, {adv_sum, adv_sq, tokens}, dev);
     adv_sum = sums[0], adv_sq = sums[1], tokens = sums[2];
     const double big = std::numeric_limits<double>::max();
-    const std::vector<double> all = all_gather_values(*comm_, {first ? big : st.min, first ? -big : st.max}, dev);
+    const std::vector<double> all =
+        all_gather_values(*comm_, {first ? big : st.min, first ? -big : st.max}, dev);
     st.min = big, st.max = -big;
-    for (size_t r = 0; r + 1 < all.size(); r += 2) st.min = std::min(st.min, all[r]), st.max = std::max(st.max, all[r + 1]);
+    for (size_t r = 0; r + 1 < all.size(); r += 2)
+      st.min = std::min(st.min, all[r]), st.max = std::max(st.max, all[r + 1]);
   }
   st.mean = tokens > 0 ? adv_sum / tokens : 0.0;
   st.std = tokens > 0 ? std::sqrt(std::max(0.0, adv_sq / tokens - st.mean * st.mean)) : 0.0;
@@ -638,8 +655,8 @@ std::map<std::string, double> GrpoTrainer::train(const TrainBatch& batch, int64_
         norm += options_.loss_aggregation == LossAggregation::TOKEN_MEAN
                     ? static_cast<double>(prepared.sequences[idx].trained_tokens)
                     : 1.0;
-      const auto micros =
-          plan_micro_batches(prepared, shard_for_rank(prepared, mb, rank, world), options_.micro_batch_max_tokens);
+      const auto micros = plan_micro_batches(prepared, shard_for_rank(prepared, mb, rank, world),
+                                             options_.micro_batch_max_tokens);
       if (policy_trains) {
         zero_gradients();
         for (const auto& micro : micros) {
@@ -659,11 +676,12 @@ std::map<std::string, double> GrpoTrainer::train(const TrainBatch& batch, int64_
         for (const auto& micro : micros) {
           const MicroBatchInputs in = build_inputs(prepared, micro);
           std::vector<torch::Tensor> returns, olds;
-          for (size_t idx : micro) returns.push_back(targets.returns[idx]), olds.push_back(targets.old_values[idx]);
+          for (size_t idx : micro)
+            returns.push_back(targets.returns[idx]), olds.push_back(targets.old_values[idx]);
           const auto dev = serving_->device();
-          value_sums.add(critic_->accumulate_gradients(in.ids, in.lengths, in.positions, torch::cat(returns).to(dev),
-                                                       torch::cat(olds).to(dev), in.weight, norm,
-                                                       options_.cliprange_value));
+          value_sums.add(critic_->accumulate_gradients(in.ids, in.lengths, in.positions,
+                                                       torch::cat(returns).to(dev), torch::cat(olds).to(dev),
+                                                       in.weight, norm, options_.cliprange_value));
         }
         critic_grad_norm_sum += critic_->optimizer_step(options_.critic_learning_rate, options_.adamw());
         ++critic_steps;
@@ -676,17 +694,20 @@ std::map<std::string, double> GrpoTrainer::train(const TrainBatch& batch, int64_
     const torch::Device dev = serving_->device();
     const std::vector<double> v = all_reduce_sum_values(
         *comm_,
-        {sums.loss, sums.pg_loss, sums.kl, sums.entropy, sums.clipped_low, sums.clipped_high, sums.mismatch_sum,
-         sums.tokens, tokens_processed, value_sums.loss, value_sums.clipped, value_sums.value_sum,
-         value_sums.error_sum, value_sums.tokens, sums.is_weight_sum, sums.is_ratio_sum, sums.is_capped},
+        {sums.loss, sums.pg_loss, sums.kl, sums.entropy, sums.clipped_low, sums.clipped_high,
+         sums.mismatch_sum, sums.tokens, tokens_processed, value_sums.loss, value_sums.clipped,
+         value_sums.value_sum, value_sums.error_sum, value_sums.tokens, sums.is_weight_sum, sums.is_ratio_sum,
+         sums.is_capped},
         dev);
     sums.loss = v[0], sums.pg_loss = v[1], sums.kl = v[2], sums.entropy = v[3], sums.clipped_low = v[4];
     sums.clipped_high = v[5], sums.mismatch_sum = v[6], sums.tokens = v[7], tokens_processed = v[8];
-    value_sums.loss = v[9], value_sums.clipped = v[10], value_sums.value_sum = v[11], value_sums.error_sum = v[12];
+    value_sums.loss = v[9], value_sums.clipped = v[10], value_sums.value_sum = v[11],
+    value_sums.error_sum = v[12];
     value_sums.tokens = v[13], sums.is_weight_sum = v[14], sums.is_ratio_sum = v[15], sums.is_capped = v[16];
     const std::vector<double> all = all_gather_values(*comm_, {sums.mismatch_max, sums.is_ratio_max}, dev);
     for (size_t r = 0; r + 1 < all.size(); r += 2)
-      sums.mismatch_max = std::max(sums.mismatch_max, all[r]), sums.is_ratio_max = std::max(sums.is_ratio_max, all[r + 1]);
+      sums.mismatch_max = std::max(sums.mismatch_max, all[r]),
+      sums.is_ratio_max = std::max(sums.is_ratio_max, all[r + 1]);
   }
 
   if (critic_) {

@@ -86,7 +86,8 @@ struct TrainerOptions {
 /// kl_estimator): k1 = lp - ref; k3 = exp(d) - d - 1 with d = ref - lp clamped to
 /// ±kKlLogRatioBound and the value to ±kKlValueBound, so it never overflows (docs/concepts.md).
 inline constexpr double kKlLogRatioBound = 20.0, kKlValueBound = 10.0;
-torch::Tensor kl_penalty(const torch::Tensor& logprobs, const torch::Tensor& ref_logprobs, KlEstimator estimator);
+torch::Tensor kl_penalty(const torch::Tensor& logprobs, const torch::Tensor& ref_logprobs,
+                         KlEstimator estimator);
 
 /// What one micro-batch's loss pass computed (sums over its tokens, for the step's metrics).
 struct LossSums {
@@ -101,7 +102,7 @@ struct LossSums {
   double is_weight_sum = 0.0;  // applied importance weights (tis / decoupled; 1 per token otherwise)
   double is_ratio_sum = 0.0;   // pi_old / pi_behaviour per token, whether applied or not
   double is_ratio_max = 0.0;
-  double is_capped = 0.0;      // tokens whose ratio exceeds is_cap (truncated or left out when applied)
+  double is_capped = 0.0;  // tokens whose ratio exceeds is_cap (truncated or left out when applied)
   double tokens = 0.0;
   void add(const LossSums& o);
 };
@@ -143,7 +144,8 @@ class GrpoTrainer {
 
   /// The trainer's log-prob of every trained token of `seq_indices` (one 1-D fp32 tensor per
   /// sequence, positions 1.. with loss mask 1, in order), without gradients.
-  std::vector<torch::Tensor> token_logprobs(const PreparedBatch& batch, const std::vector<size_t>& seq_indices);
+  std::vector<torch::Tensor> token_logprobs(const PreparedBatch& batch,
+                                            const std::vector<size_t>& seq_indices);
   /// Forward + backward of one micro-batch: adds its gradient into the flat gradient buffer.
   /// `old_logprobs` (per sequence of `micro`, as token_logprobs returns; empty = use the current
   /// log-probs, detached: the on-policy case) and `norm` (the mini-batch's token count for
@@ -192,7 +194,8 @@ class GrpoTrainer {
  private:
   struct MicroBatchInputs;
   MicroBatchInputs build_inputs(const PreparedBatch& batch, const std::vector<size_t>& micro) const;
-  torch::Tensor selected_logprobs(const DecoderModel& model, const MicroBatchInputs& in, torch::Tensor* entropy);
+  torch::Tensor selected_logprobs(const DecoderModel& model, const MicroBatchInputs& in,
+                                  torch::Tensor* entropy);
   void refresh_weights_from_master();
   /// True when `stop` was requested on any rank (a collective: every rank must call it).
   bool stop_requested_anywhere(const std::stop_token& stop);
@@ -203,7 +206,7 @@ class GrpoTrainer {
   TrainerOptions options_;
   std::shared_ptr<Collectives> comm_;
   std::unique_ptr<FlatParameters> policy_;
-  std::vector<torch::Tensor> ref_weights_;     // the initial model's weights (KL loss only)
+  std::vector<torch::Tensor> ref_weights_;  // the initial model's weights (KL loss only)
   std::unique_ptr<Critic> critic_;
 };
 

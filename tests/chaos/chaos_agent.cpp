@@ -36,12 +36,17 @@ int main(int argc, char** argv) {
   app.add_option("--url", url, "Swarm server URL")->required();
   app.add_option("--acked", acked_path, "Append acknowledged episodes here")->required();
   app.add_option("--workers", workers, "Agent threads")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--num-repeat", num_repeat, "Episodes per task id")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--until-step", until_step, "Stop once the engine's global_step reaches this")->capture_default_str();
+  app.add_option("--num-repeat", num_repeat, "Episodes per task id")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--until-step", until_step, "Stop once the engine's global_step reaches this")
+      ->capture_default_str();
   app.add_option("--deadline", deadline_s, "Give up after this many seconds (exit 1)")->capture_default_str();
-  app.add_option("--discard-timeout", discard_timeout, "discard_episode_timeout of each claim (s)")->capture_default_str();
+  app.add_option("--discard-timeout", discard_timeout, "discard_episode_timeout of each claim (s)")
+      ->capture_default_str();
   app.add_option("--max-tokens", max_tokens, "Completion limit of each call")->capture_default_str();
-  app.add_option("--think-ms", think_ms, "Pause before ending each episode (an agent's own work)")->capture_default_str();
+  app.add_option("--think-ms", think_ms, "Pause before ending each episode (an agent's own work)")
+      ->capture_default_str();
   app.add_option("--tag", tag, "Prefix of this process's task ids (default: the pid)");
   CLI11_PARSE(app, argc, argv);
   if (tag.empty()) tag = "p" + std::to_string(::getpid());
@@ -69,8 +74,7 @@ int main(int argc, char** argv) {
     while (!done && Clock::now() < deadline) {
       try {
         if (client.get_engine_status().global_step >= until_step) done = true;
-      } catch (const std::exception&) {
-      }
+      } catch (const std::exception&) {}
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
     done = true;
@@ -111,8 +115,7 @@ int main(int argc, char** argv) {
             if (!episode.empty()) {
               try {
                 client.abort_episode(episode);
-              } catch (const std::exception&) {
-              }
+              } catch (const std::exception&) {}
             }
             std::this_thread::sleep_for(std::chrono::milliseconds(100));
           }
@@ -126,9 +129,9 @@ int main(int argc, char** argv) {
   int64_t step = -1;
   try {
     step = client.get_engine_status().global_step;
-  } catch (const std::exception&) {
-  }
-  std::printf("chaos_agent %s: %lld episode(s) acknowledged, %lld failed attempt(s), engine at step %lld\n", tag.c_str(),
-              static_cast<long long>(ended.load()), static_cast<long long>(failures.load()), static_cast<long long>(step));
+  } catch (const std::exception&) {}
+  std::printf("chaos_agent %s: %lld episode(s) acknowledged, %lld failed attempt(s), engine at step %lld\n",
+              tag.c_str(), static_cast<long long>(ended.load()), static_cast<long long>(failures.load()),
+              static_cast<long long>(step));
   return step >= until_step ? 0 : 1;
 }

@@ -81,8 +81,8 @@ struct Harness {
     o.write_run_files = false;
     o.janitor_interval_seconds = 0;
     engine = std::make_unique<swarm::Engine>(o);
-    service = std::make_unique<swarm::SwarmService>(*engine, metrics, [] { return std::string("127.0.0.1:1"); },
-                                                    std::chrono::seconds(5));
+    service = std::make_unique<swarm::SwarmService>(
+        *engine, metrics, [] { return std::string("127.0.0.1:1"); }, std::chrono::seconds(5));
     ensure_rolling();
   }
 
@@ -92,7 +92,8 @@ struct Harness {
       engine->sync_train_config(kConfig);
       engine->start_engine();
       if (!engine->wait_for_state(swarm::EngineState::ROLLING, 10s)) {
-        std::fprintf(stderr, "harness: the engine did not come back to ROLLING: %s\n", engine->status().detail.c_str());
+        std::fprintf(stderr, "harness: the engine did not come back to ROLLING: %s\n",
+                     engine->status().detail.c_str());
         std::abort();
       }
     }
@@ -112,7 +113,8 @@ struct Harness {
 
 void replace_all(std::string& s, const std::string& from, const std::string& to) {
   if (to.empty()) return;
-  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) s.replace(at, from.size(), to);
+  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+    s.replace(at, from.size(), to);
 }
 
 }  // namespace

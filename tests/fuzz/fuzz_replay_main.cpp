@@ -60,7 +60,9 @@ Input mutate(const Input& base, const std::vector<Input>& corpus, std::mt19937_6
           out.erase(out.begin() + a, out.begin() + a + len);
         }
         break;
-      case 3: out.insert(out.begin() + (n ? rng() % (n + 1) : 0), static_cast<uint8_t>(rng())); break;
+      case 3:
+        out.insert(out.begin() + (n ? rng() % (n + 1) : 0), static_cast<uint8_t>(rng()));
+        break;
       case 4:
         if (n) {
           size_t a = rng() % n, len = 1 + rng() % std::min<size_t>(32, n - a);

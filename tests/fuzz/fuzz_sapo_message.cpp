@@ -40,7 +40,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       again.group->episodes.size() != g.episodes.size())
     std::abort();
   for (size_t i = 0; i < g.episodes.size(); ++i)
-    if (again.group->episodes[i].reward != g.episodes[i].reward || again.group->episodes[i].calls != g.episodes[i].calls)
+    if (again.group->episodes[i].reward != g.episodes[i].reward ||
+        again.group->episodes[i].calls != g.episodes[i].calls)
       std::abort();
   return 0;
 }

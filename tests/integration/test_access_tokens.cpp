@@ -55,7 +55,8 @@ TEST(AccessTokens, ControlRoutesNeedTheAdminTokenAndChangeNothingWithoutIt) {
   const HttpClientResponse r = http.request("POST", "/sync_train_config", config);
   EXPECT_NE(r.body.find("needs the admin token"), std::string::npos) << r.body;
   // Open: status, pool information, metrics, health.
-  for (const char* path : {"/health", "/get_engine_status", "/get_current_batch_rollout_pool_information", "/metrics"})
+  for (const char* path :
+       {"/health", "/get_engine_status", "/get_current_batch_rollout_pool_information", "/metrics"})
     EXPECT_EQ(status_of(http, "GET", path, "", ""), 200) << path;
   // Other clients' data is the admin's.
   EXPECT_EQ(status_of(http, "GET", "/get_verbose_logs", "", ""), 401);
@@ -123,35 +124,39 @@ TEST(AccessTokens, AnAgentCannotLearnAnotherAgentsClientIdFromAnOpenRoute) {
   OpenAIEndpoint ended = agent_a.begin_episode(60, "train", 10s);
   OpenAIClient(ended).chat({{"user", "hi"}});
   WorkflowOutput turns = reward(1.0);
-  turns.turn_rewards = {1.0};  // listed in turn_reward_episodes
+  turns.turn_rewards = {1.0};                                 // listed in turn_reward_episodes
   agent_a.end_episode(task("t"), ended.episode_uuid, turns);  // also lists A among the active clients
 
   HttpClient http(server.url());
-  const std::vector<std::pair<std::string, std::string>> as_agent_b = {{"Authorization", "Bearer " + kClient}};
-  for (const char* path : {"/get_current_batch_rollout_pool_information", "/get_engine_status", "/metrics", "/health",
-                           "/get_server_experiment_dir"}) {
+  const std::vector<std::pair<std::string, std::string>> as_agent_b = {
+      {"Authorization", "Bearer " + kClient}};
+  for (const char* path : {"/get_current_batch_rollout_pool_information", "/get_engine_status", "/metrics",
+                           "/health", "/get_server_experiment_dir"}) {
     for (const auto& headers : {std::vector<std::pair<std::string, std::string>>{}, as_agent_b}) {
       const HttpClientResponse r = http.request("GET", path, "", headers);
       EXPECT_EQ(r.status, 200) << path;
-      EXPECT_EQ(r.body.find(a_options.client_uuid), std::string::npos) << path << " shows agent A's client_uuid";
+      EXPECT_EQ(r.body.find(a_options.client_uuid), std::string::npos)
+          << path << " shows agent A's client_uuid";
     }
   }
   // The episode is listed, under a stable keyed id, and B cannot end it with that id.
-  const auto info = nlohmann::json::parse(http.request("GET", "/get_current_batch_rollout_pool_information").body);
+  const auto info =
+      nlohmann::json::parse(http.request("GET", "/get_current_batch_rollout_pool_information").body);
   std::string shown;
   for (const auto& e : info["running_episodes"])
     if (e["episode_uuid"] == running.episode_uuid) shown = e["client_uuid"];
   ASSERT_EQ(shown.rfind("client-", 0), 0u) << info.dump();
   EXPECT_EQ(info["running_episode_details"][running.episode_uuid]["client_uuid"], shown);
-  const std::string end = nlohmann::json{{"client_uuid", shown},
-                                         {"episode_uuid", running.episode_uuid},
-                                         {"task_id", "t"},
-                                         {"workflow_output", {{"reward", 1.0}}}}
-                              .dump();
+  const std::string end = nlohmann::json{
+      {"client_uuid", shown},
+      {"episode_uuid", running.episode_uuid},
+      {"task_id", "t"},
+      {"workflow_output",
+       {{"reward", 1.0}}}}.dump();
   EXPECT_EQ(status_of(http, "POST", "/end_episode", end, kClient), 403);
   // The admin sees the raw id.
-  const HttpClientResponse raw =
-      http.request("GET", "/get_current_batch_rollout_pool_information", "", {{"Authorization", "Bearer " + kAdmin}});
+  const HttpClientResponse raw = http.request("GET", "/get_current_batch_rollout_pool_information", "",
+                                              {{"Authorization", "Bearer " + kAdmin}});
   EXPECT_NE(raw.body.find(a_options.client_uuid), std::string::npos);
   agent_a.abort_episode(running.episode_uuid);
 }
@@ -165,7 +170,8 @@ namespace {
 // endpoint (an https:// URL), and refuses a server it cannot verify.
 TEST(Tls, TheSdkRunsEpisodesOverHttpsAndVerifiesTheServer) {
   swarm::testing::ScratchDir dir("swarm-tls-sdk");
-  const auto files = swarm::testing::make_self_signed(dir.path(), "server", "localhost", "DNS:localhost,IP:127.0.0.1");
+  const auto files =
+      swarm::testing::make_self_signed(dir.path(), "server", "localhost", "DNS:localhost,IP:127.0.0.1");
   unsetenv("SWARM_CA_FILE");
   TestServer server(0.05, 1 << 20, AccessTokens{kAdmin, kClient}, files.cert, files.key);
   ASSERT_EQ(server.url().rfind("https://", 0), 0u);

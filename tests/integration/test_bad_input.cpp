@@ -23,8 +23,8 @@ using json = nlohmann::json;
 using namespace std::chrono_literals;
 using swarm::HttpClient;
 using swarm::HttpClientResponse;
-using swarm::testing::Headers;
 using swarm::testing::header_of;
+using swarm::testing::Headers;
 using swarm::testing::TestServer;
 
 namespace {
@@ -90,7 +90,8 @@ class BadInput : public ::testing::Test {
   void start(const std::string& extra_yaml = "max_prompt_length: 8192\n") {
     server_ = std::make_unique<TestServer>(0.05, max_body_);
     c_ = std::make_unique<HttpClient>(server_->url(), 10s);
-    swarm::testing::post_json(*c_, "/sync_train_config", {{"yaml_as_string", std::string(kBaseConfig) + extra_yaml}});
+    swarm::testing::post_json(*c_, "/sync_train_config",
+                              {{"yaml_as_string", std::string(kBaseConfig) + extra_yaml}});
     swarm::testing::post_json(*c_, "/start_engine", json::object());
     ASSERT_FALSE(HasFailure()) << "the config or the start was refused";
     ASSERT_TRUE(server_->engine().wait_for_state(swarm::EngineState::ROLLING, 10s));
@@ -143,15 +144,16 @@ class BadInput : public ::testing::Test {
     auto h = fresh.request("GET", "/health");
     EXPECT_EQ(h.status, 200) << h.body;
     bystander_turn();
-    auto r = post("/can_continue_episode",
-                  json({{"client_uuid", kBystanderClient}, {"episode_uuid", bystander_.episode_uuid}}).dump());
+    auto r =
+        post("/can_continue_episode",
+             json({{"client_uuid", kBystanderClient}, {"episode_uuid", bystander_.episode_uuid}}).dump());
     EXPECT_EQ(r.status, 200) << r.body;
     EXPECT_EQ(json::parse(r.body, nullptr, false), json({{"can_continue", true}})) << r.body;
   }
 
   // Checks the error shape; returns the message.
-  std::string expect_error(const HttpClientResponse& r, int status, const std::string& needle, bool command_route,
-                           const std::string& what) {
+  std::string expect_error(const HttpClientResponse& r, int status, const std::string& needle,
+                           bool command_route, const std::string& what) {
     EXPECT_EQ(r.status, status) << what << ": " << r.body;
     json j = json::parse(r.body, nullptr, false);
     EXPECT_TRUE(j.is_object()) << what << ": body is not a JSON object: " << r.body;
@@ -161,7 +163,8 @@ class BadInput : public ::testing::Test {
     const json& e = j["error"];
     EXPECT_TRUE(e.contains("message") && e["message"].is_string()) << what << ": " << r.body;
     EXPECT_TRUE(e.contains("type") && e["type"].is_string()) << what << ": " << r.body;
-    EXPECT_TRUE(e.contains("code") && (e["code"].is_string() || e["code"].is_null())) << what << ": " << r.body;
+    EXPECT_TRUE(e.contains("code") && (e["code"].is_string() || e["code"].is_null()))
+        << what << ": " << r.body;
     const std::string message = e.value("message", "");
     EXPECT_FALSE(message.empty()) << what;
     // FastAPI's top-level `detail`, which AgentJet's Python client reads, says the same.
@@ -178,7 +181,8 @@ class BadInput : public ::testing::Test {
   }
 
   // A command POST that must fail; then the health checks.
-  void command_error(const std::string& path, const std::string& body, int status, const std::string& needle) {
+  void command_error(const std::string& path, const std::string& body, int status,
+                     const std::string& needle) {
     const std::string what = "POST " + path + " " + body.substr(0, 80);
     expect_error(post(path, body), status, needle, /*command_route=*/true, what);
     expect_healthy(what);
@@ -213,8 +217,11 @@ class BadInput : public ::testing::Test {
     json end = {{"client_uuid", kBystanderClient},
                 {"episode_uuid", bystander_.episode_uuid},
                 {"task_id", "bystander-task"},
-                {"workflow_output", {{"reward", 1.0}, {"is_success", true}, {"metadata", json::object()},
-                                     {"log_metrics", json::object()}}}};
+                {"workflow_output",
+                 {{"reward", 1.0},
+                  {"is_success", true},
+                  {"metadata", json::object()},
+                  {"log_metrics", json::object()}}}};
     r = post("/end_episode", end.dump());
     ASSERT_EQ(r.status, 200) << r.body;
     ASSERT_TRUE(server_->engine().wait_for_step(1, 10s)) << server_->engine().status().detail;
@@ -276,26 +283,33 @@ TEST_F(BadInput, MalformedAndNonObjectBodiesOnEveryCommandRoute) {
 
 TEST_F(BadInput, WrongTypesAreRejectedNamingTheField) {
   start();
-  command_error("/claim_episode",
-                json({{"client_uuid", 42}, {"episode_type", "train"}, {"discard_episode_timeout", 60}}).dump(), 400,
-                "client_uuid");
-  command_error("/claim_episode",
-                json({{"client_uuid", "x"}, {"episode_type", "train"}, {"discard_episode_timeout", "soon"}}).dump(),
-                400, "discard_episode_timeout");
-  command_error("/claim_episode",
-                json({{"client_uuid", "x"}, {"episode_type", "banana"}, {"discard_episode_timeout", 60}}).dump(), 400,
-                "episode_type");
-  command_error("/claim_episode",
-                json({{"client_uuid", "x"}, {"episode_type", "train"}, {"discard_episode_timeout", -1}}).dump(), 400,
-                "discard_episode_timeout");
+  command_error(
+      "/claim_episode",
+      json({{"client_uuid", 42}, {"episode_type", "train"}, {"discard_episode_timeout", 60}}).dump(), 400,
+      "client_uuid");
+  command_error(
+      "/claim_episode",
+      json({{"client_uuid", "x"}, {"episode_type", "train"}, {"discard_episode_timeout", "soon"}}).dump(),
+      400, "discard_episode_timeout");
+  command_error(
+      "/claim_episode",
+      json({{"client_uuid", "x"}, {"episode_type", "banana"}, {"discard_episode_timeout", 60}}).dump(), 400,
+      "episode_type");
+  command_error(
+      "/claim_episode",
+      json({{"client_uuid", "x"}, {"episode_type", "train"}, {"discard_episode_timeout", -1}}).dump(), 400,
+      "discard_episode_timeout");
   json end = end_body(victim_);
   end["workflow_output"] = "great";
   command_error("/end_episode", end.dump(), 400, "workflow_output");
   command_error("/end_episode", end_body(victim_, {{"reward", "high"}}).dump(), 400, "reward");
-  command_error("/end_episode", end_body(victim_, {{"reward", 1.0}, {"is_success", "yes"}}).dump(), 400, "is_success");
-  command_error("/end_episode", end_body(victim_, {{"reward", 1.0}, {"log_metrics", {{"turns", "many"}}}}).dump(), 400,
+  command_error("/end_episode", end_body(victim_, {{"reward", 1.0}, {"is_success", "yes"}}).dump(), 400,
+                "is_success");
+  command_error("/end_episode",
+                end_body(victim_, {{"reward", 1.0}, {"log_metrics", {{"turns", "many"}}}}).dump(), 400,
                 "log_metrics");
-  command_error("/end_episode", end_body(victim_, {{"reward", 1.0}, {"metadata", "none"}}).dump(), 400, "metadata");
+  command_error("/end_episode", end_body(victim_, {{"reward", 1.0}, {"metadata", "none"}}).dump(), 400,
+                "metadata");
   end = end_body(victim_);
   end["episode_uuid"] = 7;
   command_error("/end_episode", end.dump(), 400, "episode_uuid");
@@ -314,35 +328,43 @@ TEST_F(BadInput, WrongTypesAreRejectedNamingTheField) {
   const json tool = {{"type", "function"}, {"function", {{"name", "add"}, {"parameters", json::object()}}}};
   chat_error(victim_, {{"messages", msgs}, {"tools", "add"}}, 400, "'tools'");
   chat_error(victim_, {{"messages", msgs}, {"tools", json::array({nullptr})}}, 400, "tools[0]");
-  chat_error(victim_, {{"messages", msgs}, {"tools", json::array({{{"type", "function"}, {"function", json::object()}}})}},
-             400, "tools[0].function.name");
-  chat_error(victim_, {{"messages", msgs}, {"tools", json::array({tool})}, {"tool_choice", 5}}, 400, "tool_choice");
+  chat_error(
+      victim_,
+      {{"messages", msgs}, {"tools", json::array({{{"type", "function"}, {"function", json::object()}}})}},
+      400, "tools[0].function.name");
+  chat_error(victim_, {{"messages", msgs}, {"tools", json::array({tool})}, {"tool_choice", 5}}, 400,
+             "tool_choice");
   chat_error(victim_, {{"messages", msgs}, {"tools", json::array({tool})}, {"tool_choice", "always"}}, 400,
              "tool_choice");
   chat_error(victim_, {{"messages", msgs}, {"tool_choice", "required"}}, 400, "offers no 'tools'");
   // Structured outputs (issue 21): schemas that cannot be honoured are refused, naming what.
   const auto with_schema = [&](const json& schema) {
-    return json{{"messages", msgs},
-                {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", schema}}}}}};
+    return json{
+        {"messages", msgs},
+        {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", schema}}}}}};
   };
-  chat_error(victim_, with_schema({{"type", "string"}, {"pattern", "^a+$"}}), 400, "unsupported keyword 'pattern'");
+  chat_error(victim_, with_schema({{"type", "string"}, {"pattern", "^a+$"}}), 400,
+             "unsupported keyword 'pattern'");
   chat_error(victim_, with_schema({{"type", "strin"}}), 400, "unknown type 'strin'");
   chat_error(victim_, with_schema({{"$ref", "#/$defs/nope"}}), 400, "#/$defs/nope");
   chat_error(victim_, with_schema({{"type", "array"}, {"maxItems", 1000000}}), 400, "maxItems");
   // Small to send, too large to compile: 100 arrays of up to 256 items (the grammar is bounded).
   json huge = {{"type", "object"}, {"properties", json::object()}};
-  for (int i = 0; i < 100; ++i) huge["properties"]["p" + std::to_string(i)] = {{"type", "array"}, {"maxItems", 256}};
+  for (int i = 0; i < 100; ++i)
+    huge["properties"]["p" + std::to_string(i)] = {{"type", "array"}, {"maxItems", 256}};
   chat_error(victim_, with_schema(huge), 400, "schema too large");
   chat_error(victim_, {{"messages", msgs}, {"response_format", {{"type", "json_schema"}}}}, 400,
              "response_format.json_schema");
-  chat_error(victim_,
-             {{"messages", msgs},
-              {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", 5}}}}}},
-             400, "response_format.json_schema.schema");
-  const json bad_tool = {{"type", "function"},
-                         {"function", {{"name", "add"}, {"parameters", {{"type", "object"}, {"not", json::object()}}}}}};
-  chat_error(victim_, {{"messages", msgs}, {"tools", json::array({bad_tool})}, {"tool_choice", "required"}}, 400,
-             "tools[0].function.parameters");
+  chat_error(
+      victim_,
+      {{"messages", msgs},
+       {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", 5}}}}}},
+      400, "response_format.json_schema.schema");
+  const json bad_tool = {
+      {"type", "function"},
+      {"function", {{"name", "add"}, {"parameters", {{"type", "object"}, {"not", json::object()}}}}}};
+  chat_error(victim_, {{"messages", msgs}, {"tools", json::array({bad_tool})}, {"tool_choice", "required"}},
+             400, "tools[0].function.parameters");
   chat_error(victim_,
              {{"messages", msgs},
               {"tools", json::array({tool})},
@@ -350,9 +372,13 @@ TEST_F(BadInput, WrongTypesAreRejectedNamingTheField) {
              400, "'mul'");
   chat_error(victim_, {{"messages", msgs}, {"parallel_tool_calls", "yes"}}, 400, "parallel_tool_calls");
   chat_error(victim_, {{"messages", msgs}, {"response_format", "json"}}, 400, "response_format");
-  chat_error(victim_, {{"messages", msgs}, {"response_format", {{"type", "yaml"}}}}, 400, "response_format.type");
-  chat_error(victim_, {{"messages", msgs}, {"chat_template_kwargs", json::array()}}, 400, "chat_template_kwargs");
-  chat_error(victim_, {{"messages", json::array({{{"role", "user"}, {"content", "hi"}}, {{"role", "tool"}, {"content", "5"}}})}},
+  chat_error(victim_, {{"messages", msgs}, {"response_format", {{"type", "yaml"}}}}, 400,
+             "response_format.type");
+  chat_error(victim_, {{"messages", msgs}, {"chat_template_kwargs", json::array()}}, 400,
+             "chat_template_kwargs");
+  chat_error(victim_,
+             {{"messages",
+               json::array({{{"role", "user"}, {"content", "hi"}}, {{"role", "tool"}, {"content", "5"}}})}},
              400, "messages[1].tool_call_id");
   chat_error(victim_, {{"messages", msgs}, {"max_tokens", -5}}, 400, "max_tokens");
   chat_error(victim_, {{"messages", msgs}, {"top_logprobs", 2}}, 400, "top_logprobs");
@@ -370,8 +396,9 @@ TEST_F(BadInput, WrongTypesAreRejectedNamingTheField) {
   {
     HttpClient llm(server_->url() + "/v1", 10s);
     const Headers auth = {{"Authorization", "Bearer " + victim_.api_key}};
-    for (const json& bad : {json({{"prompt", json::array()}}), json({{"prompt", {-1}}}), json({{"prompt", {1.5}}}),
-                            json({{"prompt", 5}}), json({{"prompt", "x"}, {"logprobs", 6}})}) {
+    for (const json& bad :
+         {json({{"prompt", json::array()}}), json({{"prompt", {-1}}}), json({{"prompt", {1.5}}}),
+          json({{"prompt", 5}}), json({{"prompt", "x"}, {"logprobs", 6}})}) {
       const std::string what = "completions " + bad.dump();
       const char* field = bad.contains("logprobs") ? "logprobs" : "prompt";
       expect_error(llm.request("POST", "/completions", bad.dump(), auth), 400, field, false, what);
@@ -379,16 +406,17 @@ TEST_F(BadInput, WrongTypesAreRejectedNamingTheField) {
     }
   }
   // A number too large for a double: not valid JSON, or not a finite temperature; 400 either way.
-  expect_error(chat(victim_, std::string(R"({"messages":[{"role":"user","content":"hi"}],"temperature":1e400})")), 400,
-               "1e400", false, "temperature 1e400");
+  expect_error(
+      chat(victim_, std::string(R"({"messages":[{"role":"user","content":"hi"}],"temperature":1e400})")), 400,
+      "1e400", false, "temperature 1e400");
   expect_healthy("temperature 1e400");
   finish();
 }
 
 TEST_F(BadInput, MissingFieldsAreRejectedNamingTheField) {
   start();
-  command_error("/claim_episode", json({{"episode_type", "train"}, {"discard_episode_timeout", 60}}).dump(), 400,
-                "client_uuid");
+  command_error("/claim_episode", json({{"episode_type", "train"}, {"discard_episode_timeout", 60}}).dump(),
+                400, "client_uuid");
   json end = end_body(victim_);
   end.erase("episode_uuid");
   command_error("/end_episode", end.dump(), 400, "episode_uuid");
@@ -404,7 +432,8 @@ TEST_F(BadInput, MissingFieldsAreRejectedNamingTheField) {
   end.erase("client_uuid");
   command_error("/end_episode", end.dump(), 400, "client_uuid");
   command_error("/abort_episode", json({{"client_uuid", kVictimClient}}).dump(), 400, "episode_uuid");
-  command_error("/can_continue_episode", json({{"episode_uuid", victim_.episode_uuid}}).dump(), 400, "client_uuid");
+  command_error("/can_continue_episode", json({{"episode_uuid", victim_.episode_uuid}}).dump(), 400,
+                "client_uuid");
   command_error("/sync_train_config", json::object().dump(), 400, "yaml_as_string");
   chat_error(victim_, {{"model", "mock-model"}}, 400, "messages");
   {
@@ -423,27 +452,33 @@ TEST_F(BadInput, ConfigAndEngineStateErrors) {
   command_error("/sync_train_config",
                 json({{"yaml_as_string", std::string(kBaseConfig) + "learning_rat: 0.1\n"}}).dump(), 400,
                 "learning_rat");
-  command_error("/sync_train_config", json({{"yaml_as_string", "model: [unclosed\nbatch_size: {"}}).dump(), 400, "");
+  command_error("/sync_train_config", json({{"yaml_as_string", "model: [unclosed\nbatch_size: {"}}).dump(),
+                400, "");
   command_error("/sync_train_config", json({{"yaml_as_string", "- just\n- a list\n"}}).dump(), 400, "");
   command_error("/sync_train_config",
-                json({{"yaml_as_string", std::string(kBaseConfig) + "max_response_length: many\n"}}).dump(), 400,
-                "max_response_length");
-  command_error("/sync_train_config", json({{"yaml_as_string", std::string(kBaseConfig) + "batch_size: 2\n"}}).dump(),
-                400, "batch_size");  // a key given twice
+                json({{"yaml_as_string", std::string(kBaseConfig) + "max_response_length: many\n"}}).dump(),
+                400, "max_response_length");
+  command_error("/sync_train_config",
+                json({{"yaml_as_string", std::string(kBaseConfig) + "batch_size: 2\n"}}).dump(), 400,
+                "batch_size");  // a key given twice
   command_error("/sync_train_config", json({{"yaml_as_string", "batch_size: 1\n"}}).dump(), 400, "model");
   // Valid, but the engine is ROLLING.
   command_error("/sync_train_config", json({{"yaml_as_string", kBaseConfig}}).dump(), 409, "ENGINE.ROLLING");
   command_error("/start_engine", "{}", 409, "ENGINE.ROLLING");
   command_error("/start_engine", "", 409, "ENGINE.ROLLING");
-  EXPECT_EQ(server_->engine().config()->to_yaml(), before) << "a rejected config must not replace the synced one";
+  EXPECT_EQ(server_->engine().config()->to_yaml(), before)
+      << "a rejected config must not replace the synced one";
   // AgentJet's nested config: what cannot be honoured names its path.
+  command_error(
+      "/sync_train_config",
+      json({{"yaml_as_string", "ajet:\n  model:\n    path: m\n  lora:\n    lora_rank: 16\n"}}).dump(), 400,
+      "ajet.lora.lora_rank");
   command_error("/sync_train_config",
-                json({{"yaml_as_string", "ajet:\n  model:\n    path: m\n  lora:\n    lora_rank: 16\n"}}).dump(), 400,
-                "ajet.lora.lora_rank");
-  command_error("/sync_train_config", json({{"yaml_as_string", "ajet:\n  data:\n    train_batch_size: [1]\n"}}).dump(),
-                400, "ajet.data.train_batch_size");
+                json({{"yaml_as_string", "ajet:\n  data:\n    train_batch_size: [1]\n"}}).dump(), 400,
+                "ajet.data.train_batch_size");
   // AgentJet's routes: wrong method for this config, wrong types, not a zip, wrong state.
-  command_error("/agree_sync_weight", json({{"client_uuid", kVictimClient}}).dump(), 409, "sample_collection_method");
+  command_error("/agree_sync_weight", json({{"client_uuid", kVictimClient}}).dump(), 409,
+                "sample_collection_method");
   command_error("/agree_sync_weight", json({{"client_uuid", 42}}).dump(), 400, "client_uuid");
   command_error("/agree_sync_weight", json({{"client_uuid", ""}}).dump(), 400, "client_uuid");
   // Outside OFFLINE the state is the answer, whatever the body (AgentJet checks it first).
@@ -452,7 +487,10 @@ TEST_F(BadInput, ConfigAndEngineStateErrors) {
   // A valid archive (one stored member, ajet/a.py, with an empty body) while ROLLING.
   std::string zip("PK\x03\x04\x14\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\x09\0\0\0ajet/a.py", 39);
   const uint32_t dir_offset = static_cast<uint32_t>(zip.size());
-  zip += std::string("PK\x01\x02\x14\0\x14\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\x09\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0ajet/a.py", 55);
+  zip += std::string(
+      "PK\x01\x02\x14\0\x14\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\x09\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0aj"
+      "et/a.py",
+      55);
   zip += std::string("PK\x05\x06\0\0\0\0\x01\0\x01\0\x37\0\0\0", 16);
   for (int i = 0; i < 4; ++i) zip.push_back(static_cast<char>((dir_offset >> (8 * i)) & 0xff));
   zip += std::string("\0\0", 2);
@@ -478,8 +516,8 @@ TEST_F(BadInput, EpisodeOwnershipAndExistence) {
   Episode intruder{"intruder-client", victim_.episode_uuid, ""};
   command_error("/end_episode", end_body(intruder).dump(), 403, "another client");
   command_error("/abort_episode",
-                json({{"client_uuid", "intruder-client"}, {"episode_uuid", victim_.episode_uuid}}).dump(), 403,
-                "another client");
+                json({{"client_uuid", "intruder-client"}, {"episode_uuid", victim_.episode_uuid}}).dump(),
+                403, "another client");
   // The bystander's own episode attacked by the victim's client: refused, bystander unharmed.
   Episode hijack{kVictimClient, bystander_.episode_uuid, ""};
   command_error("/end_episode", end_body(hijack).dump(), 403, "another client");
@@ -507,7 +545,8 @@ TEST_F(BadInput, EpisodeOwnershipAndExistence) {
 
 TEST_F(BadInput, OpenAIAuthentication) {
   start();
-  const json body = {{"model", "mock-model"}, {"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}};
+  const json body = {{"model", "mock-model"},
+                     {"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}};
   HttpClient llm(server_->url() + "/v1", 10s);
   auto check = [&](const Headers& headers, const std::string& what) {
     auto r = llm.request("POST", "/chat/completions", body.dump(), headers);
@@ -522,7 +561,8 @@ TEST_F(BadInput, OpenAIAuthentication) {
   check({{"Authorization", "Bearer"}}, "empty Bearer");
   check({{"Authorization", "Bearer " + bystander_.api_key + "x"}}, "key with a suffix");
   {
-    auto r = llm.request("POST", "/completions", json({{"prompt", "x"}}).dump(), {{"Authorization", "Bearer nope"}});
+    auto r = llm.request("POST", "/completions", json({{"prompt", "x"}}).dump(),
+                         {{"Authorization", "Bearer nope"}});
     expect_error(r, 401, "", false, "completions with a wrong key");
   }
   // Keys of ended episodes are revoked: an eval episode ended with a reward, a train episode
@@ -559,18 +599,21 @@ TEST_F(BadInput, OversizedBodyIs413AndTheServerServesOn) {
   {
     HttpClient fresh(server_->url() + "/v1", 10s);
     json req = {{"messages", json::array({{{"role", "user"}, {"content", std::string(100 * 1024, 'y')}}})}};
-    auto r = fresh.request("POST", "/chat/completions", req.dump(), {{"Authorization", "Bearer " + victim_.api_key}});
+    auto r = fresh.request("POST", "/chat/completions", req.dump(),
+                           {{"Authorization", "Bearer " + victim_.api_key}});
     expect_error(r, 413, "exceeds", false, "100 KiB chat");
   }
   expect_healthy("100 KiB chat");
   // Just under the limit is fine (it is then a bad claim for other reasons, not a 413).
-  command_error("/claim_episode", json({{"client_uuid", 1}, {"pad", std::string(60 * 1024, 'z')}}).dump(), 400,
-                "client_uuid");
+  command_error("/claim_episode", json({{"client_uuid", 1}, {"pad", std::string(60 * 1024, 'z')}}).dump(),
+                400, "client_uuid");
   finish();
 }
 
 // `n` arrays nested around `leaf`.
-std::string nested(size_t n, const std::string& leaf = "0") { return std::string(n, '[') + leaf + std::string(n, ']'); }
+std::string nested(size_t n, const std::string& leaf = "0") {
+  return std::string(n, '[') + leaf + std::string(n, ']');
+}
 
 // An end_episode body whose metadata holds `deep` (JSON text) under "d": the metadata object is
 // at depth 3 (body, workflow_output, metadata), so `deep` at depth d makes the body 3 + d deep.
@@ -590,11 +633,14 @@ TEST_F(BadInput, DeeplyNestedJsonIsRefusedBeforeAnythingRecursesOnIt) {
   start();
   command_error("/end_episode", end_text(kVictimClient, victim_.episode_uuid, nested(100000)), 400,
                 "request body is nested deeper than 128 levels");
-  command_error("/end_episode", end_text(kVictimClient, victim_.episode_uuid, nested(126)), 400, "nested deeper than 128");
-  command_error("/claim_episode", "{\"client_uuid\": " + std::string(200000, '{') + std::string(200000, '}') + "}", 400,
+  command_error("/end_episode", end_text(kVictimClient, victim_.episode_uuid, nested(126)), 400,
+                "nested deeper than 128");
+  command_error("/claim_episode",
+                "{\"client_uuid\": " + std::string(200000, '{') + std::string(200000, '}') + "}", 400,
                 "nested deeper than 128");
   // Exactly at the bound is accepted: 3 + 125 = 128 levels.
-  const Episode at_bound = claim("at-bound-client", "eval");  // eval: the bystander stays the only trained episode
+  const Episode at_bound =
+      claim("at-bound-client", "eval");  // eval: the bystander stays the only trained episode
   auto r = post("/end_episode", end_text(at_bound.client_uuid, at_bound.episode_uuid, nested(125)));
   EXPECT_EQ(r.status, 200) << r.body.substr(0, 300);
   expect_healthy("an end_episode 128 levels deep");
@@ -603,7 +649,8 @@ TEST_F(BadInput, DeeplyNestedJsonIsRefusedBeforeAnythingRecursesOnIt) {
   // chat splice and the template parse).
   const std::string deep_chat_text = R"({"model": "mock-model", "messages": [{"role": "user", "content": )" +
                                      nested(100000, "\"x\"") + "}]}";
-  expect_error(chat(victim_, deep_chat_text), 400, "request body is nested deeper than 128 levels", false, "deep chat");
+  expect_error(chat(victim_, deep_chat_text), 400, "request body is nested deeper than 128 levels", false,
+               "deep chat");
   expect_healthy("deep chat");
   const json with_arguments = {
       {"model", "mock-model"},
@@ -611,20 +658,25 @@ TEST_F(BadInput, DeeplyNestedJsonIsRefusedBeforeAnythingRecursesOnIt) {
        json::array({{{"role", "user"}, {"content", "hi"}},
                     {{"role", "assistant"},
                      {"content", nullptr},
-                     {"tool_calls", json::array({{{"id", "c1"},
-                                                  {"type", "function"},
-                                                  {"function", {{"name", "f"}, {"arguments", "{\"a\": " + nested(20000) + "}"}}}}})}},
+                     {"tool_calls",
+                      json::array({{{"id", "c1"},
+                                    {"type", "function"},
+                                    {"function",
+                                     {{"name", "f"}, {"arguments", "{\"a\": " + nested(20000) + "}"}}}}})}},
                     {{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "ok"}}})}};
-  chat_error(victim_, with_arguments, 400, "messages[1].tool_calls[0].function.arguments is nested deeper than 128 levels");
+  chat_error(victim_, with_arguments, 400,
+             "messages[1].tool_calls[0].function.arguments is nested deeper than 128 levels");
 
   // Flattened log_metrics: names and their number are bounded.
-  command_error("/end_episode",
-                end_text(kVictimClient, victim_.episode_uuid, "1", R"({")" + std::string(300, 'k') + R"(": 1})"), 400,
-                "longer than 256 bytes");
-  command_error("/end_episode",
-                end_text(kVictimClient, victim_.episode_uuid, "1",
-                         R"({"a": {")" + std::string(200, 'k') + R"(": {")" + std::string(100, 'j') + R"(": 1}}})"),
-                400, "longer than 256 bytes");
+  command_error(
+      "/end_episode",
+      end_text(kVictimClient, victim_.episode_uuid, "1", R"({")" + std::string(300, 'k') + R"(": 1})"), 400,
+      "longer than 256 bytes");
+  command_error(
+      "/end_episode",
+      end_text(kVictimClient, victim_.episode_uuid, "1",
+               R"({"a": {")" + std::string(200, 'k') + R"(": {")" + std::string(100, 'j') + R"(": 1}}})"),
+      400, "longer than 256 bytes");
   json many = json::object();
   for (int i = 0; i < 1025; ++i) many["m" + std::to_string(i)] = i;
   command_error("/end_episode", end_text(kVictimClient, victim_.episode_uuid, "1", many.dump()), 400,
@@ -652,7 +704,8 @@ TEST_F(BadInput, HttpGarbageOnARawSocket) {
   start();
   auto check = [&](const std::string& bytes, const std::string& what) {
     std::string reply = raw_exchange(server_->port(), bytes);
-    EXPECT_EQ(reply.find("<timeout>"), std::string::npos) << what << ": the server neither answered nor closed";
+    EXPECT_EQ(reply.find("<timeout>"), std::string::npos)
+        << what << ": the server neither answered nor closed";
     if (!reply.empty() && reply.find("<timeout>") == std::string::npos) {
       EXPECT_EQ(reply.rfind("HTTP/1.1 400", 0), 0u) << what << ": " << reply.substr(0, 200);
       EXPECT_NE(reply.find("\"error\""), std::string::npos) << what;
@@ -668,7 +721,8 @@ TEST_F(BadInput, HttpGarbageOnARawSocket) {
     check(bytes, "random bytes #" + std::to_string(i));
   }
   check("POST /claim_episode HTTP/1.1\r\nHost: x\r\nContent-Length: banana\r\n\r\n{}", "bad Content-Length");
-  check("POST /claim_episode HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nZZZ\r\n", "bad chunk size");
+  check("POST /claim_episode HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nZZZ\r\n",
+        "bad chunk size");
   // Half a request, then the client hangs up: nothing to answer, nothing disturbed.
   {
     int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -677,7 +731,8 @@ TEST_F(BadInput, HttpGarbageOnARawSocket) {
     addr.sin_port = htons(server_->port());
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-    const std::string half = "POST /claim_episode HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"client";
+    const std::string half =
+        "POST /claim_episode HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"client";
     ASSERT_GT(::send(fd, half.data(), half.size(), MSG_NOSIGNAL), 0);
     ::close(fd);
     expect_healthy("half a request");
@@ -707,28 +762,33 @@ TEST_F(BadInput, InvalidUtf8NeverCrashesTheServer) {
     if (r.status == 400) expect_error(r, 400, "", false, what);
   };
   // Raw invalid bytes inside a JSON string.
-  const std::string raw = std::string("{\"messages\":[{\"role\":\"user\",\"content\":\"bad \xff\xfe\xc3 bytes\"}]}");
+  const std::string raw =
+      std::string("{\"messages\":[{\"role\":\"user\",\"content\":\"bad \xff\xfe\xc3 bytes\"}]}");
   {
     auto r = chat(victim_, raw);
     acceptable(r, "raw invalid UTF-8");
     if (r.status == 400) {
-      EXPECT_NE(r.body.find("UTF-8"), std::string::npos) << "the message should say what is wrong: " << r.body;
+      EXPECT_NE(r.body.find("UTF-8"), std::string::npos)
+          << "the message should say what is wrong: " << r.body;
     }
   }
   expect_healthy("raw invalid UTF-8");
   // A lone surrogate escape.
-  acceptable(chat(victim_, std::string(R"({"messages":[{"role":"user","content":"lone \udc00 surrogate"}]})")),
-             "lone surrogate");
+  acceptable(
+      chat(victim_, std::string(R"({"messages":[{"role":"user","content":"lone \udc00 surrogate"}]})")),
+      "lone surrogate");
   expect_healthy("lone surrogate");
   // Invalid UTF-8 in a command field.
   {
-    auto r = post("/claim_episode", std::string("{\"client_uuid\":\"\xc0\xaf\",\"discard_episode_timeout\":60}"));
+    auto r =
+        post("/claim_episode", std::string("{\"client_uuid\":\"\xc0\xaf\",\"discard_episode_timeout\":60}"));
     EXPECT_TRUE(r.status == 200 || r.status == 400) << r.status << " " << r.body;
     EXPECT_FALSE(json::parse(r.body, nullptr, false).is_discarded()) << r.body;
     json j = json::parse(r.body, nullptr, false);
     if (r.status == 200 && j.value("success", false)) {
       // Accepted: release the slot so the batch is not held up.
-      post("/abort_episode", json({{"client_uuid", j["client_uuid"]}, {"episode_uuid", j["episode_uuid"]}}).dump());
+      post("/abort_episode",
+           json({{"client_uuid", j["client_uuid"]}, {"episode_uuid", j["episode_uuid"]}}).dump());
     }
     expect_healthy("invalid UTF-8 client_uuid");
   }
@@ -737,7 +797,8 @@ TEST_F(BadInput, InvalidUtf8NeverCrashesTheServer) {
   HttpClient llm(server_->url() + "/v1", 10s);
   const Headers auth = {{"Authorization", "Bearer " + victim_.api_key}};
   {
-    auto r = llm.request("POST", "/completions", json({{"prompt", {0xff, 0xfe, 0xc3}}, {"logprobs", 2}}).dump(), auth);
+    auto r = llm.request("POST", "/completions",
+                         json({{"prompt", {0xff, 0xfe, 0xc3}}, {"logprobs", 2}}).dump(), auth);
     EXPECT_EQ(r.status, 200) << r.body;
     acceptable(r, "token-id prompt of invalid UTF-8");
   }

@@ -49,7 +49,8 @@ class Child {
     argv.push_back(nullptr);
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
     posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
     // Not the servers' sockets: a child holding a listening socket would keep a stopped
     // server's port accepting connections.
@@ -215,10 +216,12 @@ TEST_F(ExampleAgents, DebugAgentAbortsEveryEpisodeAndLeavesTheBatchUntouched) {
   std::set<std::string> debug_episodes;
   static const std::regex claimed_re(R"(claimed ([0-9a-f-]{36}))");
   for (const std::string* out : {&first.output, &second.output})
-    for (auto it = std::sregex_iterator(out->begin(), out->end(), claimed_re); it != std::sregex_iterator(); ++it)
+    for (auto it = std::sregex_iterator(out->begin(), out->end(), claimed_re); it != std::sregex_iterator();
+         ++it)
       debug_episodes.insert((*it)[1]);
   EXPECT_EQ(debug_episodes.size(), 9u) << first.output << second.output;
-  for (const auto& e : batches[0].episodes) EXPECT_EQ(debug_episodes.count(e.episode_uuid), 0u) << e.episode_uuid;
+  for (const auto& e : batches[0].episodes)
+    EXPECT_EQ(debug_episodes.count(e.episode_uuid), 0u) << e.episode_uuid;
 }
 
 // examples/tool_agent on the mock engine with scripted tool calls: every episode calls the
@@ -226,14 +229,16 @@ TEST_F(ExampleAgents, DebugAgentAbortsEveryEpisodeAndLeavesTheBatchUntouched) {
 // sample of two calls (the server splices the generated ids of the tool-call turn).
 TEST_F(ExampleAgents, ToolAgentRunsItsCalculatorLoopAndEachEpisodeIsOneSample) {
   TestServer server;
-  const Result r = run(SWARM_TOOL_AGENT, {"--url", server.url(), "--model", "mock", "--scripted", "--steps", "2",
-                                          "--batch-size", "2", "--num-repeat", "2", "--workers", "4", "--digits", "4", "--temperature", "0", "--max-tokens", "256"});
+  const Result r = run(SWARM_TOOL_AGENT, {"--url", server.url(), "--model", "mock", "--scripted", "--steps",
+                                          "2", "--batch-size", "2", "--num-repeat", "2", "--workers", "4",
+                                          "--digits", "4", "--temperature", "0", "--max-tokens", "256"});
   ASSERT_EQ(r.rc, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("step 2/2"));
   static const std::regex step_re(
       R"(reward=([0-9.]+)  well_formed_call=([0-9.]+)  correct=([0-9.]+)  calls/episode=([0-9.]+)  turns/episode=([0-9.]+))");
   int steps = 0;
-  for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), step_re); it != std::sregex_iterator(); ++it) {
+  for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), step_re);
+       it != std::sregex_iterator(); ++it) {
     ++steps;
     EXPECT_EQ((*it)[1], "1.000") << r.output;
     EXPECT_EQ((*it)[2], "1.00");
@@ -263,9 +268,9 @@ TEST_F(ExampleAgents, DebugAgentWithNoConfigureRefusesAnOfflineEngine) {
 
 TEST_F(ExampleAgents, MultiModelAgentTrainsBothModelsOnTheSameRollouts) {
   TestServer a, b;
-  const Result r = run(SWARM_MULTI_MODEL_AGENT,
-                       {"--url-a", a.url(), "--url-b", b.url(), "--model-a", "planner-test", "--model-b",
-                        "solver-test", "--steps", "2", "--workers", "3", "--batch-size", "2", "--num-repeat", "2"});
+  const Result r = run(SWARM_MULTI_MODEL_AGENT, {"--url-a", a.url(), "--url-b", b.url(), "--model-a",
+                                                 "planner-test", "--model-b", "solver-test", "--steps", "2",
+                                                 "--workers", "3", "--batch-size", "2", "--num-repeat", "2"});
   ASSERT_EQ(r.rc, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("step 1/2"));
   EXPECT_THAT(r.output, HasSubstr("step 2/2"));
@@ -315,8 +320,9 @@ TEST_F(ExampleAgents, MultiModelAgentAbortsBothEpisodesOfAFailedRollout) {
   TestServer a, b;
   // One worker and every 2nd rollout failing after both episodes were claimed and both
   // models called: per step, 4 rollouts end and 3 or 4 are aborted (each then retried).
-  const Result r = run(SWARM_MULTI_MODEL_AGENT, {"--url-a", a.url(), "--url-b", b.url(), "--steps", "2", "--workers",
-                                                 "1", "--batch-size", "2", "--num-repeat", "2", "--fail-every", "2"});
+  const Result r =
+      run(SWARM_MULTI_MODEL_AGENT, {"--url-a", a.url(), "--url-b", b.url(), "--steps", "2", "--workers", "1",
+                                    "--batch-size", "2", "--num-repeat", "2", "--fail-every", "2"});
   ASSERT_EQ(r.rc, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("8 rollouts ended on both servers, 7 aborted, 0 half-committed"));
   for (const TestServer* s : {&a, &b}) {
@@ -341,15 +347,17 @@ TEST_F(ExampleAgents, MultiModelAgentAbortsBothEpisodesOfAFailedRollout) {
 TEST_F(ExampleAgents, MultiModelAgentLosingServerBAbortsItsEpisodesOnServerA) {
   TestServer a;
   auto b = std::make_unique<TestServer>([] { return std::make_unique<SlowMockBackend>(); });
-  Child agent(SWARM_MULTI_MODEL_AGENT,
-              {"--url-a", a.url(), "--url-b", b->url(), "--steps", "1000", "--workers", "2", "--batch-size", "2",
-               "--num-repeat", "2", "--claim-timeout", "1", "--request-timeout", "5", "--max-retries", "1"},
-              next_log());
+  Child agent(
+      SWARM_MULTI_MODEL_AGENT,
+      {"--url-a", a.url(), "--url-b", b->url(), "--steps", "1000", "--workers", "2", "--batch-size", "2",
+       "--num-repeat", "2", "--claim-timeout", "1", "--request-timeout", "5", "--max-retries", "1"},
+      next_log());
   // After a first step on both, stop B while one of its model calls is in flight: the
   // rollout making it also holds an episode on A.
   ASSERT_TRUE(b->engine().wait_for_step(1, 30s)) << agent.output();
   bool in_flight = false;
-  for (auto until = std::chrono::steady_clock::now() + 20s; !in_flight && std::chrono::steady_clock::now() < until;) {
+  for (auto until = std::chrono::steady_clock::now() + 20s;
+       !in_flight && std::chrono::steady_clock::now() < until;) {
     for (const auto& e : b->engine().pool_snapshot().running_episodes) in_flight |= e.in_flight_calls > 0;
     if (!in_flight) std::this_thread::sleep_for(2ms);
   }

@@ -31,14 +31,17 @@ using swarm::testing::TestServer;
 
 namespace {
 
-const std::string kBashCall = R"(<tool_call>{"name": "Bash", "arguments": {"command": "echo 42"}}</tool_call>)";
+const std::string kBashCall =
+    R"(<tool_call>{"name": "Bash", "arguments": {"command": "echo 42"}}</tool_call>)";
 
 struct Episode {
   std::string uuid, key;
 };
 
 Episode start_and_claim(HttpClient& c) {
-  EXPECT_EQ(post_json(c, "/sync_train_config", {{"yaml_as_string", "model: mock-model\nbatch_size: 1\nnum_repeat: 1\n"}})["success"], true);
+  EXPECT_EQ(post_json(c, "/sync_train_config",
+                      {{"yaml_as_string", "model: mock-model\nbatch_size: 1\nnum_repeat: 1\n"}})["success"],
+            true);
   EXPECT_EQ(post_json(c, "/start_engine", json::object())["success"], true);
   for (int i = 0; i < 500 && get_json(c, "/get_engine_status")["engine_status"] != "ENGINE.ROLLING"; ++i)
     std::this_thread::sleep_for(10ms);
@@ -50,7 +53,9 @@ Episode start_and_claim(HttpClient& c) {
 
 // Ends the episode and returns its samples once the (batch of one) step has run.
 std::vector<swarm::Sample> end_and_train(TestServer& server, HttpClient& c, const Episode& e) {
-  json req = {{"client_uuid", "harness"}, {"episode_uuid", e.uuid}, {"task_id", "t"},
+  json req = {{"client_uuid", "harness"},
+              {"episode_uuid", e.uuid},
+              {"task_id", "t"},
               {"workflow_output", {{"reward", 1.0}, {"metadata", json::object()}}}};
   EXPECT_EQ(post_json(c, "/end_episode", req)["success"], true);
   EXPECT_TRUE(server.engine().wait_for_step(1, 10s));
@@ -92,7 +97,9 @@ std::vector<Event> sse(const std::string& body) {
   return out;
 }
 
-Headers anthropic(const Episode& e) { return {{"x-api-key", e.key}, {"anthropic-version", "2023-06-01"}, {"anthropic-beta", "x"}}; }
+Headers anthropic(const Episode& e) {
+  return {{"x-api-key", e.key}, {"anthropic-version", "2023-06-01"}, {"anthropic-beta", "x"}};
+}
 
 TEST(HarnessApis, AnthropicToolLoopAnswersInAnthropicShapeAndTrainsAsOneSample) {
   TestServer server;
@@ -101,21 +108,30 @@ TEST(HarnessApis, AnthropicToolLoopAnswersInAnthropicShapeAndTrainsAsOneSample) 
   // What Claude Code sends, cut down: system blocks with cache_control, a system message in
   // `messages`, custom tools with input_schema, a server tool, metadata / thinking ignored,
   // max_tokens far beyond what the job allows (clamped, not refused), ?beta=true.
-  json tools = json::array({{{"name", "Bash"}, {"description", "Run a command"},
-                             {"input_schema", {{"type", "object"}, {"properties", {{"command", {{"type", "string"}}}}}, {"required", {"command"}}}},
+  json tools = json::array({{{"name", "Bash"},
+                             {"description", "Run a command"},
+                             {"input_schema",
+                              {{"type", "object"},
+                               {"properties", {{"command", {{"type", "string"}}}}},
+                               {"required", {"command"}}}},
                              {"cache_control", {{"type", "ephemeral"}}}},
                             {{"type", "web_search_20250305"}, {"name", "web_search"}}});
   json messages = json::array({{{"role", "system"}, {"content", "You are in a test."}},
-                               {{"role", "user"}, {"content", json::array({{{"type", "text"}, {"text", kBashCall}, {"cache_control", {{"type", "ephemeral"}}}}})}}});
-  json req = {{"model", "claude-test"},
-              {"max_tokens", 128000},
-              {"temperature", 0},
-              {"system", json::array({{{"type", "text"}, {"text", "Be brief."}, {"cache_control", {{"type", "ephemeral"}}}}})},
-              {"messages", messages},
-              {"tools", tools},
-              {"tool_choice", {{"type", "auto"}}},
-              {"metadata", {{"user_id", "u"}}},
-              {"thinking", {{"type", "disabled"}}}};
+                               {{"role", "user"},
+                                {"content", json::array({{{"type", "text"},
+                                                          {"text", kBashCall},
+                                                          {"cache_control", {{"type", "ephemeral"}}}}})}}});
+  json req = {
+      {"model", "claude-test"},
+      {"max_tokens", 128000},
+      {"temperature", 0},
+      {"system",
+       json::array({{{"type", "text"}, {"text", "Be brief."}, {"cache_control", {{"type", "ephemeral"}}}}})},
+      {"messages", messages},
+      {"tools", tools},
+      {"tool_choice", {{"type", "auto"}}},
+      {"metadata", {{"user_id", "u"}}},
+      {"thinking", {{"type", "disabled"}}}};
   const json counted = post_json(c, "/v1/messages/count_tokens", req, 200, anthropic(e));
   const json first = post_json(c, "/v1/messages?beta=true", req, 200, anthropic(e));
   EXPECT_EQ(first["type"], "message");
@@ -134,9 +150,11 @@ TEST(HarnessApis, AnthropicToolLoopAnswersInAnthropicShapeAndTrainsAsOneSample) 
 
   // The harness runs the tool and sends its result back with the assistant turn, streamed.
   messages.push_back({{"role", "assistant"}, {"content", first["content"]}});
-  messages.push_back({{"role", "user"},
-                      {"content", json::array({{{"type", "tool_result"}, {"tool_use_id", use["id"]},
-                                                {"content", json::array({{{"type", "text"}, {"text", "42"}}})}}})}});
+  messages.push_back(
+      {{"role", "user"},
+       {"content", json::array({{{"type", "tool_result"},
+                                 {"tool_use_id", use["id"]},
+                                 {"content", json::array({{{"type", "text"}, {"text", "42"}}})}}})}});
   req["messages"] = messages;
   req["stream"] = true;
   const auto r = post_raw(c, "/v1/messages", req.dump(), anthropic(e));
@@ -182,24 +200,37 @@ TEST(HarnessApis, ResponsesToolLoopAnswersInResponsesShapeAndTrainsAsOneSample) 
   const Headers auth = swarm::testing::bearer(e.key);
   // What Codex sends, cut down: instructions, developer messages, input_text parts, function
   // tools, a namespace of functions, a built-in tool (dropped), the fields it always sets.
-  json input = json::array({{{"type", "message"}, {"role", "developer"}, {"content", json::array({{{"type", "input_text"}, {"text", "sandbox: none"}}})}},
-                            {{"type", "message"}, {"role", "user"}, {"content", json::array({{{"type", "input_text"}, {"text", kBashCall}}})}}});
-  json req = {{"model", "codex-test"},
-              {"instructions", "You are Codex."},
-              {"input", input},
-              {"tools", json::array({{{"type", "function"}, {"name", "Bash"}, {"description", "run"}, {"strict", false},
-                                      {"parameters", {{"type", "object"}, {"properties", {{"command", {{"type", "string"}}}}}}}},
-                                     {{"type", "namespace"}, {"name", "mcp"}, {"tools", json::array({{{"type", "function"}, {"name", "ping"}, {"parameters", {{"type", "object"}}}}})}},
-                                     {{"type", "web_search"}}})},
-              {"tool_choice", "auto"},
-              {"parallel_tool_calls", false},
-              {"temperature", 0},
-              {"store", false},
-              {"stream", false},
-              {"include", json::array({"reasoning.encrypted_content"})},
-              {"reasoning", {{"effort", "medium"}, {"summary", "auto"}}},
-              {"prompt_cache_key", "k"},
-              {"text", {{"verbosity", "low"}}}};
+  json input = json::array({{{"type", "message"},
+                             {"role", "developer"},
+                             {"content", json::array({{{"type", "input_text"}, {"text", "sandbox: none"}}})}},
+                            {{"type", "message"},
+                             {"role", "user"},
+                             {"content", json::array({{{"type", "input_text"}, {"text", kBashCall}}})}}});
+  json req = {
+      {"model", "codex-test"},
+      {"instructions", "You are Codex."},
+      {"input", input},
+      {"tools",
+       json::array(
+           {{{"type", "function"},
+             {"name", "Bash"},
+             {"description", "run"},
+             {"strict", false},
+             {"parameters", {{"type", "object"}, {"properties", {{"command", {{"type", "string"}}}}}}}},
+            {{"type", "namespace"},
+             {"name", "mcp"},
+             {"tools",
+              json::array({{{"type", "function"}, {"name", "ping"}, {"parameters", {{"type", "object"}}}}})}},
+            {{"type", "web_search"}}})},
+      {"tool_choice", "auto"},
+      {"parallel_tool_calls", false},
+      {"temperature", 0},
+      {"store", false},
+      {"stream", false},
+      {"include", json::array({"reasoning.encrypted_content"})},
+      {"reasoning", {{"effort", "medium"}, {"summary", "auto"}}},
+      {"prompt_cache_key", "k"},
+      {"text", {{"verbosity", "low"}}}};
   const json first = post_json(c, "/v1/responses", req, 200, auth);
   EXPECT_EQ(first["object"], "response");
   EXPECT_EQ(first["status"], "completed");
@@ -244,24 +275,33 @@ TEST(HarnessApis, StopSequencesAndMaxTokensEndAsEachApiSays) {
   TestServer server;
   HttpClient c(server.url());
   const Episode e = start_and_claim(c);
-  const json stopped = post_json(c, "/v1/messages",
-                                 {{"max_tokens", 50}, {"temperature", 0}, {"stop_sequences", {"STOP"}},
-                                  {"messages", json::array({{{"role", "user"}, {"content", "hello STOP world"}}})}},
-                                 200, anthropic(e));
+  const json stopped =
+      post_json(c, "/v1/messages",
+                {{"max_tokens", 50},
+                 {"temperature", 0},
+                 {"stop_sequences", {"STOP"}},
+                 {"messages", json::array({{{"role", "user"}, {"content", "hello STOP world"}}})}},
+                200, anthropic(e));
   EXPECT_EQ(stopped["stop_reason"], "stop_sequence");
   EXPECT_EQ(stopped["stop_sequence"], "STOP");
   EXPECT_EQ(stopped["content"][0]["text"], "hello ");
-  const json cut = post_json(c, "/v1/messages",
-                             {{"max_tokens", 2}, {"temperature", 0}, {"messages", json::array({{{"role", "user"}, {"content", "a long answer here"}}})}},
-                             200, anthropic(e));
+  const json cut =
+      post_json(c, "/v1/messages",
+                {{"max_tokens", 2},
+                 {"temperature", 0},
+                 {"messages", json::array({{{"role", "user"}, {"content", "a long answer here"}}})}},
+                200, anthropic(e));
   EXPECT_EQ(cut["stop_reason"], "max_tokens");
-  const json incomplete = post_json(c, "/v1/responses", {{"max_output_tokens", 2}, {"temperature", 0}, {"input", "a long answer here"}}, 200,
-                                    swarm::testing::bearer(e.key));
+  const json incomplete = post_json(
+      c, "/v1/responses", {{"max_output_tokens", 2}, {"temperature", 0}, {"input", "a long answer here"}},
+      200, swarm::testing::bearer(e.key));
   EXPECT_EQ(incomplete["status"], "incomplete");
   EXPECT_EQ(incomplete["incomplete_details"]["reason"], "max_output_tokens");
-  const auto r = post_raw(c, "/v1/responses",
-                          json({{"max_output_tokens", 2}, {"temperature", 0}, {"stream", true}, {"input", "a long answer here"}}).dump(),
-                          swarm::testing::bearer(e.key));
+  const auto r = post_raw(
+      c, "/v1/responses",
+      json({{"max_output_tokens", 2}, {"temperature", 0}, {"stream", true}, {"input", "a long answer here"}})
+          .dump(),
+      swarm::testing::bearer(e.key));
   const std::vector<Event> events = sse(r.body);
   ASSERT_FALSE(events.empty());
   EXPECT_EQ(events.back().type, "response.incomplete");
@@ -271,8 +311,8 @@ TEST(HarnessApis, BadInputGetsEachApisErrorShape) {
   TestServer server;
   HttpClient c(server.url());
   const Episode e = start_and_claim(c);
-  const auto anthropic_error = [&](const std::string& body, int status, const std::string& type, const std::string& needle,
-                                   const Headers& h) {
+  const auto anthropic_error = [&](const std::string& body, int status, const std::string& type,
+                                   const std::string& needle, const Headers& h) {
     const auto r = post_raw(c, "/v1/messages", body, h);
     EXPECT_EQ(r.status, status) << body << " -> " << r.body;
     const json j = json::parse(r.body, nullptr, false);
@@ -282,18 +322,20 @@ TEST(HarnessApis, BadInputGetsEachApisErrorShape) {
     EXPECT_NE(j["error"]["message"].get<std::string>().find(needle), std::string::npos) << r.body;
   };
   anthropic_error("{\"messages\": [", 400, "invalid_request_error", "JSON", anthropic(e));
-  anthropic_error(R"({"messages": []})", 401, "authentication_error", "API key", {{"x-api-key", "sk-nobody"}});
+  anthropic_error(R"({"messages": []})", 401, "authentication_error", "API key",
+                  {{"x-api-key", "sk-nobody"}});
   anthropic_error(R"({"messages": []})", 401, "authentication_error", "x-api-key", {});
   anthropic_error(R"({"messages": "hi"})", 400, "invalid_request_error", "messages", anthropic(e));
   anthropic_error(R"({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]})", 400,
                   "invalid_request_error", "text-only", anthropic(e));
-  anthropic_error(R"({"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]})", 400, "invalid_request_error",
-                  "tool_use_id", anthropic(e));
+  anthropic_error(R"({"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]})", 400,
+                  "invalid_request_error", "tool_use_id", anthropic(e));
   anthropic_error(R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "any"}})", 400,
                   "invalid_request_error", "tools", anthropic(e));
-  anthropic_error(R"({"messages": [{"role": "robot", "content": "x"}]})", 400, "invalid_request_error", "role", anthropic(e));
-  anthropic_error(R"({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"})", 400, "invalid_request_error",
-                  "temperature", anthropic(e));
+  anthropic_error(R"({"messages": [{"role": "robot", "content": "x"}]})", 400, "invalid_request_error",
+                  "role", anthropic(e));
+  anthropic_error(R"({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"})", 400,
+                  "invalid_request_error", "temperature", anthropic(e));
   {
     const auto r = c.request("GET", "/v1/messages");
     EXPECT_EQ(r.status, 405);
@@ -308,14 +350,18 @@ TEST(HarnessApis, BadInputGetsEachApisErrorShape) {
   };
   responses_error("[1, 2]", 400, "object");
   responses_error(R"({"input": "x", "previous_response_id": "resp_1"})", 400, "previous_response_id");
-  responses_error(R"({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]})", 400, "text-only");
+  responses_error(R"({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]})",
+                  400, "text-only");
   responses_error(R"({"input": [{"type": "item_reference", "id": "x"}]})", 400, "item_reference");
   responses_error(R"({"input": [{"type": "function_call", "name": "f"}]})", 400, "call_id");
   responses_error(R"({"input": 42})", 400, "input");
   responses_error(R"({})", 400, "input");
   responses_error(R"({"input": "x", "tool_choice": "required"})", 400, "tools");
   // The server still serves this episode after all of that.
-  const json ok = post_json(c, "/v1/messages", {{"max_tokens", 8}, {"temperature", 0}, {"messages", json::array({{{"role", "user"}, {"content", "fine"}}})}},
+  const json ok = post_json(c, "/v1/messages",
+                            {{"max_tokens", 8},
+                             {"temperature", 0},
+                             {"messages", json::array({{{"role", "user"}, {"content", "fine"}}})}},
                             200, anthropic(e));
   EXPECT_EQ(ok["content"][0]["text"], "fine");
 }
@@ -328,28 +374,53 @@ TEST(HarnessApis, MutatedRequestsNeverGetA5xx) {
   HttpClient c(server.url());
   const Episode e = start_and_claim(c);
   const json anthropic_req = {
-      {"max_tokens", 16}, {"temperature", 0}, {"stream", false},
+      {"max_tokens", 16},
+      {"temperature", 0},
+      {"stream", false},
       {"system", json::array({{{"type", "text"}, {"text", "s"}}})},
-      {"messages", json::array({{{"role", "user"}, {"content", json::array({{{"type", "text"}, {"text", "hi"}}})}},
-                                {{"role", "assistant"}, {"content", json::array({{{"type", "thinking"}, {"thinking", "t"}, {"signature", "x"}},
-                                                                                 {{"type", "tool_use"}, {"id", "a"}, {"name", "Bash"}, {"input", {{"command", "ls"}}}}})}},
-                                {{"role", "user"}, {"content", json::array({{{"type", "tool_result"}, {"tool_use_id", "a"}, {"content", "ok"}}})}}})},
+      {"messages",
+       json::array(
+           {{{"role", "user"}, {"content", json::array({{{"type", "text"}, {"text", "hi"}}})}},
+            {{"role", "assistant"},
+             {"content",
+              json::array(
+                  {{{"type", "thinking"}, {"thinking", "t"}, {"signature", "x"}},
+                   {{"type", "tool_use"}, {"id", "a"}, {"name", "Bash"}, {"input", {{"command", "ls"}}}}})}},
+            {{"role", "user"},
+             {"content",
+              json::array({{{"type", "tool_result"}, {"tool_use_id", "a"}, {"content", "ok"}}})}}})},
       {"tools", json::array({{{"name", "Bash"}, {"input_schema", {{"type", "object"}}}}})},
       {"tool_choice", {{"type", "auto"}}},
       {"stop_sequences", {"Z"}}};
   const json responses_req = {
-      {"max_output_tokens", 16}, {"temperature", 0}, {"instructions", "i"},
-      {"input", json::array({{{"role", "developer"}, {"content", "d"}},
-                             {{"type", "message"}, {"role", "user"}, {"content", json::array({{{"type", "input_text"}, {"text", "hi"}}})}},
-                             {{"type", "reasoning"}, {"summary", json::array({{{"type", "summary_text"}, {"text", "r"}}})}},
-                             {{"type", "function_call"}, {"call_id", "c"}, {"name", "f"}, {"arguments", "{}"}},
-                             {{"type", "function_call_output"}, {"call_id", "c"}, {"output", "o"}}})},
+      {"max_output_tokens", 16},
+      {"temperature", 0},
+      {"instructions", "i"},
+      {"input",
+       json::array(
+           {{{"role", "developer"}, {"content", "d"}},
+            {{"type", "message"},
+             {"role", "user"},
+             {"content", json::array({{{"type", "input_text"}, {"text", "hi"}}})}},
+            {{"type", "reasoning"}, {"summary", json::array({{{"type", "summary_text"}, {"text", "r"}}})}},
+            {{"type", "function_call"}, {"call_id", "c"}, {"name", "f"}, {"arguments", "{}"}},
+            {{"type", "function_call_output"}, {"call_id", "c"}, {"output", "o"}}})},
       {"tools", json::array({{{"type", "function"}, {"name", "f"}, {"parameters", {{"type", "object"}}}},
-                             {{"type", "namespace"}, {"name", "n"}, {"tools", json::array({{{"type", "function"}, {"name", "g"}}})}}})},
+                             {{"type", "namespace"},
+                              {"name", "n"},
+                              {"tools", json::array({{{"type", "function"}, {"name", "g"}}})}}})},
       {"tool_choice", "auto"},
       {"text", {{"format", {{"type", "text"}}}}}};
   std::mt19937_64 rng(22);
-  const json replacements[] = {nullptr, 7, -1, 2.5, "s", true, json::array(), json::object(), json::array({1, "x"}),
+  const json replacements[] = {nullptr,
+                               7,
+                               -1,
+                               2.5,
+                               "s",
+                               true,
+                               json::array(),
+                               json::object(),
+                               json::array({1, "x"}),
                                json({{"type", "image"}})};
   // Replaces one random node of `j` (or drops an object key, or duplicates an array element).
   std::function<void(json&, int)> mutate = [&](json& j, int depth) {
@@ -357,8 +428,10 @@ TEST(HarnessApis, MutatedRequestsNeverGetA5xx) {
       auto it = j.begin();
       std::advance(it, static_cast<long>(rng() % j.size()));
       if (rng() % 8 == 0) {
-        if (j.is_object()) j.erase(it.key());
-        else j.push_back(*it);
+        if (j.is_object())
+          j.erase(it.key());
+        else
+          j.push_back(*it);
         return;
       }
       return mutate(*it, depth + 1);
@@ -385,7 +458,10 @@ TEST(HarnessApis, MutatedRequestsNeverGetA5xx) {
   }
   EXPECT_GT(ok, 100);
   EXPECT_GT(refused, 100);
-  const json still = post_json(c, "/v1/messages", {{"max_tokens", 8}, {"temperature", 0}, {"messages", json::array({{{"role", "user"}, {"content", "fine"}}})}},
+  const json still = post_json(c, "/v1/messages",
+                               {{"max_tokens", 8},
+                                {"temperature", 0},
+                                {"messages", json::array({{{"role", "user"}, {"content", "fine"}}})}},
                                200, anthropic(e));
   EXPECT_EQ(still["content"][0]["text"], "fine");
 }

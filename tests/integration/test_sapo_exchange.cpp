@@ -32,7 +32,8 @@ Job sapo_job(const std::string& node, const std::string& url, int external_group
   job.swarm_name = "test";
   job.node_id = node;
   job.sapo_external_groups = external_groups;
-  job.experiment_dir = (std::filesystem::temp_directory_path() / ("sapo-" + std::to_string(getpid()))).string();
+  job.experiment_dir =
+      (std::filesystem::temp_directory_path() / ("sapo-" + std::to_string(getpid()))).string();
   job.experiment_name = node;
   return job;
 }
@@ -49,7 +50,8 @@ void run_step(TestServer& server, const std::string& tasks, int64_t step) {
 }
 
 // A group of node `node`, created now, one episode of one chat call per reward.
-SapoGroup one_call_group(const std::string& node, const std::string& task, const std::vector<double>& rewards) {
+SapoGroup one_call_group(const std::string& node, const std::string& task,
+                         const std::vector<double>& rewards) {
   SapoGroup g;
   g.node_id = node;
   g.run = "0badc0de";
@@ -70,9 +72,11 @@ SapoGroup one_call_group(const std::string& node, const std::string& task, const
 // A message on `subject` with the header Nats-Msg-Id: `id` (none when empty).
 natsMsg* message(const std::string& subject, const std::string& payload, const std::string& id) {
   natsMsg* m = nullptr;
-  if (natsMsg_Create(&m, subject.c_str(), nullptr, payload.data(), static_cast<int>(payload.size())) != NATS_OK)
+  if (natsMsg_Create(&m, subject.c_str(), nullptr, payload.data(), static_cast<int>(payload.size())) !=
+      NATS_OK)
     throw std::runtime_error("natsMsg_Create");
-  if (!id.empty() && natsMsgHeader_Set(m, "Nats-Msg-Id", id.c_str()) != NATS_OK) throw std::runtime_error("header");
+  if (!id.empty() && natsMsgHeader_Set(m, "Nats-Msg-Id", id.c_str()) != NATS_OK)
+    throw std::runtime_error("header");
   return m;
 }
 
@@ -110,14 +114,18 @@ class SapoExchange : public ::testing::Test {
 
 TEST_F(SapoExchange, TwoServersShareGroupsAndEachStepTrainsIPlusJ) {
   TestServer a, b;
-  SwarmClient(a.url(), fast_client()).auto_sync_train_config_and_start_engine(sapo_job("node-a", nats->url(), 1));
-  SwarmClient(b.url(), fast_client()).auto_sync_train_config_and_start_engine(sapo_job("node-b", nats->url(), 1));
+  SwarmClient(a.url(), fast_client())
+      .auto_sync_train_config_and_start_engine(sapo_job("node-a", nats->url(), 1));
+  SwarmClient(b.url(), fast_client())
+      .auto_sync_train_config_and_start_engine(sapo_job("node-b", nats->url(), 1));
   ASSERT_TRUE(eventually([&] { return exchange_status(a).ready && exchange_status(b).ready; }));
 
   run_step(a, "a-step1-", 1);  // nothing shared yet: I = 2, J = 0
-  ASSERT_TRUE(eventually([&] { return exchange_status(b).buffered == 2; })) << "b never received a's 2 groups";
+  ASSERT_TRUE(eventually([&] { return exchange_status(b).buffered == 2; }))
+      << "b never received a's 2 groups";
   run_step(b, "b-step1-", 1);  // I = 2, J = 1 (one of a's)
-  ASSERT_TRUE(eventually([&] { return exchange_status(a).buffered == 2; })) << "a never received b's 2 groups";
+  ASSERT_TRUE(eventually([&] { return exchange_status(a).buffered == 2; }))
+      << "a never received b's 2 groups";
   run_step(a, "a-step2-", 2);  // I = 2, J = 1 (one of b's)
 
   const auto ab = a.batches->copy(), bb = b.batches->copy();
@@ -185,7 +193,8 @@ TEST_F(SapoExchange, TwoServersShareGroupsAndEachStepTrainsIPlusJ) {
   EXPECT_EQ(info["exchange"]["peers"][0]["used"], 1);
   const std::string metrics = http.request("GET", "/metrics").body;
   EXPECT_NE(metrics.find("swarm_exchange_groups_total{event=\"published\"} 4"), std::string::npos) << metrics;
-  EXPECT_NE(metrics.find("swarm_exchange_peer_groups_total{peer=\"node-b\",event=\"used\"} 1"), std::string::npos);
+  EXPECT_NE(metrics.find("swarm_exchange_peer_groups_total{peer=\"node-b\",event=\"used\"} 1"),
+            std::string::npos);
   EXPECT_NE(metrics.find("swarm_exchange_connected 1"), std::string::npos);
 }
 
@@ -219,16 +228,16 @@ TEST_F(SapoExchange, HostileMessagesAreDroppedAndCountedAndTrainingGoesOn) {
     std::string node, payload, id;
   };
   const std::vector<Hostile> hostile = {
-      {"evil", "{\"schema\": 1, \"node_id\": ", "e1"},                           // malformed
-      {"evil", std::string("{\"x\": \"\xff\xfe\"}"), "e2"},                      // invalid UTF-8
-      {"evil", std::string(6000, '['), "e3"},                                    // too large
-      {"evil", "{\"schema\": 1, \"node_id\": \"evil\", \"episodes\": 5}", "e4"}, // schema
-      {"evil", group("honest", {0, 1}), id("honest")},                           // spoofed sender
-      {"evil", group("evil", {1, 1, 1}), id("evil")},                            // zero advantage
-      {"evil", group("evil", {0, 1}), ""},                                       // no Nats-Msg-Id
-      {"evil", group("evil", {0, 1}), "evil:0badc0de:1:0000000000000000"},       // an id not its own
-      {"stranger", group("stranger", {0, 1}), id("stranger")},                   // not trusted
-      {"node-x", group("node-x", {0, 1}), id("node-x")},                         // fine
+      {"evil", "{\"schema\": 1, \"node_id\": ", "e1"},                            // malformed
+      {"evil", std::string("{\"x\": \"\xff\xfe\"}"), "e2"},                       // invalid UTF-8
+      {"evil", std::string(6000, '['), "e3"},                                     // too large
+      {"evil", "{\"schema\": 1, \"node_id\": \"evil\", \"episodes\": 5}", "e4"},  // schema
+      {"evil", group("honest", {0, 1}), id("honest")},                            // spoofed sender
+      {"evil", group("evil", {1, 1, 1}), id("evil")},                             // zero advantage
+      {"evil", group("evil", {0, 1}), ""},                                        // no Nats-Msg-Id
+      {"evil", group("evil", {0, 1}), "evil:0badc0de:1:0000000000000000"},        // an id not its own
+      {"stranger", group("stranger", {0, 1}), id("stranger")},                    // not trusted
+      {"node-x", group("node-x", {0, 1}), id("node-x")},                          // fine
   };
   for (const Hostile& h : hostile) {
     natsMsg* m = message("swarm.test.groups." + h.node, h.payload, h.id);
@@ -256,7 +265,8 @@ TEST_F(SapoExchange, HostileMessagesAreDroppedAndCountedAndTrainingGoesOn) {
 
 TEST_F(SapoExchange, BrokerLostMidRunThenBackLosesNothing) {
   TestServer node;
-  SwarmClient(node.url(), fast_client()).auto_sync_train_config_and_start_engine(sapo_job("node-p", nats->url(), 0));
+  SwarmClient(node.url(), fast_client())
+      .auto_sync_train_config_and_start_engine(sapo_job("node-p", nats->url(), 0));
   ASSERT_TRUE(eventually([&] { return exchange_status(node).ready; }));
   ExchangeConfig oc;
   oc.url = nats->url();
@@ -277,9 +287,9 @@ TEST_F(SapoExchange, BrokerLostMidRunThenBackLosesNothing) {
   nats->restart();  // same port, same store
   ASSERT_TRUE(eventually([&] { return exchange_status(node).published == 4; }, 30s))
       << "published " << exchange_status(node).published << ": " << exchange_status(node).last_error;
-  ASSERT_TRUE(observer.wait_buffered(4, 30)) << "the observer has " << observer.status().buffered << " groups ("
-                                              << observer.status().received << " received): "
-                                              << observer.status().last_error;
+  ASSERT_TRUE(observer.wait_buffered(4, 30))
+      << "the observer has " << observer.status().buffered << " groups (" << observer.status().received
+      << " received): " << observer.status().last_error;
   std::mt19937_64 rng(3);
   std::set<std::string> seen;
   for (const SapoGroup& g : observer.draw(4, rng)) seen.insert(g.task_id);
@@ -333,7 +343,8 @@ TEST_F(SapoExchange, AConsumerMadeAgainSkipsNothingAfterAGroupStoredEarlyInItsSe
     // Wait for the clock to be 50-70 ms into a second, then publish.
     while (true) {
       const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                              std::chrono::system_clock::now().time_since_epoch()).count();
+                              std::chrono::system_clock::now().time_since_epoch())
+                              .count();
       if (now % kSecond >= 50000000 && now % kSecond < 70000000) break;
       std::this_thread::sleep_for(2ms);
     }
@@ -368,7 +379,8 @@ TEST_F(SapoExchange, AConsumerMadeAgainSkipsNothingAfterAGroupStoredEarlyInItsSe
 TEST_F(SapoExchange, BrokerAwayAtBootTheNodeTrainsAndJoinsLater) {
   nats->kill();  // its port is known but nothing listens there
   TestServer node;
-  SwarmClient(node.url(), fast_client()).auto_sync_train_config_and_start_engine(sapo_job("node-q", nats->url(), 1));
+  SwarmClient(node.url(), fast_client())
+      .auto_sync_train_config_and_start_engine(sapo_job("node-q", nats->url(), 1));
   run_step(node, "q1-", 1);
   EXPECT_FALSE(exchange_status(node).connected);
   EXPECT_NE(node.engine().status().detail.find("exchange unreachable"), std::string::npos);
@@ -381,7 +393,8 @@ TEST_F(SapoExchange, NodeIdDefaultsToARandomIdKeptInTheExperimentDirectory) {
   TestServer node;
   Job job = sapo_job("", nats->url(), 0);
   job.experiment_name = "anonymous-" + std::to_string(getpid());
-  const auto id_file = std::filesystem::path(job.experiment_dir) / job.project_name / job.experiment_name / "node_id";
+  const auto id_file =
+      std::filesystem::path(job.experiment_dir) / job.project_name / job.experiment_name / "node_id";
   std::filesystem::remove(id_file);
   SwarmClient admin(node.url(), fast_client());
   admin.auto_sync_train_config_and_start_engine(job);

@@ -10,10 +10,10 @@
 
 using namespace swarm;
 using namespace std::chrono_literals;
-using swarm::testing::TestServer;
 using swarm::testing::fast_client;
 using swarm::testing::reward;
 using swarm::testing::task;
+using swarm::testing::TestServer;
 
 namespace {
 
@@ -45,7 +45,8 @@ TEST(ServerIntegration, ThirtyTwoConcurrentClientsThroughSeveralCycles) {
           ChatResult r = llm.chat({{"user", "hello from " + std::to_string(t)}});
           if (r.content.empty()) ++errors;
           // Rewards vary within a group so every group carries signal.
-          client.end_episode(task("task-" + std::to_string(k / 4)), ep.episode_uuid, reward(static_cast<double>(k % 4)));
+          client.end_episode(task("task-" + std::to_string(k / 4)), ep.episode_uuid,
+                             reward(static_cast<double>(k % 4)));
         } catch (const TimeoutError&) {
           // done may have been set while waiting
         } catch (const std::exception& e) {
@@ -90,8 +91,7 @@ TEST(ServerIntegration, DebugClientThatAlwaysAbortsLeavesTheBatchUnchanged) {
         OpenAIClient(ep).chat({{"user", "debugging"}});
         dbg.abort_episode(ep.episode_uuid);
         ++debug_aborts;
-      } catch (const TimeoutError&) {
-      }
+      } catch (const TimeoutError&) {}
     }
   });
   // Wait until the debug client is active, then complete one batch.
@@ -150,15 +150,16 @@ TEST(ServerIntegration, OpenAIClientRunsAToolLoop) {
   ChatParams params;
   params.temperature = 0;
   params.tools = nlohmann::json::array(
-      {{{"type", "function"},
-        {"function", {{"name", "add"}, {"parameters", {{"type", "object"}}}}}}});
+      {{{"type", "function"}, {"function", {{"name", "add"}, {"parameters", {{"type", "object"}}}}}}});
   const std::string scripted = R"(<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>)";
   for (bool stream : {false, true}) {
     SCOPED_TRACE(stream ? "streamed" : "non-streamed");
     OpenAIEndpoint ep = client.begin_episode(60, "train", 10s);
     OpenAIClient llm(ep);
     nlohmann::json messages = nlohmann::json::array({{{"role", "user"}, {"content", scripted}}});
-    auto ask = [&] { return stream ? llm.chat_stream(messages, nullptr, params) : llm.chat(messages, params); };
+    auto ask = [&] {
+      return stream ? llm.chat_stream(messages, nullptr, params) : llm.chat(messages, params);
+    };
     ChatResult r = ask();
     EXPECT_EQ(r.finish_reason, "tool_calls");
     EXPECT_EQ(r.content, "");
@@ -168,7 +169,8 @@ TEST(ServerIntegration, OpenAIClientRunsAToolLoop) {
     const auto args = nlohmann::json::parse(r.tool_calls[0].arguments);
     messages.push_back(r.assistant_message());
     EXPECT_TRUE(messages.back()["content"].is_null());
-    messages.push_back(ChatResult::tool_message(r.tool_calls[0], std::to_string(args["a"].get<int>() + args["b"].get<int>())));
+    messages.push_back(ChatResult::tool_message(r.tool_calls[0],
+                                                std::to_string(args["a"].get<int>() + args["b"].get<int>())));
     r = ask();
     EXPECT_EQ(r.finish_reason, "stop");
     EXPECT_EQ(r.content, "5");
@@ -321,14 +323,18 @@ TEST(ServerIntegration, StreamingAndNonStreamingAgree) {
   ChatParams p;
   p.seed = 7;
   p.temperature = 1.0;
-  nlohmann::json messages = nlohmann::json::array({{{"role", "user"}, {"content", "Stream me — naïve 日本語 text"}}});
+  nlohmann::json messages =
+      nlohmann::json::array({{{"role", "user"}, {"content", "Stream me — naïve 日本語 text"}}});
   ChatResult plain = llm.chat(messages, p);
   std::string streamed;
   int deltas = 0;
-  ChatResult s = llm.chat_stream(messages, [&](std::string_view d) {
-    streamed += d;
-    ++deltas;
-  }, p);
+  ChatResult s = llm.chat_stream(
+      messages,
+      [&](std::string_view d) {
+        streamed += d;
+        ++deltas;
+      },
+      p);
   EXPECT_EQ(streamed, plain.content);
   EXPECT_EQ(s.content, plain.content);
   EXPECT_EQ(s.finish_reason, "stop");

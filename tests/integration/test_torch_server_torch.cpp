@@ -31,10 +31,10 @@
 using namespace swarm;
 using namespace std::chrono_literals;
 using json = nlohmann::json;
-using swarm::testing::TestServer;
 using swarm::testing::fast_client;
 using swarm::testing::reward;
 using swarm::testing::task;
+using swarm::testing::TestServer;
 
 namespace {
 
@@ -44,14 +44,17 @@ namespace fs = std::filesystem;
 class TinyChatModel : public ::testing::Environment {
  public:
   static fs::path dir() { return root() / "model"; }
-  static fs::path root() { return fs::temp_directory_path() / ("swarm-torch-server-" + std::to_string(::getpid())); }
+  static fs::path root() {
+    return fs::temp_directory_path() / ("swarm-torch-server-" + std::to_string(::getpid()));
+  }
 
   void SetUp() override {
     const fs::path src = fs::path(SWARM_FIXTURES_DIR) / "models" / "smollm2-135m-instruct-noweights";
     const fs::path cfg_dir = root() / "config";
     fs::remove_all(root());
     fs::create_directories(cfg_dir);
-    for (const auto& entry : fs::directory_iterator(src)) fs::copy_file(entry.path(), cfg_dir / entry.path().filename());
+    for (const auto& entry : fs::directory_iterator(src))
+      fs::copy_file(entry.path(), cfg_dir / entry.path().filename());
     json config = json::parse(std::ifstream(cfg_dir / "config.json"));
     config["hidden_size"] = 64;
     config["intermediate_size"] = 128;
@@ -251,8 +254,9 @@ TEST(TorchServer, OpenAIRoutesServeTheModel) {
 
   // Streaming gives the same text (greedy) in pieces.
   std::string streamed;
-  ChatResult s = llm.chat_stream(json::array({{{"role", "user"}, {"content", "Say something."}}}),
-                                 [&](std::string_view d) { streamed += d; }, greedy);
+  ChatResult s = llm.chat_stream(
+      json::array({{{"role", "user"}, {"content", "Say something."}}}),
+      [&](std::string_view d) { streamed += d; }, greedy);
   EXPECT_EQ(s.content, plain.content);
   EXPECT_EQ(streamed, plain.content);
   EXPECT_EQ(s.finish_reason, plain.finish_reason);
@@ -267,7 +271,8 @@ TEST(TorchServer, OpenAIRoutesServeTheModel) {
   ChatResult a = llm.chat({{"user", "Tell me a word."}}, sampled);
   ChatResult b = llm.chat({{"user", "Tell me a word."}}, sampled);
   ASSERT_EQ(a.raw["choices"].size(), 3u);
-  for (size_t c = 0; c < 3; ++c) EXPECT_EQ(a.raw["choices"][c]["token_ids"], b.raw["choices"][c]["token_ids"]);
+  for (size_t c = 0; c < 3; ++c)
+    EXPECT_EQ(a.raw["choices"][c]["token_ids"], b.raw["choices"][c]["token_ids"]);
 
   // stop_token_ids: the greedy continuation cut at its third token, which is kept in the ids.
   ChatParams ids_params = greedy;
@@ -275,8 +280,8 @@ TEST(TorchServer, OpenAIRoutesServeTheModel) {
   const json full_ids = llm.chat({{"user", "Say something."}}, ids_params).raw["choices"][0]["token_ids"];
   ASSERT_GE(full_ids.size(), 3u);
   size_t at = 2;
-  while (at < full_ids.size() && std::find(full_ids.begin(), full_ids.begin() + static_cast<long>(at), full_ids[at]) !=
-                                     full_ids.begin() + static_cast<long>(at))
+  while (at < full_ids.size() && std::find(full_ids.begin(), full_ids.begin() + static_cast<long>(at),
+                                           full_ids[at]) != full_ids.begin() + static_cast<long>(at))
     ++at;
   if (at < full_ids.size()) {
     ChatParams stop_params = ids_params;
@@ -341,7 +346,7 @@ TEST(TorchServer, RandomModelFollowsSchemasAndForcedToolCalls) {
   Job job = tiny_job();
   job.max_response_length = 160;
   job.max_llm_calls_per_episode = 2000;  // one episode makes every request
-  job.tool_call_parser = "hermes";  // SmolLM2's template has no tool format of its own
+  job.tool_call_parser = "hermes";       // SmolLM2's template has no tool format of its own
   client.auto_sync_train_config_and_start_engine(job);
   OpenAIEndpoint ep = client.begin_episode(600, "train", 60s);
   OpenAIClient llm(ep);
@@ -357,7 +362,9 @@ TEST(TorchServer, RandomModelFollowsSchemasAndForcedToolCalls) {
     ChatParams p;
     p.temperature = 1.0;
     p.seed = static_cast<uint64_t>(i);
-    p.extra = {{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "s"}, {"schema", json::parse(schema.dump())}}}}}};
+    p.extra = {{"response_format",
+                {{"type", "json_schema"},
+                 {"json_schema", {{"name", "s"}, {"schema", json::parse(schema.dump())}}}}}};
     const ChatResult r = llm.chat({{"user", "Answer in JSON."}}, p);
     if (r.finish_reason == "length") {
       ++cut;
@@ -368,8 +375,8 @@ TEST(TorchServer, RandomModelFollowsSchemasAndForcedToolCalls) {
     out << json{{"schema", json::parse(schema.dump())}, {"document", r.content}}.dump() << "\n";
   }
   out.close();
-  std::printf("structured outputs: %d of %d random-model completions finished (%d cut by max_tokens)\n", finished,
-              kSchemas, cut);
+  std::printf("structured outputs: %d of %d random-model completions finished (%d cut by max_tokens)\n",
+              finished, kSchemas, cut);
   EXPECT_GE(finished, kSchemas / 3);
   const auto [rc, output] = swarm::testing::validate_json_documents(path);
   if (rc != 77) {
@@ -380,13 +387,26 @@ TEST(TorchServer, RandomModelFollowsSchemasAndForcedToolCalls) {
   ChatParams tp;
   tp.temperature = 1.0;
   tp.max_tokens = 160;
-  tp.tools = json::array(
-      {{{"type", "function"},
-        {"function", {{"name", "add"}, {"parameters", {{"type", "object"}, {"properties", {{"a", {{"type", "integer"}, {"minimum", 0}, {"maximum", 99}}}}}, {"required", {"a"}}, {"additionalProperties", false}}}}}},
-       {{"type", "function"},
-        {"function", {{"name", "flag"}, {"parameters", {{"type", "object"}, {"properties", {{"on", {{"type", "boolean"}}}}}, {"required", {"on"}}, {"additionalProperties", false}}}}}}});
+  tp.tools =
+      json::array({{{"type", "function"},
+                    {"function",
+                     {{"name", "add"},
+                      {"parameters",
+                       {{"type", "object"},
+                        {"properties", {{"a", {{"type", "integer"}, {"minimum", 0}, {"maximum", 99}}}}},
+                        {"required", {"a"}},
+                        {"additionalProperties", false}}}}}},
+                   {{"type", "function"},
+                    {"function",
+                     {{"name", "flag"},
+                      {"parameters",
+                       {{"type", "object"},
+                        {"properties", {{"on", {{"type", "boolean"}}}}},
+                        {"required", {"on"}},
+                        {"additionalProperties", false}}}}}}});
   tp.parallel_tool_calls = false;
-  for (const json& choice : {json("required"), json{{"type", "function"}, {"function", {{"name", "flag"}}}}}) {
+  for (const json& choice :
+       {json("required"), json{{"type", "function"}, {"function", {{"name", "flag"}}}}}) {
     tp.extra = {{"tool_choice", choice}};
     for (int seed = 0; seed < 3; ++seed) {
       tp.seed = static_cast<uint64_t>(seed);

@@ -20,8 +20,8 @@ using namespace std::chrono_literals;
 using swarm::HttpClient;
 using swarm::HttpClientResponse;
 using swarm::testing::get_json;
-using swarm::testing::Headers;
 using swarm::testing::header_of;
+using swarm::testing::Headers;
 using swarm::testing::parse_body;
 using swarm::testing::post_json;
 using swarm::testing::TestServer;
@@ -79,7 +79,8 @@ struct Claimed {
 };
 
 // `host` is the authority the client reached the server by (the Host header).
-Claimed claim(HttpClient& c, const std::string& client_uuid, uint16_t port, const std::string& host = "127.0.0.1") {
+Claimed claim(HttpClient& c, const std::string& client_uuid, uint16_t port,
+              const std::string& host = "127.0.0.1") {
   json req = {{"client_uuid", client_uuid},
               {"episode_type", "train"},
               {"discard_episode_timeout", 120},
@@ -110,8 +111,9 @@ void expect_usage(const json& usage) {
 TEST(WireProtocol, ClaimWhileOfflineIsHttp200WithSuccessFalseAndACause) {
   TestServer server;
   HttpClient c(server.url());
-  json r = post_json(c, "/claim_episode",
-                     {{"client_uuid", "c-offline"}, {"episode_type", "train"}, {"discard_episode_timeout", 60}});
+  json r =
+      post_json(c, "/claim_episode",
+                {{"client_uuid", "c-offline"}, {"episode_type", "train"}, {"discard_episode_timeout", 60}});
   EXPECT_EQ(r["success"], false);
   EXPECT_EQ(r["client_uuid"], "c-offline");
   ASSERT_TRUE(r["fail_cause"].is_string());
@@ -138,8 +140,11 @@ TEST(WireProtocol, WholeLifecycleWithRawJson) {
 
   // ---- config, boot
   EXPECT_EQ(post_json(c, "/sync_train_config", {{"yaml_as_string", kConfig}}),
-            json({{"success", true}, {"config_format", "swarm"}, {"mapped", json::array()},
-                  {"ignored", json::array()}, {"warnings", json::array()}}));
+            json({{"success", true},
+                  {"config_format", "swarm"},
+                  {"mapped", json::array()},
+                  {"ignored", json::array()},
+                  {"warnings", json::array()}}));
   EXPECT_EQ(post_json(c, "/start_engine", json::object())["success"], true);
   ASSERT_TRUE(poll_engine_status(c, "ENGINE.ROLLING"));
   EXPECT_EQ(get_json(c, "/health")["engine_status"], "ENGINE.ROLLING");
@@ -161,7 +166,8 @@ TEST(WireProtocol, WholeLifecycleWithRawJson) {
   // ---- chat completion, plain
   {
     json req = {{"model", "mock-model"},
-                {"messages", {{{"role", "system"}, {"content", "be brief"}}, {{"role", "user"}, {"content", "hello"}}}},
+                {"messages",
+                 {{{"role", "system"}, {"content", "be brief"}}, {{"role", "user"}, {"content", "hello"}}}},
                 {"max_tokens", 32}};
     json r = post_json(llm_a, "/chat/completions", req, 200, bearer(a));
     EXPECT_TRUE(r["id"].is_string());
@@ -211,7 +217,9 @@ TEST(WireProtocol, WholeLifecycleWithRawJson) {
 
   // ---- chat completion with token ids
   {
-    json req = {{"model", "mock-model"}, {"messages", {{{"role", "user"}, {"content", "ids"}}}}, {"return_token_ids", true}};
+    json req = {{"model", "mock-model"},
+                {"messages", {{{"role", "user"}, {"content", "ids"}}}},
+                {"return_token_ids", true}};
     json r = post_json(llm_a, "/chat/completions", req, 200, bearer(a));
     ASSERT_TRUE(r["prompt_token_ids"].is_array()) << r.dump();
     EXPECT_EQ(static_cast<int64_t>(r["prompt_token_ids"].size()), r["usage"]["prompt_tokens"].get<int64_t>());
@@ -290,8 +298,9 @@ TEST(WireProtocol, WholeLifecycleWithRawJson) {
   }
 
   // ---- can_continue
-  EXPECT_EQ(post_json(c, "/can_continue_episode", {{"client_uuid", "client-a"}, {"episode_uuid", a.episode_uuid}}),
-            json({{"can_continue", true}}));
+  EXPECT_EQ(
+      post_json(c, "/can_continue_episode", {{"client_uuid", "client-a"}, {"episode_uuid", a.episode_uuid}}),
+      json({{"can_continue", true}}));
 
   // ---- pool information while episodes run
   {
@@ -325,14 +334,18 @@ TEST(WireProtocol, WholeLifecycleWithRawJson) {
   }
 
   // ---- abort one, end one (top-level task_id)
-  EXPECT_EQ(post_json(c, "/abort_episode", {{"client_uuid", "client-a"}, {"episode_uuid", doomed.episode_uuid}})["success"],
+  EXPECT_EQ(post_json(c, "/abort_episode",
+                      {{"client_uuid", "client-a"}, {"episode_uuid", doomed.episode_uuid}})["success"],
             true);
   {
     json req = {{"client_uuid", "client-a"},
                 {"episode_uuid", a.episode_uuid},
                 {"task_id", "task-1"},
-                {"workflow_output", {{"reward", 1.0}, {"is_success", true}, {"metadata", json::object()},
-                                     {"log_metrics", json::object()}}}};
+                {"workflow_output",
+                 {{"reward", 1.0},
+                  {"is_success", true},
+                  {"metadata", json::object()},
+                  {"log_metrics", json::object()}}}};
     EXPECT_EQ(post_json(c, "/end_episode", req)["success"], true);
   }
   {
@@ -355,7 +368,8 @@ TEST(WireProtocol, WholeLifecycleWithRawJson) {
     ASSERT_EQ(r.status, 200);
     EXPECT_NE(header_of(r, "content-type").find("text/plain"), std::string::npos);
     for (const char* needle :
-         {"swarm_engine_state{state=\"ENGINE.ROLLING\"} 1", "swarm_global_step 0", "swarm_episodes_total{event=\"claimed\"} 3",
+         {"swarm_engine_state{state=\"ENGINE.ROLLING\"} 1", "swarm_global_step 0",
+          "swarm_episodes_total{event=\"claimed\"} 3",
           "swarm_http_requests_total{route=\"/claim_episode\",status=\"200\"}",
           "swarm_http_request_duration_seconds_bucket{route=\"/v1/chat/completions\",le=\"+Inf\"}"})
       EXPECT_NE(r.body.find(needle), std::string::npos) << "missing " << needle << " in\n" << r.body;
@@ -365,10 +379,17 @@ TEST(WireProtocol, WholeLifecycleWithRawJson) {
   {
     json req = {{"client_uuid", "client-b"},
                 {"episode_uuid", b.episode_uuid},
-                {"task", {{"task_id", "task-1"}, {"main_query", "q"}, {"init_messages", json::array()},
-                          {"env_type", "test"}, {"metadata", json::object()}}},
-                {"workflow_output", {{"reward", 0.0}, {"is_success", false}, {"metadata", {{"k", "v"}}},
-                                     {"log_metrics", {{"turns", 2}}}}}};
+                {"task",
+                 {{"task_id", "task-1"},
+                  {"main_query", "q"},
+                  {"init_messages", json::array()},
+                  {"env_type", "test"},
+                  {"metadata", json::object()}}},
+                {"workflow_output",
+                 {{"reward", 0.0},
+                  {"is_success", false},
+                  {"metadata", {{"k", "v"}}},
+                  {"log_metrics", {{"turns", 2}}}}}};
     EXPECT_EQ(post_json(c, "/end_episode", req)["success"], true);
   }
   const auto deadline = std::chrono::steady_clock::now() + 10s;
@@ -413,16 +434,19 @@ TEST(WireProtocol, AgentJetShapedWorkflowOutputs) {
   json req = {{"client_uuid", "eval-client"}, {"episode_type", "eval"}, {"discard_episode_timeout", 120}};
   json ev = post_json(c, "/claim_episode", req);
   ASSERT_EQ(ev["success"], true) << ev.dump();
-  json metrics = {{"score", 2},
-                  {"per_turn", {1, 3}},
-                  {"reward_stats", {{"final_reward", 0.5}, {"steps", {2, 4, 6}}, {"tag", "x"}, {"none", nullptr}}}};
+  json metrics = {
+      {"score", 2},
+      {"per_turn", {1, 3}},
+      {"reward_stats", {{"final_reward", 0.5}, {"steps", {2, 4, 6}}, {"tag", "x"}, {"none", nullptr}}}};
   json end = post_json(c, "/end_episode",
                        {{"client_uuid", "eval-client"},
                         {"episode_uuid", ev["episode_uuid"]},
                         {"task_id", "t-eval"},
                         {"declare_client_active", true},
                         {"workflow_output",
-                         {{"reward", 1.0}, {"is_success", true}, {"metadata", {{"task_id", "t-eval"}}},
+                         {{"reward", 1.0},
+                          {"is_success", true},
+                          {"metadata", {{"task_id", "t-eval"}}},
                           {"log_metrics", metrics}}}});
   EXPECT_EQ(end["success"], true) << end.dump();
   json eval = get_json(c, "/get_current_batch_rollout_pool_information")["eval_metrics"];
@@ -434,14 +458,16 @@ TEST(WireProtocol, AgentJetShapedWorkflowOutputs) {
   EXPECT_FALSE(eval.contains("eval/reward_stats/none")) << eval.dump();
 
   Claimed t = claim(c, "train-client", port);
-  json list_reward = post_json(c, "/end_episode",
-                               {{"client_uuid", "train-client"},
-                                {"episode_uuid", t.episode_uuid},
-                                {"task_id", "t1"},
-                                {"workflow_output", {{"reward", {1.0, 0.0, 0.5}}, {"metadata", {{"task_id", "t1"}}}}}});
+  json list_reward =
+      post_json(c, "/end_episode",
+                {{"client_uuid", "train-client"},
+                 {"episode_uuid", t.episode_uuid},
+                 {"task_id", "t1"},
+                 {"workflow_output", {{"reward", {1.0, 0.0, 0.5}}, {"metadata", {{"task_id", "t1"}}}}}});
   EXPECT_EQ(list_reward["success"], true) << list_reward.dump();
   EXPECT_EQ(list_reward["accepted"], true) << list_reward.dump();
-  EXPECT_NE(list_reward.value("note", "").find("list reward of 3 values for 0 LLM calls: trained on their sum (1.5"),
+  EXPECT_NE(list_reward.value("note", "")
+                .find("list reward of 3 values for 0 LLM calls: trained on their sum (1.5"),
             std::string::npos)
       << list_reward.dump();
   json info = get_json(c, "/get_current_batch_rollout_pool_information");
@@ -490,7 +516,8 @@ TEST(WireProtocol, LateEndDuringWeightSyncIs400NamingTheState) {
   };
   EXPECT_EQ(post_json(c, "/end_episode", end_body("client-a", a))["success"], true);
   // b is still running: ROLLING_POST; it gives up, the batch is drained, the step trains.
-  EXPECT_EQ(post_json(c, "/abort_episode", {{"client_uuid", "client-b"}, {"episode_uuid", b.episode_uuid}})["success"],
+  EXPECT_EQ(post_json(c, "/abort_episode",
+                      {{"client_uuid", "client-b"}, {"episode_uuid", b.episode_uuid}})["success"],
             true);
   ASSERT_TRUE(poll_engine_status(c, "ENGINE.WEIGHT_SYNCING"));
   json late = post_json(c, "/end_episode", end_body("client-b", b), 400);
@@ -509,7 +536,9 @@ TEST(WireProtocol, ThrottlePolicyTaskIdIsTheRunningEpisodesOptionalTaskId) {
                             {"episode_type", "train"},
                             {"discard_episode_timeout", 240},
                             {"throttle_policy",
-                             {{"ratio", 1.5}, {"expected_batch_size", 1}, {"expected_num_repeat", 2},
+                             {{"ratio", 1.5},
+                              {"expected_batch_size", 1},
+                              {"expected_num_repeat", 2},
                               {"current_task_id", "task-7"}}}});
   ASSERT_EQ(claimed["success"], true) << claimed.dump();
   json plain = post_json(c, "/claim_episode", {{"client_uuid", "plain"}, {"throttle_policy", nullptr}});
@@ -519,7 +548,8 @@ TEST(WireProtocol, ThrottlePolicyTaskIdIsTheRunningEpisodesOptionalTaskId) {
   EXPECT_EQ(running[0]["episode_uuid"], claimed["episode_uuid"]);
   EXPECT_EQ(running[0]["optional_task_id"], "task-7");
   EXPECT_EQ(running[1]["optional_task_id"], "");
-  json bad = post_json(c, "/claim_episode", {{"client_uuid", "x"}, {"throttle_policy", {{"current_task_id", 7}}}}, 400);
+  json bad = post_json(c, "/claim_episode",
+                       {{"client_uuid", "x"}, {"throttle_policy", {{"current_task_id", 7}}}}, 400);
   EXPECT_NE(bad.value("detail", "").find("current_task_id"), std::string::npos) << bad.dump();
   bad = post_json(c, "/claim_episode", {{"client_uuid", "x"}, {"throttle_policy", "fast"}}, 400);
   EXPECT_NE(bad.value("detail", "").find("throttle_policy"), std::string::npos) << bad.dump();
@@ -538,7 +568,8 @@ class SlowFirstTokenBackend : public swarm::MockBackend {
         t.join();
     }
   }
-  void generate(swarm::GenerationRequest request, std::shared_ptr<swarm::GenerationObserver> observer) override {
+  void generate(swarm::GenerationRequest request,
+                std::shared_ptr<swarm::GenerationObserver> observer) override {
     std::lock_guard lk(mu_);
     threads_.emplace_back([this, request = std::move(request), observer = std::move(observer)]() mutable {
       std::this_thread::sleep_for(600ms);
@@ -573,7 +604,8 @@ TEST(WireProtocol, SilentStreamsGetKeepAliveComments) {
   auto events = sse_events(r.body);
   ASSERT_FALSE(events.empty());
   EXPECT_EQ(events.back(), "[DONE]");
-  for (size_t i = 0; i + 1 < events.size(); ++i) EXPECT_FALSE(json::parse(events[i], nullptr, false).is_discarded());
+  for (size_t i = 0; i + 1 < events.size(); ++i)
+    EXPECT_FALSE(json::parse(events[i], nullptr, false).is_discarded());
   // AgentJet's overwatch replays the last call: the request as sent, the stream as one completion.
   json replay = post_json(c, "/replay_latest_llm_call", json::object());
   EXPECT_EQ(replay["input"], req);
@@ -627,7 +659,8 @@ TEST(WireProtocol, StopWaitsForTheGenerationsInFlightToEnd) {
   for (bool stream : {true, false}) {
     clients.emplace_back([&, stream] {
       HttpClient llm(a.base_url, 30s);
-      json req = {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "held"}}}}, {"stream", stream}};
+      json req = {
+          {"model", "m"}, {"messages", {{{"role", "user"}, {"content", "held"}}}}, {"stream", stream}};
       try {
         (void)llm.request("POST", "/chat/completions", req.dump(), bearer(a));
       } catch (const std::exception&) {
@@ -651,20 +684,24 @@ TEST(WireProtocol, ToolLoopMessagesRender) {
   ASSERT_NO_FATAL_FAILURE(start_rolling(c, kConfig));
   Claimed a = claim(c, "client-a", server.port());
   HttpClient llm(a.base_url);
-  const json call = {{"id", "call_1"}, {"type", "function"}, {"function", {{"name", "add"}, {"arguments", "{\"a\":2}"}}}};
-  json req = {{"model", "m"},
-              {"temperature", 0},
-              {"tools", json::array({{{"type", "function"}, {"function", {{"name", "add"}}}}})},
-              {"tool_choice", "auto"},
-              {"parallel_tool_calls", false},
-              {"messages",
-               json::array({{{"role", "user"}, {"content", "add 2"}},
-                            {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", json::array({call})}},
-                            {{"role", "tool"},
-                             {"tool_call_id", "call_1"},
-                             {"content", json::array({{{"type", "text"}, {"text", "4"}}, {{"type", "text"}, {"text", "2"}}})}}})}};
+  const json call = {
+      {"id", "call_1"}, {"type", "function"}, {"function", {{"name", "add"}, {"arguments", "{\"a\":2}"}}}};
+  json req = {
+      {"model", "m"},
+      {"temperature", 0},
+      {"tools", json::array({{{"type", "function"}, {"function", {{"name", "add"}}}}})},
+      {"tool_choice", "auto"},
+      {"parallel_tool_calls", false},
+      {"messages",
+       json::array({{{"role", "user"}, {"content", "add 2"}},
+                    {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", json::array({call})}},
+                    {{"role", "tool"},
+                     {"tool_call_id", "call_1"},
+                     {"content", json::array({{{"type", "text"}, {"text", "4"}},
+                                              {{"type", "text"}, {"text", "2"}}})}}})}};
   json r = post_json(llm, "/chat/completions", req, 200, bearer(a));
-  EXPECT_EQ(r["choices"][0]["message"]["content"], "42") << r.dump();  // the mock answers with the tool's text
+  EXPECT_EQ(r["choices"][0]["message"]["content"], "42")
+      << r.dump();  // the mock answers with the tool's text
 }
 
 // The mock answers a user message with its text, so a scripted `<tool_call>` comes back as a
@@ -678,9 +715,13 @@ TEST(WireProtocol, GeneratedToolCallsAndReasoningAreParsed) {
   HttpClient llm(a.base_url);
   const json tools = json::array({{{"type", "function"}, {"function", {{"name", "add"}}}}});
   const std::string scripted =
-      "<think>\nadd them\n</think>\n\nLet me add.\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 2,  \"b\": 3}}\n</tool_call>";
+      "<think>\nadd them\n</think>\n\nLet me add.\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": "
+      "2,  \"b\": 3}}\n</tool_call>";
   auto request = [&](bool stream, const json& extra = json::object()) {
-    json req = {{"model", "m"}, {"temperature", 0}, {"tools", tools}, {"messages", {{{"role", "user"}, {"content", scripted}}}}};
+    json req = {{"model", "m"},
+                {"temperature", 0},
+                {"tools", tools},
+                {"messages", {{{"role", "user"}, {"content", scripted}}}}};
     if (stream) req["stream"] = true;
     for (auto it = extra.begin(); it != extra.end(); ++it) req[it.key()] = it.value();
     return llm.request("POST", "/chat/completions", req.dump(), bearer(a));
@@ -729,7 +770,9 @@ TEST(WireProtocol, GeneratedToolCallsAndReasoningAreParsed) {
   EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
   EXPECT_NE(r["choices"][0]["message"]["content"].get<std::string>().find("<tool_call>"), std::string::npos);
   // A block that does not parse stays in content, is counted, and is never a 500.
-  json bad = {{"model", "m"}, {"temperature", 0}, {"tools", tools},
+  json bad = {{"model", "m"},
+              {"temperature", 0},
+              {"tools", tools},
               {"messages", {{{"role", "user"}, {"content", "<tool_call>{\"name\": add}</tool_call>"}}}}};
   auto br = llm.request("POST", "/chat/completions", bad.dump(), bearer(a));
   ASSERT_EQ(br.status, 200) << br.body;
@@ -755,8 +798,13 @@ TEST(WireProtocol, ResponseFormatAndForcedToolCallsAreConstrained) {
                        {"required", {"city", "rank", "kind"}},
                        {"additionalProperties", false}};
   for (int seed = 0; seed < 8; ++seed) {
-    json req = {{"model", "m"}, {"seed", seed}, {"max_tokens", 200}, {"messages", {{{"role", "user"}, {"content", "a city"}}}},
-                {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "city"}, {"schema", schema}, {"strict", true}}}}}};
+    json req = {{"model", "m"},
+                {"seed", seed},
+                {"max_tokens", 200},
+                {"messages", {{{"role", "user"}, {"content", "a city"}}}},
+                {"response_format",
+                 {{"type", "json_schema"},
+                  {"json_schema", {{"name", "city"}, {"schema", schema}, {"strict", true}}}}}};
     json r = post_json(llm, "/chat/completions", req, 200, bearer(a));
     const std::string content = r["choices"][0]["message"]["content"];
     const json doc = json::parse(content, nullptr, false);
@@ -767,18 +815,31 @@ TEST(WireProtocol, ResponseFormatAndForcedToolCallsAreConstrained) {
     EXPECT_EQ(doc.size(), 3u) << content;
     req["response_format"] = {{"type", "json_object"}};
     r = post_json(llm, "/chat/completions", req, 200, bearer(a));
-    EXPECT_TRUE(json::parse(r["choices"][0]["message"]["content"].get<std::string>(), nullptr, false).is_object())
+    EXPECT_TRUE(
+        json::parse(r["choices"][0]["message"]["content"].get<std::string>(), nullptr, false).is_object())
         << r.dump();
   }
   const json tools = json::array(
       {{{"type", "function"},
-        {"function", {{"name", "add"}, {"parameters", {{"type", "object"}, {"properties", {{"a", {{"type", "integer"}}}}}, {"required", {"a"}}}}}}},
+        {"function",
+         {{"name", "add"},
+          {"parameters",
+           {{"type", "object"}, {"properties", {{"a", {{"type", "integer"}}}}}, {"required", {"a"}}}}}}},
        {{"type", "function"},
-        {"function", {{"name", "echo"}, {"parameters", {{"type", "object"}, {"properties", {{"s", {{"type", "string"}}}}}, {"required", {"s"}}}}}}}});
-  for (const json& choice : {json("required"), json{{"type", "function"}, {"function", {{"name", "echo"}}}}}) {
+        {"function",
+         {{"name", "echo"},
+          {"parameters",
+           {{"type", "object"}, {"properties", {{"s", {{"type", "string"}}}}}, {"required", {"s"}}}}}}}});
+  for (const json& choice :
+       {json("required"), json{{"type", "function"}, {"function", {{"name", "echo"}}}}}) {
     for (int seed = 0; seed < 4; ++seed) {
-      json req = {{"model", "m"}, {"seed", seed}, {"max_tokens", 200}, {"tools", tools}, {"tool_choice", choice},
-                  {"parallel_tool_calls", false}, {"messages", {{{"role", "user"}, {"content", "go"}}}}};
+      json req = {{"model", "m"},
+                  {"seed", seed},
+                  {"max_tokens", 200},
+                  {"tools", tools},
+                  {"tool_choice", choice},
+                  {"parallel_tool_calls", false},
+                  {"messages", {{{"role", "user"}, {"content", "go"}}}}};
       json r = post_json(llm, "/chat/completions", req, 200, bearer(a));
       const json& ch = r["choices"][0];
       ASSERT_EQ(ch["finish_reason"], "tool_calls") << r.dump();
@@ -822,32 +883,49 @@ namespace {
 TEST(WireProtocol, AgentNamesTurnRewardsAndTokenRewardsReachTheBatch) {
   TestServer server;
   HttpClient c(server.url());
-  ASSERT_NO_FATAL_FAILURE(start_rolling(c, "model: mock-model\nbatch_size: 1\nnum_repeat: 1\ngroup_by: task_agent_turn\n"));
+  ASSERT_NO_FATAL_FAILURE(
+      start_rolling(c, "model: mock-model\nbatch_size: 1\nnum_repeat: 1\ngroup_by: task_agent_turn\n"));
   const Claimed e = claim(c, "client-a", server.port());
   HttpClient llm(e.base_url);
   json messages = json::array({{{"role", "user"}, {"content", "plan it"}}});
   json first = post_json(llm, "/chat/completions",
-                         {{"messages", messages}, {"temperature", 0}, {"return_token_ids", true}, {"swarm", {{"agent", "planner"}}}},
+                         {{"messages", messages},
+                          {"temperature", 0},
+                          {"return_token_ids", true},
+                          {"swarm", {{"agent", "planner"}}}},
                          200, bearer(e));
   messages.push_back(first["choices"][0]["message"]);
   messages.push_back({{"role", "user"}, {"content", "check it"}});
   Headers checker = bearer(e);
   checker.push_back({"x-swarm-agent", "checker"});
-  json second = post_json(llm, "/chat/completions", {{"messages", messages}, {"temperature", 0}, {"return_token_ids", true}}, 200, checker);
+  json second =
+      post_json(llm, "/chat/completions",
+                {{"messages", messages}, {"temperature", 0}, {"return_token_ids", true}}, 200, checker);
   post_json(llm, "/chat/completions", {{"messages", messages}, {"swarm", 5}}, 400, bearer(e));
-  post_json(llm, "/chat/completions", {{"messages", messages}, {"swarm", {{"agent", std::string(65, 'a')}}}}, 400, bearer(e));
+  post_json(llm, "/chat/completions", {{"messages", messages}, {"swarm", {{"agent", std::string(65, 'a')}}}},
+            400, bearer(e));
   const size_t n0 = first["choices"][0]["token_ids"].size(), n1 = second["choices"][0]["token_ids"].size();
 
   const auto end = [&](json output, int status) {
     output["metadata"] = json::object();
-    return post_json(c, "/end_episode", {{"client_uuid", "client-a"}, {"episode_uuid", e.episode_uuid}, {"task_id", "t"},
-                                         {"workflow_output", output}}, status);
+    return post_json(c, "/end_episode",
+                     {{"client_uuid", "client-a"},
+                      {"episode_uuid", e.episode_uuid},
+                      {"task_id", "t"},
+                      {"workflow_output", output}},
+                     status);
   };
   json bad = end({{"reward", 1.0}, {"turn_rewards", {1.0, 0.0, 0.0}}}, 400);
-  EXPECT_NE(bad["error"]["message"].get<std::string>().find("turn_rewards has 3 numbers but episode"), std::string::npos) << bad.dump();
-  EXPECT_NE(bad["error"]["message"].get<std::string>().find("made 2 LLM calls"), std::string::npos) << bad.dump();
-  bad = end({{"reward", 1.0}, {"token_rewards", {std::vector<double>(n0, 0.0), std::vector<double>(n1 + 1, 0.0)}}}, 400);
-  EXPECT_NE(bad["error"]["message"].get<std::string>().find("token_rewards[1] has " + std::to_string(n1 + 1) + " numbers"),
+  EXPECT_NE(bad["error"]["message"].get<std::string>().find("turn_rewards has 3 numbers but episode"),
+            std::string::npos)
+      << bad.dump();
+  EXPECT_NE(bad["error"]["message"].get<std::string>().find("made 2 LLM calls"), std::string::npos)
+      << bad.dump();
+  bad = end(
+      {{"reward", 1.0}, {"token_rewards", {std::vector<double>(n0, 0.0), std::vector<double>(n1 + 1, 0.0)}}},
+      400);
+  EXPECT_NE(bad["error"]["message"].get<std::string>().find("token_rewards[1] has " + std::to_string(n1 + 1) +
+                                                            " numbers"),
             std::string::npos)
       << bad.dump();
   end({{"reward", 1.0}, {"turn_rewards", {1.0, "x"}}}, 400);

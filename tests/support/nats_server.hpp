@@ -56,9 +56,18 @@ class NatsServer {
     const std::filesystem::path ports_dir = dir / "ports";
     std::filesystem::remove_all(ports_dir);
     std::filesystem::create_directories(ports_dir);
-    std::vector<std::string> args = {"nats-server", "-js", "-sd", (dir / "store").string(), "-a", "127.0.0.1",
-                                     "-p", port == 0 ? "-1" : std::to_string(port), "--ports_file_dir",
-                                     ports_dir.string(), "-l", (dir / "nats.log").string()};
+    std::vector<std::string> args = {"nats-server",
+                                     "-js",
+                                     "-sd",
+                                     (dir / "store").string(),
+                                     "-a",
+                                     "127.0.0.1",
+                                     "-p",
+                                     port == 0 ? "-1" : std::to_string(port),
+                                     "--ports_file_dir",
+                                     ports_dir.string(),
+                                     "-l",
+                                     (dir / "nats.log").string()};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

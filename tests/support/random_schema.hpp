@@ -16,7 +16,8 @@ inline nlohmann::ordered_json random_schema(std::mt19937_64& rng, int depth, boo
   auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
   const int kind = depth <= 0 ? 2 + pick(7) : pick(10);
   switch (kind) {
-    case 0: case 1: {  // object
+    case 0:
+    case 1: {  // object
       nlohmann::ordered_json props = nlohmann::ordered_json::object();
       nlohmann::ordered_json required = nlohmann::ordered_json::array();
       const int n = 1 + pick(4);
@@ -34,7 +35,8 @@ inline nlohmann::ordered_json random_schema(std::mt19937_64& rng, int depth, boo
       nlohmann::ordered_json s = {{"type", "string"}};
       if (pick(2)) s["minLength"] = pick(3);
       if (pick(2)) s["maxLength"] = 3 + pick(6);
-      if (pick(5) == 0) return nlohmann::ordered_json{{"type", "string"}, {"enum", {"red", "green", "blue \u00e9"}}};
+      if (pick(5) == 0)
+        return nlohmann::ordered_json{{"type", "string"}, {"enum", {"red", "green", "blue \u00e9"}}};
       if (pick(6) == 0) {
         const char* formats[] = {"date", "uuid", "date-time", "time"};
         return nlohmann::ordered_json{{"type", "string"}, {"format", formats[pick(4)]}};
@@ -49,18 +51,27 @@ inline nlohmann::ordered_json random_schema(std::mt19937_64& rng, int depth, boo
       if (pick(4) == 0) i["exclusiveMinimum"] = lo - 1;
       return i;
     }
-    case 4: return nlohmann::ordered_json{{"type", "number"}};
-    case 5: return nlohmann::ordered_json{{"type", "boolean"}};
-    case 6: return pick(2) ? nlohmann::ordered_json{{"type", nlohmann::ordered_json::array({"string", "null"})}} : nlohmann::ordered_json{{"const", nlohmann::ordered_json{{"k", 1}}}};
-    case 7: return defs_available ? nlohmann::ordered_json{{"$ref", "#/$defs/item"}} : nlohmann::ordered_json{{"enum", {1, "two", nullptr, true}}};
+    case 4:
+      return nlohmann::ordered_json{{"type", "number"}};
+    case 5:
+      return nlohmann::ordered_json{{"type", "boolean"}};
+    case 6:
+      return pick(2) ? nlohmann::ordered_json{{"type", nlohmann::ordered_json::array({"string", "null"})}}
+                     : nlohmann::ordered_json{{"const", nlohmann::ordered_json{{"k", 1}}}};
+    case 7:
+      return defs_available ? nlohmann::ordered_json{{"$ref", "#/$defs/item"}}
+                            : nlohmann::ordered_json{{"enum", {1, "two", nullptr, true}}};
     case 8: {  // array
-      nlohmann::ordered_json a = {{"type", "array"}, {"items", random_schema(rng, depth - 1, defs_available)}};
+      nlohmann::ordered_json a = {{"type", "array"},
+                                  {"items", random_schema(rng, depth - 1, defs_available)}};
       if (pick(2)) a["minItems"] = pick(3);
       if (pick(2)) a["maxItems"] = 3 + pick(3);
       return a;
     }
     default:
-      return nlohmann::ordered_json{{"anyOf", {random_schema(rng, depth - 1, defs_available), random_schema(rng, depth - 1, defs_available)}}};
+      return nlohmann::ordered_json{
+          {"anyOf",
+           {random_schema(rng, depth - 1, defs_available), random_schema(rng, depth - 1, defs_available)}}};
   }
 }
 

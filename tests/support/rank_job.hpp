@@ -112,7 +112,8 @@ class RankJob {
 /// In a spawned rank only: when the environment variable `role_var` names one of `bodies`,
 /// registers the test <suite>.<role> that runs it, so rank bodies never appear in the normal
 /// test list. Call it from a namespace-scope initializer; returns whether it registered.
-inline bool register_rank_test(const char* role_var, const char* suite, const std::map<std::string, void (*)()>& bodies) {
+inline bool register_rank_test(const char* role_var, const char* suite,
+                               const std::map<std::string, void (*)()>& bodies) {
   const char* role = std::getenv(role_var);
   if (role == nullptr) return false;
   const auto it = bodies.find(role);

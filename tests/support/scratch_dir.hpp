@@ -62,8 +62,8 @@ inline nlohmann::json run_python_reference(const std::filesystem::path& script, 
   const auto req = scratch / "request.json", err = scratch / "reference.stderr";
   std::ofstream(req) << request.dump();
   const std::string cmd =
-      "env -u DNNL_MAX_CPU_ISA -u ATEN_CPU_CAPABILITY -u SWARM_CPU_LEVEL /usr/bin/python3 '" + script.string() +
-      "' < '" + req.string() + "' 2> '" + err.string() + "'";
+      "env -u DNNL_MAX_CPU_ISA -u ATEN_CPU_CAPABILITY -u SWARM_CPU_LEVEL /usr/bin/python3 '" +
+      script.string() + "' < '" + req.string() + "' 2> '" + err.string() + "'";
   FILE* pipe = ::popen(cmd.c_str(), "r");
   if (!pipe) throw std::runtime_error("popen failed: " + cmd);
   std::string out;

@@ -59,12 +59,14 @@ class RecordingBackend : public Backend {
   void boot(const Job& job, std::stop_token stop) override { inner_->boot(job, stop); }
   std::string model_id() const override { return inner_->model_id(); }
   int64_t max_context_length() const override { return inner_->max_context_length(); }
-  std::vector<TokenId> render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+  std::vector<TokenId> render_chat(const nlohmann::ordered_json& messages,
+                                   const nlohmann::ordered_json& tools,
                                    bool add_generation_prompt) const override {
     return inner_->render_chat(messages, tools, add_generation_prompt);
   }
   std::vector<TokenId> render_chat_with_kwargs(const nlohmann::ordered_json& messages,
-                                               const nlohmann::ordered_json& tools, bool add_generation_prompt,
+                                               const nlohmann::ordered_json& tools,
+                                               bool add_generation_prompt,
                                                const nlohmann::ordered_json& template_kwargs) const override {
     return inner_->render_chat_with_kwargs(messages, tools, add_generation_prompt, template_kwargs);
   }
@@ -74,7 +76,9 @@ class RecordingBackend : public Backend {
                                               const nlohmann::ordered_json& template_kwargs) const override {
     return inner_->render_chat_text(messages, tools, add_generation_prompt, template_kwargs);
   }
-  std::vector<TokenId> encode_rendered(const std::string& text) const override { return inner_->encode_rendered(text); }
+  std::vector<TokenId> encode_rendered(const std::string& text) const override {
+    return inner_->encode_rendered(text);
+  }
   std::vector<TokenId> encode(const std::string& text) const override { return inner_->encode(text); }
   std::string decode(const std::vector<TokenId>& ids) const override { return inner_->decode(ids); }
   std::string token_text(TokenId id) const override { return inner_->token_text(id); }
@@ -119,7 +123,8 @@ class TestServer {
   }
   /// A server on the mock backend; `tls_cert` / `tls_key` set: it speaks HTTPS (url() says so).
   explicit TestServer(double janitor_interval_seconds = 0.05, size_t max_body_bytes = 1 << 20,
-                      AccessTokens tokens = {}, const std::string& tls_cert = {}, const std::string& tls_key = {}) {
+                      AccessTokens tokens = {}, const std::string& tls_cert = {},
+                      const std::string& tls_key = {}) {
     SwarmServerOptions o;
     o.tokens = std::move(tokens);
     o.http.tls_cert_file = tls_cert;

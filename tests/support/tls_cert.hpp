@@ -37,15 +37,15 @@ inline TlsFiles make_self_signed(const std::filesystem::path& dir, const std::st
   X509_gmtime_adj(X509_getm_notAfter(cert.get()), 24 * 3600);
   X509_set_pubkey(cert.get(), key.get());
   X509_NAME* name = X509_get_subject_name(cert.get());
-  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC, reinterpret_cast<const unsigned char*>(common_name.c_str()),
-                             -1, -1, 0);
+  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
+                             reinterpret_cast<const unsigned char*>(common_name.c_str()), -1, -1, 0);
   X509_set_issuer_name(cert.get(), name);
   X509V3_CTX ctx;
   X509V3_set_ctx_nodb(&ctx);
   X509V3_set_ctx(&ctx, cert.get(), cert.get(), nullptr, nullptr, 0);
-  for (auto [nid, value] : {std::pair{NID_subject_alt_name, san.c_str()},
-                            std::pair{NID_basic_constraints, "critical,CA:TRUE"},
-                            std::pair{NID_key_usage, "critical,digitalSignature,keyCertSign"}}) {
+  for (auto [nid, value] :
+       {std::pair{NID_subject_alt_name, san.c_str()}, std::pair{NID_basic_constraints, "critical,CA:TRUE"},
+        std::pair{NID_key_usage, "critical,digitalSignature,keyCertSign"}}) {
     X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value);
     if (!ext) fail("extension");
     X509_add_ext(cert.get(), ext, -1);

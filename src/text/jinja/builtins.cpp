@@ -96,7 +96,9 @@ std::string strip_impl(const std::string& s, const Value* chars, bool left, bool
   std::u32string set;
   const bool default_ws = chars == nullptr || chars->is_none() || chars->is_undefined();
   if (!default_ws) set = unicode::decode(require_string(*chars, "strip arg"));
-  auto strip_char = [&](char32_t c) { return default_ws ? unicode::is_space(c) : set.find(c) != std::u32string::npos; };
+  auto strip_char = [&](char32_t c) {
+    return default_ws ? unicode::is_space(c) : set.find(c) != std::u32string::npos;
+  };
   if (is_ascii(s) && (default_ws || is_ascii(chars->as_string()))) {
     size_t b = 0, e = s.size();
     if (left)
@@ -207,7 +209,8 @@ std::vector<Value> splitlines_impl(const std::string& s, bool keepends) {
   return out;
 }
 
-std::string replace_impl(const std::string& s, const std::string& old, const std::string& repl, int64_t count) {
+std::string replace_impl(const std::string& s, const std::string& old, const std::string& repl,
+                         int64_t count) {
   std::string out;
   if (old.empty()) {
     // Python inserts the replacement between every character (and at both ends).
@@ -330,7 +333,8 @@ std::optional<double> parse_float(const std::string& text) {
     clean.push_back(s[i]);
   }
   for (char c : clean)
-    if (!(std::isdigit(static_cast<unsigned char>(c)) || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-'))
+    if (!(std::isdigit(static_cast<unsigned char>(c)) || c == '.' || c == 'e' || c == 'E' || c == '+' ||
+          c == '-'))
       return std::nullopt;
   char* end = nullptr;
   const double d = std::strtod(clean.c_str(), &end);
@@ -367,7 +371,8 @@ std::string strftime_impl(const std::string& fmt, std::chrono::system_clock::tim
   const std::time_t t = std::chrono::system_clock::to_time_t(tp);
   std::tm local{};
   localtime_r(&t, &local);
-  auto micros = std::chrono::duration_cast<std::chrono::microseconds>(tp.time_since_epoch()).count() % 1000000;
+  auto micros =
+      std::chrono::duration_cast<std::chrono::microseconds>(tp.time_since_epoch()).count() % 1000000;
   if (micros < 0) micros += 1000000;
   // Python handles %f itself and prints %z/%Z as empty for naive datetimes.
   std::string f;
@@ -429,7 +434,8 @@ std::string percent_format(const std::string& fmt, const Value& args) {
       i = close + 1;
     }
     std::string flags;
-    while (i < fmt.size() && std::string("-+ #0").find(fmt[i]) != std::string::npos) flags.push_back(fmt[i++]);
+    while (i < fmt.size() && std::string("-+ #0").find(fmt[i]) != std::string::npos)
+      flags.push_back(fmt[i++]);
     std::string width, precision;
     while (i < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[i]))) width.push_back(fmt[i++]);
     if (i < fmt.size() && fmt[i] == '.') {
@@ -474,7 +480,8 @@ std::string percent_format(const std::string& fmt, const Value& args) {
       case 'i':
       case 'u': {
         if (!arg.is_number()) throw Error("%d format: a real number is required, not " + type_name(arg));
-        const long long v = arg.is_float() ? static_cast<long long>(std::trunc(arg.as_double())) : arg.as_int();
+        const long long v =
+            arg.is_float() ? static_cast<long long>(std::trunc(arg.as_double())) : arg.as_int();
         std::snprintf(buf, sizeof(buf), (spec + "lld").c_str(), v);
         out += buf;
         break;
@@ -647,7 +654,8 @@ Value m_startswith(Runtime&, const Value& self, CallArgs& a) {
   const Value prefix = arg_or(b, 0, Value());
   if (prefix.is_tuple() || prefix.is_list()) {
     for (const auto& p : prefix.items())
-      if (s.compare(0, require_string(p, "startswith arg").size(), p.as_string()) == 0) return Value::boolean(true);
+      if (s.compare(0, require_string(p, "startswith arg").size(), p.as_string()) == 0)
+        return Value::boolean(true);
     return Value::boolean(false);
   }
   const std::string& p = require_string(prefix, "startswith first arg");
@@ -780,8 +788,12 @@ int64_t find_impl(const char* fn, const Value& self, CallArgs& a, bool reverse) 
   return f.begin_cp + cp_index(std::string(window), p);
 }
 
-Value m_find(Runtime&, const Value& self, CallArgs& a) { return Value::integer(find_impl("find", self, a, false)); }
-Value m_rfind(Runtime&, const Value& self, CallArgs& a) { return Value::integer(find_impl("rfind", self, a, true)); }
+Value m_find(Runtime&, const Value& self, CallArgs& a) {
+  return Value::integer(find_impl("find", self, a, false));
+}
+Value m_rfind(Runtime&, const Value& self, CallArgs& a) {
+  return Value::integer(find_impl("rfind", self, a, true));
+}
 Value m_index(Runtime&, const Value& self, CallArgs& a) {
   const int64_t r = find_impl("index", self, a, false);
   if (r < 0) throw Error("substring not found");
@@ -797,7 +809,8 @@ Value m_count(Runtime&, const Value& self, CallArgs& a) {
   std::string_view window(self.as_string().data() + f.begin_byte, f.end_byte - f.begin_byte);
   if (f.sub.empty()) return Value::integer(static_cast<int64_t>(unicode::length(window)) + 1);
   int64_t n = 0;
-  for (size_t p = window.find(f.sub); p != std::string_view::npos; p = window.find(f.sub, p + f.sub.size())) ++n;
+  for (size_t p = window.find(f.sub); p != std::string_view::npos; p = window.find(f.sub, p + f.sub.size()))
+    ++n;
   return Value::integer(n);
 }
 
@@ -808,7 +821,8 @@ Value m_join(Runtime& rt, const Value& self, CallArgs& a) {
   size_t i = 0;
   for (const auto& item : rt.iterate(*b[0])) {
     if (!item.is_string())
-      throw Error("sequence item " + std::to_string(i) + ": expected str instance, " + type_name(item) + " found");
+      throw Error("sequence item " + std::to_string(i) + ": expected str instance, " + type_name(item) +
+                  " found");
     if (i++) out += self.as_string();
     out += item.as_string();
   }
@@ -828,10 +842,18 @@ Value str_predicate(const Value& self, CallArgs& a) {
     if (!Pred(c)) return Value::boolean(false);
   return Value::boolean(true);
 }
-Value m_isdigit(Runtime&, const Value& self, CallArgs& a) { return str_predicate<unicode::is_digit>(self, a); }
-Value m_isalpha(Runtime&, const Value& self, CallArgs& a) { return str_predicate<unicode::is_alpha>(self, a); }
-Value m_isalnum(Runtime&, const Value& self, CallArgs& a) { return str_predicate<unicode::is_alnum>(self, a); }
-Value m_isspace(Runtime&, const Value& self, CallArgs& a) { return str_predicate<unicode::is_space>(self, a); }
+Value m_isdigit(Runtime&, const Value& self, CallArgs& a) {
+  return str_predicate<unicode::is_digit>(self, a);
+}
+Value m_isalpha(Runtime&, const Value& self, CallArgs& a) {
+  return str_predicate<unicode::is_alpha>(self, a);
+}
+Value m_isalnum(Runtime&, const Value& self, CallArgs& a) {
+  return str_predicate<unicode::is_alnum>(self, a);
+}
+Value m_isspace(Runtime&, const Value& self, CallArgs& a) {
+  return str_predicate<unicode::is_space>(self, a);
+}
 
 Value case_predicate(const Value& self, CallArgs& a, bool upper) {
   bind(upper ? "isupper" : "islower", a, {});
@@ -860,8 +882,8 @@ Value m_zfill(Runtime&, const Value& self, CallArgs& a) {
 Value pad_method(const char* fn, const Value& self, CallArgs& a, int where) {
   auto b = bind(fn, a, {"width", "fillchar"});
   if (!b[0]) throw Error(std::string(fn) + "() takes at least 1 argument (0 given)");
-  return Value::string(
-      pad_impl(self.as_string(), require_int(*b[0], fn), require_string(arg_or(b, 1, Value::string(" ")), fn), where));
+  return Value::string(pad_impl(self.as_string(), require_int(*b[0], fn),
+                                require_string(arg_or(b, 1, Value::string(" ")), fn), where));
 }
 Value m_ljust(Runtime&, const Value& self, CallArgs& a) { return pad_method("ljust", self, a, -1); }
 Value m_rjust(Runtime&, const Value& self, CallArgs& a) { return pad_method("rjust", self, a, 1); }
@@ -878,10 +900,15 @@ Value partition_impl(const char* fn, const Value& self, CallArgs& a, bool revers
     if (reverse) return Value::tuple({Value::string(""), Value::string(""), self});
     return Value::tuple({self, Value::string(""), Value::string("")});
   }
-  return Value::tuple({Value::string(s.substr(0, p)), Value::string(sep), Value::string(s.substr(p + sep.size()))});
+  return Value::tuple(
+      {Value::string(s.substr(0, p)), Value::string(sep), Value::string(s.substr(p + sep.size()))});
 }
-Value m_partition(Runtime&, const Value& self, CallArgs& a) { return partition_impl("partition", self, a, false); }
-Value m_rpartition(Runtime&, const Value& self, CallArgs& a) { return partition_impl("rpartition", self, a, true); }
+Value m_partition(Runtime&, const Value& self, CallArgs& a) {
+  return partition_impl("partition", self, a, false);
+}
+Value m_rpartition(Runtime&, const Value& self, CallArgs& a) {
+  return partition_impl("rpartition", self, a, true);
+}
 
 Value m_removeprefix(Runtime&, const Value& self, CallArgs& a) {
   auto b = bind("removeprefix", a, {"prefix"});
@@ -1011,7 +1038,8 @@ const MethodTable& list_methods() {
 
 class BoundMethod final : public Callable {
  public:
-  BoundMethod(Value self, std::string name, MethodFn fn) : self_(std::move(self)), name_(std::move(name)), fn_(fn) {}
+  BoundMethod(Value self, std::string name, MethodFn fn)
+      : self_(std::move(self)), name_(std::move(name)), fn_(fn) {}
   Value call(Runtime& rt, CallArgs& args) const override { return fn_(rt, self_, args); }
   std::string name() const override { return name_; }
 
@@ -1068,7 +1096,8 @@ Value f_capitalize(Runtime&, const Value& v, CallArgs& a) {
 
 Value f_center(Runtime&, const Value& v, CallArgs& a) {
   auto b = bind("center", a, {"width"});
-  return Value::string(pad_impl(to_str(v), require_int(arg_or(b, 0, Value::integer(80)), "center width"), " ", 0));
+  return Value::string(
+      pad_impl(to_str(v), require_int(arg_or(b, 0, Value::integer(80)), "center width"), " ", 0));
 }
 
 Value f_length(Runtime&, const Value& v, CallArgs& a) {
@@ -1111,7 +1140,8 @@ Value f_escape(Runtime&, const Value& v, CallArgs& a) {
 
 Value f_first(Runtime& rt, const Value& v, CallArgs& a) {
   bind("first", a, {});
-  if (v.is_list()) return v.items().empty() ? Value::undefined("No first item, sequence was empty.") : v.items()[0];
+  if (v.is_list())
+    return v.items().empty() ? Value::undefined("No first item, sequence was empty.") : v.items()[0];
   std::vector<Value> items = rt.iterate(v);
   if (items.empty()) return Value::undefined("No first item, sequence was empty.");
   return items.front();
@@ -1119,7 +1149,8 @@ Value f_first(Runtime& rt, const Value& v, CallArgs& a) {
 
 Value f_last(Runtime& rt, const Value& v, CallArgs& a) {
   bind("last", a, {});
-  if (v.is_list()) return v.items().empty() ? Value::undefined("No last item, sequence was empty.") : v.items().back();
+  if (v.is_list())
+    return v.items().empty() ? Value::undefined("No last item, sequence was empty.") : v.items().back();
   std::vector<Value> items = rt.iterate(v);
   if (items.empty()) return Value::undefined("No last item, sequence was empty.");
   return items.back();
@@ -1137,7 +1168,8 @@ Value f_float(Runtime&, const Value& v, CallArgs& a) {
 }
 
 Value f_format(Runtime&, const Value& v, CallArgs& a) {
-  if (!a.pos.empty() && !a.kw.empty()) throw Error("can't handle positional and keyword arguments at the same time");
+  if (!a.pos.empty() && !a.kw.empty())
+    throw Error("can't handle positional and keyword arguments at the same time");
   if (!a.kw.empty()) {
     DictObj d;
     for (const auto& [k, val] : a.kw) d.set(Value::string(k), val);
@@ -1264,7 +1296,8 @@ Value f_trim(Runtime&, const Value& v, CallArgs& a) {
   return Value::string(strip_impl(to_str(v), &chars, true, true));
 }
 
-Value apply_named_filter(Runtime& rt, const std::string& name, const Value& item, const std::vector<Value>& args,
+Value apply_named_filter(Runtime& rt, const std::string& name, const Value& item,
+                         const std::vector<Value>& args,
                          const std::vector<std::pair<std::string, Value>>& kw) {
   FilterFn fn = find_filter(name);
   if (!fn) throw Error("unknown filter '" + name + "'");
@@ -1272,7 +1305,8 @@ Value apply_named_filter(Runtime& rt, const std::string& name, const Value& item
   return fn(rt, item, a);
 }
 
-bool apply_named_test(Runtime& rt, const std::string& name, const Value& item, const std::vector<Value>& args) {
+bool apply_named_test(Runtime& rt, const std::string& name, const Value& item,
+                      const std::vector<Value>& args) {
   TestFn fn = find_test(name);
   if (!fn) throw Error("unknown test '" + name + "'");
   CallArgs a{args, {}};
@@ -1488,7 +1522,8 @@ Value f_tojson(Runtime&, const Value& v, CallArgs& a) {
   if (f.indent) f.item_separator = ",";
   const Value seps = arg_or(b, 2, Value::none());
   if (!seps.is_none()) {
-    if (!seps.is_list() || seps.items().size() != 2 || !seps.items()[0].is_string() || !seps.items()[1].is_string())
+    if (!seps.is_list() || seps.items().size() != 2 || !seps.items()[0].is_string() ||
+        !seps.items()[1].is_string())
       throw Error("tojson separators must be a (item_separator, key_separator) pair of strings");
     f.item_separator = seps.items()[0].as_string();
     f.key_separator = seps.items()[1].as_string();
@@ -1662,8 +1697,12 @@ bool t_upper(Runtime&, const Value& v, CallArgs&) {
   CallArgs none;
   return truthy(case_predicate(Value::string(to_str(v)), none, true));
 }
-bool t_filter(Runtime&, const Value& v, CallArgs&) { return v.is_string() && find_filter(v.as_string()) != nullptr; }
-bool t_test(Runtime&, const Value& v, CallArgs&) { return v.is_string() && find_test(v.as_string()) != nullptr; }
+bool t_filter(Runtime&, const Value& v, CallArgs&) {
+  return v.is_string() && find_filter(v.as_string()) != nullptr;
+}
+bool t_test(Runtime&, const Value& v, CallArgs&) {
+  return v.is_string() && find_test(v.as_string()) != nullptr;
+}
 
 const std::unordered_map<std::string_view, TestFn>& tests() {
   static const std::unordered_map<std::string_view, TestFn> t = {
@@ -1760,7 +1799,8 @@ Value g_range(Runtime&, CallArgs& a) {
   if (step > 0 && start < stop) n = (stop - start + step - 1) / step;
   if (step < 0 && start > stop) n = (start - stop - step - 1) / (-step);
   if (n > kMaxRange)
-    throw Error("Range too big. The sandbox blocks ranges larger than MAX_RANGE (" + std::to_string(kMaxRange) + ").");
+    throw Error("Range too big. The sandbox blocks ranges larger than MAX_RANGE (" +
+                std::to_string(kMaxRange) + ").");
   std::vector<Value> out;
   out.reserve(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) out.push_back(Value::integer(start + i * step));
@@ -1830,7 +1870,8 @@ bool is_unsafe_method(const Value& self, std::string_view name) {
   static constexpr std::string_view kList[] = {"append", "clear",  "extend",  "insert",
                                                "pop",    "remove", "reverse", "sort"};
   static constexpr std::string_view kDict[] = {"clear", "pop", "popitem", "setdefault", "update"};
-  if (self.is_list() && !self.is_tuple()) return std::find(std::begin(kList), std::end(kList), name) != std::end(kList);
+  if (self.is_list() && !self.is_tuple())
+    return std::find(std::begin(kList), std::end(kList), name) != std::end(kList);
   if (self.is_dict()) return std::find(std::begin(kDict), std::end(kDict), name) != std::end(kDict);
   return false;
 }

@@ -48,8 +48,10 @@ class LoopObject final : public Object {
     if (name == "length") return Value::integer(len);
     if (name == "depth") return Value::integer(1);
     if (name == "depth0") return Value::integer(0);
-    if (name == "previtem") return index0_ > 0 ? (*items_)[index0_ - 1] : Value::undefined("there is no previous item");
-    if (name == "nextitem") return index0_ + 1 < n ? (*items_)[index0_ + 1] : Value::undefined("there is no next item");
+    if (name == "previtem")
+      return index0_ > 0 ? (*items_)[index0_ - 1] : Value::undefined("there is no previous item");
+    if (name == "nextitem")
+      return index0_ + 1 < n ? (*items_)[index0_ + 1] : Value::undefined("there is no next item");
     if (name == "cycle") return Value::callable(std::make_shared<Cycle>(index0_));
     if (name == "changed") return Value::callable(std::make_shared<Changed>(changed_state_));
     return Value::undefined("'LoopContext object' has no attribute '" + std::string(name) + "'");
@@ -128,8 +130,8 @@ void assign_target(Runtime& rt, const Target& target, const Value& value) {
 }
 
 // Binds call arguments to a macro's (or caller's) parameters in a fresh scope.
-void bind_parameters(Runtime& rt, const std::string& fn_name, const std::vector<Param>& params, CallArgs& args,
-                     bool uses_varargs, bool uses_kwargs, bool uses_caller) {
+void bind_parameters(Runtime& rt, const std::string& fn_name, const std::vector<Param>& params,
+                     CallArgs& args, bool uses_varargs, bool uses_kwargs, bool uses_caller) {
   Scope& scope = *rt.scope;
   std::vector<bool> bound(params.size(), false);
   for (size_t i = 0; i < args.pos.size() && i < params.size(); ++i) {
@@ -139,7 +141,8 @@ void bind_parameters(Runtime& rt, const std::string& fn_name, const std::vector<
   std::vector<Value> extra;
   if (args.pos.size() > params.size()) {
     if (!uses_varargs)
-      throw Error("macro '" + fn_name + "' takes not more than " + std::to_string(params.size()) + " argument(s)");
+      throw Error("macro '" + fn_name + "' takes not more than " + std::to_string(params.size()) +
+                  " argument(s)");
     extra.assign(args.pos.begin() + static_cast<std::ptrdiff_t>(params.size()), args.pos.end());
   }
   DictObj extra_kw;
@@ -175,14 +178,16 @@ void bind_parameters(Runtime& rt, const std::string& fn_name, const std::vector<
 
 class MacroFunction final : public Callable {
  public:
-  MacroFunction(const Macro* node, std::weak_ptr<Scope> closure) : node_(node), closure_(std::move(closure)) {}
+  MacroFunction(const Macro* node, std::weak_ptr<Scope> closure)
+      : node_(node), closure_(std::move(closure)) {}
 
   Value call(Runtime& rt, CallArgs& args) const override {
     auto closure = closure_.lock();
     if (!closure) throw Error("macro '" + node_->name + "' called outside of the scope that defined it");
     CallDepthGuard depth(rt);
     ScopeGuard guard(rt, std::make_shared<Scope>(closure));
-    bind_parameters(rt, node_->name, node_->params, args, node_->uses_varargs, node_->uses_kwargs, node_->uses_caller);
+    bind_parameters(rt, node_->name, node_->params, args, node_->uses_varargs, node_->uses_kwargs,
+                    node_->uses_caller);
     std::string out;
     rt.exec_body(node_->body, out);
     return Value::string(std::move(out));
@@ -196,7 +201,8 @@ class MacroFunction final : public Callable {
 
 class CallerFunction final : public Callable {
  public:
-  CallerFunction(const CallBlock* node, std::weak_ptr<Scope> closure) : node_(node), closure_(std::move(closure)) {}
+  CallerFunction(const CallBlock* node, std::weak_ptr<Scope> closure)
+      : node_(node), closure_(std::move(closure)) {}
 
   Value call(Runtime& rt, CallArgs& args) const override {
     auto closure = closure_.lock();
@@ -216,8 +222,8 @@ class CallerFunction final : public Callable {
 };
 
 [[noreturn]] void type_error(const char* op, const Value& a, const Value& b) {
-  throw Error(std::string("unsupported operand type(s) for ") + op + ": '" + type_name(a) + "' and '" + type_name(b) +
-              "'");
+  throw Error(std::string("unsupported operand type(s) for ") + op + ": '" + type_name(a) + "' and '" +
+              type_name(b) + "'");
 }
 
 [[noreturn]] void overflow() { throw Error("integer overflow (values beyond 64 bits are not supported)"); }
@@ -264,7 +270,8 @@ Value repeat(const Value& seq, int64_t n) {
   if (seq.is_string()) {
     std::string out;
     if (n > 0) {
-      if (seq.as_string().size() * static_cast<size_t>(n) > (size_t{1} << 30)) throw Error("string too large");
+      if (seq.as_string().size() * static_cast<size_t>(n) > (size_t{1} << 30))
+        throw Error("string too large");
       out.reserve(seq.as_string().size() * static_cast<size_t>(n));
       for (int64_t i = 0; i < n; ++i) out += seq.as_string();
     }
@@ -299,7 +306,8 @@ void Scope::set(const std::string& name, Value value) {
   vars.emplace_back(name, std::move(value));
 }
 
-Runtime::Runtime(std::shared_ptr<Scope> root, WallClock clock) : scope(std::move(root)), clock_(std::move(clock)) {}
+Runtime::Runtime(std::shared_ptr<Scope> root, WallClock clock)
+    : scope(std::move(root)), clock_(std::move(clock)) {}
 
 std::chrono::system_clock::time_point Runtime::now() const {
   return clock_ ? clock_() : std::chrono::system_clock::now();
@@ -330,7 +338,8 @@ Value Runtime::getattr(const Value& obj, const std::string& name) const {
     case Type::LIST: {
       if (MethodFn m = find_method(obj, name)) return bind_method(obj, name, m);
       if (is_unsafe_method(obj, name))
-        return Value::undefined("access to attribute '" + name + "' of '" + type_name(obj) + "' object is unsafe.");
+        return Value::undefined("access to attribute '" + name + "' of '" + type_name(obj) +
+                                "' object is unsafe.");
       if (obj.is_dict())
         if (const Value* v = obj.as_dict().find(std::string_view(name))) return *v;
       return Value::undefined("'" + type_name(obj) + " object' has no attribute '" + name + "'");
@@ -375,7 +384,8 @@ Value Runtime::getitem(const Value& obj, const Value& key) const {
           const std::u32string cps = unicode::decode(s);
           const auto n = static_cast<int64_t>(cps.size());
           if (i < 0) i += n;
-          if (i >= 0 && i < n) return Value::string(unicode::encode(std::u32string(1, cps[static_cast<size_t>(i)])));
+          if (i >= 0 && i < n)
+            return Value::string(unicode::encode(std::u32string(1, cps[static_cast<size_t>(i)])));
         }
         return Value::undefined("str object has no element " + std::to_string(key.as_int()));
       }
@@ -412,7 +422,8 @@ std::vector<Value> Runtime::iterate(const Value& v) const {
       if (is_ascii(s)) {
         for (char c : s) chars.push_back(Value::string(std::string(1, c)));
       } else {
-        for (char32_t c : unicode::decode(s)) chars.push_back(Value::string(unicode::encode(std::u32string(1, c))));
+        for (char32_t c : unicode::decode(s))
+          chars.push_back(Value::string(unicode::encode(std::u32string(1, c))));
       }
       return chars;
     }
@@ -508,7 +519,8 @@ Value binary_op(BinaryOp op, const Value& a, const Value& b) {
       }
       if (a.is_string()) throw Error("can only concatenate str (not \"" + type_name(b) + "\") to str");
       if (a.is_list())
-        throw Error("can only concatenate " + type_name(a) + " (not \"" + type_name(b) + "\") to " + type_name(a));
+        throw Error("can only concatenate " + type_name(a) + " (not \"" + type_name(b) + "\") to " +
+                    type_name(a));
       type_error("+", a, b);
     case BinaryOp::SUB:
       if (ints) return Value::integer(sub_checked(a.as_int(), b.as_int()));
@@ -569,7 +581,8 @@ Value binary_op(BinaryOp op, const Value& a, const Value& b) {
         return Value::integer(acc);
       }
       if (nums) {
-        if (a.as_double() == 0.0 && b.as_double() < 0) throw Error("0.0 cannot be raised to a negative power");
+        if (a.as_double() == 0.0 && b.as_double() < 0)
+          throw Error("0.0 cannot be raised to a negative power");
         return Value::number(std::pow(a.as_double(), b.as_double()));
       }
       type_error("** or pow()", a, b);
@@ -583,7 +596,8 @@ bool contains(const Value& haystack, const Value& needle) {
   switch (haystack.type()) {
     case Type::STRING:
       if (needle.is_undefined()) throw_undefined(needle);
-      if (!needle.is_string()) throw Error("'in <string>' requires string as left operand, not " + type_name(needle));
+      if (!needle.is_string())
+        throw Error("'in <string>' requires string as left operand, not " + type_name(needle));
       return haystack.as_string().find(needle.as_string()) != std::string::npos;
     case Type::LIST:
       for (const auto& item : haystack.items())
@@ -706,8 +720,8 @@ Value Unary::do_eval(Runtime& rt) const {
     return Value::integer(-v.as_int());
   }
   if (v.is_float()) return Value::number(op == UnaryOp::NEG ? -v.as_double() : v.as_double());
-  throw Error(std::string("bad operand type for unary ") + (op == UnaryOp::NEG ? "-" : "+") + ": '" + type_name(v) +
-              "'");
+  throw Error(std::string("bad operand type for unary ") + (op == UnaryOp::NEG ? "-" : "+") + ": '" +
+              type_name(v) + "'");
 }
 
 Value Binary::do_eval(Runtime& rt) const {

@@ -25,7 +25,9 @@ std::string normalize_source(const std::string& source, bool keep_trailing_newli
 
 namespace {
 
-bool is_ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+bool is_ascii_space(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 bool is_name_start(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
 bool is_name_char(char c) { return is_name_start(c) || is_digit(c); }
@@ -339,7 +341,8 @@ class Lexer {
         continue;
       }
       if (i >= n) {
-        throw Error(std::string("unexpected end of template, expected '") + (block ? "%}" : "}}") + "'", open);
+        throw Error(std::string("unexpected end of template, expected '") + (block ? "%}" : "}}") + "'",
+                    open);
       }
       const char c = src_[i];
       if (is_digit(c)) {
@@ -356,8 +359,8 @@ class Lexer {
           ++j;
         }
         if (j >= n) throw Error("unterminated string literal", i);
-        tokens_.push_back(
-            Token{TokenType::STRING, unescape(std::string_view(src_).substr(i + 1, j - i - 1), i), 0, 0.0, i});
+        tokens_.push_back(Token{TokenType::STRING,
+                                unescape(std::string_view(src_).substr(i + 1, j - i - 1), i), 0, 0.0, i});
         i = j + 1;
       } else {
         i = lex_operator(i, stack);
@@ -442,7 +445,8 @@ class Lexer {
     if (c == '{') stack.push_back('}');
     if (c == ')' || c == ']' || c == '}') {
       if (stack.empty()) throw Error(std::string("unexpected '") + c + "'", i);
-      if (stack.back() != c) throw Error(std::string("unexpected '") + c + "', expected '" + stack.back() + "'", i);
+      if (stack.back() != c)
+        throw Error(std::string("unexpected '") + c + "', expected '" + stack.back() + "'", i);
       stack.pop_back();
     }
     tokens_.push_back(Token{TokenType::OPERATOR, std::string(1, c), 0, 0.0, i});

@@ -143,8 +143,8 @@ class Parser {
         }
         case TokenType::BLOCK_BEGIN: {
           const Token& name = peek();
-          if (name.type == TokenType::NAME &&
-              std::find(end_names.begin(), end_names.end(), std::string_view(name.value)) != end_names.end()) {
+          if (name.type == TokenType::NAME && std::find(end_names.begin(), end_names.end(),
+                                                        std::string_view(name.value)) != end_names.end()) {
             next();  // leave the end name as the current token for the caller
             return body;
           }
@@ -366,7 +366,8 @@ class Parser {
 
   // ------------------------------------------------------------ assignment targets
   Target parse_assign_target(Names extra_end, bool with_namespace) {
-    if (with_namespace && cur().type == TokenType::NAME && peek().type == TokenType::OPERATOR && peek().value == ".") {
+    if (with_namespace && cur().type == TokenType::NAME && peek().type == TokenType::OPERATOR &&
+        peek().value == ".") {
       Target t;
       t.kind = Target::Kind::ATTR;
       t.offset = cur().offset;
@@ -498,8 +499,9 @@ class Parser {
     std::vector<std::pair<CompareOp, ExprPtr>> rest;
     while (true) {
       CompareOp op;
-      if (cur().type == TokenType::OPERATOR && (cur().value == "==" || cur().value == "!=" || cur().value == "<" ||
-                                                cur().value == "<=" || cur().value == ">" || cur().value == ">=")) {
+      if (cur().type == TokenType::OPERATOR &&
+          (cur().value == "==" || cur().value == "!=" || cur().value == "<" || cur().value == "<=" ||
+           cur().value == ">" || cur().value == ">=")) {
         const std::string& v = cur().value;
         op = v == "=="   ? CompareOp::EQ
              : v == "!=" ? CompareOp::NE

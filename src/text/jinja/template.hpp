@@ -39,7 +39,8 @@ class Template {
   /// raise_exception, strftime_now). `clock` drives strftime_now (system clock if empty).
   /// Throws SwarmError(INVALID_ARGUMENT) naming line and column on runtime errors.
   /// `size_hint`: expected output size, reserved up front (saves regrowing large outputs).
-  std::string render(const Variables& variables, const WallClock& clock = nullptr, size_t size_hint = 0) const;
+  std::string render(const Variables& variables, const WallClock& clock = nullptr,
+                     size_t size_hint = 0) const;
 
  private:
   struct Impl;

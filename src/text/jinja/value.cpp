@@ -288,7 +288,8 @@ namespace {
 constexpr int kMaxDepth = 512;  // nesting limit for printing and JSON conversion
 
 void check_depth(int depth) {
-  if (depth > kMaxDepth) throw Error("value nested too deeply (more than " + std::to_string(kMaxDepth) + " levels)");
+  if (depth > kMaxDepth)
+    throw Error("value nested too deeply (more than " + std::to_string(kMaxDepth) + " levels)");
 }
 
 void repr_at(const Value& v, std::string& out, int depth);

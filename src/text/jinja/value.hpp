@@ -23,7 +23,8 @@ namespace swarm::jinja {
 class Error : public std::runtime_error {
  public:
   static constexpr size_t kNoOffset = static_cast<size_t>(-1);
-  explicit Error(const std::string& message, size_t offset = kNoOffset) : std::runtime_error(message), offset(offset) {}
+  explicit Error(const std::string& message, size_t offset = kNoOffset)
+      : std::runtime_error(message), offset(offset) {}
   size_t offset;
 };
 

@@ -27,8 +27,8 @@ HttpResponse json_response(const json& body, int status = 200) {
 }
 
 HttpResponse error_response(int status, const std::string& type, const std::string& message) {
-  return json_response({{"error", {{"message", message}, {"type", type}, {"code", status}}}, {"success", false}},
-                       status);
+  return json_response(
+      {{"error", {{"message", message}, {"type", type}, {"code", status}}}, {"success", false}}, status);
 }
 
 /// An HttpServer whose routes are scripted per test. Records every request.
@@ -141,7 +141,8 @@ TEST(SwarmClientTest, BeginEpisodeRetriesUntilGranted) {
   FakeServer server;
   std::atomic<int> calls{0};
   server.on("/claim_episode", [&](const HttpRequest&) {
-    if (++calls < 3) return json_response({{"success", false}, {"fail_cause", "engine is ENGINE.ROLLING_POST"}});
+    if (++calls < 3)
+      return json_response({{"success", false}, {"fail_cause", "engine is ENGINE.ROLLING_POST"}});
     return json_response(claim_ok("ep-1"));
   });
   SwarmClient client(server.url(), fast_options());
@@ -171,8 +172,9 @@ TEST(SwarmClientTest, BeginEpisodeRetries5xx) {
 
 TEST(SwarmClientTest, BeginEpisodeDeadlineNamesLastCause) {
   FakeServer server;
-  server.on("/claim_episode",
-            [](const HttpRequest&) { return json_response({{"success", false}, {"fail_cause", "no free slot"}}); });
+  server.on("/claim_episode", [](const HttpRequest&) {
+    return json_response({{"success", false}, {"fail_cause", "no free slot"}});
+  });
   SwarmClient client(server.url(), fast_options());
   const auto t0 = std::chrono::steady_clock::now();
   try {
@@ -189,8 +191,9 @@ TEST(SwarmClientTest, BeginEpisodeDeadlineNamesLastCause) {
 
 TEST(SwarmClientTest, BeginEpisode4xxIsNotRetried) {
   FakeServer server;
-  server.on("/claim_episode",
-            [](const HttpRequest&) { return error_response(400, "invalid_request_error", "bad episode_type"); });
+  server.on("/claim_episode", [](const HttpRequest&) {
+    return error_response(400, "invalid_request_error", "bad episode_type");
+  });
   SwarmClient client(server.url(), fast_options());
   try {
     client.begin_episode(600, "bogus");
@@ -275,16 +278,20 @@ TEST(SwarmClientTest, LateEndEpisodeIsSentAsAbort) {
   server.on("/claim_episode", [](const HttpRequest&) { return json_response(claim_ok("ep-late")); });
   server.on("/end_episode", [](const HttpRequest&) { return json_response({{"success", true}}); });
   server.on("/abort_episode", [](const HttpRequest&) { return json_response({{"success", true}}); });
-  server.on("/can_continue_episode", [](const HttpRequest&) { return json_response({{"can_continue", true}}); });
+  server.on("/can_continue_episode", [](const HttpRequest&) {
+    return json_response({{"can_continue", true}});
+  });
   auto fake_now = std::make_shared<std::atomic<int64_t>>(0);
   SwarmClientOptions o = fast_options();
-  o.now = [fake_now] { return std::chrono::steady_clock::time_point(std::chrono::milliseconds(fake_now->load())); };
+  o.now = [fake_now] {
+    return std::chrono::steady_clock::time_point(std::chrono::milliseconds(fake_now->load()));
+  };
   SwarmClient client(server.url(), o);
 
   const auto ep = client.begin_episode(/*discard_episode_timeout=*/0.05);
-  *fake_now += 90;  // < 2 × 50 ms: still alive
-  EXPECT_TRUE(client.can_continue_episode(ep.episode_uuid));  // asks the server
-  *fake_now += 30;  // 120 ms > 100 ms
+  *fake_now += 90;                                             // < 2 × 50 ms: still alive
+  EXPECT_TRUE(client.can_continue_episode(ep.episode_uuid));   // asks the server
+  *fake_now += 30;                                             // 120 ms > 100 ms
   EXPECT_FALSE(client.can_continue_episode(ep.episode_uuid));  // decided locally
   EXPECT_EQ(server.count("/can_continue_episode"), 1);
   Task task;
@@ -300,7 +307,8 @@ TEST(SwarmClientTest, LateEndEpisodeIsSentAsAbort) {
 TEST(SwarmClientTest, LateEndEpisodeWithRealClock) {
   FakeServer server;
   server.on("/claim_episode", [](const HttpRequest&) { return json_response(claim_ok("ep-real")); });
-  server.on("/abort_episode", [](const HttpRequest&) { return error_response(404, "not_found_error", "gone"); });
+  server.on("/abort_episode",
+            [](const HttpRequest&) { return error_response(404, "not_found_error", "gone"); });
   SwarmClient client(server.url(), fast_options());
   const auto ep = client.begin_episode(0.02);
   std::this_thread::sleep_for(60ms);
@@ -312,8 +320,10 @@ TEST(SwarmClientTest, LateEndEpisodeWithRealClock) {
 
 TEST(SwarmClientTest, EndAbortAndContinueErrors) {
   FakeServer server;
-  server.on("/end_episode", [](const HttpRequest&) { return error_response(404, "not_found_error", "unknown"); });
-  server.on("/abort_episode", [](const HttpRequest&) { return error_response(403, "permission_error", "not yours"); });
+  server.on("/end_episode",
+            [](const HttpRequest&) { return error_response(404, "not_found_error", "unknown"); });
+  server.on("/abort_episode",
+            [](const HttpRequest&) { return error_response(403, "permission_error", "not yours"); });
   server.on("/can_continue_episode", [](const HttpRequest& r) {
     return json_response({{"can_continue", json::parse(r.body)["episode_uuid"] == "alive"}});
   });
@@ -439,8 +449,9 @@ TEST(SwarmClientTest, RunEpisodesRetriesAreBounded) {
 
 TEST(SwarmClientTest, RunEpisodesClaimDeadlineBoundsTheWait) {
   FakeServer server;
-  server.on("/claim_episode",
-            [](const HttpRequest&) { return json_response({{"success", false}, {"fail_cause", "no slot"}}); });
+  server.on("/claim_episode", [](const HttpRequest&) {
+    return json_response({{"success", false}, {"fail_cause", "no slot"}});
+  });
   SwarmClientOptions o = fast_options();
   o.run_claim_deadline = 20ms;
   SwarmClient client(server.url(), o);
@@ -631,10 +642,12 @@ TEST(SwarmClientTest, StatusPoolAndHealth) {
                           {"policy_version", 6},
                           {"seconds_in_state", 1.5}});
   });
-  server.on("/get_current_batch_rollout_pool_information",
-            [](const HttpRequest&) { return json_response({{"engine_status", "ENGINE.ROLLING"}, {"tasks", 3}}); });
-  server.on("/health",
-            [](const HttpRequest&) { return json_response({{"status", "ok"}, {"engine_status", "ENGINE.ROLLING"}}); });
+  server.on("/get_current_batch_rollout_pool_information", [](const HttpRequest&) {
+    return json_response({{"engine_status", "ENGINE.ROLLING"}, {"tasks", 3}});
+  });
+  server.on("/health", [](const HttpRequest&) {
+    return json_response({{"status", "ok"}, {"engine_status", "ENGINE.ROLLING"}});
+  });
   SwarmClient client(server.url() + "/", fast_options());
   const EngineStatus st = client.get_engine_status();
   EXPECT_EQ(st.engine_status, "ENGINE.ROLLING");
@@ -660,7 +673,9 @@ TEST(SwarmClientTest, ClientUuidIsRandomV4UnlessGiven) {
 
 TEST(SwarmClientTest, SharedByManyThreads) {
   FakeServer server;
-  server.on("/can_continue_episode", [](const HttpRequest&) { return json_response({{"can_continue", true}}); });
+  server.on("/can_continue_episode", [](const HttpRequest&) {
+    return json_response({{"can_continue", true}});
+  });
   SwarmClientOptions o = fast_options();
   o.max_connections = 2;  // more threads than connections: callers wait for one
   SwarmClient client(server.url(), o);
@@ -681,12 +696,13 @@ TEST(OpenAIClientTest, ChatSendsParamsAndParsesResponse) {
   server.on("/v1/chat/completions", [](const HttpRequest& r) {
     if (r.header("authorization") != "Bearer sk-test")
       return error_response(401, "authentication_error", "bad key");
-    return json_response({{"id", "c1"},
-                          {"object", "chat.completion"},
-                          {"choices", json::array({{{"index", 0},
-                                                    {"message", {{"role", "assistant"}, {"content", "apple"}}},
-                                                    {"finish_reason", "stop"}}})},
-                          {"usage", {{"prompt_tokens", 5}, {"completion_tokens", 1}, {"total_tokens", 6}}}});
+    return json_response(
+        {{"id", "c1"},
+         {"object", "chat.completion"},
+         {"choices", json::array({{{"index", 0},
+                                   {"message", {{"role", "assistant"}, {"content", "apple"}}},
+                                   {"finish_reason", "stop"}}})},
+         {"usage", {{"prompt_tokens", 5}, {"completion_tokens", 1}, {"total_tokens", 6}}}});
   });
   OpenAIClient llm(server.url() + "/v1", "sk-test");
   ChatParams p;
@@ -755,7 +771,8 @@ json delta_chunk(const std::string& content, const json& finish = nullptr) {
   return {{"id", "s1"},
           {"object", "chat.completion.chunk"},
           {"model", "swarm"},
-          {"choices", json::array({{{"index", 0}, {"delta", {{"content", content}}}, {"finish_reason", finish}}})}};
+          {"choices",
+           json::array({{{"index", 0}, {"delta", {{"content", content}}}, {"finish_reason", finish}}})}};
 }
 
 TEST(OpenAIClientTest, ChatStreamAssemblesDeltasSplitAcrossChunks) {
@@ -804,8 +821,9 @@ TEST(OpenAIClientTest, ChatStreamAssemblesDeltasSplitAcrossChunks) {
 
 TEST(OpenAIClientTest, ChatStreamErrorStatus) {
   FakeServer server;
-  server.on("/v1/chat/completions",
-            [](const HttpRequest&) { return error_response(400, "invalid_request_error", "prompt too long"); });
+  server.on("/v1/chat/completions", [](const HttpRequest&) {
+    return error_response(400, "invalid_request_error", "prompt too long");
+  });
   OpenAIClient llm(server.url() + "/v1", "k");
   try {
     llm.chat_stream(json::array(), nullptr);
@@ -820,7 +838,8 @@ TEST(OpenAIClientTest, ChatStreamErrorStatus) {
 
 TEST(SseParserTest, EverySplitPointGivesTheSameEvents) {
   const std::string text =
-      "data: one\n\n: comment\r\nevent: x\r\ndata: two\r\ndata:  three\r\n\r\ndata:four\rid: 1\r\rdata: [DONE]\n\n";
+      "data: one\n\n: comment\r\nevent: x\r\ndata: two\r\ndata:  three\r\n\r\ndata:four\rid: 1\r\rdata: "
+      "[DONE]\n\n";
   const std::vector<std::string> expected = {"one", "two\n three", "four", "[DONE]"};
   for (size_t a = 0; a <= text.size(); ++a) {
     for (size_t b = a; b <= text.size(); b += 3) {

@@ -90,7 +90,8 @@ class DroppingServer {
       while (read_request(conn, pending)) {
         if (seen_++ == drop_) break;  // read whole, never answered
         const std::string ok =
-            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 17\r\nConnection: keep-alive\r\n\r\n"
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 17\r\nConnection: "
+            "keep-alive\r\n\r\n"
             "{\"success\": true}";
         ::send(conn, ok.data(), ok.size(), MSG_NOSIGNAL);
       }
@@ -114,7 +115,8 @@ TEST(HttpClientResend, APostWhoseAnswerWasLostIsNotSentAgain) {
   EXPECT_EQ(client.request("POST", "/end_episode", "{\"n\": 1}").status, 200);
   EXPECT_THROW(client.request("POST", "/end_episode", "{\"n\": 2}"), TransportError);
   std::this_thread::sleep_for(100ms);  // anything sent again would have arrived by now
-  EXPECT_EQ(server.requests(), (std::vector<std::string>{"POST /end_episode HTTP/1.1", "POST /end_episode HTTP/1.1"}));
+  EXPECT_EQ(server.requests(),
+            (std::vector<std::string>{"POST /end_episode HTTP/1.1", "POST /end_episode HTTP/1.1"}));
 }
 
 TEST(HttpClientResend, AGetWhoseAnswerWasLostIsSentAgainOnce) {
@@ -138,7 +140,8 @@ TEST(HttpClientResend, TheSdkRepeatsAnEndWhoseAnswerWasLost) {
   WorkflowOutput out;
   out.reward = 1.0;
   EXPECT_TRUE(client.end_episode(task, "ep-1", out));
-  EXPECT_EQ(server.requests(), (std::vector<std::string>{"POST /end_episode HTTP/1.1", "POST /end_episode HTTP/1.1"}));
+  EXPECT_EQ(server.requests(),
+            (std::vector<std::string>{"POST /end_episode HTTP/1.1", "POST /end_episode HTTP/1.1"}));
   // A control route is not repeated: its caller decides.
   DroppingServer control(/*drop=*/0);
   SwarmClient admin(control.url(), o);

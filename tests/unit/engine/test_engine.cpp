@@ -55,7 +55,9 @@ class ProbeBackend : public MockBackend {
 namespace fs = std::filesystem;
 
 // Every test's run files (metrics.jsonl, checkpoints) go under this directory, one per test.
-fs::path scratch_root() { return fs::temp_directory_path() / ("swarm-engine-test-" + std::to_string(::getpid())); }
+fs::path scratch_root() {
+  return fs::temp_directory_path() / ("swarm-engine-test-" + std::to_string(::getpid()));
+}
 fs::path experiment_root() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
   return scratch_root() / (info ? info->name() : "none");
@@ -65,8 +67,8 @@ fs::path experiment_dir() { return experiment_root() / "swarm" / "default"; }
 
 std::string config_yaml(int batch_size, int num_repeat, const std::string& extra = "") {
   return "algorithm: grpo\nmodel: mock\nbatch_size: " + std::to_string(batch_size) +
-         "\nnum_repeat: " + std::to_string(num_repeat) + "\nexperiment_dir: " + experiment_root().string() + "\n" +
-         extra;
+         "\nnum_repeat: " + std::to_string(num_repeat) + "\nexperiment_dir: " + experiment_root().string() +
+         "\n" + extra;
 }
 
 // Removes the scratch root when the test program ends.
@@ -127,9 +129,11 @@ class EngineTest : public ::testing::Test {
     lease.backend->generate(req, obs);
     ASSERT_TRUE(obs->result.has_value());
     auto& ch = obs->result->choices.at(0);
-    engine->finish_generation(lease, LlmCall{prompt, ch.ids, ch.logprobs, obs->result->policy_version, ch.finish_reason});
+    engine->finish_generation(
+        lease, LlmCall{prompt, ch.ids, ch.logprobs, obs->result->policy_version, ch.finish_reason});
   }
-  void end(const ClaimedEpisode& e, const std::string& task, double reward, const std::string& client = "c1") {
+  void end(const ClaimedEpisode& e, const std::string& task, double reward,
+           const std::string& client = "c1") {
     WorkflowOutput out;
     out.reward = reward;
     engine->end_episode(client, e.episode_uuid, task, out);
@@ -202,7 +206,8 @@ TEST_F(EngineTest, BootFailureReturnsToOfflineWithDetail) {
 
 TEST_F(EngineTest, IllegalCommandsInEachStateAreConflicts) {
   boot(config_yaml(1, 2));
-  for (auto fn : {+[](Engine& e) { e.start_engine(); }, +[](Engine& e) { e.sync_train_config(config_yaml(1, 1)); }}) {
+  for (auto fn :
+       {+[](Engine& e) { e.start_engine(); }, +[](Engine& e) { e.sync_train_config(config_yaml(1, 1)); }}) {
     try {
       fn(*engine);
       FAIL() << "must be refused in ROLLING";
@@ -227,7 +232,8 @@ TEST_F(EngineTest, FullCycleRollingPostWeightSyncingRolling) {
   ClaimResult refused = engine->claim_episode({"c2", EpisodeType::TRAIN, 60});
   EXPECT_FALSE(refused.episode.has_value());
   // The words AgentJet's Python client branches on (it retries such a refusal in 15 s).
-  EXPECT_NE(refused.fail_cause.find("Engine is in post-rolling phase"), std::string::npos) << refused.fail_cause;
+  EXPECT_NE(refused.fail_cause.find("Engine is in post-rolling phase"), std::string::npos)
+      << refused.fail_cause;
   EXPECT_NE(refused.fail_cause.find("[ENGINE.ROLLING_POST]"), std::string::npos) << refused.fail_cause;
   EXPECT_TRUE(engine->can_continue_episode("c1", c.episode_uuid));
   call(c.api_key, "still working");
@@ -489,7 +495,8 @@ TEST_F(EngineTest, EveryStepAppendsMetricsAndSaveFreqWritesCheckpoints) {
   std::getline(latest, name);
   EXPECT_EQ(name, "step-2");
   // No temporary directories are left behind.
-  for (const auto& e : fs::directory_iterator(cps)) EXPECT_NE(e.path().filename().string()[0], '.') << e.path();
+  for (const auto& e : fs::directory_iterator(cps))
+    EXPECT_NE(e.path().filename().string()[0], '.') << e.path();
 }
 
 TEST_F(EngineTest, StopCheckpointsUnsavedStepsAndResumeContinuesFromThem) {
@@ -605,7 +612,8 @@ TEST_F(EngineTest, ResumeFromANonCheckpointFailsTheBootClearly) {
   engine->sync_train_config(config_yaml(1, 1));
   engine->start_engine();
   ASSERT_TRUE(engine->wait_for_state(EngineState::OFFLINE, 5s));
-  EXPECT_NE(engine->status().detail.find("neither a checkpoint"), std::string::npos) << engine->status().detail;
+  EXPECT_NE(engine->status().detail.find("neither a checkpoint"), std::string::npos)
+      << engine->status().detail;
 }
 
 }  // namespace
@@ -691,7 +699,7 @@ TEST_F(EngineTest, AsyncAdmissionHoldsClaimsBeyondTheBound) {
 }
 
 TEST_F(EngineTest, AsyncAdmissionNeverHoldsWhenOnlyNewClaimsCanCompleteTheBatch) {
-  boot(config_yaml(2, 2, "max_staleness: 1\n"));  // bound: 2 x 4 episodes
+  boot(config_yaml(2, 2, "max_staleness: 1\n"));                           // bound: 2 x 4 episodes
   for (int i = 0; i < 8; ++i) end(claim(), "t" + std::to_string(i), 1.0);  // 8 groups of one
   // 8 cached reach the bound, but nothing runs and no batch is ready: holding would deadlock.
   auto e = claim();
@@ -757,7 +765,8 @@ void check_bound_with_slow_and_fast_agents(EngineTest* t, Engine& engine, Probe&
               void on_error(ErrorKind, const std::string&) override {}
             };
             auto obs = std::make_shared<Obs>();
-            nlohmann::json m = nlohmann::json::array({{{"role", "user"}, {"content", "turn " + std::to_string(turn)}}});
+            nlohmann::json m =
+                nlohmann::json::array({{{"role", "user"}, {"content", "turn " + std::to_string(turn)}}});
             GenerationRequest req{lease.backend->render_chat(m, nullptr, true), {}};
             auto prompt = req.prompt_ids;
             lease.backend->generate(req, obs);
@@ -771,7 +780,8 @@ void check_bound_with_slow_and_fast_agents(EngineTest* t, Engine& engine, Probe&
           }
           WorkflowOutput out;
           out.reward = static_cast<double>(rng() % 2);
-          engine.end_episode("agent-" + std::to_string(a), r.episode->episode_uuid, "task-" + std::to_string(n / 2), out);
+          engine.end_episode("agent-" + std::to_string(a), r.episode->episode_uuid,
+                             "task-" + std::to_string(n / 2), out);
         } catch (const std::exception&) {
           // the run ended under it
         }
@@ -793,7 +803,8 @@ void check_bound_with_slow_and_fast_agents(EngineTest* t, Engine& engine, Probe&
   EXPECT_GE(max_lag, 1);
   for (const auto& r : engine.step_history()) EXPECT_LE(r.metrics.at("staleness_max"), eta);
   std::printf("eta %d: max lag trained %lld, stale drops %lld, claims held %lld\n", eta,
-              static_cast<long long>(max_lag), static_cast<long long>(engine.status().counters.stale_dropped_episodes),
+              static_cast<long long>(max_lag),
+              static_cast<long long>(engine.status().counters.stale_dropped_episodes),
               static_cast<long long>(engine.status().counters.claims_held_by_staleness));
   (void)t;
 }
@@ -892,8 +903,8 @@ TEST_F(EngineTest, MaxStalenessZeroRunsTheSynchronousStateMachine) {
 
 TEST_F(EngineTest, AsyncNeedsATaskOrEpisodeCollectionMethod) {
   try {
-    engine->sync_train_config(
-        config_yaml(1, 1, "max_staleness: 1\nsample_collection_method: rollout_until_all_clients_agree_sync_weight\n"));
+    engine->sync_train_config(config_yaml(
+        1, 1, "max_staleness: 1\nsample_collection_method: rollout_until_all_clients_agree_sync_weight\n"));
     FAIL();
   } catch (const SwarmError& e) {
     EXPECT_EQ(e.kind(), ErrorKind::INVALID_ARGUMENT);

@@ -39,11 +39,41 @@ class MockBackendTest : public ::testing::Test {
 };
 
 TEST_F(MockBackendTest, ChatTemplateIsChatMLOverBytes) {
-  auto msgs = nlohmann::json::array({{{"role", "system"}, {"content", "S"}}, {{"role", "user"}, {"content", "hi"}}});
+  auto msgs =
+      nlohmann::json::array({{{"role", "system"}, {"content", "S"}}, {{"role", "user"}, {"content", "hi"}}});
   std::vector<TokenId> ids = backend.render_chat(msgs, nullptr, true);
-  std::vector<TokenId> expected = {MockBackend::kImStart, 's', 'y', 's', 't', 'e', 'm', '\n', 'S', MockBackend::kImEnd,
-                                   '\n', MockBackend::kImStart, 'u', 's', 'e', 'r', '\n', 'h', 'i', MockBackend::kImEnd,
-                                   '\n', MockBackend::kImStart, 'a', 's', 's', 'i', 's', 't', 'a', 'n', 't', '\n'};
+  std::vector<TokenId> expected = {MockBackend::kImStart,
+                                   's',
+                                   'y',
+                                   's',
+                                   't',
+                                   'e',
+                                   'm',
+                                   '\n',
+                                   'S',
+                                   MockBackend::kImEnd,
+                                   '\n',
+                                   MockBackend::kImStart,
+                                   'u',
+                                   's',
+                                   'e',
+                                   'r',
+                                   '\n',
+                                   'h',
+                                   'i',
+                                   MockBackend::kImEnd,
+                                   '\n',
+                                   MockBackend::kImStart,
+                                   'a',
+                                   's',
+                                   's',
+                                   'i',
+                                   's',
+                                   't',
+                                   'a',
+                                   'n',
+                                   't',
+                                   '\n'};
   EXPECT_EQ(ids, expected);
 }
 

@@ -134,9 +134,8 @@ TEST(RankChannel, LeaderCollectsEveryFollowersReply) {
 
 TEST(RankChannel, AnErrorReplyNamesTheRankAndKeepsTheChannelInStep) {
   const int port = pick_free_port();
-  std::thread f1 = follower(port, 1, [](const nlohmann::json& h) {
-    return h.at("kind") == "boot" ? "no such model" : "";
-  });
+  std::thread f1 = follower(
+      port, 1, [](const nlohmann::json& h) { return h.at("kind") == "boot" ? "no such model" : ""; });
   auto leader = RankLeader::accept("127.0.0.1", port, 2, 10s);
   try {
     leader->request(RankMessage{{{"kind", "boot"}}, {}}, 10s);

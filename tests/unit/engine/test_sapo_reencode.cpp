@@ -27,14 +27,18 @@ class TextBackend : public Backend {
   std::string model_id() const override { return "text"; }
   int64_t max_context_length() const override { return 4096; }
   void set_policy_version(int64_t) override {}
-  std::optional<std::string> render_chat_text(const OJson& messages, const OJson& tools, bool add_generation_prompt,
+  std::optional<std::string> render_chat_text(const OJson& messages, const OJson& tools,
+                                              bool add_generation_prompt,
                                               const OJson& kwargs) const override {
     return tmpl_.render(messages, tools, add_generation_prompt, kwargs);
   }
-  std::vector<TokenId> render_chat(const OJson& messages, const OJson& tools, bool add_generation_prompt) const override {
+  std::vector<TokenId> render_chat(const OJson& messages, const OJson& tools,
+                                   bool add_generation_prompt) const override {
     return encode_rendered(*render_chat_text(messages, tools, add_generation_prompt, OJson::object()));
   }
-  std::vector<TokenId> encode_rendered(const std::string& text) const override { return tok_->encode(text, false); }
+  std::vector<TokenId> encode_rendered(const std::string& text) const override {
+    return tok_->encode(text, false);
+  }
   std::string token_text(TokenId id) const override { return tok_->token_bytes(id); }
   const Tokenizer& tokenizer() const { return *tok_; }
 
@@ -70,13 +74,15 @@ TEST(SapoReencode, ChatGroupFromAnotherTokenizerGetsThisNodesIds) {
                          kFixtures + "/models/smollm2-135m-instruct-noweights");
   const Tokenizer& st = smol.tokenizer();
   const TokenId im_end = *st.token_to_id("<|im_end|>");
-  ASSERT_NE(im_end, *qwen.tokenizer().token_to_id("<|im_end|>")) << "the fixtures should differ in vocabulary";
+  ASSERT_NE(im_end, *qwen.tokenizer().token_to_id("<|im_end|>"))
+      << "the fixtures should differ in vocabulary";
 
   const std::vector<FinishedEpisode> eps = reencode_sapo_group(chat_group(), smol, 9, 4096);
   ASSERT_EQ(eps.size(), 2u);
   // SmolLM2's template, written out: its prompt, then the answer and its end-of-turn token.
-  const std::string prompt_text = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
-                                  "<|im_start|>assistant\n";
+  const std::string prompt_text =
+      "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+      "<|im_start|>assistant\n";
   const std::vector<TokenId> prompt = st.encode(prompt_text, false);
   for (size_t e = 0; e < eps.size(); ++e) {
     const FinishedEpisode& ep = eps[e];
@@ -118,9 +124,10 @@ TEST(SapoReencode, ChatGroupFromAnotherTokenizerGetsThisNodesIds) {
 
 TEST(SapoReencode, ToolCallsAndMultiTurnCallsMergeIntoOneSample) {
   const TextBackend qwen(kFixtures + "/tokenizers/qwen3", kFixtures + "/tokenizers/qwen3");
-  const OJson tools = OJson::array({{{"type", "function"},
-                                     {"function", {{"name", "add"}, {"parameters", {{"type", "object"}}}}}}});
-  const OJson call = {{"id", "call_1"}, {"type", "function"}, {"function", {{"name", "add"}, {"arguments", "{\"a\": 2}"}}}};
+  const OJson tools = OJson::array(
+      {{{"type", "function"}, {"function", {{"name", "add"}, {"parameters", {{"type", "object"}}}}}}});
+  const OJson call = {
+      {"id", "call_1"}, {"type", "function"}, {"function", {{"name", "add"}, {"arguments", "{\"a\": 2}"}}}};
   OJson first_messages = OJson::array({{{"role", "user"}, {"content", "add 2"}}});
   OJson first_answer = {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", OJson::array({call})}};
   OJson second_messages = first_messages;
@@ -131,7 +138,8 @@ TEST(SapoReencode, ToolCallsAndMultiTurnCallsMergeIntoOneSample) {
   g.task_id = "tools";
   SapoEpisode e;
   e.reward = 1;
-  e.calls.push_back({{"messages", first_messages}, {"tools", tools}, {"completion", first_answer}, {"text", "x"}});
+  e.calls.push_back(
+      {{"messages", first_messages}, {"tools", tools}, {"completion", first_answer}, {"text", "x"}});
   e.calls.push_back({{"messages", second_messages},
                      {"tools", tools},
                      {"completion", {{"role", "assistant"}, {"content", "It is 4."}}},

@@ -152,7 +152,8 @@ void check_exact_resume(const std::string& dtype, bool ppo = false, bool kl = fa
   }
   const TrainBatch batches[4] = {random_batch(2, 4, 41), random_batch(2, 4, 42), random_batch(3, 3, 43),
                                  random_batch(2, 4, 44)};
-  const fs::path at2 = scratch.path() / "at2", straight = scratch.path() / "straight", resumed = scratch.path() / "resumed";
+  const fs::path at2 = scratch.path() / "at2", straight = scratch.path() / "straight",
+                 resumed = scratch.path() / "resumed";
   for (const auto& d : {at2, straight, resumed}) fs::create_directories(d);
   std::map<std::string, double> straight3, resumed3;
   {
@@ -182,7 +183,8 @@ void check_exact_resume(const std::string& dtype, bool ppo = false, bool kl = fa
             read_file(resumed / "trainer_state/optimizer-rank0-of-1.safetensors"));
   EXPECT_NE(read_file(at2 / "model.safetensors"), read_file(straight / "model.safetensors"));
   if (ppo) {
-    for (const char* f : {"trainer_state/critic.safetensors", "trainer_state/critic-optimizer-rank0-of-1.safetensors"})
+    for (const char* f :
+         {"trainer_state/critic.safetensors", "trainer_state/critic-optimizer-rank0-of-1.safetensors"})
       EXPECT_EQ(read_file(straight / f), read_file(resumed / f)) << f;
     EXPECT_NE(read_file(at2 / "trainer_state/critic.safetensors"),
               read_file(straight / "trainer_state/critic.safetensors"));
@@ -312,7 +314,8 @@ TEST(TorchBackend, DeviceKeyChoosesTheDeviceOrSaysWhyNot) {
       FAIL() << "device: cuda booted without a GPU";
     } catch (const SwarmError& e) {
       EXPECT_EQ(e.kind(), ErrorKind::INVALID_ARGUMENT);
-      EXPECT_NE(std::string(e.what()).find("device: cuda, but this swarm-server's libtorch has no CUDA"), std::string::npos)
+      EXPECT_NE(std::string(e.what()).find("device: cuda, but this swarm-server's libtorch has no CUDA"),
+                std::string::npos)
           << e.what();
     }
   }

@@ -182,8 +182,9 @@ TEST(ExampleTasks, VerifierExactWrongPartial) {
 }
 
 TEST(ExampleTasks, RewardsStayInRange) {
-  const std::vector<std::string> replies = {
-      "", " ", "0", "1", "x", "12", "abc", "99999999999999999999", "\n\t", "sort 12", "<|eos|>", std::string(300, '7')};
+  const std::vector<std::string> replies = {"",     " ",       "0",       "1",
+                                            "x",    "12",      "abc",     "99999999999999999999",
+                                            "\n\t", "sort 12", "<|eos|>", std::string(300, '7')};
   for (const auto& name : family_names()) {
     for (int d = kMinDifficulty; d <= kMaxDifficulty; d += 3) {
       const TaskInstance t = make_task(name, d, 77);
@@ -218,8 +219,8 @@ TEST(ExampleTasks, BadInputsGiveClearErrors) {
   }
   EXPECT_THROW(make_task("sort", 0, 0), std::invalid_argument);
   EXPECT_THROW(make_task("sort", kMaxDifficulty + 1, 0), std::invalid_argument);
-  for (const char* id :
-       {"", "sort", "sort-d3", "sort-dx-s1", "sort-d3-s", "sort-d3-s-1", "sort-d3-s1x", "nope-d3-s1", "sort-d99-s1"})
+  for (const char* id : {"", "sort", "sort-d3", "sort-dx-s1", "sort-d3-s", "sort-d3-s-1", "sort-d3-s1x",
+                         "nope-d3-s1", "sort-d99-s1"})
     EXPECT_THROW(task_from_id(id), std::invalid_argument) << id;
   EXPECT_THROW(parse_partial_credit("partial"), std::invalid_argument);
   EXPECT_EQ(parse_partial_credit("prefix"), PartialCredit::PREFIX);
@@ -242,8 +243,8 @@ TEST(ExampleTasks, TaskMixParsing) {
 
   EXPECT_EQ(TaskMix::parse("all").families(), family_names());
 
-  for (const char* bad : {"", " ", "sort,", ",sort", "sort:0", "sort:-1", "sort:x", "sort:", "sort:1:2", "sort,sort",
-                          "bogus", "sort,bogus:1"})
+  for (const char* bad : {"", " ", "sort,", ",sort", "sort:0", "sort:-1", "sort:x", "sort:", "sort:1:2",
+                          "sort,sort", "bogus", "sort,bogus:1"})
     EXPECT_THROW(TaskMix::parse(bad), std::invalid_argument) << "'" << bad << "'";
   try {
     TaskMix::parse("sort:2,bogus");

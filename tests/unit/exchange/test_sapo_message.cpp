@@ -47,7 +47,8 @@ SapoDrop drop_of(const std::string& payload, int64_t max_bytes = 1 << 20) {
 
 // Receives `g` as the consumer would: on its node's subject, under its own message id.
 void deliver(Exchange& x, const SapoGroup& g) {
-  x.receive("swarm." + x.config().swarm_name + ".groups." + g.node_id, encode_sapo_group(g), sapo_message_id(g));
+  x.receive("swarm." + x.config().swarm_name + ".groups." + g.node_id, encode_sapo_group(g),
+            sapo_message_id(g));
 }
 
 int64_t dropped(const ExchangeStatus& st, const char* reason) {
@@ -120,7 +121,8 @@ TEST(SapoMessage, DeepNestingIsDroppedBeforeParsing) {
   // The same message with the metadata at the depth a request body may have is kept: task
   // metadata sits at depth 2 of the message, so 140 more levels are 142.
   std::string ok = text;
-  ok.replace(ok.find(R"({"answer":"4"})"), 14, R"({"answer":)" + std::string(140, '[') + std::string(140, ']') + "}");
+  ok.replace(ok.find(R"({"answer":"4"})"), 14,
+             R"({"answer":)" + std::string(140, '[') + std::string(140, ']') + "}");
   EXPECT_TRUE(parse_sapo_group(ok, limits).group.has_value()) << parse_sapo_group(ok, limits).reason;
 }
 
@@ -175,12 +177,12 @@ TEST(SapoMessage, ExchangeReceiveCountsEachReasonAndBuffersTheRest) {
   c.now = [] { return 1.7e9 + 10; };
   Exchange x(c);
   const std::string prefix = "swarm.t.groups.";
-  x.receive(prefix + "me", encode_sapo_group(sample_group("me")), "m1");             // own
-  x.receive(prefix + "stranger", encode_sapo_group(sample_group("stranger")), "s1"); // untrusted
-  x.receive(prefix + "node-a", encode_sapo_group(sample_group("node-b")), "a0");     // spoofed
-  x.receive(prefix + "node-a", "{oops", "a1");                                       // malformed
-  x.receive(prefix + "node-a", std::string(5000, ' '), "a2");                        // too large
-  deliver(x, sample_group("node-a", {1, 1}));  // zero advantage
+  x.receive(prefix + "me", encode_sapo_group(sample_group("me")), "m1");              // own
+  x.receive(prefix + "stranger", encode_sapo_group(sample_group("stranger")), "s1");  // untrusted
+  x.receive(prefix + "node-a", encode_sapo_group(sample_group("node-b")), "a0");      // spoofed
+  x.receive(prefix + "node-a", "{oops", "a1");                                        // malformed
+  x.receive(prefix + "node-a", std::string(5000, ' '), "a2");                         // too large
+  deliver(x, sample_group("node-a", {1, 1}));                                         // zero advantage
   SapoGroup old = sample_group("node-a");
   old.created = 1.7e9 - 1000;
   deliver(x, old);  // stale (600 s window)
@@ -192,8 +194,8 @@ TEST(SapoMessage, ExchangeReceiveCountsEachReasonAndBuffersTheRest) {
   EXPECT_EQ(st.received, 11);
   EXPECT_EQ(st.accepted, 3);
   EXPECT_EQ(st.buffered, 2);
-  for (const char* reason : {"own", "untrusted", "spoofed", "malformed", "too_large", "zero_advantage", "stale",
-                             "duplicate", "evicted"})
+  for (const char* reason : {"own", "untrusted", "spoofed", "malformed", "too_large", "zero_advantage",
+                             "stale", "duplicate", "evicted"})
     EXPECT_EQ(st.dropped.count(reason) ? st.dropped.at(reason) : 0, 1) << reason;
   EXPECT_EQ(st.peers.at("node-a").received, 7);
   EXPECT_EQ(st.peers.at("node-a").accepted, 1);
@@ -264,13 +266,14 @@ ExchangeConfig receiver_config() {
 // node publishes is stamped with its run and sent under that id.
 TEST(SapoMessage, TheMessageIdIsDerivedFromTheGroup) {
   const SapoGroup g = sample_group();
-  EXPECT_EQ(sapo_message_id(g), "node-a:0badc0de:3:" + [] {
-    uint64_t h = 1469598103934665603ull;
-    for (unsigned char c : std::string("task-7")) h = (h ^ c) * 1099511628211ull;
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
-    return std::string(hex);
-  }());
+  EXPECT_EQ(
+      sapo_message_id(g), "node-a:0badc0de:3:" + [] {
+        uint64_t h = 1469598103934665603ull;
+        for (unsigned char c : std::string("task-7")) h = (h ^ c) * 1099511628211ull;
+        char hex[17];
+        std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+        return std::string(hex);
+      }());
   Exchange x(receiver_config());
   EXPECT_EQ(x.run_id().size(), 8u);
   SapoGroup stamped = g;
@@ -288,10 +291,9 @@ TEST(SapoMessage, AMessageWithoutItsOwnIdIsDroppedAndCounted) {
   EXPECT_EQ(dropped(x.status(), "no_id"), 1);
   EXPECT_EQ(x.status().buffered, 0);
   // Each part of the id differs in turn: node, run, step, task.
-  for (auto change : std::vector<void (*)(SapoGroup&)>{[](SapoGroup& o) { o.node_id = "node-b"; },
-                                                       [](SapoGroup& o) { o.run = "ffffffff"; },
-                                                       [](SapoGroup& o) { o.policy_step = 4; },
-                                                       [](SapoGroup& o) { o.task_id = "task-8"; }}) {
+  for (auto change : std::vector<void (*)(SapoGroup&)>{
+           [](SapoGroup& o) { o.node_id = "node-b"; }, [](SapoGroup& o) { o.run = "ffffffff"; },
+           [](SapoGroup& o) { o.policy_step = 4; }, [](SapoGroup& o) { o.task_id = "task-8"; }}) {
     SapoGroup other = g;
     change(other);
     x.receive(subject, payload, sapo_message_id(other));

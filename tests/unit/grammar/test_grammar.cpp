@@ -37,7 +37,7 @@ TEST(Grammar, LiteralsAlternativesAndRightRecursion) {
   g.set_root(list);
   EXPECT_TRUE(accepts(g, "a"));
   EXPECT_TRUE(accepts(g, "a,a,a"));
-  EXPECT_FALSE(accepts(g, "a,"));      // a prefix, not a sentence
+  EXPECT_FALSE(accepts(g, "a,"));  // a prefix, not a sentence
   EXPECT_TRUE(prefix_ok(g, "a,"));
   EXPECT_FALSE(prefix_ok(g, "a,,"));
   EXPECT_FALSE(prefix_ok(g, "b"));
@@ -120,7 +120,8 @@ TEST(JsonSchemaGrammar, ScalarsEnumsConstAndUnions) {
       "maybe": {"type": ["string", "null"]},
       "opt": {"type": "string", "nullable": true}},
     "required": ["kind", "fixed", "either", "maybe", "opt"]})");
-  EXPECT_TRUE(accepts(g, R"({"kind":"b\"c","fixed":{"k":[1,true]},"either":-1.5e+3,"maybe":null,"opt":"x"})"));
+  EXPECT_TRUE(
+      accepts(g, R"({"kind":"b\"c","fixed":{"k":[1,true]},"either":-1.5e+3,"maybe":null,"opt":"x"})"));
   EXPECT_TRUE(accepts(g, R"({"kind":3,"fixed":{"k":[1,true]},"either":false,"maybe":"s","opt":null})"));
   EXPECT_FALSE(accepts(g, R"({"kind":"c","fixed":{"k":[1,true]},"either":false,"maybe":"s","opt":null})"));
   EXPECT_FALSE(accepts(g, R"({"kind":3,"fixed":{"k":[1, true]},"either":false,"maybe":"s","opt":null})"))
@@ -151,11 +152,13 @@ TEST(JsonSchemaGrammar, OneOfOnlyWithExclusiveBranches) {
     }
     return std::string();
   };
-  for (const char* overlapping : {R"({"oneOf": [{"type": "number"}, {"type": "integer"}]})",
-                                  R"({"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]})",
-                                  R"({"oneOf": [{"enum": [1, 2]}, {"enum": [2, 3]}]})",
-                                  R"({"oneOf": [{"type": "object"}, {"type": "object", "properties": {"a": {"const": 1}}, "required": ["a"]}]})",
-                                  R"({"oneOf": [{"const": 1}, {"type": "integer"}]})"}) {
+  for (
+      const char* overlapping :
+      {R"({"oneOf": [{"type": "number"}, {"type": "integer"}]})",
+       R"({"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]})",
+       R"({"oneOf": [{"enum": [1, 2]}, {"enum": [2, 3]}]})",
+       R"({"oneOf": [{"type": "object"}, {"type": "object", "properties": {"a": {"const": 1}}, "required": ["a"]}]})",
+       R"({"oneOf": [{"const": 1}, {"type": "integer"}]})"}) {
     const std::string what = refused(overlapping);
     EXPECT_NE(what.find("'oneOf' at #: branches"), std::string::npos) << overlapping << ": " << what;
   }
@@ -168,7 +171,8 @@ TEST(JsonSchemaGrammar, LengthsCountsAndIntegerBounds) {
   EXPECT_TRUE(accepts(s, R"("a\nc")")) << "an escape is one character";
   EXPECT_TRUE(accepts(s, R"("äöü")")) << "characters, not bytes";
   EXPECT_FALSE(accepts(s, R"("abcd")"));
-  const Grammar a = schema_grammar(R"({"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 2})");
+  const Grammar a =
+      schema_grammar(R"({"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 2})");
   EXPECT_FALSE(accepts(a, "[]"));
   EXPECT_TRUE(accepts(a, "[1]"));
   EXPECT_TRUE(accepts(a, "[1, 2]"));
@@ -189,10 +193,11 @@ TEST(JsonSchemaGrammar, LengthsCountsAndIntegerBounds) {
 
 TEST(JsonSchemaGrammar, FormatsDateTimeDateTimeAndUuid) {
   const Grammar date = schema_grammar(R"({"type": "string", "format": "date"})");
-  for (const char* ok : {"\"2024-02-29\"", "\"2000-02-29\"", "\"1999-12-31\"", "\"2021-04-30\"", "\"0000-02-29\""})
+  for (const char* ok :
+       {"\"2024-02-29\"", "\"2000-02-29\"", "\"1999-12-31\"", "\"2021-04-30\"", "\"0000-02-29\""})
     EXPECT_TRUE(accepts(date, ok)) << ok;
-  for (const char* bad : {"\"2023-02-29\"", "\"1900-02-29\"", "\"2021-04-31\"", "\"2021-13-01\"", "\"2021-00-10\"",
-                          "\"2021-01-00\"", "\"21-01-01\""})
+  for (const char* bad : {"\"2023-02-29\"", "\"1900-02-29\"", "\"2021-04-31\"", "\"2021-13-01\"",
+                          "\"2021-00-10\"", "\"2021-01-00\"", "\"21-01-01\""})
     EXPECT_FALSE(accepts(date, bad)) << bad;
   const Grammar time = schema_grammar(R"({"type": "string", "format": "time"})");
   EXPECT_TRUE(accepts(time, "\"23:59:59Z\""));
@@ -246,10 +251,12 @@ TEST(JsonSchemaGrammar, UnsupportedOrInvalidSchemasNameTheProblem) {
             std::string::npos);
   EXPECT_NE(error_of(R"({"type": "strin"})").find("unknown type 'strin'"), std::string::npos);
   EXPECT_NE(error_of(R"({"$ref": "#/$defs/missing"})").find("missing"), std::string::npos);
-  EXPECT_NE(error_of(R"({"type": "object", "required": ["x"], "properties": {}})").find("'x'"), std::string::npos);
+  EXPECT_NE(error_of(R"({"type": "object", "required": ["x"], "properties": {}})").find("'x'"),
+            std::string::npos);
   EXPECT_NE(error_of(R"({"type": "number", "minimum": 0})").find("'minimum' on a number"), std::string::npos);
   EXPECT_NE(error_of(R"({"type": "array", "maxItems": 100000})").find("maxItems"), std::string::npos);
-  EXPECT_NE(error_of(R"({"type": "integer", "minimum": 5, "maximum": 1})").find("no integer"), std::string::npos);
+  EXPECT_NE(error_of(R"({"type": "integer", "minimum": 5, "maximum": 1})").find("no integer"),
+            std::string::npos);
   EXPECT_NE(error_of(R"(5)").find("must be an object or a boolean"), std::string::npos);
   EXPECT_NE(error_of(R"({"not": {}})").find("unsupported keyword 'not'"), std::string::npos);
 }
@@ -309,20 +316,26 @@ namespace {
 // Every token allowed by the masker is one whose bytes the matcher accepts in turn, and the
 // other way round — checked at every step of random walks, against a brute-force scan.
 TEST(TokenMasker, AgreesWithFeedingEveryTokenByItself) {
-  std::vector<std::string> vocab = {"{", "}", "\"", ":", ",", " ", "\n", "  ", "a", "b", "ab", "ba", "\"a", "\":",
-                                    "\":\"", "\",\"", "0", "1", "12", "-", "-1", ".", "e", "true", "tr", "ue", "null",
-                                    "[", "]", "[]", "{}", "\xc3", "\xa9", "\xc3\xa9", "é!", "<|end|>", "<tc>", ""};
-  for (int ch = 0x20; ch < 0x7f; ++ch) vocab.push_back(std::string(1, static_cast<char>(ch)));  // no dead ends
+  std::vector<std::string> vocab = {
+      "{",    "}",     "\"",    ":",  ",",  " ",    "\n",   "  ",       "a",  "b",       "ab",   "ba", "\"a",
+      "\":",  "\":\"", "\",\"", "0",  "1",  "12",   "-",    "-1",       ".",  "e",       "true", "tr", "ue",
+      "null", "[",     "]",     "[]", "{}", "\xc3", "\xa9", "\xc3\xa9", "é!", "<|end|>", "<tc>", ""};
+  for (int ch = 0x20; ch < 0x7f; ++ch)
+    vocab.push_back(std::string(1, static_cast<char>(ch)));  // no dead ends
   std::vector<bool> special(vocab.size(), false);
   const uint32_t kEnd = 35, kTc = 36;
   special[kEnd] = special[kTc] = true;
   auto trie = std::make_shared<TokenTrie>(vocab, special);
   // <tc> {"k": <an object of the schema>} <tc>
   Grammar g;
-  JsonSchemaCompiler c(g, ojson::parse(R"({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}},
+  JsonSchemaCompiler c(
+      g,
+      ojson::parse(R"({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}},
       "b": {"type": "string"}, "c": {"type": "boolean"}}, "required": ["b"]})"));
-  const uint32_t value = c.value(ojson::parse(R"({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}},
-      "b": {"type": "string"}, "c": {"type": "boolean"}}, "required": ["b"]})"), "#");
+  const uint32_t value = c.value(
+      ojson::parse(R"({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}},
+      "b": {"type": "string"}, "c": {"type": "boolean"}}, "required": ["b"]})"),
+      "#");
   g.set_root(g.rule_of({{Element::token(kTc), Element::rule(value), Element::token(kTc)}}));
   Matcher m(g);
   TokenMasker masker(trie, {kEnd});
@@ -335,9 +348,12 @@ TEST(TokenMasker, AgreesWithFeedingEveryTokenByItself) {
       std::vector<uint32_t> allowed;
       for (uint32_t id = 0; id < vocab.size(); ++id) {
         bool ok;
-        if (id == kEnd) ok = !s.empty() && s.front() == 0;
-        else if (special[id]) ok = !m.advance_token(s, id).empty();
-        else if (vocab[id].empty()) ok = false;
+        if (id == kEnd)
+          ok = !s.empty() && s.front() == 0;
+        else if (special[id])
+          ok = !m.advance_token(s, id).empty();
+        else if (vocab[id].empty())
+          ok = false;
         else {
           Matcher::State t = s;
           for (unsigned char ch : vocab[id])
@@ -353,7 +369,8 @@ TEST(TokenMasker, AgreesWithFeedingEveryTokenByItself) {
         ++finished;
         break;
       }
-      if (special[pick]) s = m.advance_token(s, pick);
+      if (special[pick])
+        s = m.advance_token(s, pick);
       else
         for (unsigned char ch : vocab[pick]) s = m.advance(s, ch);
     }
@@ -388,7 +405,8 @@ TEST(TokenMasker, CachedMasksEqualTheFullScan) {
   std::vector<bool> special(vocab.size(), false);
   special[kEnd] = true;
   auto trie = std::make_shared<TokenTrie>(vocab, special);
-  std::vector<ojson> schemas{ojson::parse(R"({"type": "object", "properties": {"a": {"type": "string", "maxLength": 6},
+  std::vector<ojson> schemas{
+      ojson::parse(R"({"type": "object", "properties": {"a": {"type": "string", "maxLength": 6},
       "b": {"type": "array", "items": {"type": "string", "minLength": 2, "maxLength": 5}}}, "required": ["a", "b"]})")};
   for (int i = 0; i < 300; ++i) schemas.push_back(swarm::testing::random_schema(rng, 3, false));
   size_t steps = 0, local_hits = 0;
@@ -440,7 +458,8 @@ TEST(GrammarCache, ByteBoundEvictsLeastRecentlyUsed) {
   const auto schema = [](int i) {
     return ojson::parse(R"({"type": "object", "properties": {"p)" + std::to_string(i) +
                         R"(": {"type": "string", "maxLength": 12}, "n": {"type": "integer", "minimum": 0}},
-                        "required": ["p)" + std::to_string(i) + R"("]})");
+                        "required": ["p)" +
+                        std::to_string(i) + R"("]})");
   };
   const size_t one = json_schema_grammar(schema(0)).memory_bytes();
   ASSERT_GT(one, 1000u);  // the tables are counted, not just the object
@@ -486,7 +505,8 @@ TEST(TokenMasker, ByteBoundEvictsMasks) {
   const Grammar g = json_schema_grammar(ojson::parse(
       R"({"type": "array", "items": {"type": "object", "properties": {"k": {"type": "string", "maxLength": 30}}}})"));
   Matcher m(g);
-  const size_t per_mask = sizeof(TokenMask) + (vocab.size() + 63) / 64 * 8 + LruCache<uint32_t, TokenMask>::kEntryOverhead;
+  const size_t per_mask =
+      sizeof(TokenMask) + (vocab.size() + 63) / 64 * 8 + LruCache<uint32_t, TokenMask>::kEntryOverhead;
   const size_t bytes = 30 * per_mask;  // two thirds of it for masks by state: 20 masks
   TokenMasker masker(trie, {end}, /*cache_entries=*/100000, /*local_entries=*/100000, bytes);
   const size_t matcher_bytes = m.memory_bytes();

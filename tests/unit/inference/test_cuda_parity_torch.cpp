@@ -62,12 +62,14 @@ class Waiter : public GenerationObserver {
 
 const std::vector<std::string> kPrompts = {
     "Once upon a time, there was a little girl named Lily.", "Tom had a big red ball. One day",
-    "The sun was shining and the birds were singing in the park. A small dog ran to", "Sam", "There was a tree."};
+    "The sun was shining and the birds were singing in the park. A small dog ran to", "Sam",
+    "There was a tree."};
 
 class CudaParity : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device (this libtorch: CPU only, or no GPU here)";
+    if (!torch::cuda::is_available())
+      GTEST_SKIP() << "no CUDA device (this libtorch: CPU only, or no GPU here)";
     tokenizer_ = Tokenizer::from_directory(tinystories().string());
   }
   std::vector<GenerationChoice> generate(const std::shared_ptr<DecoderModel>& model, double temperature,
@@ -110,7 +112,8 @@ at::Tensor full_logits(const DecoderModel& model, const Tokenizer& tok) {
   }
   std::vector<int64_t> flat, lengths;
   for (const auto& v : ids) {
-    for (int64_t t = 0; t < T; ++t) flat.push_back(t < static_cast<int64_t>(v.size()) ? v[static_cast<size_t>(t)] : 0);
+    for (int64_t t = 0; t < T; ++t)
+      flat.push_back(t < static_cast<int64_t>(v.size()) ? v[static_cast<size_t>(t)] : 0);
     lengths.push_back(static_cast<int64_t>(v.size()));
   }
   const auto B = static_cast<int64_t>(ids.size());
@@ -140,11 +143,14 @@ TEST_F(CudaParity, Fp32GreedyServingMatchesTheCpuTokenForToken) {
   for (size_t i = 0; i < kPrompts.size(); ++i) {
     EXPECT_EQ(a[i].ids, b[i].ids) << "prompt " << i;
     ASSERT_EQ(a[i].logprobs.size(), b[i].logprobs.size());
-    for (size_t t = 0; t < a[i].logprobs.size(); ++t) worst = std::max(worst, std::abs(double(a[i].logprobs[t]) - b[i].logprobs[t]));
+    for (size_t t = 0; t < a[i].logprobs.size(); ++t)
+      worst = std::max(worst, std::abs(double(a[i].logprobs[t]) - b[i].logprobs[t]));
     tokens += a[i].ids.size();
   }
-  std::printf("[cuda parity] greedy serving: %zu tokens identical to the CPU engine's; max log-prob difference %.3g\n",
-              tokens, worst);
+  std::printf(
+      "[cuda parity] greedy serving: %zu tokens identical to the CPU engine's; max log-prob difference "
+      "%.3g\n",
+      tokens, worst);
   EXPECT_LE(worst, 1e-3);
 }
 
@@ -154,8 +160,9 @@ TEST_F(CudaParity, Bf16TracksFp32) {
   const at::Tensor a = full_logits(*gpu, *tokenizer_), b = full_logits(*ref, *tokenizer_);
   const double err = rel_error(a, b);
   const double agree = (a.argmax(-1) == b.argmax(-1)).to(at::kFloat).mean().item<double>();
-  std::printf("[cuda parity] bf16 on CUDA vs fp32 CPU: max relative logit error %.3g, greedy agreement %.1f %%\n", err,
-              100 * agree);
+  std::printf(
+      "[cuda parity] bf16 on CUDA vs fp32 CPU: max relative logit error %.3g, greedy agreement %.1f %%\n",
+      err, 100 * agree);
   EXPECT_LE(err, 5e-2);
   EXPECT_GE(agree, 0.9);
 }

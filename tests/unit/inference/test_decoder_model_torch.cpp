@@ -40,7 +40,9 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 fs::path tinystories() { return fs::path(SWARM_FIXTURES_DIR) / "models" / "tinystories-656k"; }
-fs::path reference_script() { return fs::path(SWARM_SOURCE_DIR) / "tests" / "reference" / "llama_reference.py"; }
+fs::path reference_script() {
+  return fs::path(SWARM_SOURCE_DIR) / "tests" / "reference" / "llama_reference.py";
+}
 
 // A fresh scratch directory per test, removed afterwards.
 struct ScratchDir : swarm::testing::ScratchDir {
@@ -65,7 +67,7 @@ torch::Tensor reference_logits(const json& ref, size_t b) {
 }
 
 struct Errors {
-  double max_rel = 0;   // max over sequences of max|a - b| / max|b|
+  double max_rel = 0;  // max over sequences of max|a - b| / max|b|
   double max_abs = 0;
   double mean_abs = 0;  // over all compared logits
   double mean_abs_over_spread = 0;
@@ -80,13 +82,16 @@ struct Errors {
     max_abs = std::max(max_abs, diff.max().item<double>());
     const double spread = (ref.max() - ref.min()).item<double>();
     const int64_t n = diff.numel();
-    mean_abs = (mean_abs * static_cast<double>(elements) + diff.sum().item<double>()) / static_cast<double>(elements + n);
+    mean_abs = (mean_abs * static_cast<double>(elements) + diff.sum().item<double>()) /
+               static_cast<double>(elements + n);
     mean_abs_over_spread = std::max(mean_abs_over_spread, diff.mean().item<double>() / spread);
     elements += n;
     positions += ours.size(0);
     top1_agree += ours.argmax(-1).eq(ref.argmax(-1)).sum().item<int64_t>();
   }
-  double top1() const { return positions ? static_cast<double>(top1_agree) / static_cast<double>(positions) : 0; }
+  double top1() const {
+    return positions ? static_cast<double>(top1_agree) / static_cast<double>(positions) : 0;
+  }
   std::string str() const {
     std::ostringstream s;
     s << "max rel " << max_rel << ", max abs " << max_abs << ", mean abs " << mean_abs << ", top-1 agreement "
@@ -108,13 +113,15 @@ std::vector<std::vector<int32_t>> random_prompts(int64_t vocab, std::vector<int>
 }
 
 // A right-padded [B, T] batch (padding id `pad`) and its lengths.
-std::pair<torch::Tensor, torch::Tensor> pad_batch(const std::vector<std::vector<int32_t>>& seqs, int64_t pad = 0) {
+std::pair<torch::Tensor, torch::Tensor> pad_batch(const std::vector<std::vector<int32_t>>& seqs,
+                                                  int64_t pad = 0) {
   int64_t T = 0;
   for (const auto& s : seqs) T = std::max<int64_t>(T, static_cast<int64_t>(s.size()));
   torch::Tensor ids = torch::full({static_cast<int64_t>(seqs.size()), T}, pad, torch::kLong);
   torch::Tensor lens = torch::empty({static_cast<int64_t>(seqs.size())}, torch::kLong);
   for (size_t b = 0; b < seqs.size(); ++b) {
-    for (size_t t = 0; t < seqs[b].size(); ++t) ids[static_cast<int64_t>(b)][static_cast<int64_t>(t)] = seqs[b][t];
+    for (size_t t = 0; t < seqs[b].size(); ++t)
+      ids[static_cast<int64_t>(b)][static_cast<int64_t>(t)] = seqs[b][t];
     lens[static_cast<int64_t>(b)] = static_cast<int64_t>(seqs[b].size());
   }
   return {ids, lens};
@@ -139,7 +146,9 @@ class DecoderModelTest : public ::testing::Test {
     set_compute_threads(2);
   }
   // The prompts of the TinyStories parity tests (fixed seed, lengths 1..100).
-  static std::vector<std::vector<int32_t>> prompts() { return random_prompts(2048, {1, 3, 9, 28, 57, 100}, 20240611); }
+  static std::vector<std::vector<int32_t>> prompts() {
+    return random_prompts(2048, {1, 3, 9, 28, 57, 100}, 20240611);
+  }
 };
 
 // ---------------------------------------------------------------- parity with the reference
@@ -147,8 +156,9 @@ class DecoderModelTest : public ::testing::Test {
 TEST_F(DecoderModelTest, TinyStoriesFp32LogitsMatchReference) {
   ScratchDir scratch;
   const auto seqs = prompts();
-  const json ref = run_reference({{"model_dir", tinystories().string()}, {"batch", batch_json(seqs)}, {"dtype", "fp32"}},
-                                 scratch.path());
+  const json ref =
+      run_reference({{"model_dir", tinystories().string()}, {"batch", batch_json(seqs)}, {"dtype", "fp32"}},
+                    scratch.path());
   auto model = DecoderModel::load(tinystories(), DType::F32);
   ASSERT_EQ(model->config().vocab_size, 2048);
 
@@ -174,8 +184,9 @@ TEST_F(DecoderModelTest, TinyStoriesFp32LogitsMatchReference) {
 TEST_F(DecoderModelTest, TinyStoriesBf16LogitsMatchBf16Reference) {
   ScratchDir scratch;
   const auto seqs = prompts();
-  const json ref = run_reference({{"model_dir", tinystories().string()}, {"batch", batch_json(seqs)}, {"dtype", "bf16"}},
-                                 scratch.path());
+  const json ref =
+      run_reference({{"model_dir", tinystories().string()}, {"batch", batch_json(seqs)}, {"dtype", "bf16"}},
+                    scratch.path());
   auto model = DecoderModel::load(tinystories(), DType::BF16);
   EXPECT_EQ(model->parameters()[0].second.scalar_type(), torch::kBFloat16);
   Errors single, padded;
@@ -187,7 +198,8 @@ TEST_F(DecoderModelTest, TinyStoriesBf16LogitsMatchBf16Reference) {
                reference_logits(ref, b));
   }
   std::cout << "[bf16 single ] " << single.str() << " (mean/spread " << single.mean_abs_over_spread << ")\n"
-            << "[bf16 padded ] " << padded.str() << " (mean/spread " << padded.mean_abs_over_spread << ")" << std::endl;
+            << "[bf16 padded ] " << padded.str() << " (mean/spread " << padded.mean_abs_over_spread << ")"
+            << std::endl;
   for (const Errors* e : {&single, &padded}) {
     EXPECT_GE(e->top1(), 0.95) << e->str();
     EXPECT_LE(e->mean_abs_over_spread, 0.01) << e->str();
@@ -201,15 +213,18 @@ TEST_F(DecoderModelTest, GreedyGenerationWithCacheMatchesReference) {
   ScratchDir scratch;
   const auto seqs = random_prompts(2048, {1, 12, 45}, 777);
   constexpr int kTokens = 64;
-  const json ref = run_reference(
-      {{"model_dir", tinystories().string()}, {"batch", batch_json(seqs)}, {"dtype", "fp32"}, {"greedy_tokens", kTokens}},
-      scratch.path());
+  const json ref = run_reference({{"model_dir", tinystories().string()},
+                                  {"batch", batch_json(seqs)},
+                                  {"dtype", "fp32"},
+                                  {"greedy_tokens", kTokens}},
+                                 scratch.path());
   auto model = DecoderModel::load(tinystories(), DType::F32);
   KvCache cache = KvCache::for_model(model->config(), /*num_blocks=*/64, /*block_size=*/16, torch::kFloat);
 
   std::vector<StepInput> step;
   for (size_t s = 0; s < seqs.size(); ++s) {
-    ASSERT_TRUE(cache.ensure_capacity(static_cast<int64_t>(s), static_cast<int64_t>(seqs[s].size()) + kTokens));
+    ASSERT_TRUE(
+        cache.ensure_capacity(static_cast<int64_t>(s), static_cast<int64_t>(seqs[s].size()) + kTokens));
     step.push_back({static_cast<int64_t>(s), seqs[s], 0});
   }
   std::vector<std::vector<int64_t>> generated(seqs.size());
@@ -244,7 +259,8 @@ struct StepRun {
 
 // Runs several sequences through forward_step in the same step batches (each advancing by its
 // own chunk size every step), and returns the concatenated per-token logits of each.
-std::vector<torch::Tensor> run_interleaved(const DecoderModel& model, KvCache& cache, std::vector<StepRun> runs) {
+std::vector<torch::Tensor> run_interleaved(const DecoderModel& model, KvCache& cache,
+                                           std::vector<StepRun> runs) {
   while (true) {
     std::vector<StepInput> step;
     std::vector<size_t> who;
@@ -254,7 +270,8 @@ std::vector<torch::Tensor> run_interleaved(const DecoderModel& model, KvCache& c
       if (left == 0) continue;
       const int64_t n = std::min(left, run.chunk);
       EXPECT_TRUE(cache.ensure_capacity(run.slot, run.done + n));
-      step.push_back({run.slot, std::vector<int32_t>(run.tokens.begin() + run.done, run.tokens.begin() + run.done + n),
+      step.push_back({run.slot,
+                      std::vector<int32_t>(run.tokens.begin() + run.done, run.tokens.begin() + run.done + n),
                       run.done});
       who.push_back(r);
     }
@@ -332,8 +349,8 @@ TEST_F(DecoderModelTest, Bf16CachedDecodingTracksBf16FullForward) {
   for (size_t s = 0; s < seqs.size(); ++s) {
     Errors e;
     e.add(got[s], full_logits(*model, seqs[s]));
-    std::cout << "[bf16 cache vs full " << s << "] " << e.str() << " (mean/spread " << e.mean_abs_over_spread << ")"
-              << std::endl;
+    std::cout << "[bf16 cache vs full " << s << "] " << e.str() << " (mean/spread " << e.mean_abs_over_spread
+              << ")" << std::endl;
     EXPECT_GE(e.top1(), 0.95) << e.str();
     EXPECT_LE(e.mean_abs_over_spread, 0.01) << e.str();
     EXPECT_LE(e.max_rel, 0.05) << e.str();
@@ -363,7 +380,9 @@ ModelConfig write_random_model(const fs::path& dir, const json& config, uint64_t
       t = torch::randn(spec.shape) / std::sqrt(static_cast<double>(spec.shape[1]));
     }
     keep.push_back(t.contiguous());
-    data.push_back({n, DType::F32, spec.shape,
+    data.push_back({n,
+                    DType::F32,
+                    spec.shape,
                     {reinterpret_cast<const std::byte*>(keep.back().data_ptr()), keep.back().nbytes()}});
   }
   write_safetensors(dir / "model.safetensors", data);
@@ -371,22 +390,43 @@ ModelConfig write_random_model(const fs::path& dir, const json& config, uint64_t
 }
 
 json qwen2_config() {
-  return {{"architectures", {"Qwen2ForCausalLM"}}, {"model_type", "qwen2"}, {"vocab_size", 300},
-          {"hidden_size", 96}, {"intermediate_size", 160}, {"num_hidden_layers", 2},
-          {"num_attention_heads", 6}, {"num_key_value_heads", 2}, {"max_position_embeddings", 256},
-          {"rope_theta", 1000000.0}, {"rms_norm_eps", 1e-6}, {"tie_word_embeddings", true},
-          {"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}}, {"hidden_act", "silu"}};
+  return {{"architectures", {"Qwen2ForCausalLM"}},
+          {"model_type", "qwen2"},
+          {"vocab_size", 300},
+          {"hidden_size", 96},
+          {"intermediate_size", 160},
+          {"num_hidden_layers", 2},
+          {"num_attention_heads", 6},
+          {"num_key_value_heads", 2},
+          {"max_position_embeddings", 256},
+          {"rope_theta", 1000000.0},
+          {"rms_norm_eps", 1e-6},
+          {"tie_word_embeddings", true},
+          {"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}},
+          {"hidden_act", "silu"}};
 }
 
 json qwen3_config() {
   // head_dim 32 != hidden / heads (16), untied head, llama3 RoPE scaling spanning all three bands.
-  return {{"architectures", {"Qwen3ForCausalLM"}}, {"model_type", "qwen3"}, {"vocab_size", 300},
-          {"hidden_size", 64}, {"intermediate_size", 128}, {"num_hidden_layers", 2},
-          {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 32},
-          {"max_position_embeddings", 256}, {"rope_theta", 10000.0}, {"rms_norm_eps", 1e-6},
-          {"tie_word_embeddings", false}, {"hidden_act", "silu"},
+  return {{"architectures", {"Qwen3ForCausalLM"}},
+          {"model_type", "qwen3"},
+          {"vocab_size", 300},
+          {"hidden_size", 64},
+          {"intermediate_size", 128},
+          {"num_hidden_layers", 2},
+          {"num_attention_heads", 4},
+          {"num_key_value_heads", 2},
+          {"head_dim", 32},
+          {"max_position_embeddings", 256},
+          {"rope_theta", 10000.0},
+          {"rms_norm_eps", 1e-6},
+          {"tie_word_embeddings", false},
+          {"hidden_act", "silu"},
           {"rope_scaling",
-           {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+           {{"rope_type", "llama3"},
+            {"factor", 8.0},
+            {"low_freq_factor", 1.0},
+            {"high_freq_factor", 4.0},
             {"original_max_position_embeddings", 64}}}};
 }
 
@@ -395,8 +435,8 @@ void check_random_family(const json& config, const std::string& what) {
   const fs::path dir = scratch.path() / "model";
   const ModelConfig cfg = write_random_model(dir, config, 42);
   const auto seqs = random_prompts(cfg.vocab_size, {1, 23, 80}, 3);
-  const json ref = run_reference({{"model_dir", dir.string()}, {"batch", batch_json(seqs)}, {"dtype", "fp32"}},
-                                 scratch.path());
+  const json ref = run_reference(
+      {{"model_dir", dir.string()}, {"batch", batch_json(seqs)}, {"dtype", "fp32"}}, scratch.path());
   auto model = DecoderModel::load(dir, DType::F32);
   Errors full, padded, cached;
   auto [ids, lens] = pad_batch(seqs);
@@ -409,8 +449,8 @@ void check_random_family(const json& config, const std::string& what) {
     padded.add(batched[static_cast<int64_t>(b)].narrow(0, 0, static_cast<int64_t>(seqs[b].size())), r);
     cached.add(stepped[b], r);
   }
-  std::cout << "[" << what << " full  ] " << full.str() << "\n[" << what << " padded] " << padded.str() << "\n["
-            << what << " cached] " << cached.str() << std::endl;
+  std::cout << "[" << what << " full  ] " << full.str() << "\n[" << what << " padded] " << padded.str()
+            << "\n[" << what << " cached] " << cached.str() << std::endl;
   for (const Errors* e : {&full, &padded, &cached}) {
     EXPECT_LE(e->max_rel, 1e-4) << what << ": " << e->str();
     EXPECT_EQ(e->top1_agree, e->positions) << what << ": " << e->str();
@@ -426,10 +466,18 @@ TEST_F(DecoderModelTest, RandomQwen3WithQkNormMatchesReference) {
 }
 
 json mistral_config() {
-  return {{"architectures", {"MistralForCausalLM"}}, {"model_type", "mistral"}, {"vocab_size", 300},
-          {"hidden_size", 64}, {"intermediate_size", 96}, {"num_hidden_layers", 2},
-          {"num_attention_heads", 4}, {"num_key_value_heads", 1}, {"max_position_embeddings", 256},
-          {"rope_theta", 10000.0}, {"rms_norm_eps", 1e-5}, {"tie_word_embeddings", false},
+  return {{"architectures", {"MistralForCausalLM"}},
+          {"model_type", "mistral"},
+          {"vocab_size", 300},
+          {"hidden_size", 64},
+          {"intermediate_size", 96},
+          {"num_hidden_layers", 2},
+          {"num_attention_heads", 4},
+          {"num_key_value_heads", 1},
+          {"max_position_embeddings", 256},
+          {"rope_theta", 10000.0},
+          {"rms_norm_eps", 1e-5},
+          {"tie_word_embeddings", false},
           {"hidden_act", "silu"}};
 }
 
@@ -482,12 +530,14 @@ TEST_F(DecoderModelTest, MistralSlidingWindowOnEveryLayerMatchesReference) {
 TEST_F(DecoderModelTest, RopeTablesMatchTransformersAtLongPositions) {
   ScratchDir scratch;
   const std::vector<int64_t> rows = {0, 1, 77, 4095, 16384, 32767};
-  for (auto [name, base] : {std::pair<const char*, json>{"qwen2-linear", qwen2_config()}, {"qwen3-llama3", qwen3_config()}}) {
+  for (auto [name, base] :
+       {std::pair<const char*, json>{"qwen2-linear", qwen2_config()}, {"qwen3-llama3", qwen3_config()}}) {
     json config = base;
     config["max_position_embeddings"] = 32768;
     write_random_model(scratch.path() / name, config, 5);
     auto model = DecoderModel::load(scratch.path() / name, DType::F32);
-    const json ref = run_reference({{"rope_tables", config}, {"positions", 32768}, {"rows", rows}}, scratch.path());
+    const json ref =
+        run_reference({{"rope_tables", config}, {"positions", 32768}, {"rows", rows}}, scratch.path());
     double worst_cos = 0, worst_sin = 0;
     for (size_t r = 0; r < rows.size(); ++r) {
       const torch::Tensor want_cos = torch::tensor(ref.at("cos").at(r).get<std::vector<float>>());
@@ -495,7 +545,8 @@ TEST_F(DecoderModelTest, RopeTablesMatchTransformersAtLongPositions) {
       worst_cos = std::max(worst_cos, (model->rope_cos()[rows[r]] - want_cos).abs().max().item<double>());
       worst_sin = std::max(worst_sin, (model->rope_sin()[rows[r]] - want_sin).abs().max().item<double>());
     }
-    std::cout << "[" << name << "] max |cos - ref| " << worst_cos << ", max |sin - ref| " << worst_sin << std::endl;
+    std::cout << "[" << name << "] max |cos - ref| " << worst_cos << ", max |sin - ref| " << worst_sin
+              << std::endl;
     EXPECT_LE(worst_cos, 1e-5) << name;
     EXPECT_LE(worst_sin, 1e-5) << name;
   }
@@ -506,11 +557,20 @@ TEST_F(DecoderModelTest, RopeTablesMatchTransformersAtLongPositions) {
 // last logits of a forward over exactly those tokens.
 TEST_F(DecoderModelTest, SlidingWindowSeesOnlyTheWindow) {
   ScratchDir scratch;
-  json config = {{"architectures", {"MistralForCausalLM"}}, {"model_type", "mistral"}, {"vocab_size", 128},
-                 {"hidden_size", 64}, {"intermediate_size", 96}, {"num_hidden_layers", 1},
-                 {"num_attention_heads", 4}, {"num_key_value_heads", 1}, {"max_position_embeddings", 128},
-                 {"rope_theta", 10000.0}, {"rms_norm_eps", 1e-5}, {"tie_word_embeddings", false},
-                 {"sliding_window", 6}, {"hidden_act", "silu"}};
+  json config = {{"architectures", {"MistralForCausalLM"}},
+                 {"model_type", "mistral"},
+                 {"vocab_size", 128},
+                 {"hidden_size", 64},
+                 {"intermediate_size", 96},
+                 {"num_hidden_layers", 1},
+                 {"num_attention_heads", 4},
+                 {"num_key_value_heads", 1},
+                 {"max_position_embeddings", 128},
+                 {"rope_theta", 10000.0},
+                 {"rms_norm_eps", 1e-5},
+                 {"tie_word_embeddings", false},
+                 {"sliding_window", 6},
+                 {"hidden_act", "silu"}};
   const ModelConfig cfg = write_random_model(scratch.path() / "m", config, 7);
   ASSERT_EQ(cfg.sliding_window, 6);
   auto model = DecoderModel::load(scratch.path() / "m", DType::F32);
@@ -584,7 +644,8 @@ TEST_F(DecoderModelTest, ServingFollowsUpdatesOfMergedProjections) {
       rows.push_back(model->forward_step({{0, {seq[static_cast<size_t>(pos)]}, pos}}, cache));
     return torch::cat(rows, 0);
   };
-  for (const char* which : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"}) {
+  for (const char* which :
+       {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"}) {
     model = DecoderModel::load(tinystories(), DType::F32);  // merged afresh
     const torch::Tensor original = full_logits(*model, seq);
     ASSERT_LE(rel_error(serving_logits(), original), 1e-5);
@@ -625,7 +686,8 @@ TEST_F(DecoderModelTest, ForwardFullIsDifferentiableAndIgnoresPadding) {
     ASSERT_TRUE(t.grad().defined()) << name;
     EXPECT_TRUE(t.grad().isfinite().all().item<bool>()) << name;
   }
-  EXPECT_GT(model->parameter("model.layers.0.self_attn.k_proj.weight").grad().abs().sum().item<float>(), 0.0f);
+  EXPECT_GT(model->parameter("model.layers.0.self_attn.k_proj.weight").grad().abs().sum().item<float>(),
+            0.0f);
 
   // Different padding ids change nothing at the real positions.
   torch::NoGradGuard no_grad;
@@ -633,7 +695,8 @@ TEST_F(DecoderModelTest, ForwardFullIsDifferentiableAndIgnoresPadding) {
   const torch::Tensor again = model->forward_full(ids2, lens2);
   for (size_t b = 0; b < seqs.size(); ++b) {
     const int64_t n = static_cast<int64_t>(seqs[b].size());
-    EXPECT_LE((again[static_cast<int64_t>(b)].narrow(0, 0, n) - logits[static_cast<int64_t>(b)].narrow(0, 0, n).detach())
+    EXPECT_LE((again[static_cast<int64_t>(b)].narrow(0, 0, n) -
+               logits[static_cast<int64_t>(b)].narrow(0, 0, n).detach())
                   .abs()
                   .max()
                   .item<float>(),
@@ -649,13 +712,13 @@ TEST_F(DecoderModelTest, RejectsBadInputs) {
   // No capacity reserved: a scheduler bug, not a crash.
   EXPECT_THROW(model->forward_step({{0, {1, 2, 3}, 0}}, cache), SwarmError);
   ASSERT_TRUE(cache.ensure_capacity(0, 8));
-  EXPECT_THROW(model->forward_step({{0, {4096}, 0}}, cache), SwarmError);                   // token out of range
-  EXPECT_THROW(model->forward_step({{0, {}, 0}}, cache), SwarmError);                       // nothing to do
-  EXPECT_THROW(model->forward_step({{0, {1}, 0}, {0, {2}, 1}}, cache), SwarmError);         // slot twice
-  EXPECT_THROW(model->forward_step({{0, {1}, 600}}, cache), SwarmError);                    // beyond context
+  EXPECT_THROW(model->forward_step({{0, {4096}, 0}}, cache), SwarmError);            // token out of range
+  EXPECT_THROW(model->forward_step({{0, {}, 0}}, cache), SwarmError);                // nothing to do
+  EXPECT_THROW(model->forward_step({{0, {1}, 0}, {0, {2}, 1}}, cache), SwarmError);  // slot twice
+  EXPECT_THROW(model->forward_step({{0, {1}, 600}}, cache), SwarmError);             // beyond context
   KvCache bf16_cache = KvCache::for_model(model->config(), 4, 16, torch::kBFloat16);
   ASSERT_TRUE(bf16_cache.ensure_capacity(0, 4));
-  EXPECT_THROW(model->forward_step({{0, {1}, 0}}, bf16_cache), SwarmError);                 // dtype mismatch
+  EXPECT_THROW(model->forward_step({{0, {1}, 0}}, bf16_cache), SwarmError);  // dtype mismatch
   EXPECT_THROW(model->forward_full(torch::zeros({1, 600}, torch::kLong), torch::full({1}, 600, torch::kLong)),
                SwarmError);
   EXPECT_THROW(DecoderModel::load(tinystories(), DType::I32), SwarmError);
@@ -682,7 +745,8 @@ TEST_F(DecoderModelTest, RejectsDynamicRopeAndMissingTensors) {
     DecoderModel::from_state_dict(cfg, state);
     FAIL() << "missing tensor should be refused";
   } catch (const SwarmError& e) {
-    EXPECT_NE(std::string(e.what()).find("model.layers.1.self_attn.k_proj.bias"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("model.layers.1.self_attn.k_proj.bias"), std::string::npos)
+        << e.what();
   }
 }
 

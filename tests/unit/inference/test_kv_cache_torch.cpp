@@ -68,7 +68,7 @@ TEST(BlockAllocatorTest, FullPoolSaysWaitThenFitsAfterRelease) {
   EXPECT_FALSE(a.has_sequence(1));
   EXPECT_FALSE(a.ensure_capacity(0, 65));  // growing past the pool is refused too
   EXPECT_EQ(a.block_table(0).size(), 3u);
-  EXPECT_TRUE(a.ensure_capacity(1, 16));   // 1 block still fits
+  EXPECT_TRUE(a.ensure_capacity(1, 16));  // 1 block still fits
   EXPECT_EQ(a.free_blocks(), 0);
   EXPECT_FALSE(a.ensure_capacity(2, 1));
 

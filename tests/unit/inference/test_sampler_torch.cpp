@@ -18,8 +18,7 @@ namespace swarm {
 namespace {
 
 at::Tensor row_logits(const std::vector<float>& v) {
-  return at::tensor(v, at::TensorOptions().dtype(at::kFloat))
-      .view({1, static_cast<int64_t>(v.size())});
+  return at::tensor(v, at::TensorOptions().dtype(at::kFloat)).view({1, static_cast<int64_t>(v.size())});
 }
 
 SampledToken sample_one(const at::Tensor& logits, const SamplingConfig& cfg, SamplerRng& rng) {
@@ -35,8 +34,8 @@ SamplingConfig temp(double t) {
 }
 
 // Frequencies of `n_draws` draws of one row (replicated into batches of 1000 sharing one rng).
-std::vector<double> frequencies(const std::vector<float>& v, const SamplingConfig& cfg,
-                                uint64_t seed, int64_t n_draws) {
+std::vector<double> frequencies(const std::vector<float>& v, const SamplingConfig& cfg, uint64_t seed,
+                                int64_t n_draws) {
   const int64_t batch = 1000;
   SamplerRng rng(seed);
   const at::Tensor logits = row_logits(v).expand({batch, static_cast<int64_t>(v.size())});
@@ -44,8 +43,7 @@ std::vector<double> frequencies(const std::vector<float>& v, const SamplingConfi
   std::vector<SamplerRng*> rngs(batch, &rng);
   std::vector<double> counts(v.size(), 0.0);
   for (int64_t done = 0; done < n_draws; done += batch)
-    for (const auto& t : sample_tokens(logits, cfgs, rngs))
-      counts.at(static_cast<size_t>(t.id)) += 1;
+    for (const auto& t : sample_tokens(logits, cfgs, rngs)) counts.at(static_cast<size_t>(t.id)) += 1;
   for (auto& c : counts) c /= static_cast<double>(n_draws);
   return counts;
 }
@@ -68,8 +66,7 @@ TEST(SamplerRngTest, SameSeedSameStreamDifferentSeedDifferent) {
 }
 
 TEST(SamplerTest, GreedyPicksArgmaxWithLogSoftmaxLogprob) {
-  const at::Tensor logits =
-      at::tensor({0.1f, 3.0f, -2.0f, 2.9f, 1.0f, 0.5f, 4.0f, 0.0f}).view({2, 4});
+  const at::Tensor logits = at::tensor({0.1f, 3.0f, -2.0f, 2.9f, 1.0f, 0.5f, 4.0f, 0.0f}).view({2, 4});
   std::vector<SamplingConfig> cfgs{temp(0.0), temp(0.0)};
   SamplerRng r0(1), r1(2);
   std::vector<SamplerRng*> rngs{&r0, &r1};
@@ -173,9 +170,8 @@ int32_t reference_draw(const at::Tensor& row_logits_1v, const SamplingConfig& cf
     if (std::isfinite(row[i])) ids.push_back(i);
   const bool truncates = (cfg.top_k > 0 && cfg.top_k < static_cast<int64_t>(ids.size())) || cfg.top_p < 1.0;
   if (truncates)
-    std::sort(ids.begin(), ids.end(), [row](int32_t a, int32_t b) {
-      return row[a] > row[b] || (row[a] == row[b] && a < b);
-    });
+    std::sort(ids.begin(), ids.end(),
+              [row](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
   if (cfg.top_k > 0 && cfg.top_k < static_cast<int64_t>(ids.size())) ids.resize(cfg.top_k);
   std::vector<double> p;
   double total = 0;

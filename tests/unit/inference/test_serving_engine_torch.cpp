@@ -79,8 +79,8 @@ class Collector : public GenerationObserver {
 };
 
 struct Reference {
-  std::vector<TokenId> ids;       // greedy continuation (stops after an eos id, included)
-  std::vector<float> logprobs;    // log_softmax of the full-forward logits at each step
+  std::vector<TokenId> ids;     // greedy continuation (stops after an eos id, included)
+  std::vector<float> logprobs;  // log_softmax of the full-forward logits at each step
 };
 
 class ServingEngineTest : public ::testing::Test {
@@ -245,9 +245,9 @@ TEST_F(ServingEngineTest, TinyKvCacheWaitsAndPreemptsWithoutChangingResults) {
 // Asynchronous training swaps weights while sequences generate (issue 24 §1): every token keeps
 // the version that sampled it, and the swap changes nothing else (here the weights stay the same,
 // so the ids are the greedy reference's) whether the KV cache is kept or recomputed.
-void check_generation_across_a_swap(std::shared_ptr<DecoderModel> model, std::shared_ptr<const Tokenizer> tokenizer,
-                                    ServingConfig cfg, const std::vector<TokenId>& ids, const Reference& ref,
-                                    bool recompute) {
+void check_generation_across_a_swap(std::shared_ptr<DecoderModel> model,
+                                    std::shared_ptr<const Tokenizer> tokenizer, ServingConfig cfg,
+                                    const std::vector<TokenId>& ids, const Reference& ref, bool recompute) {
   cfg.eos_token_ids = {};
   ServingEngine engine(model, tokenizer, cfg);
   engine.set_policy_version(3);
@@ -258,7 +258,8 @@ void check_generation_across_a_swap(std::shared_ptr<DecoderModel> model, std::sh
   r.params.logprobs = true;
   auto c = std::make_shared<Collector>();
   engine.submit(r, c);
-  for (int i = 0; i < 2000 && c->text_events < 10; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  for (int i = 0; i < 2000 && c->text_events < 10; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   const int64_t preemptions_before = engine.stats().preemptions;
   engine.run_exclusive([&] {
     engine.set_policy_version(4);
@@ -340,7 +341,8 @@ TEST_F(ServingEngineTest, NChoicesAreIndependentSequences) {
   EXPECT_EQ(three->result->choices[0].ids, one->result->choices[0].ids);
   EXPECT_NE(three->result->choices[1].ids, three->result->choices[0].ids);
   EXPECT_NE(three->result->choices[2].ids, three->result->choices[1].ids);
-  for (int64_t c = 0; c < 3; ++c) EXPECT_EQ(three->streamed[c], three->result->choices[static_cast<size_t>(c)].text);
+  for (int64_t c = 0; c < 3; ++c)
+    EXPECT_EQ(three->streamed[c], three->result->choices[static_cast<size_t>(c)].text);
 }
 
 TEST_F(ServingEngineTest, StopTokenIdEndsTheSequenceAndIsRecorded) {
@@ -349,8 +351,8 @@ TEST_F(ServingEngineTest, StopTokenIdEndsTheSequenceAndIsRecorded) {
   const Reference ref = greedy_reference(ids, 40);
   // The first position >= 3 whose token did not occur before it.
   size_t at = 3;
-  while (at < ref.ids.size() && std::find(ref.ids.begin(), ref.ids.begin() + static_cast<long>(at), ref.ids[at]) !=
-                                    ref.ids.begin() + static_cast<long>(at))
+  while (at < ref.ids.size() && std::find(ref.ids.begin(), ref.ids.begin() + static_cast<long>(at),
+                                          ref.ids[at]) != ref.ids.begin() + static_cast<long>(at))
     ++at;
   ASSERT_LT(at, ref.ids.size());
   GenerationRequest r = greedy(ids, 40);
@@ -508,8 +510,9 @@ TEST_F(ServingEngineTest, RunExclusiveRunsBetweenStepsAndRethrows) {
 // differ at some step (renormalising over the allowed tokens would give other numbers).
 TEST_F(ServingEngineTest, ConstrainedSamplingRecordsTheModelsOwnLogprobs) {
   ServingEngine engine(model_, tokenizer_, config());
-  const auto g = std::make_shared<const grammar::Grammar>(grammar::json_schema_grammar(nlohmann::ordered_json::parse(
-      R"({"type": "string", "minLength": 3, "maxLength": 12})")));  // the vocabulary has '"', not '{'
+  const auto g =
+      std::make_shared<const grammar::Grammar>(grammar::json_schema_grammar(nlohmann::ordered_json::parse(
+          R"({"type": "string", "minLength": 3, "maxLength": 12})")));  // the vocabulary has '"', not '{'
   const std::vector<TokenId> p = prompt(kPrompts[1]);
   GenerationRequest r;
   r.prompt_ids = p;

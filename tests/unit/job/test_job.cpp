@@ -156,7 +156,9 @@ TEST(JobTest, WrongTypeNamesKey) {
 // Untrusted YAML (sync_train_config's body) is bounded like JSON: nesting past 128 levels is a
 // ConfigError before anything walks the tree (yaml-cpp's own parser stops at 2000).
 TEST(JobTest, DeepNestingIsAConfigError) {
-  const auto nested = [](int n) { return std::string(static_cast<size_t>(n), '[') + std::string(static_cast<size_t>(n), ']'); };
+  const auto nested = [](int n) {
+    return std::string(static_cast<size_t>(n), '[') + std::string(static_cast<size_t>(n), ']');
+  };
   expect_config_error("model: m\nbatch_size: " + nested(200) + "\n", {"nested deeper than 128 levels"});
   expect_config_error("model: m\nbatch_size: " + nested(100000) + "\n", {"config"});
   std::string block = "model: m\nextra:\n";
@@ -177,8 +179,10 @@ TEST(JobTest, InvalidEnumNamesKeyAndOptions) {
   expect_config_error("model: m\nalgorithm: ppo\nadvantage_estimator: gae\ngroup_by: task_agent_turn\n",
                       {"group_by"});
   expect_config_error("model: m\nalgorithm: ppo\nadvantage_estimator: gae\nlam: 1.5\n", {"lam", "[0, 1]"});
-  expect_config_error("model: m\nalgorithm: ppo\nadvantage_estimator: gae\ncliprange_value: 0\n", {"cliprange_value"});
-  EXPECT_NO_THROW(swarm::Job::from_yaml("model: m\nalgorithm: ppo\nadvantage_estimator: gae\ngamma: 0.99\nlam: 0.95\n"));
+  expect_config_error("model: m\nalgorithm: ppo\nadvantage_estimator: gae\ncliprange_value: 0\n",
+                      {"cliprange_value"});
+  EXPECT_NO_THROW(
+      swarm::Job::from_yaml("model: m\nalgorithm: ppo\nadvantage_estimator: gae\ngamma: 0.99\nlam: 0.95\n"));
   expect_config_error("model: m\ndtype: fp8\n", {"dtype", "fp32", "bf16"});
 }
 
@@ -186,7 +190,8 @@ TEST(JobTest, InvalidRangesNameKey) {
   expect_config_error("model: m\nbatch_size: 0\n", {"batch_size"});
   expect_config_error("model: m\ntop_p: 1.5\n", {"top_p"});
   expect_config_error("model: m\ntop_k: 0\n", {"top_k"});
-  expect_config_error("model: m\nbatch_size: 4\nnum_repeat: 4\nmax_cached_episodes: 3\n", {"max_cached_episodes"});
+  expect_config_error("model: m\nbatch_size: 4\nnum_repeat: 4\nmax_cached_episodes: 3\n",
+                      {"max_cached_episodes"});
 }
 
 TEST(JobTest, NonFiniteValuesBuiltInCodeAreRejected) {
@@ -211,7 +216,9 @@ TEST(JobTest, MissingModel) {
   EXPECT_THROW(j.validate(), ConfigError);
 }
 
-TEST(JobTest, DuplicateKey) { expect_config_error("model: a\nbatch_size: 2\nmodel: b\n", {"model", "twice"}); }
+TEST(JobTest, DuplicateKey) {
+  expect_config_error("model: a\nbatch_size: 2\nmodel: b\n", {"model", "twice"});
+}
 
 TEST(JobTest, NonMappingYaml) {
   expect_config_error("- model\n- batch_size\n", {"mapping"});
@@ -236,7 +243,8 @@ TEST(JobTest, FieldsCoverEveryKey) {
     pos = at;
     // Each key alone loads (with the default value as YAML text).
     if (f.key != "model") {
-      const std::string one = "model: m\n" + f.key + ": " + (f.default_value.empty() ? "\"\"" : f.default_value);
+      const std::string one =
+          "model: m\n" + f.key + ": " + (f.default_value.empty() ? "\"\"" : f.default_value);
       if (f.type != "string" || !f.default_value.empty()) {
         EXPECT_NO_THROW(Job::from_yaml(one)) << one;
       }
@@ -386,14 +394,15 @@ TEST(AgentJetConfig, MapsTheKeysThatMeanSomethingHere) {
   EXPECT_EQ(report.format, "agentjet");
   EXPECT_EQ(job.model, "/models/qwen");
   EXPECT_EQ(job.project_name, "demo_project");
-  EXPECT_EQ(job.experiment_name.rfind("agentjet_", 0), 0u) << job.experiment_name;  // read_yaml_name: generated
-  EXPECT_EQ(job.experiment_dir, Job{}.experiment_dir);                               // auto: our default
+  EXPECT_EQ(job.experiment_name.rfind("agentjet_", 0), 0u)
+      << job.experiment_name;                           // read_yaml_name: generated
+  EXPECT_EQ(job.experiment_dir, Job{}.experiment_dir);  // auto: our default
   EXPECT_EQ(job.batch_size, 8);
   EXPECT_EQ(job.num_repeat, 4);
   EXPECT_EQ(job.max_parallel_episodes, 20);  // min(8, ceil(20 / 4)) x 4
   EXPECT_EQ(job.max_cached_episodes, 9999);
   EXPECT_EQ(job.max_prompt_length, 18000 - 4096);  // every turn's prompt: max_model_len - one turn's response
-  EXPECT_EQ(job.max_response_length, 4096);  // per completion: max_response_length_in_one_turn
+  EXPECT_EQ(job.max_response_length, 4096);        // per completion: max_response_length_in_one_turn
   EXPECT_DOUBLE_EQ(job.temperature, 0.9);
   EXPECT_EQ(job.top_k, -1);
   EXPECT_DOUBLE_EQ(job.learning_rate, 1e-6);
@@ -401,7 +410,7 @@ TEST(AgentJetConfig, MapsTheKeysThatMeanSomethingHere) {
   EXPECT_EQ(job.lr_warmup_steps, 0);  // -1 with ratio 0: no warm-up
   EXPECT_TRUE(job.use_kl_loss);
   EXPECT_DOUBLE_EQ(job.kl_coef, 0.002);
-  EXPECT_EQ(job.kl_estimator, "k3");  // low_var_kl
+  EXPECT_EQ(job.kl_estimator, "k3");      // low_var_kl
   EXPECT_EQ(job.ppo_mini_batch_size, 3);  // 8 tasks in 3 optimizer steps: ceil(8 / 3) per step
   EXPECT_EQ(job.total_training_steps, 0);
   EXPECT_EQ(job.save_freq, 20);
@@ -438,7 +447,8 @@ TEST(AgentJetConfig, RefusesWhatItCannotHonourNamingTheKey) {
   EXPECT_EQ(ppo.advantage_estimator, "gae");
   expect_config_error(agentjet_with("use_kl_in_reward: false", "use_kl_in_reward: true"),
                       {"ajet.trainer_common.use_kl_in_reward"});
-  expect_config_error(agentjet_with("kl_loss_type: low_var_kl", "kl_loss_type: mse"), {"ajet.trainer_common.kl_loss_type"});
+  expect_config_error(agentjet_with("kl_loss_type: low_var_kl", "kl_loss_type: mse"),
+                      {"ajet.trainer_common.kl_loss_type"});
   expect_config_error(agentjet_with("train_batch_size: 8", "train_batch_size: eight"),
                       {"ajet.data.train_batch_size", "integer"});
   // A value our validation refuses is reported under the path it was written at.
@@ -447,7 +457,8 @@ TEST(AgentJetConfig, RefusesWhatItCannotHonourNamingTheKey) {
   expect_config_error(agentjet_with("swarm_mode_sample_collection_method: rollout_until_finish_enough_tasks",
                                     "swarm_mode_sample_collection_method: rollout_until_bored"),
                       {"ajet.swarm_mode_sample_collection_method", "rollout_until_bored"});
-  expect_config_error(agentjet_with("    path: /models/qwen", "    path: null"), {"ajet.model.path", "required"});
+  expect_config_error(agentjet_with("    path: /models/qwen", "    path: null"),
+                      {"ajet.model.path", "required"});
   expect_config_error(agentjet_with("max_model_len: 18000", "max_model_len: 4000"),
                       {"ajet.rollout.max_model_len", "max_response_length_in_one_turn"});
   // Without max_model_len the first-prompt budget is the best there is.
@@ -456,37 +467,41 @@ TEST(AgentJetConfig, RefusesWhatItCannotHonourNamingTheKey) {
 
 TEST(AgentJetConfig, OurOwnKeysGoUnderSwarm) {
   JobConfigReport report;
-  const Job job = Job::from_yaml(std::string(kAgentJet) + "swarm:\n  dtype: bf16\n  batch_size: 2\n", &report);
+  const Job job =
+      Job::from_yaml(std::string(kAgentJet) + "swarm:\n  dtype: bf16\n  batch_size: 2\n", &report);
   EXPECT_EQ(job.dtype, "bf16");
   EXPECT_EQ(job.batch_size, 2);  // overrides ajet.data.train_batch_size
   ASSERT_NE(mapped_to(report, "batch_size"), nullptr);
   EXPECT_EQ(mapped_to(report, "batch_size")->from, "swarm.batch_size");
   EXPECT_FALSE(contains(report.ignored, "swarm"));
-  expect_config_error(std::string(kAgentJet) + "swarm:\n  batch_sise: 2\n", {"swarm.batch_sise", "unknown key"});
+  expect_config_error(std::string(kAgentJet) + "swarm:\n  batch_sise: 2\n",
+                      {"swarm.batch_sise", "unknown key"});
   expect_config_error(std::string(kAgentJet) + "swarm: 3\n", {"swarm", "mapping"});
 }
 
 TEST(AgentJetConfig, AgreeMethodsAndConversions) {
-  const Job job = Job::from_yaml(agentjet_with(
-      "swarm_mode_sample_collection_method: rollout_until_finish_enough_tasks\n",
-      "swarm_mode_sample_collection_method: rollout_until_all_clients_agree_sync_weight\n"));
+  const Job job = Job::from_yaml(
+      agentjet_with("swarm_mode_sample_collection_method: rollout_until_finish_enough_tasks\n",
+                    "swarm_mode_sample_collection_method: rollout_until_all_clients_agree_sync_weight\n"));
   EXPECT_EQ(job.sample_collection_method, "rollout_until_all_clients_agree_sync_weight");
   // mini_batch_num 1 is the whole batch; a tiny cache limit falls back to our default with a warning.
   JobConfigReport report;
-  const Job j2 = Job::from_yaml(agentjet_with("mini_batch_num: 3", "mini_batch_num: 1").replace(
-                                    std::string(kAgentJet).find("9999"), 4, "3"),
+  const Job j2 = Job::from_yaml(agentjet_with("mini_batch_num: 3", "mini_batch_num: 1")
+                                    .replace(std::string(kAgentJet).find("9999"), 4, "3"),
                                 &report);
   EXPECT_EQ(j2.ppo_mini_batch_size, 0);
   EXPECT_EQ(j2.max_cached_episodes, 0);
   EXPECT_FALSE(report.warnings.empty());
   // A named experiment keeps its name (path separators made safe); a warm-up ratio needs a step count.
-  EXPECT_EQ(Job::from_yaml(agentjet_with("experiment_name: read_yaml_name", "experiment_name: a|b/c")).experiment_name,
+  EXPECT_EQ(Job::from_yaml(agentjet_with("experiment_name: read_yaml_name", "experiment_name: a|b/c"))
+                .experiment_name,
             "a-b-c");
   // AgentJet parses tool calls unless told not to.
   EXPECT_EQ(Job::from_yaml(kAgentJet).tool_call_parser, "auto");
-  EXPECT_EQ(Job::from_yaml(agentjet_with("    top_k: -1\n", "    top_k: -1\n    force_disable_toolcalls: true\n"))
-                .tool_call_parser,
-            "none");
+  EXPECT_EQ(
+      Job::from_yaml(agentjet_with("    top_k: -1\n", "    top_k: -1\n    force_disable_toolcalls: true\n"))
+          .tool_call_parser,
+      "none");
   expect_config_error(agentjet_with("lr_warmup_steps_ratio: 0.0", "lr_warmup_steps_ratio: 0.1"),
                       {"ajet.trainer_common.optim.lr_warmup_steps_ratio", "total_training_steps"});
   const Job j3 = Job::from_yaml(agentjet_with("lr_warmup_steps_ratio: 0.0", "lr_warmup_steps_ratio: 0.1")

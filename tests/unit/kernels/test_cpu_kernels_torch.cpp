@@ -35,7 +35,8 @@ TEST(SmallLinear, MatchesLinearForEveryRowCountWithAndWithoutBias) {
     // Every count up to 8, then the tiles (4 rows with AVX512_BF16, 3 when widening) with each
     // remainder, up to the most this CPU's kernel takes for the dtype.
     std::vector<int64_t> counts;
-    for (int64_t m = 1; m <= small_linear_max_rows(dtype); m += m < 12 ? 1 : m < 16 ? 3 : 21) counts.push_back(m);
+    for (int64_t m = 1; m <= small_linear_max_rows(dtype); m += m < 12 ? 1 : m < 16 ? 3 : 21)
+      counts.push_back(m);
     if (counts.back() != small_linear_max_rows(dtype)) counts.push_back(small_linear_max_rows(dtype));
     for (int64_t m : counts) {
       // Tails beyond the unrolled loop and the vector width; 1536: input rows past 24 KiB (the
@@ -66,8 +67,10 @@ TEST(SmallLinear, FloatOutIsTheResultConvertedBitForBit) {
         const at::Tensor b = at::randn({out}).to(dtype);
         const at::Tensor got = small_linear(x, w, b, /*float_out=*/true);
         EXPECT_EQ(got.scalar_type(), at::kFloat);
-        EXPECT_TRUE(at::equal(got, small_linear(x, w, b).to(at::kFloat))) << "m=" << m << " out=" << out << " " << dtype;
-        EXPECT_TRUE(at::equal(small_linear(x, w, c10::nullopt, true), small_linear(x, w, c10::nullopt).to(at::kFloat)));
+        EXPECT_TRUE(at::equal(got, small_linear(x, w, b).to(at::kFloat)))
+            << "m=" << m << " out=" << out << " " << dtype;
+        EXPECT_TRUE(at::equal(small_linear(x, w, c10::nullopt, true),
+                              small_linear(x, w, c10::nullopt).to(at::kFloat)));
       }
     }
   }
@@ -79,7 +82,8 @@ TEST(SmallLinear, FloatOutIsTheResultConvertedBitForBit) {
 TEST(SmallLinear, SiluMulIsTheProjectionThenSiluMulBitForBit) {
   at::manual_seed(8);
   for (auto dtype : {at::kFloat, at::kBFloat16}) {
-    for (int64_t m : {int64_t{1}, int64_t{3}, int64_t{8}, int64_t{9}, int64_t{16}, int64_t{37}, small_linear_max_rows(dtype)}) {
+    for (int64_t m : {int64_t{1}, int64_t{3}, int64_t{8}, int64_t{9}, int64_t{16}, int64_t{37},
+                      small_linear_max_rows(dtype)}) {
       if (m > small_linear_max_rows(dtype)) continue;
       for (int64_t inter : {8, 40, 48, 100}) {
         const at::Tensor x = at::randn({m, 72}).to(dtype);
@@ -88,8 +92,10 @@ TEST(SmallLinear, SiluMulIsTheProjectionThenSiluMulBitForBit) {
         const at::Tensor got = small_linear_silu_mul(x, w, b);
         EXPECT_EQ(got.sizes(), (std::vector<int64_t>{m, inter}));
         EXPECT_EQ(got.scalar_type(), dtype);
-        EXPECT_TRUE(at::equal(got, silu_mul(small_linear(x, w, b)))) << "m=" << m << " inter=" << inter << " " << dtype;
-        EXPECT_TRUE(at::equal(small_linear_silu_mul(x, w, c10::nullopt), silu_mul(small_linear(x, w, c10::nullopt))));
+        EXPECT_TRUE(at::equal(got, silu_mul(small_linear(x, w, b))))
+            << "m=" << m << " inter=" << inter << " " << dtype;
+        EXPECT_TRUE(
+            at::equal(small_linear_silu_mul(x, w, c10::nullopt), silu_mul(small_linear(x, w, c10::nullopt))));
       }
     }
   }
@@ -111,18 +117,23 @@ TEST(SmallLinear, ManyRowsAreTheFp32ProductRoundedOnce) {
     ran = true;
     for (int64_t m : {int64_t{4}, int64_t{6}, int64_t{9}, int64_t{10}, int64_t{11}, int64_t{33}, most}) {
       if (m > most) continue;
-      for (auto [in, out] : {std::pair<int64_t, int64_t>{576, 192}, {100, 37}, {40, 38}, {1536, 5}, {15, 4}}) {
+      for (auto [in, out] :
+           {std::pair<int64_t, int64_t>{576, 192}, {100, 37}, {40, 38}, {1536, 5}, {15, 4}}) {
         const at::Tensor x = at::randn({m, in}).to(dtype), w = at::randn({out, in}).to(dtype);
         const at::Tensor b = at::randn({out}).to(dtype);
         for (const at::Tensor& bias : {b, at::Tensor()}) {
           const at::Tensor want =
-              at::linear(x.to(at::kDouble), w.to(at::kDouble), bias.defined() ? bias.to(at::kDouble) : bias).to(at::kFloat);
-          const at::Tensor got = small_linear(x, w, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt);
+              at::linear(x.to(at::kDouble), w.to(at::kDouble), bias.defined() ? bias.to(at::kDouble) : bias)
+                  .to(at::kFloat);
+          const at::Tensor got =
+              small_linear(x, w, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt);
           ASSERT_EQ(got.sizes(), (std::vector<int64_t>{m, out}));
           const at::Tensor err = (got.to(at::kFloat) - want).abs();
-          const at::Tensor bound = dtype == at::kFloat ? want.abs() * 1e-5 + 1e-4 : want.abs() * (1.0 / 256) + 1e-3;
+          const at::Tensor bound =
+              dtype == at::kFloat ? want.abs() * 1e-5 + 1e-4 : want.abs() * (1.0 / 256) + 1e-3;
           EXPECT_TRUE((err <= bound).all().item<bool>())
-              << dtype << " m=" << m << " in=" << in << " out=" << out << " max err " << err.max().item<float>();
+              << dtype << " m=" << m << " in=" << in << " out=" << out << " max err "
+              << err.max().item<float>();
         }
       }
     }
@@ -131,13 +142,14 @@ TEST(SmallLinear, ManyRowsAreTheFp32ProductRoundedOnce) {
 }
 
 TEST(SmallLinear, TakesWhatTheCpuLevelAllows) {
-  EXPECT_EQ(small_linear_max_rows(at::kFloat),
-            SWARM_HAVE_X86_KERNELS && cpu_level() == CpuLevel::AVX2 ? kSmallLinearTileMaxRows : kSmallLinearMaxRows)
+  EXPECT_EQ(small_linear_max_rows(at::kFloat), SWARM_HAVE_X86_KERNELS && cpu_level() == CpuLevel::AVX2
+                                                   ? kSmallLinearTileMaxRows
+                                                   : kSmallLinearMaxRows)
       << cpu_level_name(cpu_level());
   const int64_t bf16 = small_linear_max_rows(at::kBFloat16);
-  const int64_t want = cpu_has_avx512_bf16()                                   ? kSmallLinearBf16MaxRows
+  const int64_t want = cpu_has_avx512_bf16()                                     ? kSmallLinearBf16MaxRows
                        : SWARM_HAVE_X86_KERNELS && cpu_level() >= CpuLevel::AVX2 ? kSmallLinearWideningMaxRows
-                                                                                : kSmallLinearMaxRows;
+                                                                                 : kSmallLinearMaxRows;
   EXPECT_EQ(bf16, want) << cpu_level_name(cpu_level());
   const at::Tensor w = at::randn({4, 8}).to(at::kBFloat16);
   EXPECT_NO_THROW(small_linear(at::randn({bf16, 8}).to(at::kBFloat16), w, c10::nullopt));
@@ -146,9 +158,11 @@ TEST(SmallLinear, TakesWhatTheCpuLevelAllows) {
 }
 
 TEST(SmallLinear, RejectsWhatItIsNotFor) {
-  EXPECT_ANY_THROW(small_linear(at::randn({small_linear_max_rows(at::kFloat) + 1, 8}), at::randn({4, 8}), c10::nullopt));
+  EXPECT_ANY_THROW(
+      small_linear(at::randn({small_linear_max_rows(at::kFloat) + 1, 8}), at::randn({4, 8}), c10::nullopt));
   EXPECT_ANY_THROW(small_linear(at::randn({1, 8}), at::randn({4, 9}), c10::nullopt));
-  EXPECT_ANY_THROW(small_linear(at::randn({1, 8}).to(at::kDouble), at::randn({4, 8}).to(at::kDouble), c10::nullopt));
+  EXPECT_ANY_THROW(
+      small_linear(at::randn({1, 8}).to(at::kDouble), at::randn({4, 8}).to(at::kDouble), c10::nullopt));
 }
 
 // Reference: gather each sequence's keys, plain softmax attention in fp32.
@@ -160,7 +174,9 @@ at::Tensor reference_attention(const at::Tensor& q, const at::Tensor& kc, const 
     const int64_t len = ctx.lengths[static_cast<size_t>(b)];
     std::vector<int64_t> rows;
     for (int64_t j = std::max<int64_t>(0, len - window); j < len; ++j)
-      rows.push_back(ctx.block_ids[static_cast<size_t>(ctx.table_offset[static_cast<size_t>(b)] + j / bs)] * bs + j % bs);
+      rows.push_back(ctx.block_ids[static_cast<size_t>(ctx.table_offset[static_cast<size_t>(b)] + j / bs)] *
+                         bs +
+                     j % bs);
     const at::Tensor idx = at::tensor(rows, at::kLong);
     const at::Tensor k = kc.view({-1, kvh, hd}).index_select(0, idx).to(at::kFloat);  // [n, kvh, hd]
     const at::Tensor v = vc.view({-1, kvh, hd}).index_select(0, idx).to(at::kFloat);
@@ -168,7 +184,7 @@ at::Tensor reference_attention(const at::Tensor& q, const at::Tensor& kc, const 
     for (int64_t h = 0; h < H; ++h) {
       const int64_t g = h / (H / kvh);
       const at::Tensor s = at::matmul(k.select(1, g), q[b][h].to(at::kFloat)) * scale;  // [n]
-      heads.push_back(at::matmul(at::softmax(s, 0), v.select(1, g)));                     // [hd]
+      heads.push_back(at::matmul(at::softmax(s, 0), v.select(1, g)));                   // [hd]
     }
     outs.push_back(at::cat(heads, 0));
   }
@@ -185,8 +201,8 @@ TEST(PagedDecodeAttention, MatchesGatheredSoftmaxAttention) {
   struct Shape {
     int64_t heads, kvh, hd;
   };
-  for (const Shape& shape : {Shape{8, 2, 32}, Shape{9, 3, 64}, Shape{4, 4, 8}, Shape{2, 1, 16}, Shape{6, 2, 48},
-                             Shape{4, 2, 128}, Shape{3, 1, 24}, Shape{2, 2, 40}}) {
+  for (const Shape& shape : {Shape{8, 2, 32}, Shape{9, 3, 64}, Shape{4, 4, 8}, Shape{2, 1, 16},
+                             Shape{6, 2, 48}, Shape{4, 2, 128}, Shape{3, 1, 24}, Shape{2, 2, 40}}) {
     const int64_t heads = shape.heads, kvh = shape.kvh, hd = shape.hd;
     for (auto dtype : {at::kFloat, at::kBFloat16}) {
       for (int64_t window : {int64_t{1} << 40, int64_t{5}}) {
@@ -225,7 +241,8 @@ TEST(PagedDecodeAttention, MatchesGatheredSoftmaxAttention) {
 // and a buffer of the wrong shape, dtype or layout, or one overlapping an input, is refused.
 TEST(Kernels, WriteIntoTheCallersBufferBitForBit) {
   at::manual_seed(8);
-  const auto into = [](const char* what, const at::Tensor& fresh, const std::function<at::Tensor(const at::Tensor&)>& f) {
+  const auto into = [](const char* what, const at::Tensor& fresh,
+                       const std::function<at::Tensor(const at::Tensor&)>& f) {
     at::Tensor buffer = at::full(fresh.sizes(), 7.0, fresh.options());
     const at::Tensor got = f(buffer);
     EXPECT_EQ(got.data_ptr(), buffer.data_ptr()) << what << ": the result is the buffer";
@@ -234,21 +251,26 @@ TEST(Kernels, WriteIntoTheCallersBufferBitForBit) {
     const at::ScalarType other = fresh.scalar_type() == at::kFloat ? at::kBFloat16 : at::kFloat;
     EXPECT_ANY_THROW(f(at::empty(fresh.sizes(), fresh.options().dtype(other)))) << what << ": wrong dtype";
     if (fresh.dim() == 2 && fresh.size(0) > 1 && fresh.size(1) > 1) {
-      EXPECT_ANY_THROW(f(at::empty({fresh.size(1), fresh.size(0)}, fresh.options()).t())) << what << ": not contiguous";
+      EXPECT_ANY_THROW(f(at::empty({fresh.size(1), fresh.size(0)}, fresh.options()).t()))
+          << what << ": not contiguous";
     }
   };
   for (auto dtype : {at::kFloat, at::kBFloat16}) {
     const int64_t m = 3, in = 64, out = 40, h = 64;
-    const at::Tensor x = at::randn({m, in}).to(dtype), w = at::randn({out, in}).to(dtype), b = at::randn({out}).to(dtype);
-    into("small_linear", small_linear(x, w, b), [&](const at::Tensor& o) { return small_linear(x, w, b, false, o); });
+    const at::Tensor x = at::randn({m, in}).to(dtype), w = at::randn({out, in}).to(dtype),
+                     b = at::randn({out}).to(dtype);
+    into("small_linear", small_linear(x, w, b),
+         [&](const at::Tensor& o) { return small_linear(x, w, b, false, o); });
     into("small_linear float_out", small_linear(x, w, b, true),
          [&](const at::Tensor& o) { return small_linear(x, w, b, true, o); });
     into("small_linear_silu_mul", small_linear_silu_mul(x, w, b),
          [&](const at::Tensor& o) { return small_linear_silu_mul(x, w, b, o); });
     const at::Tensor gate_up = at::randn({m, 2 * out}).to(dtype);
     into("silu_mul", silu_mul(gate_up), [&](const at::Tensor& o) { return silu_mul(gate_up, o); });
-    const at::Tensor xs = at::randn({m, h}).to(dtype), nw = at::randn({h}).to(dtype), d = at::randn({m, h}).to(dtype);
-    into("rms_norm_rows", rms_norm_rows(xs, nw, 1e-5), [&](const at::Tensor& o) { return rms_norm_rows(xs, nw, 1e-5, o); });
+    const at::Tensor xs = at::randn({m, h}).to(dtype), nw = at::randn({h}).to(dtype),
+                     d = at::randn({m, h}).to(dtype);
+    into("rms_norm_rows", rms_norm_rows(xs, nw, 1e-5),
+         [&](const at::Tensor& o) { return rms_norm_rows(xs, nw, 1e-5, o); });
     at::Tensor x_fresh = xs.clone();
     const at::Tensor normed = add_rms_norm_rows(x_fresh, d, nw, 1e-5);
     into("add_rms_norm_rows", normed, [&](const at::Tensor& o) {
@@ -263,7 +285,9 @@ TEST(Kernels, WriteIntoTheCallersBufferBitForBit) {
     const at::Tensor cache_rows = at::tensor(std::vector<int64_t>{0, 3, 7}, at::kLong);
     at::Tensor kc = at::zeros({rows, kvh, hd}).to(dtype), vc = at::zeros({rows, kvh, hd}).to(dtype);
     into("rope_qkv_into_cache", rope_qkv_into_cache(qkv, heads, kvh, hd, cos, sin, pos, cache_rows, kc, vc),
-         [&](const at::Tensor& o) { return rope_qkv_into_cache(qkv, heads, kvh, hd, cos, sin, pos, cache_rows, kc, vc, o); });
+         [&](const at::Tensor& o) {
+           return rope_qkv_into_cache(qkv, heads, kvh, hd, cos, sin, pos, cache_rows, kc, vc, o);
+         });
     const at::Tensor kb = at::randn({4, 4, kvh, hd}).to(dtype), vb = at::randn({4, 4, kvh, hd}).to(dtype);
     PagedContext ctx;
     ctx.block_ids = {2, 0, 3, 1};
@@ -308,7 +332,8 @@ TEST(Kernels, SplittingOverTwoThreadsChangesNoBit) {
     }
     // 12 sequences of 150 keys, 8 heads over 2 kv heads of 64: split over (sequence, kv head).
     const int64_t bs = 16, blocks = 12 * 10, heads = 8, kvh = 2, hd = 64;
-    const at::Tensor kc = at::randn({blocks, bs, kvh, hd}).to(dtype), vc = at::randn({blocks, bs, kvh, hd}).to(dtype);
+    const at::Tensor kc = at::randn({blocks, bs, kvh, hd}).to(dtype),
+                     vc = at::randn({blocks, bs, kvh, hd}).to(dtype);
     std::vector<int64_t> order(blocks);
     std::iota(order.begin(), order.end(), 0);
     std::shuffle(order.begin(), order.end(), rng);
@@ -339,14 +364,15 @@ TEST(PagedDecodeAttention, LongContextsSplitIntoPartsAndMerge) {
   const int before = at::get_num_threads();
   // Every output path of the vector kernel: 2-4 heads a kv head (value pairs), 8 (head groups
   // with parked sums), 1 (one head); and head_dim 24, the plain loop.
-  for (const Shape& shape : {Shape{9, 3, 64}, Shape{8, 2, 32}, Shape{4, 2, 128}, Shape{2, 1, 16}, Shape{8, 1, 64},
-                             Shape{4, 4, 32}, Shape{3, 1, 24}}) {
+  for (const Shape& shape : {Shape{9, 3, 64}, Shape{8, 2, 32}, Shape{4, 2, 128}, Shape{2, 1, 16},
+                             Shape{8, 1, 64}, Shape{4, 4, 32}, Shape{3, 1, 24}}) {
     const int64_t heads = shape.heads, kvh = shape.kvh, hd = shape.hd;
     const std::vector<int64_t> lengths = {1025, 1024, 3000, 70, 2100};
     int64_t blocks = 0;
     for (int64_t len : lengths) blocks += (len + bs - 1) / bs;
     for (auto dtype : {at::kFloat, at::kBFloat16}) {
-      const at::Tensor kc = at::randn({blocks, bs, kvh, hd}).to(dtype), vc = at::randn({blocks, bs, kvh, hd}).to(dtype);
+      const at::Tensor kc = at::randn({blocks, bs, kvh, hd}).to(dtype),
+                       vc = at::randn({blocks, bs, kvh, hd}).to(dtype);
       std::vector<int64_t> free(static_cast<size_t>(blocks));
       std::iota(free.begin(), free.end(), 0);
       std::shuffle(free.begin(), free.end(), rng);
@@ -373,15 +399,18 @@ TEST(PagedDecodeAttention, LongContextsSplitIntoPartsAndMerge) {
                   dtype == at::kFloat ? 1e-5 : 2e-2)
             << what;
         at::set_num_threads(1);
-        EXPECT_TRUE(at::equal(got, paged_decode_attention(q, kc, vc, ctx, window, scale))) << "one thread: " << what;
+        EXPECT_TRUE(at::equal(got, paged_decode_attention(q, kc, vc, ctx, window, scale)))
+            << "one thread: " << what;
         at::set_num_threads(2);
         for (int64_t b = 0; b < B; ++b) {  // each sequence alone
           PagedContext one;
-          const auto t0 = ctx.table_offset[static_cast<size_t>(b)], t1 = ctx.table_offset[static_cast<size_t>(b) + 1];
+          const auto t0 = ctx.table_offset[static_cast<size_t>(b)],
+                     t1 = ctx.table_offset[static_cast<size_t>(b) + 1];
           one.block_ids.assign(ctx.block_ids.begin() + t0, ctx.block_ids.begin() + t1);
           one.table_offset = {0, t1 - t0};
           one.lengths = {ctx.lengths[static_cast<size_t>(b)]};
-          const at::Tensor alone = paged_decode_attention(q.narrow(0, b, 1).contiguous(), kc, vc, one, window, scale);
+          const at::Tensor alone =
+              paged_decode_attention(q.narrow(0, b, 1).contiguous(), kc, vc, one, window, scale);
           EXPECT_TRUE(at::equal(alone, got.narrow(0, b, 1))) << "sequence " << b << " alone: " << what;
         }
       }
@@ -412,7 +441,8 @@ TEST(PagedDecodeAttention, QueriesCanShareABlockTable) {
   const int64_t bs = 4, heads = 6, kvh = 2;
   for (int64_t hd : {16, 64}) {
     for (auto dtype : {at::kFloat, at::kBFloat16}) {
-      const at::Tensor kc = at::randn({12, bs, kvh, hd}).to(dtype), vc = at::randn({12, bs, kvh, hd}).to(dtype);
+      const at::Tensor kc = at::randn({12, bs, kvh, hd}).to(dtype),
+                       vc = at::randn({12, bs, kvh, hd}).to(dtype);
       const std::vector<std::vector<int64_t>> tables = {{7, 2, 9}, {4, 11}};
       // Sequence 0: a chunk at positions 5..9; sequence 1: one decoding token at position 6.
       const std::vector<int64_t> table_of = {0, 0, 0, 0, 0, 1}, lengths = {6, 7, 8, 9, 10, 7};
@@ -436,8 +466,10 @@ TEST(PagedDecodeAttention, QueriesCanShareABlockTable) {
       const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
       for (int64_t window : {int64_t{1} << 40, int64_t{3}}) {
         const at::Tensor got = paged_decode_attention(q, kc, vc, shared, window, scale);
-        EXPECT_TRUE(at::equal(got, paged_decode_attention(q, kc, vc, apart, window, scale))) << "hd " << hd << " " << dtype;
-        EXPECT_LT(max_rel(got, reference_attention(q, kc, vc, apart, window, scale).to(dtype)), dtype == at::kFloat ? 1e-5 : 2e-2);
+        EXPECT_TRUE(at::equal(got, paged_decode_attention(q, kc, vc, apart, window, scale)))
+            << "hd " << hd << " " << dtype;
+        EXPECT_LT(max_rel(got, reference_attention(q, kc, vc, apart, window, scale).to(dtype)),
+                  dtype == at::kFloat ? 1e-5 : 2e-2);
       }
       PagedContext bad = shared;
       bad.table_index[2] = 2;  // no table 2
@@ -504,7 +536,8 @@ TEST(ServingOps, AddRmsNormIsTheAddThenTheNormBitForBit) {
         at::Tensor want_x = x0.clone();
         want_x.add_(d);
         EXPECT_TRUE(at::equal(fused_x, want_x)) << "x, h=" << h << " n=" << n << " " << dtype;
-        EXPECT_TRUE(at::equal(got, rms_norm_rows(want_x, w, 1e-5))) << "y, h=" << h << " n=" << n << " " << dtype;
+        EXPECT_TRUE(at::equal(got, rms_norm_rows(want_x, w, 1e-5)))
+            << "y, h=" << h << " n=" << n << " " << dtype;
       }
     }
   }
@@ -516,10 +549,12 @@ TEST(ServingOps, AddRmsNormIsTheAddThenTheNormBitForBit) {
 TEST(ServingOps, RopeIntoCacheMatchesTheOpChainBitForBit) {
   at::manual_seed(4);
   for (auto dtype : {at::kFloat, at::kBFloat16}) {
-    for (int64_t hd : {8, 16, 20, 48, 64}) {  // half 4 and 10 take the scalar tails; 8 and 24 half-width vectors
+    for (int64_t hd :
+         {8, 16, 20, 48, 64}) {  // half 4 and 10 take the scalar tails; 8 and 24 half-width vectors
       const int64_t heads = 6, kvh = 2, n = 5, rows = 12, positions = 40;
       at::Tensor qkv = at::randn({n, (heads + 2 * kvh) * hd}).to(dtype);
-      if (dtype == at::kBFloat16) {  // products rounded without a NaN case: NaN and inf still end as the op chain's
+      if (dtype ==
+          at::kBFloat16) {  // products rounded without a NaN case: NaN and inf still end as the op chain's
         qkv[0][0] = std::numeric_limits<float>::quiet_NaN();
         qkv[1][hd / 2] = std::numeric_limits<float>::infinity();
         qkv[2][heads * hd + 1] = -std::numeric_limits<float>::infinity();
@@ -529,10 +564,12 @@ TEST(ServingOps, RopeIntoCacheMatchesTheOpChainBitForBit) {
       const at::Tensor cos = angles.cos().to(dtype), sin = angles.sin().to(dtype);
       const at::Tensor pos = at::tensor(std::vector<int64_t>{7, 0, 39, 8, 8}, at::kLong);
       const at::Tensor cache_rows = at::tensor(std::vector<int64_t>{3, 11, 0, 5, 6}, at::kLong);
-      at::Tensor kc = at::full({rows, kvh, hd}, -9.0).to(dtype), vc = at::full({rows, kvh, hd}, -9.0).to(dtype);
+      at::Tensor kc = at::full({rows, kvh, hd}, -9.0).to(dtype),
+                 vc = at::full({rows, kvh, hd}, -9.0).to(dtype);
       const at::Tensor q = rope_qkv_into_cache(qkv, heads, kvh, hd, cos, sin, pos, cache_rows, kc, vc);
 
-      const at::Tensor c = cos.index_select(0, pos).view({n, 1, hd}), s = sin.index_select(0, pos).view({n, 1, hd});
+      const at::Tensor c = cos.index_select(0, pos).view({n, 1, hd}),
+                       s = sin.index_select(0, pos).view({n, 1, hd});
       const at::Tensor want_q = reference_rope(qkv.narrow(1, 0, heads * hd).view({n, heads, hd}), c, s);
       const at::Tensor want_k = reference_rope(qkv.narrow(1, heads * hd, kvh * hd).view({n, kvh, hd}), c, s);
       const at::Tensor want_v = qkv.narrow(1, (heads + kvh) * hd, kvh * hd).view({n, kvh, hd});
@@ -541,7 +578,8 @@ TEST(ServingOps, RopeIntoCacheMatchesTheOpChainBitForBit) {
       auto same = [](const at::Tensor& got, const at::Tensor& want) {
         const at::Tensor nan = want.isnan();
         const auto as_bits = [&](const at::Tensor& t) {
-          return t.masked_fill(nan, 0).contiguous().view(t.scalar_type() == at::kFloat ? at::kInt : at::kShort);
+          return t.masked_fill(nan, 0).contiguous().view(t.scalar_type() == at::kFloat ? at::kInt
+                                                                                       : at::kShort);
         };
         return at::equal(got.isnan(), nan) && at::equal(as_bits(got), as_bits(want));
       };
@@ -560,11 +598,13 @@ TEST(ServingOps, RopeRejectsRowsOutOfRange) {
   const int64_t hd = 8;
   const at::Tensor qkv = at::randn({1, 4 * hd}), tab = at::randn({4, hd});
   at::Tensor kc = at::zeros({2, 1, hd}), vc = at::zeros({2, 1, hd});
-  const at::Tensor ok = at::tensor(std::vector<int64_t>{1}, at::kLong), bad = at::tensor(std::vector<int64_t>{2}, at::kLong);
+  const at::Tensor ok = at::tensor(std::vector<int64_t>{1}, at::kLong),
+                   bad = at::tensor(std::vector<int64_t>{2}, at::kLong);
   EXPECT_NO_THROW(rope_qkv_into_cache(qkv, 2, 1, hd, tab, tab, ok, ok, kc, vc));
   EXPECT_ANY_THROW(rope_qkv_into_cache(qkv, 2, 1, hd, tab, tab, ok, bad, kc, vc));  // cache row 2 of 2
-  EXPECT_ANY_THROW(rope_qkv_into_cache(qkv, 2, 1, hd, tab, tab, at::tensor(std::vector<int64_t>{4}, at::kLong), ok,
-                                       kc, vc));  // position 4 of 4
+  EXPECT_ANY_THROW(rope_qkv_into_cache(qkv, 2, 1, hd, tab, tab,
+                                       at::tensor(std::vector<int64_t>{4}, at::kLong), ok, kc,
+                                       vc));  // position 4 of 4
 }
 
 TEST(ServingOps, SiluMulMatchesTheOpChain) {
@@ -599,17 +639,21 @@ TEST(ServingOps, SoftmaxRowStatsAndRowsMatchLogSoftmax) {
     for (int64_t b = 0; b < 3; ++b) {
       const float t = temps[static_cast<size_t>(b)];
       const at::Tensor want = at::log_softmax(x[b] / t, 0);
-      EXPECT_EQ(stats[static_cast<size_t>(b)].argmax, at::argmax(x[b]).item<int64_t>()) << "v=" << v << " b=" << b;
+      EXPECT_EQ(stats[static_cast<size_t>(b)].argmax, at::argmax(x[b]).item<int64_t>())
+          << "v=" << v << " b=" << b;
       EXPECT_FALSE(stats[static_cast<size_t>(b)].has_nan);
       std::vector<float> logp(static_cast<size_t>(v)), probs(static_cast<size_t>(v));
-      log_softmax_row(x[b].contiguous().data_ptr<float>(), v, t, stats[static_cast<size_t>(b)], logp.data(), probs.data());
+      log_softmax_row(x[b].contiguous().data_ptr<float>(), v, t, stats[static_cast<size_t>(b)], logp.data(),
+                      probs.data());
       const at::Tensor got = at::from_blob(logp.data(), {v}, at::kFloat);
       const at::Tensor finite = want.isfinite();
       EXPECT_TRUE(at::equal(got.isfinite(), finite)) << "masked logits stay -inf";
-      EXPECT_LT((got.masked_select(finite) - want.masked_select(finite)).abs().max().item<float>(), 1e-5) << "v=" << v;
+      EXPECT_LT((got.masked_select(finite) - want.masked_select(finite)).abs().max().item<float>(), 1e-5)
+          << "v=" << v;
       const at::Tensor p = at::from_blob(probs.data(), {v}, at::kFloat);
       EXPECT_LT((p - want.exp()).abs().max().item<float>(), 1e-5) << "v=" << v;  // float sums over the row
-      EXPECT_EQ(p.masked_select(finite.logical_not()).sum().item<float>(), 0.f) << "masked logits: probability 0";
+      EXPECT_EQ(p.masked_select(finite.logical_not()).sum().item<float>(), 0.f)
+          << "masked logits: probability 0";
     }
   }
   // Ties: the first index of the maximum, wherever the copies fall (same lane, other lanes, other
@@ -622,7 +666,8 @@ TEST(ServingOps, SoftmaxRowStatsAndRowsMatchLogSoftmax) {
       if (trial % 7 == 0) x.fill_(-kInf), x[0][static_cast<int64_t>(rng() % v)] = 2.0;
       if (trial == 1) x.fill_(-kInf);
       const SoftmaxRowStats st = softmax_row_stats(x, {trial % 2 ? 0.7f : 1.0f})[0];
-      EXPECT_EQ(st.argmax, trial == 1 ? 0 : at::argmax(x[0]).item<int64_t>()) << "v=" << v << " trial " << trial;
+      EXPECT_EQ(st.argmax, trial == 1 ? 0 : at::argmax(x[0]).item<int64_t>())
+          << "v=" << v << " trial " << trial;
     }
   }
   at::Tensor bad = at::zeros({2, 40});
@@ -711,8 +756,14 @@ at::Tensor packed_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   at::Tensor y = at::full({m, n}, 7.0, at::TensorOptions().dtype(y_float ? at::kFloat : at::kBFloat16));
   const at::Tensor bf = bias.defined() ? bias.to(at::kFloat).contiguous() : at::Tensor();
   const at::Tensor xc = x.contiguous(), wc = w.contiguous();
-  const PackedGemmArgs a{xc.data_ptr<c10::BFloat16>(), wc.data_ptr<c10::BFloat16>(),
-                         bf.defined() ? bf.data_ptr<float>() : nullptr, y.data_ptr(), y_float, m, n, k};
+  const PackedGemmArgs a{xc.data_ptr<c10::BFloat16>(),
+                         wc.data_ptr<c10::BFloat16>(),
+                         bf.defined() ? bf.data_ptr<float>() : nullptr,
+                         y.data_ptr(),
+                         y_float,
+                         m,
+                         n,
+                         k};
   cuts.insert(cuts.begin(), 0);
   cuts.push_back(n);
   for (size_t i = 0; i + 1 < cuts.size(); ++i) packed_gemm_bf16(a, cuts[i], cuts[i + 1]);
@@ -728,7 +779,8 @@ at::Tensor packed_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tenso
 TEST(PackedGemm, IsTheFp32ProductRoundedOnceForEveryTail) {
   at::manual_seed(21);
   for (int64_t m : {1, 5, 6, 7, 13, 150, 600}) {
-    for (auto [k, n] : {std::pair<int64_t, int64_t>{576, 192}, {7, 37}, {8, 16}, {321, 17}, {1536, 40}, {700, 530}}) {
+    for (auto [k, n] :
+         {std::pair<int64_t, int64_t>{576, 192}, {7, 37}, {8, 16}, {321, 17}, {1536, 40}, {700, 530}}) {
       const at::Tensor x = at::randn({m, k}).to(at::kBFloat16), w = at::randn({n, k}).to(at::kBFloat16);
       const at::Tensor b = at::randn({n}).to(at::kBFloat16);
       for (const at::Tensor& bias : {b, at::Tensor()}) {
@@ -772,7 +824,8 @@ TEST(PackedGemm, EachResultIsIndependentOfTheSplitAndOfTheOtherRows) {
   finite.select(1, 17).fill_(false);
   EXPECT_TRUE(at::isfinite(y).masked_select(finite).all().item<bool>());
   // No shared dimension: the bias alone, rounded.
-  const at::Tensor none = packed_gemm(at::zeros({3, 0}, at::kBFloat16), at::zeros({5, 0}, at::kBFloat16), b.narrow(0, 0, 5), false);
+  const at::Tensor none = packed_gemm(at::zeros({3, 0}, at::kBFloat16), at::zeros({5, 0}, at::kBFloat16),
+                                      b.narrow(0, 0, 5), false);
   EXPECT_TRUE(at::equal(none, b.narrow(0, 0, 5).expand({3, 5})));
 }
 
@@ -782,7 +835,8 @@ TEST(PackedGemm, EachResultIsIndependentOfTheSplitAndOfTheOtherRows) {
 TEST(WideningLinear, ModelLinearGradientsMatchTheFp32Reference) {
   at::manual_seed(12);
   for (bool with_bias : {true, false}) {
-    const at::Tensor x0 = at::randn({3, 70, 96}).to(at::kBFloat16), w0 = at::randn({200, 96}).to(at::kBFloat16);
+    const at::Tensor x0 = at::randn({3, 70, 96}).to(at::kBFloat16),
+                     w0 = at::randn({200, 96}).to(at::kBFloat16);
     const at::Tensor b0 = at::randn({200}).to(at::kBFloat16), g = at::randn({3, 70, 200}).to(at::kBFloat16);
     const at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
     const at::Tensor b = with_bias ? b0.clone().requires_grad_(true) : at::Tensor();
@@ -808,7 +862,8 @@ TEST(WideningLinear, ModelLinearGradientsMatchTheFp32Reference) {
   const at::Tensor x = at::randn({33, 64}).to(at::kBFloat16);
   EXPECT_LT(max_rel(linear_grad_input(gy, w), gy.to(at::kFloat).mm(w.to(at::kFloat))), 1e-2);
   EXPECT_LT(max_rel(linear_grad_weight(gy, x), gy.to(at::kFloat).t().mm(x.to(at::kFloat))), 1e-2);
-  EXPECT_LT(max_rel(model_matmul(gy.view({3, 11, 300}), w), at::matmul(gy.view({3, 11, 300}).to(at::kFloat), w.to(at::kFloat))),
+  EXPECT_LT(max_rel(model_matmul(gy.view({3, 11, 300}), w),
+                    at::matmul(gy.view({3, 11, 300}).to(at::kFloat), w.to(at::kFloat))),
             1e-2);
 }
 
@@ -900,7 +955,8 @@ TEST(WideningLinear, TheLibrariesHonourTheirIsaSwitches) {
   const char* aten = std::getenv("ATEN_CPU_CAPABILITY");
   if (dnnl == nullptr && aten == nullptr)
     GTEST_SKIP() << "neither DNNL_MAX_CPU_ISA nor ATEN_CPU_CAPABILITY set (set by the cpu_level_* variants)";
-  (void)at::matmul(at::randn({8, 8}).to(at::kBFloat16), at::randn({8, 8}).to(at::kBFloat16));  // oneDNN initialised
+  (void)at::matmul(at::randn({8, 8}).to(at::kBFloat16),
+                   at::randn({8, 8}).to(at::kBFloat16));  // oneDNN initialised
   if (dnnl != nullptr && onednn_cpu_isa() != "not loaded") {
     const std::string isa = onednn_cpu_isa();
     const std::string want = dnnl;

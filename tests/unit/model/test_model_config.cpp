@@ -17,8 +17,8 @@ namespace fs = std::filesystem;
 
 fs::path fixture_model(const char* name) { return fs::path(SWARM_FIXTURES_DIR) / "models" / name; }
 
-#define REQUIRE_FIXTURE(dir)                                                   \
-  ASSERT_TRUE(fs::is_directory(dir)) << "test fixture missing: " << (dir)      \
+#define REQUIRE_FIXTURE(dir)                                                       \
+  ASSERT_TRUE(fs::is_directory(dir)) << "test fixture missing: " << (dir)          \
                                      << " (SWARM_FIXTURES_DIR=" SWARM_FIXTURES_DIR \
                                         "; see tests/fixtures/README.md)"
 
@@ -184,7 +184,8 @@ TEST(ModelConfig, Qwen2HasQkvBiasButNoOutputBias) {
 // (default 28), or those an explicit layer_types names "sliding_attention"; an absent
 // sliding_window is the config class's 4096, a null one none.
 TEST(ModelConfig, QwenSlidingWindowIsPerLayer) {
-  const ModelConfig c = ModelConfig::from_json(with(kQwen2, {{"use_sliding_window", true}}));  // 24 layers, 21
+  const ModelConfig c =
+      ModelConfig::from_json(with(kQwen2, {{"use_sliding_window", true}}));  // 24 layers, 21
   ASSERT_EQ(c.sliding_window_layers.size(), 24u);
   for (int64_t l = 0; l < 24; ++l) EXPECT_EQ(c.layer_window(l).has_value(), l >= 21) << "layer " << l;
   EXPECT_TRUE(c.any_layer_windowed());
@@ -208,11 +209,15 @@ TEST(ModelConfig, QwenSlidingWindowIsPerLayer) {
   EXPECT_FALSE(ModelConfig::from_json(with(kQwen2, {{"layer_types", types}})).any_layer_windowed());
 
   EXPECT_EQ(error_of([] {
-              ModelConfig::from_json(with(kQwen2, {{"use_sliding_window", true}, {"layer_types", {"full_attention"}}}));
+              ModelConfig::from_json(
+                  with(kQwen2, {{"use_sliding_window", true}, {"layer_types", {"full_attention"}}}));
             }),
-            "config.json: key 'layer_types' must be a list of num_hidden_layers (24) entries, got [\"full_attention\"]");
+            "config.json: key 'layer_types' must be a list of num_hidden_layers (24) entries, got "
+            "[\"full_attention\"]");
   types[3] = "chunked_attention";
-  EXPECT_EQ(error_of([&] { ModelConfig::from_json(with(kQwen2, {{"use_sliding_window", true}, {"layer_types", types}})); }),
+  EXPECT_EQ(error_of([&] {
+              ModelConfig::from_json(with(kQwen2, {{"use_sliding_window", true}, {"layer_types", types}}));
+            }),
             "config.json: key 'layer_types' entry 3 must be \"full_attention\" or \"sliding_attention\", got "
             "\"chunked_attention\"");
 }
@@ -310,7 +315,9 @@ TEST(ModelConfig, ToJsonRoundTrips) {
 
 TEST(ModelConfig, DeepNestingIsAClearError) {
   const std::string deep = std::string(100000, '[') + std::string(100000, ']');
-  EXPECT_EQ(error_of([&] { ModelConfig::from_json(with(kQwen2, {{"x", 1}}).insert(1, "\"deep\": " + deep + ", ")); }),
+  EXPECT_EQ(error_of([&] {
+              ModelConfig::from_json(with(kQwen2, {{"x", 1}}).insert(1, "\"deep\": " + deep + ", "));
+            }),
             "config.json is nested deeper than 128 levels");
 }
 

@@ -54,8 +54,8 @@ TEST(TinyCharPreset, IsAListedPreset) {
 TEST(TinyCharPreset, WritesALoadableSmallLlama) {
   ScratchDir dir("swarm-preset");
   const fs::path out = init_tiny_char(dir.path() / "m");
-  for (const char* f :
-       {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors"})
+  for (const char* f : {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                        "model.safetensors"})
     EXPECT_TRUE(fs::is_regular_file(out / f)) << f;
 
   const ModelConfig c = ModelConfig::from_directory(out);
@@ -193,16 +193,17 @@ TEST(TinyCharPreset, TokenizerMatchesJsReference) {
                                           "caf\xC3\xA9 x",   "<|user|><|user|>x<|pad|>"};
   const json request = {{"tokenizer_dir", out.string()}, {"texts", texts}, {"add_special_tokens", true}};
   std::ofstream(dir.path() / "js.in.json") << request.dump();
-  const std::string cmd = "node '" + js_dir + "/tokenize_reference.mjs' < '" + (dir.path() / "js.in.json").string() +
-                          "' > '" + (dir.path() / "js.out.json").string() + "' 2> '" +
-                          (dir.path() / "js.err.txt").string() + "'";
+  const std::string cmd =
+      "node '" + js_dir + "/tokenize_reference.mjs' < '" + (dir.path() / "js.in.json").string() + "' > '" +
+      (dir.path() / "js.out.json").string() + "' 2> '" + (dir.path() / "js.err.txt").string() + "'";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << testing::read_file(dir.path() / "js.err.txt");
   const json ref = json::parse(testing::read_file(dir.path() / "js.out.json"));
   for (size_t i = 0; i < texts.size(); ++i) {
     SCOPED_TRACE(json(texts[i]).dump());
     EXPECT_EQ(tok->encode(texts[i], true), ref["ids"][i].get<std::vector<TokenId>>());
     EXPECT_EQ(tok->decode(tok->encode(texts[i], true), true), ref["decoded"][i].get<std::string>());
-    EXPECT_EQ(tok->decode(tok->encode(texts[i], true), false), ref["decoded_with_special"][i].get<std::string>());
+    EXPECT_EQ(tok->decode(tok->encode(texts[i], true), false),
+              ref["decoded_with_special"][i].get<std::string>());
   }
 }
 

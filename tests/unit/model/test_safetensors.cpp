@@ -33,8 +33,8 @@ fs::path fixture_model(const char* name) { return fs::path(SWARM_FIXTURES_DIR) /
 fs::path tinystories() { return fixture_model("tinystories-656k"); }
 fs::path smollm2() { return fixture_model("smollm2-135m-instruct-noweights"); }
 
-#define REQUIRE_FIXTURE(dir)                                                   \
-  ASSERT_TRUE(fs::is_directory(dir)) << "test fixture missing: " << (dir)      \
+#define REQUIRE_FIXTURE(dir)                                                       \
+  ASSERT_TRUE(fs::is_directory(dir)) << "test fixture missing: " << (dir)          \
                                      << " (SWARM_FIXTURES_DIR=" SWARM_FIXTURES_DIR \
                                         "; see tests/fixtures/README.md)"
 

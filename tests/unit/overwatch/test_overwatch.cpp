@@ -327,7 +327,8 @@ TEST(OverwatchRender, DashboardLines) {
   const std::string all = joined(lines);
   SCOPED_TRACE(all);
   // Header: URL left, engine · model · clock right-aligned to the width.
-  EXPECT_EQ(lines[0], "swarm-overwatch  http://127.0.0.1:10086" + std::string(34, ' ') + "mock · mock-echo · 12:00:00");
+  EXPECT_EQ(lines[0],
+            "swarm-overwatch  http://127.0.0.1:10086" + std::string(34, ' ') + "mock · mock-echo · 12:00:00");
   EXPECT_EQ(lines[1], "  ● ENGINE.ROLLING  for 3.2s   step 3 · policy v3 · claims open");
   EXPECT_TRUE(has_line(
       lines, "── Batch " + [] {
@@ -354,8 +355,10 @@ TEST(OverwatchRender, DashboardLines) {
       }()));
   size_t eval_row = 0, train_row = 0;
   for (size_t i = 0; i < lines.size(); ++i) {
-    if (lines[i].rfind("  bbbbbbbb  dddddddd  eval   5 +1    11m40s  9m00s / 10m00s   [", 0) == 0) eval_row = i;
-    if (lines[i].rfind("  aaaaaaaa  cccccccc  train  2       12s     1.5s / 10m00s    [", 0) == 0) train_row = i;
+    if (lines[i].rfind("  bbbbbbbb  dddddddd  eval   5 +1    11m40s  9m00s / 10m00s   [", 0) == 0)
+      eval_row = i;
+    if (lines[i].rfind("  aaaaaaaa  cccccccc  train  2       12s     1.5s / 10m00s    [", 0) == 0)
+      train_row = i;
   }
   EXPECT_GT(eval_row, 0u);
   EXPECT_GT(train_row, eval_row);
@@ -367,7 +370,8 @@ TEST(OverwatchRender, DashboardLines) {
   EXPECT_TRUE(has_line(lines, "  per step   ▁▅█  step 3: 0.750 ± 0.125 · range 0.250..0.750 · 3 steps"));
   EXPECT_TRUE(has_line(lines, "  episodes   ▁▅██  mean 0.625 · last 4"));
   EXPECT_TRUE(has_line(lines, "  eval       eval/episodes 12 · eval/reward_mean 0.7"));
-  EXPECT_TRUE(has_line(lines, "  requests 161 · openai 120 · errors 3 (4xx 2, 5xx 1) · tokens 12.3k in / 678 out"));
+  EXPECT_TRUE(
+      has_line(lines, "  requests 161 · openai 120 · errors 3 (4xx 2, 5xx 1) · tokens 12.3k in / 678 out"));
   EXPECT_NE(all.find("claimed 40 · ended 36"), std::string::npos);
   EXPECT_NE(all.find("aborted 1"), std::string::npos);
   EXPECT_EQ(all.find("q quit"), std::string::npos);  // --once has no key help
@@ -379,7 +383,8 @@ TEST(OverwatchRender, DashboardLines) {
 TEST(OverwatchRender, TrainingModeTrainerAndStaleness) {
   json j = pool_json();
   j["training"] = {{"mode", "asynchronous"}, {"max_staleness", 2}, {"trainer_step", 4}};
-  j["step_history"][2]["metrics"] = {{"staleness_mean", 1.25}, {"staleness_max", 2}, {"stale_dropped_episodes", 3}};
+  j["step_history"][2]["metrics"] = {
+      {"staleness_mean", 1.25}, {"staleness_max", 2}, {"stale_dropped_episodes", 3}};
   j["counters"]["stale_dropped_episodes"] = 5;
   j["counters"]["claims_held_by_staleness"] = 7;
   Monitor m("http://127.0.0.1:10086", 1.0);
@@ -390,8 +395,9 @@ TEST(OverwatchRender, TrainingModeTrainerAndStaleness) {
   auto lines = render_frame(m.frame(t0), plain(100));
   const std::string all = joined(lines);
   SCOPED_TRACE(all);
-  EXPECT_EQ(lines[2], "  training async (max_staleness 2) · trainer on step 4 · staleness mean 1.25 max 2 · 3 stale "
-                      "dropped");
+  EXPECT_EQ(lines[2],
+            "  training async (max_staleness 2) · trainer on step 4 · staleness mean 1.25 max 2 · 3 stale "
+            "dropped");
   EXPECT_NE(all.find("stale drops 5"), std::string::npos);
   EXPECT_NE(all.find("claims held 7"), std::string::npos);
 
@@ -410,12 +416,26 @@ TEST(OverwatchRender, TrainingModeTrainerAndStaleness) {
 // without an exchange shows no swarm line.
 TEST(OverwatchRender, SwarmExchangeAndPeers) {
   json j = pool_json();
-  j["exchange"] = {{"url", "nats://127.0.0.1:4222"}, {"swarm_name", "lab"}, {"node_id", "node-a"},
-                   {"connected", true}, {"ready", true}, {"last_error", ""}, {"published", 12},
-                   {"received", 30}, {"accepted", 9}, {"buffered", 3}, {"used", 6}, {"outbox", 0},
+  j["exchange"] = {{"url", "nats://127.0.0.1:4222"},
+                   {"swarm_name", "lab"},
+                   {"node_id", "node-a"},
+                   {"connected", true},
+                   {"ready", true},
+                   {"last_error", ""},
+                   {"published", 12},
+                   {"received", 30},
+                   {"accepted", 9},
+                   {"buffered", 3},
+                   {"used", 6},
+                   {"outbox", 0},
                    {"dropped", {{"own", 12}, {"zero_advantage", 7}, {"malformed", 2}}},
-                   {"peers", json::array({{{"node_id", "node-b"}, {"model", "tiny-char"}, {"received", 18},
-                                           {"accepted", 9}, {"used", 6}, {"dropped", 9}, {"last_policy_step", 7},
+                   {"peers", json::array({{{"node_id", "node-b"},
+                                           {"model", "tiny-char"},
+                                           {"received", 18},
+                                           {"accepted", 9},
+                                           {"used", 6},
+                                           {"dropped", 9},
+                                           {"last_policy_step", 7},
                                            {"seconds_since_seen", 3.0}}})}};
   Monitor m("http://127.0.0.1:10086", 1.0);
   Snapshot snap = sample_snapshot();
@@ -425,9 +445,12 @@ TEST(OverwatchRender, SwarmExchangeAndPeers) {
   auto lines = render_frame(m.frame(t0), plain(120));
   const std::string all = joined(lines);
   SCOPED_TRACE(all);
-  EXPECT_TRUE(has_line(lines, "  swarm lab as node-a ● connected · published 12 · accepted 9/30 · buffered 3 · used 6 · "
-                              "9 dropped"));
-  EXPECT_TRUE(has_line(lines, "    peer node-b (tiny-char) · accepted 9 · used 6 · 9 dropped · step 7 · seen 3.0s ago"));
+  EXPECT_TRUE(
+      has_line(lines,
+               "  swarm lab as node-a ● connected · published 12 · accepted 9/30 · buffered 3 · used 6 · "
+               "9 dropped"));
+  EXPECT_TRUE(has_line(
+      lines, "    peer node-b (tiny-char) · accepted 9 · used 6 · 9 dropped · step 7 · seen 3.0s ago"));
 
   j["exchange"]["connected"] = false;
   j["exchange"]["ready"] = false;
@@ -435,7 +458,8 @@ TEST(OverwatchRender, SwarmExchangeAndPeers) {
   snap.pool = pool_information_from_json(j);
   m.on_poll_ok(snap, t0 + 1s);
   lines = render_frame(m.frame(t0 + 1s), plain(120));
-  EXPECT_NE(joined(lines).find("● broker unreachable · published 12 (2 waiting)"), std::string::npos) << joined(lines);
+  EXPECT_NE(joined(lines).find("● broker unreachable · published 12 (2 waiting)"), std::string::npos)
+      << joined(lines);
 
   EXPECT_EQ(joined(render_frame(sample_frame(), plain(100))).find("  swarm "), std::string::npos);
 }
@@ -471,7 +495,8 @@ TEST(OverwatchRender, OfflineWithoutAJob) {
   const std::string all = joined(lines);
   EXPECT_TRUE(has_line(lines, "  ● ENGINE.OFFLINE  for 0.0s   step 0 · policy v0 · claims closed")) << all;
   EXPECT_TRUE(has_line(lines, "  detail: boot failed: no such model")) << all;
-  EXPECT_TRUE(has_line(lines, "  no batch: the engine is offline (sync_train_config, then start_engine)")) << all;
+  EXPECT_TRUE(has_line(lines, "  no batch: the engine is offline (sync_train_config, then start_engine)"))
+      << all;
   EXPECT_TRUE(has_line(lines, "  none")) << all;
   EXPECT_TRUE(has_line(lines, "  per step   no finished step yet")) << all;
 }
@@ -481,7 +506,8 @@ TEST(OverwatchRender, UnreachableScreen) {
   auto t = Monitor::Clock::time_point{} + 10s;
   m.on_poll_ok(sample_snapshot(), t);
   m.on_poll_failed("HTTP connect to 127.0.0.1:9 failed: Connection refused", t += 1s);
-  for (int i = 0; i < 4; ++i) m.on_poll_failed("HTTP connect to 127.0.0.1:9 failed: Connection refused", t += 15s);
+  for (int i = 0; i < 4; ++i)
+    m.on_poll_failed("HTTP connect to 127.0.0.1:9 failed: Connection refused", t += 15s);
   FrameInput f = m.frame(t);
   f.clock = "12:00:00";
   RenderOptions o = plain(80);
@@ -513,14 +539,16 @@ TEST(OverwatchRender, UnreachableScreen) {
 
 TEST(OverwatchRender, EveryLineFitsTheWidth) {
   FrameInput f = sample_frame();
-  f.snapshot->pool.tasks[0].task_id = "a-very-long-task-identifier-that-goes-on-and-on-" + std::string(80, 'z');
+  f.snapshot->pool.tasks[0].task_id =
+      "a-very-long-task-identifier-that-goes-on-and-on-" + std::string(80, 'z');
   for (bool color : {false, true}) {
     for (int width : {10, 20, 40, 60, 80, 100, 160, 240}) {
       RenderOptions o = plain(width);
       o.color = color;
       o.interactive = true;
       const auto lines = render_frame(f, o);
-      for (const auto& l : lines) EXPECT_LE(display_width(l), static_cast<size_t>(width)) << width << ": " << l;
+      for (const auto& l : lines)
+        EXPECT_LE(display_width(l), static_cast<size_t>(width)) << width << ": " << l;
       if (!color) {
         for (const auto& l : lines) EXPECT_EQ(l.find('\x1b'), std::string::npos) << l;
       }

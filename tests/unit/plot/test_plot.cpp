@@ -95,7 +95,9 @@ RgbImage test_image(int w, int h) {
   RgbImage img(w, h);
   for (int y = 0; y < h; ++y)
     for (int x = 0; x < w; ++x)
-      img.set(x, y, {static_cast<uint8_t>(x * 7), static_cast<uint8_t>(y * 5), static_cast<uint8_t>((x ^ y) & 0xF0)});
+      img.set(
+          x, y,
+          {static_cast<uint8_t>(x * 7), static_cast<uint8_t>(y * 5), static_cast<uint8_t>((x ^ y) & 0xF0)});
   img.fill_rect(2, 2, w / 2, h / 2, {255, 255, 255});
   return img;
 }
@@ -114,8 +116,9 @@ TEST(PlotPng, DecodesToExactlyTheImage) {
   spec.width = 300;
   spec.height = 200;
   spec.lines.push_back({"up", {0, 1, 2, 3}, {0, 1, 4, 9}, {200, 30, 40}, 2.0});
-  const std::vector<RgbImage> images = {test_image(37, 23), RgbImage(1, 1, {1, 2, 3}), noise_image(257, 131, 7),
-                                        RgbImage(1, 300, {9, 8, 7}), render_chart(spec)};
+  const std::vector<RgbImage> images = {test_image(37, 23), RgbImage(1, 1, {1, 2, 3}),
+                                        noise_image(257, 131, 7), RgbImage(1, 300, {9, 8, 7}),
+                                        render_chart(spec)};
   for (const RgbImage& img : images) {
     SCOPED_TRACE(std::to_string(img.width()) + "x" + std::to_string(img.height()));
     const Bytes png = encode_png(img);
@@ -192,7 +195,8 @@ TEST(PlotPng, WritePngFailuresThrowAndLeaveNothing) {
       ADD_FAILURE() << "no error writing " << path;
     } catch (const SwarmError& e) {
       EXPECT_EQ(e.kind(), ErrorKind::INVALID_ARGUMENT);
-      EXPECT_NE(std::string(e.what()).find("cannot write " + path.string() + ": "), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("cannot write " + path.string() + ": "), std::string::npos)
+          << e.what();
     }
   };
   expect_write_error(dir.path() / "missing" / "chart.png");  // no such directory
@@ -257,7 +261,8 @@ TEST(PlotChart, AxesAndTickLabels) {
   EXPECT_LT(a.min, 5.0);
   EXPECT_GT(a.max, 5.0);
   for (int target : {2, 3, 7})
-    for (double hi : {0.011, 0.29, 1.0, 7.3, 999.0}) EXPECT_FALSE(make_axis(0.01, hi, target, false).ticks.empty());
+    for (double hi : {0.011, 0.29, 1.0, 7.3, 999.0})
+      EXPECT_FALSE(make_axis(0.01, hi, target, false).ticks.empty());
   EXPECT_EQ(format_tick(0.2, 0.2), "0.2");
   EXPECT_EQ(format_tick(0.25, 0.05), "0.25");
   EXPECT_EQ(format_tick(0.5, 0.25), "0.50");
@@ -296,7 +301,8 @@ TEST(PlotChart, RisingSeriesRisesLeftToRight) {
     EXPECT_GT(n, 0) << "no line pixels in columns " << x0 << ".." << x1;
     return n ? sum / n : 0.0;
   };
-  const double left_row = mean_row(L.left + 1, L.left + fifth), right_row = mean_row(L.right - fifth, L.right);
+  const double left_row = mean_row(L.left + 1, L.left + fifth),
+               right_row = mean_row(L.right - fifth, L.right);
   EXPECT_GT(left_row, right_row + 0.5 * (L.bottom - L.top));  // rows grow downwards
 
   // The curve goes through its data points, and the legend does not sit on either end.
@@ -348,7 +354,8 @@ TEST(PlotMetrics, ParsesStepsBandsAndSkipsBadLines) {
   EXPECT_EQ(s.malformed, 4u);  // "not json", [1,2], no step, the cut line
   EXPECT_EQ(s.without_value, 1u);
   EXPECT_EQ(s.duplicates, 1u);
-  EXPECT_EQ(summarize(s), "reward_mean: 3 steps (1..4), first 0.25, last 0.75, min 0.25 at step 1, max 0.75 at step 4");
+  EXPECT_EQ(summarize(s),
+            "reward_mean: 3 steps (1..4), first 0.25, last 0.75, min 0.25 at step 1, max 0.75 at step 4");
 
   const ChartSpec spec = build_reward_chart(s, {});
   ASSERT_EQ(spec.bands.size(), 1u);
@@ -359,7 +366,9 @@ TEST(PlotMetrics, ParsesStepsBandsAndSkipsBadLines) {
 // swarm-plot with several --metrics: one coloured line per series, each with its own band,
 // labelled as asked (the SAPO experiment's splits on one chart).
 TEST(PlotMetrics, ComparisonChartHasALineAndBandPerSeries) {
-  std::istringstream a("{\"step\":1,\"reward_mean\":0.2,\"reward_std\":0.1}\n{\"step\":2,\"reward_mean\":0.4,\"reward_std\":0.1}\n");
+  std::istringstream a(
+      "{\"step\":1,\"reward_mean\":0.2,\"reward_std\":0.1}\n{\"step\":2,\"reward_mean\":0.4,\"reward_std\":0."
+      "1}\n");
   std::istringstream b("{\"step\":1,\"reward_mean\":0.3}\n{\"step\":2,\"reward_mean\":0.7}\n");
   const std::vector<MetricSeries> series = {parse_metric_series(a, "reward_mean", "a"),
                                             parse_metric_series(b, "reward_mean", "b")};
@@ -394,8 +403,10 @@ TEST(PlotMetrics, ErrorsNameTheProblem) {
   EXPECT_EQ(error_of("{\"step\":1,\"loss\":0.1,\"reward_mean\":0.2}\n", "rewrd"),
             "unknown field 'rewrd' in m.jsonl (fields: loss, reward_mean, step)");
   EXPECT_EQ(error_of("", "reward_mean"), "no usable points in m.jsonl: it is empty");
-  EXPECT_EQ(error_of("x\ny\n", "reward_mean"), "no usable points in m.jsonl: 2 malformed line(s), none usable");
-  EXPECT_EQ(error_of("{\"step\":1,\"kl\":null}\n", "kl"), "no usable points in m.jsonl: 'kl' is never a finite number");
+  EXPECT_EQ(error_of("x\ny\n", "reward_mean"),
+            "no usable points in m.jsonl: 2 malformed line(s), none usable");
+  EXPECT_EQ(error_of("{\"step\":1,\"kl\":null}\n", "kl"),
+            "no usable points in m.jsonl: 'kl' is never a finite number");
   try {
     load_metric_series("/nonexistent/metrics.jsonl", "reward_mean");
     FAIL() << "no error";
@@ -445,12 +456,14 @@ TEST(PlotTool, WritesThePngAndSummarizes) {
     m << "{\"step\":31,\"reward_me\n";
   }
   const fs::path out = dir.path() / "reward.png";
-  const ToolRun r = run_tool("--metrics '" + run.string() + "' --out '" + out.string() + "' --width 400 --height 300");
+  const ToolRun r =
+      run_tool("--metrics '" + run.string() + "' --out '" + out.string() + "' --width 400 --height 300");
   ASSERT_EQ(r.rc, 0) << r.output;
   EXPECT_NE(r.output.find("warning: skipped 1 malformed line(s) of 31"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("wrote " + out.string() + " (400x300"), std::string::npos) << r.output;
   EXPECT_NE(
-      r.output.find("reward_mean: 30 steps (1..30), first 0.02, last 0.6, min 0.02 at step 1, max 0.6 at step 30"),
+      r.output.find(
+          "reward_mean: 30 steps (1..30), first 0.02, last 0.6, min 0.02 at step 1, max 0.6 at step 30"),
       std::string::npos)
       << r.output;
   // The file holds exactly the chart the library draws for these options.

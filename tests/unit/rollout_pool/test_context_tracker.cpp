@@ -43,9 +43,7 @@ void expect_consistent(const Sample& s) {
   }
 }
 
-TEST(ContextTracker, EmptyCallsGiveNoSamples) {
-  EXPECT_TRUE(merge_calls_into_samples({}).empty());
-}
+TEST(ContextTracker, EmptyCallsGiveNoSamples) { EXPECT_TRUE(merge_calls_into_samples({}).empty()); }
 
 TEST(ContextTracker, SingleCall) {
   auto samples = merge_calls_into_samples({make_call({1, 2, 3}, {10, 11}, 7)});
@@ -81,15 +79,13 @@ TEST(ContextTracker, ThreeTurnConversationIsOneTimeline) {
   //                          sys      a1    env1  a2       env2 a3
   EXPECT_EQ(s.loss_mask, (Mask{0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 0, 1}));
   EXPECT_EQ(s.num_calls, 3);
-  EXPECT_EQ(s.policy_versions,
-            (std::vector<int64_t>{-1, -1, -1, 1, 1, -1, -1, 1, 1, 1, -1, 2}));
+  EXPECT_EQ(s.policy_versions, (std::vector<int64_t>{-1, -1, -1, 1, 1, -1, -1, 1, 1, 1, -1, 2}));
   expect_consistent(s);
 }
 
 TEST(ContextTracker, NonPrefixCallStartsSecondSample) {
   std::vector<LlmCall> calls = {
-      make_call({1, 2}, {10}),
-      make_call({1, 2, 10, 3}, {11}),
+      make_call({1, 2}, {10}), make_call({1, 2, 10, 3}, {11}),
       make_call({9, 9}, {12, 13}),  // e.g. a summarizer sub-agent
   };
   auto samples = merge_calls_into_samples(calls);
@@ -135,10 +131,10 @@ TEST(ContextTracker, BranchFromSameCallGivesTwoSamples) {
 
 TEST(ContextTracker, InterleavedTimelinesEachKeepTheirCalls) {
   std::vector<LlmCall> calls = {
-      make_call({1}, {10}),           // timeline A: 1 10
+      make_call({1}, {10}),            // timeline A: 1 10
       make_call({1, 10, 2, 3}, {11}),  // extends A: 1 10 2 3 11
-      make_call({5}, {12}),           // timeline B: 5 12
-      make_call({1, 10, 7}, {13}),    // not a prefix of A any more -> C: 1 10 7 13
+      make_call({5}, {12}),            // timeline B: 5 12
+      make_call({1, 10, 7}, {13}),     // not a prefix of A any more -> C: 1 10 7 13
       // Continues A although B and C were created after it.
       make_call({1, 10, 2, 3, 11, 4}, {14}),
   };
@@ -154,9 +150,9 @@ TEST(ContextTracker, LongestPrefixWins) {
   // Timelines [1 10] and [1 10 2 11] both prefix the last prompt; the longer one wins even
   // though the shorter one was extended more recently.
   std::vector<LlmCall> calls = {
-      make_call({1}, {10}),        // A: 1 10
+      make_call({1}, {10}),         // A: 1 10
       make_call({1, 10, 2}, {11}),  // extends A: 1 10 2 11
-      make_call({1}, {10}),        // B: 1 10 (A is longer than this prompt)
+      make_call({1}, {10}),         // B: 1 10 (A is longer than this prompt)
       make_call({1, 10, 2, 11, 3}, {12}),
   };
   auto samples = merge_calls_into_samples(calls);
@@ -189,15 +185,14 @@ TEST(ContextTracker, LogprobsAndVersionsStayAligned) {
   ASSERT_EQ(samples.size(), 1u);
   const Sample& s = samples[0];
   EXPECT_EQ(s.token_ids, (Ids{1, 2, 10, 11, 12, 5, 6, 13, 14}));
-  EXPECT_EQ(s.rollout_logprobs,
-            (std::vector<float>{0, 0, -1.0f, -2.0f, -3.0f, 0, 0, -4.0f, -5.0f}));
+  EXPECT_EQ(s.rollout_logprobs, (std::vector<float>{0, 0, -1.0f, -2.0f, -3.0f, 0, 0, -4.0f, -5.0f}));
   EXPECT_EQ(s.policy_versions, (std::vector<int64_t>{-1, -1, 3, 3, 3, -1, -1, 4, 4}));
   expect_consistent(s);
 }
 
 TEST(ContextTracker, EmptyCompletionIsStillRecorded) {
   std::vector<LlmCall> calls = {
-      make_call({1, 2}, {}),        // e.g. hit max_tokens = 0 or an immediate stop
+      make_call({1, 2}, {}),  // e.g. hit max_tokens = 0 or an immediate stop
       make_call({1, 2, 3}, {10}),
   };
   auto samples = merge_calls_into_samples(calls);

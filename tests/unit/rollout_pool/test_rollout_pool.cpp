@@ -50,8 +50,7 @@ std::string message_of(const std::function<void()>& fn) {
   return "";
 }
 
-LlmCall make_call(std::vector<TokenId> prompt, std::vector<TokenId> completion,
-                  int64_t version = 0) {
+LlmCall make_call(std::vector<TokenId> prompt, std::vector<TokenId> completion, int64_t version = 0) {
   LlmCall c;
   c.prompt_ids = std::move(prompt);
   c.completion_ids = std::move(completion);
@@ -85,8 +84,7 @@ class RolloutPoolTest : public ::testing::Test {
     return r.episode.value_or(ClaimedEpisode{});
   }
 
-  static void call_ok(RolloutPool& pool, const ClaimedEpisode& ep,
-                      LlmCall call = make_call({1, 2}, {3})) {
+  static void call_ok(RolloutPool& pool, const ClaimedEpisode& ep, LlmCall call = make_call({1, 2}, {3})) {
     CallTicket t = pool.begin_call(ep.api_key);
     EXPECT_EQ(t.episode_uuid, ep.episode_uuid);
     EXPECT_TRUE(pool.finish_call(t.episode_uuid, std::move(call)));
@@ -120,8 +118,7 @@ TEST(CollectionMethod, WireNamesRoundTrip) {
     ASSERT_TRUE(parse_collection_method(collection_method_name(m), &parsed));
     EXPECT_EQ(parsed, m);
   }
-  EXPECT_STREQ(collection_method_name(CollectionMethod::ENOUGH_TASKS),
-               "rollout_until_finish_enough_tasks");
+  EXPECT_STREQ(collection_method_name(CollectionMethod::ENOUGH_TASKS), "rollout_until_finish_enough_tasks");
   EXPECT_STREQ(collection_method_name(CollectionMethod::ENOUGH_EPISODES),
                "rollout_until_finish_enough_episodes");
   EXPECT_STREQ(collection_method_name(CollectionMethod::ENOUGH_NON_DUMMY_TASKS),
@@ -207,8 +204,9 @@ TEST_F(RolloutPoolTest, OneClientCannotHoardTheSlots) {
   const ClaimedEpisode a2 = claim_ok(*pool, "hoarder");
   ClaimResult r = pool->claim(ClaimRequest{"hoarder", EpisodeType::TRAIN, 60});
   EXPECT_FALSE(r.episode.has_value());
-  EXPECT_EQ(r.fail_cause, "Client hoarder holds 2 unfinished episodes, the most one client may "
-                          "(max_claimed_per_client 2): end or abort one before claiming another.");
+  EXPECT_EQ(r.fail_cause,
+            "Client hoarder holds 2 unfinished episodes, the most one client may "
+            "(max_claimed_per_client 2): end or abort one before claiming another.");
   EXPECT_EQ(pool->snapshot().unclaimed, 2) << "the refused claim took a slot";
   claim_ok(*pool, "other");
   claim_ok(*pool, "other");
@@ -220,11 +218,17 @@ TEST_F(RolloutPoolTest, OneClientCannotHoardTheSlots) {
 
 TEST_F(RolloutPoolTest, ClaimValidatesRequest) {
   auto pool = make_pool(small_config());
-  EXPECT_EQ(kind_of([&] { pool->claim(ClaimRequest{"", EpisodeType::TRAIN, 60}); }),
+  EXPECT_EQ(kind_of([&] {
+              pool->claim(ClaimRequest{"", EpisodeType::TRAIN, 60});
+            }),
             ErrorKind::INVALID_ARGUMENT);
-  EXPECT_EQ(kind_of([&] { pool->claim(ClaimRequest{"c", EpisodeType::TRAIN, 0}); }),
+  EXPECT_EQ(kind_of([&] {
+              pool->claim(ClaimRequest{"c", EpisodeType::TRAIN, 0});
+            }),
             ErrorKind::INVALID_ARGUMENT);
-  EXPECT_EQ(kind_of([&] { pool->claim(ClaimRequest{"c", EpisodeType::TRAIN, -5}); }),
+  EXPECT_EQ(kind_of([&] {
+              pool->claim(ClaimRequest{"c", EpisodeType::TRAIN, -5});
+            }),
             ErrorKind::INVALID_ARGUMENT);
   EXPECT_EQ(pool->counters().claimed, 0);
   EXPECT_EQ(pool->snapshot().unclaimed, 4);
@@ -336,14 +340,13 @@ TEST_F(RolloutPoolTest, ReapingHonoursPerEpisodeTimeoutAndFreesSlot) {
   EXPECT_EQ(std::count(unclaimed.begin(), unclaimed.end(), fast.episode_uuid), 0);
 
   // A late end is rejected with a clear message.
-  std::string msg = message_of(
-      [&] { pool->end_episode("client-a", fast.episode_uuid, "t", reward_of(1.0)); });
+  std::string msg =
+      message_of([&] { pool->end_episode("client-a", fast.episode_uuid, "t", reward_of(1.0)); });
   EXPECT_NE(msg.find(fast.episode_uuid), std::string::npos);
   EXPECT_NE(msg.find("not found"), std::string::npos);
   EXPECT_NE(msg.find("timed out"), std::string::npos);
-  EXPECT_EQ(
-      kind_of([&] { pool->end_episode("client-a", fast.episode_uuid, "t", reward_of(1.0)); }),
-      ErrorKind::NOT_FOUND);
+  EXPECT_EQ(kind_of([&] { pool->end_episode("client-a", fast.episode_uuid, "t", reward_of(1.0)); }),
+            ErrorKind::NOT_FOUND);
 }
 
 TEST_F(RolloutPoolTest, InFlightCallPreventsReapingAndLateFinishIsDropped) {
@@ -369,9 +372,8 @@ TEST_F(RolloutPoolTest, InFlightCallPreventsReapingAndLateFinishIsDropped) {
   EXPECT_EQ(c.late_calls_dropped, 1);
   EXPECT_EQ(c.llm_calls, 1);
   EXPECT_EQ(c.timed_out, 1);
-  EXPECT_EQ(
-      kind_of([&] { pool->end_episode("client-a", ep.episode_uuid, "t", reward_of(1.0)); }),
-      ErrorKind::NOT_FOUND);
+  EXPECT_EQ(kind_of([&] { pool->end_episode("client-a", ep.episode_uuid, "t", reward_of(1.0)); }),
+            ErrorKind::NOT_FOUND);
 }
 
 TEST_F(RolloutPoolTest, CancelCallReleasesInFlight) {
@@ -482,14 +484,9 @@ TEST_F(RolloutPoolTest, OwnershipAndValidationOnEnd) {
   std::string msg = message_of([&] { end_as("client-b", "t"); });
   EXPECT_NE(msg.find("belongs to another client"), std::string::npos);
   EXPECT_EQ(msg.find("client-a"), std::string::npos);  // don't reveal the owner
-  EXPECT_EQ(kind_of([&] {
-              pool->abort_episode("client-b", ep.episode_uuid, false);
-            }),
-            ErrorKind::FORBIDDEN);
+  EXPECT_EQ(kind_of([&] { pool->abort_episode("client-b", ep.episode_uuid, false); }), ErrorKind::FORBIDDEN);
   EXPECT_EQ(kind_of([&] { end_as("client-a", ""); }), ErrorKind::INVALID_ARGUMENT);
-  EXPECT_EQ(kind_of([&] {
-              pool->end_episode("client-a", "no-such-uuid", "t", reward_of(1.0));
-            }),
+  EXPECT_EQ(kind_of([&] { pool->end_episode("client-a", "no-such-uuid", "t", reward_of(1.0)); }),
             ErrorKind::NOT_FOUND);
   EXPECT_FALSE(pool->abort_episode("client-a", "no-such-uuid", true));  // nothing to abort
   // An unclaimed slot's uuid cannot be ended either.
@@ -598,10 +595,11 @@ TEST_F(RolloutPoolTest, EvalMetricNamesAreBoundedPerStep) {
   }
   const PoolSnapshot s = pool->snapshot();
   int64_t names = 0;
-  for (const auto& [name, value] : s.eval_metrics) names += name != "eval/episodes" && name != "eval/reward_mean";
+  for (const auto& [name, value] : s.eval_metrics)
+    names += name != "eval/episodes" && name != "eval/reward_mean";
   EXPECT_EQ(names, 1024);
   EXPECT_DOUBLE_EQ(s.eval_metrics.at("eval/kept"), 0.5);  // both episodes counted
-  EXPECT_EQ(s.eval_metrics.count("eval/m1_999"), 0u);    // past the bound
+  EXPECT_EQ(s.eval_metrics.count("eval/m1_999"), 0u);     // past the bound
 }
 
 TEST_F(RolloutPoolTest, NullRewardDropsTrainEpisode) {
@@ -830,9 +828,13 @@ TEST_F(RolloutPoolTest, ARetriedEndGetsTheRecordedOutcome) {
 
 TEST_F(RolloutPoolTest, DiscardEpisodeTimeoutIsBounded) {
   auto pool = make_pool(small_config());
-  EXPECT_EQ(kind_of([&] { pool->claim(ClaimRequest{"client-a", EpisodeType::TRAIN, 1e308}); }),
+  EXPECT_EQ(kind_of([&] {
+              pool->claim(ClaimRequest{"client-a", EpisodeType::TRAIN, 1e308});
+            }),
             ErrorKind::INVALID_ARGUMENT);
-  EXPECT_EQ(kind_of([&] { pool->claim(ClaimRequest{"client-a", EpisodeType::TRAIN, 86400.5}); }),
+  EXPECT_EQ(kind_of([&] {
+              pool->claim(ClaimRequest{"client-a", EpisodeType::TRAIN, 86400.5});
+            }),
             ErrorKind::INVALID_ARGUMENT);
   claim_ok(*pool, "client-a", EpisodeType::TRAIN, 86400.0);
 }
@@ -846,7 +848,8 @@ TEST_F(RolloutPoolTest, RememberedEndsAreBounded) {
     ended.push_back(ep.episode_uuid);
   }
   // The oldest was forgotten, the newest is still answered.
-  EXPECT_EQ(kind_of([&] { pool->end_episode("client-a", ended.front(), "t1", reward_of(0.5)); }), ErrorKind::NOT_FOUND);
+  EXPECT_EQ(kind_of([&] { pool->end_episode("client-a", ended.front(), "t1", reward_of(0.5)); }),
+            ErrorKind::NOT_FOUND);
   EXPECT_NO_THROW(pool->end_episode("client-a", ended[1], "t1", reward_of(0.5)));
   EXPECT_NO_THROW(pool->end_episode("client-a", ended.back(), "t1", reward_of(0.5)));
 }
@@ -883,7 +886,7 @@ TEST_F(JournaledEndTest, ARetryWhileTheEndIsBeingStoredGetsItsOutcome) {
             }),
             ErrorKind::CONFLICT);
   for (const auto& answer : answers) EXPECT_FALSE(answer);  // nothing durable yet
-  ASSERT_EQ(journal->deferred.size(), 1u);  // recorded once
+  ASSERT_EQ(journal->deferred.size(), 1u);                  // recorded once
   journal->deferred[0]();
   for (const auto& answer : answers) {
     ASSERT_TRUE(answer);
@@ -1106,9 +1109,8 @@ TEST_F(RolloutPoolTest, CancelAllClearsEverything) {
   EXPECT_TRUE(s.tasks.empty());
   EXPECT_EQ(s.counters.cancelled, 2);
   EXPECT_EQ(kind_of([&] { pool->begin_call(r1.api_key); }), ErrorKind::UNAUTHORIZED);
-  EXPECT_EQ(
-      kind_of([&] { pool->end_episode("client-a", r2.episode_uuid, "a", reward_of(1)); }),
-      ErrorKind::NOT_FOUND);
+  EXPECT_EQ(kind_of([&] { pool->end_episode("client-a", r2.episode_uuid, "a", reward_of(1)); }),
+            ErrorKind::NOT_FOUND);
   ClaimResult cr = pool->claim(ClaimRequest{"client-a", EpisodeType::TRAIN, 60});
   EXPECT_FALSE(cr.episode.has_value());
   EXPECT_FALSE(cr.fail_cause.empty());
@@ -1213,9 +1215,8 @@ TEST_F(RolloutPoolTest, ConcurrentClientsKeepCountersConsistent) {
       const std::string client = "client-" + std::to_string(w);
       for (int i = 0; i < kEpisodesPerThread; ++i) {
         ClaimResult r;
-        while (!(r = pool->claim(ClaimRequest{client, i % 10 == 3 ? EpisodeType::EVAL
-                                                                  : EpisodeType::TRAIN,
-                                              600.0}))
+        while (!(r = pool->claim(
+                     ClaimRequest{client, i % 10 == 3 ? EpisodeType::EVAL : EpisodeType::TRAIN, 600.0}))
                     .episode) {
           failed_claims++;
           std::this_thread::yield();
@@ -1254,8 +1255,7 @@ TEST_F(RolloutPoolTest, ConcurrentClientsKeepCountersConsistent) {
   EXPECT_EQ(s.counters.ended_eval, ended_eval);
   EXPECT_EQ(s.counters.ended_without_reward, no_reward);
   EXPECT_EQ(s.counters.aborted, aborted);
-  EXPECT_EQ(s.counters.claimed, s.counters.ended + s.counters.ended_without_reward +
-                                    s.counters.aborted);
+  EXPECT_EQ(s.counters.claimed, s.counters.ended + s.counters.ended_without_reward + s.counters.aborted);
   EXPECT_EQ(s.counters.llm_calls, 2 * total);
   EXPECT_EQ(s.counters.timed_out, 0);
   EXPECT_EQ(s.counters.late_calls_dropped, 0);
@@ -1349,8 +1349,9 @@ TEST_F(RolloutPoolTest, AgreeWithAnotherMethodIsAConflict) {
   auto pool = make_pool(small_config());
   run_episode(*pool, "t1", 1.0, "client-a");
   EXPECT_EQ(kind_of([&] { pool->agree_sync_weight("client-a"); }), ErrorKind::CONFLICT);
-  EXPECT_NE(message_of([&] { pool->agree_sync_weight("client-a"); }).find("rollout_until_finish_enough_tasks"),
-            std::string::npos);
+  EXPECT_NE(
+      message_of([&] { pool->agree_sync_weight("client-a"); }).find("rollout_until_finish_enough_tasks"),
+      std::string::npos);
 }
 
 TEST_F(RolloutPoolTest, ActiveClientsAreBounded) {
@@ -1395,7 +1396,6 @@ TEST_F(RolloutPoolTest, TaskGroupsListTheirEpisodesRewardsAndThrottledClients) {
   EXPECT_EQ(s.tasks[0].throttled_client_uuids, std::vector<std::string>{"client-a"});
   EXPECT_EQ(s.counters.episodes_split_by_drift, 0);  // one call each: one sample each
 }
-
 
 // ---------------------------------------------------------------- asynchronous training (issue 24)
 

@@ -66,10 +66,14 @@ TEST(AnthropicDialect, StreamsThinkingWithItsSignatureThenOneBlockPerToolCall) {
   const auto events = parse(text);
   std::vector<std::string> kinds;
   for (const auto& e : events) kinds.push_back(e.event);
-  const std::vector<std::string> expected = {
-      "message_start", "ping", "content_block_start", "content_block_delta", "content_block_delta", "content_block_delta",
-      "content_block_stop", "content_block_start", "content_block_delta", "content_block_delta", "content_block_stop",
-      "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"};
+  const std::vector<std::string> expected = {"message_start",       "ping",
+                                             "content_block_start", "content_block_delta",
+                                             "content_block_delta", "content_block_delta",
+                                             "content_block_stop",  "content_block_start",
+                                             "content_block_delta", "content_block_delta",
+                                             "content_block_stop",  "content_block_start",
+                                             "content_block_delta", "content_block_stop",
+                                             "message_delta",       "message_stop"};
   ASSERT_EQ(kinds, expected) << text;
   EXPECT_EQ(events[2].data["content_block"]["type"], "thinking");
   EXPECT_EQ(events[5].data["delta"]["type"], "signature_delta");
@@ -89,7 +93,8 @@ TEST(AnthropicDialect, SignatureIsKeyedToTheText) {
   const std::string sig = thinking_signature("abc");
   EXPECT_TRUE(thinking_signature_valid("abc", sig));
   EXPECT_FALSE(thinking_signature_valid("abd", sig));
-  EXPECT_FALSE(thinking_signature_valid("abc", sig.substr(0, sig.size() - 1) + (sig.back() == '0' ? "1" : "0")));
+  EXPECT_FALSE(
+      thinking_signature_valid("abc", sig.substr(0, sig.size() - 1) + (sig.back() == '0' ? "1" : "0")));
 }
 
 TEST(ResponsesDialect, StreamsItemsInOrderWithSequenceNumbersAndAFullCompletedResponse) {
@@ -111,7 +116,8 @@ TEST(ResponsesDialect, StreamsItemsInOrderWithSequenceNumbersAndAFullCompletedRe
   EXPECT_EQ(output[1]["arguments"], "{\"command\": \"ls\"}");
   EXPECT_EQ(output[2]["name"], "Read");
   int added = 0, done = 0;
-  for (const auto& e : events) added += e.event == "response.output_item.added", done += e.event == "response.output_item.done";
+  for (const auto& e : events)
+    added += e.event == "response.output_item.added", done += e.event == "response.output_item.done";
   EXPECT_EQ(added, 3);
   EXPECT_EQ(done, 3);
 }
@@ -127,7 +133,8 @@ TEST(AnthropicConversion, ToolResultsComeFirstAndAssistantBlocksMerge) {
       {"role": "user", "content": [{"type": "text", "text": "also"}, {"type": "tool_result", "tool_use_id": "u1",
                                     "content": [{"type": "text", "text": "r1"}], "is_error": true}]}],
     "tools": [{"name": "f", "input_schema": {"type": "object"}}, {"type": "bash_20250124", "name": "bash"}],
-    "tool_choice": {"type": "tool", "name": "f", "disable_parallel_tool_use": true}})"), notes);
+    "tool_choice": {"type": "tool", "name": "f", "disable_parallel_tool_use": true}})"),
+                                       notes);
   const ojson& m = chat["messages"];
   ASSERT_EQ(m.size(), 5u) << chat.dump();
   EXPECT_EQ(m[0]["content"], "a\nb");
@@ -158,7 +165,8 @@ TEST(ResponsesConversion, ItemsFormTurnsAndCustomToolsBecomeFunctions) {
       {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "next"}], "summary": []},
       {"type": "message", "role": "assistant", "content": "done"}],
     "tools": [{"type": "function", "name": "f"}, {"type": "custom", "name": "apply_patch"}, {"type": "tool_search"}],
-    "max_output_tokens": 9, "text": {"format": {"type": "json_object"}}})"), notes);
+    "max_output_tokens": 9, "text": {"format": {"type": "json_object"}}})"),
+                                       notes);
   const ojson& m = chat["messages"];
   ASSERT_EQ(m.size(), 7u) << chat.dump();
   EXPECT_EQ(m[0]["role"], "system");

@@ -21,11 +21,12 @@ ojson tools() {
 }
 
 ojson assistant_call(const std::string& arguments, const ojson& content = nullptr) {
-  return ojson{{"role", "assistant"},
-               {"content", content},
-               {"tool_calls", ojson::array({ojson{{"id", "call_x"},
-                                                  {"type", "function"},
-                                                  {"function", {{"name", "add"}, {"arguments", arguments}}}}})}};
+  return ojson{
+      {"role", "assistant"},
+      {"content", content},
+      {"tool_calls", ojson::array({ojson{{"id", "call_x"},
+                                         {"type", "function"},
+                                         {"function", {{"name", "add"}, {"arguments", arguments}}}}})}};
 }
 
 std::vector<TokenId> cat(std::vector<TokenId> a, const std::vector<TokenId>& b) {
@@ -97,20 +98,24 @@ TEST_F(ChatSpliceMock, ReserializedToolCallContinuesFromTheGeneratedIds) {
   const ojson first = ojson::array({{{"role", "user"}, {"content", "add 2 and 3"}}});
   const std::vector<TokenId> prompt = render(first);
   // What the model generated: a tool call with its own spacing, then its stop token.
-  std::vector<TokenId> completion = text(R"(<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>)");
+  std::vector<TokenId> completion =
+      text(R"(<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>)");
   completion.push_back(MockBackend::kImEnd);
   Recorded rec;
-  rec.calls[answer_turn_key(chat_keys(first, tools(), kwargs), answer_key(std::nullopt, {{"add", R"({"a": 2, "b": 3})"}}))] =
+  rec.calls[answer_turn_key(chat_keys(first, tools(), kwargs),
+                            answer_key(std::nullopt, {{"add", R"({"a": 2, "b": 3})"}}))] =
       cat(prompt, completion);
 
   ojson later = first;
   later.push_back(assistant_call(R"({"a":2,"b":3})"));
   later.push_back({{"role", "tool"}, {"tool_call_id", "call_x"}, {"content", "5"}});
-  const auto spliced = splice_chat_prompt(backend, later, tools(), kwargs, chat_keys(later, tools(), kwargs), rec.lookup());
+  const auto spliced =
+      splice_chat_prompt(backend, later, tools(), kwargs, chat_keys(later, tools(), kwargs), rec.lookup());
   ASSERT_TRUE(spliced.has_value());
   // Exactly: the first prompt, the generated ids, then the rest of the end-of-turn text (the
   // generated <|im_end|> is not repeated), the tool result and the generation prompt.
-  const auto expected = cat(cat(prompt, completion), text("\n<|im_start|>tool\n5<|im_end|>\n<|im_start|>assistant\n"));
+  const auto expected =
+      cat(cat(prompt, completion), text("\n<|im_start|>tool\n5<|im_end|>\n<|im_start|>assistant\n"));
   EXPECT_EQ(*spliced, expected);
   // A fresh render differs: the mock prints the SDK's call object, not what was generated.
   EXPECT_NE(render(later), expected);
@@ -121,10 +126,12 @@ TEST_F(ChatSpliceMock, ReserializedToolCallContinuesFromTheGeneratedIds) {
 TEST_F(ChatSpliceMock, ArgumentsParsedIntoObjectsStillSplice) {
   const ojson first = ojson::array({{{"role", "user"}, {"content", "add 2 and 3"}}});
   const std::vector<TokenId> prompt = render(first);
-  std::vector<TokenId> completion = text(R"(<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>)");
+  std::vector<TokenId> completion =
+      text(R"(<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>)");
   completion.push_back(MockBackend::kImEnd);
   Recorded rec;
-  rec.calls[answer_turn_key(chat_keys(first, tools(), kwargs), answer_key(std::nullopt, {{"add", R"({"a": 2, "b": 3})"}}))] =
+  rec.calls[answer_turn_key(chat_keys(first, tools(), kwargs),
+                            answer_key(std::nullopt, {{"add", R"({"a": 2, "b": 3})"}}))] =
       cat(prompt, completion);
 
   ojson sent = first;
@@ -134,9 +141,11 @@ TEST_F(ChatSpliceMock, ArgumentsParsedIntoObjectsStillSplice) {
   normalize_tool_calls(later, detect_tool_arguments_form(backend.chat_template_source()));
   ASSERT_TRUE(later[1]["tool_calls"][0]["function"]["arguments"].is_object());
   EXPECT_EQ(chat_keys(later, tools(), kwargs).turn_keys, chat_keys(sent, tools(), kwargs).turn_keys);
-  const auto spliced = splice_chat_prompt(backend, later, tools(), kwargs, chat_keys(later, tools(), kwargs), rec.lookup());
+  const auto spliced =
+      splice_chat_prompt(backend, later, tools(), kwargs, chat_keys(later, tools(), kwargs), rec.lookup());
   ASSERT_TRUE(spliced.has_value());
-  EXPECT_EQ(*spliced, cat(cat(prompt, completion), text("\n<|im_start|>tool\n5<|im_end|>\n<|im_start|>assistant\n")));
+  EXPECT_EQ(*spliced,
+            cat(cat(prompt, completion), text("\n<|im_start|>tool\n5<|im_end|>\n<|im_start|>assistant\n")));
 
   // A call without arguments, generated as {} and sent back as "", is the same answer now.
   Recorded none;
@@ -146,11 +155,13 @@ TEST_F(ChatSpliceMock, ArgumentsParsedIntoObjectsStillSplice) {
   empty.push_back(assistant_call(""));
   empty.push_back({{"role", "tool"}, {"tool_call_id", "call_x"}, {"content", "0"}});
   normalize_tool_calls(empty, ToolArgumentsForm::OBJECT);
-  EXPECT_TRUE(splice_chat_prompt(backend, empty, tools(), kwargs, chat_keys(empty, tools(), kwargs), none.lookup()));
+  EXPECT_TRUE(
+      splice_chat_prompt(backend, empty, tools(), kwargs, chat_keys(empty, tools(), kwargs), none.lookup()));
 }
 
 TEST_F(ChatSpliceMock, SameTextSplicesToTheFreshRender) {
-  ojson msgs = ojson::array({{{"role", "system"}, {"content", "be brief"}}, {{"role", "user"}, {"content", "hi"}}});
+  ojson msgs =
+      ojson::array({{{"role", "system"}, {"content", "be brief"}}, {{"role", "user"}, {"content", "hi"}}});
   const std::vector<TokenId> prompt = render(msgs);
   std::vector<TokenId> completion = text("hello there");
   completion.push_back(MockBackend::kImEnd);
@@ -159,7 +170,8 @@ TEST_F(ChatSpliceMock, SameTextSplicesToTheFreshRender) {
       cat(prompt, completion);
   msgs.push_back({{"role", "assistant"}, {"content", "hello there"}});
   msgs.push_back({{"role", "user"}, {"content", "and?"}});
-  const auto spliced = splice_chat_prompt(backend, msgs, tools(), kwargs, chat_keys(msgs, tools(), kwargs), rec.lookup());
+  const auto spliced =
+      splice_chat_prompt(backend, msgs, tools(), kwargs, chat_keys(msgs, tools(), kwargs), rec.lookup());
   ASSERT_TRUE(spliced.has_value());
   EXPECT_EQ(*spliced, render(msgs));
 }
@@ -170,29 +182,36 @@ TEST_F(ChatSpliceMock, LatestRecognisedTurnWinsAndCutOffAnswersGetTheWholeEndOfT
   const std::vector<TokenId> p1 = render(msgs);
   std::vector<TokenId> c1 = text("first");
   c1.push_back(MockBackend::kImEnd);
-  rec.calls[answer_turn_key(chat_keys(msgs, tools(), kwargs), answer_key(std::string("first"), {}))] = cat(p1, c1);
+  rec.calls[answer_turn_key(chat_keys(msgs, tools(), kwargs), answer_key(std::string("first"), {}))] =
+      cat(p1, c1);
   msgs.push_back({{"role", "assistant"}, {"content", "first"}});
   msgs.push_back({{"role", "user"}, {"content", "two"}});
-  const auto p2 = splice_chat_prompt(backend, msgs, tools(), kwargs, chat_keys(msgs, tools(), kwargs), rec.lookup());
+  const auto p2 =
+      splice_chat_prompt(backend, msgs, tools(), kwargs, chat_keys(msgs, tools(), kwargs), rec.lookup());
   ASSERT_TRUE(p2.has_value());
   // The second answer hit max_tokens: no stop token was generated.
   const std::vector<TokenId> c2 = text("seco");
-  rec.calls[answer_turn_key(chat_keys(msgs, tools(), kwargs), answer_key(std::string("seco"), {}))] = cat(*p2, c2);
+  rec.calls[answer_turn_key(chat_keys(msgs, tools(), kwargs), answer_key(std::string("seco"), {}))] =
+      cat(*p2, c2);
   msgs.push_back({{"role", "assistant"}, {"content", "seco"}});
   msgs.push_back({{"role", "user"}, {"content", "three"}});
-  const auto p3 = splice_chat_prompt(backend, msgs, tools(), kwargs, chat_keys(msgs, tools(), kwargs), rec.lookup());
+  const auto p3 =
+      splice_chat_prompt(backend, msgs, tools(), kwargs, chat_keys(msgs, tools(), kwargs), rec.lookup());
   ASSERT_TRUE(p3.has_value());
-  EXPECT_EQ(*p3, cat(cat(*p2, c2), text("<|im_end|>\n<|im_start|>user\nthree<|im_end|>\n<|im_start|>assistant\n")));
+  EXPECT_EQ(
+      *p3, cat(cat(*p2, c2), text("<|im_end|>\n<|im_start|>user\nthree<|im_end|>\n<|im_start|>assistant\n")));
   EXPECT_EQ(*p3, render(msgs));  // the same text: the fresh render agrees
 
   // An assistant turn the server never produced (the agent wrote it) is rendered, after the
   // last one it did produce.
   msgs.push_back({{"role", "assistant"}, {"content", "made up"}});
   msgs.push_back({{"role", "user"}, {"content", "four"}});
-  const auto p4 = splice_chat_prompt(backend, msgs, tools(), kwargs, chat_keys(msgs, tools(), kwargs), rec.lookup());
+  const auto p4 =
+      splice_chat_prompt(backend, msgs, tools(), kwargs, chat_keys(msgs, tools(), kwargs), rec.lookup());
   ASSERT_TRUE(p4.has_value());
   EXPECT_EQ(*p4, render(msgs));
-  EXPECT_EQ(std::vector<TokenId>(p4->begin(), p4->begin() + static_cast<long>(p2->size() + c2.size())), cat(*p2, c2));
+  EXPECT_EQ(std::vector<TokenId>(p4->begin(), p4->begin() + static_cast<long>(p2->size() + c2.size())),
+            cat(*p2, c2));
 }
 
 TEST_F(ChatSpliceMock, UnknownOrEditedHistoryIsRenderedAfresh) {
@@ -203,12 +222,15 @@ TEST_F(ChatSpliceMock, UnknownOrEditedHistoryIsRenderedAfresh) {
   ojson edited = msgs;
   edited.push_back({{"role", "assistant"}, {"content", "first, edited"}});
   edited.push_back({{"role", "user"}, {"content", "two"}});
-  EXPECT_FALSE(splice_chat_prompt(backend, edited, tools(), kwargs, chat_keys(edited, tools(), kwargs), rec.lookup()));
-  ojson truncated = ojson::array({{{"role", "assistant"}, {"content", "first"}}, {{"role", "user"}, {"content", "two"}}});
   EXPECT_FALSE(
-      splice_chat_prompt(backend, truncated, tools(), kwargs, chat_keys(truncated, tools(), kwargs), rec.lookup()));
+      splice_chat_prompt(backend, edited, tools(), kwargs, chat_keys(edited, tools(), kwargs), rec.lookup()));
+  ojson truncated =
+      ojson::array({{{"role", "assistant"}, {"content", "first"}}, {{"role", "user"}, {"content", "two"}}});
+  EXPECT_FALSE(splice_chat_prompt(backend, truncated, tools(), kwargs, chat_keys(truncated, tools(), kwargs),
+                                  rec.lookup()));
   ojson plain = msgs;  // no assistant turn at all
-  EXPECT_FALSE(splice_chat_prompt(backend, plain, tools(), kwargs, chat_keys(plain, tools(), kwargs), rec.lookup()));
+  EXPECT_FALSE(
+      splice_chat_prompt(backend, plain, tools(), kwargs, chat_keys(plain, tools(), kwargs), rec.lookup()));
 }
 
 }  // namespace

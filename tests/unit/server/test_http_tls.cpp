@@ -45,7 +45,8 @@ HttpHandler echo_handler() {
 }
 
 // A plain TCP connection: sends bytes and reads until the peer closes or `timeout` passes.
-std::string raw_exchange(uint16_t port, const std::string& send, std::chrono::milliseconds timeout, bool* closed) {
+std::string raw_exchange(uint16_t port, const std::string& send, std::chrono::milliseconds timeout,
+                         bool* closed) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -60,7 +61,8 @@ std::string raw_exchange(uint16_t port, const std::string& send, std::chrono::mi
   if (!send.empty()) (void)::send(fd, send.data(), send.size(), MSG_NOSIGNAL);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left <= 0ms) break;
     pollfd p{fd, POLLIN, 0};
     if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;

@@ -284,10 +284,9 @@ TEST_F(HttpTransportTest, OversizedBodyGets413AndServerKeepsServing) {
   HttpClient client(url());
   auto r = client.request("POST", "/big", std::string(4096, 'x'));
   EXPECT_EQ(r.status, 413);
-  EXPECT_EQ(r.body,
-            R"({"detail":"request body exceeds 1024 bytes",)"
-            R"("error":{"code":"payload_too_large","message":"request body exceeds 1024 bytes",)"
-            R"("type":"invalid_request_error"},"success":false,"type":"error"})");
+  EXPECT_EQ(r.body, R"({"detail":"request body exceeds 1024 bytes",)"
+                    R"("error":{"code":"payload_too_large","message":"request body exceeds 1024 bytes",)"
+                    R"("type":"invalid_request_error"},"success":false,"type":"error"})");
   EXPECT_EQ(get_header(r, "connection"), "close");
   EXPECT_EQ(client.request("POST", "/small", std::string(1000, 'y')).status, 200);
 
@@ -387,7 +386,8 @@ TEST_F(HttpTransportTest, HeaderTimeoutCutsTricklingClientsWhileOthersAreServed)
   ASSERT_TRUE(kept.read_response());
   std::atomic<bool> stop{false};
   std::thread slowloris([&] {  // one header byte every 100 ms: never done within 1 s
-    const std::string head = "GET /slow HTTP/1.1\r\nHost: x\r\nX-Padding: " + std::string(200, 'a') + "\r\n\r\n";
+    const std::string head =
+        "GET /slow HTTP/1.1\r\nHost: x\r\nX-Padding: " + std::string(200, 'a') + "\r\n\r\n";
     for (size_t i = 0; i < head.size() && !stop; ++i) {
       trickle.send(head.substr(i, 1));
       std::this_thread::sleep_for(100ms);
@@ -467,20 +467,22 @@ TEST_F(HttpTransportTest, AStreamToAClientThatStopsReadingIsDroppedAtTheBacklogB
   o.read_timeout_seconds = 60;  // not the write deadline: the backlog bound must act first
   o.max_stream_backlog_bytes = 256 * 1024;
   std::promise<size_t> written;
-  start([&](HttpRequest&& req, std::shared_ptr<ResponseSink> sink) {
-    if (req.path != "/s") return sink->respond({});
-    sink->start_stream(200, "text/event-stream");
-    workers_.spawn([sink, &written] {
-      const std::string chunk = "data: " + std::string(1018, 'x') + "\n\n";
-      size_t total = 0;
-      while (total < (size_t{1} << 30) && sink->write(chunk) && sink->client_connected()) {
-        total += chunk.size();
-        if (total % (64 * 1024) == 0) std::this_thread::sleep_for(1ms);  // let the strand drain
-      }
-      sink->end_stream();
-      written.set_value(total);
-    });
-  }, o);
+  start(
+      [&](HttpRequest&& req, std::shared_ptr<ResponseSink> sink) {
+        if (req.path != "/s") return sink->respond({});
+        sink->start_stream(200, "text/event-stream");
+        workers_.spawn([sink, &written] {
+          const std::string chunk = "data: " + std::string(1018, 'x') + "\n\n";
+          size_t total = 0;
+          while (total < (size_t{1} << 30) && sink->write(chunk) && sink->client_connected()) {
+            total += chunk.size();
+            if (total % (64 * 1024) == 0) std::this_thread::sleep_for(1ms);  // let the strand drain
+          }
+          sink->end_stream();
+          written.set_value(total);
+        });
+      },
+      o);
   RawConn c(port());
   c.send("GET /s HTTP/1.1\r\nHost: x\r\n\r\n");  // and never reads
   auto fut = written.get_future();
@@ -699,8 +701,7 @@ TEST_F(HttpTransportTest, ClientConnectionRefused) {
     client.request("GET", "/");
     FAIL() << "expected TransportError";
   } catch (const TransportError& e) {
-    EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(dead_port)),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(dead_port)), std::string::npos)
         << e.what();
   }
   EXPECT_THROW(HttpClient("ftp://example.com"), TransportError);
@@ -768,9 +769,8 @@ TEST_F(HttpTransportTest, FiftyThreadsConcurrently) {
   double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   EXPECT_EQ(ok.load(), kThreads * kRequests);
   EXPECT_EQ(served.load(), kThreads * kRequests);
-  std::printf(
-      "[   INFO   ] %d requests in %.3f s = %.0f req/s (client and server share the cores)\n",
-      kThreads * kRequests, secs, kThreads * kRequests / secs);
+  std::printf("[   INFO   ] %d requests in %.3f s = %.0f req/s (client and server share the cores)\n",
+              kThreads * kRequests, secs, kThreads * kRequests / secs);
 }
 
 // ------------------------------------------------------------------ shutdown

@@ -30,14 +30,17 @@ std::string make_zip(const std::vector<std::string>& names, const std::string& c
     const uint32_t offset = static_cast<uint32_t>(out.size());
     put32(out, 0x04034b50);
     put16(out, 20), put16(out, 0), put16(out, 0), put16(out, 0), put16(out, 0);
-    put32(out, 0), put32(out, static_cast<uint32_t>(name.size())), put32(out, static_cast<uint32_t>(name.size()));
+    put32(out, 0), put32(out, static_cast<uint32_t>(name.size())),
+        put32(out, static_cast<uint32_t>(name.size()));
     put16(out, static_cast<uint16_t>(name.size())), put16(out, 0);
     out += name;
     out += name;  // the data
     put32(dir, 0x02014b50);
     put16(dir, 20), put16(dir, 20), put16(dir, 0), put16(dir, 0), put16(dir, 0), put16(dir, 0);
-    put32(dir, 0), put32(dir, static_cast<uint32_t>(name.size())), put32(dir, static_cast<uint32_t>(name.size()));
-    put16(dir, static_cast<uint16_t>(name.size())), put16(dir, 0), put16(dir, 0), put16(dir, 0), put16(dir, 0);
+    put32(dir, 0), put32(dir, static_cast<uint32_t>(name.size())),
+        put32(dir, static_cast<uint32_t>(name.size()));
+    put16(dir, static_cast<uint16_t>(name.size())), put16(dir, 0), put16(dir, 0), put16(dir, 0),
+        put16(dir, 0);
     put32(dir, 0), put32(dir, offset);
     dir += name;
   }
@@ -73,7 +76,8 @@ TEST(ZipListing, RejectsWhatIsNotAZip) {
   EXPECT_NE(error_of("").find("not a valid zip"), std::string::npos);
   EXPECT_NE(error_of("{\"yaml_as_string\": \"model: m\"}").find("not a valid zip"), std::string::npos);
   std::string zip = make_zip({"ajet/a.py"});
-  EXPECT_NE(error_of(zip.substr(0, zip.size() - 30)).find("not a valid zip"), std::string::npos);  // truncated
+  EXPECT_NE(error_of(zip.substr(0, zip.size() - 30)).find("not a valid zip"),
+            std::string::npos);  // truncated
   std::string bad_offset = zip;
   bad_offset[bad_offset.size() - 6] = '\x7f';  // central directory offset beyond the end record
   EXPECT_NE(error_of(bad_offset).find("not a valid zip"), std::string::npos);
@@ -83,12 +87,14 @@ TEST(ZipListing, AppliesAgentJetsRules) {
   EXPECT_EQ(error_of(make_zip({"ajet/", "ajet/main.py"})), "");
   EXPECT_EQ(error_of(make_zip({"ajet/main.py"})), "");
   EXPECT_NE(error_of(make_zip({})).find("Uploaded zip file is empty."), std::string::npos);
-  EXPECT_NE(error_of(make_zip({"ajet/../../etc/passwd"})).find("Unsafe zip member path: ajet/../../etc/passwd"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of(make_zip({"ajet/../../etc/passwd"})).find("Unsafe zip member path: ajet/../../etc/passwd"),
+      std::string::npos);
   EXPECT_NE(error_of(make_zip({"/abs.py"})).find("Unsafe zip member path"), std::string::npos);
   EXPECT_NE(error_of(make_zip({"C:\\\\x.py"})).find("Unsafe zip member path"), std::string::npos);
-  EXPECT_NE(error_of(make_zip({"ajet/a.py", "other/x.py"})).find("Zip member must be under ajet/: other/x.py"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of(make_zip({"ajet/a.py", "other/x.py"})).find("Zip member must be under ajet/: other/x.py"),
+      std::string::npos);
   EXPECT_NE(error_of(make_zip({"ajetx/a.py"})).find("must be under ajet/"), std::string::npos);
   EXPECT_NE(error_of(make_zip({"ajet"})).find("does not contain an ajet/ directory"), std::string::npos);
 }

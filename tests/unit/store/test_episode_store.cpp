@@ -82,7 +82,8 @@ void expect_same(const FinishedEpisode& a, const FinishedEpisode& b) {
     EXPECT_EQ(x.token_ids, y.token_ids);
     EXPECT_EQ(x.loss_mask, y.loss_mask);
     ASSERT_EQ(x.rollout_logprobs.size(), y.rollout_logprobs.size());
-    EXPECT_EQ(0, std::memcmp(x.rollout_logprobs.data(), y.rollout_logprobs.data(), x.rollout_logprobs.size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(x.rollout_logprobs.data(), y.rollout_logprobs.data(),
+                             x.rollout_logprobs.size() * sizeof(float)));
     EXPECT_EQ(x.policy_versions, y.policy_versions);
     EXPECT_EQ(x.token_call, y.token_call);
     EXPECT_EQ(x.token_rewards, y.token_rewards);
@@ -110,7 +111,8 @@ TEST(EpisodeCodec, RoundTripsEveryFieldExactly) {
 TEST(EpisodeCodec, RejectsEveryTruncationAndTrailingBytes) {
   const std::string bytes = encode_finished_episode(make_episode("ep-2", "t"));
   for (size_t n = 0; n < bytes.size(); ++n)
-    EXPECT_THROW(decode_finished_episode(std::string_view(bytes).substr(0, n)), SwarmError) << "prefix of " << n;
+    EXPECT_THROW(decode_finished_episode(std::string_view(bytes).substr(0, n)), SwarmError)
+        << "prefix of " << n;
   EXPECT_THROW(decode_finished_episode(bytes + "x"), SwarmError);
   std::string wrong_magic = bytes;
   wrong_magic[0] = 'X';
@@ -169,7 +171,8 @@ TEST(EpisodeCodec, ReadsVersionOneRecordsAtTemperatureOne) {
 }
 
 TEST(EpisodeCodec, RejectsATemperatureThatIsNotPositive) {
-  for (const float t : {0.0f, -1.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+  for (const float t :
+       {0.0f, -1.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
     FinishedEpisode e = make_episode("ep-t", "t");
     e.samples[0].calls[0].temperature = t;
     EXPECT_THROW(decode_finished_episode(encode_finished_episode(e)), SwarmError) << t;
@@ -255,7 +258,8 @@ TEST(EpisodeStore, AFailedTransactionsMarksAreRetriedBeforeAFlushReturns) {
     store.record(make_episode("b", "t"));
     sqlite3* other = nullptr;
     ASSERT_EQ(sqlite3_open(file.c_str(), &other), SQLITE_OK);
-    ASSERT_EQ(sqlite3_exec(other, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);  // the write lock
+    ASSERT_EQ(sqlite3_exec(other, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr),
+              SQLITE_OK);  // the write lock
     store.mark_trained({"a"}, 1);
     std::atomic<bool> flushed{false};
     std::thread flusher([&] {
@@ -335,9 +339,10 @@ TEST(EpisodeStore, AnUnreadableRecordIsDroppedAndTheRestReload) {
     store.record(make_episode("good-2", "t"));
   }
   // Damage one record's bytes behind the store's back.
-  ASSERT_EQ(0, std::system(("/usr/bin/env sqlite3 -version >/dev/null 2>&1 || exit 0; /usr/bin/env sqlite3 '" +
-                            file.string() + "' \"UPDATE episodes SET record = x'00' WHERE episode_uuid = 'good-1'\"")
-                               .c_str()));
+  ASSERT_EQ(0, std::system(
+                   ("/usr/bin/env sqlite3 -version >/dev/null 2>&1 || exit 0; /usr/bin/env sqlite3 '" +
+                    file.string() + "' \"UPDATE episodes SET record = x'00' WHERE episode_uuid = 'good-1'\"")
+                       .c_str()));
   EpisodeStore store(file);
   StoredEpisodes got = store.pending_for_restart(std::nullopt);
   if (got.discarded == 0) GTEST_SKIP() << "no sqlite3 command line tool to damage a record with";
@@ -383,7 +388,8 @@ TEST(EpisodeStore, AFullDiskFailsTheRecordLoudlyAndKeepsWhatWasCommitted) {
     ASSERT_FALSE(error.empty()) << "1 MiB held " << stored << " records of ~100 KB?";
     EXPECT_NE(error.find("not accepted"), std::string::npos) << error;
     EXPECT_EQ(store.stats().record_failures, 1);
-    std::printf("[ figures ] the 1 MiB disk took %lld record(s), then: %s\n", static_cast<long long>(stored), error.c_str());
+    std::printf("[ figures ] the 1 MiB disk took %lld record(s), then: %s\n", static_cast<long long>(stored),
+                error.c_str());
   }
   EpisodeStore store(file);
   EXPECT_EQ(store.pending_for_restart(std::nullopt).episodes.size(), static_cast<size_t>(stored));

@@ -44,8 +44,8 @@ std::string read_file(const std::string& path) {
 // Fails the test (never skips) when a fixture is missing.
 ::testing::AssertionResult fixture_exists(const std::string& path) {
   if (fs::exists(path)) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "missing test fixture " << path
-                                       << " (tests/fixtures and tests/data are required)";
+  return ::testing::AssertionFailure()
+         << "missing test fixture " << path << " (tests/fixtures and tests/data are required)";
 }
 
 ChatTemplate llama3() { return ChatTemplate(read_file(kLlamaTemplate), "<|begin_of_text|>", "<|eot_id|>"); }
@@ -59,8 +59,9 @@ std::chrono::system_clock::time_point at(int64_t epoch_seconds) {
 class TempDir {
  public:
   TempDir() {
-    path_ = fs::temp_directory_path() / ("swarm_chat_template_" + std::to_string(::getpid()) + "_" +
-                                         std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+    path_ = fs::temp_directory_path() /
+            ("swarm_chat_template_" + std::to_string(::getpid()) + "_" +
+             std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
     fs::create_directories(path_);
   }
   ~TempDir() {
@@ -111,7 +112,8 @@ TEST(ChatTemplateLoad, JinjaFileWinsOverConfigAndTokensMayBeObjects) {
   const ChatTemplate t = ChatTemplate::from_directory(dir.path());
   EXPECT_EQ(t.bos_token(), "<s>");
   EXPECT_EQ(t.eos_token(), "</s>");
-  EXPECT_EQ(t.render(nlohmann::json::array()), "from file <s></s>");  // trailing newline dropped, as Jinja does
+  EXPECT_EQ(t.render(nlohmann::json::array()),
+            "from file <s></s>");  // trailing newline dropped, as Jinja does
 }
 
 TEST(ChatTemplateLoad, NamedTemplateListUsesDefault) {
@@ -143,11 +145,12 @@ TEST(ChatTemplateLoad, MissingTemplateThrows) {
 TEST(ChatTemplateRender, SmolLM2Golden) {
   ASSERT_TRUE(fixture_exists(kSmolDir + "/chat_template.jinja"));
   const ChatTemplate t = ChatTemplate::from_directory(kSmolDir);
-  const auto messages =
-      nlohmann::json::parse(R"([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}])");
-  EXPECT_EQ(t.render(messages, nullptr, false),
-            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n");
+  const auto messages = nlohmann::json::parse(
+      R"([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}])");
+  EXPECT_EQ(
+      t.render(messages, nullptr, false),
+      "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+      "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n");
   EXPECT_EQ(t.render(messages).substr(t.render(messages, nullptr, false).size()), "<|im_start|>assistant\n");
 }
 
@@ -156,10 +159,12 @@ TEST(ChatTemplateRender, Qwen3ThinkingSwitch) {
   const ChatTemplate t = ChatTemplate::from_directory(kQwen3Dir);
   const auto messages =
       nlohmann::json::parse(R"([{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}])");
-  const std::string base = "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n";
+  const std::string base =
+      "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n";
   EXPECT_EQ(t.render(messages), base);
   EXPECT_EQ(t.render(messages, nullptr, true, {{"enable_thinking", true}}), base);
-  EXPECT_EQ(t.render(messages, nullptr, true, {{"enable_thinking", false}}), base + "<think>\n\n</think>\n\n");
+  EXPECT_EQ(t.render(messages, nullptr, true, {{"enable_thinking", false}}),
+            base + "<think>\n\n</think>\n\n");
 }
 
 TEST(ChatTemplateRender, Qwen3ToolCallsAndReasoning) {
@@ -171,16 +176,19 @@ TEST(ChatTemplateRender, Qwen3ToolCallsAndReasoning) {
      "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}}]},
     {"role": "tool", "content": "cold"},
     {"role": "tool", "content": "windy"}])");
-  EXPECT_EQ(t.render(messages, ojson(nullptr), false),
-            "<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n<think>\nUse the tool.\n</think>\n\n"
-            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"days\": 2}}\n</tool_call>"
-            "<|im_end|>\n<|im_start|>user\n<tool_response>\ncold\n</tool_response>\n<tool_response>\nwindy\n"
-            "</tool_response><|im_end|>\n");
+  EXPECT_EQ(
+      t.render(messages, ojson(nullptr), false),
+      "<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n<think>\nUse the tool.\n</think>\n\n"
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"days\": "
+      "2}}\n</tool_call>"
+      "<|im_end|>\n<|im_start|>user\n<tool_response>\ncold\n</tool_response>\n<tool_response>\nwindy\n"
+      "</tool_response><|im_end|>\n");
 }
 
 TEST(ChatTemplateRender, OrderedJsonKeepsKeyOrderPlainJsonSortsIt) {
   const ChatTemplate t("{{ tools[0]|tojson }}");
-  const std::string tools = R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])";
+  const std::string tools =
+      R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])";
   EXPECT_EQ(t.render(ojson::array(), ojson::parse(tools)),
             R"({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}})");
   EXPECT_EQ(t.render(nlohmann::json::array(), nlohmann::json::parse(tools)),
@@ -189,10 +197,12 @@ TEST(ChatTemplateRender, OrderedJsonKeepsKeyOrderPlainJsonSortsIt) {
 
 TEST(ChatTemplateRender, VariablesSeenByTheTemplate) {
   const ChatTemplate t(
-      "{{ messages|length }}|{{ tools }}|{{ documents }}|{{ add_generation_prompt }}|{{ bos_token is defined }}|"
+      "{{ messages|length }}|{{ tools }}|{{ documents }}|{{ add_generation_prompt }}|{{ bos_token is defined "
+      "}}|"
       "{{ eos_token }}|{{ extra }}|{{ raise_exception is defined }}{{ strftime_now is defined }}",
       "", "</s>");
-  EXPECT_EQ(t.render(nlohmann::json::array({{{"role", "user"}, {"content", "x"}}}), nullptr, false, {{"extra", 1.5}}),
+  EXPECT_EQ(t.render(nlohmann::json::array({{{"role", "user"}, {"content", "x"}}}), nullptr, false,
+                     {{"extra", 1.5}}),
             "1|None|None|False|False|</s>|1.5|TrueTrue");
   // extra_context overrides the standard variables, as keyword arguments do in HF.
   EXPECT_EQ(ChatTemplate("{{ add_generation_prompt }}")
@@ -210,14 +220,16 @@ TEST(ChatTemplateRender, StrftimeNowUsesInjectedClock) {
   char date[32];
   std::strftime(date, sizeof(date), "%d %b %Y", &local);
   const auto messages = nlohmann::json::parse(R"([{"role": "user", "content": "  Hi  "}])");
-  EXPECT_EQ(t.render(messages),
-            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
-            "Today Date: " +
-                std::string(date) +
-                "\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
-                "<|start_header_id|>assistant<|end_header_id|>\n\n");
-  EXPECT_NE(t.render(messages, nullptr, true, {{"date_string", "01 Jan 2030"}}).find("Today Date: 01 Jan 2030\n"),
-            std::string::npos);
+  EXPECT_EQ(
+      t.render(messages),
+      "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+      "Today Date: " +
+          std::string(date) +
+          "\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+          "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_NE(
+      t.render(messages, nullptr, true, {{"date_string", "01 Jan 2030"}}).find("Today Date: 01 Jan 2030\n"),
+      std::string::npos);
 }
 
 TEST(ChatTemplateRender, ErrorsNameLineAndColumn) {
@@ -237,16 +249,19 @@ TEST(ChatTemplateRender, ErrorsNameLineAndColumn) {
     ADD_FAILURE() << "expected raise_exception";
   } catch (const SwarmError& e) {
     EXPECT_EQ(e.kind(), ErrorKind::INVALID_ARGUMENT);
-    EXPECT_STREQ(e.what(),
-                 "chat template error at line 75, column 17: This model only supports single tool-calls at once!");
+    EXPECT_STREQ(
+        e.what(),
+        "chat template error at line 75, column 17: This model only supports single tool-calls at once!");
   }
-  EXPECT_THROW(ChatTemplate("{{ x }}").render(nlohmann::json::array(), nullptr, true, nlohmann::json::array()),
-               SwarmError);
+  EXPECT_THROW(
+      ChatTemplate("{{ x }}").render(nlohmann::json::array(), nullptr, true, nlohmann::json::array()),
+      SwarmError);
   // Pathologically nested input is rejected as bad input, not a crash.
   nlohmann::json deep = "x";
   for (int i = 0; i < 1000; ++i) deep = nlohmann::json::array({deep});
   try {
-    ChatTemplate("{{ messages|length }}").render(nlohmann::json::array({{{"role", "user"}, {"content", deep}}}));
+    ChatTemplate("{{ messages|length }}")
+        .render(nlohmann::json::array({{{"role", "user"}, {"content", deep}}}));
     ADD_FAILURE() << "expected an error";
   } catch (const SwarmError& e) {
     EXPECT_EQ(e.kind(), ErrorKind::INVALID_ARGUMENT);
@@ -262,7 +277,8 @@ TEST(ChatTemplateRender, ConcurrentRenders) {
     nlohmann::json m = nlohmann::json::array();
     for (int k = 0; k <= i; ++k) {
       m.push_back({{"role", "user"}, {"content", "question " + std::to_string(k)}});
-      m.push_back({{"role", "assistant"}, {"content", "<think>\nr" + std::to_string(k) + "\n</think>\n\nanswer"}});
+      m.push_back(
+          {{"role", "assistant"}, {"content", "<think>\nr" + std::to_string(k) + "\n</think>\n\nanswer"}});
     }
     return m;
   };
@@ -290,8 +306,8 @@ ojson run_reference(const ojson& cases) {
   }
   TempDir dir;
   dir.write("cases.json", cases.dump());
-  const std::string cmd =
-      "/usr/bin/python3 '" + kReference + "' < '" + dir.path() + "/cases.json' 2> '" + dir.path() + "/stderr.txt'";
+  const std::string cmd = "/usr/bin/python3 '" + kReference + "' < '" + dir.path() + "/cases.json' 2> '" +
+                          dir.path() + "/stderr.txt'";
   std::string out;
   FILE* pipe = ::popen(cmd.c_str(), "r");
   if (!pipe) {
@@ -303,7 +319,8 @@ ojson run_reference(const ojson& cases) {
   while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
   const int status = ::pclose(pipe);
   if (status != 0) {
-    ADD_FAILURE() << "reference runner failed (status " << status << "): " << read_file(dir.path() + "/stderr.txt")
+    ADD_FAILURE() << "reference runner failed (status " << status
+                  << "): " << read_file(dir.path() + "/stderr.txt")
                   << "\n(python3-jinja2 must be installed for /usr/bin/python3)";
     return ojson();
   }
@@ -321,7 +338,8 @@ std::string describe_difference(const std::string& want, const std::string& got)
   size_t i = 0;
   while (i < want.size() && i < got.size() && want[i] == got[i]) ++i;
   const size_t from = i > 40 ? i - 40 : 0;
-  return "first difference at byte " + std::to_string(i) + "\n  python: " + ojson(want.substr(from, 120)).dump() +
+  return "first difference at byte " + std::to_string(i) +
+         "\n  python: " + ojson(want.substr(from, 120)).dump() +
          "\n  c++:    " + ojson(got.substr(from, 120)).dump();
 }
 
@@ -394,8 +412,8 @@ TEST(ChatTemplateParity, ConversationsRenderLikeHuggingFace) {
     if (ok != ref_ok) {
       ++mismatches;
       ADD_FAILURE() << c.label << ": python "
-                    << (ref_ok ? "rendered" : "failed: " + expected[i]["error"].get<std::string>()) << ", c++ "
-                    << (ok ? "rendered" : "failed: " + got);
+                    << (ref_ok ? "rendered" : "failed: " + expected[i]["error"].get<std::string>())
+                    << ", c++ " << (ok ? "rendered" : "failed: " + got);
     } else if (ok && got != expected[i].at("output").get<std::string>()) {
       ++mismatches;
       ADD_FAILURE() << c.label << ": " << describe_difference(expected[i]["output"].get<std::string>(), got);
@@ -427,8 +445,10 @@ const char* kJoiningTemplate =
 
 TEST(ChatTemplateToolArguments, FormComesFromTheTemplate) {
   ASSERT_TRUE(fixture_exists(kQwen25Template));
-  EXPECT_EQ(detect_tool_arguments_form(ChatTemplate::from_directory(kQwen3Dir).source()), ToolArgumentsForm::OBJECT);
-  EXPECT_EQ(detect_tool_arguments_form(ChatTemplate::from_directory(kSmolDir).source()), ToolArgumentsForm::OBJECT);
+  EXPECT_EQ(detect_tool_arguments_form(ChatTemplate::from_directory(kQwen3Dir).source()),
+            ToolArgumentsForm::OBJECT);
+  EXPECT_EQ(detect_tool_arguments_form(ChatTemplate::from_directory(kSmolDir).source()),
+            ToolArgumentsForm::OBJECT);
   EXPECT_EQ(detect_tool_arguments_form(llama3().source()), ToolArgumentsForm::OBJECT);
   EXPECT_EQ(detect_tool_arguments_form(qwen25().source()), ToolArgumentsForm::OBJECT);
   EXPECT_EQ(detect_tool_arguments_form(kJoiningTemplate), ToolArgumentsForm::STRING);
@@ -450,13 +470,15 @@ TEST(ChatTemplateToolArguments, NormalizeToolCallsParsesObjectArgumentsOnly) {
     return ojson{{"id", "call_1"}, {"type", "function"}, {"function", fn}};
   };
   ojson messages = ojson::array();
-  messages.push_back({{"role", "user"}, {"content", "hi"}, {"tool_calls", ojson::array({call(R"({"a": 1})")})}});
-  messages.push_back({{"role", "assistant"},
-                      {"content", ""},
-                      {"tool_calls", ojson::array({call(R"({"z":1,"a":{"k":[1,2]}})"), call("not json {"), call("[1, 2]"),
-                                                   call("\"text\""), call(""), call(nullptr),
-                                                   call(ojson(ojson::value_t::discarded)), call(ojson{{"b", 2}}),
-                                                   call(std::string(100, '[') + std::string(100, ']'))})}});
+  messages.push_back(
+      {{"role", "user"}, {"content", "hi"}, {"tool_calls", ojson::array({call(R"({"a": 1})")})}});
+  messages.push_back(
+      {{"role", "assistant"},
+       {"content", ""},
+       {"tool_calls",
+        ojson::array({call(R"({"z":1,"a":{"k":[1,2]}})"), call("not json {"), call("[1, 2]"),
+                      call("\"text\""), call(""), call(nullptr), call(ojson(ojson::value_t::discarded)),
+                      call(ojson{{"b", 2}}), call(std::string(100, '[') + std::string(100, ']'))})}});
   messages.push_back({{"role", "assistant"}, {"content", "x"}, {"tool_calls", ojson::array()}});
   const ojson original = messages;
   ojson strings = messages;
@@ -490,10 +512,10 @@ TEST(ChatTemplateParity, ToolCallArgumentsSentAsStringsRenderAsGenerated) {
       R"({"city": "Paris", "days": 3, "units": ["C", "F"], "note": "café \"ok\"", "ratio": 0.5, "strict": true, "extra": null})";
   const ojson args = ojson::parse(generated_args);
   const std::vector<std::string> sent_forms = {
-      args.dump(),                  // JSON.stringify: no spaces, UTF-8 kept
-      args.dump(-1, ' ', true),     // ASCII escapes (é as \u00e9), as Python's json.dumps
-      args.dump(2),                 // pretty-printed
-      generated_args,               // exactly as generated (the server's own answer)
+      args.dump(),               // JSON.stringify: no spaces, UTF-8 kept
+      args.dump(-1, ' ', true),  // ASCII escapes (é as \u00e9), as Python's json.dumps
+      args.dump(2),              // pretty-printed
+      generated_args,            // exactly as generated (the server's own answer)
   };
   const ojson tools = ojson::parse(
       R"([{"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
@@ -503,17 +525,21 @@ TEST(ChatTemplateParity, ToolCallArgumentsSentAsStringsRenderAsGenerated) {
     std::string turn;  // the generated assistant turn, as text
   };
   const std::string hermes_turn =
-      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": " + generated_args + "}\n</tool_call><|im_end|>";
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": " + generated_args +
+      "}\n</tool_call><|im_end|>";
   std::vector<Family> families;
-  families.push_back({"qwen3", ChatTemplate::from_directory(kQwen3Dir), "<|im_start|>assistant\n" + hermes_turn});
+  families.push_back(
+      {"qwen3", ChatTemplate::from_directory(kQwen3Dir), "<|im_start|>assistant\n" + hermes_turn});
   families.push_back({"qwen2.5", qwen25(), "<|im_start|>assistant\n" + hermes_turn});
-  families.push_back({"llama3", llama3(),
-                      "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"get_weather\", \"parameters\": " +
-                          generated_args + "}<|eot_id|>"});
+  families.push_back(
+      {"llama3", llama3(),
+       "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"get_weather\", \"parameters\": " +
+           generated_args + "}<|eot_id|>"});
   for (auto& f : families) f.tpl.set_clock([] { return at(1767225600); });
 
   const auto history = [&](const ojson& arguments) {
-    ojson call = {{"id", "call_1"}, {"type", "function"},
+    ojson call = {{"id", "call_1"},
+                  {"type", "function"},
                   {"function", {{"name", "get_weather"}, {"arguments", arguments}}}};
     return ojson::array({{{"role", "user"}, {"content", "Weather in Paris?"}},
                          {{"role", "assistant"}, {"content", ""}, {"tool_calls", ojson::array({call})}},
@@ -543,7 +569,8 @@ TEST(ChatTemplateParity, ToolCallArgumentsSentAsStringsRenderAsGenerated) {
     ASSERT_TRUE(expected[i].at("ok").get<bool>()) << families[i].name << ": " << expected[i].dump();
     const std::string want = expected[i].at("output").get<std::string>();
     EXPECT_NE(want.find(families[i].turn), std::string::npos)
-        << families[i].name << ": jinja2's render does not hold the generated turn\n" << want;
+        << families[i].name << ": jinja2's render does not hold the generated turn\n"
+        << want;
     for (size_t k = 0; k < sent_forms.size(); ++k) {
       const size_t j = i * sent_forms.size() + k;
       EXPECT_EQ(got[j], want) << labels[j] << ": " << describe_difference(want, got[j]);
@@ -559,12 +586,15 @@ TEST(ChatTemplateParity, JoiningTemplatesKeepTheArgumentString) {
       {{{"role", "user"}, {"content", "go"}},
        {{"role", "assistant"},
         {"content", ""},
-        {"tool_calls", ojson::array({{{"type", "function"}, {"function", {{"name", "f"}, {"arguments", "{\"a\": 1}"}}}}})}}});
+        {"tool_calls", ojson::array({{{"type", "function"},
+                                      {"function", {{"name", "f"}, {"arguments", "{\"a\": 1}"}}}}})}}});
   const ojson before = messages;
   normalize_tool_calls(messages, detect_tool_arguments_form(tpl.source()));
   EXPECT_EQ(messages, before);
-  const ojson expected = run_reference(ojson::array({{{"template", tpl.source()}, {"messages", messages},
-                                                      {"tools", nullptr}, {"add_generation_prompt", false}}}));
+  const ojson expected = run_reference(ojson::array({{{"template", tpl.source()},
+                                                      {"messages", messages},
+                                                      {"tools", nullptr},
+                                                      {"add_generation_prompt", false}}}));
   ASSERT_EQ(expected.size(), 1u);
   ASSERT_TRUE(expected[0].at("ok").get<bool>()) << expected[0].dump();
   EXPECT_EQ(tpl.render(messages, nullptr, false), expected[0].at("output").get<std::string>());

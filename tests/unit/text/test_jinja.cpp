@@ -54,37 +54,47 @@ std::string error_of(const std::string& src, const ojson& vars = ojson::object()
 // ------------------------------------------------------------------ expressions
 
 TEST(JinjaExpressions, Literals) {
-  EXPECT_EQ(render("{{ 'a\\'b' }}|{{ \"q\\\"\" }}|{{ '\\t\\n\\\\' }}|{{ '\\x41\\u00e9\\U0001F600' }}|{{ 'a\\qb' }}"),
-            "a'b|q\"|\t\n\\|Aé😀|a\\qb");
+  EXPECT_EQ(
+      render(
+          "{{ 'a\\'b' }}|{{ \"q\\\"\" }}|{{ '\\t\\n\\\\' }}|{{ '\\x41\\u00e9\\U0001F600' }}|{{ 'a\\qb' }}"),
+      "a'b|q\"|\t\n\\|Aé😀|a\\qb");
   EXPECT_EQ(render("{{ 'a' 'b' }}{{ 42 }}{{ 1_000 }}{{ 0x1f }}{{ 1.5 }}{{ 1e3 }}"),
             "ab42100031" + std::string("1.51000.0"));
-  EXPECT_EQ(render("{{ none }}{{ None }}{{ true }}{{ True }}{{ false }}{{ False }}"), "NoneNoneTrueTrueFalseFalse");
+  EXPECT_EQ(render("{{ none }}{{ None }}{{ true }}{{ True }}{{ false }}{{ False }}"),
+            "NoneNoneTrueTrueFalseFalse");
   EXPECT_EQ(render("{{ [1, 'a', 1.0, none, true] }}"), "[1, 'a', 1.0, None, True]");
-  EXPECT_EQ(render("{{ {'k': (1, 2), 'e': ()} }}{{ (1,) }}{{ {} }}{{ [] }}"), "{'k': (1, 2), 'e': ()}(1,){}[]");
-  EXPECT_EQ(render("{{ [\"a'b\", 'a\"b', \"a'\\\"b\", '\\n', 'é'] }}"), "[\"a'b\", 'a\"b', 'a\\'\"b', '\\n', 'é']");
+  EXPECT_EQ(render("{{ {'k': (1, 2), 'e': ()} }}{{ (1,) }}{{ {} }}{{ [] }}"),
+            "{'k': (1, 2), 'e': ()}(1,){}[]");
+  EXPECT_EQ(render("{{ [\"a'b\", 'a\"b', \"a'\\\"b\", '\\n', 'é'] }}"),
+            "[\"a'b\", 'a\"b', 'a\\'\"b', '\\n', 'é']");
 }
 
 TEST(JinjaExpressions, FloatsPrintLikePython) {
-  EXPECT_EQ(render("{{ 0.1 + 0.2 }} {{ 1e16 }} {{ 1e15 + 0.3 }} {{ 1.5e-5 }} {{ 0.0001 }} {{ 1e100 }} {{ -0.0 }}"),
-            "0.30000000000000004 1e+16 1000000000000000.2 1.5e-05 0.0001 1e+100 -0.0");
-  EXPECT_EQ(render("{{ 1.0 }} {{ 3.0e5 }} {{ 12345678901234567.0 }} {{ 5e-324 }} {{ 1.7976931348623157e308 }}"),
-            "1.0 300000.0 1.2345678901234568e+16 5e-324 1.7976931348623157e+308");
+  EXPECT_EQ(
+      render("{{ 0.1 + 0.2 }} {{ 1e16 }} {{ 1e15 + 0.3 }} {{ 1.5e-5 }} {{ 0.0001 }} {{ 1e100 }} {{ -0.0 }}"),
+      "0.30000000000000004 1e+16 1000000000000000.2 1.5e-05 0.0001 1e+100 -0.0");
+  EXPECT_EQ(
+      render("{{ 1.0 }} {{ 3.0e5 }} {{ 12345678901234567.0 }} {{ 5e-324 }} {{ 1.7976931348623157e308 }}"),
+      "1.0 300000.0 1.2345678901234568e+16 5e-324 1.7976931348623157e+308");
   EXPECT_EQ(render("{{ 1e400 }} {{ -1e400 }} {{ 0.0 * 1e400 }}"), "inf -inf nan");
 }
 
 TEST(JinjaExpressions, Arithmetic) {
   EXPECT_EQ(render("{{ 7/2 }} {{ 7//2 }} {{ -7//2 }} {{ -7 % 3 }} {{ 2**10 }} {{ 2**-1 }} {{ 2.0**2 }}"),
             "3.5 3 -4 2 1024 0.5 4.0");
-  EXPECT_EQ(
-      render("{{ -3 // 2 }} {{ 3 % -2 }} {{ -3.5 // 2 }} {{ -3.5 % 2 }} {{ 7.5 // 2 }} {{ 7.5 % 2 }} {{ 10 / 4 }}"),
-      "-2 -1 -2.0 0.5 3.0 1.5 2.5");
+  EXPECT_EQ(render("{{ -3 // 2 }} {{ 3 % -2 }} {{ -3.5 // 2 }} {{ -3.5 % 2 }} {{ 7.5 // 2 }} {{ 7.5 % 2 }} "
+                   "{{ 10 / 4 }}"),
+            "-2 -1 -2.0 0.5 3.0 1.5 2.5");
   // Jinja's precedence quirks: unary minus binds tighter than **, and ** is left-associative.
-  EXPECT_EQ(render("{{ -2 ** 2 }} {{ 2 ** 3 ** 2 }} {{ 1 + 2 * 3 }} {{ (1 + 2) * 3 }} {{ - -1 }}"), "4 64 7 9 1");
+  EXPECT_EQ(render("{{ -2 ** 2 }} {{ 2 ** 3 ** 2 }} {{ 1 + 2 * 3 }} {{ (1 + 2) * 3 }} {{ - -1 }}"),
+            "4 64 7 9 1");
   EXPECT_EQ(render("{{ 'x' * 3 }} {{ [1] * 2 }} {{ [1] + [2] }} {{ 'a' + 'b' }} {{ true + 1 }}"),
             "xxx [1, 1] [1, 2] ab 2");
   EXPECT_EQ(render("{{ 'a' ~ 1 ~ none ~ 1.0 ~ [1] }}"), "a1None1.0[1]");
-  EXPECT_EQ(render("{{ '%s-%d' % ('a', 3) }} {{ '%.2f' % 3.14159 }} {{ '%5d|%-5s|' % (42, 'ab') }} {{ '%x' % 255 }}"),
-            "a-3 3.14    42|ab   | ff");
+  EXPECT_EQ(
+      render(
+          "{{ '%s-%d' % ('a', 3) }} {{ '%.2f' % 3.14159 }} {{ '%5d|%-5s|' % (42, 'ab') }} {{ '%x' % 255 }}"),
+      "a-3 3.14    42|ab   | ff");
 }
 
 TEST(JinjaExpressions, ComparisonsAndLogic) {
@@ -92,9 +102,12 @@ TEST(JinjaExpressions, ComparisonsAndLogic) {
             "TrueTrueTrueTrueTrue");
   EXPECT_EQ(render("{{ 1 < 2 < 3 }}{{ 3 > 2 > 2 }}{{ 1 != 2 }}{{ 'a' not in 'b' }}{{ [1, 2] < [1, 3] }}"),
             "TrueFalseTrueTrueTrue");
-  EXPECT_EQ(render("{{ 'a' == 1 }}{{ none == 0 }}{{ true == 1 }}{{ (1, 2) == [1, 2] }}"), "FalseFalseTrueFalse");
-  EXPECT_EQ(render("{{ true and 'yes' or 'no' }}|{{ false and 'yes' or 'no' }}|{{ none or 0 or '' }}|{{ 0 and 1 }}"),
-            "yes|no||0");
+  EXPECT_EQ(render("{{ 'a' == 1 }}{{ none == 0 }}{{ true == 1 }}{{ (1, 2) == [1, 2] }}"),
+            "FalseFalseTrueFalse");
+  EXPECT_EQ(
+      render(
+          "{{ true and 'yes' or 'no' }}|{{ false and 'yes' or 'no' }}|{{ none or 0 or '' }}|{{ 0 and 1 }}"),
+      "yes|no||0");
   EXPECT_EQ(render("{{ not 1 }}{{ not none }}{{ 'ell' in 'hello' }}{{ 1 in {1: 2} }}{{ 'k' in {'k': 1} }}"),
             "FalseTrueTrueTrueTrue");
   EXPECT_EQ(render("{{ 'a' if 1 else 'b' }}{{ 'a' if 0 else 'b' }}[{{ 'a' if 0 }}]"), "ab[]");
@@ -102,33 +115,38 @@ TEST(JinjaExpressions, ComparisonsAndLogic) {
 
 TEST(JinjaExpressions, AttributeAndSubscript) {
   const ojson vars = {{"d", {{"a", 1}, {"b", {1, 2}}, {"n", {{"x", {{"y", "deep"}}}}}}}};
-  EXPECT_EQ(render("{{ d.b }}{{ d['b'][0] }}{{ d.n.x.y }}{{ d['n']['x']['y'] }}{{ d.b.1 }}", vars), "[1, 2]1deepdeep2");
+  EXPECT_EQ(render("{{ d.b }}{{ d['b'][0] }}{{ d.n.x.y }}{{ d['n']['x']['y'] }}{{ d.b.1 }}", vars),
+            "[1, 2]1deepdeep2");
   EXPECT_EQ(render("[{{ d.missing }}][{{ d['missing'] }}][{{ d.b[5] }}][{{ d.a.b }}][{{ none.x }}]", vars),
             "[][][][][]");
-  EXPECT_EQ(render("{{ d.missing is defined }}{{ d.a is defined }}{{ d.items is defined }}", vars), "FalseTrueTrue");
+  EXPECT_EQ(render("{{ d.missing is defined }}{{ d.a is defined }}{{ d.items is defined }}", vars),
+            "FalseTrueTrue");
   EXPECT_EQ(render("{{ d.get('a') }}{{ d.get('zz', 'z') }}{{ d.get('zz') }}", vars), "1zNone");
 }
 
 TEST(JinjaExpressions, Slicing) {
-  EXPECT_EQ(render("{{ 'abc'[1:] }}|{{ 'abc'[:-1] }}|{{ [1, 2, 3, 4][::2] }}|{{ [1, 2, 3, 4][-2:] }}|{{ [1, 2][5:] }}"),
+  EXPECT_EQ(render("{{ 'abc'[1:] }}|{{ 'abc'[:-1] }}|{{ [1, 2, 3, 4][::2] }}|{{ [1, 2, 3, 4][-2:] }}|{{ [1, "
+                   "2][5:] }}"),
             "bc|ab|[1, 3]|[3, 4]|[]");
-  EXPECT_EQ(
-      render("{{ 'abc'[::-1] }}|{{ 'abcdef'[4:1:-1] }}|{{ [1, 2, 3][::-2] }}|{{ 'abc'[-1] }}|{{ (1, 2, 3)[1:] }}"),
-      "cba|edc|[3, 1]|c|(2, 3)");
+  EXPECT_EQ(render("{{ 'abc'[::-1] }}|{{ 'abcdef'[4:1:-1] }}|{{ [1, 2, 3][::-2] }}|{{ 'abc'[-1] }}|{{ (1, 2, "
+                   "3)[1:] }}"),
+            "cba|edc|[3, 1]|c|(2, 3)");
   // Strings index and slice by code point, not byte.
-  EXPECT_EQ(render("{{ 'héllo'[1] }}|{{ 'héllo'[::-1] }}|{{ 'héllo'[1:3] }}|{{ 'héllo'|length }}"), "é|olléh|él|5");
+  EXPECT_EQ(render("{{ 'héllo'[1] }}|{{ 'héllo'[::-1] }}|{{ 'héllo'[1:3] }}|{{ 'héllo'|length }}"),
+            "é|olléh|él|5");
   EXPECT_EQ(render("{% set xs = [1, 2, 3] %}{% for x in xs[::-1] %}{{ x }}{% endfor %}"), "321");
 }
 
 TEST(JinjaExpressions, UndefinedSemantics) {
   EXPECT_EQ(render("[{{ nothing }}]{{ nothing is defined }}{{ nothing is undefined }}{{ nothing|length }}"),
             "[]FalseTrue0");
-  EXPECT_EQ(render("{{ 'x' ~ nothing ~ 'y' }}{% for x in nothing %}{{ x }}{% else %}empty{% endfor %}"), "xyempty");
+  EXPECT_EQ(render("{{ 'x' ~ nothing ~ 'y' }}{% for x in nothing %}{{ x }}{% else %}empty{% endfor %}"),
+            "xyempty");
   EXPECT_EQ(render("{{ nothing == nothing }}{{ nothing is none }}{% if nothing %}t{% else %}f{% endif %}"),
             "TrueFalsef");
-  EXPECT_EQ(
-      render("{{ nothing|default('d') }}{{ none|default('d') }}{{ none|default('d', true) }}{{ ''|d('e', true) }}"),
-      "dNonede");
+  EXPECT_EQ(render("{{ nothing|default('d') }}{{ none|default('d') }}{{ none|default('d', true) }}{{ "
+                   "''|d('e', true) }}"),
+            "dNonede");
   EXPECT_NE(error_of("{{ nothing.attr }}").find("'nothing' is undefined"), std::string::npos);
   EXPECT_NE(error_of("{{ nothing + 1 }}").find("'nothing' is undefined"), std::string::npos);
   EXPECT_NE(error_of("{{ nothing() }}").find("'nothing' is undefined"), std::string::npos);
@@ -149,14 +167,18 @@ TEST(JinjaStatements, IfElifElse) {
 }
 
 TEST(JinjaStatements, ForLoopVariables) {
-  EXPECT_EQ(render("{% for x in [1, 2, 3] %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.revindex0 }}"
-                   "{{ loop.first }}{{ loop.last }}{{ loop.length }};{% endfor %}"),
-            "1032TrueFalse3;2121FalseFalse3;3210FalseTrue3;");
-  EXPECT_EQ(render("{% for x in [1, 2, 3] %}{{ loop.previtem }}/{{ loop.nextitem }};{% endfor %}"), "/2;1/3;2/;");
-  EXPECT_EQ(render("{% for x in [1, 2, 3] %}{{ loop.cycle('a', 'b') }}{{ loop.depth }}{% endfor %}"), "a1b1a1");
   EXPECT_EQ(
-      render("{% for a in [1, 2] %}{% for b in [1, 2] %}{{ loop.index }}{% endfor %}{{ loop.index }}|{% endfor %}"),
-      "121|122|");
+      render(
+          "{% for x in [1, 2, 3] %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.revindex0 }}"
+          "{{ loop.first }}{{ loop.last }}{{ loop.length }};{% endfor %}"),
+      "1032TrueFalse3;2121FalseFalse3;3210FalseTrue3;");
+  EXPECT_EQ(render("{% for x in [1, 2, 3] %}{{ loop.previtem }}/{{ loop.nextitem }};{% endfor %}"),
+            "/2;1/3;2/;");
+  EXPECT_EQ(render("{% for x in [1, 2, 3] %}{{ loop.cycle('a', 'b') }}{{ loop.depth }}{% endfor %}"),
+            "a1b1a1");
+  EXPECT_EQ(render("{% for a in [1, 2] %}{% for b in [1, 2] %}{{ loop.index }}{% endfor %}{{ loop.index "
+                   "}}|{% endfor %}"),
+            "121|122|");
 }
 
 TEST(JinjaStatements, ForVariants) {
@@ -166,20 +188,26 @@ TEST(JinjaStatements, ForVariants) {
   EXPECT_EQ(render("{% for a, b in [[1, 2], [3, 4]] %}{{ a }}{{ b }}{% endfor %}"), "1234");
   EXPECT_EQ(render("{% for c in 'hé' %}[{{ c }}]{% endfor %}"), "[h][é]");
   EXPECT_EQ(render("{% for x in [] %}a{% else %}empty{% endfor %}"), "empty");
-  EXPECT_EQ(render("{% for x in [1, 2, 3] if x > 1 %}{{ loop.index }}/{{ loop.length }}{{ loop.last }};{% endfor %}"),
-            "1/2False;2/2True;");
-  EXPECT_EQ(render("{% for i in range(10) %}{% if i == 2 %}{% continue %}{% endif %}{% if i == 5 %}{% break %}"
-                   "{% endif %}{{ i }}{% endfor %}"),
-            "0134");
-  EXPECT_NE(error_of("{% for a, b in [[1, 2, 3]] %}{% endfor %}").find("too many values to unpack"), std::string::npos);
+  EXPECT_EQ(
+      render(
+          "{% for x in [1, 2, 3] if x > 1 %}{{ loop.index }}/{{ loop.length }}{{ loop.last }};{% endfor %}"),
+      "1/2False;2/2True;");
+  EXPECT_EQ(
+      render("{% for i in range(10) %}{% if i == 2 %}{% continue %}{% endif %}{% if i == 5 %}{% break %}"
+             "{% endif %}{{ i }}{% endfor %}"),
+      "0134");
+  EXPECT_NE(error_of("{% for a, b in [[1, 2, 3]] %}{% endfor %}").find("too many values to unpack"),
+            std::string::npos);
   EXPECT_NE(error_of("{% for x in 5 %}{% endfor %}").find("'int' object is not iterable"), std::string::npos);
 }
 
 TEST(JinjaStatements, SetAndScoping) {
   EXPECT_EQ(render("{% set a, b = 1, 2 %}{{ a }}{{ b }}"), "12");
   // A set inside a loop is local to the iteration; inside an if it is not.
-  EXPECT_EQ(render("{% set x = 1 %}{% for i in range(3) %}{{ x }}{% set x = x + 1 %}{% endfor %}{{ x }}"), "1111");
-  EXPECT_EQ(render("{% set x = 1 %}{% for i in range(3) %}{% set x = x + 1 %}{{ x }}{% endfor %}{{ x }}"), "2221");
+  EXPECT_EQ(render("{% set x = 1 %}{% for i in range(3) %}{{ x }}{% set x = x + 1 %}{% endfor %}{{ x }}"),
+            "1111");
+  EXPECT_EQ(render("{% set x = 1 %}{% for i in range(3) %}{% set x = x + 1 %}{{ x }}{% endfor %}{{ x }}"),
+            "2221");
   EXPECT_EQ(render("{% if true %}{% set y = 5 %}{% endif %}{{ y }}"), "5");
   EXPECT_EQ(render("{% set x %}block {{ 1 }}{% endset %}{{ x }}|{{ x|length }}"), "block 1|7");
   EXPECT_EQ(render("{% set x | upper %}abc{% endset %}{{ x }}"), "ABC");
@@ -187,31 +215,37 @@ TEST(JinjaStatements, SetAndScoping) {
 }
 
 TEST(JinjaStatements, Namespace) {
-  EXPECT_EQ(render("{% set ns = namespace(a=1, b='x') %}{% for i in range(3) %}{% set ns.a = ns.a + i %}{% endfor %}"
-                   "{{ ns.a }}{{ ns.b }}{{ ns }}"),
-            "4x<Namespace {'a': 4, 'b': 'x'}>");
-  EXPECT_EQ(render("{% set ns = namespace() %}{% set ns.found = true %}{{ ns.found }}{{ ns.missing is defined }}"),
-            "TrueFalse");
-  EXPECT_NE(error_of("{% set d = {} %}{% set d.x = 1 %}").find("cannot assign attribute on non-namespace object"),
-            std::string::npos);
+  EXPECT_EQ(
+      render(
+          "{% set ns = namespace(a=1, b='x') %}{% for i in range(3) %}{% set ns.a = ns.a + i %}{% endfor %}"
+          "{{ ns.a }}{{ ns.b }}{{ ns }}"),
+      "4x<Namespace {'a': 4, 'b': 'x'}>");
+  EXPECT_EQ(
+      render("{% set ns = namespace() %}{% set ns.found = true %}{{ ns.found }}{{ ns.missing is defined }}"),
+      "TrueFalse");
+  EXPECT_NE(
+      error_of("{% set d = {} %}{% set d.x = 1 %}").find("cannot assign attribute on non-namespace object"),
+      std::string::npos);
 }
 
 TEST(JinjaStatements, Macros) {
   EXPECT_EQ(render("{% macro greet(name, greeting='Hello') %}{{ greeting }}, {{ name }}!{% endmacro %}"
                    "{{ greet('Bob') }}{{ greet('Al', greeting='Hi') }}{{ greet(name='X') }}"),
             "Hello, Bob!Hi, Al!Hello, X!");
-  EXPECT_EQ(
-      render(
-          "{% macro m(a, b=a) %}{{ a }}{{ b }}{{ varargs }}{{ kwargs }}{% endmacro %}{{ m(1) }}{{ m(1, 2, 3, z=4) }}"),
-      "11(){}12(3,){'z': 4}");
+  EXPECT_EQ(render("{% macro m(a, b=a) %}{{ a }}{{ b }}{{ varargs }}{{ kwargs }}{% endmacro %}{{ m(1) }}{{ "
+                   "m(1, 2, 3, z=4) }}"),
+            "11(){}12(3,){'z': 4}");
   // Macros see the template's top-level variables at call time.
-  EXPECT_EQ(render("{% macro m() %}{{ x }}{% endmacro %}{% set x = 1 %}{{ m() }}{% set x = 2 %}{{ m() }}"), "12");
+  EXPECT_EQ(render("{% macro m() %}{{ x }}{% endmacro %}{% set x = 1 %}{{ m() }}{% set x = 2 %}{{ m() }}"),
+            "12");
   EXPECT_EQ(render("{% macro w(a) %}[{{ caller() }}{{ a }}]{% endmacro %}{% call w(1) %}inner{% endcall %}"),
             "[inner1]");
-  EXPECT_EQ(render("{% macro w() %}{{ caller(2) }}{% endmacro %}{% call(n) w() %}n={{ n }}{% endcall %}"), "n=2");
+  EXPECT_EQ(render("{% macro w() %}{{ caller(2) }}{% endmacro %}{% call(n) w() %}n={{ n }}{% endcall %}"),
+            "n=2");
   EXPECT_NE(error_of("{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}").find("takes not more than 1 argument"),
             std::string::npos);
-  EXPECT_NE(error_of("{% macro m(a) %}{% endmacro %}{{ m(b=1) }}").find("no keyword argument 'b'"), std::string::npos);
+  EXPECT_NE(error_of("{% macro m(a) %}{% endmacro %}{{ m(b=1) }}").find("no keyword argument 'b'"),
+            std::string::npos);
   EXPECT_NE(error_of("{% macro r() %}{{ r() }}{% endmacro %}{{ r() }}").find("recursion"), std::string::npos);
 }
 
@@ -245,50 +279,63 @@ TEST(JinjaWhitespace, Markers) {
 // ------------------------------------------------------------------ filters
 
 TEST(JinjaFilters, Strings) {
-  EXPECT_EQ(
-      render(
-          "{{ 'Hello World'|lower }}|{{ 'abc'|upper }}|{{ 'hELLO wORLD'|capitalize }}|{{ 'hello-world foo'|title }}"),
-      "hello world|ABC|Hello world|Hello-World Foo");
-  EXPECT_EQ(render("{{ \"it's o'neil x_y\"|title }}|{{ 'héllo wörld'|upper }}"), "It's O'neil X_y|HÉLLO WÖRLD");
-  EXPECT_EQ(render("[{{ '  x  '|trim }}][{{ 'xxaxx'|trim('x') }}][{{ 'a b'|replace(' ', '_') }}][{{ 'aaa'|replace('a', "
+  EXPECT_EQ(render("{{ 'Hello World'|lower }}|{{ 'abc'|upper }}|{{ 'hELLO wORLD'|capitalize }}|{{ "
+                   "'hello-world foo'|title }}"),
+            "hello world|ABC|Hello world|Hello-World Foo");
+  EXPECT_EQ(render("{{ \"it's o'neil x_y\"|title }}|{{ 'héllo wörld'|upper }}"),
+            "It's O'neil X_y|HÉLLO WÖRLD");
+  EXPECT_EQ(render("[{{ '  x  '|trim }}][{{ 'xxaxx'|trim('x') }}][{{ 'a b'|replace(' ', '_') }}][{{ "
+                   "'aaa'|replace('a', "
                    "'b', 2) }}]"),
             "[x][a][a_b][bba]");
-  EXPECT_EQ(render("{{ 'a\\nb\\n\\nc'|indent(2) }}|{{ 'a\\nb'|indent(2, true) }}|{{ 'a\\nb'|indent(first=true) }}"),
-            "a\n  b\n\n  c|  a\n  b|    a\n    b");
+  EXPECT_EQ(
+      render("{{ 'a\\nb\\n\\nc'|indent(2) }}|{{ 'a\\nb'|indent(2, true) }}|{{ 'a\\nb'|indent(first=true) }}"),
+      "a\n  b\n\n  c|  a\n  b|    a\n    b");
   EXPECT_EQ(render("{{ '<a href=\"x\">&'|e }}|{{ '<b>'|escape }}|{{ '<c>'|safe }}"),
             "&lt;a href=&#34;x&#34;&gt;&amp;|&lt;b&gt;|<c>");
   EXPECT_EQ(render("{{ '%s and %s'|format('a', 'b') }}|{{ '%(x)s'|format(x=1) }}|{{ 'ab'|center(6) }}|"),
             "a and b|1|  ab  |");
-  EXPECT_EQ(
-      render("{{ 'hello world'|truncate(8, true, '..', 0) }}|{{ 'Hello big world'|wordcount }}|{{ 'abc'|reverse }}"),
-      "hello ..|3|cba");
+  EXPECT_EQ(render("{{ 'hello world'|truncate(8, true, '..', 0) }}|{{ 'Hello big world'|wordcount }}|{{ "
+                   "'abc'|reverse }}"),
+            "hello ..|3|cba");
 }
 
 TEST(JinjaFilters, Conversions) {
-  EXPECT_EQ(render("{{ '3'|int }}{{ '3.5'|int }}{{ 3.7|int }}{{ 'x'|int }}{{ 'x'|int(7) }}{{ '0x1A'|int(0, 16) }}"),
-            "3330726");
-  EXPECT_EQ(render("{{ '3.5'|float }} {{ 3|float }} {{ 'x'|float }} {{ 3|string }} {{ [1]|string }} {{ none|string }}"),
+  EXPECT_EQ(
+      render("{{ '3'|int }}{{ '3.5'|int }}{{ 3.7|int }}{{ 'x'|int }}{{ 'x'|int(7) }}{{ '0x1A'|int(0, 16) }}"),
+      "3330726");
+  EXPECT_EQ(render("{{ '3.5'|float }} {{ 3|float }} {{ 'x'|float }} {{ 3|string }} {{ [1]|string }} {{ "
+                   "none|string }}"),
             "3.5 3.0 0.0 3 [1] None");
-  EXPECT_EQ(render("{{ 'ab'|list }}{{ d|list }}{{ d|items|list }}{{ (1, 2)|list }}", {{"d", {{"a", 1}, {"b", 2}}}}),
-            "['a', 'b']['a', 'b'][('a', 1), ('b', 2)][1, 2]");
-  EXPECT_EQ(render("{{ -3|abs }} {{ 1.234|round(1) }} {{ 2.5|round }} {{ 0.5|round }} {{ 2.5|round(0, 'floor') }} {{ "
-                   "2.1|round(0, 'ceil') }}"),
-            "3 1.2 2.0 0.0 2.0 3.0");
+  EXPECT_EQ(
+      render("{{ 'ab'|list }}{{ d|list }}{{ d|items|list }}{{ (1, 2)|list }}", {{"d", {{"a", 1}, {"b", 2}}}}),
+      "['a', 'b']['a', 'b'][('a', 1), ('b', 2)][1, 2]");
+  EXPECT_EQ(
+      render(
+          "{{ -3|abs }} {{ 1.234|round(1) }} {{ 2.5|round }} {{ 0.5|round }} {{ 2.5|round(0, 'floor') }} {{ "
+          "2.1|round(0, 'ceil') }}"),
+      "3 1.2 2.0 0.0 2.0 3.0");
 }
 
 TEST(JinjaFilters, Sequences) {
-  EXPECT_EQ(render("{{ [3, 1, 2]|sort }}{{ ['b', 'A', 'a']|sort }}{{ ['b', 'A', 'a']|sort(case_sensitive=true) }}{{ "
-                   "[3, 1]|sort(reverse=true) }}"),
-            "[1, 2, 3]['A', 'a', 'b']['A', 'a', 'b'][3, 1]");
-  EXPECT_EQ(render("{{ [3, 1, 2]|first }}{{ [3, 1, 2]|last }}{{ 'abc'|first }}[{{ []|first }}]{{ [1, 2]|join(', ') "
-                   "}}{{ ['x', none, 1]|join('-') }}"),
-            "32a[]1, 2x-None-1");
-  EXPECT_EQ(render("{{ [1, 2, 3]|length }}{{ 'héllo'|count }}{{ {'a': 1}|length }}{{ [3, 1]|max }}{{ [3, 1]|min }}{{ "
-                   "[1, 2]|sum }}"),
-            "351313");
-  EXPECT_EQ(render("{{ [1, 2, 2]|unique|list }}{{ [1, 2, 3]|reverse|list }}{{ [1, 2, 3]|batch(2)|list }}{{ [1, 2, "
-                   "3]|slice(2)|list }}"),
-            "[1, 2][3, 2, 1][[1, 2], [3]][[1, 2], [3]]");
+  EXPECT_EQ(
+      render(
+          "{{ [3, 1, 2]|sort }}{{ ['b', 'A', 'a']|sort }}{{ ['b', 'A', 'a']|sort(case_sensitive=true) }}{{ "
+          "[3, 1]|sort(reverse=true) }}"),
+      "[1, 2, 3]['A', 'a', 'b']['A', 'a', 'b'][3, 1]");
+  EXPECT_EQ(
+      render("{{ [3, 1, 2]|first }}{{ [3, 1, 2]|last }}{{ 'abc'|first }}[{{ []|first }}]{{ [1, 2]|join(', ') "
+             "}}{{ ['x', none, 1]|join('-') }}"),
+      "32a[]1, 2x-None-1");
+  EXPECT_EQ(
+      render(
+          "{{ [1, 2, 3]|length }}{{ 'héllo'|count }}{{ {'a': 1}|length }}{{ [3, 1]|max }}{{ [3, 1]|min }}{{ "
+          "[1, 2]|sum }}"),
+      "351313");
+  EXPECT_EQ(
+      render("{{ [1, 2, 2]|unique|list }}{{ [1, 2, 3]|reverse|list }}{{ [1, 2, 3]|batch(2)|list }}{{ [1, 2, "
+             "3]|slice(2)|list }}"),
+      "[1, 2][3, 2, 1][[1, 2], [3]][[1, 2], [3]]");
   EXPECT_EQ(render("{% for k, v in {'b': 1, 'a': 2}|dictsort %}{{ k }}{{ v }}{% endfor %}"), "a2b1");
 }
 
@@ -297,7 +344,8 @@ TEST(JinjaFilters, SelectMapAttr) {
   EXPECT_EQ(render("{{ l|selectattr('n')|map(attribute='n')|list }}", vars), "['a', 'b']");
   EXPECT_EQ(render("{{ l[:2]|selectattr('v', 'gt', 1)|map(attribute='n')|list }}", vars), "['b']");
   // Like Jinja, comparing a missing attribute (undefined) fails.
-  EXPECT_NE(error_of("{{ l|selectattr('v', 'gt', 1)|list }}", vars).find("has no attribute 'v'"), std::string::npos);
+  EXPECT_NE(error_of("{{ l|selectattr('v', 'gt', 1)|list }}", vars).find("has no attribute 'v'"),
+            std::string::npos);
   EXPECT_EQ(render("{{ l|rejectattr('n', 'defined')|list }}", vars), "[{'x': 3}]");
   EXPECT_EQ(render("{{ l|map(attribute='n', default='?')|join }}", vars), "ab?");
   EXPECT_EQ(render("{{ [1, 2, 3]|select('odd')|list }}{{ [1, 2, 3]|reject('odd')|list }}{{ ['a', "
@@ -332,49 +380,59 @@ TEST(JinjaFilters, ToJsonMatchesPythonJsonDumps) {
 
 TEST(JinjaTests, BuiltinTests) {
   const ojson vars = {{"d", {{"a", 1}}}};
-  EXPECT_EQ(render("{{ 1 is number }}{{ 1.0 is integer }}{{ 1 is integer }}{{ true is boolean }}{{ true is number }}"
-                   "{{ 1.5 is float }}",
-                   vars),
-            "TrueFalseTrueTrueTrueTrue");
-  EXPECT_EQ(render("{{ 'a' is iterable }}{{ d is mapping }}{{ d is iterable }}{{ 'a' is sequence }}{{ d is sequence }}"
-                   "{{ 1 is iterable }}{{ [] is sequence }}",
-                   vars),
-            "TrueTrueTrueTrueTrueFalseTrue");
+  EXPECT_EQ(
+      render(
+          "{{ 1 is number }}{{ 1.0 is integer }}{{ 1 is integer }}{{ true is boolean }}{{ true is number }}"
+          "{{ 1.5 is float }}",
+          vars),
+      "TrueFalseTrueTrueTrueTrue");
+  EXPECT_EQ(
+      render(
+          "{{ 'a' is iterable }}{{ d is mapping }}{{ d is iterable }}{{ 'a' is sequence }}{{ d is sequence }}"
+          "{{ 1 is iterable }}{{ [] is sequence }}",
+          vars),
+      "TrueTrueTrueTrueTrueFalseTrue");
   EXPECT_EQ(render("{{ none is none }}{{ true is true }}{{ 1 is true }}{{ false is false }}{{ 0 is false }}"),
             "TrueTrueFalseTrueFalse");
-  EXPECT_EQ(render("{{ 1 is equalto 1 }}{{ 1 is eq 1 }}{{ 2 is in [1, 2] }}{{ 'x' is string }}{{ 1 is string }}"
-                   "{{ 1 is odd }}{{ 2 is even }}{{ 6 is divisibleby 3 }}{{ 3 is gt 2 }}{{ 3 is ne 3 }}"),
-            "TrueTrueTrueTrueFalseTrueTrueTrueTrueFalse");
   EXPECT_EQ(
-      render("{{ 'x' is lower }}{{ 'X' is upper }}{{ 1 is callable }}{{ range is callable }}{{ none is sameas none }}"
-             "{{ x is not defined }}{{ 'upper' is filter }}{{ 'nope' is test }}"),
-      "TrueTrueFalseTrueTrueTrueTrueFalse");
+      render("{{ 1 is equalto 1 }}{{ 1 is eq 1 }}{{ 2 is in [1, 2] }}{{ 'x' is string }}{{ 1 is string }}"
+             "{{ 1 is odd }}{{ 2 is even }}{{ 6 is divisibleby 3 }}{{ 3 is gt 2 }}{{ 3 is ne 3 }}"),
+      "TrueTrueTrueTrueFalseTrueTrueTrueTrueFalse");
+  EXPECT_EQ(render("{{ 'x' is lower }}{{ 'X' is upper }}{{ 1 is callable }}{{ range is callable }}{{ none is "
+                   "sameas none }}"
+                   "{{ x is not defined }}{{ 'upper' is filter }}{{ 'nope' is test }}"),
+            "TrueTrueFalseTrueTrueTrueTrueFalse");
 }
 
 // ------------------------------------------------------------------ methods and globals
 
 TEST(JinjaMethods, StringMethods) {
+  EXPECT_EQ(render("{{ 'abc'.startswith('a') }}{{ 'abc'.endswith(('c', 'x')) }}{{ 'abcb'.find('b') }}{{ "
+                   "'abcb'.rfind('b') }}"
+                   "{{ 'abcb'.count('b') }}{{ 'abcb'.replace('b', 'X') }}{{ 'abcb'.replace('b', 'X', 1) }}"),
+            "TrueTrue132aXcXaXcb");
   EXPECT_EQ(
-      render("{{ 'abc'.startswith('a') }}{{ 'abc'.endswith(('c', 'x')) }}{{ 'abcb'.find('b') }}{{ 'abcb'.rfind('b') }}"
-             "{{ 'abcb'.count('b') }}{{ 'abcb'.replace('b', 'X') }}{{ 'abcb'.replace('b', 'X', 1) }}"),
-      "TrueTrue132aXcXaXcb");
-  EXPECT_EQ(render("{{ 'héllo'.find('l') }}{{ 'hELLO'.capitalize() }}{{ 'AbC'.swapcase() }}{{ \"it's\".title() }}"
-                   "{{ 'hi'.upper() }}{{ 'HI'.lower() }}"),
-            "2HelloaBcIt'SHIhi");
-  EXPECT_EQ(
-      render("{{ 'a,b,,c'.split(',') }}{{ '  a  b '.split() }}{{ 'a b c'.split(' ', 1) }}{{ 'a.b.c'.rsplit('.', 1) }}"
-             "{{ 'a\\nb'.splitlines() }}"),
-      "['a', 'b', '', 'c']['a', 'b']['a', 'b c']['a.b', 'c']['a', 'b']");
+      render("{{ 'héllo'.find('l') }}{{ 'hELLO'.capitalize() }}{{ 'AbC'.swapcase() }}{{ \"it's\".title() }}"
+             "{{ 'hi'.upper() }}{{ 'HI'.lower() }}"),
+      "2HelloaBcIt'SHIhi");
+  EXPECT_EQ(render("{{ 'a,b,,c'.split(',') }}{{ '  a  b '.split() }}{{ 'a b c'.split(' ', 1) }}{{ "
+                   "'a.b.c'.rsplit('.', 1) }}"
+                   "{{ 'a\\nb'.splitlines() }}"),
+            "['a', 'b', '', 'c']['a', 'b']['a', 'b c']['a.b', 'c']['a', 'b']");
   EXPECT_EQ(render("[{{ ' a '.strip() }}][{{ 'xxaxx'.strip('x') }}][{{ '\\n\\na\\n'.lstrip('\\n') }}][{{ "
                    "'a\\n\\n'.rstrip() }}]"),
             "[a][a][a\n][a]");
-  EXPECT_EQ(render("{{ '-'.join(['a', 'b']) }}{{ '{} {}'.format(1, 'a') }}{{ '{0}{name}'.format(1, name='n') }}"
-                   "{{ '{:>5}'.format('x') }}{{ '{:.2f}'.format(3.14159) }}"),
-            "a-b1 a1n    x3.14");
-  EXPECT_EQ(render("{{ '12'.isdigit() }}{{ 'ab'.isalpha() }}{{ ' '.isspace() }}{{ 'x'.zfill(3) }}[{{ 'ab'.ljust(4) }}]"
-                   "{{ 'ab'.center(5, '*') }}{{ 'a  b'.partition(' ') }}{{ 'abc'.removeprefix('a') }}"),
-            "TrueTrueTrue00x[ab  ]**ab*('a', ' ', ' b')bc");
-  EXPECT_NE(error_of("{{ 'abc'.nosuch() }}").find("'str object' has no attribute 'nosuch'"), std::string::npos);
+  EXPECT_EQ(
+      render("{{ '-'.join(['a', 'b']) }}{{ '{} {}'.format(1, 'a') }}{{ '{0}{name}'.format(1, name='n') }}"
+             "{{ '{:>5}'.format('x') }}{{ '{:.2f}'.format(3.14159) }}"),
+      "a-b1 a1n    x3.14");
+  EXPECT_EQ(
+      render(
+          "{{ '12'.isdigit() }}{{ 'ab'.isalpha() }}{{ ' '.isspace() }}{{ 'x'.zfill(3) }}[{{ 'ab'.ljust(4) }}]"
+          "{{ 'ab'.center(5, '*') }}{{ 'a  b'.partition(' ') }}{{ 'abc'.removeprefix('a') }}"),
+      "TrueTrueTrue00x[ab  ]**ab*('a', ' ', ' b')bc");
+  EXPECT_NE(error_of("{{ 'abc'.nosuch() }}").find("'str object' has no attribute 'nosuch'"),
+            std::string::npos);
 }
 
 TEST(JinjaMethods, DictAndListMethods) {
@@ -398,8 +456,9 @@ TEST(JinjaGlobals, RangeDictNamespaceStrftime) {
   localtime_r(&t, &local);
   char expected[64];
   std::strftime(expected, sizeof(expected), "%d %b %Y %H:%M", &local);
-  EXPECT_EQ(render("{{ strftime_now('%d %b %Y %H:%M') }}|{{ strftime_now('%Z%z') }}|{{ strftime_now('%f') }}"),
-            std::string(expected) + "||000000");
+  EXPECT_EQ(
+      render("{{ strftime_now('%d %b %Y %H:%M') }}|{{ strftime_now('%Z%z') }}|{{ strftime_now('%f') }}"),
+      std::string(expected) + "||000000");
 }
 
 TEST(JinjaGlobals, RaiseException) {
@@ -416,7 +475,8 @@ TEST(JinjaErrors, SyntaxErrorsNameLineAndColumn) {
             "'elif' or 'else' or 'endif'");
   EXPECT_EQ(error_of("a\nb\n{% foo %}"), "template error at line 3, column 4: unknown tag 'foo'");
   EXPECT_EQ(error_of("{% endfor %}"), "template error at line 1, column 4: unknown tag 'endfor'");
-  EXPECT_EQ(error_of("{{ 'unterminated }}"), "template error at line 1, column 4: unterminated string literal");
+  EXPECT_EQ(error_of("{{ 'unterminated }}"),
+            "template error at line 1, column 4: unterminated string literal");
   EXPECT_EQ(error_of("{# unterminated"), "template error at line 1, column 1: missing end of comment tag");
   EXPECT_EQ(error_of("{% break %}"), "template error at line 1, column 4: 'break' outside of a loop");
   EXPECT_EQ(error_of("{% for x in %}{% endfor %}"),
@@ -428,7 +488,8 @@ TEST(JinjaErrors, SyntaxErrorsNameLineAndColumn) {
 TEST(JinjaErrors, UnknownFiltersAndTests) {
   // Unknown filters and tests are errors at parse time...
   EXPECT_EQ(error_of("{{ 'x'|foo }}"), "template error at line 1, column 8: unknown filter 'foo'");
-  EXPECT_EQ(error_of("\n\n    {{ x|upper|foo(1) }}"), "template error at line 3, column 16: unknown filter 'foo'");
+  EXPECT_EQ(error_of("\n\n    {{ x|upper|foo(1) }}"),
+            "template error at line 3, column 16: unknown filter 'foo'");
   EXPECT_EQ(error_of("{{ x is nosuch }}"), "template error at line 1, column 6: unknown test 'nosuch'");
   EXPECT_EQ(error_of("{% for x in [1] %}{{ x|foo }}{% endfor %}"),
             "template error at line 1, column 24: unknown filter 'foo'");
@@ -446,7 +507,8 @@ TEST(JinjaErrors, EdgeCasesFoundByDifferentialFuzzing) {
   EXPECT_EQ(render("{{ nothing is callable }}{{ 'x %s' % [1] }}|{{ 'x' % [1] }}|{{ 'x %s' % nothing }}"),
             "Truex [1]|x|x ");
   EXPECT_NE(error_of("{{ n[1:] }}", {{"n", 5}}).find("'int' object is not subscriptable"), std::string::npos);
-  EXPECT_NE(error_of("{{ d[1:] }}", {{"d", ojson::object()}}).find("unhashable type: 'slice'"), std::string::npos);
+  EXPECT_NE(error_of("{{ d[1:] }}", {{"d", ojson::object()}}).find("unhashable type: 'slice'"),
+            std::string::npos);
   EXPECT_NE(error_of("{{ [][0]|int }}").find("list object has no element 0"), std::string::npos);
   EXPECT_NE(error_of("{{ nothing|float }}").find("'nothing' is undefined"), std::string::npos);
   EXPECT_NE(error_of("{{ 1.5|indent }}").find("unsupported operand type(s) for +=: 'float' and 'str'"),
@@ -454,8 +516,9 @@ TEST(JinjaErrors, EdgeCasesFoundByDifferentialFuzzing) {
 }
 
 TEST(JinjaErrors, NestingLimits) {
-  EXPECT_NE(error_of("{{ " + std::string(300, '(') + "1" + std::string(300, ')') + " }}").find("nesting too deep"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of("{{ " + std::string(300, '(') + "1" + std::string(300, ')') + " }}").find("nesting too deep"),
+      std::string::npos);
   std::string deep_ifs;
   for (int i = 0; i < 300; ++i) deep_ifs += "{% if true %}";
   EXPECT_NE(error_of(deep_ifs).find("nesting too deep"), std::string::npos);
@@ -468,7 +531,8 @@ TEST(JinjaErrors, NestingLimits) {
 TEST(JinjaErrors, RuntimeErrorsNameLineAndColumn) {
   EXPECT_EQ(error_of("{{ 1 }}\n{{ 'a' + 1 }}"),
             "template error at line 2, column 8: can only concatenate str (not \"int\") to str");
-  EXPECT_EQ(error_of("{{ 1 // 0 }}"), "template error at line 1, column 6: integer division or modulo by zero");
+  EXPECT_EQ(error_of("{{ 1 // 0 }}"),
+            "template error at line 1, column 6: integer division or modulo by zero");
   EXPECT_EQ(error_of("{{ 'a' < 1 }}"),
             "template error at line 1, column 4: '<' not supported between instances of 'str' and 'int'");
   EXPECT_EQ(error_of("{{ {}() }}"), "template error at line 1, column 4: 'dict' object is not callable");
@@ -481,7 +545,8 @@ TEST(JinjaErrors, RuntimeErrorsNameLineAndColumn) {
 // ------------------------------------------------------------------ concurrency
 
 TEST(JinjaTemplate, ConcurrentRendersShareOneParse) {
-  const Template t("{% set ns = namespace(n=0) %}{% for x in xs %}{% set ns.n = ns.n + x %}{% endfor %}{{ ns.n }}");
+  const Template t(
+      "{% set ns = namespace(n=0) %}{% for x in xs %}{% set ns.n = ns.n + x %}{% endfor %}{{ ns.n }}");
   std::vector<std::thread> threads;
   std::vector<std::string> results(8);
   for (int i = 0; i < 8; ++i) {
@@ -514,12 +579,13 @@ ojson run_reference(const ojson& cases) {
     return ojson();
   }
   const fs::path dir = fs::temp_directory_path();
-  const std::string stamp =
-      std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) + "_" + std::to_string(::getpid());
+  const std::string stamp = std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) +
+                            "_" + std::to_string(::getpid());
   const fs::path in = dir / ("swarm_jinja_cases_" + stamp + ".json");
   const fs::path err = dir / ("swarm_jinja_stderr_" + stamp + ".txt");
   std::ofstream(in) << cases.dump();
-  const std::string cmd = "/usr/bin/python3 '" + script + "' < '" + in.string() + "' 2> '" + err.string() + "'";
+  const std::string cmd =
+      "/usr/bin/python3 '" + script + "' < '" + in.string() + "' 2> '" + err.string() + "'";
   std::string out;
   FILE* pipe = ::popen(cmd.c_str(), "r");
   if (pipe) {
@@ -547,15 +613,18 @@ ojson run_reference(const ojson& cases) {
 TEST(JinjaParity, SnippetsRenderLikePythonJinja2) {
   const std::vector<std::string> snippets = {
       "{{ [1, 'a', 1.0, none, true, {'k': (1, 2)}] }}",
-      "{{ 1e20 }} {{ 1e16 }} {{ 1.5e-5 }} {{ 0.1 + 0.2 }} {{ 7 / 2 }} {{ -7 // 2 }} {{ -7 % 3 }} {{ 2 ** -1 }}",
+      "{{ 1e20 }} {{ 1e16 }} {{ 1.5e-5 }} {{ 0.1 + 0.2 }} {{ 7 / 2 }} {{ -7 // 2 }} {{ -7 % 3 }} {{ 2 ** -1 "
+      "}}",
       "{{ 10 / 3 }}{{ 1e15 + 0.3 }}{{ 0.1 + 0.7 }}{{ 1 / 3 }}{{ 123456789.123 }}{{ 1234567890123456.0 }}",
       "{{ s.upper() }}{{ s|upper }}{{ s.title() }}{{ s|title }}{{ s|capitalize }}{{ s.split() }}",
       "{{ \"a'b\" }}{{ [\"a'b\", 'a\"b', \"a'\\\"b\", \"\\n\\t\\\\\", \"é\", '\\u2028', '\\x00'] }}",
       "{% for x in [1, 2, 3] if x > 1 %}{{ loop.index }}/{{ loop.length }}{{ loop.first }}{{ loop.last }}"
       "{{ loop.revindex }}{{ loop.previtem }}{{ loop.nextitem }};{% endfor %}",
-      "{% set ns = namespace(a=1, b='x') %}{% for i in range(3) %}{% set ns.a = ns.a + i %}{% endfor %}{{ ns.a }}{{ ns "
+      "{% set ns = namespace(a=1, b='x') %}{% for i in range(3) %}{% set ns.a = ns.a + i %}{% endfor %}{{ "
+      "ns.a }}{{ ns "
       "}}",
-      "{% macro m(a, b=a) %}{{ a }}{{ b }}{{ varargs }}{{ kwargs }}{% endmacro %}{{ m(1) }}{{ m(1, 2, 3, z=4) }}",
+      "{% macro m(a, b=a) %}{{ a }}{{ b }}{{ varargs }}{{ kwargs }}{% endmacro %}{{ m(1) }}{{ m(1, 2, 3, "
+      "z=4) }}",
       "line1\n  {% if true %}\n  x\n  {% endif %}\n  {# c #}\nend\n",
       "  {% if true %}\n    x\n  {% endif %}\n  y",
       "{%- for m in [1, 2] -%}\n  {{ m }}\n{%- endfor -%}\n!",
@@ -569,10 +638,13 @@ TEST(JinjaParity, SnippetsRenderLikePythonJinja2) {
       "{{ d|tojson }}{{ d|tojson(indent=2) }}{{ d|tojson(indent=4, sort_keys=true) }}",
       "{{ {'x': 1.0, 'y': 1e100, 'z': 'é\"\\n\\u0001', 'w': none, 'v': [true, -0.0, 1e-7]}|tojson }}",
       "{{ d.b }}{{ d['b'][0] }}{{ d.get('c', 'z') }}{{ d.c is defined }}{{ d.items is defined }}",
-      "{{ [{'a': 2}, {'a': 1}]|sort(attribute='a') }}{{ ['b', 'A', 'a']|sort }}{{ [3, 1]|sort(reverse=true) }}",
+      "{{ [{'a': 2}, {'a': 1}]|sort(attribute='a') }}{{ ['b', 'A', 'a']|sort }}{{ [3, 1]|sort(reverse=true) "
+      "}}",
       "{{ [1, 2, 2]|unique|list }}{{ 1.234|round(1) }}{{ 2.675|round(2) }}{{ -3|abs }}{{ 'ab'|center(7) }}|",
-      "{{ 'hello world'|truncate(8, true, '..') }}{{ 'a\\nb\\n\\nc'|indent(2) }}|{{ 'a\\nb'|indent(2, true, true) }}",
-      "{{ 'a.b.c'.rsplit('.', 1) }}{{ 'a\\r\\nb\\x0bc'.splitlines() }}{{ 'héllo'.find('l') }}{{ 'x'.zfill(3) }}",
+      "{{ 'hello world'|truncate(8, true, '..') }}{{ 'a\\nb\\n\\nc'|indent(2) }}|{{ 'a\\nb'|indent(2, true, "
+      "true) }}",
+      "{{ 'a.b.c'.rsplit('.', 1) }}{{ 'a\\r\\nb\\x0bc'.splitlines() }}{{ 'héllo'.find('l') }}{{ 'x'.zfill(3) "
+      "}}",
       "{{ '%s|%5.1f|%-4d|%03d|%r' % ('a', 2.25, 7, 5, 'q') }}{{ '{:>6}|{:^5}|{!r}'.format('ab', 'c', 'd') }}",
       "{{ 'ß'.upper() }}{{ 'ǅ'.lower() }}{{ 'ÉCOLE'.lower() }}{{ 'straße'|title }}{{ 'άλφα'.upper() }}",
       "{{ '  \\u00a0x\\u3000 '.strip() }}|{{ 'a\\u2003b'.split() }}|{{ ' x '|trim }}|",
@@ -587,7 +659,8 @@ TEST(JinjaParity, SnippetsRenderLikePythonJinja2) {
       "{{ (1, 2) }}{{ (1,) }}{{ () }}{{ {'a': (1,)} }}{{ [[], {}] }}",
       "{{ 1 ~ 2 | string }}{{ 'ab' | upper ~ 'c' }}{{ -1|abs }}{{ not 1 == 2 }}{{ 'x' if 'a' in 'abc' }}",
       "{{ 3 // 2 * 2 }}{{ 2 * 3 % 4 }}{{ 1 + 2 ~ 3 }}{{ 'a' ~ 1 + 2 }}{{ 10 - 2 - 3 }}{{ 2 ** 2 ** 3 }}",
-      "{% for a, b in [(1, 2), [3, 4]] %}{{ a + b }}{% endfor %}{% for x in 'ab' %}{{ loop.cycle('-', '+') }}{{ x }}"
+      "{% for a, b in [(1, 2), [3, 4]] %}{{ a + b }}{% endfor %}{% for x in 'ab' %}{{ loop.cycle('-', '+') "
+      "}}{{ x }}"
       "{% endfor %}",
       "{% for x in [1, 2, 3] %}{% if loop.changed(x > 1) %}c{% endif %}{{ x }}{% endfor %}",
       "{% macro w() %}<{{ caller() }}>{% endmacro %}{% call w() %}inner {{ 1 + 1 }}{% endcall %}",
@@ -620,7 +693,8 @@ TEST(JinjaParity, SnippetsRenderLikePythonJinja2) {
     if (ok != ref_ok || (ok && got != expected[i]["output"].get<std::string>())) {
       ++mismatches;
       ADD_FAILURE() << "snippet: " << snippets[i] << "\n  python: "
-                    << (ref_ok ? ojson(expected[i]["output"]).dump() : expected[i]["error"].get<std::string>())
+                    << (ref_ok ? ojson(expected[i]["output"]).dump()
+                               : expected[i]["error"].get<std::string>())
                     << "\n  c++:    " << (ok ? ojson(got).dump() : got);
     }
   }

@@ -66,10 +66,7 @@ std::string llama3_style_dir() {
     t["post_processor"] = {
         {"type", "Sequence"},
         {"processors",
-         {{{"type", "ByteLevel"},
-           {"add_prefix_space", true},
-           {"trim_offsets", false},
-           {"use_regex", true}},
+         {{{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}},
           {{"type", "TemplateProcessing"},
            {"single",
             {{{"SpecialToken", {{"id", "<|endoftext|>"}, {"type_id", 0}}}},
@@ -82,8 +79,8 @@ std::string llama3_style_dir() {
                    {"eos_token", "<|im_end|>"},
                    {"clean_up_tokenization_spaces", true},
                    {"tokenizer_class", "PreTrainedTokenizerFast"}};
-    auto path = std::filesystem::temp_directory_path() /
-                ("swarm_tokenizer_llama3_style_" + std::to_string(getpid()));
+    auto path =
+        std::filesystem::temp_directory_path() / ("swarm_tokenizer_llama3_style_" + std::to_string(getpid()));
     std::filesystem::create_directories(path);
     std::ofstream(path / "tokenizer.json") << t.dump();
     std::ofstream(path / "tokenizer_config.json") << config.dump();
@@ -137,8 +134,7 @@ std::vector<size_t> char_starts(const std::string& s) {
 
 // Random strings made of corpus texts and pieces of them (cut anywhere between code points,
 // so inside words, emoji sequences and combining sequences), joined by random separators.
-std::vector<std::string> random_texts(const std::vector<std::string>& pool, size_t n,
-                                      uint32_t seed) {
+std::vector<std::string> random_texts(const std::vector<std::string>& pool, size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   static const char* kSeparators[] = {"", " ", "  ", "\n", "\t", " \n", "\n\n"};
   std::vector<std::string> out;
@@ -184,15 +180,14 @@ json run_reference(const json& request) {
   std::string in = base.string() + ".in.json", out = base.string() + ".out.json",
               err = base.string() + ".err.txt";
   std::ofstream(in, std::ios::binary) << request.dump();
-  std::string cmd = "node '" + js_dir + "/tokenize_reference.mjs' < '" + in + "' > '" + out +
-                    "' 2> '" + err + "'";
+  std::string cmd =
+      "node '" + js_dir + "/tokenize_reference.mjs' < '" + in + "' > '" + out + "' 2> '" + err + "'";
   int rc = std::system(cmd.c_str());
   std::string output = read_file(out), errors = read_file(err);
   std::filesystem::remove(in);
   std::filesystem::remove(out);
   std::filesystem::remove(err);
-  if (rc != 0)
-    throw std::runtime_error("JS reference failed (rc " + std::to_string(rc) + "): " + errors);
+  if (rc != 0) throw std::runtime_error("JS reference failed (rc " + std::to_string(rc) + "): " + errors);
   return json::parse(output);
 }
 
@@ -243,20 +238,20 @@ const std::vector<Pinned>& pinned() {
       {"smollm2", "<|im_start|>user\nhi<|im_end|>", {1, 4093, 198, 6004, 2}},
       {"smollm2",
        "你好，世界！ 👍🏽",
-       {18645, 250, 48392, 138, 12831, 7906, 240, 178, 239, 230, 8083, 219, 15107, 235, 231, 10813,
-        233, 138}},
-      {"smollm2", "def f(x):\n    return x ** 2  # 1234567", {1604, 275,  24,  104, 727, 472, 1003,
-                                                              1792, 1903, 216, 34,  216, 907, 216,
-                                                              33,   34,   35,  36,  37,  38,  39}},
+       {18645, 250, 48392, 138, 12831, 7906, 240, 178, 239, 230, 8083, 219, 15107, 235, 231, 10813, 233,
+        138}},
+      {"smollm2",
+       "def f(x):\n    return x ** 2  # 1234567",
+       {1604, 275, 24, 104, 727, 472, 1003, 1792, 1903, 216, 34, 216, 907, 216, 33, 34, 35, 36, 37, 38, 39}},
       {"smollm2", "cafe\xcc\x81 Zu\xcc\x88rich", {83, 9980, 151, 219, 1777, 101, 151, 226, 5130}},
       {"qwen3",
        "Once upon a time, there was a little girl named Lily.",
        {12522, 5193, 264, 882, 11, 1052, 572, 264, 2632, 3743, 6941, 47290, 13}},
       {"qwen3", "<|im_start|>user\nhi<|im_end|>", {151644, 872, 198, 6023, 151645}},
       {"qwen3", "你好，世界！ 👍🏽", {108386, 3837, 99489, 6313, 61804, 235, 145375}},
-      {"qwen3", "def f(x):\n    return x ** 2  # 1234567", {750,  282, 2075, 982, 262, 470, 856,
-                                                            3070, 220, 17,   220, 671, 220, 16,
-                                                            17,   18,  19,   20,  21,  22}},
+      {"qwen3",
+       "def f(x):\n    return x ** 2  # 1234567",
+       {750, 282, 2075, 982, 262, 470, 856, 3070, 220, 17, 220, 671, 220, 16, 17, 18, 19, 20, 21, 22}},
       {"qwen3", "cafe\xcc\x81 Zu\xcc\x88rich", {924, 58858, 1863, 5186, 713}},
   };
   return cases;
@@ -303,8 +298,7 @@ TEST(Tokenizer, SpecialTokensAndVocabulary) {
   EXPECT_THROW(qwen->token_string(-1), SwarmError);
   // <think> survives skip_special_tokens, <|im_end|> does not.
   EXPECT_EQ(qwen->decode(qwen->encode("<think>x</think><|im_end|>"), true), "<think>x</think>");
-  EXPECT_EQ(qwen->decode(qwen->encode("<think>x</think><|im_end|>"), false),
-            "<think>x</think><|im_end|>");
+  EXPECT_EQ(qwen->decode(qwen->encode("<think>x</think><|im_end|>"), false), "<think>x</think><|im_end|>");
   // Ids past the tokenizer (a model's padded embedding rows) decode to nothing, like HF.
   EXPECT_EQ(qwen->decode({9707, 151900, 1879}), "Hello world");
 
@@ -380,10 +374,8 @@ void expect_invalid(const std::function<void()>& f, const std::string& needle) {
 }
 
 json tiny_model(json vocab, json merges) {
-  return {{"type", "BPE"},
-          {"vocab", std::move(vocab)},
-          {"merges", std::move(merges)},
-          {"unk_token", nullptr}};
+  return {
+      {"type", "BPE"}, {"vocab", std::move(vocab)}, {"merges", std::move(merges)}, {"unk_token", nullptr}};
 }
 
 json tiny_tokenizer() {
@@ -393,8 +385,7 @@ json tiny_tokenizer() {
           {"pre_tokenizer", nullptr},
           {"post_processor", nullptr},
           {"decoder", {{"type", "Fuse"}}},
-          {"model",
-           tiny_model({{"a", 0}, {"b", 1}, {"-", 2}, {" ", 3}, {"ab", 4}}, json::array({"a b"}))}};
+          {"model", tiny_model({{"a", 0}, {"b", 1}, {"-", 2}, {" ", 3}, {"ab", 4}}, json::array({"a b"}))}};
 }
 
 // Model files are bounded like request bodies (common/json_nesting.hpp): a tokenizer.json or
@@ -411,15 +402,13 @@ TEST(TokenizerErrors, DeepNestingIsRefusedNamingTheFile) {
 TEST(TokenizerErrors, NameTheFileAndWhatIsUnsupported) {
   json t = tiny_tokenizer();
   t["normalizer"] = {{"type", "NFKC"}};
-  expect_invalid([&] { Tokenizer::from_json(t.dump()); },
-                 "tokenizer.json: unsupported normalizer \"NFKC\"");
+  expect_invalid([&] { Tokenizer::from_json(t.dump()); }, "tokenizer.json: unsupported normalizer \"NFKC\"");
   t = tiny_tokenizer();
   t["model"]["type"] = "Unigram";
   expect_invalid([&] { Tokenizer::from_json(t.dump()); }, "unsupported model \"Unigram\"");
   t = tiny_tokenizer();
   t["pre_tokenizer"] = {{"type", "BertPreTokenizer"}};
-  expect_invalid([&] { Tokenizer::from_json(t.dump()); },
-                 "unsupported pre_tokenizer \"BertPreTokenizer\"");
+  expect_invalid([&] { Tokenizer::from_json(t.dump()); }, "unsupported pre_tokenizer \"BertPreTokenizer\"");
   t = tiny_tokenizer();
   t["decoder"] = {{"type", "WordPiece"}};
   expect_invalid([&] { Tokenizer::from_json(t.dump()); }, "unsupported decoder \"WordPiece\"");
@@ -435,12 +424,10 @@ TEST(TokenizerErrors, NameTheFileAndWhatIsUnsupported) {
   t["added_tokens"] = json::array({{{"id", 5000000}, {"content", "<x>"}, {"special", true}}});
   expect_invalid([&] { Tokenizer::from_json(t.dump()); }, "too large");
   expect_invalid([&] { Tokenizer::from_json("{not json"); }, "tokenizer.json: malformed JSON");
-  expect_invalid([&] { Tokenizer::from_json(tiny_tokenizer().dump(), "[1]"); },
-                 "tokenizer_config.json");
+  expect_invalid([&] { Tokenizer::from_json(tiny_tokenizer().dump(), "[1]"); }, "tokenizer_config.json");
   expect_invalid([&] { Tokenizer::from_json(tiny_tokenizer().dump(), R"({"bos_token": 5})"); },
                  "tokenizer_config.json: \"bos_token\"");
-  expect_invalid([&] { Tokenizer::from_directory("/nonexistent/dir"); },
-                 "/nonexistent/dir/tokenizer.json");
+  expect_invalid([&] { Tokenizer::from_directory("/nonexistent/dir"); }, "/nonexistent/dir/tokenizer.json");
 }
 
 // ------------------------------------------------------------------ features the fixtures lack
@@ -454,10 +441,8 @@ TEST(TokenizerFeatures, SplitBehaviors) {
   t["model"] = tiny_model({{"a", 0}, {"b", 1}, {"-", 2}, {"a-", 3}, {"-b", 4}, {"--", 5}},
                           json::array({"a -", "- b", "- -"}));
   auto with = [&](const char* behavior) {
-    t["pre_tokenizer"] = {{"type", "Split"},
-                          {"pattern", {{"String", "-"}}},
-                          {"behavior", behavior},
-                          {"invert", false}};
+    t["pre_tokenizer"] = {
+        {"type", "Split"}, {"pattern", {{"String", "-"}}}, {"behavior", behavior}, {"invert", false}};
     return encode_with(t, "a-b--a");
   };
   EXPECT_EQ(with("Isolated"), Ids({0, 2, 1, 2, 2, 0}));
@@ -486,9 +471,8 @@ TEST(TokenizerFeatures, AddedTokenStripAndSingleWord) {
                                     {"single_word", true},
                                     {"normalized", false},
                                     {"special", false}}});
-  EXPECT_EQ(encode_with(t, "a <m>  b"), Ids({0, 3, 1}));  // spaces around <m> are eaten
-  EXPECT_EQ(encode_with(t, "ab bab ab"),
-            Ids({4, 2, 1, 0, 1, 2, 4}));  // "ab" inside "bab" is not a word
+  EXPECT_EQ(encode_with(t, "a <m>  b"), Ids({0, 3, 1}));               // spaces around <m> are eaten
+  EXPECT_EQ(encode_with(t, "ab bab ab"), Ids({4, 2, 1, 0, 1, 2, 4}));  // "ab" inside "bab" is not a word
   auto tok = Tokenizer::from_json(t.dump());
   EXPECT_EQ(tok->decode({0, 3, 1}, true), "ab");
   EXPECT_EQ(tok->decode({0, 3, 1}, false), "a<m>b");
@@ -517,8 +501,7 @@ TEST(TokenizerFeatures, MetaspacePreTokenizerAndDecoder) {
                           json::array({sp + " a", sp + " b"}));
   t["pre_tokenizer"] = {
       {"type", "Metaspace"}, {"replacement", sp}, {"prepend_scheme", "always"}, {"split", true}};
-  t["decoder"] = {
-      {"type", "Metaspace"}, {"replacement", sp}, {"prepend_scheme", "always"}, {"split", true}};
+  t["decoder"] = {{"type", "Metaspace"}, {"replacement", sp}, {"prepend_scheme", "always"}, {"split", true}};
   t["added_tokens"] = json::array({{{"id", 5},
                                     {"content", "<s>"},
                                     {"lstrip", false},
@@ -653,8 +636,8 @@ TEST(TokenizerFeatures, ConfigFlagsRebuildThePostProcessorOfLlamaLikeClasses) {
 
 TEST(TokenizerFeatures, IgnoreMergesByteFallbackAndFuseUnk) {
   json t = tiny_tokenizer();
-  t["model"] = tiny_model({{"a", 0}, {"b", 1}, {"c", 2}, {"ab", 3}, {"abc", 4}, {"<unk>", 5}},
-                          json::array({"a b"}));
+  t["model"] =
+      tiny_model({{"a", 0}, {"b", 1}, {"c", 2}, {"ab", 3}, {"abc", 4}, {"<unk>", 5}}, json::array({"a b"}));
   EXPECT_EQ(encode_with(t, "abc"), Ids({3, 2}));
   t["model"]["ignore_merges"] = true;
   EXPECT_EQ(encode_with(t, "abc"), Ids({4}));
@@ -683,8 +666,8 @@ TEST(TokenizerFeatures, IgnoreMergesByteFallbackAndFuseUnk) {
 
 TEST(TokenizerFeatures, CleanUpTokenizationSpaces) {
   json t = tiny_tokenizer();
-  t["model"] = tiny_model({{"a", 0}, {" ", 1}, {".", 2}, {"'", 3}, {"s", 4}, {"n", 5}, {"t", 6}},
-                          json::array());
+  t["model"] =
+      tiny_model({{"a", 0}, {" ", 1}, {".", 2}, {"'", 3}, {"s", 4}, {"n", 5}, {"t", 6}}, json::array());
   auto tok = Tokenizer::from_json(t.dump(), R"({"clean_up_tokenization_spaces": true})");
   Ids ids = tok->encode("a . a 's a n't a ' a .");
   EXPECT_EQ(tok->decode(ids), "a. a's an't a'a.");
@@ -710,9 +693,8 @@ TEST_P(TokenizerParity, IdsAndTextMatchTheJsReference) {
   size_t id_mismatches = 0, decode_mismatches = 0, roundtrip_failures = 0, stream_failures = 0,
          roundtrips = 0;
   for (bool add_special : {true, false}) {
-    json ref = run_reference({{"tokenizer_dir", fixture_dir(name)},
-                              {"texts", texts},
-                              {"add_special_tokens", add_special}});
+    json ref = run_reference(
+        {{"tokenizer_dir", fixture_dir(name)}, {"texts", texts}, {"add_special_tokens", add_special}});
     ASSERT_EQ(ref.at("ids").size(), texts.size());
     for (size_t i = 0; i < texts.size(); ++i) {
       Ids expected = ref["ids"][i].get<Ids>();
@@ -724,9 +706,8 @@ TEST_P(TokenizerParity, IdsAndTextMatchTheJsReference) {
         std::string want = ref[skip ? "decoded" : "decoded_with_special"][i].get<std::string>();
         std::string got = tok->decode(expected, skip);
         if (got != want && ++decode_mismatches <= 5)
-          ADD_FAILURE() << name << " decode(skip_special_tokens=" << skip << ") of "
-                        << show(expected) << "\n  reference " << escape(want) << "\n  swarm     "
-                        << escape(got);
+          ADD_FAILURE() << name << " decode(skip_special_tokens=" << skip << ") of " << show(expected)
+                        << "\n  reference " << escape(want) << "\n  swarm     " << escape(got);
         if (decode_incrementally(*tok, expected, skip) != got && ++stream_failures <= 5)
           ADD_FAILURE() << name << " incremental decode differs for " << escape(texts[i]);
       }
@@ -736,8 +717,7 @@ TEST_P(TokenizerParity, IdsAndTextMatchTheJsReference) {
   // decode(encode(x)) == x wherever HF round-trips: byte-level always (Qwen3 up to NFC), the
   // SentencePiece one when nothing became <unk> and the text has no literal "▁"; not with
   // clean_up_tokenization_spaces (llama3_style).
-  json nfc = run_reference(
-      {{"tokenizer_dir", fixture_dir(name)}, {"texts", json::array()}, {"nfc", texts}});
+  json nfc = run_reference({{"tokenizer_dir", fixture_dir(name)}, {"texts", json::array()}, {"nfc", texts}});
   for (size_t i = 0; i < texts.size() && name != "llama3_style"; ++i) {
     Ids ids = tok->encode(texts[i], false);
     std::string expected = texts[i];
@@ -758,8 +738,8 @@ TEST_P(TokenizerParity, IdsAndTextMatchTheJsReference) {
       "[parity] %s: %zu texts (%zu corpus + %zu random) x add_special_tokens {true,false}: %zu id "
       "mismatches, "
       "%zu decode mismatches; %zu round trips checked, %zu failed\n",
-      name.c_str(), texts.size(), fixed, texts.size() - fixed, id_mismatches, decode_mismatches,
-      roundtrips, roundtrip_failures);
+      name.c_str(), texts.size(), fixed, texts.size() - fixed, id_mismatches, decode_mismatches, roundtrips,
+      roundtrip_failures);
 }
 
 TEST_P(TokenizerParity, DecodingRandomIdsMatchesTheJsReference) {
@@ -789,16 +769,16 @@ TEST_P(TokenizerParity, DecodingRandomIdsMatchesTheJsReference) {
     }
     lists.push_back(std::move(ids));
   }
-  json ref = run_reference(
-      {{"tokenizer_dir", fixture_dir(name)}, {"texts", json::array()}, {"decode", lists}});
+  json ref =
+      run_reference({{"tokenizer_dir", fixture_dir(name)}, {"texts", json::array()}, {"decode", lists}});
   size_t mismatches = 0;
   for (size_t i = 0; i < lists.size(); ++i) {
     for (bool skip : {true, false}) {
       std::string want = ref.at("decode_results")[i][skip ? "skip" : "keep"].get<std::string>();
       std::string got = tok->decode(lists[i], skip);
       if (got != want && ++mismatches <= 5)
-        ADD_FAILURE() << name << " decode(" << show(lists[i]) << ", skip=" << skip
-                      << ")\n  reference " << escape(want) << "\n  swarm     " << escape(got);
+        ADD_FAILURE() << name << " decode(" << show(lists[i]) << ", skip=" << skip << ")\n  reference "
+                      << escape(want) << "\n  swarm     " << escape(got);
       EXPECT_EQ(decode_incrementally(*tok, lists[i], skip), got);
     }
   }
@@ -815,9 +795,8 @@ TEST(TokenizerParityDivergences, FollowHuggingFaceWhereTheReferenceDiffers) {
   for (const json& c : corpus().at("known_divergences").at("cases")) {
     std::string name = c.at("tokenizer");
     auto tok = fixture(name);
-    json ref = run_reference({{"tokenizer_dir", fixture_dir(name)},
-                              {"texts", c.at("pieces")},
-                              {"add_special_tokens", false}});
+    json ref = run_reference(
+        {{"tokenizer_dir", fixture_dir(name)}, {"texts", c.at("pieces")}, {"add_special_tokens", false}});
     Ids expected;
     for (const auto& ids : ref.at("ids")) {
       Ids piece = ids.get<Ids>();

@@ -41,10 +41,13 @@ std::string read_file(const std::string& path) {
 }
 
 std::string qwen3_template() {
-  return nlohmann::json::parse(read_file(kQwen3Dir + "/tokenizer_config.json"))["chat_template"].get<std::string>();
+  return nlohmann::json::parse(read_file(kQwen3Dir + "/tokenizer_config.json"))["chat_template"]
+      .get<std::string>();
 }
 
-ParsedToolCall call(std::string name, std::string arguments) { return {std::move(name), std::move(arguments)}; }
+ParsedToolCall call(std::string name, std::string arguments) {
+  return {std::move(name), std::move(arguments)};
+}
 
 // ------------------------------------------------------------------ names and detection
 
@@ -88,7 +91,8 @@ TEST(ToolCallFormats, DetectFromRealTemplates) {
 TEST(ToolCallFormats, DetectFromSnippets) {
   // Qwen2.5: hermes calls, no thinking.
   const std::string qwen25 =
-      "{{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
+      "{{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
+      "within "
       "<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, \\\"arguments\\\": "
       "<args-json-object>}\\n</tool_call><|im_end|>\\n\" }}";
   EXPECT_EQ(detect_tool_call_format(qwen25), H);
@@ -118,7 +122,8 @@ TEST(ToolCallFormats, ReasoningStartFromPrompt) {
   // The real Qwen3 prompt with enable_thinking=false.
   const ChatTemplate t = ChatTemplate::from_directory(kQwen3Dir);
   const ojson messages = ojson::parse(R"([{"role": "user", "content": "Hi"}])");
-  EXPECT_EQ(reasoning_start_from_prompt(t.render(messages, ojson(nullptr), true, ojson{{"enable_thinking", false}})),
+  EXPECT_EQ(reasoning_start_from_prompt(
+                t.render(messages, ojson(nullptr), true, ojson{{"enable_thinking", false}})),
             ReasoningStart::AFTER_REASONING);
   EXPECT_EQ(reasoning_start_from_prompt(t.render(messages, ojson(nullptr), true)), ReasoningStart::AUTO);
 }
@@ -127,7 +132,8 @@ TEST(ToolCallFormats, ReasoningStartFromPrompt) {
 
 TEST(HermesToolCalls, SingleCall) {
   const std::string text =
-      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"celsius\"}}\n"
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": "
+      "\"celsius\"}}\n"
       "</tool_call>";
   const ParsedAssistant p = parse_assistant_output(text, H, NO_THINK);
   EXPECT_FALSE(p.content.has_value());
@@ -141,7 +147,8 @@ TEST(HermesToolCalls, SingleCall) {
 // text back as text, not a call whose arguments would later be dumped level by level.
 TEST(HermesToolCalls, ArgumentsNestedTooDeepStayText) {
   const std::string deep = std::string(5000, '[') + std::string(5000, ']');
-  const std::string text = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": " + deep + "}}\n</tool_call>";
+  const std::string text =
+      "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": " + deep + "}}\n</tool_call>";
   const ParsedAssistant p = parse_assistant_output(text, H, NO_THINK);
   EXPECT_TRUE(p.tool_calls.empty());
   EXPECT_EQ(p.parse_failures, 1);
@@ -150,15 +157,18 @@ TEST(HermesToolCalls, ArgumentsNestedTooDeepStayText) {
   // Within the bound it is a call: 2 levels (the call object, "arguments") + 125 = 127.
   const std::string ok_deep = std::string(126, '[') + std::string(126, ']');
   const ParsedAssistant q = parse_assistant_output(
-      "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": " + ok_deep.substr(1, ok_deep.size() - 2) + "}}\n</tool_call>",
+      "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": " + ok_deep.substr(1, ok_deep.size() - 2) +
+          "}}\n</tool_call>",
       H, NO_THINK);
   EXPECT_EQ(q.tool_calls.size(), 1u);
 }
 
 TEST(HermesToolCalls, ContentBeforeAndSeveralCalls) {
   const std::string text =
-      "I'll look up both cities.  \n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
-      "</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Tokyo\"}}\n</tool_call>\n";
+      "I'll look up both cities.  \n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+      "\"Paris\"}}\n"
+      "</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+      "\"Tokyo\"}}\n</tool_call>\n";
   const ParsedAssistant p = parse_assistant_output(text, H, THINK);
   EXPECT_EQ(p.content, "I'll look up both cities.");
   EXPECT_FALSE(p.reasoning.has_value());
@@ -184,7 +194,8 @@ TEST(HermesToolCalls, Qwen3ThinkingThenCall) {
   EXPECT_EQ(p.tool_calls[0].arguments, "{\"city\": \"Paris\"}");
   // A <tool_call> inside the reasoning is not a call: tools are parsed after the reasoning.
   const ParsedAssistant inside = parse_assistant_output(
-      "<think>maybe <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>?</think>\n\nNo tool needed.", H, THINK);
+      "<think>maybe <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>?</think>\n\nNo tool needed.",
+      H, THINK);
   EXPECT_EQ(inside.reasoning, "maybe <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>?");
   EXPECT_EQ(inside.content, "No tool needed.");
   EXPECT_TRUE(inside.tool_calls.empty());
@@ -193,7 +204,8 @@ TEST(HermesToolCalls, Qwen3ThinkingThenCall) {
 TEST(HermesToolCalls, ArgumentsAreTheRawGeneratedText) {
   // Nested objects, arrays, odd spacing, key order, numbers as written, escapes: all verbatim.
   const std::string args =
-      "{ \"query\" :{\"filters\":[{\"field\":\"price\",\"op\":\"<\",\"value\":10.50}],\"sort\":{\"desc\":true,"
+      "{ \"query\" "
+      ":{\"filters\":[{\"field\":\"price\",\"op\":\"<\",\"value\":10.50}],\"sort\":{\"desc\":true,"
       "\"by\":\"date\"}} , \"limit\":null,\"note\":\"a \\\"quoted\\\" } brace\\n\"}";
   const ParsedAssistant p = parse_assistant_output(
       "<tool_call>\n{\"name\": \"search\", \"arguments\": " + args + "}\n</tool_call>", H, NO_THINK);
@@ -209,10 +221,12 @@ TEST(HermesToolCalls, ArgumentsAreTheRawGeneratedText) {
 }
 
 TEST(HermesToolCalls, Unicode) {
-  const std::string args = "{\"text\": \"héllo wörld 日本語 🙂\", \"escaped\": \"\\u00e9\\ud83d\\ude42\"}";
+  const std::string args =
+      "{\"text\": \"héllo wörld 日本語 🙂\", \"escaped\": \"\\u00e9\\ud83d\\ude42\"}";
   const ParsedAssistant p = parse_assistant_output(
-      "Überprüfe… 🙂\n<tool_call>\n{\"name\": \"übersetzen\", \"arguments\": " + args + "}\n</tool_call>", H,
-      NO_THINK);
+      "Überprüfe… 🙂\n<tool_call>\n{\"name\": \"übersetzen\", \"arguments\": " + args +
+          "}\n</tool_call>",
+      H, NO_THINK);
   EXPECT_EQ(p.content, "Überprüfe… 🙂");
   ASSERT_EQ(p.tool_calls.size(), 1u);
   EXPECT_EQ(p.tool_calls[0], call("übersetzen", args));
@@ -222,7 +236,8 @@ TEST(HermesToolCalls, WhitespaceVariations) {
   for (const std::string& text : {
            std::string("<tool_call>{\"name\":\"f\",\"arguments\":{}}</tool_call>"),
            std::string("<tool_call>  {\"name\" : \"f\" ,\"arguments\" : {}}\t</tool_call>"),
-           std::string("\n\n<tool_call>\r\n{\n  \"name\": \"f\",\n  \"arguments\": {}\n}\r\n</tool_call>\n\n"),
+           std::string(
+               "\n\n<tool_call>\r\n{\n  \"name\": \"f\",\n  \"arguments\": {}\n}\r\n</tool_call>\n\n"),
        }) {
     const ParsedAssistant p = parse_assistant_output(text, H, NO_THINK);
     EXPECT_FALSE(p.content.has_value()) << text;
@@ -232,7 +247,8 @@ TEST(HermesToolCalls, WhitespaceVariations) {
   }
   // Calls back to back with nothing between them.
   const ParsedAssistant p = parse_assistant_output(
-      "<tool_call>{\"name\":\"a\",\"arguments\":{}}</tool_call><tool_call>{\"name\":\"b\",\"arguments\":{\"k\":1}}"
+      "<tool_call>{\"name\":\"a\",\"arguments\":{}}</"
+      "tool_call><tool_call>{\"name\":\"b\",\"arguments\":{\"k\":1}}"
       "</tool_call>",
       H, NO_THINK);
   ASSERT_EQ(p.tool_calls.size(), 2u);
@@ -241,14 +257,16 @@ TEST(HermesToolCalls, WhitespaceVariations) {
 
 TEST(HermesToolCalls, ArgumentsGivenAsAString) {
   const ParsedAssistant p = parse_assistant_output(
-      "<tool_call>\n{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1, \\\"b\\\": [\\\"x\\\"]}\"}\n</tool_call>", H,
-      NO_THINK);
+      "<tool_call>\n{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1, \\\"b\\\": "
+      "[\\\"x\\\"]}\"}\n</tool_call>",
+      H, NO_THINK);
   ASSERT_EQ(p.tool_calls.size(), 1u);
   EXPECT_EQ(p.tool_calls[0], call("f", "{\"a\": 1, \"b\": [\"x\"]}"));
   EXPECT_EQ(p.parse_failures, 0);
   // A string that is not a JSON object is not a call.
   for (const char* bad : {"\"not json\"", "\"[1, 2]\"", "\"\"", "null", "[1]", "3"}) {
-    const std::string text = std::string("<tool_call>{\"name\": \"f\", \"arguments\": ") + bad + "}</tool_call>";
+    const std::string text =
+        std::string("<tool_call>{\"name\": \"f\", \"arguments\": ") + bad + "}</tool_call>";
     const ParsedAssistant q = parse_assistant_output(text, H, NO_THINK);
     EXPECT_TRUE(q.tool_calls.empty()) << bad;
     EXPECT_EQ(q.content, text) << bad;
@@ -257,8 +275,8 @@ TEST(HermesToolCalls, ArgumentsGivenAsAString) {
 }
 
 TEST(HermesToolCalls, ParametersAliasAccepted) {
-  const ParsedAssistant p =
-      parse_assistant_output("<tool_call>{\"name\": \"f\", \"parameters\": {\"a\": 1}}</tool_call>", H, NO_THINK);
+  const ParsedAssistant p = parse_assistant_output(
+      "<tool_call>{\"name\": \"f\", \"parameters\": {\"a\": 1}}</tool_call>", H, NO_THINK);
   ASSERT_EQ(p.tool_calls.size(), 1u);
   EXPECT_EQ(p.tool_calls[0], call("f", "{\"a\": 1}"));
 }
@@ -313,19 +331,21 @@ TEST(HermesToolCalls, TextBetweenAndAfterCalls) {
   // Whitespace-only text between and after calls is dropped.
   EXPECT_FALSE(parse_assistant_output(" \n" + c1 + "\n\n" + c2 + " \n", H, NO_THINK).content.has_value());
   // Other text is kept, appended verbatim after the (right-trimmed) text before the first call.
-  const ParsedAssistant p = parse_assistant_output("Both:\n" + c1 + "\nand then\n" + c2 + "\nDone. ", H, NO_THINK);
+  const ParsedAssistant p =
+      parse_assistant_output("Both:\n" + c1 + "\nand then\n" + c2 + "\nDone. ", H, NO_THINK);
   EXPECT_EQ(p.content, "Both:\nand then\n\nDone. ");
   EXPECT_EQ(p.tool_calls.size(), 2u);
-  const ParsedAssistant first_only = parse_assistant_output("Both:\n" + c1 + "\nand then\n" + c2, H, NO_THINK, false);
+  const ParsedAssistant first_only =
+      parse_assistant_output("Both:\n" + c1 + "\nand then\n" + c2, H, NO_THINK, false);
   EXPECT_EQ(first_only.content, "Both:\nand then\n");
   ASSERT_EQ(first_only.tool_calls.size(), 1u);
   EXPECT_EQ(first_only.tool_calls[0].name, "a");
 }
 
 TEST(HermesToolCalls, PlainTextAndLookalikes) {
-  for (const std::string& text :
-       {std::string("Paris is sunny today."), std::string(""), std::string("  \n"),
-        std::string("Use <tool_call_fix> or </tool_call> or <tool call>."), std::string("a < b and c <tool")}) {
+  for (const std::string& text : {std::string("Paris is sunny today."), std::string(""), std::string("  \n"),
+                                  std::string("Use <tool_call_fix> or </tool_call> or <tool call>."),
+                                  std::string("a < b and c <tool")}) {
     const ParsedAssistant p = parse_assistant_output(text, H, NO_THINK);
     EXPECT_EQ(p.content, text);  // no calls: kept verbatim, "" included
     EXPECT_TRUE(p.tool_calls.empty());
@@ -395,8 +415,8 @@ TEST(Reasoning, ReasoningStartFromThePrompt) {
   EXPECT_EQ(in.tool_calls.size(), 1u);
   // IN_REASONING with no </think>: all reasoning, even a tool call (cut off while thinking).
   const ParsedAssistant cut =
-      parse_assistant_output("thinking <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>", H, THINK, true,
-                             ReasoningStart::IN_REASONING);
+      parse_assistant_output("thinking <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>", H, THINK,
+                             true, ReasoningStart::IN_REASONING);
   EXPECT_EQ(cut.reasoning, "thinking <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>");
   EXPECT_EQ(cut.content, "");
   EXPECT_TRUE(cut.tool_calls.empty());
@@ -406,15 +426,16 @@ TEST(Reasoning, ReasoningStartFromThePrompt) {
   EXPECT_FALSE(after.reasoning.has_value());
   EXPECT_EQ(after.content, "a</think>b");
   // Reasoning NONE ignores the start.
-  EXPECT_EQ(parse_assistant_output("a</think>b", NO_TOOLS, NO_THINK, true, ReasoningStart::IN_REASONING).content,
-            "a</think>b");
+  EXPECT_EQ(
+      parse_assistant_output("a</think>b", NO_TOOLS, NO_THINK, true, ReasoningStart::IN_REASONING).content,
+      "a</think>b");
 }
 
 // ------------------------------------------------------------------ Llama-3 JSON
 
 TEST(Llama3JsonToolCalls, SingleCall) {
-  const ParsedAssistant p =
-      parse_assistant_output("{\"name\": \"get_weather\", \"parameters\": {\"city\": \"San Francisco\"}}", L, NO_THINK);
+  const ParsedAssistant p = parse_assistant_output(
+      "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"San Francisco\"}}", L, NO_THINK);
   EXPECT_FALSE(p.content.has_value());
   ASSERT_EQ(p.tool_calls.size(), 1u);
   EXPECT_EQ(p.tool_calls[0], call("get_weather", "{\"city\": \"San Francisco\"}"));
@@ -423,14 +444,16 @@ TEST(Llama3JsonToolCalls, SingleCall) {
 
 TEST(Llama3JsonToolCalls, PythonTagArgumentsKeyAndWhitespace) {
   const ParsedAssistant p = parse_assistant_output(
-      "\n<|python_tag|> {\"name\": \"f\", \"arguments\": {\"nested\": {\"a\": [1, {\"b\": null}]}}}\n", L, NO_THINK);
+      "\n<|python_tag|> {\"name\": \"f\", \"arguments\": {\"nested\": {\"a\": [1, {\"b\": null}]}}}\n", L,
+      NO_THINK);
   ASSERT_EQ(p.tool_calls.size(), 1u);
   EXPECT_EQ(p.tool_calls[0], call("f", "{\"nested\": {\"a\": [1, {\"b\": null}]}}"));
   EXPECT_FALSE(p.content.has_value());
 }
 
 TEST(Llama3JsonToolCalls, SeveralCallsSeparatedBySemicolons) {
-  const std::string text = "{\"name\": \"a\", \"parameters\": {\"x\": 1}}; {\"name\": \"b\", \"parameters\": {}};";
+  const std::string text =
+      "{\"name\": \"a\", \"parameters\": {\"x\": 1}}; {\"name\": \"b\", \"parameters\": {}};";
   const ParsedAssistant p = parse_assistant_output(text, L, NO_THINK);
   ASSERT_EQ(p.tool_calls.size(), 2u);
   EXPECT_EQ(p.tool_calls[0], call("a", "{\"x\": 1}"));
@@ -442,8 +465,9 @@ TEST(Llama3JsonToolCalls, SeveralCallsSeparatedBySemicolons) {
 }
 
 TEST(Llama3JsonToolCalls, PlainTextIsContentWithoutFailure) {
-  for (const std::string& text : {std::string("The weather is nice."), std::string("Call {\"name\": \"f\"} later"),
-                                  std::string(""), std::string("<|python_tag|>brave_search.call(query=\"x\")")}) {
+  for (const std::string& text :
+       {std::string("The weather is nice."), std::string("Call {\"name\": \"f\"} later"), std::string(""),
+        std::string("<|python_tag|>brave_search.call(query=\"x\")")}) {
     const ParsedAssistant p = parse_assistant_output(text, L, NO_THINK);
     EXPECT_EQ(p.content, text);
     EXPECT_TRUE(p.tool_calls.empty());
@@ -455,7 +479,8 @@ TEST(Llama3JsonToolCalls, JsonThatIsNotACallIsAFailure) {
   for (const std::string& text :
        {std::string("{\"answer\": 4}"), std::string("{\"name\": \"f\", \"parameters\": {\"a\": 1}"),
         std::string("{\"name\": \"f\", \"parameters\": {}} and some text"),
-        std::string("{\"name\": \"f\", \"parameters\": {}}; {\"oops\": 1}"), std::string("<|python_tag|>{bad json}"),
+        std::string("{\"name\": \"f\", \"parameters\": {}}; {\"oops\": 1}"),
+        std::string("<|python_tag|>{bad json}"),
         std::string("{\"name\": \"f\", \"parameters\": {}} {\"name\": \"g\", \"parameters\": {}}")}) {
     const ParsedAssistant p = parse_assistant_output(text, L, NO_THINK);
     EXPECT_EQ(p.content, text);
@@ -479,7 +504,8 @@ TEST(Llama3JsonToolCalls, AfterReasoning) {
 TEST(RoundTrip, Qwen3TemplateReproducesTheGeneratedText) {
   const ChatTemplate t = ChatTemplate::from_directory(kQwen3Dir);
   const std::string calls[] = {
-      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\",  \"days\":3}}\n</tool_call>",
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\",  "
+      "\"days\":3}}\n</tool_call>",
       "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": \"日本 🙂\", \"opts\": {\"n\": "
       "[1,2]}}}\n</tool_call>",
   };
@@ -495,8 +521,9 @@ TEST(RoundTrip, Qwen3TemplateReproducesTheGeneratedText) {
     if (!p.tool_calls.empty()) {
       assistant["tool_calls"] = ojson::array();
       for (const auto& c : p.tool_calls)
-        assistant["tool_calls"].push_back(
-            {{"id", "call_1"}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+        assistant["tool_calls"].push_back({{"id", "call_1"},
+                                           {"type", "function"},
+                                           {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
     }
     const ojson messages = ojson::array({ojson{{"role", "user"}, {"content", "Weather?"}}, assistant});
     const std::string rendered = t.render(messages, ojson(nullptr), false);
@@ -521,8 +548,9 @@ TEST(MessageContentText, Shapes) {
   EXPECT_EQ(message_content_text(json(5)), "");
   EXPECT_EQ(message_content_text(json(true)), "");
   EXPECT_EQ(message_content_text(json::object({{"text", "x"}})), "");
-  EXPECT_EQ(message_content_text(ojson::parse(R"([{"type": "text", "text": "é"}, {"type": "text", "text": "!"}])")),
-            "é!");
+  EXPECT_EQ(
+      message_content_text(ojson::parse(R"([{"type": "text", "text": "é"}, {"type": "text", "text": "!"}])")),
+      "é!");
   EXPECT_EQ(message_content_text(ojson("s")), "s");
 }
 
@@ -609,22 +637,25 @@ std::vector<std::vector<std::string>> splits_of(const std::string& text, std::mt
 }
 
 // The property: streamed == whole, for every split. Returns false after the first mismatch.
-bool expect_stream_matches(const std::string& text, ToolCallFormat tools, ReasoningFormat reasoning, bool parallel,
-                           ReasoningStart start, std::mt19937& rng, int random_splits, bool single_cuts) {
+bool expect_stream_matches(const std::string& text, ToolCallFormat tools, ReasoningFormat reasoning,
+                           bool parallel, ReasoningStart start, std::mt19937& rng, int random_splits,
+                           bool single_cuts) {
   const ParsedAssistant whole = parse_assistant_output(text, tools, reasoning, parallel, start);
   for (const auto& deltas : splits_of(text, rng, random_splits, single_cuts)) {
     const Streamed s = stream(deltas, tools, reasoning, parallel, start);
-    const bool same = s.content == whole.content.value_or("") && s.reasoning == whole.reasoning.value_or("") &&
-                      s.calls == whole.tool_calls && s.failures == whole.parse_failures;
+    const bool same = s.content == whole.content.value_or("") &&
+                      s.reasoning == whole.reasoning.value_or("") && s.calls == whole.tool_calls &&
+                      s.failures == whole.parse_failures;
     if (!same) {
       std::string shown;
       for (const auto& d : deltas) shown += "[" + d + "]";
       ADD_FAILURE() << "stream differs from whole parse\n  tools=" << tool_call_format_name(tools)
                     << " reasoning=" << reasoning_format_name(reasoning) << " parallel=" << parallel
-                    << " start=" << static_cast<int>(start) << "\n  deltas: " << shown << "\n  content: [" << s.content
-                    << "] vs [" << whole.content.value_or("") << "]\n  reasoning: [" << s.reasoning << "] vs ["
-                    << whole.reasoning.value_or("") << "]\n  calls: " << s.calls.size() << " vs "
-                    << whole.tool_calls.size() << "\n  failures: " << s.failures << " vs " << whole.parse_failures;
+                    << " start=" << static_cast<int>(start) << "\n  deltas: " << shown << "\n  content: ["
+                    << s.content << "] vs [" << whole.content.value_or("") << "]\n  reasoning: ["
+                    << s.reasoning << "] vs [" << whole.reasoning.value_or("")
+                    << "]\n  calls: " << s.calls.size() << " vs " << whole.tool_calls.size()
+                    << "\n  failures: " << s.failures << " vs " << whole.parse_failures;
       return false;
     }
   }
@@ -636,9 +667,11 @@ bool expect_stream_matches_all_settings(const std::string& text, std::mt19937& r
   for (auto tools : {NO_TOOLS, H, L})
     for (auto reasoning : {NO_THINK, THINK})
       for (bool parallel : {true, false})
-        for (auto start : {ReasoningStart::AUTO, ReasoningStart::IN_REASONING, ReasoningStart::AFTER_REASONING}) {
+        for (auto start :
+             {ReasoningStart::AUTO, ReasoningStart::IN_REASONING, ReasoningStart::AFTER_REASONING}) {
           if (reasoning == NO_THINK && start != ReasoningStart::AUTO) continue;
-          if (!expect_stream_matches(text, tools, reasoning, parallel, start, rng, random_splits, single_cuts))
+          if (!expect_stream_matches(text, tools, reasoning, parallel, start, rng, random_splits,
+                                     single_cuts))
             return false;
         }
   return true;
@@ -651,7 +684,8 @@ const std::string kCall2 =
     "\"日本\"}}\n</tool_call>";
 const std::string kLlamaCall = "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}";
 
-const char kBinary[] = "bin\0ary\xff\xfe<tool_call>{\"name\": \"f\", \"arguments\": {\"s\": \"\xff\"}}</tool_call>";
+const char kBinary[] =
+    "bin\0ary\xff\xfe<tool_call>{\"name\": \"f\", \"arguments\": {\"s\": \"\xff\"}}</tool_call>";
 
 // Realistic outputs and edge cases; every test below runs them through every setting.
 std::vector<std::string> corpus() {
@@ -846,12 +880,13 @@ TEST(Streaming, DeeplyNestedAndLongInputsDoNotThrow) {
   EXPECT_EQ(unbalanced.parse_failures, 1);
   // A long reasoning and a long block, fed a few bytes at a time (stays linear): the deep
   // block is text, then a call with long (flat) arguments is a call.
-  const std::string long_args = "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": \"" + std::string(100000, 'x') +
-                                "\"}}</tool_call>";
+  const std::string long_args = "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": \"" +
+                                std::string(100000, 'x') + "\"}}</tool_call>";
   std::string long_text = "<think>" + std::string(200000, 'r') + "</think>" + text + long_args;
   StreamingAssistantParser parser(H, THINK);
   Streamed s;
-  for (size_t i = 0; i < long_text.size(); i += 7) collect(parser.feed(std::string_view(long_text).substr(i, 7)), &s);
+  for (size_t i = 0; i < long_text.size(); i += 7)
+    collect(parser.feed(std::string_view(long_text).substr(i, 7)), &s);
   collect(parser.finish(), &s);
   EXPECT_EQ(s.reasoning.size(), 200000u);
   ASSERT_EQ(s.calls.size(), 1u);

@@ -23,7 +23,6 @@
 #include "support/rank_job.hpp"
 #include "trainer/collectives_torch.hpp"
 
-
 namespace swarm {
 namespace {
 
@@ -94,7 +93,8 @@ TEST(SingleProcessCollectives, EveryOpIsTheIdentityOrACopy) {
 TEST(SingleProcessCollectives, RejectsShapesThatDoNotFitAndBadRoots) {
   auto c = make_single_process_collectives();
   at::Tensor shard = at::zeros({4});
-  expect_error(ErrorKind::INVALID_ARGUMENT, "reduce_scatter", [&] { c->reduce_scatter_sum(at::zeros({6}), shard); });
+  expect_error(ErrorKind::INVALID_ARGUMENT, "reduce_scatter",
+               [&] { c->reduce_scatter_sum(at::zeros({6}), shard); });
   at::Tensor full = at::zeros({5});
   expect_error(ErrorKind::INVALID_ARGUMENT, "all_gather", [&] { c->all_gather(at::zeros({4}), full); });
   at::Tensor t = at::zeros({2});
@@ -111,9 +111,12 @@ TEST(MakeCollectives, WorldOfOneIsSingleProcess) {
 // ---------------------------------------------------------------- DistConfig::from_env
 
 const std::map<std::string, std::optional<std::string>> kNoDistEnv = {
-    {"RANK", std::nullopt},        {"WORLD_SIZE", std::nullopt},
-    {"MASTER_ADDR", std::nullopt}, {"MASTER_PORT", std::nullopt},
-    {"LOCAL_WORLD_SIZE", std::nullopt}, {"SWARM_DIST_TIMEOUT_SECONDS", std::nullopt}};
+    {"RANK", std::nullopt},
+    {"WORLD_SIZE", std::nullopt},
+    {"MASTER_ADDR", std::nullopt},
+    {"MASTER_PORT", std::nullopt},
+    {"LOCAL_WORLD_SIZE", std::nullopt},
+    {"SWARM_DIST_TIMEOUT_SECONDS", std::nullopt}};
 
 TEST(DistConfigFromEnv, ReadsTorchrunVariables) {
   ScopedEnv clean(kNoDistEnv);
@@ -145,7 +148,8 @@ TEST(DistConfigFromEnv, UnsetWorldSizeIsSingleProcessWithDefaults) {
 
 TEST(DistConfigFromEnv, RejectsBadValuesNamingTheVariable) {
   ScopedEnv clean(kNoDistEnv);
-  const auto rejected = [](const std::map<std::string, std::optional<std::string>>& vars, const std::string& name) {
+  const auto rejected = [](const std::map<std::string, std::optional<std::string>>& vars,
+                           const std::string& name) {
     ScopedEnv env(vars);
     expect_error(ErrorKind::INVALID_ARGUMENT, name, [] { DistConfig::from_env(); });
   };
@@ -241,7 +245,8 @@ void ops_rank() {
     const at::Tensor mine = (at::arange(3, at::kFloat) + 100 * (r + 1)).to(dtype);
     at::Tensor gathered = at::zeros({w * 3}, dtype);
     c->all_gather(mine, gathered);
-    const at::Tensor want_gathered = at::cat({at::arange(3, at::kFloat) + 100, at::arange(3, at::kFloat) + 200});
+    const at::Tensor want_gathered =
+        at::cat({at::arange(3, at::kFloat) + 100, at::arange(3, at::kFloat) + 200});
     EXPECT_TRUE(gathered.to(at::kFloat).equal(want_gathered)) << gathered;
 
     // broadcast from each root: everyone ends with the root's values. ±1e38 in bf16 have the
@@ -274,7 +279,8 @@ void dead_peer_rank() {
     ADD_FAILURE() << "all_reduce with a dead peer returned";
   } catch (const SwarmError& e) {
     EXPECT_EQ(e.kind(), ErrorKind::UNAVAILABLE);
-    EXPECT_NE(std::string(e.what()).find("collective all_reduce on rank 0 of 2 failed"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("collective all_reduce on rank 0 of 2 failed"), std::string::npos)
+        << e.what();
     std::printf("dead peer detected after %.2f s: %s\n",
                 std::chrono::duration<double>(Clock::now() - start).count(), e.what());
   }
@@ -299,7 +305,8 @@ void silent_peer_rank() {
     ADD_FAILURE() << "all_reduce with a silent peer returned";
   } catch (const SwarmError& e) {
     EXPECT_EQ(e.kind(), ErrorKind::UNAVAILABLE);
-    EXPECT_NE(std::string(e.what()).find("collective all_reduce on rank 0 of 2 failed"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("collective all_reduce on rank 0 of 2 failed"), std::string::npos)
+        << e.what();
     std::printf("silent peer detected after %.2f s: %s\n",
                 std::chrono::duration<double>(Clock::now() - start).count(), e.what());
   }
@@ -308,10 +315,10 @@ void silent_peer_rank() {
   EXPECT_LT(elapsed, std::chrono::seconds(10));         // ...but only about the timeout
 }
 
-
 // In a spawned rank only: registers CollectivesRank.<role>.
 [[maybe_unused]] const bool kRankTestRegistered = swarm::testing::register_rank_test(
-    kRoleVar, "CollectivesRank", {{"Ops", ops_rank}, {"DeadPeer", dead_peer_rank}, {"SilentPeer", silent_peer_rank}});
+    kRoleVar, "CollectivesRank",
+    {{"Ops", ops_rank}, {"DeadPeer", dead_peer_rank}, {"SilentPeer", silent_peer_rank}});
 
 }  // namespace
 }  // namespace swarm

@@ -65,10 +65,11 @@ TEST(Gae, MatchesTheNumpyReferenceOnRandomMultiTurnSamples) {
     rewards.push_back(r), values.push_back(v), masks.push_back(m);
   }
   testing::ScratchDir scratch("swarm-gae");
-  const json ref = testing::run_python_reference(fs::path(SWARM_SOURCE_DIR) / "tests/reference/gae_reference.py", req,
-                                                 scratch.path());
+  const json ref = testing::run_python_reference(
+      fs::path(SWARM_SOURCE_DIR) / "tests/reference/gae_reference.py", req, scratch.path());
   std::vector<GaeResult> got;
-  for (size_t k = 0; k < masks.size(); ++k) got.push_back(compute_gae(rewards[k], values[k], masks[k], 0.97, 0.9));
+  for (size_t k = 0; k < masks.size(); ++k)
+    got.push_back(compute_gae(rewards[k], values[k], masks[k], 0.97, 0.9));
   std::vector<std::vector<float>*> advs;
   std::vector<const std::vector<uint8_t>*> ms;
   for (size_t k = 0; k < masks.size(); ++k) {
@@ -89,7 +90,7 @@ TEST(Gae, MatchesTheNumpyReferenceOnRandomMultiTurnSamples) {
 TEST(Gae, HandComputedCaseAndItsBrokenTwin) {
   // generated, environment, generated: V = 0.5, 9 (skipped), 0.25; reward 1 at the end.
   const GaeResult g = compute_gae({0, 7, 1}, {0.5f, 9, 0.25f}, {1, 0, 1}, 0.9, 0.8);
-  const double a2 = 1 - 0.25;                     // delta at the last token (no next value)
+  const double a2 = 1 - 0.25;                                 // delta at the last token (no next value)
   const double a0 = (0 + 0.9 * 0.25 - 0.5) + 0.9 * 0.8 * a2;  // the environment token passes through
   EXPECT_NEAR(g.advantages[2], a2, 1e-6);
   EXPECT_NEAR(g.advantages[0], a0, 1e-6);

@@ -237,7 +237,8 @@ namespace {
 
 // A sample of two calls (as merge_calls_into_samples builds it): 2 prompt tokens, the
 // planner's 2 generated tokens, 1 environment token, the checker's 2 generated tokens.
-FinishedEpisode two_agent_episode(const std::string& task, std::vector<double> turn_rewards, double reward = 0.0) {
+FinishedEpisode two_agent_episode(const std::string& task, std::vector<double> turn_rewards,
+                                  double reward = 0.0) {
   FinishedEpisode e;
   e.task_id = task;
   e.reward = reward;
@@ -281,7 +282,8 @@ TEST(GrpoBatch, TaskAgentTurnGroupsCallsOfOneAgentAndTurnOnTurnRewards) {
     const auto& adv = p.sequences[e].token_advantage;
     ASSERT_EQ(adv.size(), 7u);
     const double expected[] = {0, 0, planner[e], planner[e], 0, checker[e], checker[e]};
-    for (size_t t = 0; t < 7; ++t) EXPECT_NEAR(adv[t], expected[t], 1e-6) << "episode " << e << " token " << t;
+    for (size_t t = 0; t < 7; ++t)
+      EXPECT_NEAR(adv[t], expected[t], 1e-6) << "episode " << e << " token " << t;
     EXPECT_NEAR(p.sequences[e].advantage, (planner[e] * 2 + checker[e] * 2) / 4, 1e-6);
   }
   // The broken-on-purpose check: grouping by task alone on the same batch (every episode's reward

@@ -31,7 +31,6 @@
 #include "support/scratch_dir.hpp"
 #include "support/train_batches.hpp"
 
-
 namespace swarm {
 namespace {
 
@@ -48,10 +47,21 @@ constexpr int kWorld = 2;
 
 // Metrics that train() all-reduces (or that every rank computes from the same whole batch):
 // they must agree across ranks. Timings are per rank and are left out.
-const std::vector<std::string> kSharedMetrics = {
-    "loss",          "pg_loss",        "kl",          "entropy",          "clip_frac_low",
-    "clip_frac_high", "logprob_mismatch_mean", "logprob_mismatch_max", "grad_norm", "grad_norm_max",
-    "optimizer_steps", "weights_updated", "trained_tokens", "lr",          "sequences_trained"};
+const std::vector<std::string> kSharedMetrics = {"loss",
+                                                 "pg_loss",
+                                                 "kl",
+                                                 "entropy",
+                                                 "clip_frac_low",
+                                                 "clip_frac_high",
+                                                 "logprob_mismatch_mean",
+                                                 "logprob_mismatch_max",
+                                                 "grad_norm",
+                                                 "grad_norm_max",
+                                                 "optimizer_steps",
+                                                 "weights_updated",
+                                                 "trained_tokens",
+                                                 "lr",
+                                                 "sequences_trained"};
 
 fs::path tinystories() { return fs::path(SWARM_FIXTURES_DIR) / "models" / "tinystories-656k"; }
 
@@ -128,10 +138,10 @@ Tensors cloned(const Tensors& t) {
 // ---------------------------------------------------------------- what one run computes
 
 struct TrainResult {
-  Tensors weights;                // full, by name, compute dtype
-  Tensors state;                  // optimizer_state() of this rank
+  Tensors weights;               // full, by name, compute dtype
+  Tensors state;                 // optimizer_state() of this rank
   std::vector<Metrics> metrics;  // per policy step
-  Tensors critic, critic_state;   // PPO: the critic's weights and this rank's optimizer state
+  Tensors critic, critic_state;  // PPO: the critic's weights and this rank's optimizer state
 };
 
 std::shared_ptr<DecoderModel> load_model(DType dtype) { return DecoderModel::load(tinystories(), dtype); }
@@ -190,8 +200,10 @@ class RankJob : public swarm::testing::RankJob {
   RankJob(const std::string& role, const fs::path& dir, int port = swarm::testing::free_loopback_port())
       : swarm::testing::RankJob(kWorld, "GrpoDistRank." + role, [&](int rank) {
           SWARM_CHECK(port > 0, "no free loopback port");
-          return std::map<std::string, std::string>{
-              {kRoleVar, role}, {kDirVar, dir.string()}, {kPortVar, std::to_string(port)}, {kRankVar, std::to_string(rank)}};
+          return std::map<std::string, std::string>{{kRoleVar, role},
+                                                    {kDirVar, dir.string()},
+                                                    {kPortVar, std::to_string(port)},
+                                                    {kRankVar, std::to_string(rank)}};
         }) {}
 };
 
@@ -321,7 +333,8 @@ void check_sharding(const RankOutputs& job, const TrainResult& single, int64_t p
       EXPECT_EQ(st.at(key).scalar_type(), torch::kFloat);
     }
     EXPECT_EQ(st.at("step").item<double>(), 2);
-    EXPECT_TRUE(torch::equal(st.at("layout"), torch::tensor({double(params), double(kWorld), double(r)}, torch::kDouble)));
+    EXPECT_TRUE(torch::equal(st.at("layout"),
+                             torch::tensor({double(params), double(kWorld), double(r)}, torch::kDouble)));
   }
 }
 
@@ -338,7 +351,8 @@ TEST(GrpoDistributed, TwoRanksMatchOneRank) {
   const RankOutputs job = run_training_job("Fp32", scratch.path());
   check_sharding(job, single, params);
   std::printf("fp32: %lld parameters; each rank holds %lld of exp_avg / exp_avg_sq / master\n",
-              static_cast<long long>(params), static_cast<long long>(job.rank[0].state.at("exp_avg").numel()));
+              static_cast<long long>(params),
+              static_cast<long long>(job.rank[0].state.at("exp_avg").numel()));
 
   // The shards are the 1-rank state cut in two: the fp32 masters concatenate to the weights
   // exactly (the padding of the last shard stays 0).
@@ -358,14 +372,16 @@ TEST(GrpoDistributed, TwoRanksMatchOneRank) {
     const Metrics &a = job.rank[0].metrics[s], &b = single.metrics[s];
     EXPECT_LE(std::abs(a.at("loss") - b.at("loss")), 1e-5 * std::max(1.0, std::abs(b.at("loss")))) << s;
     EXPECT_LE(rel(a.at("grad_norm"), b.at("grad_norm")), 1e-5) << s;
-    std::printf("fp32 step %zu: loss %.9g vs %.9g, grad_norm %.9g vs %.9g (2 ranks vs 1)\n", s + 1, a.at("loss"),
-                b.at("loss"), a.at("grad_norm"), b.at("grad_norm"));
+    std::printf("fp32 step %zu: loss %.9g vs %.9g, grad_norm %.9g vs %.9g (2 ranks vs 1)\n", s + 1,
+                a.at("loss"), b.at("loss"), a.at("grad_norm"), b.at("grad_norm"));
   }
   for (const char* key : {"exp_avg", "exp_avg_sq"}) {
     const torch::Tensor shards = torch::cat({job.rank[0].state.at(key), job.rank[1].state.at(key)});
-    const Tensors got = unflatten(shards, order, initial), want = unflatten(single.state.at(key), order, initial);
+    const Tensors got = unflatten(shards, order, initial),
+                  want = unflatten(single.state.at(key), order, initial);
     const Closeness c = closeness(got, want, value_scale(want), 1e-5);
-    std::printf("fp32 %s: max abs diff %.3g, max rel to the tensor's largest value %.3g\n", key, c.max_abs, c.max_rel);
+    std::printf("fp32 %s: max abs diff %.3g, max rel to the tensor's largest value %.3g\n", key, c.max_abs,
+                c.max_rel);
     EXPECT_LE(c.max_rel, 1e-5) << key;
   }
 
@@ -388,8 +404,8 @@ TEST(GrpoDistributed, TwoRanksMatchOneRank) {
   std::printf(
       "fp32 weights, 2 ranks vs 1: max abs %.3g, max rel to update %.3g, %.4f%% of elements over 1e-4 of it "
       "(1 rank re-planned vs 1: max abs %.3g, max rel %.3g, %.4f%%); 1 rank %.2f s, 2-rank job %.2f s\n",
-      w.max_abs, w.max_rel, 100 * w.frac_over, plan.max_abs, plan.max_rel, 100 * plan.frac_over, single_seconds,
-      job.job_seconds);
+      w.max_abs, w.max_rel, 100 * w.frac_over, plan.max_abs, plan.max_rel, 100 * plan.frac_over,
+      single_seconds, job.job_seconds);
   EXPECT_LE(w.frac_over, 2e-3);
   EXPECT_LE(w.max_rel, 0.1);
 }
@@ -431,7 +447,8 @@ TEST(GrpoDistributed, Bf16TwoRanksTrain) {
   // The bf16 weights are those masters rounded: where the masters differ slightly, the rounding
   // can fall either side, so they may differ by the master difference plus one bf16 ulp of the
   // value (2^-8 relative, 2^-7 to cover rounding both ways).
-  const Closeness d = closeness(job.rank[0].weights, single.weights, update_scale(single.weights, initial), 1e-5);
+  const Closeness d =
+      closeness(job.rank[0].weights, single.weights, update_scale(single.weights, initial), 1e-5);
   double worst = 0.0;  // max over elements of |diff| / (4 lr + 2^-7 |w|): must stay <= 1
   for (const auto& [name, w] : single.weights) {
     const torch::Tensor a = job.rank[0].weights.at(name).to(torch::kDouble), b = w.to(torch::kDouble);
@@ -440,11 +457,13 @@ TEST(GrpoDistributed, Bf16TwoRanksTrain) {
   }
   const double differing = [&] {
     int64_t n = 0;
-    for (const auto& [name, w] : single.weights) n += (job.rank[0].weights.at(name) != w).sum().item<int64_t>();
+    for (const auto& [name, w] : single.weights)
+      n += (job.rank[0].weights.at(name) != w).sum().item<int64_t>();
     return static_cast<double>(n) / static_cast<double>(params);
   }();
   std::printf(
-      "bf16 1 rank vs 2 ranks: weights max abs %.3g (rel to update %.3g, %.2f%% of elements differ, worst/bound %.3g); "
+      "bf16 1 rank vs 2 ranks: weights max abs %.3g (rel to update %.3g, %.2f%% of elements differ, "
+      "worst/bound %.3g); "
       "masters max abs %.3g mean %.3g (mean update %.3g) (1 rank %.2f s, 2-rank job %.2f s)\n",
       d.max_abs, d.max_rel, 100 * differing, worst, master_max, master_mean, update_mean, single_seconds,
       job.job_seconds);
@@ -453,8 +472,8 @@ TEST(GrpoDistributed, Bf16TwoRanksTrain) {
   // The gradient norm is a sum over all elements: bf16 rounding noise averages out (5% allowed).
   for (size_t s = 0; s < single.metrics.size(); ++s) {
     const Metrics &a = job.rank[0].metrics[s], &b = single.metrics[s];
-    std::printf("bf16 step %zu: loss %.6g vs %.6g, grad_norm %.6g vs %.6g (2 ranks vs 1)\n", s + 1, a.at("loss"),
-                b.at("loss"), a.at("grad_norm"), b.at("grad_norm"));
+    std::printf("bf16 step %zu: loss %.6g vs %.6g, grad_norm %.6g vs %.6g (2 ranks vs 1)\n", s + 1,
+                a.at("loss"), b.at("loss"), a.at("grad_norm"), b.at("grad_norm"));
     EXPECT_LE(rel(a.at("grad_norm"), b.at("grad_norm")), 0.05) << s;
   }
 }
@@ -480,19 +499,24 @@ TEST(GrpoDistributed, PpoTwoRanksMatchOneRank) {
   }
   for (size_t s = 0; s < single.metrics.size(); ++s) {
     const Metrics &a = job.rank[0].metrics[s], &b = single.metrics[s];
-    for (const char* key : {"critic_loss", "critic_value_mse", "critic_value_mean", "critic_grad_norm", "advantage_std"}) {
+    for (const char* key :
+         {"critic_loss", "critic_value_mse", "critic_value_mean", "critic_grad_norm", "advantage_std"}) {
       ASSERT_TRUE(a.contains(key) && b.contains(key)) << key;
-      EXPECT_LE(std::abs(a.at(key) - job.rank[1].metrics[s].at(key)), 1e-9 * std::max(1.0, std::abs(a.at(key))))
+      EXPECT_LE(std::abs(a.at(key) - job.rank[1].metrics[s].at(key)),
+                1e-9 * std::max(1.0, std::abs(a.at(key))))
           << "ranks disagree on " << key;
-      EXPECT_LE(std::abs(a.at(key) - b.at(key)), 1e-5 * std::max(1.0, std::abs(b.at(key)))) << key << " step " << s;
+      EXPECT_LE(std::abs(a.at(key) - b.at(key)), 1e-5 * std::max(1.0, std::abs(b.at(key))))
+          << key << " step " << s;
     }
     std::printf("ppo step %zu: critic loss %.9g vs %.9g, value mse %.9g vs %.9g (2 ranks vs 1)\n", s + 1,
                 a.at("critic_loss"), b.at("critic_loss"), a.at("critic_value_mse"), b.at("critic_value_mse"));
   }
-  const Closeness w = closeness(job.rank[0].weights, single.weights, update_scale(single.weights, initial), 1e-4);
-  const Closeness c = closeness(job.rank[0].critic, single.critic, update_scale(single.critic, critic0), 1e-4);
-  std::printf("ppo 2 ranks vs 1: policy max rel to update %.3g (%.4f%% over 1e-4), critic %.3g (%.4f%%)\n", w.max_rel,
-              100 * w.frac_over, c.max_rel, 100 * c.frac_over);
+  const Closeness w =
+      closeness(job.rank[0].weights, single.weights, update_scale(single.weights, initial), 1e-4);
+  const Closeness c =
+      closeness(job.rank[0].critic, single.critic, update_scale(single.critic, critic0), 1e-4);
+  std::printf("ppo 2 ranks vs 1: policy max rel to update %.3g (%.4f%% over 1e-4), critic %.3g (%.4f%%)\n",
+              w.max_rel, 100 * w.frac_over, c.max_rel, 100 * c.frac_over);
   EXPECT_LE(w.frac_over, 2e-3);
   EXPECT_LE(w.max_rel, 0.1);
   EXPECT_LE(c.frac_over, 2e-3);
@@ -558,16 +582,16 @@ void dead_rank() {
     ADD_FAILURE() << "train() with a dead rank returned";
   } catch (const SwarmError& e) {
     EXPECT_EQ(e.kind(), ErrorKind::UNAVAILABLE) << e.what();
-    std::printf("dead rank detected after %.2f s: %s\n", std::chrono::duration<double>(Clock::now() - start).count(),
-                e.what());
+    std::printf("dead rank detected after %.2f s: %s\n",
+                std::chrono::duration<double>(Clock::now() - start).count(), e.what());
   }
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(30));
 }
 
-
 // In a spawned rank only: registers GrpoDistRank.<role>.
 [[maybe_unused]] const bool kRankTestRegistered = swarm::testing::register_rank_test(
-    kRoleVar, "GrpoDistRank", {{"Fp32", fp32_rank}, {"Bf16", bf16_rank}, {"Ppo", ppo_rank}, {"DeadRank", dead_rank}});
+    kRoleVar, "GrpoDistRank",
+    {{"Fp32", fp32_rank}, {"Bf16", bf16_rank}, {"Ppo", ppo_rank}, {"DeadRank", dead_rank}});
 
 }  // namespace
 }  // namespace swarm

@@ -30,7 +30,9 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 fs::path tinystories() { return fs::path(SWARM_FIXTURES_DIR) / "models" / "tinystories-656k"; }
-fs::path reference_script() { return fs::path(SWARM_SOURCE_DIR) / "tests" / "reference" / "grpo_reference.py"; }
+fs::path reference_script() {
+  return fs::path(SWARM_SOURCE_DIR) / "tests" / "reference" / "grpo_reference.py";
+}
 
 struct ScratchDir : swarm::testing::ScratchDir {
   ScratchDir() : swarm::testing::ScratchDir("swarm-grpo") {}
@@ -106,7 +108,8 @@ void set_call_temperatures(TrainBatch& batch) {
 std::vector<float> trained_temperatures(const Sample& s) {
   std::vector<float> out;
   for (size_t t = 1; t < s.token_ids.size(); ++t)
-    if (s.loss_mask[t]) out.push_back(s.token_call.empty() ? 1.0f : s.calls[static_cast<size_t>(s.token_call[t])].temperature);
+    if (s.loss_mask[t])
+      out.push_back(s.token_call.empty() ? 1.0f : s.calls[static_cast<size_t>(s.token_call[t])].temperature);
   return out;
 }
 
@@ -126,7 +129,8 @@ std::vector<std::vector<float>> set_behaviour_logprobs(TrainBatch& batch, const 
     int64_t k = 0;
     for (size_t t = 1; t < sample->token_ids.size(); ++t) {
       if (!sample->loss_mask[t]) continue;
-      const float v = old[i][k].item<float>() - 0.8f * std::cos(static_cast<float>(k) * 2.3f + static_cast<float>(i));
+      const float v =
+          old[i][k].item<float>() - 0.8f * std::cos(static_cast<float>(k) * 2.3f + static_cast<float>(i));
       sample->rollout_logprobs[t] = v;
       out[i].push_back(v);
       ++k;
@@ -202,10 +206,12 @@ void check_parity(const ParityCase& pc) {
   req["is_cap"] = o.is_cap;
   req["clip_low"] = o.clip_ratio_low;
   req["clip_high"] = o.clip_ratio_high;
-  req["kl"] = pc.kl ? json{{"coef", o.kl_coef}, {"estimator", pc.kl_estimator == KlEstimator::K1 ? "k1" : "k3"}}
-                    : json(nullptr);
-  req["adamw"] = {{"lr", o.learning_rate}, {"weight_decay", o.weight_decay}, {"beta1", o.adam_beta1},
-                  {"beta2", o.adam_beta2},   {"eps", o.adam_eps},            {"grad_clip", o.grad_clip}};
+  req["kl"] = pc.kl
+                  ? json{{"coef", o.kl_coef}, {"estimator", pc.kl_estimator == KlEstimator::K1 ? "k1" : "k3"}}
+                  : json(nullptr);
+  req["adamw"] = {{"lr", o.learning_rate}, {"weight_decay", o.weight_decay},
+                  {"beta1", o.adam_beta1}, {"beta2", o.adam_beta2},
+                  {"eps", o.adam_eps},     {"grad_clip", o.grad_clip}};
   req["out_grads"] = (scratch.path() / "grads.f32").string();
   req["out_weights"] = (scratch.path() / "weights.f32").string();
   const json ref = run_reference(req, scratch.path());
@@ -214,7 +220,8 @@ void check_parity(const ParityCase& pc) {
   // group), so it can be far smaller than its terms: its error is measured against the terms'
   // scale (mean |advantage| per token), not against its own value.
   double adv_scale = 0, adv_tokens = 0;
-  for (const auto& s : prepared.sequences) adv_scale += std::abs(s.advantage) * s.trained_tokens, adv_tokens += s.trained_tokens;
+  for (const auto& s : prepared.sequences)
+    adv_scale += std::abs(s.advantage) * s.trained_tokens, adv_tokens += s.trained_tokens;
   adv_scale /= adv_tokens;
   EXPECT_NEAR(sums.loss, ref["loss"].get<double>(), 1e-5 * adv_scale);
   EXPECT_NEAR(sums.pg_loss, ref["pg_loss"].get<double>(), 1e-5 * adv_scale);
@@ -244,36 +251,41 @@ void check_parity(const ParityCase& pc) {
     // first step is lr * g / (|g| + eps) per element, which amplifies the last bits of gradients
     // near zero; measured 2e-4 to 5e-4 on AVX-512 hosts and up to 1.08e-3 on an AVX2-only one
     // (other GEMM blockings), so 2e-3 (a wrong lr, decay, clip or bias correction is >1e-2).
-    const double u = rel_error(trainer.weights().at(name) - before.at(name), ref_weights[i] - before.at(name));
+    const double u =
+        rel_error(trainer.weights().at(name) - before.at(name), ref_weights[i] - before.at(name));
     EXPECT_LE(g, 1e-5) << name;
     EXPECT_LE(u, 2e-3) << name;
     worst_grad = std::max(worst_grad, g);
     worst_update = std::max(worst_update, u);
     ++i;
   }
-  std::printf("parity: loss %.9g vs %.9g, grad rel err max %.3g, update rel err max %.3g, grad norm %.6g\n", sums.loss,
-              ref["loss"].get<double>(), worst_grad, worst_update, grad_norm);
+  std::printf("parity: loss %.9g vs %.9g, grad rel err max %.3g, update rel err max %.3g, grad norm %.6g\n",
+              sums.loss, ref["loss"].get<double>(), worst_grad, worst_update, grad_norm);
 }
 
 TEST(GrpoTrainerParity, TokenMeanMatchesPythonTorch) { check_parity({}); }
 TEST(GrpoTrainerParity, SeqMeanTokenMeanMatchesPythonTorch) {
   check_parity({LossAggregation::SEQ_MEAN_TOKEN_MEAN, false, KlEstimator::K3});
 }
-TEST(GrpoTrainerParity, KlK1MatchesPythonTorch) { check_parity({LossAggregation::TOKEN_MEAN, true, KlEstimator::K1}); }
+TEST(GrpoTrainerParity, KlK1MatchesPythonTorch) {
+  check_parity({LossAggregation::TOKEN_MEAN, true, KlEstimator::K1});
+}
 // Tokens sampled at temperatures other than 1: the trainer's log-probs (policy, old, reference,
 // entropy) are log_softmax(logits / T) of each token's call, and so are their gradients.
 TEST(GrpoTrainerParity, TemperaturesOfTheCallsMatchPythonTorch) {
   check_parity({LossAggregation::TOKEN_MEAN, false, KlEstimator::K3, OffPolicyCorrection::TIS, true});
 }
 TEST(GrpoTrainerParity, KlK3AtTemperaturesMatchesPythonTorch) {
-  check_parity({LossAggregation::SEQ_MEAN_TOKEN_MEAN, true, KlEstimator::K3, OffPolicyCorrection::NONE, true});
+  check_parity(
+      {LossAggregation::SEQ_MEAN_TOKEN_MEAN, true, KlEstimator::K3, OffPolicyCorrection::NONE, true});
 }
 // Asynchronous training's corrections (issue 24 §2): behaviour log-probs away from the old ones.
 TEST(GrpoTrainerParity, TruncatedImportanceSamplingMatchesPythonTorch) {
   check_parity({LossAggregation::TOKEN_MEAN, false, KlEstimator::K3, OffPolicyCorrection::TIS});
 }
 TEST(GrpoTrainerParity, DecoupledPpoMatchesPythonTorch) {
-  check_parity({LossAggregation::SEQ_MEAN_TOKEN_MEAN, false, KlEstimator::K3, OffPolicyCorrection::DECOUPLED});
+  check_parity(
+      {LossAggregation::SEQ_MEAN_TOKEN_MEAN, false, KlEstimator::K3, OffPolicyCorrection::DECOUPLED});
 }
 
 // k3 = exp(d) - d - 1 (d = ref - lp) overflowed for a token the reference likes far more than
@@ -283,14 +295,14 @@ TEST(GrpoTrainer, KlK3IsBoundedForTokensThePolicyNoLongerLikes) {
   const torch::Tensor ref = torch::tensor({-1.0f, -31.0f, -1.0f, -0.5f, -1.5f});
   const torch::Tensor k3 = kl_penalty(lp, ref, KlEstimator::K3);
   ASSERT_TRUE(torch::isfinite(k3).all().item<bool>()) << k3;
-  EXPECT_FLOAT_EQ(k3[0].item<float>(), 10.0f);          // d = 30: e^20 - 21, capped at 10
-  EXPECT_FLOAT_EQ(k3[1].item<float>(), 10.0f);          // d = -30 -> -20: e^-20 + 19, capped at 10
-  EXPECT_FLOAT_EQ(k3[2].item<float>(), 10.0f);          // d = 100
-  EXPECT_FLOAT_EQ(k3[3].item<float>(), 0.0f);           // equal log-probs
+  EXPECT_FLOAT_EQ(k3[0].item<float>(), 10.0f);  // d = 30: e^20 - 21, capped at 10
+  EXPECT_FLOAT_EQ(k3[1].item<float>(), 10.0f);  // d = -30 -> -20: e^-20 + 19, capped at 10
+  EXPECT_FLOAT_EQ(k3[2].item<float>(), 10.0f);  // d = 100
+  EXPECT_FLOAT_EQ(k3[3].item<float>(), 0.0f);   // equal log-probs
   EXPECT_NEAR(k3[4].item<float>(), std::exp(-0.5) + 0.5 - 1.0, 1e-6);  // inside the bounds: the k3 formula
   k3.sum().backward();
   ASSERT_TRUE(torch::isfinite(lp.grad()).all().item<bool>()) << lp.grad();
-  EXPECT_EQ(lp.grad()[0].item<float>(), 0.0f);  // beyond a bound the penalty is flat
+  EXPECT_EQ(lp.grad()[0].item<float>(), 0.0f);                          // beyond a bound the penalty is flat
   EXPECT_NEAR(lp.grad()[4].item<float>(), 1.0 - std::exp(-0.5), 1e-6);  // d/dlp (e^d - d - 1) = 1 - e^d
   // k1 is the plain difference.
   EXPECT_FLOAT_EQ(kl_penalty(lp, ref, KlEstimator::K1)[0].item<float>(), -30.0f);
@@ -333,7 +345,8 @@ TEST(GrpoTrainer, AStepMakesGoodAnswersLikelierAndBadOnesLessLikely) {
   // The rollout log-probs were random numbers: the mismatch must show it.
   EXPECT_GT(m.at("logprob_mismatch_mean"), 0.1);
   // The serving model now holds exactly the trained weights.
-  for (const auto& [name, w] : trainer.weights()) EXPECT_TRUE(torch::equal(model->parameter(name), w)) << name;
+  for (const auto& [name, w] : trainer.weights())
+    EXPECT_TRUE(torch::equal(model->parameter(name), w)) << name;
 }
 
 // Swarm experience sharing: re-encoded external samples carry no behaviour log-probs (NaN) and
@@ -422,7 +435,8 @@ TEST(GrpoTrainer, Bf16TrainsWithFp32MasterWeights) {
 // an fp32 model with the same (fp32 master) weights, and weight sync leaves the serving model
 // bf16, holding those weights rounded.
 TEST(GrpoTrainer, Bf16ModelTrainsInFp32WhereBf16MatmulsWiden) {
-  if (!swarm::bf16_matmul_widens()) GTEST_SKIP() << "this CPU has bf16 dot products (SWARM_CPU_LEVEL=avx2 emulates one without)";
+  if (!swarm::bf16_matmul_widens())
+    GTEST_SKIP() << "this CPU has bf16 dot products (SWARM_CPU_LEVEL=avx2 emulates one without)";
   TrainerOptions o;
   o.learning_rate = 2e-3;
   const TrainBatch b1 = random_batch(2, 4, 41), b2 = random_batch(2, 4, 42);
@@ -449,11 +463,13 @@ TEST(GrpoTrainer, Bf16ModelTrainsInFp32WhereBf16MatmulsWiden) {
   for (const auto& [name, w] : bf16_model->parameters()) files[name] = w.clone();
   GrpoTrainer resumed(DecoderModel::from_state_dict(bf16_model->config(), files, DType::BF16), o);
   resumed.load_optimizer_state(state);
-  for (const auto& [name, w] : resumed.weights()) EXPECT_TRUE(torch::equal(w, got.weights().at(name))) << name;
+  for (const auto& [name, w] : resumed.weights())
+    EXPECT_TRUE(torch::equal(w, got.weights().at(name))) << name;
   const TrainBatch b3 = random_batch(2, 4, 43);
   const auto m_got = got.train(b3, 3, nullptr), m_res = resumed.train(b3, 3, nullptr);
   EXPECT_EQ(m_got.at("loss"), m_res.at("loss"));
-  for (const auto& [name, w] : resumed.weights()) EXPECT_TRUE(torch::equal(w, got.weights().at(name))) << "after a step: " << name;
+  for (const auto& [name, w] : resumed.weights())
+    EXPECT_TRUE(torch::equal(w, got.weights().at(name))) << "after a step: " << name;
   // With the option off, the same model trains in bf16: its weights are bf16 views.
   o.fp32_compute_without_bf16_dot = false;
   GrpoTrainer bf16_compute(DecoderModel::load(tinystories(), DType::BF16), o, nullptr, master.get());
@@ -507,7 +523,8 @@ class DeviceCheckingCollectives final : public Collectives {
   }
   void all_gather(const torch::Tensor& shard, torch::Tensor& full) override {
     check("all_gather", shard), check("all_gather", full);
-    for (int r = 0; r < 2; ++r) full.view(-1).narrow(0, r * shard.numel(), shard.numel()).copy_(shard.view(-1));
+    for (int r = 0; r < 2; ++r)
+      full.view(-1).narrow(0, r * shard.numel(), shard.numel()).copy_(shard.view(-1));
   }
   void broadcast(torch::Tensor& t, int) override { check("broadcast", t); }
   void barrier() override {}
@@ -537,11 +554,13 @@ void check_collectives_get_device_tensors(torch::Device device) {
     GrpoTrainer trainer(DecoderModel::load(tinystories(), DType::F32, device), o, comm);
     const auto m = trainer.train(random_batch(2, 4, 71), 1, nullptr);
     EXPECT_EQ(m.at("weights_updated"), 1) << "ppo " << ppo;
-    EXPECT_TRUE(comm->wrong.empty()) << "ppo " << ppo << ": " << comm->wrong.size() << " tensors off the device, first: "
+    EXPECT_TRUE(comm->wrong.empty()) << "ppo " << ppo << ": " << comm->wrong.size()
+                                     << " tensors off the device, first: "
                                      << (comm->wrong.empty() ? "" : comm->wrong.front());
     // Every kind of collective the step uses was seen (the metrics' sums and maxima, the
     // gradients' reduce-scatter, the weights' all-gather).
-    for (const char* op : {"all_reduce", "all_gather", "reduce_scatter"}) EXPECT_GT(comm->checked[op], 0) << op;
+    for (const char* op : {"all_reduce", "all_gather", "reduce_scatter"})
+      EXPECT_GT(comm->checked[op], 0) << op;
   }
 }
 

@@ -118,8 +118,9 @@ TEST(CriticParity, ValuesAndClippedValueLossMatchPythonTorch) {
   std::vector<std::string> names;
   for (const auto& [name, t] : model->parameters()) names.push_back(name);
   req["param_names"] = names;
-  req["head"] = {{"weight", std::vector<float>(head.data_ptr<float>(), head.data_ptr<float>() + head.numel())},
-                 {"bias", 0.3}};
+  req["head"] = {
+      {"weight", std::vector<float>(head.data_ptr<float>(), head.data_ptr<float>() + head.numel())},
+      {"bias", 0.3}};
   int64_t at = 0;
   for (size_t k = 0; k < samples.size(); ++k) {
     const int64_t c = in.counts[k];
@@ -141,7 +142,8 @@ TEST(CriticParity, ValuesAndClippedValueLossMatchPythonTorch) {
   at = 0;
   for (size_t k = 0; k < samples.size(); ++k)
     for (int64_t i = 0; i < in.counts[k]; ++i, ++at)
-      EXPECT_NEAR(now[at].item<float>(), ref["values"][k][static_cast<size_t>(i)].get<double>(), 1e-4) << k << "," << i;
+      EXPECT_NEAR(now[at].item<float>(), ref["values"][k][static_cast<size_t>(i)].get<double>(), 1e-4)
+          << k << "," << i;
   EXPECT_NEAR(sums.loss, ref["loss"].get<double>(), 1e-5 * std::max(1.0, ref["loss"].get<double>()));
   EXPECT_EQ(sums.clipped, ref["clipped"].get<double>());
   EXPECT_GT(sums.clipped, 0) << "the case should exercise the clipped side";
@@ -165,8 +167,8 @@ TEST(CriticParity, ValuesAndClippedValueLossMatchPythonTorch) {
     worst = std::max(worst, e);
   }
   EXPECT_EQ(off, bytes.size());
-  std::printf("critic parity: loss %.9g vs %.9g, %g of %lld tokens clipped, grad rel err max %.3g\n", sums.loss,
-              ref["loss"].get<double>(), sums.clipped, static_cast<long long>(N), worst);
+  std::printf("critic parity: loss %.9g vs %.9g, %g of %lld tokens clipped, grad rel err max %.3g\n",
+              sums.loss, ref["loss"].get<double>(), sums.clipped, static_cast<long long>(N), worst);
 }
 
 // Repeated PPO steps on one batch with per-token rewards: the critic fits the returns, and the
@@ -194,8 +196,10 @@ TEST(Ppo, StepsFitTheCriticAndFollowTokenRewards) {
       for (size_t t = 1; t < s.token_ids.size(); ++t) {
         if (!s.loss_mask[t]) continue;
         const double lp = lps[i][k++].item<double>();
-        if (s.token_rewards[t] > 0) good += lp, ++ng;
-        else bad += lp, ++nb;
+        if (s.token_rewards[t] > 0)
+          good += lp, ++ng;
+        else
+          bad += lp, ++nb;
       }
     }
     return good / ng - bad / nb;
@@ -207,8 +211,8 @@ TEST(Ppo, StepsFitTheCriticAndFollowTokenRewards) {
     if (step == 1) first = last;
   }
   const double gap1 = gap();
-  std::printf("ppo: critic value mse %.4f -> %.4f, good-bad log-prob gap %.4f -> %.4f\n", first["critic_value_mse"],
-              last["critic_value_mse"], gap0, gap1);
+  std::printf("ppo: critic value mse %.4f -> %.4f, good-bad log-prob gap %.4f -> %.4f\n",
+              first["critic_value_mse"], last["critic_value_mse"], gap0, gap1);
   ASSERT_TRUE(first.count("critic_loss") && first.count("critic_value_mse") && first.count("gae_seconds"));
   EXPECT_EQ(first["weights_updated"], 1);
   EXPECT_EQ(last["critic_optimizer_steps"], 1);
@@ -281,14 +285,16 @@ TEST(Ppo, CheckpointRoundTripContinuesBitExactly) {
 // steps equal an fp32 model's bit for bit, the critic's weights are fp32 (its checkpoint file
 // holds them rounded to bf16), and a resume from the bf16 files continues bit for bit.
 TEST(Ppo, Bf16CriticTrainsInFp32WhereBf16MatmulsWiden) {
-  if (!swarm::bf16_matmul_widens()) GTEST_SKIP() << "this CPU has bf16 dot products (SWARM_CPU_LEVEL=avx2 emulates one without)";
+  if (!swarm::bf16_matmul_widens())
+    GTEST_SKIP() << "this CPU has bf16 dot products (SWARM_CPU_LEVEL=avx2 emulates one without)";
   swarm::testing::ScratchDir scratch("swarm-ppo-bf16");
   const TrainBatch batch = batch_with_token_rewards(17);
   TrainerOptions o = ppo_options();
   o.ppo_mini_batch_size = 1;  // two optimizer steps per policy step
   auto master = DecoderModel::load(tinystories(), DType::F32);
   auto bf16_model = DecoderModel::load(tinystories(), DType::BF16);
-  GrpoTrainer want(DecoderModel::load(tinystories(), DType::F32), o), got(bf16_model, o, nullptr, master.get());
+  GrpoTrainer want(DecoderModel::load(tinystories(), DType::F32), o),
+      got(bf16_model, o, nullptr, master.get());
   for (int step = 1; step <= 2; ++step) {
     const auto mw = want.train(batch, step, kInline), mg = got.train(batch, step, kInline);
     for (const char* key : {"loss", "critic_loss", "critic_value_mse", "critic_grad_norm"})
@@ -313,7 +319,8 @@ TEST(Ppo, Bf16CriticTrainsInFp32WhereBf16MatmulsWiden) {
   const auto mg = got.train(batch, 3, kInline), mr = resumed.train(batch, 3, kInline);
   EXPECT_EQ(mr.at("loss"), mg.at("loss"));
   EXPECT_EQ(mr.at("critic_loss"), mg.at("critic_loss"));
-  for (const auto& [name, w] : got.weights()) EXPECT_TRUE(torch::equal(w, resumed.weights().at(name))) << name;
+  for (const auto& [name, w] : got.weights())
+    EXPECT_TRUE(torch::equal(w, resumed.weights().at(name))) << name;
   for (size_t i = 0; i < cg.size(); ++i)
     EXPECT_TRUE(torch::equal(cg.view(i), resumed.critic()->parameters().view(i))) << "critic " << cg.name(i);
 
