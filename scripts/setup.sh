@@ -58,6 +58,9 @@ PACKAGES=(
   libpng-dev
   # libFuzzer targets (tests/fuzz): clang >= 15, whose std::source_location works with libstdc++ 12
   clang-16 libclang-rt-16-dev
+  # scripts/lint.sh: the format check (.clang-format, Debian's clang-format 14) and clang-tidy
+  # (.clang-tidy; version 16 for the same reason as clang-16 above)
+  clang-format clang-tidy-16
 )
 
 missing=()

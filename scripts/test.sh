@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Installs what is missing, configures, builds and runs every test except the `gpu` label.
-# Then, unless SWARM_ASAN=0 or ctest args were given, the shutdown check under AddressSanitizer
+# Warnings in swarm's own code are errors here (SWARM_WERROR). Unless ctest args were given, the
+# format and clang-tidy checks (scripts/lint.sh; SWARM_LINT=0 skips) run after the build, and
+# after the tests (SWARM_ASAN=0 skips) the shutdown check under AddressSanitizer
 # (docs/reliability.md, "Shutdown with work in flight") in $BUILD_DIR-asan.
-# Usage: scripts/test.sh [extra ctest args]     (env: BUILD_DIR, SWARM_CMAKE_ARGS, JOBS, SWARM_ASAN)
+# Usage: scripts/test.sh [extra ctest args]
+#        (env: BUILD_DIR, SWARM_CMAKE_ARGS, JOBS, SWARM_LINT, SWARM_ASAN)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -15,10 +18,14 @@ build_dir="${BUILD_DIR:-build}"
 export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
 jobs="${JOBS:-$(nproc)}"
 echo "==> configure ($build_dir)"
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSWARM_BUILD_TESTS=ON \
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSWARM_BUILD_TESTS=ON -DSWARM_WERROR=ON \
   ${SWARM_CMAKE_ARGS:-} >"$build_dir.configure.log" 2>&1 || { cat "$build_dir.configure.log"; exit 1; }
 echo "==> build"
 cmake --build "$build_dir" -j "$jobs"
+if [ "${SWARM_LINT:-1}" != 0 ] && [ $# -eq 0 ]; then
+  echo "==> lint"
+  bash scripts/lint.sh "$build_dir"
+fi
 echo "==> test"
 (cd "$build_dir" && ctest --output-on-failure --label-exclude gpu -j "$jobs" --timeout 600 "$@")
 

@@ -20,6 +20,7 @@
 #include <string>
 
 #include "overwatch/monitor.hpp"
+#include "common/env.hpp"
 #include "overwatch/poller.hpp"
 #include "overwatch/render.hpp"
 #include "overwatch/terminal.hpp"
@@ -112,8 +113,7 @@ int main(int argc, char** argv) {
   app.add_flag("--no-color", no_color, "No ANSI colours (also: the NO_COLOR environment variable)");
   CLI11_PARSE(app, argc, argv);
 
-  const char* no_color_env = std::getenv("NO_COLOR");
-  const bool env_no_color = no_color_env != nullptr && no_color_env[0] != '\0';
+  const bool env_no_color = swarm::env_value("NO_COLOR").has_value();
   // Each request may take up to the poll interval, within [1 s, 5 s].
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(std::clamp(interval, 1.0, 5.0) * 1000));
   try {

@@ -12,11 +12,12 @@
 #include <string>
 #include <vector>
 
-#include "common/dist_config.hpp"
+#include "dist/dist_config.hpp"
+#include "common/env.hpp"
 #include "common/openmp_wait.hpp"
-#include "engine/rank_channel.hpp"
-#include "engine/rank_launcher.hpp"
-#include "server/swarm_server.hpp"
+#include "dist/rank_channel.hpp"
+#include "dist/rank_launcher.hpp"
+#include "server/server.hpp"
 #include "server/verbose_log.hpp"
 #ifdef SWARM_WITH_TORCH
 #include "engine/torch_backend.hpp"
@@ -52,8 +53,8 @@ std::string read_token(const std::string& file, const char* env, const char* wha
     std::ifstream in(file);
     if (!in) throw swarm::ConfigError(std::string("cannot read the ") + what + " token file '" + file + "'");
     std::getline(in, token);
-  } else if (const char* v = std::getenv(env)) {
-    token = v;
+  } else if (const auto v = swarm::env_value(env)) {
+    token = *v;
   }
   while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
   while (!token.empty() && std::isspace(static_cast<unsigned char>(token.front())))
@@ -208,6 +209,11 @@ std::string config_reference_markdown() {
     std::string def = f.default_value.empty() ? "(required)" : "`" + f.default_value + "`";
     out += "| `" + f.key + "` | " + f.type + " | " + def + " | " + f.doc + " |\n";
   }
+  out +=
+      "\n## Environment\n\n"
+      "Every environment variable swarm's programs read (src/common/env.cpp holds this table and\n"
+      "the one function that reads them). Flags and the job win where both exist.\n\n";
+  out += swarm::env_reference_markdown();
   return out;
 }
 

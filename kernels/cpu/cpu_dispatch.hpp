@@ -11,6 +11,9 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
+
+#include "common/env.hpp"
 
 namespace swarm {
 
@@ -33,11 +36,11 @@ inline CpuLevel cpu_level() noexcept {
     const bool bf16 = avx512 && __builtin_cpu_supports("avx512bf16");
     best = bf16 ? CpuLevel::AVX512_BF16 : avx512 ? CpuLevel::AVX512 : avx2 ? CpuLevel::AVX2 : CpuLevel::BASE;
 #endif
-    const char* want = std::getenv("SWARM_CPU_LEVEL");
+    const std::string want = env_value("SWARM_CPU_LEVEL").value_or("");
     CpuLevel cap = best;
-    if (want != nullptr && std::strcmp(want, "base") == 0) cap = CpuLevel::BASE;
-    if (want != nullptr && std::strcmp(want, "avx2") == 0) cap = CpuLevel::AVX2;
-    if (want != nullptr && std::strcmp(want, "avx512") == 0) cap = CpuLevel::AVX512;
+    if (want == "base") cap = CpuLevel::BASE;
+    if (want == "avx2") cap = CpuLevel::AVX2;
+    if (want == "avx512") cap = CpuLevel::AVX512;
     return static_cast<int>(cap) < static_cast<int>(best) ? cap : best;
   }();
   return level;

@@ -1,4 +1,5 @@
 #include "kernels/cpu/widening_linear_torch.hpp"
+#include "common/env.hpp"
 
 #include <ATen/Version.h>
 #include <c10/core/InferenceMode.h>
@@ -126,8 +127,8 @@ int64_t units_worth_a_thread(int64_t macs) {
 // SWARM_WIDEN_PANEL_KB overrides (for measuring).
 int64_t panel_bytes() {
   static const int64_t bytes = [] {
-    const char* kb = std::getenv("SWARM_WIDEN_PANEL_KB");
-    return kb != nullptr && std::atoll(kb) > 0 ? std::atoll(kb) * 1024 : int64_t{384} << 10;
+    const auto kb = env_value("SWARM_WIDEN_PANEL_KB");
+    return kb && std::atoll(kb->c_str()) > 0 ? std::atoll(kb->c_str()) * 1024 : int64_t{384} << 10;
   }();
   return bytes;
 }

@@ -2,7 +2,7 @@
 
 #include <exception>
 
-#include "client/http_client.hpp"
+#include "http/http_client.hpp"
 #include "client/sse_parser.hpp"
 #include "client/wire.hpp"
 #include "common/json_nesting.hpp"

@@ -1,4 +1,5 @@
 #include "swarm/client.hpp"
+#include "common/env.hpp"
 
 #include <spdlog/logger.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -14,7 +15,7 @@
 #include <thread>
 #include <unordered_map>
 
-#include "client/http_client.hpp"
+#include "http/http_client.hpp"
 #include "client/wire.hpp"
 #include "common/json_nesting.hpp"
 
@@ -339,9 +340,9 @@ SwarmClient::SwarmClient(std::string server_url, SwarmClientOptions opts) : impl
   if (opts.client_uuid.empty()) opts.client_uuid = random_uuid_v4();
   if (opts.max_connections == 0) opts.max_connections = 1;
   if (opts.admin_token.empty())
-    if (const char* v = std::getenv("SWARM_ADMIN_TOKEN")) opts.admin_token = v;
+    if (auto v = env_value("SWARM_ADMIN_TOKEN")) opts.admin_token = *v;
   if (opts.client_token.empty())
-    if (const char* v = std::getenv("SWARM_CLIENT_TOKEN")) opts.client_token = v;
+    if (auto v = env_value("SWARM_CLIENT_TOKEN")) opts.client_token = *v;
   if (opts.request_timeout.count() <= 0) throw ConfigError("SwarmClientOptions.request_timeout must be > 0");
   impl_->opts = std::move(opts);
   static auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();

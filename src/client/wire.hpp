@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "client/http_client.hpp"
+#include "http/http_client.hpp"
 
 namespace swarm::wire {
 

@@ -1,5 +1,5 @@
 // The one exception family used inside swarm-server, and the SWARM_CHECK macros.
-// Exactly one place (src/server/error_mapping.cpp) turns these into HTTP status codes.
+// Exactly one place (src/api/error_mapping.cpp) turns these into HTTP status codes.
 #pragma once
 
 #include <source_location>

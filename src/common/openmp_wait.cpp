@@ -1,4 +1,5 @@
 #include "common/openmp_wait.hpp"
+#include "common/env.hpp"
 
 #include <dlfcn.h>
 #include <unistd.h>
@@ -10,7 +11,7 @@ namespace swarm {
 
 void bound_openmp_spin_wait(char** argv) {
   if (argv == nullptr || argv[0] == nullptr) return;
-  if (std::getenv("GOMP_SPINCOUNT") != nullptr || std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  if (env_value("GOMP_SPINCOUNT") || env_value("OMP_WAIT_POLICY")) return;
   // Only a process with libgomp loaded (the torch build) has workers to bound.
   if (dlsym(RTLD_DEFAULT, "GOMP_parallel") == nullptr) return;
   if (setenv("GOMP_SPINCOUNT", kOpenMpSpinCount, 1) != 0) return;
@@ -21,8 +22,8 @@ void bound_openmp_spin_wait(char** argv) {
 
 const char* openmp_wait_setting() {
   static const std::string setting = [] {
-    if (const char* s = std::getenv("GOMP_SPINCOUNT")) return "GOMP_SPINCOUNT=" + std::string(s);
-    if (const char* p = std::getenv("OMP_WAIT_POLICY")) return "OMP_WAIT_POLICY=" + std::string(p);
+    if (const auto s = env_value("GOMP_SPINCOUNT")) return "GOMP_SPINCOUNT=" + *s;
+    if (const auto p = env_value("OMP_WAIT_POLICY")) return "OMP_WAIT_POLICY=" + *p;
     return std::string("libgomp default spin");
   }();
   return setting.c_str();

@@ -1,4 +1,5 @@
 #include "engine/run_files.hpp"
+#include "common/env.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -144,8 +145,8 @@ fs::path write_checkpoint(const fs::path& checkpoints_dir, const EngineCheckpoin
     write_into(tmp);
     // Fault injection for the chaos tests (tests/chaos): die by SIGKILL in the middle of saving
     // this step, after the weights were written and before anything is renamed into place.
-    if (const char* kill_at = std::getenv("SWARM_TEST_KILL_DURING_CHECKPOINT");
-        kill_at != nullptr && std::to_string(state.global_step) == kill_at)
+    if (const auto kill_at = env_value("SWARM_TEST_KILL_DURING_CHECKPOINT");
+        kill_at && std::to_string(state.global_step) == *kill_at)
       ::kill(::getpid(), SIGKILL);
     const json st = {{"global_step", state.global_step},
                      {"policy_version", state.policy_version},

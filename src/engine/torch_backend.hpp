@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "common/dist_config.hpp"
+#include "dist/dist_config.hpp"
 #include "engine/backend.hpp"
 
 namespace swarm {

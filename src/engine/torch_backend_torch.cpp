@@ -1,6 +1,7 @@
 // The torch backend: loads a Hugging Face model directory, serves it through the ServingEngine
-// and trains it with the GrpoTrainer; weight sync is an in-process copy between the two.
+// and trains it with the PolicyTrainer; weight sync is an in-process copy between the two.
 #include "engine/torch_backend.hpp"
+#include "common/env.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -18,7 +19,7 @@
 #include <torch/version.h>
 
 #include "common/openmp_wait.hpp"
-#include "engine/rank_channel.hpp"
+#include "dist/rank_channel.hpp"
 #include "inference/decoder_model_torch.hpp"
 #include "inference/kv_cache_torch.hpp"
 #include "inference/serving_engine.hpp"
@@ -28,7 +29,7 @@
 #include "text/chat_template.hpp"
 #include "text/tokenizer.hpp"
 #include "trainer/checkpoint_torch.hpp"
-#include "trainer/grpo_trainer_torch.hpp"
+#include "trainer/policy_trainer_torch.hpp"
 
 namespace swarm {
 namespace {
@@ -116,7 +117,7 @@ std::filesystem::path model_directory(const Job& job, const std::filesystem::pat
 // the trainer over it, sharded through `comm`.
 struct RankModel {
   std::shared_ptr<DecoderModel> model;
-  std::unique_ptr<GrpoTrainer> trainer;
+  std::unique_ptr<PolicyTrainer> trainer;
 };
 
 RankModel load_rank_model(const Job& job, const std::filesystem::path& dir, bool resuming,
@@ -147,7 +148,7 @@ RankModel load_rank_model(const Job& job, const std::filesystem::path& dir, bool
                       "' (the frozen KL reference), and it is not a model directory");
     reference = DecoderModel::load(job.model, DType::F32, device);
   }
-  r.trainer = std::make_unique<GrpoTrainer>(r.model, TrainerOptions::from_job(job), std::move(comm),
+  r.trainer = std::make_unique<PolicyTrainer>(r.model, TrainerOptions::from_job(job), std::move(comm),
                                             master.get(), critic.get(), critic_master.get(), reference.get());
   if (resuming) load_trainer_state(dir / "trainer_state", *r.trainer);
   return r;
@@ -474,7 +475,7 @@ class TorchBackend final : public Backend {
   std::optional<ChatTemplate> chat_template_;
   std::string chat_template_error_;
   std::shared_ptr<DecoderModel> model_;
-  std::unique_ptr<GrpoTrainer> trainer_;  // control thread only
+  std::unique_ptr<PolicyTrainer> trainer_;  // control thread only
   bool trainer_dirty_ = false;
   std::filesystem::path model_dir_;  // where the model was loaded from
   mutable std::mutex engine_mu_;     // guards engine_ (HTTP threads and /metrics read it)
@@ -504,7 +505,7 @@ int run_torch_follower(const DistConfig& dist) {
   spdlog::info("rank {} of {}: joined rank 0 at {}:{}", dist.rank, dist.world_size, dist.master_addr,
                dist.master_port);
   std::optional<RankModel> held;
-  const GrpoTrainer::ExclusiveRunner inline_runner = [](const std::function<void()>& fn) { fn(); };
+  const PolicyTrainer::ExclusiveRunner inline_runner = [](const std::function<void()>& fn) { fn(); };
   for (;;) {
     std::optional<RankMessage> message = channel->receive();
     if (!message) {
@@ -565,8 +566,7 @@ std::string compute_paths_summary() {
     }
   }
   std::string s = "CPU " + cpu + ", kernel level " + cpu_level_name(cpu_level());
-  if (const char* forced = std::getenv("SWARM_CPU_LEVEL"))
-    s += std::string(" (SWARM_CPU_LEVEL=") + forced + ")";
+  if (const auto forced = env_value("SWARM_CPU_LEVEL")) s += " (SWARM_CPU_LEVEL=" + *forced + ")";
   s += "; bf16 matmuls " + bf16_matmul_path();
   s += "; libtorch " + std::string(TORCH_VERSION) + " (ATen kernels " + aten_cpu_capability() + ", oneDNN " +
        onednn_cpu_isa() + ")";

@@ -1,4 +1,5 @@
 #include "inference/decoder_model_torch.hpp"
+#include "common/env.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -79,8 +80,8 @@ ThreadPlan configure_compute_threads(int n, DType compute) {
   // SWARM_GEMM_SPLIT=0: no split GEMMs (the plans before 2026-11-27: fp32 gives OpenBLAS's pool
   // the cores); unset or "1": one pool with split GEMMs for every dtype.
   static const bool splits = [] {
-    const char* e = std::getenv("SWARM_GEMM_SPLIT");
-    return e == nullptr || std::string(e) != "0";
+    const auto e = env_value("SWARM_GEMM_SPLIT");
+    return !e || *e != "0";
   }();
   if (openblas_set == nullptr) {
     // No separate BLAS pool to share the cores with: its GEMMs thread on libtorch's pool.

@@ -2,7 +2,7 @@
 
 #include <stdexcept>
 
-#include "client/http_client.hpp"
+#include "http/http_client.hpp"
 #include "swarm/errors.hpp"
 
 namespace swarm::overwatch {

@@ -10,9 +10,9 @@
 #include <optional>
 
 #include "common/error.hpp"
-#include "server/error_mapping.hpp"
-#include "server/json_body.hpp"
-#include "server/openai_routes.hpp"
+#include "api/error_mapping.hpp"
+#include "http/json_body.hpp"
+#include "api/openai_routes.hpp"
 #include "server/pool_info.hpp"
 #include "server/verbose_log.hpp"
 #include "server/zip_listing.hpp"

@@ -6,9 +6,9 @@
 #include <string>
 
 #include "engine/engine.hpp"
-#include "server/http_types.hpp"
-#include "server/metrics.hpp"
-#include "server/openai_routes.hpp"
+#include "http/http_types.hpp"
+#include "api/metrics.hpp"
+#include "api/openai_routes.hpp"
 
 namespace swarm {
 

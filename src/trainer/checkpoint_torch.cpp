@@ -12,7 +12,7 @@
 #include "inference/decoder_model_torch.hpp"
 #include "model/model_tools.hpp"
 #include "model/safetensors_torch.hpp"
-#include "trainer/grpo_trainer_torch.hpp"
+#include "trainer/policy_trainer_torch.hpp"
 
 namespace swarm {
 namespace fs = std::filesystem;
@@ -93,7 +93,7 @@ void save_hf_model(const fs::path& dir, const DecoderModel& model, const fs::pat
   }
 }
 
-void save_trainer_state(const fs::path& dir, const GrpoTrainer& trainer) {
+void save_trainer_state(const fs::path& dir, const PolicyTrainer& trainer) {
   fs::create_directories(dir);
   const Collectives& comm = trainer.collectives();
   write_named(dir / shard_file_name(comm.rank(), comm.world_size()), trainer.optimizer_state());
@@ -118,7 +118,7 @@ void save_trainer_state(const fs::path& dir, const GrpoTrainer& trainer) {
   }
 }
 
-void load_trainer_state(const fs::path& dir, GrpoTrainer& trainer) {
+void load_trainer_state(const fs::path& dir, PolicyTrainer& trainer) {
   auto& comm = trainer.collectives();
   trainer.load_optimizer_state(
       read_named(dir / shard_file_name(comm.rank(), comm.world_size()), "trainer state"));

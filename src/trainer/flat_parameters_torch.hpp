@@ -19,7 +19,7 @@
 
 #include <torch/types.h>
 
-#include "trainer/collectives_torch.hpp"
+#include "dist/collectives_torch.hpp"
 
 namespace swarm {
 

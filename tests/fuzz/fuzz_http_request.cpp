@@ -25,7 +25,7 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/engine.hpp"
-#include "server/metrics.hpp"
+#include "api/metrics.hpp"
 #include "server/swarm_service.hpp"
 
 namespace {

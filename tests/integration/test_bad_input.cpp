@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "client/http_client.hpp"
+#include "http/http_client.hpp"
 #include "support/http_helpers.hpp"
 #include "support/test_server.hpp"
 

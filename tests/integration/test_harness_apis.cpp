@@ -1,4 +1,4 @@
-// The agent harnesses' APIs on a claimed episode (issue 22), spoken with raw HTTP as Claude
+// The agent harnesses' APIs on a claimed episode, spoken with raw HTTP as Claude
 // Code (Anthropic Messages) and Codex (OpenAI Responses) speak them, on the mock engine (which
 // answers with the last user / tool message at temperature 0, so a user message holding a
 // `<tool_call>` makes the "model" call that tool). Each tool loop must train as one sample,
@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "client/http_client.hpp"
+#include "http/http_client.hpp"
 #include "support/http_helpers.hpp"
 #include "support/test_server.hpp"
 
@@ -91,7 +91,9 @@ std::vector<Event> sse(const std::string& body) {
       ls = nl + 1;
     }
     EXPECT_FALSE(e.type.empty()) << "an event without its event: line: " << block;
-    if (e.data.is_object()) EXPECT_EQ(e.data.value("type", ""), e.type) << block;
+    if (e.data.is_object()) {
+      EXPECT_EQ(e.data.value("type", ""), e.type) << block;
+    }
     out.push_back(std::move(e));
   }
   return out;
@@ -454,7 +456,9 @@ TEST(HarnessApis, MutatedRequestsNeverGetA5xx) {
     EXPECT_GE(r.status, 400) << r.body;
     const json j = json::parse(r.body, nullptr, false);
     ASSERT_TRUE(j.is_object() && j.contains("error")) << r.body;
-    if (anthropic_route) EXPECT_EQ(j["type"], "error") << r.body;
+    if (anthropic_route) {
+      EXPECT_EQ(j["type"], "error") << r.body;
+    }
   }
   EXPECT_GT(ok, 100);
   EXPECT_GT(refused, 100);

@@ -18,7 +18,7 @@
 #include <set>
 #include <thread>
 
-#include "client/http_client.hpp"
+#include "http/http_client.hpp"
 #include "engine/torch_backend.hpp"
 #include "model/model_tools.hpp"
 #include "support/client_helpers.hpp"

@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "client/http_client.hpp"
+#include "http/http_client.hpp"
 #include "support/http_helpers.hpp"
 #include "support/test_server.hpp"
 

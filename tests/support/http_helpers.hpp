@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "client/http_client.hpp"
+#include "http/http_client.hpp"
 
 namespace swarm::testing {
 

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/mock_backend.hpp"
-#include "server/swarm_server.hpp"
+#include "server/server.hpp"
 
 namespace swarm::testing {
 

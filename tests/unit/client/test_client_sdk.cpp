@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "client/sse_parser.hpp"
-#include "server/http_transport.hpp"
+#include "http/http_transport.hpp"
 #include "swarm/swarm.hpp"
 
 namespace swarm {

@@ -6,7 +6,7 @@
 // threads) with SWARM_TEST_GRPO_DIST_ROLE naming the GrpoDistRank.<role> test it runs; that
 // variable registers the rank bodies, so they never appear in the normal test list. Ranks
 // write what they computed into a scratch directory (torch pickles) for the parent to compare.
-#include "trainer/grpo_trainer_torch.hpp"
+#include "trainer/policy_trainer_torch.hpp"
 
 #include <unistd.h>
 
@@ -154,7 +154,7 @@ Tensors initial_weights(DType dtype) {
   return out;
 }
 
-TrainResult train_two_steps(GrpoTrainer& trainer) {
+TrainResult train_two_steps(PolicyTrainer& trainer) {
   TrainResult r;
   for (size_t i = 0; i < batches().size(); ++i)
     r.metrics.push_back(trainer.train(batches()[i], static_cast<int64_t>(i + 1), nullptr));
@@ -170,7 +170,7 @@ TrainResult train_two_steps(GrpoTrainer& trainer) {
 TrainResult train_one_rank(DType dtype) {
   auto model = load_model(dtype);
   std::shared_ptr<DecoderModel> master = dtype == DType::F32 ? nullptr : load_model(DType::F32);
-  GrpoTrainer trainer(model, options(), nullptr, master.get());
+  PolicyTrainer trainer(model, options(), nullptr, master.get());
   return train_two_steps(trainer);
 }
 
@@ -399,7 +399,7 @@ TEST(GrpoDistributed, TwoRanksMatchOneRank) {
   const Closeness w = closeness(job.rank[0].weights, single.weights, scale, 1e-4);
   TrainerOptions replanned_options = options();
   replanned_options.micro_batch_max_tokens = 8192;  // every mini-batch in one micro-batch
-  GrpoTrainer replanned(load_model(DType::F32), replanned_options);
+  PolicyTrainer replanned(load_model(DType::F32), replanned_options);
   const Closeness plan = closeness(train_two_steps(replanned).weights, single.weights, scale, 1e-4);
   std::printf(
       "fp32 weights, 2 ranks vs 1: max abs %.3g, max rel to update %.3g, %.4f%% of elements over 1e-4 of it "
@@ -485,7 +485,7 @@ TEST(GrpoDistributed, Bf16TwoRanksTrain) {
 TEST(GrpoDistributed, PpoTwoRanksMatchOneRank) {
   ScratchDir scratch;
   const Tensors initial = initial_weights(DType::F32);
-  GrpoTrainer one(load_model(DType::F32), ppo_options());
+  PolicyTrainer one(load_model(DType::F32), ppo_options());
   Tensors critic0 = cloned(one.critic()->weights());
   const TrainResult single = train_two_steps(one);
   const int64_t params = single.state.at("exp_avg").numel();
@@ -551,7 +551,7 @@ void training_rank(DType dtype, bool ppo = false) {
   ASSERT_EQ(comm->backend_name(), "gloo");
   auto model = load_model(dtype);
   std::shared_ptr<DecoderModel> master = dtype == DType::F32 ? nullptr : load_model(DType::F32);
-  GrpoTrainer trainer(model, ppo ? ppo_options() : options(), comm, master.get());
+  PolicyTrainer trainer(model, ppo ? ppo_options() : options(), comm, master.get());
   const TrainResult r = train_two_steps(trainer);
   Tensors out;
   for (const auto& [k, v] : r.weights) out["weight/" + k] = v;
@@ -574,7 +574,7 @@ void bf16_rank() { training_rank(DType::BF16); }
 void dead_rank() {
   const DistConfig config = rank_config(std::chrono::seconds(3));
   std::shared_ptr<Collectives> comm = make_collectives(config);
-  GrpoTrainer trainer(load_model(DType::F32), options(), comm);
+  PolicyTrainer trainer(load_model(DType::F32), options(), comm);
   if (config.rank == 1) std::_Exit(0);
   const auto start = Clock::now();
   try {

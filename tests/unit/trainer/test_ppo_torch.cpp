@@ -16,7 +16,7 @@
 #include "support/scratch_dir.hpp"
 #include "support/train_batches.hpp"
 #include "trainer/checkpoint_torch.hpp"
-#include "trainer/grpo_trainer_torch.hpp"
+#include "trainer/policy_trainer_torch.hpp"
 
 namespace swarm {
 namespace {
@@ -76,7 +76,7 @@ TrainerOptions ppo_options() {
   return o;
 }
 
-const GrpoTrainer::ExclusiveRunner kInline = [](const std::function<void()>& fn) { fn(); };
+const PolicyTrainer::ExclusiveRunner kInline = [](const std::function<void()>& fn) { fn(); };
 
 TEST(CriticParity, ValuesAndClippedValueLossMatchPythonTorch) {
   auto model = DecoderModel::load(tinystories(), DType::F32);
@@ -180,7 +180,7 @@ TEST(Ppo, StepsFitTheCriticAndFollowTokenRewards) {
   TrainerOptions o = ppo_options();
   o.lam = 1.0;  // returns = the rewards still to come: a fixed target for the critic
   o.critic_learning_rate = 3e-3;
-  GrpoTrainer trainer(model, o);
+  PolicyTrainer trainer(model, o);
   ASSERT_NE(trainer.critic(), nullptr);
   const TrainBatch batch = batch_with_token_rewards(9);
   // The mean log-prob of the +1 tokens minus that of the -1 tokens, under the current policy.
@@ -227,7 +227,7 @@ TEST(Ppo, CriticWarmupTrainsOnlyTheCritic) {
   auto model = DecoderModel::load(tinystories(), DType::F32);
   TrainerOptions o = ppo_options();
   o.critic_warmup = 2;
-  GrpoTrainer trainer(model, o);
+  PolicyTrainer trainer(model, o);
   const TrainBatch batch = batch_with_token_rewards(3);
   const torch::Tensor policy0 = trainer.weights().begin()->second.clone();
   const torch::Tensor head0 = trainer.critic()->weights().at("value_head.weight").clone();
@@ -250,7 +250,7 @@ TEST(Ppo, CheckpointRoundTripContinuesBitExactly) {
   TrainerOptions o = ppo_options();
   o.ppo_mini_batch_size = 1;  // two optimizer steps per policy step: the moments matter
   auto model = DecoderModel::load(tinystories(), DType::F32);
-  GrpoTrainer a(model, o);
+  PolicyTrainer a(model, o);
   a.train(batch, 1, kInline);
   a.train(batch, 2, kInline);
   save_hf_model(scratch.path() / "ckpt", *model, tinystories());
@@ -258,7 +258,7 @@ TEST(Ppo, CheckpointRoundTripContinuesBitExactly) {
   ASSERT_TRUE(fs::exists(scratch.path() / "ckpt" / "trainer_state" / "critic.safetensors"));
 
   auto model_b = DecoderModel::load(scratch.path() / "ckpt", DType::F32);
-  GrpoTrainer b(model_b, o);
+  PolicyTrainer b(model_b, o);
   load_trainer_state(scratch.path() / "ckpt" / "trainer_state", b);
   const auto ma = a.train(batch, 3, kInline);
   const auto mb = b.train(batch, 3, kInline);
@@ -270,9 +270,9 @@ TEST(Ppo, CheckpointRoundTripContinuesBitExactly) {
 
   // A GRPO checkpoint has no critic to resume PPO from: a clear error, not a silent fresh critic.
   TrainerOptions grpo;
-  GrpoTrainer g(DecoderModel::load(tinystories(), DType::F32), grpo);
+  PolicyTrainer g(DecoderModel::load(tinystories(), DType::F32), grpo);
   save_trainer_state(scratch.path() / "grpo", g);
-  GrpoTrainer c(DecoderModel::load(tinystories(), DType::F32), o);
+  PolicyTrainer c(DecoderModel::load(tinystories(), DType::F32), o);
   try {
     load_trainer_state(scratch.path() / "grpo", c);
     ADD_FAILURE() << "loading a GRPO checkpoint into PPO should fail";
@@ -293,7 +293,7 @@ TEST(Ppo, Bf16CriticTrainsInFp32WhereBf16MatmulsWiden) {
   o.ppo_mini_batch_size = 1;  // two optimizer steps per policy step
   auto master = DecoderModel::load(tinystories(), DType::F32);
   auto bf16_model = DecoderModel::load(tinystories(), DType::BF16);
-  GrpoTrainer want(DecoderModel::load(tinystories(), DType::F32), o),
+  PolicyTrainer want(DecoderModel::load(tinystories(), DType::F32), o),
       got(bf16_model, o, nullptr, master.get());
   for (int step = 1; step <= 2; ++step) {
     const auto mw = want.train(batch, step, kInline), mg = got.train(batch, step, kInline);
@@ -314,7 +314,7 @@ TEST(Ppo, Bf16CriticTrainsInFp32WhereBf16MatmulsWiden) {
 
   save_hf_model(scratch.path() / "ckpt", *bf16_model, tinystories());
   save_trainer_state(scratch.path() / "ckpt" / "trainer_state", got);
-  GrpoTrainer resumed(DecoderModel::load(scratch.path() / "ckpt", DType::BF16), o);
+  PolicyTrainer resumed(DecoderModel::load(scratch.path() / "ckpt", DType::BF16), o);
   load_trainer_state(scratch.path() / "ckpt" / "trainer_state", resumed);
   const auto mg = got.train(batch, 3, kInline), mr = resumed.train(batch, 3, kInline);
   EXPECT_EQ(mr.at("loss"), mg.at("loss"));
@@ -326,7 +326,7 @@ TEST(Ppo, Bf16CriticTrainsInFp32WhereBf16MatmulsWiden) {
 
   // With the option off the critic computes in bf16, as its model does.
   o.fp32_compute_without_bf16_dot = false;
-  GrpoTrainer bf16_compute(DecoderModel::load(tinystories(), DType::BF16), o);
+  PolicyTrainer bf16_compute(DecoderModel::load(tinystories(), DType::BF16), o);
   EXPECT_EQ(bf16_compute.critic()->parameters().view(0).scalar_type(), torch::kBFloat16);
 }
 

@@ -1,0 +1,97 @@
+// The control channel of a multi-rank training job: rank 0 (which serves HTTP and owns the
+// rollout pool) tells the follower ranks what to do — boot, train on this batch, save, release —
+// and collects their answers. Plain TCP with length-prefixed frames; no torch. The tensors
+// themselves travel over c10d (src/dist/collectives_torch.hpp), not here.
+//
+// A message is a JSON header (its "kind" says what it is) plus an opaque binary payload (a
+// serialized TrainBatch for "train"). A follower answers every message with a reply whose
+// "ok" is true, or false with an "error" text that rank 0 raises, naming the rank.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "rollout_pool/types.hpp"
+
+namespace swarm {
+
+struct RankMessage {
+  nlohmann::json header;  // {"kind": ..., ...}
+  std::string payload;    // binary, may be empty
+};
+
+/// Rank 0's end: one connection per follower rank. Not thread-safe (the engine's control
+/// thread drives it). Every failure — a follower that died (EOF, reset), a timeout, an error
+/// reply — throws SwarmError(UNAVAILABLE) naming the rank; after a transport failure the
+/// leader is broken and every later call throws too (the job must be restarted).
+class RankLeader {
+ public:
+  /// Listens on host:port and accepts `world_size - 1` followers, each of which introduces
+  /// itself with its rank. Throws UNAVAILABLE when not all joined within `timeout`.
+  static std::unique_ptr<RankLeader> accept(const std::string& host, int port, int world_size,
+                                            std::chrono::milliseconds timeout);
+  ~RankLeader();
+  RankLeader(const RankLeader&) = delete;
+  RankLeader& operator=(const RankLeader&) = delete;
+
+  int world_size() const noexcept { return static_cast<int>(fds_.size()) + 1; }
+  /// Sends `message` to every follower.
+  void send_all(const RankMessage& message);
+  /// Waits for one reply from every follower (in rank order) and returns them; throws
+  /// UNAVAILABLE for the first follower that answered with an error or did not answer
+  /// within `timeout` — after reading every reply, so the channel stays in step.
+  std::vector<nlohmann::json> collect(std::chrono::milliseconds timeout);
+  /// send_all + collect.
+  std::vector<nlohmann::json> request(const RankMessage& message, std::chrono::milliseconds timeout);
+  /// Closes every connection: the followers see the end of the job and exit. Later calls throw.
+  void close();
+  /// Why the leader is unusable ("" while it works).
+  const std::string& broken() const noexcept { return broken_; }
+
+ private:
+  RankLeader() = default;
+  [[noreturn]] void fail(const std::string& why);
+  std::vector<int> fds_;  // fds_[r - 1] is rank r
+  std::string broken_;
+};
+
+/// A follower's end. Not thread-safe.
+class RankFollower {
+ public:
+  /// Connects to rank 0 at host:port (retrying while it is not listening yet) and introduces
+  /// itself as `rank`. Throws UNAVAILABLE when that does not succeed within `timeout`.
+  static std::unique_ptr<RankFollower> connect(const std::string& host, int port, int rank,
+                                               std::chrono::milliseconds timeout);
+  ~RankFollower();
+  RankFollower(const RankFollower&) = delete;
+  RankFollower& operator=(const RankFollower&) = delete;
+
+  /// Blocks for rank 0's next message; nullopt when rank 0 closed the channel (it is done).
+  /// Throws UNAVAILABLE on a broken connection or a malformed frame.
+  std::optional<RankMessage> receive();
+  /// Answers the message just received.
+  void reply_ok(nlohmann::json extra = nlohmann::json::object());
+  void reply_error(const std::string& error);
+
+ private:
+  RankFollower() = default;
+  int fd_ = -1;
+  int rank_ = 0;
+};
+
+/// Exact binary encoding of a TrainBatch: its episodes in the episode store's encoding
+/// (store/episode_codec.hpp), so every field of every episode arrives bit for bit.
+std::string serialize_train_batch(const TrainBatch& batch);
+/// Inverse of serialize_train_batch; throws INVALID_ARGUMENT on a truncated or corrupt buffer.
+TrainBatch deserialize_train_batch(const std::string& bytes);
+
+/// A TCP port on `host` that was free a moment ago (bind to port 0, read it, close).
+int pick_free_port(const std::string& host = "127.0.0.1");
+
+}  // namespace swarm

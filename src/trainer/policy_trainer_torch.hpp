@@ -1,0 +1,213 @@
+// The GRPO trainer: policy updates of a DecoderModel from collected episodes (DESIGN §6), and
+// PPO's with a critic (algorithm: ppo, critic_torch.hpp).
+//
+// The trained parameters are one FlatParameters (flat_parameters_torch.hpp): a flat buffer in
+// the compute dtype that the training model's parameters are views of, fp32 master weights and
+// AdamW moments for this rank's shard.
+//
+// The serving model keeps its own parameter tensors: weight sync copies the trained weights into
+// them while the serving engine is paused between steps (the caller's `exclusive` runner), so the
+// engine never samples from half-updated weights and no file is written.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <stop_token>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "dist/collectives_torch.hpp"
+#include "trainer/critic_torch.hpp"
+#include "trainer/flat_parameters_torch.hpp"
+#include "trainer/grpo_batch.hpp"
+
+namespace swarm {
+
+class DecoderModel;
+struct Job;
+
+/// How tokens sampled by older weights than the trainer's are corrected (job key
+/// off_policy_correction; docs/concepts.md "Asynchronous training").
+enum class OffPolicyCorrection {
+  NONE,       // PPO ratio against the recomputed old policy; behaviour log-probs only reported
+  TIS,        // ... times min(pi_old / pi_behaviour, is_cap) per token (truncated importance sampling)
+  DECOUPLED,  // AReaL: clipped around pi_prox (= the recomputed old policy), times pi_prox / pi_behaviour;
+              // tokens whose weight exceeds is_cap get weight 0
+};
+OffPolicyCorrection parse_off_policy_correction(const std::string& name);
+
+struct TrainerOptions {
+  double learning_rate = 1e-6;
+  std::string lr_schedule = "constant";
+  int64_t lr_warmup_steps = 0;
+  int64_t total_training_steps = 0;
+  double weight_decay = 0.01;
+  double grad_clip = 1.0;  // max global gradient norm; 0 = no clipping
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_eps = 1e-8;
+  AdvantageEstimator advantage_estimator = AdvantageEstimator::GRPO;
+  GroupBy group_by = GroupBy::TASK;
+  double clip_ratio_low = 0.2;
+  double clip_ratio_high = 0.28;
+  LossAggregation loss_aggregation = LossAggregation::TOKEN_MEAN;
+  bool use_kl_loss = false;
+  double kl_coef = 0.001;
+  KlEstimator kl_estimator = KlEstimator::K3;
+  int64_t ppo_epochs = 1;
+  int64_t ppo_mini_batch_size = 0;  // task groups per optimizer step; 0 = all
+  int64_t micro_batch_max_tokens = 8192;
+  // PPO (algorithm: ppo, advantage_estimator: GAE): the critic and GAE.
+  bool ppo = false;
+  double gamma = 1.0;
+  double lam = 1.0;
+  double critic_learning_rate = 1e-5;
+  double cliprange_value = 0.5;
+  int64_t critic_warmup = 0;
+  OffPolicyCorrection off_policy = OffPolicyCorrection::NONE;
+  double is_cap = 2.0;
+  // A bf16 model on a CPU without bf16 dot products (kernels/cpu/widening_linear_torch.hpp)
+  // trains in fp32: its weights are the fp32 masters themselves, its activations fp32, and the
+  // serving model stays bf16 (weight sync rounds). Every matmul there is an fp32 GEMM either
+  // way; bf16 compute only added the widening and roundings (0.78-0.90x fp32's step on a 2-core
+  // AVX2 EPYC). false keeps bf16 compute (tests of that path).
+  bool fp32_compute_without_bf16_dot = true;
+
+  static TrainerOptions from_job(const Job& job);
+  AdamWOptions adamw() const { return {weight_decay, grad_clip, adam_beta1, adam_beta2, adam_eps}; }
+};
+
+/// The per-token KL penalty of the policy's log-probs against the reference's (job key
+/// kl_estimator): k1 = lp - ref; k3 = exp(d) - d - 1 with d = ref - lp clamped to
+/// ±kKlLogRatioBound and the value to ±kKlValueBound, so it never overflows (docs/concepts.md).
+inline constexpr double kKlLogRatioBound = 20.0, kKlValueBound = 10.0;
+torch::Tensor kl_penalty(const torch::Tensor& logprobs, const torch::Tensor& ref_logprobs,
+                         KlEstimator estimator);
+
+/// What one micro-batch's loss pass computed (sums over its tokens, for the step's metrics).
+struct LossSums {
+  double loss = 0.0;          // the micro-batch's share of the aggregated loss (what backward saw)
+  double pg_loss = 0.0;       // same, policy-gradient part only
+  double kl = 0.0;            // sum over tokens of the KL estimate (0 without KL loss)
+  double entropy = 0.0;       // sum over tokens of the policy entropy
+  double clipped_low = 0.0;   // tokens clipped at 1 - clip_ratio_low (negative advantage)
+  double clipped_high = 0.0;  // tokens clipped at 1 + clip_ratio_high (positive advantage)
+  double mismatch_sum = 0.0;  // sum |trainer old log-prob - rollout log-prob|
+  double mismatch_max = 0.0;
+  double is_weight_sum = 0.0;  // applied importance weights (tis / decoupled; 1 per token otherwise)
+  double is_ratio_sum = 0.0;   // pi_old / pi_behaviour per token, whether applied or not
+  double is_ratio_max = 0.0;
+  double is_capped = 0.0;  // tokens whose ratio exceeds is_cap (truncated or left out when applied)
+  double tokens = 0.0;
+  void add(const LossSums& o);
+};
+
+/// Thread-compatible: one thread (the engine's control thread) drives it.
+class PolicyTrainer {
+ public:
+  /// Runs `fn` while nothing generates with the serving model's weights (the serving engine's
+  /// run_exclusive), or inline when there is no engine.
+  using ExclusiveRunner = std::function<void(const std::function<void()>&)>;
+
+  /// Trains the weights of `serving_model`, which keeps serving (its parameters are only written
+  /// during sync). `master_source`, when given, supplies the initial fp32 master weights (a copy
+  /// of the checkpoint loaded in fp32, so bf16 training does not start from rounded weights).
+  /// `comm` defaults to a single process.
+  /// With options.ppo a critic is made from `critic_source` (job key critic_model; its fp32
+  /// master weights from `critic_master` as for the policy), or from the serving model's
+  /// weights when null.
+  /// With options.use_kl_loss the frozen KL reference is `reference_source`'s weights (the job's
+  /// initial model, which a resumed run loads again: the checkpoint holds trained weights and no
+  /// reference), in the training dtype; when null, the initial trained weights themselves.
+  PolicyTrainer(std::shared_ptr<DecoderModel> serving_model, TrainerOptions options,
+              std::shared_ptr<Collectives> comm = nullptr, const DecoderModel* master_source = nullptr,
+              const DecoderModel* critic_source = nullptr, const DecoderModel* critic_master = nullptr,
+              const DecoderModel* reference_source = nullptr);
+  ~PolicyTrainer();
+  PolicyTrainer(const PolicyTrainer&) = delete;
+  PolicyTrainer& operator=(const PolicyTrainer&) = delete;
+
+  /// One policy step on `batch` (policy step `step`, 1-based): advantages, old log-probs,
+  /// `ppo_epochs` × mini-batches of optimizer steps over token-budgeted micro-batches, then
+  /// weight sync into the serving model through `exclusive`. Returns the step's metrics
+  /// (loss, clip fractions, KL, entropy, grad norm, lr, log-prob mismatch, time split, ...).
+  /// A batch without signal (every group zero-variance) skips the optimizer but still counts.
+  std::map<std::string, double> train(const TrainBatch& batch, int64_t step, const ExclusiveRunner& exclusive,
+                                      std::stop_token stop = {});
+
+  // ---- lower-level pieces (parity tests and benchmarks)
+
+  /// The trainer's log-prob of every trained token of `seq_indices` (one 1-D fp32 tensor per
+  /// sequence, positions 1.. with loss mask 1, in order), without gradients.
+  std::vector<torch::Tensor> token_logprobs(const PreparedBatch& batch,
+                                            const std::vector<size_t>& seq_indices);
+  /// Forward + backward of one micro-batch: adds its gradient into the flat gradient buffer.
+  /// `old_logprobs` (per sequence of `micro`, as token_logprobs returns; empty = use the current
+  /// log-probs, detached: the on-policy case) and `norm` (the mini-batch's token count for
+  /// token-mean, sequence count for seq-mean-token-mean) as the update uses them.
+  LossSums accumulate_gradients(const PreparedBatch& batch, const std::vector<size_t>& micro,
+                                const std::vector<torch::Tensor>& old_logprobs, double norm);
+  /// Zeroes the flat gradient buffer.
+  void zero_gradients();
+  /// The accumulated gradient of every parameter, by Hugging Face name (fp32 copies).
+  std::map<std::string, torch::Tensor> gradients() const;
+  /// Reduce-scatter, clip, AdamW on this rank's shard at learning rate `lr`, all-gather back.
+  /// Returns the global gradient norm before clipping.
+  double optimizer_step(double lr);
+  /// The current trained weights by name (views into the flat buffer, compute dtype).
+  std::map<std::string, torch::Tensor> weights() const;
+  /// Copies the trained weights into the serving model (the weight sync); returns its seconds.
+  double sync_to_serving(const ExclusiveRunner& exclusive);
+
+  /// GAE over every sequence of `batch` this rank trains (the union of its shards of the
+  /// mini-batches): the critic's values, rewards placed where they were earned, advantages
+  /// whitened over the whole batch (all ranks). Fills each sequence's token_advantage and
+  /// advantage (its mean) and returns per sequence the returns and old values of its trained
+  /// tokens (empty tensors for sequences of other ranks).
+  struct GaeTargets {
+    std::vector<torch::Tensor> returns, old_values;  // per sequence: [trained tokens] fp32
+  };
+  GaeTargets compute_advantages(PreparedBatch& batch);
+
+  /// The critic (null unless options.ppo).
+  Critic* critic() noexcept { return critic_.get(); }
+  const Critic* critic() const noexcept { return critic_.get(); }
+
+  // ---- state (checkpoints)
+  int64_t optimizer_steps() const noexcept { return policy_->steps(); }
+  int64_t parameter_count() const noexcept { return policy_->numel(); }
+  /// This rank's optimizer state (master shard, moments, step counter) as named fp32 tensors.
+  std::map<std::string, torch::Tensor> optimizer_state() const;
+  /// Restores what optimizer_state returned (same world size and model); also refreshes the
+  /// compute-dtype weights from the master shard. INVALID_ARGUMENT on a mismatch.
+  void load_optimizer_state(const std::map<std::string, torch::Tensor>& state);
+
+  const TrainerOptions& options() const noexcept { return options_; }
+  Collectives& collectives() noexcept { return *comm_; }
+  const Collectives& collectives() const noexcept { return *comm_; }
+
+ private:
+  struct MicroBatchInputs;
+  MicroBatchInputs build_inputs(const PreparedBatch& batch, const std::vector<size_t>& micro) const;
+  torch::Tensor selected_logprobs(const DecoderModel& model, const MicroBatchInputs& in,
+                                  torch::Tensor* entropy);
+  void refresh_weights_from_master();
+  /// True when `stop` was requested on any rank (a collective: every rank must call it).
+  bool stop_requested_anywhere(const std::stop_token& stop);
+
+  std::shared_ptr<DecoderModel> serving_;
+  std::shared_ptr<DecoderModel> train_model_;  // parameters are views into policy_
+  std::shared_ptr<DecoderModel> ref_model_;    // frozen initial weights (KL loss only)
+  TrainerOptions options_;
+  std::shared_ptr<Collectives> comm_;
+  std::unique_ptr<FlatParameters> policy_;
+  std::vector<torch::Tensor> ref_weights_;  // the initial model's weights (KL loss only)
+  std::unique_ptr<Critic> critic_;
+};
+
+}  // namespace swarm

@@ -1,0 +1,190 @@
+// The harness APIs' dialects (issue 22, chat_dialect.hpp) fed parser events directly: block and
+// item order for reasoning, whitespace, several tool calls; the conversions' edge cases; the
+// thinking signature.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "api/chat_dialect.hpp"
+
+namespace swarm {
+namespace {
+
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+struct Sse {
+  std::string event;
+  json data;
+};
+
+std::vector<Sse> parse(const std::string& text) {
+  std::vector<Sse> out;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find("\n\n", pos);
+    const std::string block = text.substr(pos, end - pos);
+    pos = end + 2;
+    Sse e;
+    const size_t nl = block.find('\n');
+    EXPECT_EQ(block.rfind("event: ", 0), 0u) << block;
+    e.event = block.substr(7, nl - 7);
+    e.data = json::parse(block.substr(nl + 7));
+    out.push_back(e);
+  }
+  return out;
+}
+
+std::vector<StreamEvent> reasoning_then_two_calls() {
+  return {{StreamEvent::REASONING, "Let me", 0, ""},
+          {StreamEvent::REASONING, " think.", 0, ""},
+          {StreamEvent::CONTENT, "\n\n", 0, ""},
+          {StreamEvent::TOOL_CALL_START, "", 0, "Bash"},
+          {StreamEvent::TOOL_CALL_ARGUMENTS, "{\"command\": ", 0, ""},
+          {StreamEvent::TOOL_CALL_ARGUMENTS, "\"ls\"}", 0, ""},
+          {StreamEvent::TOOL_CALL_START, "", 1, "Read"},
+          {StreamEvent::TOOL_CALL_ARGUMENTS, "{}", 1, ""}};
+}
+
+DialectAnswer answer_of_two_calls() {
+  DialectAnswer a;
+  a.parsed.reasoning = "Let me think.";
+  a.parsed.tool_calls = {{"Bash", "{\"command\": \"ls\"}"}, {"Read", "{}"}};
+  a.finish_reason = "stop";
+  a.prompt_tokens = 10;
+  a.completion_tokens = 20;
+  return a;
+}
+
+TEST(AnthropicDialect, StreamsThinkingWithItsSignatureThenOneBlockPerToolCall) {
+  auto d = make_anthropic_dialect("m");
+  std::string text = d->stream_start(10);
+  text += d->stream_events(reasoning_then_two_calls());
+  text += d->stream_finish(answer_of_two_calls());
+  const auto events = parse(text);
+  std::vector<std::string> kinds;
+  for (const auto& e : events) kinds.push_back(e.event);
+  const std::vector<std::string> expected = {"message_start",       "ping",
+                                             "content_block_start", "content_block_delta",
+                                             "content_block_delta", "content_block_delta",
+                                             "content_block_stop",  "content_block_start",
+                                             "content_block_delta", "content_block_delta",
+                                             "content_block_stop",  "content_block_start",
+                                             "content_block_delta", "content_block_stop",
+                                             "message_delta",       "message_stop"};
+  ASSERT_EQ(kinds, expected) << text;
+  EXPECT_EQ(events[2].data["content_block"]["type"], "thinking");
+  EXPECT_EQ(events[5].data["delta"]["type"], "signature_delta");
+  EXPECT_TRUE(thinking_signature_valid("Let me think.", events[5].data["delta"]["signature"]));
+  EXPECT_EQ(events[7].data["content_block"]["name"], "Bash");
+  EXPECT_EQ(events[7].data["index"], 1);
+  EXPECT_EQ(events[11].data["content_block"]["name"], "Read");
+  EXPECT_EQ(events[11].data["index"], 2);
+  EXPECT_EQ(events[14].data["delta"]["stop_reason"], "tool_use");
+  const json whole = d->answer(answer_of_two_calls());
+  ASSERT_EQ(whole["content"].size(), 3u);
+  EXPECT_EQ(whole["content"][0]["signature"], events[5].data["delta"]["signature"]);
+  EXPECT_EQ(whole["content"][1]["input"], json({{"command", "ls"}}));
+}
+
+TEST(AnthropicDialect, SignatureIsKeyedToTheText) {
+  const std::string sig = thinking_signature("abc");
+  EXPECT_TRUE(thinking_signature_valid("abc", sig));
+  EXPECT_FALSE(thinking_signature_valid("abd", sig));
+  EXPECT_FALSE(
+      thinking_signature_valid("abc", sig.substr(0, sig.size() - 1) + (sig.back() == '0' ? "1" : "0")));
+}
+
+TEST(ResponsesDialect, StreamsItemsInOrderWithSequenceNumbersAndAFullCompletedResponse) {
+  auto d = make_responses_dialect("m", ojson::object(), {});
+  std::string text = d->stream_start(10);
+  text += d->stream_events(reasoning_then_two_calls());
+  text += d->stream_finish(answer_of_two_calls());
+  const auto events = parse(text);
+  for (size_t i = 0; i < events.size(); ++i) {
+    EXPECT_EQ(events[i].data["sequence_number"], static_cast<int64_t>(i));
+    EXPECT_EQ(events[i].data["type"], events[i].event);
+  }
+  ASSERT_EQ(events.back().event, "response.completed");
+  const json& output = events.back().data["response"]["output"];
+  ASSERT_EQ(output.size(), 3u) << output.dump();
+  EXPECT_EQ(output[0]["type"], "reasoning");
+  EXPECT_EQ(output[0]["summary"][0]["text"], "Let me think.");
+  EXPECT_EQ(output[1]["type"], "function_call");
+  EXPECT_EQ(output[1]["arguments"], "{\"command\": \"ls\"}");
+  EXPECT_EQ(output[2]["name"], "Read");
+  int added = 0, done = 0;
+  for (const auto& e : events)
+    added += e.event == "response.output_item.added", done += e.event == "response.output_item.done";
+  EXPECT_EQ(added, 3);
+  EXPECT_EQ(done, 3);
+}
+
+TEST(AnthropicConversion, ToolResultsComeFirstAndAssistantBlocksMerge) {
+  std::vector<std::string> notes;
+  const ojson chat = anthropic_to_chat(ojson::parse(R"({
+    "system": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+    "messages": [
+      {"role": "user", "content": "go"},
+      {"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "signature": "s"}, {"type": "text", "text": "x"},
+                                         {"type": "tool_use", "id": "u1", "name": "f", "input": {"b": 1, "a": 2}}]},
+      {"role": "user", "content": [{"type": "text", "text": "also"}, {"type": "tool_result", "tool_use_id": "u1",
+                                    "content": [{"type": "text", "text": "r1"}], "is_error": true}]}],
+    "tools": [{"name": "f", "input_schema": {"type": "object"}}, {"type": "bash_20250124", "name": "bash"}],
+    "tool_choice": {"type": "tool", "name": "f", "disable_parallel_tool_use": true}})"),
+                                       notes);
+  const ojson& m = chat["messages"];
+  ASSERT_EQ(m.size(), 5u) << chat.dump();
+  EXPECT_EQ(m[0]["content"], "a\nb");
+  EXPECT_EQ(m[2]["reasoning_content"], "t");
+  EXPECT_EQ(m[2]["tool_calls"][0]["function"]["arguments"], R"({"b":1,"a":2})");  // key order kept
+  EXPECT_EQ(m[3]["role"], "tool");
+  EXPECT_EQ(m[3]["content"], "r1");
+  EXPECT_EQ(m[4]["content"], "also");
+  EXPECT_EQ(chat["tools"].size(), 1u);
+  EXPECT_EQ(notes.size(), 1u);
+  EXPECT_EQ(chat["tool_choice"]["function"]["name"], "f");
+  EXPECT_EQ(chat["parallel_tool_calls"], false);
+}
+
+TEST(ResponsesConversion, ItemsFormTurnsAndCustomToolsBecomeFunctions) {
+  std::vector<std::string> notes;
+  const ojson chat = responses_to_chat(ojson::parse(R"({
+    "instructions": "sys",
+    "input": [
+      {"role": "developer", "content": [{"type": "input_text", "text": "dev"}]},
+      {"role": "user", "content": "q"},
+      {"type": "reasoning", "summary": [{"type": "summary_text", "text": "plan"}], "encrypted_content": null},
+      {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "calling"}]},
+      {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+      {"type": "custom_tool_call", "call_id": "c2", "name": "apply_patch", "input": "*** Begin"},
+      {"type": "function_call_output", "call_id": "c1", "output": "o1"},
+      {"type": "custom_tool_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "o2"}]},
+      {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "next"}], "summary": []},
+      {"type": "message", "role": "assistant", "content": "done"}],
+    "tools": [{"type": "function", "name": "f"}, {"type": "custom", "name": "apply_patch"}, {"type": "tool_search"}],
+    "max_output_tokens": 9, "text": {"format": {"type": "json_object"}}})"),
+                                       notes);
+  const ojson& m = chat["messages"];
+  ASSERT_EQ(m.size(), 7u) << chat.dump();
+  EXPECT_EQ(m[0]["role"], "system");
+  EXPECT_EQ(m[1]["role"], "system");
+  EXPECT_EQ(m[3]["reasoning_content"], "plan");
+  EXPECT_EQ(m[3]["content"], "calling");
+  ASSERT_EQ(m[3]["tool_calls"].size(), 2u);
+  EXPECT_EQ(m[3]["tool_calls"][1]["function"]["arguments"], R"({"input":"*** Begin"})");
+  EXPECT_EQ(m[4]["tool_call_id"], "c1");
+  EXPECT_EQ(m[5]["content"], "o2");
+  EXPECT_EQ(m[6]["reasoning_content"], "next");
+  EXPECT_EQ(m[6]["content"], "done");
+  EXPECT_EQ(chat["tools"].size(), 2u);
+  EXPECT_EQ(chat["tools"][1]["function"]["parameters"]["required"][0], "input");
+  EXPECT_EQ(notes.size(), 1u);
+  EXPECT_EQ(chat["max_tokens"], 9);
+  EXPECT_EQ(chat["response_format"]["type"], "json_object");
+}
+
+}  // namespace
+}  // namespace swarm
