@@ -68,11 +68,20 @@ std::string read_token(const std::string& file, const char* env, const char* wha
   return token;
 }
 
-int run_start(const std::string& host, int port, const std::string& engine, const std::string& config,
-              const std::string& log_level, int io_threads, size_t max_body_mb, const std::string& resume,
-              int nproc, const std::string& admin_token_file, const std::string& client_token_file,
-              int max_connections, int header_timeout, const std::string& tls_cert,
-              const std::string& tls_key, const std::vector<std::string>& argv) {
+// `swarm-server start`: the flags that configure the server are bound straight into `server`;
+// the rest is read here before the server exists (logging, ranks, token files).
+struct StartFlags {
+  swarm::SwarmServerOptions server;
+  std::string log_level = "info";
+  size_t max_body_mb = 8;  // server.http.max_body_bytes in MiB
+  int nproc = 1;
+  std::string admin_token_file, client_token_file;
+};
+
+int run_start(StartFlags flags, const std::vector<std::string>& argv) {
+  const std::string& log_level = flags.log_level;
+  const std::string& engine = flags.server.engine.backend;
+  const int nproc = flags.nproc;
   auto level = spdlog::level::from_str(log_level);
   if (level == spdlog::level::off && log_level != "off") {
     std::cerr << "swarm-server: unknown --log-level '" << log_level
@@ -138,15 +147,8 @@ int run_start(const std::string& host, int port, const std::string& engine, cons
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  swarm::SwarmServerOptions options;
-  options.http.host = host;
-  options.http.port = static_cast<uint16_t>(port);
-  options.http.io_threads = io_threads;
-  options.http.max_body_bytes = max_body_mb * 1024 * 1024;
-  options.http.max_connections = max_connections;
-  options.http.header_timeout_seconds = header_timeout;
-  options.http.tls_cert_file = tls_cert;
-  options.http.tls_key_file = tls_key;
+  swarm::SwarmServerOptions& options = flags.server;
+  options.http.max_body_bytes = flags.max_body_mb * 1024 * 1024;
 #ifdef SWARM_WITH_TORCH
   if (followers)
     swarm::register_torch_backend(followers, dist);
@@ -162,15 +164,12 @@ int run_start(const std::string& host, int port, const std::string& engine, cons
     return 2;
   }
   try {
-    options.tokens.admin = read_token(admin_token_file, "SWARM_ADMIN_TOKEN", "admin");
-    options.tokens.client = read_token(client_token_file, "SWARM_CLIENT_TOKEN", "client");
+    options.tokens.admin = read_token(flags.admin_token_file, "SWARM_ADMIN_TOKEN", "admin");
+    options.tokens.client = read_token(flags.client_token_file, "SWARM_CLIENT_TOKEN", "client");
   } catch (const swarm::ConfigError& e) {
     spdlog::error("swarm-server: {}", e.what());
     return 2;
   }
-  options.engine.backend = engine;
-  options.engine.resume_from = resume;
-  options.config_path = config;
   int rc = 0;
   try {
     swarm::SwarmServer server(options);
@@ -231,88 +230,83 @@ int main(int argc, char** argv) {
   }
   CLI::App app{"swarm-server: RL post-training server (OpenAI-compatible endpoint + swarm command API)"};
   app.require_subcommand(1);
-  std::string host = "127.0.0.1", engine = "mock", config, log_level = "info", resume;
-  int port = 10086, io_threads = 2;
-  size_t max_body_mb = 8;
+  StartFlags flags;
+  swarm::HttpServerOptions& http = flags.server.http;
   auto* start = app.add_subcommand("start", "Start the server (engine OFFLINE until a client starts it)");
-  start->add_option("--host", host, "Address to listen on")->capture_default_str();
-  start->add_option("--port", port, "Port to listen on (0 = any free port)")
+  start->add_option("--host", http.host, "Address to listen on")->capture_default_str();
+  start->add_option("--port", http.port, "Port to listen on (0 = any free port)")
       ->capture_default_str()
       ->check(CLI::Range(0, 65535));
-  start->add_option("--engine", engine, "Backend: mock (no model, for tests) or torch")
+  start->add_option("--engine", flags.server.engine.backend, "Backend: mock (no model, for tests) or torch")
       ->capture_default_str()
       ->check(CLI::IsMember({"mock", "torch"}));
-  start->add_option("--config", config, "YAML job config to sync at start (see docs/configuration.md)")
+  start
+      ->add_option("--config", flags.server.config_path,
+                   "YAML job config to sync at start (see docs/configuration.md)")
       ->check(CLI::ExistingFile);
-  start->add_option("--log-level", log_level, "trace, debug, info, warn, error, critical, off")
+  start->add_option("--log-level", flags.log_level, "trace, debug, info, warn, error, critical, off")
       ->capture_default_str();
-  start->add_option("--io-threads", io_threads, "HTTP I/O threads")
+  start->add_option("--io-threads", http.io_threads, "HTTP I/O threads")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
-  start->add_option("--max-body-mb", max_body_mb, "Largest request body in MiB (larger get 413)")
+  start->add_option("--max-body-mb", flags.max_body_mb, "Largest request body in MiB (larger get 413)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
   start
-      ->add_option("--resume", resume,
+      ->add_option("--resume", flags.server.engine.resume_from,
                    "Continue a run from a checkpoint: a checkpoint directory (step-N), or a checkpoints/ or "
                    "experiment directory (its latest checkpoint). Weights, optimizer, step and counters are "
                    "restored at the first start_engine.")
       ->check(CLI::ExistingDirectory);
-  int nproc = 1;
   start
-      ->add_option("--nproc", nproc,
+      ->add_option("--nproc", flags.nproc,
                    "Training ranks on this machine (torch engine): rank 0 serves HTTP, every rank trains a "
                    "share of each batch with sharded optimizer state (Gloo on CPU, NCCL on GPUs). Ranks on "
                    "several machines: start one swarm-server per rank with RANK, WORLD_SIZE, MASTER_ADDR, "
                    "MASTER_PORT set instead.")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
-  std::string admin_token_file, client_token_file;
   start
-      ->add_option("--admin-token-file", admin_token_file,
+      ->add_option("--admin-token-file", flags.admin_token_file,
                    "File holding the admin token (else $SWARM_ADMIN_TOKEN): sync_train_config, start_engine, "
                    "stop_engine, sync_train_code and the routes showing other clients' data then need "
                    "'Authorization: Bearer <token>'. Off by default.")
       ->check(CLI::ExistingFile);
   start
       ->add_option(
-          "--client-token-file", client_token_file,
+          "--client-token-file", flags.client_token_file,
           "File holding the client token (else $SWARM_CLIENT_TOKEN): the episode routes (claim, end, "
           "abort, can_continue, agree_sync_weight) then need it (or the admin token). Off by default.")
       ->check(CLI::ExistingFile);
-  int max_connections = 4096, header_timeout = 10;
   start
       ->add_option(
-          "--max-connections", max_connections,
+          "--max-connections", http.max_connections,
           "Open connections at most; more are answered 503 and closed (the open-file limit is raised to "
           "fit)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
   start
       ->add_option(
-          "--header-timeout", header_timeout,
+          "--header-timeout", http.header_timeout_seconds,
           "Seconds a request may take from its first byte to the end of its headers, and a new connection "
           "to send its first byte (slow clients are cut; bodies and idle keep-alive have 60 s)")
       ->capture_default_str()
       ->check(CLI::Range(1, 3600));
-  std::string tls_cert, tls_key;
   auto* tls_cert_opt =
       start
-          ->add_option("--tls-cert", tls_cert,
+          ->add_option("--tls-cert", http.tls_cert_file,
                        "PEM certificate chain: the server then speaks HTTPS only (TLS 1.2+), and "
                        "claimed episodes get https:// endpoints. Needs --tls-key. Off by default.")
           ->check(CLI::ExistingFile);
-  auto* tls_key_opt = start->add_option("--tls-key", tls_key, "PEM private key (unencrypted) of --tls-cert")
-                          ->check(CLI::ExistingFile);
+  auto* tls_key_opt =
+      start->add_option("--tls-key", http.tls_key_file, "PEM private key (unencrypted) of --tls-cert")
+          ->check(CLI::ExistingFile);
   tls_cert_opt->needs(tls_key_opt);
   tls_key_opt->needs(tls_cert_opt);
   auto* reference = app.add_subcommand("config-reference", "Print the configuration reference (Markdown)");
   auto* defaults = app.add_subcommand("default-config", "Print a YAML config with every key at its default");
   CLI11_PARSE(app, argc, argv);
-  if (*start)
-    return run_start(host, port, engine, config, log_level, io_threads, max_body_mb, resume, nproc,
-                     admin_token_file, client_token_file, max_connections, header_timeout, tls_cert, tls_key,
-                     std::vector<std::string>(argv, argv + argc));
+  if (*start) return run_start(std::move(flags), std::vector<std::string>(argv, argv + argc));
   if (*reference) {
     std::cout << config_reference_markdown();
     return 0;

@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "client/http_client.hpp"
+#include "http/http_client.hpp"
 #include "swarm/errors.hpp"
 
 extern char** environ;

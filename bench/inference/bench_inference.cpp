@@ -1,4 +1,4 @@
-// bench_inference: the libtorch inference engine on CPU (issue 4 §3). For each model
+// bench_inference: the libtorch inference engine on CPU. For each model
 // (SmolLM2-135M shape with random weights, TinyStories-656K) and compute dtype (fp32, bf16):
 //
 //  * prefill tokens/s: one 512-token prompt, and a batch of 8 x 128-token prompts, packed into
@@ -572,7 +572,7 @@ void print_report(const std::vector<CaseResult>& cases, const Workload& w, const
     }
   }
 
-  std::printf("\n== Targets (issue 4 §3; reported, not asserted)\n");
+  std::printf("\n== Targets (reported, not asserted)\n");
   std::printf("%-22s %-5s %-28s %-28s %-28s %-28s\n", "model", "dtype", "b1 >= 50% BW roofline",
               "b1 >= 2x Python", "b32 >= 40% compute peak", "b32 >= 1.2x Python");
   auto verdict = [](bool known, double value, double target, const char* unit) {

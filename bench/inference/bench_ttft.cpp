@@ -1,5 +1,5 @@
 // bench_ttft: time to first token of swarm-server on the torch engine, one chat client
-// against 64 concurrent chat clients (issue 4 §3: "with 64 concurrent chat clients the
+// against 64 concurrent chat clients (target: "with 64 concurrent chat clients the
 // server's p99 time-to-first-token stays within 2x of a single client's").
 //
 // swarm-server runs as a child process (--engine torch). Every client claims an episode and

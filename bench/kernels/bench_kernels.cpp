@@ -1,5 +1,5 @@
 // bench_kernels: every CPU kernel family of the engine and the trainer on its own, at the
-// SmolLM2-135M shapes, in fp32 and bf16, against the bound this machine sets for it (issue 29 §1:
+// SmolLM2-135M shapes, in fp32 and bf16, against the bound this machine sets for it (target:
 // "each kernel family has an AVX2 path within noise of the best a 2-core CPU allows"):
 //
 // Each row's bound is the slower of its bytes at the copy rate and its FLOPs at the peak:

@@ -36,7 +36,7 @@
 #include "bare_beast.hpp"
 #include "common/child_process.hpp"
 #include "common/machine_info.hpp"
-#include "client/http_client.hpp"
+#include "http/http_client.hpp"
 #include "swarm/errors.hpp"
 
 extern char** environ;
@@ -838,7 +838,7 @@ int main(int argc, char** argv) {
           print_errors(("persistence on, run " + std::to_string(r + 1)).c_str(), on[r].stats);
       }
       std::printf(
-          "target (issue 26): episodes/s with the store on (fsync) >= 0.8 x off at 64 clients; commits/ep "
+          "target: episodes/s with the store on (fsync) >= 0.8 x off at 64 clients; commits/ep "
           "< 1 = group commit (concurrent end_episode calls share one fsync)\n");
       std::fflush(stdout);
     }

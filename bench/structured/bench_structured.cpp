@@ -1,4 +1,4 @@
-// bench_structured: constrained decoding (issue 21 §2). For the SmolLM2-135M shape (random
+// bench_structured: constrained decoding. For the SmolLM2-135M shape (random
 // fp32 weights, 49k-token byte-level BPE) and a tiny Qwen3 (2 layers, random, Qwen3's 151k
 // tokenizer):
 //
@@ -12,7 +12,7 @@
 //    mask (a state never seen), and the hit rate of the mask cache during the constrained run;
 //  * compile time of a 20-property schema (median of 50).
 //
-// Targets (issue 21): constrained batch-1 decode >= 80 % of unconstrained; compile <= 50 ms.
+// Targets: constrained batch-1 decode >= 80 % of unconstrained; compile <= 50 ms.
 // Prints tables with the commit and the machine; never a timed assertion.
 //
 //   bench_structured [--tokens 64] [--repeats 3] [--models smollm2,qwen3] [--schemas free,counted] [--threads N]

@@ -3,7 +3,7 @@
 // default 8 sequences x 256 tokens, a 128-token prompt + 128 trained response tokens, 2 task
 // groups of 4 with different rewards, micro-batches of at most 2048 padded tokens):
 //
-//  * one training step = GrpoTrainer::accumulate_gradients over every micro-batch (forward +
+//  * one training step = PolicyTrainer::accumulate_gradients over every micro-batch (forward +
 //    backward, the on-policy path: old log-probs = current ones, detached) + optimizer_step
 //    (clip + AdamW on the fp32 master). 1 untimed warm-up step, then --steps timed ones.
 //    tokens/s counts every sequence token (prompt + response) processed;
@@ -46,7 +46,7 @@
 #include "model/model_config.hpp"
 #include "rollout_pool/types.hpp"
 #include "trainer/grpo_batch.hpp"
-#include "trainer/grpo_trainer_torch.hpp"
+#include "trainer/policy_trainer_torch.hpp"
 
 namespace {
 
@@ -117,7 +117,7 @@ swarm::TrainBatch make_batch(const Workload& w, int64_t vocab) {
   return batch;
 }
 
-/// The update's plan, exactly as GrpoTrainer::train makes it for one mini-batch on one rank.
+/// The update's plan, exactly as PolicyTrainer::train makes it for one mini-batch on one rank.
 struct Plan {
   swarm::PreparedBatch prepared;
   std::vector<std::vector<size_t>> micro;
@@ -169,7 +169,7 @@ struct Usage {
 
 struct EngineResult {
   double load_s = 0;
-  double init_s = 0;  // GrpoTrainer construction (flat buffers, master copy)
+  double init_s = 0;  // PolicyTrainer construction (flat buffers, master copy)
   int64_t params = 0;
   std::vector<double> step_s;                      // timed steps: gradients + optimizer
   std::vector<double> grad_s;                      // of which accumulate_gradients over all micro-batches
@@ -201,14 +201,14 @@ EngineResult run_engine(const fs::path& dir, swarm::DType dtype, const swarm::Tr
   sb::reset_peak_rss();
   auto t0 = Clock::now();
   std::shared_ptr<swarm::DecoderModel> serving = swarm::DecoderModel::load(dir, dtype);
-  std::unique_ptr<swarm::GrpoTrainer> trainer;
+  std::unique_ptr<swarm::PolicyTrainer> trainer;
   {
     // As the engine does: bf16 training starts from the fp32 checkpoint as its master weights.
     std::shared_ptr<swarm::DecoderModel> master;
     if (dtype != swarm::DType::F32) master = swarm::DecoderModel::load(dir, swarm::DType::F32);
     r.load_s = seconds_since(t0);
     t0 = Clock::now();
-    trainer = std::make_unique<swarm::GrpoTrainer>(serving, opts, nullptr, master.get());
+    trainer = std::make_unique<swarm::PolicyTrainer>(serving, opts, nullptr, master.get());
     r.init_s = seconds_since(t0);
   }
   r.params = trainer->parameter_count();
@@ -249,8 +249,8 @@ EngineResult run_engine(const fs::path& dir, swarm::DType dtype, const swarm::Tr
              static_cast<double>(plan.tokens) / r.step_s.back(), r.grad_s.back(), r.optimizer_s.back());
   }
   r.cores = sb::cores_busy(cpu0, sb::cpu_sample());
-  const swarm::GrpoTrainer::ExclusiveRunner inline_runner;  // no serving engine: runs inline
-  trainer->sync_to_serving(inline_runner);                  // warm-up
+  const swarm::PolicyTrainer::ExclusiveRunner inline_runner;  // no serving engine: runs inline
+  trainer->sync_to_serving(inline_runner);                    // warm-up
   for (int i = 0; i < 5; ++i) r.sync_s.push_back(trainer->sync_to_serving(inline_runner));
   r.rss_peak_kib = sb::proc_status_kib("VmHWM");
 
@@ -349,7 +349,8 @@ void print_report(const std::vector<CaseResult>& cases, const Plan& plan, const 
       static_cast<long long>(w.micro_batch_tokens), static_cast<long long>(plan.padded_tokens),
       static_cast<long long>(plan.tokens), plan.norm, static_cast<long long>(w.steps));
 
-  std::printf("\n== Trainer step (C++ GrpoTrainer vs python3-torch eager; tokens/s = all sequence tokens)\n");
+  std::printf(
+      "\n== Trainer step (C++ PolicyTrainer vs python3-torch eager; tokens/s = all sequence tokens)\n");
   std::printf("%-5s %11s %13s %7s %9s %13s %16s\n", "dtype", "C++ tok/s", "Python tok/s", "ratio", "MFU C++",
               "optimizer ms", "weight sync ms");
   for (const CaseResult& c : cases) {

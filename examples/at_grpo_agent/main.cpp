@@ -1,4 +1,4 @@
-// at_grpo_agent: two roles sharing one policy, trained with AT-GRPO (PettingLLMs; issue 23 §3).
+// at_grpo_agent: two roles sharing one policy, trained with AT-GRPO (PettingLLMs).
 //
 // Each episode is one conversation on a generated task (examples/tasks: "sort 5092"):
 //   1. the **proposer** answers the task;

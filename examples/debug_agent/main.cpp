@@ -214,7 +214,7 @@ int main(int argc, char** argv) {
   } catch (const swarm::TransportError& e) {
     std::fprintf(stderr, "debug_agent: error: cannot reach the swarm server at %s: %s\n", url.c_str(),
                  e.what());
-  } catch (const swarm::ClientError& e) {
+  } catch (const swarm::Error& e) {
     std::fprintf(stderr, "debug_agent: error: %s\n", e.what());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "debug_agent: unexpected error: %s\n", e.what());

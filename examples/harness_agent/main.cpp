@@ -1,5 +1,5 @@
 // harness_agent: trains a model on what a real agent harness does with it — Claude Code (the
-// Anthropic Messages API) or Codex (the OpenAI Responses API) — on a small file task (issue 22).
+// Anthropic Messages API) or Codex (the OpenAI Responses API) — on a small file task.
 //
 // Each episode runs the harness once, in a fresh temporary directory, on "create answer.txt
 // holding the sum of A and B": Claude Code in print mode (`claude -p --bare --tools Bash`)

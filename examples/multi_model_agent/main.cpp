@@ -387,7 +387,7 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const swarm::TransportError& e) {
     std::fprintf(stderr, "multi_model_agent: error: a swarm server cannot be reached: %s\n", e.what());
-  } catch (const swarm::ClientError& e) {
+  } catch (const swarm::Error& e) {
     std::fprintf(stderr, "multi_model_agent: error: %s\n", e.what());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "multi_model_agent: unexpected error: %s\n", e.what());

@@ -698,7 +698,7 @@ int main(int argc, char** argv) {
   } catch (const swarm::TransportError& e) {
     std::fprintf(stderr, "train_agent: error: cannot reach the swarm server at %s: %s\n", s.url.c_str(),
                  e.what());
-  } catch (const swarm::ClientError& e) {
+  } catch (const swarm::Error& e) {
     std::fprintf(stderr, "train_agent: error: %s\n", e.what());
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "train_agent: error: %s\n", e.what());

@@ -1,4 +1,4 @@
-// SwarmClient: the agent-side SDK of the swarm command API (DESIGN §4, §5).
+// SwarmClient: the agent-side SDK of the swarm command API (docs/design.md).
 // Mirrors AgentJet's Python SwarmClient: claim an episode, run the agent against the
 // returned OpenAI endpoint, report the reward (or abort).
 #pragma once

@@ -1,4 +1,5 @@
-// Error types thrown by libswarm_client. Transport exceptions never leak out of the SDK.
+// Error types of swarm's public API (libswarm_client, the Job). Transport exceptions never leak
+// out of the SDK.
 #pragma once
 
 #include <stdexcept>
@@ -6,10 +7,16 @@
 
 namespace swarm {
 
-/// Base of every exception the client SDK throws.
-class ClientError : public std::runtime_error {
+/// Base of every exception the public API throws: catch this to catch them all.
+class Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+/// Talking to a server failed: the base of the SDK's call errors below.
+class ClientError : public Error {
+ public:
+  using Error::Error;
 };
 
 /// The server could not be reached or the connection broke (refused, reset, timeout,
@@ -44,10 +51,11 @@ class TimeoutError : public ClientError {
   using ClientError::ClientError;
 };
 
-/// Bad configuration or arguments detected on the client side (e.g. invalid Job).
-class ConfigError : public ClientError {
+/// An invalid job or configuration, wherever it is read: a Job validated by the SDK, a config
+/// file or synced config parsed by the server, a bad URL or flag. Names the key or the value.
+class ConfigError : public Error {
  public:
-  using ClientError::ClientError;
+  using Error::Error;
 };
 
 }  // namespace swarm

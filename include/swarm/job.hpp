@@ -23,7 +23,7 @@ struct JobConfigReport {
   std::vector<std::string> warnings;  // values not honoured, or honoured differently
 };
 
-/// A training job (DESIGN §8). Field names are the YAML keys; every field has a default
+/// A training job (docs/design.md). Field names are the YAML keys; every field has a default
 /// except `model`. Build one in code, dump it to YAML, or load it from YAML.
 /// Plain value type; not synchronised.
 struct Job {
@@ -32,7 +32,6 @@ struct Job {
   std::string project_name = "swarm";
   std::string experiment_name = "default";
   std::string experiment_dir = "./experiments";
-  int64_t n_gpu = 1;
   std::string model;  // HF model directory (any name with the mock engine)
   // --- batch and rollout pool
   int64_t batch_size = 32;

@@ -1,11 +1,11 @@
-// The Anthropic Messages API (POST /v1/messages) as a chat dialect (issue 22, chat_dialect.hpp).
+// The Anthropic Messages API (POST /v1/messages) as a chat dialect (chat_dialect.hpp).
 #include <array>
 #include <atomic>
 #include <cstdio>
 #include <random>
 
 #include "api/chat_dialect.hpp"
-#include "rollout_pool/rollout_pool.hpp"  // random_hex
+#include "common/random_id.hpp"
 #include "http/json_body.hpp"
 
 namespace swarm {
@@ -156,40 +156,6 @@ bool thinking_signature_valid(const std::string& thinking, const std::string& si
   return signature == thinking_signature(thinking);
 }
 
-json anthropic_error_body(int status, const std::string& message) {
-  const char* type = "api_error";
-  switch (status) {
-    case 400:
-    case 405:
-    case 409:
-    case 422:
-      type = "invalid_request_error";
-      break;
-    case 401:
-      type = "authentication_error";
-      break;
-    case 403:
-      type = "permission_error";
-      break;
-    case 404:
-      type = "not_found_error";
-      break;
-    case 413:
-      type = "request_too_large";
-      break;
-    case 429:
-      type = "rate_limit_error";
-      break;
-    case 503:
-    case 529:
-      type = "overloaded_error";
-      break;
-    default:
-      break;
-  }
-  return {{"type", "error"}, {"error", {{"type", type}, {"message", message}}}};
-}
-
 ojson anthropic_to_chat(const ojson& body, std::vector<std::string>& notes) {
   ojson messages = ojson::array();
   if (auto it = body.find("system"); it != body.end() && !it->is_null())
@@ -281,16 +247,16 @@ class AnthropicDialect final : public ChatDialect {
 
   json answer(const DialectAnswer& a) override {
     json content = json::array();
-    if (a.parsed.reasoning)
+    if (a.first().parsed.reasoning)
       content.push_back({{"type", "thinking"},
-                         {"thinking", *a.parsed.reasoning},
-                         {"signature", thinking_signature(*a.parsed.reasoning)}});
-    if (a.parsed.content && !blank(*a.parsed.content))
-      content.push_back({{"type", "text"}, {"text", *a.parsed.content}});
-    for (const auto& call : a.parsed.tool_calls)
+                         {"thinking", *a.first().parsed.reasoning},
+                         {"signature", thinking_signature(*a.first().parsed.reasoning)}});
+    if (a.first().parsed.content && !blank(*a.first().parsed.content))
+      content.push_back({{"type", "text"}, {"text", *a.first().parsed.content}});
+    for (const auto& call : a.first().parsed.tool_calls)
       content.push_back(tool_use_json(call.name, input_of(call.arguments)));
-    json m = message_json(std::move(content), stop_reason(a, !a.parsed.tool_calls.empty()),
-                          a.stop_sequence.empty() ? json(nullptr) : json(a.stop_sequence));
+    json m = message_json(std::move(content), stop_reason(a, !a.first().parsed.tool_calls.empty()),
+                          a.first().stop_sequence.empty() ? json(nullptr) : json(a.first().stop_sequence));
     m["usage"] = usage_json(a.prompt_tokens, a.completion_tokens);
     return m;
   }
@@ -301,7 +267,7 @@ class AnthropicDialect final : public ChatDialect {
     return sse("message_start", {{"type", "message_start"}, {"message", m}}) + keep_alive();
   }
 
-  std::string stream_events(const std::vector<StreamEvent>& events) override {
+  std::string stream_events(size_t, const std::vector<StreamEvent>& events) override {
     std::string out;
     for (const StreamEvent& e : events) {
       switch (e.kind) {
@@ -344,12 +310,14 @@ class AnthropicDialect final : public ChatDialect {
   }
 
   std::string stream_finish(const DialectAnswer& a) override {
-    std::string out = close_block();
+    std::string out = stream_events(0, a.first().final_events);
+    out += close_block();
     out += sse("message_delta",
                {{"type", "message_delta"},
                 {"delta",
                  {{"stop_reason", stop_reason(a, called_)},
-                  {"stop_sequence", a.stop_sequence.empty() ? json(nullptr) : json(a.stop_sequence)}}},
+                  {"stop_sequence",
+                   a.first().stop_sequence.empty() ? json(nullptr) : json(a.first().stop_sequence)}}},
                 {"usage", {{"output_tokens", a.completion_tokens}}}});
     out += sse("message_stop", {{"type", "message_stop"}});
     return out;
@@ -361,6 +329,8 @@ class AnthropicDialect final : public ChatDialect {
 
   std::string keep_alive() const override { return "event: ping\ndata: {\"type\": \"ping\"}\n\n"; }
   const char* api() const override { return "anthropic_messages"; }
+  ErrorStyle error_style() const override { return ErrorStyle::ANTHROPIC; }
+  bool needs_a_choice() const override { return true; }
 
  private:
   enum class Block { NONE, THINKING, TEXT, TOOL_USE };
@@ -384,8 +354,8 @@ class AnthropicDialect final : public ChatDialect {
 
   static const char* stop_reason(const DialectAnswer& a, bool called) {
     if (called) return "tool_use";
-    if (a.finish_reason == "length") return "max_tokens";
-    if (!a.stop_sequence.empty()) return "stop_sequence";
+    if (a.first().finish_reason == "length") return "max_tokens";
+    if (!a.first().stop_sequence.empty()) return "stop_sequence";
     return "end_turn";
   }
 

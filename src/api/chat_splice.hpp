@@ -1,4 +1,4 @@
-// Exact tokens across the turns of a conversation (issue 20 §3, DESIGN §10).
+// Exact tokens across the turns of a conversation (docs/design.md).
 //
 // An agent sends its whole history with every request. The assistant turns in it are the
 // server's own answers, but re-serialized by the agent's SDK (tool-call arguments through

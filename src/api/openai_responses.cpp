@@ -1,8 +1,8 @@
-// The OpenAI Responses API (POST /v1/responses) as a chat dialect (issue 22, chat_dialect.hpp).
+// The OpenAI Responses API (POST /v1/responses) as a chat dialect (chat_dialect.hpp).
 #include <ctime>
 
 #include "api/chat_dialect.hpp"
-#include "rollout_pool/rollout_pool.hpp"  // random_hex
+#include "common/random_id.hpp"
 #include "http/json_body.hpp"
 
 namespace swarm {
@@ -264,10 +264,10 @@ class ResponsesDialect final : public ChatDialect {
 
   json answer(const DialectAnswer& a) override {
     json output = json::array();
-    if (a.parsed.reasoning) output.push_back(reasoning_item(*a.parsed.reasoning));
-    if (a.parsed.content && !blank(*a.parsed.content))
-      output.push_back(message_item(*a.parsed.content, "completed"));
-    for (const auto& call : a.parsed.tool_calls)
+    if (a.first().parsed.reasoning) output.push_back(reasoning_item(*a.first().parsed.reasoning));
+    if (a.first().parsed.content && !blank(*a.first().parsed.content))
+      output.push_back(message_item(*a.first().parsed.content, "completed"));
+    for (const auto& call : a.first().parsed.tool_calls)
       output.push_back(call_item("call_" + random_hex(12), call.name, call.arguments, "completed"));
     return response_json(final_status(a), std::move(output), &a);
   }
@@ -280,7 +280,7 @@ class ResponsesDialect final : public ChatDialect {
     return out;
   }
 
-  std::string stream_events(const std::vector<StreamEvent>& events) override {
+  std::string stream_events(size_t, const std::vector<StreamEvent>& events) override {
     std::string out;
     for (const StreamEvent& e : events) {
       switch (e.kind) {
@@ -331,7 +331,8 @@ class ResponsesDialect final : public ChatDialect {
   }
 
   std::string stream_finish(const DialectAnswer& a) override {
-    std::string out = close_item();
+    std::string out = stream_events(0, a.first().final_events);
+    out += close_item();
     const std::string status = final_status(a);
     json r = response_json(status, output_, &a);
     out += event(status == "completed" ? "response.completed" : "response.incomplete",
@@ -350,6 +351,7 @@ class ResponsesDialect final : public ChatDialect {
   }
 
   const char* api() const override { return "responses"; }
+  bool needs_a_choice() const override { return true; }
 
  private:
   enum class Item { NONE, REASONING, MESSAGE, CALL };
@@ -359,7 +361,8 @@ class ResponsesDialect final : public ChatDialect {
   }
 
   static std::string final_status(const DialectAnswer& a) {
-    return a.finish_reason == "length" && a.parsed.tool_calls.empty() ? "incomplete" : "completed";
+    return a.first().finish_reason == "length" && a.first().parsed.tool_calls.empty() ? "incomplete"
+                                                                                      : "completed";
   }
 
   json reasoning_item(const std::string& text) const {

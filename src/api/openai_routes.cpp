@@ -4,6 +4,7 @@
 #include <atomic>
 #include <ctime>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
@@ -11,9 +12,10 @@
 #include "common/json_nesting.hpp"
 #include "api/chat_dialect.hpp"
 #include "api/chat_splice.hpp"
-#include "api/error_mapping.hpp"
+#include "http/http_error.hpp"
 #include "http/json_body.hpp"
 #include "api/structured_output.hpp"
+#include "exchange/sapo_message.hpp"
 #include "text/tool_calls.hpp"
 
 namespace swarm {
@@ -46,13 +48,11 @@ struct RequestOptions {
   bool include_usage = false;
   bool return_token_ids = false;
   // chat only
-  bool tool_choice_none = false;    // tool_choice "none": tools are rendered, calls not parsed
-  bool parallel_tool_calls = true;  // false: at most the first call is returned
-  bool has_tools = false;           // the request offers tools (calls are parsed only then)
-  // How the generated text is split into the message's fields (resolved per request).
-  ToolCallFormat tool_format = ToolCallFormat::NONE;
-  ReasoningFormat reasoning_format = ReasoningFormat::NONE;
-  ReasoningStart reasoning_start = ReasoningStart::AUTO;
+  bool tool_choice_none = false;  // tool_choice "none": tools are rendered, calls not parsed
+  bool has_tools = false;         // the request offers tools (calls are parsed only then)
+  // How the generated text is split into the message's fields (resolved per request;
+  // output.parallel_tool_calls is the request's parallel_tool_calls).
+  OutputFormat output;
   // Chat: the conversation's keys; each answer is recorded under its turn key (chat_splice.hpp).
   std::optional<ChatKeys> chat_keys;
   // Structured outputs (structured_output.hpp): tool_choice "required" / a named function, and
@@ -85,7 +85,7 @@ std::string agent_of(const json& body, const HttpRequest& request) {
   return agent;
 }
 
-// The tool fields of a chat request, validated as strictly as the rest (issue 20): every
+// The tool fields of a chat request, validated as strictly as the rest: every
 // error names the field.
 void parse_tool_options(const json& body, RequestOptions& o) {
   std::vector<std::string> names;
@@ -130,7 +130,7 @@ void parse_tool_options(const json& body, RequestOptions& o) {
       o.forced_tool = name;
     }
   }
-  o.parallel_tool_calls = optional_bool(body, "parallel_tool_calls").value_or(true);
+  o.output.parallel_tool_calls = optional_bool(body, "parallel_tool_calls").value_or(true);
   if (auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
     SWARM_REQUIRE(it->is_object() && it->contains("type") && (*it)["type"].is_string(),
                   ErrorKind::INVALID_ARGUMENT,
@@ -170,7 +170,7 @@ void normalize_messages(nlohmann::ordered_json& messages, const std::string& cha
   normalize_tool_calls(messages, detect_tool_arguments_form(chat_template));
 }
 
-RequestOptions parse_options(const json& body, OpenAIKind kind, const Job& job) {
+RequestOptions parse_options(const json& body, ApiKind kind, const Job& job) {
   RequestOptions o;
   SamplingParams& p = o.params;
   p.temperature = optional_number(body, "temperature").value_or(job.temperature);
@@ -217,7 +217,7 @@ RequestOptions parse_options(const json& body, OpenAIKind kind, const Job& job) 
       p.stop_token_ids.push_back(static_cast<TokenId>(id.get<int64_t>()));
     }
   }
-  if (kind == OpenAIKind::CHAT) {
+  if (kind == ApiKind::CHAT_COMPLETIONS) {
     p.logprobs = optional_bool(body, "logprobs").value_or(false);
     p.top_logprobs = optional_int(body, "top_logprobs").value_or(0);
     SWARM_REQUIRE(p.top_logprobs >= 0 && p.top_logprobs <= kMaxTopLogprobs, ErrorKind::INVALID_ARGUMENT,
@@ -249,18 +249,18 @@ void resolve_output_formats(const Job& job, const Backend& backend, const std::v
     tools = detect_tool_call_format(tmpl);
   else
     parse_tool_call_format(job.tool_call_parser, &tools);
-  o.tool_format = o.has_tools && !o.tool_choice_none ? tools : ToolCallFormat::NONE;
+  o.output.tools = o.has_tools && !o.tool_choice_none ? tools : ToolCallFormat::NONE;
   ReasoningFormat reasoning = ReasoningFormat::NONE;
   if (job.reasoning_parser == "auto")
     reasoning = detect_reasoning_format(tmpl);
   else
     parse_reasoning_format(job.reasoning_parser, &reasoning);
-  o.reasoning_format = reasoning;
+  o.output.reasoning = reasoning;
   if (reasoning != ReasoningFormat::NONE) {
     std::string tail;
     for (size_t i = prompt.size() > 8 ? prompt.size() - 8 : 0; i < prompt.size(); ++i)
       tail += backend.token_text(prompt[i]);
-    o.reasoning_start = reasoning_start_from_prompt(tail);
+    o.output.reasoning_start = reasoning_start_from_prompt(tail);
   }
 }
 
@@ -283,31 +283,22 @@ std::vector<TokenId> completion_prompt(const json& body, const Backend& backend)
   throw SwarmError(ErrorKind::INVALID_ARGUMENT, "field 'prompt' must be a string or an array of token ids");
 }
 
-json bytes_of(const std::string& s) {
-  json a = json::array();
-  for (unsigned char c : s) a.push_back(static_cast<int>(c));
-  return a;
-}
-
-// Serves one request from the moment generation is handed to the backend.
+// Serves one request from the moment generation is handed to the backend: records every
+// choice as a call, counts tokens, and writes what the request's dialect makes of the answer.
+// Nothing API-specific happens here (chat_dialect.hpp). Thread-safe: a backend may report from
+// more than one thread; one mutex orders the dialect and the writes.
 class GenerationHandler final : public GenerationObserver,
                                 public SseStream,
                                 public std::enable_shared_from_this<GenerationHandler> {
  public:
-  GenerationHandler(std::shared_ptr<Metrics> metrics, OpenAIKind kind, GenerationLease lease,
-                    std::string api_key, std::shared_ptr<ResponseSink> sink, RequestOptions options,
-                    std::vector<TokenId> prompt, OpenAIContext context, std::string request_body,
-                    std::unique_ptr<ChatDialect> dialect = nullptr)
+  GenerationHandler(std::shared_ptr<Metrics> metrics, GenerationLease lease,
+                    std::shared_ptr<ResponseSink> sink, RequestOptions options, std::vector<TokenId> prompt,
+                    OpenAIContext context, std::string request_body, std::unique_ptr<ChatDialect> dialect)
       : metrics_(std::move(metrics)),
-        kind_(kind),
         lease_(std::move(lease)),
-        api_key_(std::move(api_key)),
         sink_(std::move(sink)),
         options_(std::move(options)),
         prompt_(std::move(prompt)),
-        id_((kind == OpenAIKind::COMPLETION ? "cmpl-" : "chatcmpl-") + random_hex(12)),
-        created_(std::time(nullptr)),
-        model_(lease_.backend->model_id()),
         context_(context),
         request_body_(std::move(request_body)),
         dialect_(std::move(dialect)) {}
@@ -316,11 +307,10 @@ class GenerationHandler final : public GenerationObserver,
     if (options_.stream) {
       // Opened at once; the heartbeat keeps it alive while the first token is not ready.
       sink_->start_stream(200, "text/event-stream");
-      if (dialect_)
-        send_raw(dialect_->stream_start(static_cast<int64_t>(prompt_.size())));
-      else if (kind_ == OpenAIKind::CHAT)
-        for (int64_t c = 0; c < options_.params.n; ++c)
-          send_chunk(chunk_json(c, {{"role", "assistant"}, {"content", ""}}, nullptr));
+      {
+        std::lock_guard lk(mu_);
+        write(dialect_->stream_start(static_cast<int64_t>(prompt_.size())));
+      }
       if (context_.heartbeat) context_.heartbeat->add(std::weak_ptr<SseStream>(shared_from_this()));
     }
     GenerationRequest req{prompt_, options_.params, options_.grammar};
@@ -330,120 +320,63 @@ class GenerationHandler final : public GenerationObserver,
   void on_text(int64_t choice, const std::string& delta) override {
     if (!options_.stream || delta.empty()) return;
     lease_.pool->touch(lease_.ticket.episode_uuid);
-    if (kind_ == OpenAIKind::COMPLETION) {
-      send_chunk(text_chunk_json(choice, delta, nullptr));
-      return;
-    }
-    if (dialect_) {
-      std::lock_guard lk(dialect_mu_);
-      send_raw(dialect_->stream_events(parser(static_cast<size_t>(choice)).feed(delta)));
-      return;
-    }
-    send_events(static_cast<size_t>(choice), parser(static_cast<size_t>(choice)).feed(delta));
+    const size_t c = static_cast<size_t>(choice);
+    std::lock_guard lk(mu_);
+    write(dialect_->splits_text() ? dialect_->stream_events(c, parser(c).feed(delta))
+                                  : dialect_->stream_text(c, delta));
   }
 
   void on_complete(GenerationResult result) override {
     // Record before answering, so the agent's next call (e.g. end_episode) sees it.
-    int64_t completion_tokens = 0;
-    for (auto& choice : result.choices) {
-      completion_tokens += static_cast<int64_t>(choice.ids.size());
-      LlmCall call;
-      call.prompt_ids = prompt_;
-      call.completion_ids = choice.ids;
-      call.completion_logprobs = choice.logprobs;
-      call.policy_version = choice.versions.empty() ? result.policy_version : choice.versions.front();
-      if (!choice.versions.empty() && choice.versions.back() != choice.versions.front())
-        call.completion_versions = choice.versions;  // it ran across a weight swap
-      call.finish_reason = choice.finish_reason;
-      call.temperature = static_cast<float>(logprob_temperature(options_.params.temperature));
-      call.agent = options_.agent;
-      if (options_.exchange_request) call.exchange_record = exchange_record(choice);
-      if (options_.chat_keys) {
-        const ParsedAssistant parsed =
-            parse_assistant_output(choice.text, options_.tool_format, options_.reasoning_format,
-                                   options_.parallel_tool_calls, options_.reasoning_start);
-        call.turn_key = answer_turn_key(*options_.chat_keys, answer_key(parsed.content, parsed.tool_calls));
-      }
-      Engine::finish_generation(lease_, std::move(call));
+    DialectAnswer a;
+    a.prompt_tokens = static_cast<int64_t>(prompt_.size());
+    a.policy_version = result.policy_version;
+    for (const GenerationChoice& choice : result.choices) {
+      a.completion_tokens += static_cast<int64_t>(choice.ids.size());
+      DialectChoice& d = a.choices.emplace_back();
+      d.generated = &choice;
+      d.finish_reason = choice.finish_reason;
+      d.stop_sequence = matched_stop_string(choice);
+      if (dialect_->splits_text()) d.parsed = options_.output.parse(choice.text);
+      Engine::finish_generation(lease_, recorded_call(choice, d.parsed, result.policy_version));
     }
     for (size_t i = result.choices.size(); i < static_cast<size_t>(options_.params.n); ++i)
       Engine::cancel_generation(lease_);
-    const int64_t prompt_tokens = static_cast<int64_t>(prompt_.size()) * options_.params.n;
-    metrics_->observe_tokens(prompt_tokens, completion_tokens);
-    if (dialect_) return answer_in_dialect(result);
-    json usage = {{"prompt_tokens", static_cast<int64_t>(prompt_.size())},
-                  {"completion_tokens", completion_tokens},
-                  {"total_tokens", static_cast<int64_t>(prompt_.size()) + completion_tokens}};
-    if (options_.stream && kind_ == OpenAIKind::CHAT && context_.last_chat) {
-      json assembled = base_object("chat.completion");
-      json choices = json::array();
-      for (size_t c = 0; c < result.choices.size(); ++c) {
-        std::string finish = result.choices[c].finish_reason;
-        choices.push_back({{"index", c},
-                           {"message", message_json(result.choices[c].text, finish, false)},
-                           {"finish_reason", finish}});
-      }
-      assembled["choices"] = std::move(choices);
-      assembled["usage"] = usage;
-      context_.last_chat->record(std::move(request_body_), dump_json(assembled));
-    }
-    if (options_.stream) {
-      for (size_t c = 0; c < result.choices.size(); ++c) {
-        const auto& ch = result.choices[c];
-        if (kind_ != OpenAIKind::CHAT) {
-          send_chunk(text_chunk_json(c, "", ch.finish_reason));
-          continue;
-        }
-        StreamingAssistantParser& p = parser(c);
-        send_events(c, p.finish());
-        metrics_->observe_tool_call_parse_failures(p.parse_failures());
-        bool called = false;
-        {
-          std::lock_guard lk(parse_mu_);
-          called = calls_sent_[c] > 0;
-        }
-        send_chunk(chunk_json(c, json::object(), called ? json("tool_calls") : json(ch.finish_reason)));
-      }
-      if (options_.include_usage) {
-        json last = base_object(kind_ == OpenAIKind::CHAT ? "chat.completion.chunk" : "text_completion");
-        last["choices"] = json::array();
-        last["usage"] = usage;
-        send_chunk(last);
-      }
-      end_stream();
+    metrics_->observe_tokens(a.prompt_tokens * options_.params.n, a.completion_tokens);
+    if (a.choices.empty() && dialect_->needs_a_choice())
+      return on_error(ErrorKind::INTERNAL, "no choice was generated");
+    std::lock_guard lk(mu_);
+    if (!options_.stream) {
+      int64_t failures = 0;
+      for (const DialectChoice& d : a.choices) failures += d.parsed.parse_failures;
+      metrics_->observe_tool_call_parse_failures(failures);
+      const json body = dialect_->answer(a);
+      record_last_call(a, &body);
+      HttpResponse r;
+      r.body = dump_json(body);
+      sink_->respond(std::move(r));
       return;
     }
-    json body = base_object(kind_ == OpenAIKind::CHAT ? "chat.completion" : "text_completion");
-    json choices = json::array();
-    for (size_t c = 0; c < result.choices.size(); ++c) choices.push_back(choice_json(c, result.choices[c]));
-    body["choices"] = std::move(choices);
-    body["usage"] = usage;
-    body["swarm"] = {{"episode_uuid", lease_.ticket.episode_uuid}, {"policy_version", result.policy_version}};
-    if (options_.return_token_ids) body["prompt_token_ids"] = prompt_;
-    HttpResponse r;
-    r.body = dump_json(body);
-    if (kind_ == OpenAIKind::CHAT && context_.last_chat)
-      context_.last_chat->record(std::move(request_body_), r.body);
-    sink_->respond(std::move(r));
+    if (dialect_->splits_text()) {
+      for (size_t c = 0; c < a.choices.size(); ++c) {
+        StreamingAssistantParser& p = parser(c);
+        a.choices[c].final_events = p.finish();
+        metrics_->observe_tool_call_parse_failures(p.parse_failures());
+      }
+    }
+    record_last_call(a, nullptr);
+    write(dialect_->stream_finish(a));
+    end_stream();
   }
 
   void on_error(ErrorKind kind, const std::string& message) override {
     for (int64_t i = 0; i < options_.params.n; ++i) Engine::cancel_generation(lease_);
-    HttpResponse err =
-        error_response(ErrorStyle::OPENAI, http_status_for(kind), error_type_for(kind), message);
-    if (kind_ == OpenAIKind::ANTHROPIC_MESSAGES)
-      err.body = dump_json(anthropic_error_body(err.status, message));
-    if (options_.stream && dialect_) {
-      {
-        std::lock_guard lk(dialect_mu_);
-        send_raw(dialect_->stream_error(kind, message));
-      }
-      end_stream();
-    } else if (options_.stream) {
-      send_raw("data: " + err.body + "\n\n");
+    std::lock_guard lk(mu_);
+    if (options_.stream) {
+      write(dialect_->stream_error(kind, message));
       end_stream();
     } else {
-      sink_->respond(std::move(err));
+      sink_->respond(error_response(dialect_->error_style(), kind, message));
     }
   }
 
@@ -455,31 +388,38 @@ class GenerationHandler final : public GenerationObserver,
   }
 
  private:
-  // The answer of an Anthropic / Responses request (one choice), recorded already.
-  void answer_in_dialect(const GenerationResult& result) {
-    if (result.choices.empty()) return on_error(ErrorKind::INTERNAL, "no choice was generated");
-    const GenerationChoice& ch = result.choices.front();
-    DialectAnswer a;
-    a.parsed = parse_assistant_output(ch.text, options_.tool_format, options_.reasoning_format,
-                                      options_.parallel_tool_calls, options_.reasoning_start);
-    metrics_->observe_tool_call_parse_failures(a.parsed.parse_failures);
-    a.finish_reason = ch.finish_reason;
-    a.stop_sequence = matched_stop_string(ch);
-    a.prompt_tokens = static_cast<int64_t>(prompt_.size());
-    a.completion_tokens = static_cast<int64_t>(ch.ids.size());
-    std::lock_guard lk(dialect_mu_);
-    const json whole = dialect_->answer(a);
-    if (context_.last_chat)
-      context_.last_chat->record(std::move(request_body_), dump_json(whole), dialect_->api());
-    if (options_.stream) {
-      send_raw(dialect_->stream_events(parser(0).finish()));
-      send_raw(dialect_->stream_finish(a));
-      end_stream();
-      return;
+  // One choice as the call the episode records.
+  LlmCall recorded_call(const GenerationChoice& choice, const ParsedAssistant& parsed,
+                        int64_t policy_version) const {
+    LlmCall call;
+    call.prompt_ids = prompt_;
+    call.completion_ids = choice.ids;
+    call.completion_logprobs = choice.logprobs;
+    call.policy_version = choice.versions.empty() ? policy_version : choice.versions.front();
+    if (!choice.versions.empty() && choice.versions.back() != choice.versions.front())
+      call.completion_versions = choice.versions;  // it ran across a weight swap
+    call.finish_reason = choice.finish_reason;
+    call.temperature = static_cast<float>(logprob_temperature(options_.params.temperature));
+    call.agent = options_.agent;
+    if (options_.exchange_request) {
+      std::string text;
+      for (TokenId id : choice.ids) text += lease_.backend->token_text(id);
+      std::string finish = choice.finish_reason;
+      const json message = dialect_->splits_text() ? chat_assistant_message(parsed, finish) : json();
+      call.exchange_record =
+          sapo_call_record(*options_.exchange_request, message, std::move(text), choice.finish_reason,
+                           logprob_temperature(options_.params.temperature));
     }
-    HttpResponse r;
-    r.body = dump_json(whole);
-    sink_->respond(std::move(r));
+    if (options_.chat_keys)
+      call.turn_key = answer_turn_key(*options_.chat_keys, answer_key(parsed.content, parsed.tool_calls));
+    return call;
+  }
+
+  // replay_latest_llm_call (AgentJet's overwatch): the request and the answer in its API.
+  void record_last_call(const DialectAnswer& a, const json* sent) {
+    if (!context_.last_chat) return;
+    if (auto answer = dialect_->recorded(a, sent))
+      context_.last_chat->record(std::move(request_body_), std::move(*answer), dialect_->api());
   }
 
   // The stop string that ended a choice ("" when it ended otherwise): generation stops on the
@@ -499,205 +439,50 @@ class GenerationHandler final : public GenerationObserver,
     return best;
   }
 
-  json base_object(const char* object) const {
-    return {{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}};
-  }
-
-  json chunk_json(size_t choice, json delta, const json& finish_reason) const {
-    json j = base_object("chat.completion.chunk");
-    j["choices"] =
-        json::array({{{"index", choice}, {"delta", std::move(delta)}, {"finish_reason", finish_reason}}});
-    return j;
-  }
-
-  json text_chunk_json(size_t choice, const std::string& text, const json& finish_reason) const {
-    json j = base_object("text_completion");
-    j["choices"] = json::array(
-        {{{"index", choice}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", finish_reason}}});
-    return j;
-  }
-
-  json choice_json(size_t index, const GenerationChoice& ch) const {
-    const Backend& backend = *lease_.backend;
-    json logprobs = nullptr;
-    if (options_.params.logprobs) {
-      if (kind_ == OpenAIKind::CHAT) {
-        json content = json::array();
-        for (size_t i = 0; i < ch.ids.size(); ++i) {
-          const std::string tok = backend.token_text(ch.ids[i]);
-          json top = json::array();
-          if (i < ch.top.size())
-            for (const auto& alt : ch.top[i]) {
-              const std::string t = backend.token_text(alt.id);
-              top.push_back({{"token", t}, {"logprob", alt.logprob}, {"bytes", bytes_of(t)}});
-            }
-          content.push_back(
-              {{"token", tok}, {"logprob", ch.logprobs[i]}, {"bytes", bytes_of(tok)}, {"top_logprobs", top}});
-        }
-        logprobs = {{"content", content}};
-      } else {
-        json tokens = json::array(), token_logprobs = json::array(), top = json::array();
-        for (size_t i = 0; i < ch.ids.size(); ++i) {
-          tokens.push_back(backend.token_text(ch.ids[i]));
-          token_logprobs.push_back(ch.logprobs[i]);
-          json alts = json::object();
-          if (i < ch.top.size())
-            for (const auto& alt : ch.top[i]) alts[backend.token_text(alt.id)] = alt.logprob;
-          top.push_back(alts);
-        }
-        logprobs = {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}};
-      }
-    }
-    json j = {{"index", index}, {"logprobs", logprobs}, {"finish_reason", ch.finish_reason}};
-    if (kind_ == OpenAIKind::CHAT) {
-      std::string finish = ch.finish_reason;
-      j["message"] = message_json(ch.text, finish, true);
-      j["finish_reason"] = finish;
-    } else {
-      j["text"] = ch.text;
-    }
-    if (options_.return_token_ids) j["token_ids"] = ch.ids;
-    return j;
-  }
-
-  // The call as text for the swarm (exchange/sapo_message.hpp): the request's messages (or
-  // prompt), the answer as the client saw it, and the generated tokens' text as generated.
-  std::string exchange_record(const GenerationChoice& choice) const {
-    nlohmann::ordered_json record = *options_.exchange_request;
-    if (kind_ != OpenAIKind::COMPLETION) {
-      std::string finish = choice.finish_reason;
-      const json message = message_json(choice.text, finish, false);
-      nlohmann::ordered_json completion = {{"role", "assistant"}, {"content", message["content"]}};
-      if (message.contains("reasoning_content"))
-        completion["reasoning_content"] = message["reasoning_content"];
-      if (message.contains("tool_calls")) completion["tool_calls"] = message["tool_calls"];
-      record["completion"] = std::move(completion);
-    }
-    std::string text;
-    for (TokenId id : choice.ids) text += lease_.backend->token_text(id);
-    record["text"] = std::move(text);
-    record["finish_reason"] = choice.finish_reason;
-    // The distribution its tokens were drawn from, so a receiving node trains them as sampled.
-    record["temperature"] = logprob_temperature(options_.params.temperature);
-    return record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  }
-
-  // The assistant message of a whole generated text: reasoning split off, tool calls parsed
-  // (as the request's options say). `finish` becomes "tool_calls" when there are calls.
-  json message_json(const std::string& text, std::string& finish, bool count_failures) const {
-    const ParsedAssistant parsed =
-        parse_assistant_output(text, options_.tool_format, options_.reasoning_format,
-                               options_.parallel_tool_calls, options_.reasoning_start);
-    if (count_failures) metrics_->observe_tool_call_parse_failures(parsed.parse_failures);
-    json m = {{"role", "assistant"}, {"content", parsed.content ? json(*parsed.content) : json(nullptr)}};
-    if (parsed.reasoning) {
-      m["reasoning_content"] = *parsed.reasoning;  // LangChain, SGLang
-      m["reasoning"] = *parsed.reasoning;          // OpenAI Agents SDK, vLLM
-    }
-    if (!parsed.tool_calls.empty()) {
-      json calls = json::array();
-      for (const auto& call : parsed.tool_calls)
-        calls.push_back({{"id", "call_" + random_hex(12)},
-                         {"type", "function"},
-                         {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
-      m["tool_calls"] = std::move(calls);
-      finish = "tool_calls";
-    }
-    return m;
-  }
-
+  // Under mu_.
   StreamingAssistantParser& parser(size_t choice) {
-    std::lock_guard lk(parse_mu_);
-    while (parsers_.size() <= choice) {
-      parsers_.push_back(
-          std::make_unique<StreamingAssistantParser>(options_.tool_format, options_.reasoning_format,
-                                                     options_.parallel_tool_calls, options_.reasoning_start));
-      calls_sent_.push_back(0);
-    }
+    while (parsers_.size() <= choice) parsers_.push_back(options_.output.stream_parser());
     return *parsers_[choice];
   }
 
-  // One chunk per event: content / reasoning deltas; a tool call's first delta carries index,
-  // id, type and name (the Vercel AI SDK requires both id and name there), then its arguments.
-  void send_events(size_t choice, const std::vector<StreamEvent>& events) {
-    for (const StreamEvent& e : events) {
-      switch (e.kind) {
-        case StreamEvent::CONTENT:
-          send_chunk(chunk_json(choice, {{"content", e.text}}, nullptr));
-          break;
-        case StreamEvent::REASONING:
-          send_chunk(chunk_json(choice, {{"reasoning_content", e.text}, {"reasoning", e.text}}, nullptr));
-          break;
-        case StreamEvent::TOOL_CALL_START: {
-          {
-            std::lock_guard lk(parse_mu_);
-            ++calls_sent_[choice];
-          }
-          json call = {{"index", e.index},
-                       {"id", "call_" + random_hex(12)},
-                       {"type", "function"},
-                       {"function", {{"name", e.name}, {"arguments", ""}}}};
-          send_chunk(chunk_json(choice, {{"tool_calls", json::array({call})}}, nullptr));
-          break;
-        }
-        case StreamEvent::TOOL_CALL_ARGUMENTS:
-          send_chunk(chunk_json(
-              choice,
-              {{"tool_calls", json::array({{{"index", e.index}, {"function", {{"arguments", e.text}}}}})}},
-              nullptr));
-          break;
-      }
-    }
-  }
-
   bool keep_alive(std::chrono::steady_clock::time_point now, std::chrono::milliseconds silence) override {
-    std::lock_guard lk(write_mu_);
+    std::lock_guard lk(mu_);
     if (ended_) return false;
     if (now - last_write_ >= silence) {
-      sink_->write(dialect_ ? dialect_->keep_alive() : std::string(": keep-alive\n\n"));
+      sink_->write(dialect_->keep_alive());
       last_write_ = now;
     }
     return true;
   }
 
-  void send_chunk(const json& j) { send_raw("data: " + dump_json(j) + "\n\n"); }
-
-  void send_raw(std::string text) {
-    std::lock_guard lk(write_mu_);  // backends may report from more than one thread
-    if (ended_) return;
+  // Under mu_.
+  void write(std::string text) {
+    if (ended_ || text.empty()) return;
     sink_->write(std::move(text));
     last_write_ = std::chrono::steady_clock::now();
   }
 
+  // Under mu_.
   void end_stream() {
-    std::lock_guard lk(write_mu_);
     if (ended_) return;
+    write(dialect_->stream_trailer());
     ended_ = true;
-    if (!dialect_) sink_->write("data: [DONE]\n\n");
     sink_->end_stream();
   }
 
   // Owned or shared, never borrowed: the backend may end a generation while the server stops,
   // after the service that started it is gone (docs/reliability.md, "Shutdown").
   std::shared_ptr<Metrics> metrics_;
-  OpenAIKind kind_;
   GenerationLease lease_;
-  std::string api_key_;
   std::shared_ptr<ResponseSink> sink_;
   RequestOptions options_;
   std::vector<TokenId> prompt_;
-  std::string id_;
-  int64_t created_;
-  std::string model_;
   OpenAIContext context_;
-  std::string request_body_;              // kept for LastChatCall (chat only)
-  std::unique_ptr<ChatDialect> dialect_;  // Anthropic / Responses requests: how answers are written
-  std::mutex dialect_mu_;
-  std::mutex write_mu_;
-  bool ended_ = false;   // under write_mu_
-  std::mutex parse_mu_;  // guards parsers_ / calls_sent_ growth (a backend may report from several threads)
-  std::vector<std::unique_ptr<StreamingAssistantParser>> parsers_;  // one per choice (streamed chat)
-  std::vector<int> calls_sent_;
+  std::string request_body_;  // kept for LastChatCall (chat-like APIs only)
+  std::unique_ptr<ChatDialect> dialect_;
+  std::mutex mu_;  // the dialect's stream state, the parsers, the writes
+  bool ended_ = false;
+  std::vector<std::unique_ptr<StreamingAssistantParser>> parsers_;  // one per choice (streamed chat-like)
   std::chrono::steady_clock::time_point last_write_ = std::chrono::steady_clock::now();
 };
 
@@ -791,8 +576,8 @@ std::vector<TokenId> chat_prompt(const json& body, nlohmann::ordered_json& order
   resolve_output_formats(lease.job, *lease.backend, prompt, options);
   // Structured outputs: a forced tool call wins over response_format.
   if (options.tool_required || !options.forced_tool.empty())
-    options.grammar = tool_choice_grammar(tools, options.forced_tool, options.tool_format,
-                                          options.parallel_tool_calls, *lease.backend);
+    options.grammar = tool_choice_grammar(tools, options.forced_tool, options.output.tools,
+                                          options.output.parallel_tool_calls, *lease.backend);
   else if (ordered.contains("response_format"))
     options.grammar = response_format_grammar(ordered["response_format"]);
   return prompt;
@@ -828,15 +613,15 @@ void require_json_field_nesting(const json& body) {
   }
 }
 
-ConvertedRequest convert_request(OpenAIKind kind, const std::string& text) {
+ConvertedRequest convert_request(ApiKind kind, const std::string& text) {
   ConvertedRequest c;
   (void)parse_json_object(text);  // the same checks (size, object) and messages as every route
   c.original = nlohmann::ordered_json::parse(text);
-  c.chat = kind == OpenAIKind::ANTHROPIC_MESSAGES ? anthropic_to_chat(c.original, c.notes)
-                                                  : responses_to_chat(c.original, c.notes);
+  c.chat = kind == ApiKind::ANTHROPIC_MESSAGES ? anthropic_to_chat(c.original, c.notes)
+                                               : responses_to_chat(c.original, c.notes);
   c.body = c.chat;  // the same value without key order (no re-parse)
   for (const std::string& note : c.notes)
-    spdlog::debug("{}: {}", kind == OpenAIKind::RESPONSES ? "/v1/responses" : "/v1/messages", note);
+    spdlog::debug("{}: {}", kind == ApiKind::RESPONSES ? "/v1/responses" : "/v1/messages", note);
   return c;
 }
 
@@ -860,76 +645,94 @@ HttpResponse anthropic_count_tokens(Engine& engine, const HttpRequest& request) 
     const GenerationLease& lease;
     ~Release() { engine.cancel_generation(lease); }
   } release{engine, lease};
-  ConvertedRequest c = convert_request(OpenAIKind::ANTHROPIC_MESSAGES, request.body);
-  RequestOptions options = parse_options(c.body, OpenAIKind::CHAT, lease.job);
+  ConvertedRequest c = convert_request(ApiKind::ANTHROPIC_MESSAGES, request.body);
+  RequestOptions options = parse_options(c.body, ApiKind::CHAT_COMPLETIONS, lease.job);
   const std::vector<TokenId> prompt = chat_prompt(c.body, c.chat, options, lease);
   HttpResponse r;
   r.body = dump_json({{"input_tokens", static_cast<int64_t>(prompt.size())}});
   return r;
 }
 
-void serve_generation(Engine& engine, std::shared_ptr<Metrics> metrics, OpenAIKind kind,
+void serve_generation(Engine& engine, std::shared_ptr<Metrics> metrics, ApiKind kind,
                       const HttpRequest& request, std::shared_ptr<ResponseSink> sink, OpenAIContext context) {
-  const bool dialect_kind = kind == OpenAIKind::ANTHROPIC_MESSAGES || kind == OpenAIKind::RESPONSES;
+  const bool converted = kind == ApiKind::ANTHROPIC_MESSAGES || kind == ApiKind::RESPONSES;
+  const bool chat_like = kind != ApiKind::COMPLETIONS;
   const std::string api_key =
-      kind == OpenAIKind::ANTHROPIC_MESSAGES ? anthropic_api_key(request) : bearer_key(request);
+      kind == ApiKind::ANTHROPIC_MESSAGES ? anthropic_api_key(request) : bearer_key(request);
   GenerationLease lease = engine.begin_generation(api_key);
   int64_t reserved = 1;
   try {
-    std::unique_ptr<ChatDialect> dialect;
+    // The request in the chat form (chat-like APIs) or as sent (completions).
     json body;
     nlohmann::ordered_json ordered;
-    if (dialect_kind) {
-      ConvertedRequest c = convert_request(kind, request.body);
-      body = std::move(c.body);
-      ordered = std::move(c.chat);
-      dialect = kind == OpenAIKind::ANTHROPIC_MESSAGES
-                    ? make_anthropic_dialect(lease.backend->model_id())
-                    : make_responses_dialect(lease.backend->model_id(), c.original, std::move(c.notes));
+    std::optional<ConvertedRequest> c;
+    if (converted) {
+      c = convert_request(kind, request.body);
+      body = std::move(c->body);
+      ordered = std::move(c->chat);
     } else {
       body = parse_json_object(request.body);
-      if (kind == OpenAIKind::CHAT) ordered = nlohmann::ordered_json::parse(request.body);
+      if (chat_like) ordered = nlohmann::ordered_json::parse(request.body);
     }
     require_json_field_nesting(body);
     RequestOptions options =
-        parse_options(body, kind == OpenAIKind::COMPLETION ? kind : OpenAIKind::CHAT, lease.job);
+        parse_options(body, chat_like ? ApiKind::CHAT_COMPLETIONS : ApiKind::COMPLETIONS, lease.job);
     options.agent = agent_of(body, request);
-    if (dialect_kind) {
+    if (converted) {
       const auto asked = optional_int(body, "max_tokens");
       static std::atomic<bool> told{false};  // harnesses ask for 32k-128k on every call: said once at info
       if (asked && *asked > options.params.max_tokens) {
+        const char* route = kind == ApiKind::RESPONSES ? "responses" : "anthropic_messages";
         if (!told.exchange(true))
-          spdlog::info("{}: max_tokens {} clamped to {} (the job's max_response_length; said once)",
-                       dialect->api(), *asked, options.params.max_tokens);
+          spdlog::info("{}: max_tokens {} clamped to {} (the job's max_response_length; said once)", route,
+                       *asked, options.params.max_tokens);
         else
-          spdlog::debug("{}: max_tokens {} clamped to {}", dialect->api(), *asked, options.params.max_tokens);
+          spdlog::debug("{}: max_tokens {} clamped to {}", route, *asked, options.params.max_tokens);
       }
     }
-    std::vector<TokenId> prompt = kind == OpenAIKind::COMPLETION ? completion_prompt(body, *lease.backend)
-                                                                 : chat_prompt(body, ordered, options, lease);
+    std::vector<TokenId> prompt =
+        chat_like ? chat_prompt(body, ordered, options, lease) : completion_prompt(body, *lease.backend);
     if (!lease.job.exchange_url.empty() && lease.job.exchange_publish) {
-      auto request = std::make_shared<nlohmann::ordered_json>(nlohmann::ordered_json::object());
-      if (kind == OpenAIKind::COMPLETION) {
+      if (chat_like) {
+        const nlohmann::ordered_json tools =
+            ordered.contains("tools") ? ordered["tools"] : nlohmann::ordered_json();
+        options.exchange_request =
+            std::make_shared<nlohmann::ordered_json>(sapo_chat_request(ordered["messages"], tools));
+      } else {
         std::string text;
         for (TokenId id : prompt) text += lease.backend->token_text(id);
-        (*request)["prompt"] = std::move(text);
-      } else {
-        (*request)["messages"] = ordered["messages"];
-        if (ordered.contains("tools") && ordered["tools"].is_array() && !ordered["tools"].empty())
-          (*request)["tools"] = ordered["tools"];
+        options.exchange_request =
+            std::make_shared<nlohmann::ordered_json>(sapo_prompt_request(std::move(text)));
       }
-      options.exchange_request = std::move(request);
     }
     SWARM_REQUIRE(static_cast<int64_t>(prompt.size()) <= lease.job.max_prompt_length,
                   ErrorKind::INVALID_ARGUMENT,
                   "prompt is " + std::to_string(prompt.size()) + " tokens; max_prompt_length is " +
                       std::to_string(lease.job.max_prompt_length));
+    std::unique_ptr<ChatDialect> dialect;
+    const std::string model = lease.backend->model_id();
+    if (kind == ApiKind::ANTHROPIC_MESSAGES) {
+      dialect = make_anthropic_dialect(model);
+    } else if (kind == ApiKind::RESPONSES) {
+      dialect = make_responses_dialect(model, c->original, std::move(c->notes));
+    } else {
+      OpenAIDialectOptions o;
+      o.model = model;
+      o.n = options.params.n;
+      o.logprobs = options.params.logprobs;
+      o.include_usage = options.include_usage;
+      o.return_token_ids = options.return_token_ids;
+      if (o.return_token_ids) o.prompt = prompt;
+      o.episode_uuid = lease.ticket.episode_uuid;
+      o.token_text = [backend = lease.backend](TokenId id) { return backend->token_text(id); };
+      dialect = kind == ApiKind::CHAT_COMPLETIONS ? make_chat_completions_dialect(std::move(o))
+                                                  : make_completions_dialect(std::move(o));
+    }
     // Every choice is recorded as its own call: reserve the extra ones now.
     for (; reserved < options.params.n; ++reserved) lease.pool->begin_call(api_key);
     auto handler = std::make_shared<GenerationHandler>(
-        std::move(metrics), kind, lease, api_key, std::move(sink), std::move(options), std::move(prompt),
-        context, kind != OpenAIKind::COMPLETION && context.last_chat ? request.body : std::string(),
-        std::move(dialect));
+        std::move(metrics), lease, std::move(sink), std::move(options), std::move(prompt), context,
+        chat_like && context.last_chat ? request.body : std::string(), std::move(dialect));
     reserved = 0;  // the handler owns the reservations now
     handler->start();
   } catch (...) {

@@ -18,7 +18,8 @@
 
 namespace swarm {
 
-enum class OpenAIKind { CHAT, COMPLETION, ANTHROPIC_MESSAGES, RESPONSES };
+/// The model-facing API a request arrived on; each is a dialect of the one generation path.
+enum class ApiKind { CHAT_COMPLETIONS, COMPLETIONS, ANTHROPIC_MESSAGES, RESPONSES };
 
 /// The most recent chat request and the ChatCompletion answered to it (streamed answers are
 /// assembled into one), for AgentJet's overwatch (POST /replay_latest_llm_call). Thread-safe.
@@ -81,7 +82,7 @@ HttpResponse openai_models(Engine& engine);
 /// prompt/completion ids and log-probs into the episode, and answers through `sink`.
 /// Throws SwarmError for errors found before generation starts; later errors are
 /// answered through the sink.
-void serve_generation(Engine& engine, std::shared_ptr<Metrics> metrics, OpenAIKind kind,
+void serve_generation(Engine& engine, std::shared_ptr<Metrics> metrics, ApiKind kind,
                       const HttpRequest& request, std::shared_ptr<ResponseSink> sink,
                       OpenAIContext context = {});
 

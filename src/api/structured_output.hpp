@@ -1,4 +1,4 @@
-// Structured outputs (issue 21): what a chat request's completion is constrained to.
+// Structured outputs: what a chat request's completion is constrained to.
 //
 // * response_format {"type": "json_object"}: one JSON object;
 // * response_format {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}: a JSON

@@ -274,7 +274,7 @@ ChatResult OpenAIClient::chat_stream(const nlohmann::json& messages,
           // Keep reading after [DONE] so the keep-alive connection stays usable.
           return !failure && stream_error.empty();
         });
-  } catch (const ClientError&) {
+  } catch (const Error&) {
     if (failure) std::rethrow_exception(failure);
     throw;
   } catch (const std::exception& e) {

@@ -477,7 +477,7 @@ void SwarmClient::auto_sync_train_config_and_start_engine(const Job& job, bool f
     EngineStatus st;
     try {
       st = get_engine_status();
-    } catch (const ClientError& e) {
+    } catch (const Error& e) {
       // Unreachable at the first look: say so at once. Later, while waiting for a boot,
       // ride out transient failures until the deadline.
       const auto* se = dynamic_cast<const ServerError*>(&e);

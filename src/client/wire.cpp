@@ -30,7 +30,7 @@ HttpClientResponse send(HttpClient& http, const std::string& method, const std::
                         const std::string& body, const Headers& headers) {
   try {
     return http.request(method, path, body, headers);
-  } catch (const ClientError&) {
+  } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
     http.close();

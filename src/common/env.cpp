@@ -29,8 +29,9 @@ constexpr EnvVar kEnvVars[] = {
     {"SWARM_CPU_LEVEL", "swarm-server, benchmarks",
      "Caps the CPU kernels' instruction set: `base`, `avx2` or `avx512` (only ever lowers; for tests and "
      "measurements)."},
-    {"SWARM_GEMM_SPLIT", "swarm-server", "`0`: no split GEMMs on the shared thread pool (the older plan; for "
-                                         "measuring); unset or `1`: split."},
+    {"SWARM_GEMM_SPLIT", "swarm-server",
+     "`0`: no split GEMMs on the shared thread pool (the older plan; for "
+     "measuring); unset or `1`: split."},
     {"SWARM_WIDEN_PANEL_KB", "swarm-server",
      "Bytes (KiB) of one thread's fp32 weight panel in the widening bf16 linear (default 384; for "
      "measuring)."},
@@ -60,7 +61,8 @@ std::optional<std::string> env_value(std::string_view name) {
 std::string env_reference_markdown() {
   std::string out = "| variable | read by | meaning |\n|---|---|---|\n";
   for (const EnvVar& v : kEnvVars) {
-    out += "| `" + std::string(v.name) + "` | " + std::string(v.read_by) + " | " + std::string(v.meaning) + " |\n";
+    out += "| `" + std::string(v.name) + "` | " + std::string(v.read_by) + " | " + std::string(v.meaning) +
+           " |\n";
   }
   return out;
 }

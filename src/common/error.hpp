@@ -1,5 +1,5 @@
 // The one exception family used inside swarm-server, and the SWARM_CHECK macros.
-// Exactly one place (src/api/error_mapping.cpp) turns these into HTTP status codes.
+// Exactly one place (src/http/http_error.cpp) turns these into HTTP answers.
 #pragma once
 
 #include <source_location>

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "engine/job_options.hpp"
 #include "engine/run_files.hpp"
 #include "engine/sapo.hpp"
 #include "swarm/errors.hpp"
@@ -18,19 +19,6 @@ namespace swarm {
 namespace {
 
 const char* short_name(EngineState s) { return engine_state_wire(s) + 7; }  // after "ENGINE."
-
-PoolConfig pool_config_from(const Job& job) {
-  PoolConfig c;
-  c.max_parallel_episodes = job.effective_max_parallel_episodes();
-  c.batch_size = job.batch_size;
-  c.num_repeat = job.num_repeat;
-  c.max_cached_episodes = job.effective_max_cached_episodes();
-  c.max_llm_calls_per_episode = job.max_llm_calls_per_episode;
-  c.max_claimed_per_client = job.max_claimed_per_client;
-  if (!parse_collection_method(job.sample_collection_method, &c.method))
-    throw SwarmError(ErrorKind::INVALID_ARGUMENT, "unknown sample_collection_method");
-  return c;
-}
 
 // How old what a step trains is: per trained token, the lag between the weights the trainer
 // starts from (`trainer_version`) and the weights that sampled it. Synchronous runs have lag 0
@@ -164,13 +152,13 @@ void Engine::maybe_advance_locked() {
   }
 }
 
-// Asynchronous training. A batch taken now trains on the weights of version w = policy_version_
+// Asynchronous training. A batch taken now trains on the weights of version w = global_step_
 // (the trainer is idle, so they are the ones serving), and no token of it may be older than
 // w - η: older cached episodes are dropped first. Then collection goes on while the trainer works.
 void Engine::advance_async_locked() {
   if (state_ != EngineState::ROLLING && state_ != EngineState::WEIGHT_SYNCING) return;
   if (trainer_step_ == 0) {
-    const int64_t min_version = policy_version_ - max_staleness_;
+    const int64_t min_version = global_step_ - max_staleness_;
     stale_dropped_since_step_ += pool_->drop_stale(min_version);
     if (pool_->batch_ready()) {
       int64_t dropped = 0;
@@ -324,7 +312,7 @@ void Engine::end_run_locked(const std::string& reason, bool save) {
     pool_.reset();
   }
   if (state_ != EngineState::OFFLINE) enter_locked(EngineState::OFFLINE, reason);
-  if (exchange_) post([x = std::move(exchange_)]() mutable { x.reset(); });  // joins its thread
+  if (sharing_) post([x = std::move(sharing_)]() mutable { x.reset(); });  // joins its thread
   // The store closes on the control thread after the last checkpoint of the run has pruned it.
   // What the cancelled pool held stays stored: the next start of this experiment trains on it.
   std::shared_ptr<EpisodeStore> store = std::move(store_);
@@ -405,7 +393,7 @@ void Engine::control_loop() {
 
 void Engine::run_boot(uint64_t epoch, Job job, std::string resume_from, std::stop_token stop) {
   std::shared_ptr<Backend> backend;
-  std::shared_ptr<Exchange> exchange;
+  std::shared_ptr<ExperienceSharing> sharing;
   std::shared_ptr<EpisodeStore> store;
   StoredEpisodes stored;
   std::optional<EngineCheckpointState> resumed;
@@ -428,7 +416,13 @@ void Engine::run_boot(uint64_t epoch, Job job, std::string resume_from, std::sto
     }
     backend->set_swap_listener([this, epoch](bool swapping) { on_weight_swap(epoch, swapping); });
     backend->boot(job, stop);
-    if (!job.exchange_url.empty()) exchange = make_exchange(job, backend->model_id());
+    if (!job.exchange_url.empty()) {
+      // The draw of external groups is seeded by the job and the step the run starts at.
+      const int64_t start_step = resumed ? resumed->global_step : 0;
+      sharing = std::make_shared<ExperienceSharing>(
+          job, backend->model_id(), options_.write_run_files ? experiment_path(job) / "node_id" : "",
+          static_cast<uint64_t>(job.seed) * 7919u + static_cast<uint64_t>(start_step));
+    }
     if (job.durable_episodes && options_.write_run_files) {
       EpisodeStoreOptions so;
       so.fsync_every_commit = job.durable_fsync;
@@ -459,9 +453,8 @@ void Engine::run_boot(uint64_t epoch, Job job, std::string resume_from, std::sto
       }
       backend_ = std::move(backend);
       global_step_ = resumed ? resumed->global_step : 0;
-      policy_version_ = resumed ? resumed->policy_version : 0;
       backend_step_ = checkpointed_step_ = global_step_;
-      backend_->set_policy_version(policy_version_);
+      backend_->set_policy_version(global_step_);
       if (resumed) {
         past_counters_ += resumed->counters;
         options_.resume_from.clear();  // later runs of this process start from their job's model
@@ -472,8 +465,7 @@ void Engine::run_boot(uint64_t epoch, Job job, std::string resume_from, std::sto
         pool_->restore_finished(std::move(stored.episodes));
       }
       store_ = std::move(store);
-      exchange_ = std::move(exchange);
-      exchange_rng_.seed(static_cast<uint64_t>(job.seed) * 7919u + static_cast<uint64_t>(global_step_));
+      sharing_ = std::move(sharing);
       max_staleness_ = job.max_staleness;
       trainer_step_ = 0;
       episodes_per_batch_ = job.batch_size * job.num_repeat;
@@ -486,129 +478,34 @@ void Engine::run_boot(uint64_t epoch, Job job, std::string resume_from, std::sto
     }
   }
   // stop_engine came while booting: this backend belongs to a cancelled run.
-  exchange.reset();
+  sharing.reset();
   store.reset();
   if (backend) backend->release();
 }
 
 // ------------------------------------------------------------------ swarm experience sharing
 
-std::shared_ptr<Exchange> Engine::make_exchange(const Job& job, const std::string& model) const {
-  ExchangeConfig c;
-  c.url = job.exchange_url;
-  c.credentials_file = job.exchange_credentials;
-  c.swarm_name = job.swarm_name;
-  c.node_id = job.node_id;
-  if (c.node_id.empty()) {
-    // A random id, kept in the experiment directory so that a restart is the same node.
-    const auto file = experiment_path(job) / "node_id";
-    std::ifstream in(file);
-    std::getline(in, c.node_id);
-    if (!valid_swarm_token(c.node_id)) {
-      std::random_device rd;
-      char id[17];
-      std::snprintf(id, sizeof id, "%08x%08x", rd(), rd());
-      c.node_id = std::string("node-") + id;
-      if (options_.write_run_files) {
-        std::error_code ec;
-        std::filesystem::create_directories(file.parent_path(), ec);
-        std::ofstream(file) << c.node_id << '\n';
-      }
-    }
-  }
-  c.publish = job.exchange_publish;
-  c.consume = job.exchange_consume;
-  c.max_age_seconds = job.exchange_max_age_seconds;
-  c.buffer_groups = job.exchange_buffer_groups;
-  std::stringstream trusted(job.exchange_trusted_nodes);
-  for (std::string id; std::getline(trusted, id, ',');)
-    if (!id.empty()) c.trusted_nodes.push_back(id);
-  c.max_message_bytes = job.exchange_max_message_bytes;
-  spdlog::info(
-      "engine: swarm '{}' as node {} of model {} via {} (publish {}, consume {}, {} external group(s) per "
-      "step)",
-      c.swarm_name, c.node_id, model, redact_url(c.url), c.publish, c.consume, job.sapo_external_groups);
-  return std::make_shared<Exchange>(std::move(c));
-}
-
-std::map<std::string, double> Engine::share_experience(Exchange& exchange, const Backend& backend,
-                                                       const Job& job, TrainBatch& batch,
-                                                       int64_t policy_step) {
-  std::map<std::string, double> m;
-  const double now =
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  int64_t local_episodes = 0;
-  double local_reward = 0.0;
-  for (const FinishedEpisode& e : batch.episodes) {
-    ++local_episodes;
-    local_reward += e.reward;
-  }
-  if (job.exchange_publish)
-    for (const SapoGroup& g :
-         sapo_groups_of_batch(batch, exchange.config().node_id, backend.model_id(), policy_step, now))
-      exchange.publish(g);
-  int64_t used = 0, episodes = 0;
-  if (job.sapo_external_groups > 0) {
-    for (const SapoGroup& g : exchange.draw(static_cast<size_t>(job.sapo_external_groups), exchange_rng_)) {
-      try {
-        std::vector<FinishedEpisode> eps =
-            reencode_sapo_group(g, backend, policy_step, backend.max_context_length());
-        episodes += static_cast<int64_t>(eps.size());
-        for (FinishedEpisode& e : eps) batch.episodes.push_back(std::move(e));
-        ++batch.num_tasks;
-        ++used;
-      } catch (const std::exception& e) {
-        spdlog::warn("engine: an external group from {} (task '{}') could not be re-encoded: {}", g.node_id,
-                     g.task_id, e.what());
-        exchange.note_unusable(g, SapoDrop::REENCODE);
-      }
-    }
-    if (used < job.sapo_external_groups)
-      spdlog::info("engine: step {} trains on {} of {} external group(s) (the buffer held no more)",
-                   policy_step + 1, used, job.sapo_external_groups);
-  }
-  const ExchangeStatus st = exchange.status();
-  m["external_groups"] = static_cast<double>(used);
-  m["external_episodes"] = static_cast<double>(episodes);
-  m["local_episodes"] = static_cast<double>(local_episodes);
-  if (local_episodes > 0) m["local_reward_mean"] = local_reward / static_cast<double>(local_episodes);
-  m["exchange_published"] = static_cast<double>(st.published);
-  m["exchange_received"] = static_cast<double>(st.received);
-  m["exchange_accepted"] = static_cast<double>(st.accepted);
-  m["exchange_buffered"] = static_cast<double>(st.buffered);
-  m["exchange_outbox"] = static_cast<double>(st.outbox);
-  m["exchange_connected"] = st.connected ? 1.0 : 0.0;
-  int64_t dropped = 0;
-  for (const auto& [reason, n] : st.dropped)
-    if (reason != "own") dropped += n;
-  m["exchange_dropped"] = static_cast<double>(dropped);
-  return m;
-}
-
+// One policy step on the control thread, in phases: share experience (SAPO), record the
+// batch's samples, train and sync the weights, the step's metrics and checkpoint, the agree
+// methods' hold, then the state machine moves on (finish_step_locked).
 void Engine::run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_t next_step,
                        double rollout_seconds, std::stop_token stop) {
   std::shared_ptr<Backend> backend;
-  std::shared_ptr<Exchange> exchange;
+  std::shared_ptr<ExperienceSharing> sharing;
   std::shared_ptr<EpisodeStore> store;
   std::optional<Job> job;
-  PoolCounters counters;
+  TimePoint rolling_left;
   {
     std::lock_guard lk(mu_);
     if (epoch != epoch_) return;
     backend = backend_;
-    exchange = exchange_;
+    sharing = sharing_;
     store = store_;
     job = config_;
-  }
-  std::map<std::string, double> sapo_metrics;
-  if (exchange && job) sapo_metrics = share_experience(*exchange, *backend, *job, *batch, next_step - 1);
-  TrainStepReport report;
-  std::string error;
-  TimePoint rolling_left;
-  {
-    std::lock_guard lk(mu_);
     rolling_left = rolling_left_;
   }
+  std::map<std::string, double> sapo_metrics;
+  if (sharing) sapo_metrics = sharing->share(*backend, *batch, next_step - 1);
   if (job && job->record_samples && options_.write_run_files) {
     try {
       append_samples(experiment_path(*job) / "samples.jsonl", *batch, next_step);
@@ -616,17 +513,10 @@ void Engine::run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_
       spdlog::error("engine: {}", e.what());
     }
   }
+  TrainStepReport report;
+  std::string error;
   try {
-    report = backend->train_step(*batch, next_step, stop);
-    report.global_step = next_step;
-    backend->set_policy_version(next_step);  // in-process weight sync: new weights now serve
-    backend_step_ = next_step;
-    if (store) {  // never trained twice: a restart from a later checkpoint does not reload them
-      std::vector<std::string> trained;
-      for (const FinishedEpisode& e : batch->episodes)
-        if (e.from_node.empty()) trained.push_back(e.episode_uuid);
-      store->mark_trained(std::move(trained), next_step);
-    }
+    report = train_and_sync(*backend, *batch, next_step, store.get(), stop);
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -637,39 +527,8 @@ void Engine::run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_
     report.metrics["episodes_split_by_drift"] = static_cast<double>(split);
     add_staleness_metrics(*batch, next_step - 1, report.metrics);
     report.metrics.insert(sapo_metrics.begin(), sapo_metrics.end());
-    if (options_.write_run_files && job->save_freq > 0 && next_step % job->save_freq == 0) {
-      {
-        std::lock_guard lk(mu_);
-        counters = past_counters_;
-        if (pool_) counters += pool_->counters();
-      }
-      try {
-        report.metrics["checkpoint_seconds"] = checkpoint(*backend, *job, next_step, counters, store.get());
-      } catch (const std::exception& e) {
-        spdlog::error("engine: checkpoint of step {} failed: {}", next_step, e.what());
-      }
-    }
-    if (options_.write_run_files) {
-      try {
-        append_step_metrics(experiment_path(*job) / "metrics.jsonl", report, next_step);
-      } catch (const std::exception& e) {
-        spdlog::error("engine: {}", e.what());
-      }
-    }
-  }
-  // Agree methods: AgentJet's client waits for ROLLING_POST / WEIGHT_SYNCING by sampling the
-  // state every 5 s after its agreement; a sync shorter than that would leave it waiting.
-  if (error.empty() && job && job->agree_sync_min_seconds > 0) {
-    CollectionMethod method{};
-    if (parse_collection_method(job->sample_collection_method, &method) && is_agree_method(method)) {
-      const double left = job->agree_sync_min_seconds - seconds_between(rolling_left, clock_->now());
-      if (left > 0) {
-        std::mutex m;
-        std::condition_variable_any cv;
-        std::unique_lock lk(m);
-        cv.wait_for(lk, stop, std::chrono::duration<double>(left), [] { return false; });
-      }
-    }
+    save_step(*backend, *job, next_step, store.get(), report);
+    if (is_agree_job(*job)) hold_for_agree_sync(*job, rolling_left, stop);
   }
   std::lock_guard lk(mu_);
   if (epoch != epoch_) return;
@@ -678,13 +537,71 @@ void Engine::run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_
     end_run_locked("training step " + std::to_string(next_step) + " failed: " + error, /*checkpoint=*/false);
     return;
   }
-  global_step_ = next_step;
-  policy_version_ = next_step;
+  finish_step_locked(next_step, std::move(report));
+}
+
+TrainStepReport Engine::train_and_sync(Backend& backend, const TrainBatch& batch, int64_t next_step,
+                                       EpisodeStore* store, std::stop_token stop) {
+  TrainStepReport report = backend.train_step(batch, next_step, stop);
+  report.global_step = next_step;
+  backend.set_policy_version(next_step);  // in-process weight sync: new weights now serve
+  backend_step_ = next_step;
+  if (store) {  // never trained twice: a restart from a later checkpoint does not reload them
+    std::vector<std::string> trained;
+    for (const FinishedEpisode& e : batch.episodes)
+      if (e.from_node.empty()) trained.push_back(e.episode_uuid);
+    store->mark_trained(std::move(trained), next_step);
+  }
+  return report;
+}
+
+void Engine::save_step(Backend& backend, const Job& job, int64_t step, EpisodeStore* store,
+                       TrainStepReport& report) {
+  if (!options_.write_run_files) return;
+  if (job.save_freq > 0 && step % job.save_freq == 0) {
+    PoolCounters counters;
+    {
+      std::lock_guard lk(mu_);
+      counters = past_counters_;
+      if (pool_) counters += pool_->counters();
+    }
+    try {
+      report.metrics["checkpoint_seconds"] = checkpoint(backend, job, step, counters, store);
+    } catch (const std::exception& e) {
+      spdlog::error("engine: checkpoint of step {} failed: {}", step, e.what());
+    }
+  }
+  try {
+    append_step_metrics(experiment_path(job) / "metrics.jsonl", report, step);
+  } catch (const std::exception& e) {
+    spdlog::error("engine: {}", e.what());
+  }
+}
+
+bool Engine::is_agree_job(const Job& job) {
+  CollectionMethod method{};
+  return job.agree_sync_min_seconds > 0 && parse_collection_method(job.sample_collection_method, &method) &&
+         is_agree_method(method);
+}
+
+// Agree methods: AgentJet's client waits for ROLLING_POST / WEIGHT_SYNCING by sampling the
+// state every 5 s after its agreement; a sync shorter than that would leave it waiting.
+void Engine::hold_for_agree_sync(const Job& job, TimePoint rolling_left, std::stop_token stop) {
+  const double left = job.agree_sync_min_seconds - seconds_between(rolling_left, clock_->now());
+  if (left <= 0) return;
+  std::mutex m;
+  std::condition_variable_any cv;
+  std::unique_lock lk(m);
+  cv.wait_for(lk, stop, std::chrono::duration<double>(left), [] { return false; });
+}
+
+void Engine::finish_step_locked(int64_t step, TrainStepReport report) {
+  global_step_ = step;
   trainer_step_ = 0;
-  steps_.push_back(report);
-  while (steps_.size() > options_.step_history) steps_.pop_front();
   spdlog::info("engine: step {} done in {:.2f}s: {} episodes, {} samples, {} tokens, reward mean {:.4f}",
-               next_step, report.seconds, report.episodes, report.samples, report.tokens, report.reward_mean);
+               step, report.seconds, report.episodes, report.samples, report.tokens, report.reward_mean);
+  steps_.push_back(std::move(report));
+  while (steps_.size() > options_.step_history) steps_.pop_front();
   if (config_ && config_->total_training_steps > 0 && global_step_ >= config_->total_training_steps) {
     end_run_locked("finished: reached total_training_steps = " +
                    std::to_string(config_->total_training_steps));
@@ -905,7 +822,7 @@ EngineSnapshot Engine::status() const {
   s.state = state_;
   s.detail = detail_;
   s.global_step = global_step_;
-  s.policy_version = policy_version_;
+  s.policy_version = global_step_;
   s.seconds_in_state = seconds_between(state_since_, clock_->now());
   s.config_synced = config_.has_value();
   s.backend = backend_ ? backend_->name() : options_.backend;
@@ -921,8 +838,8 @@ EngineSnapshot Engine::status() const {
     s.store = store_->stats();
     s.store_file = store_->file().string();
   }
-  if (exchange_) {
-    s.exchange = exchange_->status();
+  if (sharing_) {
+    s.exchange = sharing_->exchange()->status();
     if (!s.exchange->ready)
       s.detail += std::string(s.detail.empty() ? "" : "; ") + "exchange " +
                   (s.exchange->connected ? "not ready" : "unreachable") + " (" + s.exchange->url + ")" +

@@ -1,5 +1,5 @@
 // The engine: owns the backend and the rollout pool and drives the state machine
-// OFFLINE → BOOTING → ROLLING → ROLLING_POST → WEIGHT_SYNCING → ROLLING (DESIGN §3).
+// OFFLINE → BOOTING → ROLLING → ROLLING_POST → WEIGHT_SYNCING → ROLLING (docs/design.md).
 #pragma once
 
 #include <condition_variable>
@@ -18,6 +18,7 @@
 
 #include "common/clock.hpp"
 #include "engine/backend.hpp"
+#include "engine/sapo.hpp"
 #include "exchange/exchange.hpp"
 #include "rollout_pool/rollout_pool.hpp"
 #include "store/episode_store.hpp"
@@ -85,7 +86,7 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // ---- command API (DESIGN §5). Errors are SwarmError with a fitting kind.
+  // ---- command API (docs/design.md). Errors are SwarmError with a fitting kind.
   /// Validates and stores a config (our flat keys or AgentJet's `ajet:` tree); only in
   /// OFFLINE (CONFLICT otherwise); last one wins. Returns what was mapped and ignored.
   JobConfigReport sync_train_config(const std::string& yaml);
@@ -168,16 +169,22 @@ class Engine {
   void run_boot(uint64_t epoch, Job job, std::string resume_from, std::stop_token stop);
   void run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_t next_step, double rollout_seconds,
                  std::stop_token stop);
+  // run_train's phases (control thread). train_and_sync: the update, the new weights serving,
+  // the store told what trained. save_step: the checkpoint when due and metrics.jsonl.
+  // hold_for_agree_sync: the agree methods' least sync time. finish_step_locked: the step
+  // counts, then ROLLING again (or the run ends at total_training_steps).
+  TrainStepReport train_and_sync(Backend& backend, const TrainBatch& batch, int64_t next_step,
+                                 EpisodeStore* store, std::stop_token stop);
+  void save_step(Backend& backend, const Job& job, int64_t step, EpisodeStore* store,
+                 TrainStepReport& report);
+  static bool is_agree_job(const Job& job);
+  void hold_for_agree_sync(const Job& job, TimePoint rolling_left, std::stop_token stop);
+  void finish_step_locked(int64_t step, TrainStepReport report);
   /// Control thread: writes checkpoint step-<step> of `backend` (atomically) and returns its seconds.
   /// Then the episode store (when given) forgets what the checkpoint holds.
   double checkpoint(Backend& backend, const Job& job, int64_t step, const PoolCounters& counters,
                     EpisodeStore* store);
   void accumulate_counters_locked();
-  // Swarm experience sharing (control thread): the run's exchange, and per step publishing the
-  // batch's groups and adding J re-encoded external ones to it (returns the step's metrics).
-  std::shared_ptr<Exchange> make_exchange(const Job& job, const std::string& model) const;
-  std::map<std::string, double> share_experience(Exchange& exchange, const Backend& backend, const Job& job,
-                                                 TrainBatch& batch, int64_t policy_step);
   /// Ends the current run (any state → OFFLINE): cancels episodes, releases the backend, and
   /// (when `save`) first saves a checkpoint of steps trained since the last one.
   void end_run_locked(const std::string& reason, bool save = true);
@@ -196,30 +203,39 @@ class Engine {
   std::filesystem::path pending_code_;  // an uploaded code archive the next start copies in
   std::string detail_ = "waiting for a config (sync_train_config) and start_engine";
   std::optional<Job> config_;
-  uint64_t epoch_ = 0;  // bumped by start/stop: work from an older epoch is discarded
+  // The counters of a run. Steps count policy updates: step N is the update that turns the
+  // weights of version N-1 into version N, and the weights that serve are always version
+  // global_step_ (the policy version on the wire and in every recorded call is this number).
+  //
+  //   counter             | means                                              | written by
+  //   --------------------|----------------------------------------------------|--------------------
+  //   epoch_              | the run: bumped by start / stop / end; control-    | any thread, under mu_
+  //                       | thread work of an older epoch is discarded         |
+  //   global_step_        | steps finished and serving (the policy version)    | control thread, mu_
+  //   trainer_step_       | the step being computed now; 0 = the trainer idle  | under mu_
+  //                       | (asynchronous training collects meanwhile)         |
+  //   backend_step_       | the step the backend's weights are at: ahead of    | control thread
+  //                       | global_step_ when a stop discarded a finished step |
+  //   checkpointed_step_  | the last step saved to checkpoints/                | control thread
+  uint64_t epoch_ = 0;
   std::stop_source run_stop_;
   std::shared_ptr<Backend> backend_;
   std::shared_ptr<RolloutPool> pool_;
   int64_t global_step_ = 0;
-  int64_t policy_version_ = 0;
   std::map<std::string, int64_t> transitions_;
   PoolCounters past_counters_;  // from pools of earlier runs
   std::deque<TrainStepReport> steps_;
-  // Written by the control thread only: the step the backend's weights are at (also when a stop
-  // made run_train discard the result), and the last step checkpointed.
   int64_t backend_step_ = 0;
   int64_t checkpointed_step_ = 0;
-  // Asynchronous training (under mu_): η of the run, the step the trainer computes (0 = idle),
-  // the episodes per batch the admission bound counts in, and stale drops since the last step.
+  // Asynchronous training (under mu_): η of the run, trainer_step_ (above), the episodes per
+  // batch the admission bound counts in, and stale drops since the last step.
   int64_t max_staleness_ = 0;
   int64_t trainer_step_ = 0;
   int64_t episodes_per_batch_ = 0;
   int64_t stale_dropped_since_step_ = 0;
-  // Swarm experience sharing (SAPO) of the current run; null when exchange_url is empty. The
-  // draw's random source is the control thread's.
-  std::shared_ptr<Exchange> exchange_;
+  // Swarm experience sharing (SAPO) of the current run; null when exchange_url is empty.
+  std::shared_ptr<ExperienceSharing> sharing_;
   std::shared_ptr<EpisodeStore> store_;  // durable_episodes: finished episodes of the current run
-  std::mt19937_64 exchange_rng_;
 
   // control thread: boot, train, release run here in order
   std::mutex task_mu_;

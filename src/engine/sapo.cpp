@@ -1,11 +1,17 @@
 #include "engine/sapo.hpp"
 
+#include <spdlog/spdlog.h>
+
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <limits>
 #include <map>
 
 #include "common/error.hpp"
 #include "engine/backend.hpp"
+#include "engine/job_options.hpp"
 #include "rollout_pool/context_tracker.hpp"
 
 namespace swarm {
@@ -170,6 +176,96 @@ std::vector<FinishedEpisode> reencode_sapo_group(const SapoGroup& group, const B
     out.push_back(std::move(ep));
   }
   return out;
+}
+
+namespace {
+
+// The job's node id, else the one kept in `file`, else a new random one (kept there).
+std::string node_id_of(const Job& job, const std::filesystem::path& file) {
+  if (!job.node_id.empty()) return job.node_id;
+  std::string id;
+  if (!file.empty()) {
+    std::ifstream in(file);
+    std::getline(in, id);
+  }
+  if (valid_swarm_token(id)) return id;
+  std::random_device rd;
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%08x%08x", rd(), rd());
+  id = std::string("node-") + hex;
+  if (!file.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(file.parent_path(), ec);
+    std::ofstream(file) << id << '\n';
+  }
+  return id;
+}
+
+}  // namespace
+
+ExperienceSharing::ExperienceSharing(const Job& job, const std::string& model,
+                                     const std::filesystem::path& node_id_file, uint64_t seed)
+    : publish_(job.exchange_publish), external_groups_(job.sapo_external_groups), rng_(seed) {
+  ExchangeConfig c = exchange_config_from(job, node_id_of(job, node_id_file));
+  spdlog::info(
+      "engine: swarm '{}' as node {} of model {} via {} (publish {}, consume {}, {} external group(s) per "
+      "step)",
+      c.swarm_name, c.node_id, model, redact_url(c.url), c.publish, c.consume, external_groups_);
+  exchange_ = std::make_shared<Exchange>(std::move(c));
+}
+
+std::map<std::string, double> ExperienceSharing::share(const Backend& backend, TrainBatch& batch,
+                                                       int64_t policy_step) {
+  Exchange& exchange = *exchange_;
+  std::map<std::string, double> m;
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  int64_t local_episodes = 0;
+  double local_reward = 0.0;
+  for (const FinishedEpisode& e : batch.episodes) {
+    ++local_episodes;
+    local_reward += e.reward;
+  }
+  if (publish_)
+    for (const SapoGroup& g :
+         sapo_groups_of_batch(batch, exchange.config().node_id, backend.model_id(), policy_step, now))
+      exchange.publish(g);
+  int64_t used = 0, episodes = 0;
+  if (external_groups_ > 0) {
+    for (const SapoGroup& g : exchange.draw(static_cast<size_t>(external_groups_), rng_)) {
+      try {
+        std::vector<FinishedEpisode> eps =
+            reencode_sapo_group(g, backend, policy_step, backend.max_context_length());
+        episodes += static_cast<int64_t>(eps.size());
+        for (FinishedEpisode& e : eps) batch.episodes.push_back(std::move(e));
+        ++batch.num_tasks;
+        ++used;
+      } catch (const std::exception& e) {
+        spdlog::warn("engine: an external group from {} (task '{}') could not be re-encoded: {}", g.node_id,
+                     g.task_id, e.what());
+        exchange.note_unusable(g, SapoDrop::REENCODE);
+      }
+    }
+    if (used < external_groups_)
+      spdlog::info("engine: step {} trains on {} of {} external group(s) (the buffer held no more)",
+                   policy_step + 1, used, external_groups_);
+  }
+  const ExchangeStatus st = exchange.status();
+  m["external_groups"] = static_cast<double>(used);
+  m["external_episodes"] = static_cast<double>(episodes);
+  m["local_episodes"] = static_cast<double>(local_episodes);
+  if (local_episodes > 0) m["local_reward_mean"] = local_reward / static_cast<double>(local_episodes);
+  m["exchange_published"] = static_cast<double>(st.published);
+  m["exchange_received"] = static_cast<double>(st.received);
+  m["exchange_accepted"] = static_cast<double>(st.accepted);
+  m["exchange_buffered"] = static_cast<double>(st.buffered);
+  m["exchange_outbox"] = static_cast<double>(st.outbox);
+  m["exchange_connected"] = st.connected ? 1.0 : 0.0;
+  int64_t dropped = 0;
+  for (const auto& [reason, n] : st.dropped)
+    if (reason != "own") dropped += n;
+  m["exchange_dropped"] = static_cast<double>(dropped);
+  return m;
 }
 
 }  // namespace swarm

@@ -1,6 +1,7 @@
 // The torch backend: loads a Hugging Face model directory, serves it through the ServingEngine
 // and trains it with the PolicyTrainer; weight sync is an in-process copy between the two.
 #include "engine/torch_backend.hpp"
+#include "engine/job_options.hpp"
 #include "common/env.hpp"
 
 #include <algorithm>
@@ -33,8 +34,6 @@
 
 namespace swarm {
 namespace {
-
-constexpr int64_t kAutoKvCacheBytes = int64_t{4} << 30;
 
 // Runs fn on a thread of its own, waits for it and hands back its result (or exception).
 // libgomp keeps an OpenMP worker pool for every thread that has started a parallel region, for
@@ -148,8 +147,9 @@ RankModel load_rank_model(const Job& job, const std::filesystem::path& dir, bool
                       "' (the frozen KL reference), and it is not a model directory");
     reference = DecoderModel::load(job.model, DType::F32, device);
   }
-  r.trainer = std::make_unique<PolicyTrainer>(r.model, TrainerOptions::from_job(job), std::move(comm),
-                                            master.get(), critic.get(), critic_master.get(), reference.get());
+  r.trainer =
+      std::make_unique<PolicyTrainer>(r.model, trainer_options_from(job), std::move(comm), master.get(),
+                                      critic.get(), critic_master.get(), reference.get());
   if (resuming) load_trainer_state(dir / "trainer_state", *r.trainer);
   return r;
 }
@@ -236,23 +236,12 @@ class TorchBackend final : public Backend {
                    tokenizer_->vocab_size(), cfg.vocab_size);
 
     max_context_ = std::min(job.max_prompt_length + job.max_response_length, cfg.max_position_embeddings);
-    ServingConfig sc;
-    sc.block_size = job.kv_block_size;
-    sc.max_batch_sequences = job.max_batch_sequences;
-    sc.max_step_tokens = job.max_step_tokens;
-    sc.max_context = max_context_;
-    for (int64_t id : cfg.stop_token_ids()) sc.eos_token_ids.push_back(static_cast<TokenId>(id));
-    if (auto eos = tokenizer_->eos_id())
-      if (std::find(sc.eos_token_ids.begin(), sc.eos_token_ids.end(), *eos) == sc.eos_token_ids.end())
-        sc.eos_token_ids.push_back(*eos);
-    const int64_t bytes_per_token = KvCache::bytes_per_block(cfg, 1, model_->scalar_type());
-    if (job.kv_cache_tokens > 0) {
-      sc.kv_cache_tokens = job.kv_cache_tokens;
-    } else {
-      const int64_t seqs = std::min(job.max_batch_sequences, job.effective_max_parallel_episodes());
-      sc.kv_cache_tokens =
-          std::max(max_context_, std::min(seqs * max_context_, kAutoKvCacheBytes / bytes_per_token));
-    }
+    ServingModelFacts facts;
+    facts.max_context = max_context_;
+    for (int64_t id : cfg.stop_token_ids()) facts.stop_token_ids.push_back(static_cast<TokenId>(id));
+    facts.tokenizer_eos = tokenizer_->eos_id();
+    facts.kv_bytes_per_token = KvCache::bytes_per_block(cfg, 1, model_->scalar_type());
+    const ServingConfig sc = serving_config_from(job, facts);
     auto engine = std::make_shared<ServingEngine>(model_, tokenizer_, sc);
     engine->set_policy_version(0);
     {

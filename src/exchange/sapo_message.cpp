@@ -274,4 +274,33 @@ bool sapo_zero_advantage(const SapoGroup& group) {
   return true;
 }
 
+nlohmann::ordered_json sapo_chat_request(const nlohmann::ordered_json& messages,
+                                         const nlohmann::ordered_json& tools) {
+  nlohmann::ordered_json request = nlohmann::ordered_json::object();
+  request["messages"] = messages;
+  if (tools.is_array() && !tools.empty()) request["tools"] = tools;
+  return request;
+}
+
+nlohmann::ordered_json sapo_prompt_request(std::string prompt_text) {
+  nlohmann::ordered_json request = nlohmann::ordered_json::object();
+  request["prompt"] = std::move(prompt_text);
+  return request;
+}
+
+std::string sapo_call_record(nlohmann::ordered_json request, const nlohmann::json& message, std::string text,
+                             const std::string& finish_reason, double temperature) {
+  if (message.is_object()) {
+    nlohmann::ordered_json completion = {{"role", "assistant"}, {"content", message.at("content")}};
+    if (message.contains("reasoning_content"))
+      completion["reasoning_content"] = message.at("reasoning_content");
+    if (message.contains("tool_calls")) completion["tool_calls"] = message.at("tool_calls");
+    request["completion"] = std::move(completion);
+  }
+  request["text"] = std::move(text);
+  request["finish_reason"] = finish_reason;
+  request["temperature"] = temperature;
+  return request.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 }  // namespace swarm

@@ -29,6 +29,20 @@ struct SapoEpisode {
   nlohmann::ordered_json metadata = nlohmann::ordered_json::object();  // workflow_output.metadata
 };
 
+/// The parts of one entry of SapoEpisode::calls, built as the call is answered on the
+/// generation path. A chat call's request: {"messages", "tools" (when a non-empty array)}.
+nlohmann::ordered_json sapo_chat_request(const nlohmann::ordered_json& messages,
+                                         const nlohmann::ordered_json& tools);
+/// A completion call's request: {"prompt": the prompt's text}.
+nlohmann::ordered_json sapo_prompt_request(std::string prompt_text);
+/// The whole entry as JSON text: `request` plus, for chat calls, "completion" (the assistant
+/// message the client saw: role, content, reasoning_content, tool_calls; `message` null for
+/// completion calls), "text" (the generated tokens' text as generated), "finish_reason" and
+/// "temperature" (the distribution the tokens were drawn from, so a receiving node trains
+/// them as sampled). Invalid UTF-8 is replaced.
+std::string sapo_call_record(nlohmann::ordered_json request, const nlohmann::json& message, std::string text,
+                             const std::string& finish_reason, double temperature);
+
 /// One task group as published.
 struct SapoGroup {
   std::string node_id;

@@ -1,5 +1,5 @@
 // Byte-level context-free grammars and an incremental matcher for constrained decoding
-// (issue 21). No torch, no HTTP.
+//. No torch, no HTTP.
 //
 // A Grammar is a set of rules; a rule is a list of alternatives; an alternative is a sequence
 // of elements: a byte range, a reference to a rule, or one specific token id (a special token

@@ -1,4 +1,4 @@
-// JSON Schema -> byte grammar (issue 21): the language of JSON texts that validate against a
+// JSON Schema -> byte grammar: the language of JSON texts that validate against a
 // schema, for constrained decoding of `response_format` and tool-call arguments.
 //
 // Supported: type (a name or a list), object (properties, required, additionalProperties

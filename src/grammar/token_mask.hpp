@@ -1,4 +1,4 @@
-// Which tokens of a vocabulary a grammar state allows next (issue 21).
+// Which tokens of a vocabulary a grammar state allows next.
 //
 // Byte-level BPE tokens cross grammar boundaries, so a token is allowed when all of its bytes
 // can be fed to the matcher in turn. The vocabulary is kept as a byte trie: one walk over it,

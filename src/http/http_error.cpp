@@ -1,4 +1,4 @@
-#include "api/error_mapping.hpp"
+#include "http/http_error.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -6,8 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
-#include "rollout_pool/rollout_pool.hpp"
-#include "api/chat_dialect.hpp"
+#include "common/random_id.hpp"
 #include "http/json_body.hpp"
 #include "swarm/errors.hpp"
 
@@ -40,6 +39,46 @@ const char* code_for(ErrorKind kind) {
 
 }  // namespace
 
+ErrorStyle error_style_for_path(std::string_view path) {
+  if (path.rfind("/v1/messages", 0) == 0) return ErrorStyle::ANTHROPIC;
+  if (path.rfind("/v1/", 0) == 0) return ErrorStyle::OPENAI;
+  return ErrorStyle::COMMAND;
+}
+
+nlohmann::json anthropic_error_body(int status, const std::string& message) {
+  const char* type = "api_error";
+  switch (status) {
+    case 400:
+    case 405:
+    case 409:
+    case 422:
+      type = "invalid_request_error";
+      break;
+    case 401:
+      type = "authentication_error";
+      break;
+    case 403:
+      type = "permission_error";
+      break;
+    case 404:
+      type = "not_found_error";
+      break;
+    case 413:
+      type = "request_too_large";
+      break;
+    case 429:
+      type = "rate_limit_error";
+      break;
+    case 503:
+    case 529:
+      type = "overloaded_error";
+      break;
+    default:
+      break;
+  }
+  return {{"type", "error"}, {"error", {{"type", type}, {"message", message}}}};
+}
+
 HttpResponse error_response(ErrorStyle style, int status, const std::string& type, const std::string& message,
                             const std::string& code) {
   nlohmann::json body;
@@ -53,12 +92,19 @@ HttpResponse error_response(ErrorStyle style, int status, const std::string& typ
       {"message", message}, {"type", type}, {"code", code.empty() ? nullptr : nlohmann::json(code)}};
   // FastAPI's shape beside ours: AgentJet's Python client reads the top-level `detail`.
   body["detail"] = message;
-  if (style == ErrorStyle::COMMAND) body["success"] = false;
+  if (style == ErrorStyle::COMMAND || style == ErrorStyle::ANY) body["success"] = false;
+  // Anthropic's clients look for the top-level "type": "error"; the others ignore it.
+  if (style == ErrorStyle::ANY) body["type"] = "error";
   HttpResponse r;
   r.status = status;
   r.body = dump_json(body);
   if (status == 401) r.headers.emplace_back("WWW-Authenticate", "Bearer");
   return r;
+}
+
+HttpResponse error_response(ErrorStyle style, ErrorKind kind, const std::string& message,
+                            const std::string& code) {
+  return error_response(style, http_status_for(kind), error_type_for(kind), message, code);
 }
 
 HttpResponse error_response_from_current_exception(ErrorStyle style, const std::string& route) {

@@ -14,6 +14,7 @@
 // operation goes through with_stream() (the TLS stream, else the plain one) and tcp() (the
 // TCP layer under it, for deadlines and closing). A TLS handshake has header_timeout to finish.
 #include "http/http_transport.hpp"
+#include "http/http_error.hpp"
 
 #include <openssl/err.h>
 #include <openssl/ssl.h>
@@ -83,24 +84,11 @@ constexpr auto kLingerLimit = std::chrono::seconds(2);
 // The server whose I/O thread this is: stop() there would join the calling thread.
 thread_local const void* t_io_thread_of = nullptr;
 
-// Transport-level errors (413, 431, malformed HTTP) come before routing, so they carry
-// every shape: the OpenAI error object, the command routes' "success": false, FastAPI's
-// "detail" (AgentJet's client) and Anthropic's top-level "type": "error"; clients ignore the
-// fields they do not know.
-std::string error_json(std::string_view message, const char* type, std::string_view code) {
-  nlohmann::json j;
-  j["type"] = "error";
-  j["error"] = {{"message", message}, {"type", type}, {"code", code}};
-  j["detail"] = message;
-  j["success"] = false;
-  return j.dump();
-}
-
-HttpResponse error_response(int status, std::string_view message, ErrorKind kind, std::string_view code) {
-  HttpResponse r;
-  r.status = status;
-  r.body = error_json(message, error_type_for(kind), code);
-  return r;
+// Transport-level errors (413, 431, malformed HTTP, too many connections) come before routing:
+// they carry every API's error fields (http_error.hpp, ErrorStyle::ANY).
+HttpResponse transport_error(int status, std::string_view message, ErrorKind kind, std::string_view code) {
+  return error_response(ErrorStyle::ANY, status, error_type_for(kind), std::string(message),
+                        std::string(code));
 }
 
 bool has_crlf(std::string_view s) { return s.find_first_of("\r\n") != std::string_view::npos; }
@@ -419,8 +407,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (ec.category() == net::error::get_ssl_category() &&
         ERR_GET_REASON(static_cast<unsigned long>(ec.value())) == SSL_R_HTTP_REQUEST) {
       spdlog::debug("http: {} sent plain HTTP to the TLS port", remote_address_);
-      const std::string body = error_json("this server speaks HTTPS only: use an https:// URL",
-                                          error_type_for(ErrorKind::INVALID_ARGUMENT), "tls_required");
+      const std::string body = transport_error(400, "this server speaks HTTPS only: use an https:// URL",
+                                               ErrorKind::INVALID_ARGUMENT, "tls_required")
+                                   .body;
       plain_reply_ =
           "HTTP/1.1 400 Bad Request\r\nServer: swarm\r\nContent-Type: application/json\r\n"
           "Connection: close\r\nContent-Length: " +
@@ -582,15 +571,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
     unsigned version = parser_ && parser_->is_header_done() && parser_->get().version() == 10 ? 10 : 11;
     HttpResponse r;
     if (ec == http::error::body_limit) {
-      r = error_response(413,
-                         "request body exceeds " + std::to_string(core_->options.max_body_bytes) + " bytes",
-                         ErrorKind::PAYLOAD_TOO_LARGE, "payload_too_large");
+      r = transport_error(413,
+                          "request body exceeds " + std::to_string(core_->options.max_body_bytes) + " bytes",
+                          ErrorKind::PAYLOAD_TOO_LARGE, "payload_too_large");
     } else if (ec == http::error::header_limit) {
-      r = error_response(431, "request headers exceed " + std::to_string(kHeaderLimit) + " bytes",
-                         ErrorKind::INVALID_ARGUMENT, "headers_too_large");
+      r = transport_error(431, "request headers exceed " + std::to_string(kHeaderLimit) + " bytes",
+                          ErrorKind::INVALID_ARGUMENT, "headers_too_large");
     } else {
-      r = error_response(400, "malformed HTTP request: " + ec.message(), ErrorKind::INVALID_ARGUMENT,
-                         "bad_request");
+      r = transport_error(400, "malformed HTTP request: " + ec.message(), ErrorKind::INVALID_ARGUMENT,
+                          "bad_request");
     }
     parser_.reset();
     Slot& slot = slots_.emplace_back();
@@ -756,7 +745,7 @@ class ConnectionSink final : public ResponseSink {
     if (s == kNone) {
       conn_->run_on_strand([c = conn_, id = id_] {
         HttpResponse r =
-            error_response(500, "handler did not respond", ErrorKind::INTERNAL, "internal_error");
+            transport_error(500, "handler did not respond", ErrorKind::INTERNAL, "internal_error");
         c->on_respond(id, r);
       });
     } else if (s == kStreaming) {
@@ -808,13 +797,13 @@ void Connection::dispatch_request(HttpRequest&& req, std::uint64_t id) {
   } catch (const std::exception& e) {
     auto ref = ++core_->error_ref;
     spdlog::error("http handler threw (ref {}): {}", ref, e.what());
-    sink->respond(error_response(500, "internal server error (ref " + std::to_string(ref) + ")",
-                                 ErrorKind::INTERNAL, "internal_error"));
+    sink->respond(transport_error(500, "internal server error (ref " + std::to_string(ref) + ")",
+                                  ErrorKind::INTERNAL, "internal_error"));
   } catch (...) {
     auto ref = ++core_->error_ref;
     spdlog::error("http handler threw a non-std exception (ref {})", ref);
-    sink->respond(error_response(500, "internal server error (ref " + std::to_string(ref) + ")",
-                                 ErrorKind::INTERNAL, "internal_error"));
+    sink->respond(transport_error(500, "internal server error (ref " + std::to_string(ref) + ")",
+                                  ErrorKind::INTERNAL, "internal_error"));
   }
 }
 
@@ -890,8 +879,9 @@ struct HttpServer::Impl {
       spdlog::warn(
           "http: {} connection(s) refused with 503: {} are open, the most allowed (--max-connections)", n,
           core->max_connections);
-    const std::string body =
-        R"({"error":{"message":"too many open connections; retry later","type":"unavailable","code":"too_many_connections"}})";
+    const std::string body = transport_error(503, "too many open connections; retry later",
+                                             ErrorKind::UNAVAILABLE, "too_many_connections")
+                                 .body;
     std::string out =
         "HTTP/1.1 503 Service Unavailable\r\nServer: swarm\r\nContent-Type: application/json\r\nRetry-After: "
         "1\r\n"

@@ -1,4 +1,4 @@
-// Token sampling for the serving engine (issue 4 §2 "Sampling per request"): turns one row of
+// Token sampling for the serving engine: turns one row of
 // next-token logits per sequence into a token, its log-probability and the top alternatives,
 // honouring each request's temperature / top-k / top-p and its own random stream.
 //

@@ -1,5 +1,5 @@
 // The serving engine: one scheduling thread owns a DecoderModel and its paged KV cache and
-// runs continuous batching over every request the HTTP side submits (DESIGN §2, issue 4 §2).
+// runs continuous batching over every request the HTTP side submits (docs/design.md).
 //
 // Every step the loop
 //   1. takes new requests (each choice of an `n` > 1 request is its own sequence),

@@ -315,11 +315,9 @@ class Mapper {
       const int64_t g = is_null(per_node) ? 1 : as_int("trainer_common.n_gpus_per_node", per_node);
       if (nn < 1 || g < 1)
         bad("ajet.trainer_common.n_gpus_per_node", "needs n_gpus_per_node >= 1 and nnodes >= 1");
-      set("n_gpu", std::to_string(nn * g), "ajet.trainer_common.n_gpus_per_node");
       if (nn * g > 1)
         warn("ajet.trainer_common.n_gpus_per_node x nnodes = " + std::to_string(nn * g) +
-             " GPUs is recorded as n_gpu but does not choose the hardware: swarm trains on the ranks "
-             "swarm-server was started with (--nproc, or RANK/WORLD_SIZE per machine)");
+             " GPUs does not choose the hardware: " + job_keys::kRanksAreTheServers);
     }
     for (const char* path : {"trainer_common.loss_weight_normalization_episode_level",
                              "trainer_common.advantage_estimation_episode_level"}) {

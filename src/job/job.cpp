@@ -17,6 +17,8 @@
 #include "job/job_keys.hpp"
 #include "swarm/errors.hpp"
 
+#include <spdlog/spdlog.h>
+
 namespace swarm {
 namespace {
 
@@ -36,7 +38,6 @@ const std::vector<Field>& field_table() {
       {"experiment_dir", &Job::experiment_dir,
        "Root directory for metrics, checkpoints and logs: "
        "<experiment_dir>/<project_name>/<experiment_name>."},
-      {"n_gpu", &Job::n_gpu, "Number of GPUs (ranks) to train on; 1 on CPU."},
       {"model", &Job::model, "Hugging Face model directory (required; any name with the mock engine)."},
       {"batch_size", &Job::batch_size, "Tasks per policy step."},
       {"num_repeat", &Job::num_repeat, "Episodes per task: the GRPO group size."},
@@ -394,6 +395,14 @@ Job parse_yaml(const std::string& yaml_text, JobConfigReport* report, bool valid
   for (const auto& kv : root) {
     const std::string key = job_keys::key_text(kv.first);
     if (!seen.insert(key).second) bad(key, "appears twice");
+    if (key == job_keys::kRemovedRanksKey) {
+      // Older configs (and run directories' job.yaml) carry it; it never chose the hardware.
+      const std::string why =
+          std::string(job_keys::kRemovedRanksKey) + " is ignored: " + job_keys::kRanksAreTheServers;
+      if (report) report->warnings.push_back(why);
+      spdlog::warn("job config: {}", why);
+      continue;
+    }
     const Field* field = find_field(key);
     if (!field) bad(key, "unknown key (see docs/configuration.md for the valid keys)");
     assign(job, *field, kv.second, key);
@@ -456,7 +465,6 @@ void Job::validate() const {
   if (model.empty()) bad("model", "is required (a Hugging Face model directory)");
   if (project_name.empty()) bad("project_name", "must not be empty");
   if (experiment_name.empty()) bad("experiment_name", "must not be empty");
-  if (n_gpu < 1) bad("n_gpu", "must be >= 1");
   if (batch_size < 1) bad("batch_size", "must be >= 1");
   if (num_repeat < 1) bad("num_repeat", "must be >= 1");
   require_one_of("sample_collection_method", sample_collection_method,

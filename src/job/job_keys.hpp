@@ -10,6 +10,13 @@
 
 namespace swarm::job_keys {
 
+/// A former key, accepted with a warning and ignored: the number of ranks is a property of the
+/// running server, not of the job.
+inline constexpr const char* kRemovedRanksKey = "n_gpu";
+inline constexpr const char* kRanksAreTheServers =
+    "swarm trains on the ranks swarm-server was started with (--nproc N, or RANK/WORLD_SIZE per "
+    "machine; docs/concepts.md, \"Several ranks\")";
+
 /// A mapping key as text; ConfigError("config has a non-string key") otherwise.
 std::string key_text(const YAML::Node& key);
 /// True when `key` is one of the flat keys.

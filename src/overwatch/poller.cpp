@@ -51,7 +51,7 @@ PollResult Poller::poll() {
       return result;
     }
     snap.pool = parse_pool_information(r.body);
-  } catch (const ClientError& e) {
+  } catch (const Error& e) {
     http_->close();  // start the next attempt on a fresh connection
     result.error = e.what();
     return result;
@@ -63,13 +63,13 @@ PollResult Poller::poll() {
   try {
     const HttpClientResponse r = http_->request("GET", "/get_engine_status");
     if (r.status == 200) snap.engine = parse_engine_status(r.body);
-  } catch (const ClientError&) {
+  } catch (const Error&) {
     http_->close();
   } catch (const std::exception&) {}
   try {
     const HttpClientResponse r = http_->request("GET", "/metrics");
     if (r.status == 200) snap.requests = request_stats_from_metrics(r.body);
-  } catch (const ClientError&) {
+  } catch (const Error&) {
     http_->close();
   } catch (const std::exception&) {}
   result.snapshot = std::move(snap);

@@ -1,4 +1,4 @@
-// Turns an episode's recorded LLM calls into training samples (DESIGN §4).
+// Turns an episode's recorded LLM calls into training samples (docs/design.md).
 #pragma once
 
 #include <vector>

@@ -16,6 +16,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "common/clock.hpp"
+#include "common/random_id.hpp"
 #include "rollout_pool/journal.hpp"
 #include "rollout_pool/types.hpp"
 
@@ -387,10 +388,5 @@ class RolloutPool {
   static constexpr double kMaxDiscardEpisodeTimeout = 86400.0;  // seconds
   static constexpr size_t kMaxEndWaiters = 16;
 };
-
-/// Unguessable identifiers from the OS CSPRNG (std::random_device), hex encoded.
-std::string random_hex(size_t bytes);
-/// A random RFC 4122 version-4 UUID string.
-std::string random_uuid();
 
 }  // namespace swarm

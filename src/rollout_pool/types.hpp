@@ -94,7 +94,7 @@ struct TrainBatch {
   }
 };
 
-/// How the pool decides the batch is complete (DESIGN §4).
+/// How the pool decides the batch is complete (docs/design.md).
 enum class CollectionMethod {
   ENOUGH_EPISODES,         // rollout_until_finish_enough_episodes
   ENOUGH_TASKS,            // rollout_until_finish_enough_tasks (default)

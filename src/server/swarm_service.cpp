@@ -10,7 +10,7 @@
 #include <optional>
 
 #include "common/error.hpp"
-#include "api/error_mapping.hpp"
+#include "http/http_error.hpp"
 #include "http/json_body.hpp"
 #include "api/openai_routes.hpp"
 #include "server/pool_info.hpp"
@@ -119,9 +119,6 @@ std::string keyed_client_id(const std::string& key, const std::string& client_uu
   }
   return out;
 }
-
-// Anthropic's routes answer errors in Anthropic's shape.
-bool anthropic_path(const std::string& path) { return path.rfind("/v1/messages", 0) == 0; }
 
 // Records status and latency when the answer is handed to the transport.
 class MeteredSink final : public ResponseSink {
@@ -311,10 +308,7 @@ void SwarmService::handle(HttpRequest&& request, std::shared_ptr<ResponseSink> r
   }
   const std::string route_name = route ? route->path : (path_known ? request.path : "other");
   auto sink = std::make_shared<MeteredSink>(std::move(raw_sink), metrics_, route_name);
-  const bool openai_path = request.path.rfind("/v1/", 0) == 0;
-  const ErrorStyle style = anthropic_path(request.path) ? ErrorStyle::ANTHROPIC
-                           : openai_path                ? ErrorStyle::OPENAI
-                                                        : ErrorStyle::COMMAND;
+  const ErrorStyle style = error_style_for_path(request.path);
   if (!route) {
     if (path_known)
       sink->respond(error_response(style, 405, "invalid_request_error",
@@ -557,10 +551,10 @@ void SwarmService::handle_openai(const std::string& route, HttpRequest&& request
     sink->respond(anthropic_count_tokens(engine_, request));
     return;
   }
-  const OpenAIKind kind = route == "/v1/chat/completions" ? OpenAIKind::CHAT
-                          : route == "/v1/messages"       ? OpenAIKind::ANTHROPIC_MESSAGES
-                          : route == "/v1/responses"      ? OpenAIKind::RESPONSES
-                                                          : OpenAIKind::COMPLETION;
+  const ApiKind kind = route == "/v1/chat/completions" ? ApiKind::CHAT_COMPLETIONS
+                       : route == "/v1/messages"       ? ApiKind::ANTHROPIC_MESSAGES
+                       : route == "/v1/responses"      ? ApiKind::RESPONSES
+                                                       : ApiKind::COMPLETIONS;
   serve_generation(engine_, metrics_, kind, request, std::move(sink), OpenAIContext{last_chat_, &heartbeat_});
 }
 

@@ -1,4 +1,4 @@
-// The PPO critic (issue 23 §2): a value model trained beside the policy.
+// The PPO critic: a value model trained beside the policy.
 //
 // A decoder trunk (by default a copy of the policy's own weights at the start, or another model
 // directory with the same vocabulary: job key critic_model) and a value head reading its final

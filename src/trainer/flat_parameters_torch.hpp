@@ -1,4 +1,4 @@
-// The parameters of one trained model as one flat buffer with its AdamW state (DESIGN §6), shared
+// The parameters of one trained model as one flat buffer with its AdamW state (docs/design.md), shared
 // by the policy and the PPO critic.
 //
 // Every parameter lives in one flat buffer in the compute dtype (`weights`); a model built on
@@ -20,16 +20,9 @@
 #include <torch/types.h>
 
 #include "dist/collectives_torch.hpp"
+#include "trainer/trainer_options.hpp"
 
 namespace swarm {
-
-struct AdamWOptions {
-  double weight_decay = 0.01;
-  double grad_clip = 1.0;  // max global gradient norm; 0 = no clipping
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-};
 
 class FlatParameters {
  public:

@@ -1,4 +1,4 @@
-// Dense credit for PPO (issue 23 §2): where each reward lands in a sample, and generalised
+// Dense credit for PPO: where each reward lands in a sample, and generalised
 // advantage estimation over its generated tokens. No torch (the value model that supplies the
 // values is the trainer's part).
 #pragma once

@@ -21,7 +21,7 @@ enum class AdvantageEstimator {
 enum class LossAggregation { TOKEN_MEAN, SEQ_MEAN_TOKEN_MEAN };
 /// What a GRPO group is (job key `group_by`).
 enum class GroupBy {
-  TASK,             // every sample of a task's episodes, on the episode reward (DESIGN §6)
+  TASK,             // every sample of a task's episodes, on the episode reward (docs/design.md)
   TASK_AGENT_TURN,  // AT-GRPO: the calls of one task, one agent, one turn index, on turn rewards
 };
 enum class KlEstimator { K1, K3 };

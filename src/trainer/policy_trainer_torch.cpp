@@ -137,36 +137,6 @@ struct ChunkedHeadLogprobs : public torch::autograd::Function<ChunkedHeadLogprob
 
 }  // namespace
 
-TrainerOptions TrainerOptions::from_job(const Job& job) {
-  TrainerOptions o;
-  o.learning_rate = job.learning_rate;
-  o.lr_schedule = job.lr_schedule;
-  o.lr_warmup_steps = job.lr_warmup_steps;
-  o.total_training_steps = job.total_training_steps;
-  o.weight_decay = job.weight_decay;
-  o.grad_clip = job.grad_clip;
-  o.advantage_estimator = parse_advantage_estimator(job.advantage_estimator);
-  o.group_by = parse_group_by(job.group_by);
-  o.clip_ratio_low = job.clip_ratio_low;
-  o.clip_ratio_high = job.clip_ratio_high;
-  o.loss_aggregation = parse_loss_aggregation(job.loss_agg_mode);
-  o.use_kl_loss = job.use_kl_loss;
-  o.kl_coef = job.kl_coef;
-  o.kl_estimator = parse_kl_estimator(job.kl_estimator);
-  o.ppo_epochs = job.ppo_epochs;
-  o.ppo_mini_batch_size = job.ppo_mini_batch_size;
-  o.micro_batch_max_tokens = job.micro_batch_max_tokens;
-  o.ppo = job.algorithm == "ppo";
-  o.gamma = job.gamma;
-  o.lam = job.lam;
-  o.critic_learning_rate = job.critic_learning_rate;
-  o.cliprange_value = job.cliprange_value;
-  o.critic_warmup = job.critic_warmup;
-  o.off_policy = parse_off_policy_correction(job.effective_off_policy_correction());
-  o.is_cap = job.is_cap;
-  return o;
-}
-
 torch::Tensor kl_penalty(const torch::Tensor& logprobs, const torch::Tensor& ref_logprobs,
                          KlEstimator estimator) {
   if (estimator == KlEstimator::K1) return logprobs - ref_logprobs;
@@ -175,15 +145,6 @@ torch::Tensor kl_penalty(const torch::Tensor& logprobs, const torch::Tensor& ref
   // (the gradient is zero beyond either bound).
   const torch::Tensor d = torch::clamp(ref_logprobs - logprobs, -kKlLogRatioBound, kKlLogRatioBound);
   return torch::clamp(torch::exp(d) - d - 1.0, -kKlValueBound, kKlValueBound);
-}
-
-OffPolicyCorrection parse_off_policy_correction(const std::string& name) {
-  if (name == "none") return OffPolicyCorrection::NONE;
-  if (name == "tis") return OffPolicyCorrection::TIS;
-  if (name == "decoupled") return OffPolicyCorrection::DECOUPLED;
-  throw SwarmError(
-      ErrorKind::INVALID_ARGUMENT,
-      "off_policy_correction must be none, tis or decoupled (auto is resolved by the job), got " + name);
 }
 
 void LossSums::add(const LossSums& o) {
@@ -218,9 +179,9 @@ struct PolicyTrainer::MicroBatchInputs {
 };
 
 PolicyTrainer::PolicyTrainer(std::shared_ptr<DecoderModel> serving_model, TrainerOptions options,
-                         std::shared_ptr<Collectives> comm, const DecoderModel* master_source,
-                         const DecoderModel* critic_source, const DecoderModel* critic_master,
-                         const DecoderModel* reference_source)
+                             std::shared_ptr<Collectives> comm, const DecoderModel* master_source,
+                             const DecoderModel* critic_source, const DecoderModel* critic_master,
+                             const DecoderModel* reference_source)
     : serving_(std::move(serving_model)), options_(std::move(options)), comm_(std::move(comm)) {
   SWARM_CHECK(serving_ != nullptr, "PolicyTrainer needs a model");
   if (!comm_) comm_ = make_single_process_collectives();
@@ -291,7 +252,7 @@ PolicyTrainer::PolicyTrainer(std::shared_ptr<DecoderModel> serving_model, Traine
 PolicyTrainer::~PolicyTrainer() = default;
 
 PolicyTrainer::MicroBatchInputs PolicyTrainer::build_inputs(const PreparedBatch& batch,
-                                                        const std::vector<size_t>& micro) const {
+                                                            const std::vector<size_t>& micro) const {
   MicroBatchInputs in;
   const auto B = static_cast<int64_t>(micro.size());
   int64_t T = 0;
@@ -348,7 +309,7 @@ PolicyTrainer::MicroBatchInputs PolicyTrainer::build_inputs(const PreparedBatch&
 }
 
 torch::Tensor PolicyTrainer::selected_logprobs(const DecoderModel& model, const MicroBatchInputs& in,
-                                             torch::Tensor* entropy) {
+                                               torch::Tensor* entropy) {
   const torch::Tensor hidden = model.final_hidden(in.ids, in.lengths);  // [B, T, H]
   // The LM head only where a trained token is predicted: prompts can be most of the tokens.
   const torch::Tensor h = hidden.reshape({-1, hidden.size(-1)}).index_select(0, in.positions);
@@ -364,7 +325,7 @@ torch::Tensor PolicyTrainer::selected_logprobs(const DecoderModel& model, const 
 }
 
 std::vector<torch::Tensor> PolicyTrainer::token_logprobs(const PreparedBatch& batch,
-                                                       const std::vector<size_t>& seq_indices) {
+                                                         const std::vector<size_t>& seq_indices) {
   torch::NoGradGuard no_grad;
   const MicroBatchInputs in = build_inputs(batch, seq_indices);
   const torch::Tensor lp = selected_logprobs(*train_model_, in, nullptr);
@@ -378,7 +339,7 @@ std::vector<torch::Tensor> PolicyTrainer::token_logprobs(const PreparedBatch& ba
 }
 
 LossSums PolicyTrainer::accumulate_gradients(const PreparedBatch& batch, const std::vector<size_t>& micro,
-                                           const std::vector<torch::Tensor>& old_logprobs, double norm) {
+                                             const std::vector<torch::Tensor>& old_logprobs, double norm) {
   SWARM_REQUIRE(norm > 0, ErrorKind::INVALID_ARGUMENT, "loss normaliser must be > 0");
   const MicroBatchInputs in = build_inputs(batch, micro);
   torch::Tensor entropy;
@@ -592,7 +553,7 @@ PolicyTrainer::GaeTargets PolicyTrainer::compute_advantages(PreparedBatch& batch
 }
 
 std::map<std::string, double> PolicyTrainer::train(const TrainBatch& batch, int64_t step,
-                                                 const ExclusiveRunner& exclusive, std::stop_token stop) {
+                                                   const ExclusiveRunner& exclusive, std::stop_token stop) {
   const auto t_start = std::chrono::steady_clock::now();
   std::map<std::string, double> m;
   PreparedBatch prepared = prepare_batch(batch, options_.advantage_estimator, 1e-6, options_.group_by);

@@ -1,4 +1,4 @@
-// The real agent harnesses against claimed episodes (issue 22 §4).
+// The real agent harnesses against claimed episodes.
 //
 // Usage: node tests/harness/harnesses.mjs <path-to-swarm-server> [--torch <path-to-swarm-model>]
 //

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# examples/at_grpo_agent end to end on the mock engine (issue 23 §3): two roles per episode
+# examples/at_grpo_agent end to end on the mock engine: two roles per episode
 # (proposer, checker), each call naming its agent, turn rewards per call, group_by
 # task_agent_turn; every step must print its line and the engine must train. The grouping
 # itself is checked token by token in test_grpo_batch (TaskAgentTurn...) and on the wire in

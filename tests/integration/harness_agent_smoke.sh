@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# examples/harness_agent end to end (issue 22 §5): Claude Code and Codex (tests/harness) each run
+# examples/harness_agent end to end: Claude Code and Codex (tests/harness) each run
 # the file task on claimed episodes. On the mock engine (--scripted, greedy) every episode must
 # write the right answer.txt (reward 1) and the engine must train; on the torch engine (a random
 # tiny Qwen3 with Qwen3's template) Claude Code runs one policy step: a random model does not

@@ -43,7 +43,7 @@ grep -qx "GOMP_SPINCOUNT=3000" "$work/environ" || fail "torch engine: GOMP_SPINC
 [ "$(spincounts)" = "GOMP_SPINCOUNT = '300000' GOMP_SPINCOUNT = '3000' " ] ||
   fail "torch engine: libgomp should load with its default, then with 3000 after the restart; saw: $(spincounts)"
 
-# The start-up line names the CPU level and the paths picked (issue 29 §2), and follows the
+# The start-up line names the CPU level and the paths picked, and follows the
 # switches that make the machine behave as AVX2.
 grep -Eq "kernel level (base|avx2|avx512|avx512bf16); bf16 matmuls .*ATen kernels [A-Z0-9 ]+, oneDNN " "$work/log" ||
   fail "torch engine: no start-up line with the kernel level, the bf16 path and the libraries' levels"

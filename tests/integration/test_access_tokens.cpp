@@ -1,4 +1,4 @@
-// Who may call what (issue 26 §2): with an admin token the run's control routes answer 401 and
+// Who may call what: with an admin token the run's control routes answer 401 and
 // change nothing without it; with a client token so do the episode routes; status stays open,
 // the model endpoints keep their per-episode keys, and the SDK sends what it is given.
 #include <gtest/gtest.h>
@@ -165,7 +165,7 @@ TEST(AccessTokens, AnAgentCannotLearnAnotherAgentsClientIdFromAnOpenRoute) {
 
 namespace {
 
-// TLS (issue 26 §2): a server with a certificate serves the whole protocol over HTTPS; the SDK
+// TLS: a server with a certificate serves the whole protocol over HTTPS; the SDK
 // verifies the certificate against the CA it is given, hands it on to the episode's OpenAI
 // endpoint (an https:// URL), and refuses a server it cannot verify.
 TEST(Tls, TheSdkRunsEpisodesOverHttpsAndVerifiesTheServer) {

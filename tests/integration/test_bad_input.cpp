@@ -324,7 +324,7 @@ TEST_F(BadInput, WrongTypesAreRejectedNamingTheField) {
   chat_error(victim_, {{"messages", json::array({"hi"})}}, 400, "messages[0]");
   chat_error(victim_, {{"messages", json::array({{{"role", "wizard"}, {"content", "hi"}}})}}, 400, "role");
   chat_error(victim_, {{"messages", msgs}, {"n", 0}}, 400, "'n'");
-  // Tool fields (issue 20): each error names the field.
+  // Tool fields: each error names the field.
   const json tool = {{"type", "function"}, {"function", {{"name", "add"}, {"parameters", json::object()}}}};
   chat_error(victim_, {{"messages", msgs}, {"tools", "add"}}, 400, "'tools'");
   chat_error(victim_, {{"messages", msgs}, {"tools", json::array({nullptr})}}, 400, "tools[0]");
@@ -337,7 +337,7 @@ TEST_F(BadInput, WrongTypesAreRejectedNamingTheField) {
   chat_error(victim_, {{"messages", msgs}, {"tools", json::array({tool})}, {"tool_choice", "always"}}, 400,
              "tool_choice");
   chat_error(victim_, {{"messages", msgs}, {"tool_choice", "required"}}, 400, "offers no 'tools'");
-  // Structured outputs (issue 21): schemas that cannot be honoured are refused, naming what.
+  // Structured outputs: schemas that cannot be honoured are refused, naming what.
   const auto with_schema = [&](const json& schema) {
     return json{
         {"messages", msgs},

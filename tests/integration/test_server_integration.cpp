@@ -180,7 +180,7 @@ TEST(ServerIntegration, OpenAIClientRunsAToolLoop) {
   ASSERT_TRUE(server.engine().wait_for_step(1, 10s));
 }
 
-// Issue 20 §3: an agent's SDK sends the server's tool calls back re-serialized (arguments
+// An agent's SDK sends the server's tool calls back re-serialized (arguments
 // without the generated spaces, keys reordered, content "" instead of null). With
 // exact_history_tokens (default) the three calls still make one sample: each prompt continues
 // from the ids generated before it, the loss mask is 1 exactly on generated ids. With it off,

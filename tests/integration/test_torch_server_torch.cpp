@@ -140,7 +140,7 @@ TEST(TorchServer, ThreeTurnConversationIsRecordedExactlyAndMergedIntoOneSample) 
   ASSERT_EQ(batches[0].episodes.size(), 1u);
   const auto& samples = batches[0].episodes[0].samples;
 
-  // Build the expected timelines from what the API returned, by the DESIGN §4 rule.
+  // Build the expected timelines from what the API returned, by the episode rule (docs/design.md).
   struct Timeline {
     std::vector<TokenId> ids;
     std::vector<uint8_t> mask;
@@ -336,7 +336,7 @@ TEST(TorchServer, OpenAIRoutesServeTheModel) {
   client.abort_episode(ep.episode_uuid);
 }
 
-// Structured outputs on the torch engine (issue 21 §3): a random-weights model sampling at
+// Structured outputs on the torch engine: a random-weights model sampling at
 // temperature 1 under seeded random schemas. Every completion that finishes (not cut by
 // max_tokens) must parse and validate (python3-jsonschema, independent of our grammar code);
 // forced tool calls come back as calls of the right tool with arguments of its schema.

@@ -1,4 +1,4 @@
-// Wire compatibility (DESIGN §5): every route spoken with raw HTTP + JSON, exactly as a
+// Wire compatibility (docs/design.md): every route spoken with raw HTTP + JSON, exactly as a
 // client written for the peer system (AgentJet's Python swarm client) would speak it.
 // Deliberately does not use the SDK: exact paths, field names and shapes are the contract.
 #include <gtest/gtest.h>
@@ -781,7 +781,7 @@ TEST(WireProtocol, GeneratedToolCallsAndReasoningAreParsed) {
   EXPECT_NE(metrics.body.find("swarm_tool_call_parse_failures_total 1"), std::string::npos) << metrics.body;
 }
 
-// Structured outputs (issue 21) on the mock engine, which answers a constrained request with a
+// Structured outputs on the mock engine, which answers a constrained request with a
 // random sentence of the grammar: the content is JSON of the schema, a forced tool call is a
 // call of the named tool with arguments of its parameters schema.
 TEST(WireProtocol, ResponseFormatAndForcedToolCallsAreConstrained) {
@@ -876,7 +876,7 @@ TEST(WireProtocol, StartAndStopAcceptAnEmptyBodyAsPythonRequestsSendsIt) {
 
 namespace {
 
-// Finer rewards and agent names (issue 23): `swarm.agent` / `x-swarm-agent` name each call's
+// Finer rewards and agent names: `swarm.agent` / `x-swarm-agent` name each call's
 // agent, workflow_output.turn_rewards / token_rewards must match the episode's calls (400s
 // naming the numbers), and what is accepted reaches the training batch: the episode's turn
 // rewards, each merged call's agent and turn index, the token rewards on the generated tokens.

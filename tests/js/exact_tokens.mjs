@@ -1,4 +1,4 @@
-// Exact tokens across turns, on the torch engine, driven by real agent frameworks (issue 20 §3, §4).
+// Exact tokens across turns, on the torch engine, driven by real agent frameworks.
 //
 // Usage: node tests/js/exact_tokens.mjs <swarm-server> <swarm-model> <cache-dir>
 //

@@ -1,4 +1,4 @@
-// The official SDKs of the harness APIs against a claimed episode (issue 22 §4): the Anthropic
+// The official SDKs of the harness APIs against a claimed episode: the Anthropic
 // SDK (`messages.create`, `messages.stream`, `messages.countTokens`, a tool loop) and the openai
 // SDK's Responses API (`responses.create`, `responses.stream`, text and function calls).
 //

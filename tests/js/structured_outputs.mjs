@@ -1,4 +1,4 @@
-// Structured outputs through real clients, on the torch engine with a random model (issue 21 §3).
+// Structured outputs through real clients, on the torch engine with a random model.
 //
 // Usage: node tests/js/structured_outputs.mjs <swarm-server> <swarm-model>
 //

@@ -1,4 +1,4 @@
-// The official OpenAI SDK (and Node's fetch) against swarm-server over TLS (issue 26 §2):
+// The official OpenAI SDK (and Node's fetch) against swarm-server over TLS:
 // a self-signed certificate made with `openssl`, the server started with --tls-cert/--tls-key,
 // the control and episode routes and a chat completion (plain and streamed) over https, with
 // Node verifying the certificate through NODE_EXTRA_CA_CERTS. Without the CA, Node refuses.

@@ -1,4 +1,4 @@
-// Agent-framework tool loops against a claimed episode (issue 20 §4).
+// Agent-framework tool loops against a claimed episode.
 //
 // Usage: node tests/js/tool_loops.mjs <path-to-swarm-server>
 //

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Learning test for AT-GRPO (issue 23 §3-4): from RANDOM initialisation, the two-role example
+# Learning test for AT-GRPO: from RANDOM initialisation, the two-role example
 # (examples/at_grpo_agent: a proposer answers, a checker says y/n, one shared policy, a turn
 # reward per call, group_by task_agent_turn) must teach both roles: the proposer's score and the
 # checker's rate of right verdicts each rise by a margin (mean of the last 10 steps minus the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Learning test for dense credit (issue 23 §4): from RANDOM initialisation, PPO with a critic
+# Learning test for dense credit: from RANDOM initialisation, PPO with a critic
 # and GAE on per-token rewards (every answer character written in its place earns its share,
 # `train_agent --token-credit`) must learn faster than GRPO on the outcome alone (1 for an exact
 # answer, else 0) on the same task family, seed and budget: a higher exact-answer rate averaged

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Independent reference for GAE over multi-turn samples (issue 23 §2), written the way verl's
+"""Independent reference for GAE over multi-turn samples, written the way verl's
 compute_gae_advantage_return handles observation tokens: a loop from the last position to the
 first over the whole padded row, where tokens with mask 0 pass the next value and the running
 advantage through unchanged, then masked whitening (unbiased variance) over the batch.

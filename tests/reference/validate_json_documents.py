@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Independent check of constrained JSON output (issue 21): every line of the input file is
+"""Independent check of constrained JSON output: every line of the input file is
 {"schema": ..., "document": "<text>"}; the text must parse as JSON and validate against the
 schema with python3-jsonschema (Draft 2020-12, formats checked where it can). Prints a
 summary; exit 1 on the first failure (with the schema and the text), 77 when jsonschema is not

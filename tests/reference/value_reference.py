@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Independent reference for PPO's critic (issue 23 §2): values from a value head on the final
+"""Independent reference for PPO's critic: values from a value head on the final
 normed hidden states, and verl's clipped value loss with its gradients.
 
 Uses the forward pass of llama_reference.py (plain torch from config.json + safetensors, one

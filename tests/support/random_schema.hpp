@@ -1,4 +1,4 @@
-// Seeded random JSON schemas of the kinds real output types use (issue 21 property tests).
+// Seeded random JSON schemas of the kinds real output types use .
 #pragma once
 
 #include <sys/wait.h>

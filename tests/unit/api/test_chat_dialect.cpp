@@ -1,6 +1,6 @@
-// The harness APIs' dialects (issue 22, chat_dialect.hpp) fed parser events directly: block and
-// item order for reasoning, whitespace, several tool calls; the conversions' edge cases; the
-// thinking signature.
+// The four APIs' dialects (chat_dialect.hpp) fed parser events directly: block and item order
+// for reasoning, whitespace, several tool calls; OpenAI chat's and completions' chunks for
+// several choices; the conversions' edge cases; the thinking signature.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -50,9 +50,10 @@ std::vector<StreamEvent> reasoning_then_two_calls() {
 
 DialectAnswer answer_of_two_calls() {
   DialectAnswer a;
-  a.parsed.reasoning = "Let me think.";
-  a.parsed.tool_calls = {{"Bash", "{\"command\": \"ls\"}"}, {"Read", "{}"}};
-  a.finish_reason = "stop";
+  DialectChoice& c = a.choices.emplace_back();
+  c.parsed.reasoning = "Let me think.";
+  c.parsed.tool_calls = {{"Bash", "{\"command\": \"ls\"}"}, {"Read", "{}"}};
+  c.finish_reason = "stop";
   a.prompt_tokens = 10;
   a.completion_tokens = 20;
   return a;
@@ -61,7 +62,7 @@ DialectAnswer answer_of_two_calls() {
 TEST(AnthropicDialect, StreamsThinkingWithItsSignatureThenOneBlockPerToolCall) {
   auto d = make_anthropic_dialect("m");
   std::string text = d->stream_start(10);
-  text += d->stream_events(reasoning_then_two_calls());
+  text += d->stream_events(0, reasoning_then_two_calls());
   text += d->stream_finish(answer_of_two_calls());
   const auto events = parse(text);
   std::vector<std::string> kinds;
@@ -100,7 +101,7 @@ TEST(AnthropicDialect, SignatureIsKeyedToTheText) {
 TEST(ResponsesDialect, StreamsItemsInOrderWithSequenceNumbersAndAFullCompletedResponse) {
   auto d = make_responses_dialect("m", ojson::object(), {});
   std::string text = d->stream_start(10);
-  text += d->stream_events(reasoning_then_two_calls());
+  text += d->stream_events(0, reasoning_then_two_calls());
   text += d->stream_finish(answer_of_two_calls());
   const auto events = parse(text);
   for (size_t i = 0; i < events.size(); ++i) {
@@ -184,6 +185,126 @@ TEST(ResponsesConversion, ItemsFormTurnsAndCustomToolsBecomeFunctions) {
   EXPECT_EQ(notes.size(), 1u);
   EXPECT_EQ(chat["max_tokens"], 9);
   EXPECT_EQ(chat["response_format"]["type"], "json_object");
+}
+
+// OpenAI's `data:` lines (the [DONE] trailer excluded).
+std::vector<json> data_lines(const std::string& text) {
+  std::vector<json> out;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const size_t end = text.find("\n\n", pos);
+    const std::string block = text.substr(pos, end - pos);
+    pos = end + 2;
+    EXPECT_EQ(block.rfind("data: ", 0), 0u) << block;
+    out.push_back(json::parse(block.substr(6)));
+  }
+  return out;
+}
+
+OpenAIDialectOptions two_choices() {
+  OpenAIDialectOptions o;
+  o.model = "m";
+  o.n = 2;
+  o.include_usage = true;
+  o.episode_uuid = "ep";
+  o.token_text = [](TokenId id) { return "<" + std::to_string(id) + ">"; };
+  return o;
+}
+
+// Choice 0 calls a tool while streaming, choice 1 answers text: each choice's flushed events
+// come right before its own finish chunk, then the usage chunk; the whole answer names both.
+TEST(ChatCompletionsDialect, StreamsEachChoiceThenItsFinishThenUsage) {
+  auto d = make_chat_completions_dialect(two_choices());
+  EXPECT_TRUE(d->splits_text());
+  EXPECT_FALSE(d->needs_a_choice());
+  std::string text = d->stream_start(7);
+  text += d->stream_events(0, {{StreamEvent::TOOL_CALL_START, "", 0, "f"}});
+  text += d->stream_events(1, {{StreamEvent::CONTENT, "hi", 0, ""}});
+  GenerationChoice g0, g1;
+  g0.ids = {1, 2};
+  g0.text = "call";
+  g0.finish_reason = "stop";
+  g1.ids = {3};
+  g1.text = "hi!";
+  g1.finish_reason = "length";
+  DialectAnswer a;
+  a.prompt_tokens = 7;
+  a.completion_tokens = 3;
+  a.policy_version = 4;
+  a.choices.push_back({&g0, {}, "stop", "", {{StreamEvent::TOOL_CALL_ARGUMENTS, "{}", 0, ""}}});
+  a.choices.push_back({&g1, {}, "length", "", {{StreamEvent::CONTENT, "!", 0, ""}}});
+  a.choices[0].parsed.tool_calls = {{"f", "{}"}};
+  a.choices[1].parsed.content = "hi!";
+  text += d->stream_finish(a);
+  EXPECT_EQ(d->stream_trailer(), "data: [DONE]\n\n");
+  const auto chunks = data_lines(text);
+  ASSERT_EQ(chunks.size(), 9u) << text;
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(chunks[1]["choices"][0]["index"], 1);
+  EXPECT_EQ(chunks[2]["choices"][0]["delta"]["tool_calls"][0]["function"]["name"], "f");
+  EXPECT_EQ(chunks[3]["choices"][0]["delta"]["content"], "hi");
+  EXPECT_EQ(chunks[4]["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"], "{}");
+  EXPECT_EQ(chunks[5]["choices"][0]["finish_reason"], "tool_calls");  // a call was streamed
+  EXPECT_EQ(chunks[6]["choices"][0]["delta"]["content"], "!");
+  EXPECT_EQ(chunks[7]["choices"][0]["index"], 1);
+  EXPECT_EQ(chunks[7]["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(chunks[8]["choices"].empty());
+  EXPECT_EQ(chunks[8]["usage"]["total_tokens"], 10);
+  for (const auto& c : chunks) EXPECT_EQ(c["id"], chunks[0]["id"]);
+  const json whole = d->answer(a);
+  EXPECT_EQ(whole["object"], "chat.completion");
+  EXPECT_EQ(whole["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_EQ(whole["choices"][1]["message"]["content"], "hi!");
+  EXPECT_EQ(whole["swarm"], json({{"episode_uuid", "ep"}, {"policy_version", 4}}));
+  const auto recorded = d->recorded(a, nullptr);  // streamed: assembled into one chat.completion
+  ASSERT_TRUE(recorded.has_value());
+  EXPECT_EQ(json::parse(*recorded)["choices"].size(), 2u);
+  EXPECT_EQ(d->recorded(a, &whole), whole.dump());
+}
+
+TEST(CompletionsDialect, StreamsRawTextAndAnswersTextCompletions) {
+  OpenAIDialectOptions o = two_choices();
+  o.logprobs = true;
+  o.return_token_ids = true;
+  o.prompt = {5, 6};
+  auto d = make_completions_dialect(std::move(o));
+  EXPECT_FALSE(d->splits_text());
+  EXPECT_EQ(d->stream_start(2), "");
+  std::string text = d->stream_text(1, "<think>");  // never split
+  GenerationChoice g;
+  g.ids = {9};
+  g.text = "<think>";
+  g.logprobs = {-0.5f};
+  g.finish_reason = "stop";
+  DialectAnswer a;
+  a.prompt_tokens = 2;
+  a.completion_tokens = 1;
+  a.choices.push_back({&g, {}, "stop", "", {}});
+  text += d->stream_finish(a);
+  const auto chunks = data_lines(text);
+  ASSERT_EQ(chunks.size(), 3u) << text;
+  EXPECT_EQ(chunks[0]["choices"][0]["text"], "<think>");
+  EXPECT_EQ(chunks[0]["choices"][0]["index"], 1);
+  EXPECT_EQ(chunks[1]["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(chunks[2]["object"], "text_completion");
+  const json whole = d->answer(a);
+  EXPECT_EQ(whole["choices"][0]["text"], "<think>");
+  EXPECT_EQ(whole["choices"][0]["logprobs"]["tokens"], json::array({"<9>"}));
+  EXPECT_EQ(whole["choices"][0]["token_ids"], json::array({9}));
+  EXPECT_EQ(whole["prompt_token_ids"], json::array({5, 6}));
+  EXPECT_FALSE(d->recorded(a, &whole).has_value());  // replay shows chat-like calls only
+  EXPECT_EQ(d->stream_error(ErrorKind::UNAVAILABLE, "busy").rfind("data: {", 0), 0u);
+}
+
+TEST(AnthropicDialect, ErrorsInAnthropicsShapeAndNeedsAChoice) {
+  auto d = make_anthropic_dialect("m");
+  EXPECT_EQ(d->error_style(), ErrorStyle::ANTHROPIC);
+  EXPECT_TRUE(d->needs_a_choice());
+  const HttpResponse r = error_response(d->error_style(), ErrorKind::NOT_FOUND, "no such episode");
+  EXPECT_EQ(r.status, 404);
+  EXPECT_EQ(
+      json::parse(r.body),
+      json::parse(R"({"type":"error","error":{"type":"not_found_error","message":"no such episode"}})"));
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // chat_splice: recognising the server's own assistant turns in a later request (whatever the
-// SDK re-serialized) and continuing from the exact ids generated (issue 20 §3). On the mock
+// SDK re-serialized) and continuing from the exact ids generated. On the mock
 // engine, whose ChatML rendering is plain text.
 #include "api/chat_splice.hpp"
 

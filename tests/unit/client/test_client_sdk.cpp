@@ -757,7 +757,7 @@ TEST(OpenAIClientTest, CompleteAndModels) {
     EXPECT_EQ(r.header("authorization"), "Bearer k");
     return json_response({{"object", "list"}, {"data", json::array({{{"id", "swarm"}}, {{"id", "other"}}})}});
   });
-  OpenAIEndpoint ep{server.url() + "/v1", "k", "ep"};
+  OpenAIEndpoint ep{server.url() + "/v1", "k", "ep", ""};
   OpenAIClient llm(ep);
   const auto r = llm.complete("Once upon");
   EXPECT_EQ(r.content, " a time");

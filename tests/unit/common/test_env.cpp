@@ -61,10 +61,12 @@ TEST(Env, EveryNameReadIsInTheTableAndEveryEntryIsRead) {
     if (path == "src/common/env.cpp") continue;
     for (std::sregex_iterator it(text.begin(), text.end(), read_re), end; it != end; ++it) {
       read.insert((*it)[1].str());
-      EXPECT_TRUE(names.count((*it)[1].str())) << path << " reads " << (*it)[1] << ", which env.cpp does not list";
+      EXPECT_TRUE(names.count((*it)[1].str()))
+          << path << " reads " << (*it)[1] << ", which env.cpp does not list";
     }
   }
-  for (const auto& name : names) EXPECT_TRUE(read.count(name)) << name << " is listed in env.cpp but nothing reads it";
+  for (const auto& name : names)
+    EXPECT_TRUE(read.count(name)) << name << " is listed in env.cpp but nothing reads it";
 }
 
 TEST(Env, ValueIsUnsetEmptyOrTheText) {
@@ -86,7 +88,8 @@ TEST(Env, ReferenceHasOneRowPerVariable) {
   size_t rows = 0;
   for (size_t p = md.find("\n| `"); p != std::string::npos; p = md.find("\n| `", p + 1)) ++rows;
   EXPECT_EQ(rows, swarm::env_vars().size());
-  for (const auto& v : swarm::env_vars()) EXPECT_NE(md.find("| `" + std::string(v.name) + "` |"), std::string::npos);
+  for (const auto& v : swarm::env_vars())
+    EXPECT_NE(md.find("| `" + std::string(v.name) + "` |"), std::string::npos);
 }
 
 }  // namespace

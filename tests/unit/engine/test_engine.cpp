@@ -1,4 +1,4 @@
-// Engine state machine: every row of DESIGN §3's table, the illegal transitions, and
+// Engine state machine: every row of the state table (docs/design.md), the illegal transitions, and
 // the interplay with the pool (batch readiness, draining, aborts, timeouts).
 #include <gtest/gtest.h>
 
@@ -618,7 +618,7 @@ TEST_F(EngineTest, ResumeFromANonCheckpointFailsTheBootClearly) {
 
 }  // namespace
 
-// ------------------------------------------------------------------ asynchronous training (issue 24)
+// ------------------------------------------------------------------ asynchronous training
 namespace {
 
 // The oldest version that sampled a trained token of each batch the trainer received, by step.

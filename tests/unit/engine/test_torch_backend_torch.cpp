@@ -191,7 +191,7 @@ void check_exact_resume(const std::string& dtype, bool ppo = false, bool kl = fa
   }
 }
 
-// max_staleness 0 is the synchronous trainer, bit for bit (issue 24 §1): its `auto` correction is
+// max_staleness 0 is the synchronous trainer, bit for bit: its `auto` correction is
 // none, and the asynchronous knobs change nothing. The batches' rollout log-probs are far from the
 // model's, so a correction applied by mistake (weights up to is_cap 1.1) would change the update.
 TEST(TorchBackend, MaxStalenessZeroTrainsExactlyAsTheSynchronousTrainer) {
@@ -296,7 +296,7 @@ TEST(TorchBackend, ResumeFromADirectoryWithoutTrainerStateFails) {
 namespace swarm {
 namespace {
 
-// The job's `device` (issue 27): cpu always boots on the CPU; cuda boots on the GPU where there
+// The job's `device`: cpu always boots on the CPU; cuda boots on the GPU where there
 // is one and is a clear error where there is none (every CI machine: Debian's libtorch is
 // CPU-only); a bad value is refused when the config is read.
 TEST(TorchBackend, DeviceKeyChoosesTheDeviceOrSaysWhyNot) {

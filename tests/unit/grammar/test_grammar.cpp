@@ -1,4 +1,4 @@
-// Byte grammars, the incremental matcher and JSON Schema -> grammar (issue 21).
+// Byte grammars, the incremental matcher and JSON Schema -> grammar.
 #include <gtest/gtest.h>
 
 #include <cstdio>

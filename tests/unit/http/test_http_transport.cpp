@@ -692,7 +692,9 @@ TEST_F(HttpTransportTest, PipeliningIsBounded) {
 TEST_F(HttpTransportTest, ClientConnectionRefused) {
   uint16_t dead_port;
   {
-    HttpServer s({"127.0.0.1", 0}, echo_handler());
+    HttpServerOptions o;
+    o.port = 0;
+    HttpServer s(o, echo_handler());
     s.start();
     dead_port = s.port();
   }

@@ -1,4 +1,4 @@
-// CUDA against CPU on the real TinyStories-656K weights (issue 27 §2): the CPU path is checked
+// CUDA against CPU on the real TinyStories-656K weights: the CPU path is checked
 // against python3-torch (test_decoder_model_torch), so agreeing with it checks the CUDA path.
 // Skipped where libtorch has no CUDA device (every CI run); run on a GPU machine with
 // scripts/gpu/device_build.sh (TARGETS=test_cuda_parity_torch).

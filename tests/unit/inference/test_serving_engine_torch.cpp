@@ -242,7 +242,7 @@ TEST_F(ServingEngineTest, TinyKvCacheWaitsAndPreemptsWithoutChangingResults) {
   expect_blocks_all_free(engine);
 }
 
-// Asynchronous training swaps weights while sequences generate (issue 24 §1): every token keeps
+// Asynchronous training swaps weights while sequences generate: every token keeps
 // the version that sampled it, and the swap changes nothing else (here the weights stay the same,
 // so the ids are the greedy reference's) whether the KV cache is kept or recomputed.
 void check_generation_across_a_swap(std::shared_ptr<DecoderModel> model,
@@ -504,7 +504,7 @@ TEST_F(ServingEngineTest, RunExclusiveRunsBetweenStepsAndRethrows) {
   EXPECT_EQ(v->result->policy_version, 7);
 }
 
-// Constrained decoding (issue 21) samples from the masked logits but records the model's own
+// Constrained decoding samples from the masked logits but records the model's own
 // log-prob of each token (what the trainer recomputes from the weights): checked against the
 // full forward's unmasked log_softmax at every step. The test also shows the two distributions
 // differ at some step (renormalising over the allowed tokens would give other numbers).

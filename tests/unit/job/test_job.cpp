@@ -1,4 +1,4 @@
-// Job: the training configuration (DESIGN §8) — YAML load/dump and validation.
+// Job: the training configuration (docs/design.md) — YAML load/dump and validation.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -40,7 +40,6 @@ Job non_default_job() {
   j.project_name = "proj: with colon";
   j.experiment_name = "exp #1 'quoted' \"double\"";
   j.experiment_dir = "/tmp/some dir/x";
-  j.n_gpu = 8;
   j.model = "/models/Qwen3-0.6B";
   j.batch_size = 7;
   j.num_repeat = 3;
@@ -82,7 +81,6 @@ void expect_equal(const Job& a, const Job& b) {
   EXPECT_EQ(a.to_yaml(), b.to_yaml());
   EXPECT_EQ(a.project_name, b.project_name);
   EXPECT_EQ(a.experiment_name, b.experiment_name);
-  EXPECT_EQ(a.n_gpu, b.n_gpu);
   EXPECT_EQ(a.use_kl_loss, b.use_kl_loss);
   EXPECT_DOUBLE_EQ(a.learning_rate, b.learning_rate);
   EXPECT_DOUBLE_EQ(a.temperature, b.temperature);
@@ -263,7 +261,8 @@ TEST(JobTest, FieldsCoverEveryKey) {
   }
   EXPECT_EQ(lines, fields.size());
   EXPECT_TRUE(keys.count("algorithm") && keys.count("model") && keys.count("batch_size") &&
-              keys.count("num_repeat") && keys.count("n_gpu") && keys.count("experiment_name"));
+              keys.count("num_repeat") && keys.count("experiment_name"));
+  EXPECT_FALSE(keys.count("n_gpu"));  // the ranks are the server's (--nproc), not the job's
 }
 
 TEST(JobTest, DumpAndLoadFile) {
@@ -414,7 +413,10 @@ TEST(AgentJetConfig, MapsTheKeysThatMeanSomethingHere) {
   EXPECT_EQ(job.ppo_mini_batch_size, 3);  // 8 tasks in 3 optimizer steps: ceil(8 / 3) per step
   EXPECT_EQ(job.total_training_steps, 0);
   EXPECT_EQ(job.save_freq, 20);
-  EXPECT_EQ(job.n_gpu, 8);
+  EXPECT_EQ(mapped_to(report, "n_gpu"), nullptr);  // 8 GPUs do not choose the hardware: warned
+  EXPECT_TRUE(std::any_of(report.warnings.begin(), report.warnings.end(), [](const std::string& w) {
+    return w.find("n_gpus_per_node x nnodes = 8 GPUs does not choose the hardware") != std::string::npos;
+  }));
   const auto* m = mapped_to(report, "batch_size");
   ASSERT_NE(m, nullptr);
   EXPECT_EQ(m->from, "ajet.data.train_batch_size");
@@ -520,6 +522,18 @@ TEST(AgentJetConfig, FlatConfigsReportTheirFormat) {
   EXPECT_TRUE(report.mapped.empty());
   // `ajet` that is not a mapping is not AgentJet's config: an unknown flat key.
   expect_config_error("model: m\najet: 3\n", {"ajet", "unknown key"});
+}
+
+// n_gpu was a key that chose nothing: older files (and run directories' job.yaml) still load,
+// with a warning naming what does choose the ranks.
+TEST(Job, FormerRanksKeyLoadsWithAWarning) {
+  JobConfigReport report;
+  const Job job = Job::from_yaml("model: m\nn_gpu: 8\nbatch_size: 3\n", &report);
+  EXPECT_EQ(job.batch_size, 3);
+  ASSERT_EQ(report.warnings.size(), 1u);
+  EXPECT_NE(report.warnings[0].find("n_gpu is ignored"), std::string::npos);
+  EXPECT_NE(report.warnings[0].find("--nproc"), std::string::npos);
+  EXPECT_EQ(Job().to_yaml().find("n_gpu"), std::string::npos);
 }
 
 }  // namespace

@@ -378,7 +378,7 @@ TEST(OverwatchRender, DashboardLines) {
   EXPECT_EQ(all.find('\x1b'), std::string::npos);    // --no-color means none
 }
 
-// Asynchronous training (issue 24 §4): the mode, the trainer beside the collection, and how stale
+// Asynchronous training: the mode, the trainer beside the collection, and how stale
 // the last step's tokens were; an older server without "training" shows no such line.
 TEST(OverwatchRender, TrainingModeTrainerAndStaleness) {
   json j = pool_json();
@@ -412,7 +412,7 @@ TEST(OverwatchRender, TrainingModeTrainerAndStaleness) {
   EXPECT_EQ(joined(render_frame(sample_frame(), plain(100))).find("  training "), std::string::npos);
 }
 
-// Swarm experience sharing (issue 25 §2): the broker, the group counters, and each peer; a server
+// Swarm experience sharing: the broker, the group counters, and each peer; a server
 // without an exchange shows no swarm line.
 TEST(OverwatchRender, SwarmExchangeAndPeers) {
   json j = pool_json();

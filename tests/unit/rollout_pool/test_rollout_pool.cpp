@@ -194,7 +194,7 @@ TEST_F(RolloutPoolTest, SlotLimitAndFailCause) {
   EXPECT_EQ(pool->counters().claimed, 5);
 }
 
-// max_claimed_per_client (issue 26 §2): a client that hoards slots is refused with a clear
+// max_claimed_per_client: a client that hoards slots is refused with a clear
 // cause while the others still claim; ending one lets it claim again.
 TEST_F(RolloutPoolTest, OneClientCannotHoardTheSlots) {
   PoolConfig c = small_config();
@@ -1397,7 +1397,7 @@ TEST_F(RolloutPoolTest, TaskGroupsListTheirEpisodesRewardsAndThrottledClients) {
   EXPECT_EQ(s.counters.episodes_split_by_drift, 0);  // one call each: one sample each
 }
 
-// ---------------------------------------------------------------- asynchronous training (issue 24)
+// ---------------------------------------------------------------- asynchronous training
 
 namespace {
 

@@ -1,4 +1,4 @@
-// Reward placement and GAE (issue 23 §2), checked against tests/reference/gae_reference.py
+// Reward placement and GAE, checked against tests/reference/gae_reference.py
 // (numpy, verl's way of looping over observation tokens) on seeded random multi-turn samples.
 #include "trainer/gae.hpp"
 

@@ -279,7 +279,7 @@ TEST(PolicyTrainerParity, KlK3AtTemperaturesMatchesPythonTorch) {
   check_parity(
       {LossAggregation::SEQ_MEAN_TOKEN_MEAN, true, KlEstimator::K3, OffPolicyCorrection::NONE, true});
 }
-// Asynchronous training's corrections (issue 24 §2): behaviour log-probs away from the old ones.
+// Asynchronous training's corrections: behaviour log-probs away from the old ones.
 TEST(PolicyTrainerParity, TruncatedImportanceSamplingMatchesPythonTorch) {
   check_parity({LossAggregation::TOKEN_MEAN, false, KlEstimator::K3, OffPolicyCorrection::TIS});
 }

@@ -1,4 +1,4 @@
-// PPO with a critic (issue 23 §2) on the real TinyStories weights: the critic's values and
+// PPO with a critic on the real TinyStories weights: the critic's values and
 // clipped value loss with their gradients against an independent python3-torch reference
 // (tests/reference/value_reference.py), a PPO step that fits the critic and follows per-token
 // rewards, critic warm-up, and a checkpoint round trip that continues bit for bit.
