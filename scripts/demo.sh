@@ -30,7 +30,7 @@ cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$build_d
   || { cat "$build_dir.configure.log"; exit 1; }
 cmake --build "$build_dir" --target swarm-server swarm-model train_agent swarm-plot -j "$(nproc)"
 
-# The recipe (issue 23 §4): tiny-char widened to 2 layers x 192, lr 5e-4, 4 optimizer steps per
+# The recipe: tiny-char widened to 2 layers x 192, lr 5e-4, 4 optimizer steps per
 # policy step (4 tasks per mini-batch), shaped partial credit: with it sort learns too (seed 1:
 # sort 0.125 -> 0.388 over 240 steps; the 1.06M-parameter preset at lr 1e-3 with one optimizer
 # step moved sort 0.097 -> 0.179). Seed-dependent: with seed 2, sort rose only 0.126 -> 0.177.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds swarm on a GPU machine against the PyTorch installed there (CUDA libtorch 2.x) and
-# runs the main job on the GPU for a few steps (issue 27). The machine reaches no package
+# runs the main job on the GPU for a few steps. The machine reaches no package
 # registry: the Debian -dev packages swarm needs travel as .deb files in DEPS_DIR (made here by
 # `apt-get download`, see the list in docs/gpu.md) and are unpacked into a private prefix.
 #
