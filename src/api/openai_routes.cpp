@@ -299,7 +299,7 @@ class GenerationHandler final : public GenerationObserver,
         sink_(std::move(sink)),
         options_(std::move(options)),
         prompt_(std::move(prompt)),
-        context_(context),
+        context_(std::move(context)),
         request_body_(std::move(request_body)),
         dialect_(std::move(dialect)) {}
 
@@ -654,7 +654,8 @@ HttpResponse anthropic_count_tokens(Engine& engine, const HttpRequest& request) 
 }
 
 void serve_generation(Engine& engine, std::shared_ptr<Metrics> metrics, ApiKind kind,
-                      const HttpRequest& request, std::shared_ptr<ResponseSink> sink, OpenAIContext context) {
+                      const HttpRequest& request, std::shared_ptr<ResponseSink> sink,
+                      const OpenAIContext& context) {
   const bool converted = kind == ApiKind::ANTHROPIC_MESSAGES || kind == ApiKind::RESPONSES;
   const bool chat_like = kind != ApiKind::COMPLETIONS;
   const std::string api_key =

@@ -84,7 +84,7 @@ HttpResponse openai_models(Engine& engine);
 /// answered through the sink.
 void serve_generation(Engine& engine, std::shared_ptr<Metrics> metrics, ApiKind kind,
                       const HttpRequest& request, std::shared_ptr<ResponseSink> sink,
-                      OpenAIContext context = {});
+                      const OpenAIContext& context = {});
 
 /// POST /v1/messages/count_tokens: {"input_tokens"} of the prompt the same body would get on
 /// /v1/messages (generation prompt included). Records no call.

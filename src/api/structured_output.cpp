@@ -22,7 +22,8 @@ std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_ha
 
 }  // namespace
 
-std::shared_ptr<const Grammar> response_format_grammar(const ojson& rf) {
+std::shared_ptr<const Grammar> response_format_grammar(const ojson& response_format) {
+  const ojson& rf = response_format;
   if (rf.is_null()) return nullptr;
   SWARM_REQUIRE(rf.is_object() && rf.contains("type") && rf["type"].is_string(), ErrorKind::INVALID_ARGUMENT,
                 "field 'response_format' must be an object with a string 'type'");

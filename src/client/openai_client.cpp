@@ -12,7 +12,7 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr size_t kMaxErrorBody = 64 * 1024;
+constexpr size_t kMaxErrorBody = size_t{64} * 1024;
 
 void add_params(json& req, const ChatParams& p) {
   req["model"] = p.model;

@@ -19,6 +19,7 @@ std::vector<TokenId> Backend::encode(const std::string&) const { unsupported("en
 std::string Backend::decode(const std::vector<TokenId>&) const { unsupported("decode"); }
 std::string Backend::token_text(TokenId) const { unsupported("token_text"); }
 std::vector<TokenId> Backend::encode_rendered(const std::string&) const { unsupported("encode_rendered"); }
+// NOLINTNEXTLINE(performance-unnecessary-value-param): the virtual's signature (overrides keep both)
 void Backend::generate(GenerationRequest, std::shared_ptr<GenerationObserver> observer) {
   observer->on_error(ErrorKind::INTERNAL, "backend '" + name() + "' does not support generation");
 }

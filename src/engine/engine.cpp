@@ -391,7 +391,7 @@ void Engine::control_loop() {
   }
 }
 
-void Engine::run_boot(uint64_t epoch, Job job, std::string resume_from, std::stop_token stop) {
+void Engine::run_boot(uint64_t epoch, const Job& job, const std::string& resume_from, std::stop_token stop) {
   std::shared_ptr<Backend> backend;
   std::shared_ptr<ExperienceSharing> sharing;
   std::shared_ptr<EpisodeStore> store;
@@ -488,7 +488,7 @@ void Engine::run_boot(uint64_t epoch, Job job, std::string resume_from, std::sto
 // One policy step on the control thread, in phases: share experience (SAPO), record the
 // batch's samples, train and sync the weights, the step's metrics and checkpoint, the agree
 // methods' hold, then the state machine moves on (finish_step_locked).
-void Engine::run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_t next_step,
+void Engine::run_train(uint64_t epoch, const std::shared_ptr<TrainBatch>& batch, int64_t next_step,
                        double rollout_seconds, std::stop_token stop) {
   std::shared_ptr<Backend> backend;
   std::shared_ptr<ExperienceSharing> sharing;
@@ -534,7 +534,7 @@ void Engine::run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_
   if (epoch != epoch_) return;
   if (!error.empty()) {
     // A failed update leaves the weights in an unknown state: stop loudly, and no checkpoint.
-    end_run_locked("training step " + std::to_string(next_step) + " failed: " + error, /*checkpoint=*/false);
+    end_run_locked("training step " + std::to_string(next_step) + " failed: " + error, /*save=*/false);
     return;
   }
   finish_step_locked(next_step, std::move(report));
@@ -696,14 +696,14 @@ ClaimResult Engine::claim_episode(const ClaimRequest& request) {
 EndOutcome Engine::end_episode(const std::string& client_uuid, const std::string& episode_uuid,
                                const std::string& task_id, const WorkflowOutput& output,
                                bool declare_client_active) {
-  return RolloutPool::wait_for_end([&](RolloutPool::EndDone done) {
-    end_episode_async(client_uuid, episode_uuid, task_id, output, declare_client_active, std::move(done));
+  return RolloutPool::wait_for_end([&](const RolloutPool::EndDone& done) {
+    end_episode_async(client_uuid, episode_uuid, task_id, output, declare_client_active, done);
   });
 }
 
 void Engine::end_episode_async(const std::string& client_uuid, const std::string& episode_uuid,
                                const std::string& task_id, const WorkflowOutput& output,
-                               bool declare_client_active, RolloutPool::EndDone done) {
+                               bool declare_client_active, const RolloutPool::EndDone& done) {
   std::shared_ptr<RolloutPool> pool;
   try {
     std::lock_guard lk(mu_);

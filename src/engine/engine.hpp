@@ -115,7 +115,7 @@ class Engine {
   /// the outcome or the error (a SwarmError), here or later from the store's thread.
   void end_episode_async(const std::string& client_uuid, const std::string& episode_uuid,
                          const std::string& task_id, const WorkflowOutput& output, bool declare_client_active,
-                         RolloutPool::EndDone done);
+                         const RolloutPool::EndDone& done);
   /// False when there was nothing to abort (no such running episode, or no episodes at all in
   /// this state); FORBIDDEN for another client's running episode.
   bool abort_episode(const std::string& client_uuid, const std::string& episode_uuid,
@@ -166,9 +166,9 @@ class Engine {
   void post(std::function<void()> task);
   void control_loop();
   void janitor_loop(std::stop_token stop);
-  void run_boot(uint64_t epoch, Job job, std::string resume_from, std::stop_token stop);
-  void run_train(uint64_t epoch, std::shared_ptr<TrainBatch> batch, int64_t next_step, double rollout_seconds,
-                 std::stop_token stop);
+  void run_boot(uint64_t epoch, const Job& job, const std::string& resume_from, std::stop_token stop);
+  void run_train(uint64_t epoch, const std::shared_ptr<TrainBatch>& batch, int64_t next_step,
+                 double rollout_seconds, std::stop_token stop);
   // run_train's phases (control thread). train_and_sync: the update, the new weights serving,
   // the store told what trained. save_step: the checkpoint when due and metrics.jsonl.
   // hold_for_agree_sync: the agree methods' least sync time. finish_step_locked: the step

@@ -137,7 +137,7 @@ fs::path write_checkpoint(const fs::path& checkpoints_dir, const EngineCheckpoin
   fs::create_directories(checkpoints_dir);
   remove_abandoned_temporaries(checkpoints_dir);
   const std::string name = "step-" + std::to_string(state.global_step);
-  const fs::path final_dir = checkpoints_dir / name;
+  fs::path final_dir = checkpoints_dir / name;
   const fs::path tmp = checkpoints_dir / ("." + name + ".tmp-" + std::to_string(::getpid()));
   fs::remove_all(tmp);
   fs::create_directories(tmp);
@@ -201,7 +201,7 @@ fs::path resolve_checkpoint(const fs::path& dir) {
     std::ifstream in(latest);
     std::string name;
     std::getline(in, name);
-    const fs::path cp = base / name;
+    fs::path cp = base / name;
     SWARM_REQUIRE(!name.empty() && fs::exists(cp / "engine_state.json"), ErrorKind::INVALID_ARGUMENT,
                   "--resume: " + latest.string() + " names '" + name + "', which is not a checkpoint");
     return cp;

@@ -42,7 +42,8 @@ void Grammar::validate() const {
 }
 
 size_t Grammar::memory_bytes() const {
-  size_t bytes = elements_.capacity() * sizeof(Element) + rules_.capacity() * sizeof(rules_[0]) +
+  size_t bytes = elements_.capacity() * sizeof(Element) +
+                 rules_.capacity() * sizeof(decltype(rules_)::value_type) +
                  names_.capacity() * sizeof(std::string);
   for (const auto& alts : rules_) bytes += alts.capacity() * sizeof(uint32_t);
   for (const std::string& name : names_)

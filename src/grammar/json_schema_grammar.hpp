@@ -36,9 +36,9 @@ class SchemaError : public std::invalid_argument {
 };
 
 struct JsonGrammarLimits {
-  size_t max_schema_bytes = 64 * 1024;  // the serialized schema
-  size_t max_rules = 20000;             // the compiled grammar
-  int64_t max_repeat_bound = 256;       // minItems / maxItems / minLength / maxLength expand
+  size_t max_schema_bytes = size_t{64} * 1024;  // the serialized schema
+  size_t max_rules = 20000;                     // the compiled grammar
+  int64_t max_repeat_bound = 256;               // minItems / maxItems / minLength / maxLength expand
 };
 
 /// The grammar of one JSON value validating against `schema`. `schema` true / {} means any value.

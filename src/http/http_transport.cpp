@@ -247,6 +247,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
         strand_(std::move(strand)),
         plain_(core_->tls ? beast::tcp_stream(strand_) : beast::tcp_stream(std::move(socket))),
         timer_(strand_) {
+    // The socket went to plain_ above only without TLS; with TLS it is still here.
+    // NOLINTNEXTLINE(bugprone-use-after-move)
     if (core_->tls) tls_ = std::make_unique<TlsStream>(std::move(socket), *core_->tls);
     beast::error_code ec;
     auto ep = tcp().socket().remote_endpoint(ec);

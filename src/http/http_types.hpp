@@ -73,9 +73,9 @@ struct HttpServerOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 10086;  // 0 = pick an ephemeral port
   int io_threads = 2;
-  size_t max_body_bytes = 8 * 1024 * 1024;  // larger bodies get 413
-  int read_timeout_seconds = 60;            // idle keep-alive / slow request limit
-  int max_pipelined = 16;                   // queued requests per connection before reading pauses
+  size_t max_body_bytes = size_t{8} * 1024 * 1024;  // larger bodies get 413
+  int read_timeout_seconds = 60;                    // idle keep-alive / slow request limit
+  int max_pipelined = 16;                           // queued requests per connection before reading pauses
   // Open connections at most; a connection beyond it is answered 503 and closed at once. The
   // process's open-file limit is raised to fit (HttpServer::start).
   int max_connections = 4096;
@@ -84,7 +84,7 @@ struct HttpServerOptions {
   int header_timeout_seconds = 10;
   // Bytes of a streamed answer (SSE) waiting for a client that does not read them: past this
   // the connection is dropped (and the generation with it), so memory stays bounded.
-  size_t max_stream_backlog_bytes = 4 * 1024 * 1024;
+  size_t max_stream_backlog_bytes = size_t{4} * 1024 * 1024;
   // TLS: both set = every connection speaks HTTPS (TLS 1.2 or newer) with this PEM certificate
   // chain and unencrypted PEM private key; both empty = plain HTTP. Loaded by HttpServer::start.
   std::string tls_cert_file;

@@ -262,7 +262,7 @@ const Field* find_field(const std::string& key) {
 // `key` is the name errors use: the flat key, or the path the user wrote it under.
 void assign(Job& job, const Field& f, const YAML::Node& node, const std::string& key) {
   if (!node.IsScalar()) bad(key, std::string("expected a ") + type_name(f.member) + " scalar");
-  const std::string text = node.Scalar();
+  const std::string& text = node.Scalar();
   std::visit(
       [&](auto ptr) {
         using T = std::decay_t<decltype(job.*ptr)>;

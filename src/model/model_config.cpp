@@ -131,7 +131,7 @@ constexpr ArchInfo kArchitectures[] = {
     {Architecture::LLAMA, "LlamaForCausalLM", "llama", 2048},
     {Architecture::QWEN2, "Qwen2ForCausalLM", "qwen2", 32768},
     {Architecture::QWEN3, "Qwen3ForCausalLM", "qwen3", 32768},
-    {Architecture::MISTRAL, "MistralForCausalLM", "mistral", 4096 * 32},
+    {Architecture::MISTRAL, "MistralForCausalLM", "mistral", int64_t{4096} * 32},
 };
 
 const ArchInfo& info_of(Architecture arch) {

@@ -189,7 +189,7 @@ void emit_list(const List& list, size_t limit, const Style& st, std::vector<std:
 }
 
 std::string title_line(const FrameInput& in, const Snapshot* snap, const Style& st, size_t width) {
-  const std::string left = st.paint("swarm-overwatch", kBold) + "  " + sanitize(in.url);
+  std::string left = st.paint("swarm-overwatch", kBold) + "  " + sanitize(in.url);
   std::vector<std::string> right_parts;
   if (snap && snap->engine) {
     if (!snap->engine->engine.empty()) right_parts.push_back(sanitize(snap->engine->engine));

@@ -154,7 +154,7 @@ struct PromSample {
 
 /// Parses the pool information. Throws ParseError unless `body` is a JSON object.
 PoolInfo parse_pool_information(std::string_view body);
-PoolInfo pool_information_from_json(const nlohmann::json& body);
+PoolInfo pool_information_from_json(const nlohmann::json& j);
 
 /// Parses GET /get_engine_status. Throws ParseError unless `body` is a JSON object.
 EngineInfo parse_engine_status(std::string_view body);

@@ -34,7 +34,7 @@ MetricSeries parse_metric_series(std::istream& in, const std::string& field, con
 
 /// parse_metric_series on a file; a run directory holding metrics.jsonl is accepted too.
 /// Throws SwarmError(NOT_FOUND) when there is no such file.
-MetricSeries load_metric_series(const std::filesystem::path& file, const std::string& field);
+MetricSeries load_metric_series(const std::filesystem::path& path, const std::string& field);
 
 /// The metrics file for `path`: `path` itself, or path/metrics.jsonl for a directory.
 std::filesystem::path resolve_metrics_file(const std::filesystem::path& path);

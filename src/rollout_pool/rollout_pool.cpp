@@ -69,7 +69,7 @@ void require_positive(int64_t value, const char* name) {
 }  // namespace
 
 RolloutPool::RolloutPool(PoolConfig config, std::shared_ptr<Clock> clock)
-    : config_(std::move(config)), clock_(std::move(clock)) {
+    : config_(config), clock_(std::move(clock)) {
   SWARM_CHECK(clock_ != nullptr, "RolloutPool needs a clock");
   require_positive(config_.max_parallel_episodes, "max_parallel_episodes");
   require_positive(config_.batch_size, "batch_size");
@@ -691,9 +691,9 @@ TrainBatch RolloutPool::take_batch_fresh(int64_t min_version, int64_t* dropped) 
   return take_batch_locked();
 }
 
-void RolloutPool::set_journal(std::shared_ptr<EpisodeJournal> journal) {
+void RolloutPool::set_journal(const std::shared_ptr<EpisodeJournal>& journal) {
   std::lock_guard lock(mu_);
-  journal_ = std::move(journal);
+  journal_ = journal;
 }
 
 int64_t RolloutPool::restore_finished(std::vector<FinishedEpisode> episodes) {

@@ -185,7 +185,7 @@ class RolloutPool {
   /// Makes finished train episodes durable (the episode store): end_episode records each one
   /// before it answers success, and dropped episodes are forgotten. Null (the default) = none.
   /// The pool keeps a weak reference: the caller keeps the journal alive for the run.
-  void set_journal(std::shared_ptr<EpisodeJournal> journal);
+  void set_journal(const std::shared_ptr<EpisodeJournal>& journal);
   /// Caches finished episodes reloaded after a restart (they keep their order); returns how
   /// many. The safety valve applies as for new ones.
   int64_t restore_finished(std::vector<FinishedEpisode> episodes);

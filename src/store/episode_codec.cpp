@@ -163,7 +163,7 @@ FinishedEpisode decode_finished_episode(std::string_view bytes) {
     e.log_metrics[std::move(k)] = r.pod<double>("log_metrics value");
   }
   e.optional_task_id = r.str("optional_task_id");
-  const uint64_t n_samples = r.count("samples", 8 * 9);
+  const uint64_t n_samples = r.count("samples", uint64_t{8} * 9);
   e.samples.reserve(n_samples);
   for (uint64_t i = 0; i < n_samples; ++i) {
     Sample s;

@@ -334,7 +334,8 @@ bool is_space_char(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '
 
 }  // namespace
 
-ToolArgumentsForm detect_tool_arguments_form(std::string_view t) {
+ToolArgumentsForm detect_tool_arguments_form(std::string_view chat_template) {
+  const std::string_view t = chat_template;
   static constexpr std::string_view kName = "arguments";
   bool joined = false, type_tested = false;
   for (size_t at = t.find(kName); at != npos; at = t.find(kName, at + 1)) {

@@ -44,7 +44,7 @@ Bound bind(std::string_view fn, const CallArgs& a, std::initializer_list<std::st
   return out;
 }
 
-Value arg_or(const Bound& b, size_t i, Value dflt) { return b[i] ? *b[i] : std::move(dflt); }
+Value arg_or(const Bound& b, size_t i, const Value& dflt) { return b[i] ? *b[i] : dflt; }
 
 bool is_ascii(std::string_view s) {
   for (char c : s)
@@ -492,7 +492,6 @@ std::string percent_format(const std::string& fmt, const Value& args) {
         if (!arg.is_integral())
           throw Error(std::string("%") + conv + " format: an integer is required, not " + type_name(arg));
         const long long v = arg.as_int();
-        std::string fl = flags;
         std::snprintf(buf, sizeof(buf), (spec + "ll" + conv).c_str(), v < 0 ? -v : v);
         out += (v < 0 ? "-" : "") + std::string(buf);
         break;
@@ -1158,7 +1157,7 @@ Value f_last(Runtime& rt, const Value& v, CallArgs& a) {
 
 Value f_float(Runtime&, const Value& v, CallArgs& a) {
   auto b = bind("float", a, {"default"});
-  const Value dflt = arg_or(b, 0, Value::number(0.0));
+  Value dflt = arg_or(b, 0, Value::number(0.0));
   if (v.is_undefined()) throw_undefined(v);  // Undefined.__float__ raises
   if (v.is_number()) return Value::number(v.as_double());
   if (v.is_string()) {
@@ -1211,7 +1210,7 @@ Value f_indent(Runtime&, const Value& v, CallArgs& a) {
 
 Value f_int(Runtime&, const Value& v, CallArgs& a) {
   auto b = bind("int", a, {"default", "base"});
-  const Value dflt = arg_or(b, 0, Value::integer(0));
+  Value dflt = arg_or(b, 0, Value::integer(0));
   const int base = static_cast<int>(require_int(arg_or(b, 1, Value::integer(10)), "int base"));
   if (v.is_undefined()) throw_undefined(v);  // Undefined.__int__ raises
   if (v.is_integral()) return Value::integer(v.as_int());

@@ -318,10 +318,8 @@ class Parser {
     next();
     if (is_op("(")) node->caller_params = parse_signature();
     ExprPtr e = parse_expression(true);
-    auto* call = dynamic_cast<Call*>(e.get());
-    if (!call) throw Error("expected a macro call after 'call'", e->offset);
-    e.release();
-    node->call.reset(call);
+    if (!dynamic_cast<Call*>(e.get())) throw Error("expected a macro call after 'call'", e->offset);
+    node->call.reset(static_cast<Call*>(e.release()));
     expect_block_end();
     const int saved_soft = soft_, saved_loop = loop_depth_;
     soft_ = 0;

@@ -34,6 +34,7 @@ void DictObj::set(Value key, Value value) {
   items.emplace_back(std::move(key), std::move(value));
 }
 
+// NOLINTNEXTLINE(performance-unnecessary-value-param): the virtual's signature
 bool Object::set_attr(const std::string&, Value) { return false; }
 
 // ---------------------------------------------------------------- construction
@@ -258,12 +259,9 @@ void append_string_repr(const std::string& s, std::string& out) {
       out += "\\r";
     } else if (c == '\t') {
       out += "\\t";
-    } else if (c < 0x20 || c == 0x7F) {
-      out += "\\x";
-      append_hex(out, c, 2);
-    } else if (c < 0x80 || unicode::is_printable(c)) {
+    } else if (c >= 0x20 && c != 0x7F && (c < 0x80 || unicode::is_printable(c))) {
       unicode::append(out, c);
-    } else if (c <= 0xFF) {
+    } else if (c <= 0xFF) {  // C0 controls, DEL, Latin-1 that does not print
       out += "\\x";
       append_hex(out, c, 2);
     } else if (c <= 0xFFFF) {
