@@ -1758,14 +1758,44 @@ class NamespaceObject final : public Object {
     return Value::undefined("'Namespace object' has no attribute '" + std::string(name) + "'");
   }
   bool set_attr(const std::string& name, Value value) override {
+    // A namespace holding itself would print without end and, owned by itself, never be freed.
+    if (holds(value, 0)) throw Error("cannot set '" + name + "': a namespace cannot hold itself");
     attrs.set(Value::string(name), std::move(value));
     return true;
   }
   std::string repr() const override {
+    // Printing recurses through nested namespaces: bounded like every other nesting.
+    static thread_local int nesting = 0;
+    if (nesting >= kMaxNamespaceNesting) throw Error("namespaces nested too deeply to print");
+    ++nesting;
+    struct Leave {
+      ~Leave() { --nesting; }
+    } leave;
     DictObj copy = attrs;
     return "<Namespace " + swarm::jinja::repr(Value::dict(std::move(copy))) + ">";
   }
   const char* type_name() const override { return "Namespace"; }
+
+ private:
+  static constexpr int kMaxNamespaceNesting = 64;
+  // Whether `v` is this namespace or holds it, through lists, dicts and other namespaces.
+  bool holds(const Value& v, int depth) const {
+    if (depth > kMaxNamespaceNesting * 8) throw Error("value nested too deeply to set on a namespace");
+    if (v.is_list()) {
+      for (const Value& item : v.items())
+        if (holds(item, depth + 1)) return true;
+    } else if (v.is_dict()) {
+      for (const auto& [k, val] : v.as_dict().items)
+        if (holds(val, depth + 1)) return true;
+    } else if (v.is_object()) {
+      const auto* ns = dynamic_cast<const NamespaceObject*>(&v.as_object());
+      if (ns == this) return true;
+      if (ns != nullptr)
+        for (const auto& [k, val] : ns->attrs.items)
+          if (holds(val, depth + 1)) return true;
+    }
+    return false;
+  }
 };
 
 class NativeFunction final : public Callable {

@@ -226,6 +226,15 @@ TEST(JinjaStatements, Namespace) {
   EXPECT_NE(
       error_of("{% set d = {} %}{% set d.x = 1 %}").find("cannot assign attribute on non-namespace object"),
       std::string::npos);
+  // A namespace may hold another, never itself (found by fuzz_jinja: printing it recursed until
+  // the stack ran out, and the cycle was never freed).
+  EXPECT_EQ(render("{% set a = namespace(v=1) %}{% set b = namespace(inner=a) %}{{ b.inner.v }}{{ b }}"),
+            "1<Namespace {'inner': <Namespace {'v': 1}>}>");
+  EXPECT_NE(error_of("{% set ns = namespace(x=0) %}{% set ns.x = ns %}{{ ns.x }}").find("cannot hold itself"),
+            std::string::npos);
+  EXPECT_NE(error_of("{% set a = namespace() %}{% set b = namespace(l=[a]) %}{% set a.b = {'k': b} %}")
+                .find("cannot hold itself"),
+            std::string::npos);
 }
 
 TEST(JinjaStatements, Macros) {
