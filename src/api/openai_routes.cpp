@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <ctime>
 #include <mutex>
 #include <optional>
@@ -27,6 +28,15 @@ constexpr int64_t kMaxChoices = 16;
 constexpr int64_t kMaxTopLogprobs = 20;
 constexpr size_t kMaxStopStrings = 16;
 constexpr size_t kMaxStopTokenIds = 64;
+
+// The text of the last `last` ids (all of them by default) as the model spelled them, special
+// tokens included.
+std::string spelled(const Backend& backend, const std::vector<TokenId>& ids, size_t last = SIZE_MAX) {
+  std::string text;
+  for (size_t i = ids.size() > last ? ids.size() - last : 0; i < ids.size(); ++i)
+    text += backend.token_text(ids[i]);
+  return text;
+}
 
 std::string bearer_key(const HttpRequest& request) {
   const std::string& auth = request.header("authorization");
@@ -257,10 +267,7 @@ void resolve_output_formats(const Job& job, const Backend& backend, const std::v
     parse_reasoning_format(job.reasoning_parser, &reasoning);
   o.output.reasoning = reasoning;
   if (reasoning != ReasoningFormat::NONE) {
-    std::string tail;
-    for (size_t i = prompt.size() > 8 ? prompt.size() - 8 : 0; i < prompt.size(); ++i)
-      tail += backend.token_text(prompt[i]);
-    o.output.reasoning_start = reasoning_start_from_prompt(tail);
+    o.output.reasoning_start = reasoning_start_from_prompt(spelled(backend, prompt, 8));
   }
 }
 
@@ -399,16 +406,15 @@ class GenerationHandler final : public GenerationObserver,
     if (!choice.versions.empty() && choice.versions.back() != choice.versions.front())
       call.completion_versions = choice.versions;  // it ran across a weight swap
     call.finish_reason = choice.finish_reason;
-    call.temperature = static_cast<float>(logprob_temperature(options_.params.temperature));
+    const double temperature = logprob_temperature(options_.params.temperature);
+    call.temperature = static_cast<float>(temperature);
     call.agent = options_.agent;
     if (options_.exchange_request) {
-      std::string text;
-      for (TokenId id : choice.ids) text += lease_.backend->token_text(id);
       std::string finish = choice.finish_reason;
       const json message = dialect_->splits_text() ? chat_assistant_message(parsed, finish) : json();
       call.exchange_record =
-          sapo_call_record(*options_.exchange_request, message, std::move(text), choice.finish_reason,
-                           logprob_temperature(options_.params.temperature));
+          sapo_call_record(*options_.exchange_request, message, spelled(*lease_.backend, choice.ids),
+                           choice.finish_reason, temperature);
     }
     if (options_.chat_keys)
       call.turn_key = answer_turn_key(*options_.chat_keys, answer_key(parsed.content, parsed.tool_calls));
@@ -426,9 +432,7 @@ class GenerationHandler final : public GenerationObserver,
   // token that completes it, so it lies in the last tokens' text.
   std::string matched_stop_string(const GenerationChoice& ch) const {
     if (ch.finish_reason != "stop" || options_.params.stop.empty()) return "";
-    std::string tail;
-    for (size_t i = ch.ids.size() > 16 ? ch.ids.size() - 16 : 0; i < ch.ids.size(); ++i)
-      tail += lease_.backend->token_text(ch.ids[i]);
+    const std::string tail = spelled(*lease_.backend, ch.ids, 16);
     std::string best;
     size_t best_pos = std::string::npos;
     for (const std::string& stop : options_.params.stop) {
@@ -625,6 +629,40 @@ ConvertedRequest convert_request(ApiKind kind, const std::string& text) {
   return c;
 }
 
+// The request's dialect, made once its options and prompt are known. `c`: the converted
+// request of the harness APIs (Responses echoes its fields and notes).
+std::unique_ptr<ChatDialect> make_dialect(ApiKind kind, const GenerationLease& lease,
+                                          const RequestOptions& options, const std::vector<TokenId>& prompt,
+                                          std::optional<ConvertedRequest>& c) {
+  const std::string model = lease.backend->model_id();
+  if (kind == ApiKind::ANTHROPIC_MESSAGES) return make_anthropic_dialect(model);
+  if (kind == ApiKind::RESPONSES) return make_responses_dialect(model, c->original, std::move(c->notes));
+  OpenAIDialectOptions o;
+  o.model = model;
+  o.n = options.params.n;
+  o.logprobs = options.params.logprobs;
+  o.include_usage = options.include_usage;
+  o.return_token_ids = options.return_token_ids;
+  if (o.return_token_ids) o.prompt = prompt;
+  o.episode_uuid = lease.ticket.episode_uuid;
+  o.token_text = [backend = lease.backend](TokenId id) { return backend->token_text(id); };
+  return kind == ApiKind::CHAT_COMPLETIONS ? make_chat_completions_dialect(std::move(o))
+                                           : make_completions_dialect(std::move(o));
+}
+
+// Harnesses ask for 32k-128k max_tokens on every call: the clamp to the job's
+// max_response_length is said once at info, then at debug.
+void note_clamped_max_tokens(const char* api, const json& body, const RequestOptions& options) {
+  const auto asked = optional_int(body, "max_tokens");
+  if (!asked || *asked <= options.params.max_tokens) return;
+  static std::atomic<bool> told{false};
+  if (!told.exchange(true))
+    spdlog::info("{}: max_tokens {} clamped to {} (the job's max_response_length; said once)", api, *asked,
+                 options.params.max_tokens);
+  else
+    spdlog::debug("{}: max_tokens {} clamped to {}", api, *asked, options.params.max_tokens);
+}
+
 }  // namespace
 
 std::string anthropic_api_key(const HttpRequest& request) {
@@ -679,18 +717,6 @@ void serve_generation(Engine& engine, std::shared_ptr<Metrics> metrics, ApiKind 
     RequestOptions options =
         parse_options(body, chat_like ? ApiKind::CHAT_COMPLETIONS : ApiKind::COMPLETIONS, lease.job);
     options.agent = agent_of(body, request);
-    if (converted) {
-      const auto asked = optional_int(body, "max_tokens");
-      static std::atomic<bool> told{false};  // harnesses ask for 32k-128k on every call: said once at info
-      if (asked && *asked > options.params.max_tokens) {
-        const char* route = kind == ApiKind::RESPONSES ? "responses" : "anthropic_messages";
-        if (!told.exchange(true))
-          spdlog::info("{}: max_tokens {} clamped to {} (the job's max_response_length; said once)", route,
-                       *asked, options.params.max_tokens);
-        else
-          spdlog::debug("{}: max_tokens {} clamped to {}", route, *asked, options.params.max_tokens);
-      }
-    }
     std::vector<TokenId> prompt =
         chat_like ? chat_prompt(body, ordered, options, lease) : completion_prompt(body, *lease.backend);
     if (!lease.job.exchange_url.empty() && lease.job.exchange_publish) {
@@ -700,35 +726,16 @@ void serve_generation(Engine& engine, std::shared_ptr<Metrics> metrics, ApiKind 
         options.exchange_request =
             std::make_shared<nlohmann::ordered_json>(sapo_chat_request(ordered["messages"], tools));
       } else {
-        std::string text;
-        for (TokenId id : prompt) text += lease.backend->token_text(id);
         options.exchange_request =
-            std::make_shared<nlohmann::ordered_json>(sapo_prompt_request(std::move(text)));
+            std::make_shared<nlohmann::ordered_json>(sapo_prompt_request(spelled(*lease.backend, prompt)));
       }
     }
     SWARM_REQUIRE(static_cast<int64_t>(prompt.size()) <= lease.job.max_prompt_length,
                   ErrorKind::INVALID_ARGUMENT,
                   "prompt is " + std::to_string(prompt.size()) + " tokens; max_prompt_length is " +
                       std::to_string(lease.job.max_prompt_length));
-    std::unique_ptr<ChatDialect> dialect;
-    const std::string model = lease.backend->model_id();
-    if (kind == ApiKind::ANTHROPIC_MESSAGES) {
-      dialect = make_anthropic_dialect(model);
-    } else if (kind == ApiKind::RESPONSES) {
-      dialect = make_responses_dialect(model, c->original, std::move(c->notes));
-    } else {
-      OpenAIDialectOptions o;
-      o.model = model;
-      o.n = options.params.n;
-      o.logprobs = options.params.logprobs;
-      o.include_usage = options.include_usage;
-      o.return_token_ids = options.return_token_ids;
-      if (o.return_token_ids) o.prompt = prompt;
-      o.episode_uuid = lease.ticket.episode_uuid;
-      o.token_text = [backend = lease.backend](TokenId id) { return backend->token_text(id); };
-      dialect = kind == ApiKind::CHAT_COMPLETIONS ? make_chat_completions_dialect(std::move(o))
-                                                  : make_completions_dialect(std::move(o));
-    }
+    std::unique_ptr<ChatDialect> dialect = make_dialect(kind, lease, options, prompt, c);
+    if (converted) note_clamped_max_tokens(dialect->api(), body, options);
     // Every choice is recorded as its own call: reserve the extra ones now.
     for (; reserved < options.params.n; ++reserved) lease.pool->begin_call(api_key);
     auto handler = std::make_shared<GenerationHandler>(
