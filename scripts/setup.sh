@@ -45,7 +45,7 @@ PACKAGES=(
   # python references for parity tests (run with /usr/bin/python3)
   python3-torch python3-numpy python3-jinja2
   # AgentJet conformance test: PyYAML dumps the config as its client does; jsonschema checks answers
-  python3-yaml python3-jsonschema
+  python3-yaml python3-jsonschema python3-rfc3987
   # tools used by tests and benchmarks
   nodejs npm tmux procps curl sqlite3
   # the swarm exchange (SAPO experience sharing): the NATS broker and its C client

@@ -3,14 +3,14 @@
 // tokenizer):
 //
 //  * decode tokens/s of the serving engine at batch 1 and 32, unconstrained and constrained by
-//    two JSON schemas, each an object holding an array of 64 strings (so no request ends before
-//    --tokens): "free" strings (what zod's z.string() sends: inside a string the grammar state
+//    three JSON schemas, each an object holding an array of 64 values (so no request ends before
+//    --tokens): "bounded" numbers in [0, 100] (a zod .min(0).max(100)), "free" strings (what zod's z.string() sends: inside a string the grammar state
 //    repeats, so masks come from the cache) and "counted" strings of at most 16 characters (the
 //    counter changes the state at every token: every mask is computed, the worst case);
 //    temperature 1, no end-of-sequence; the best of --repeats runs;
 //  * the token-mask figures behind it: building the vocabulary trie (once per engine), a cold
 //    mask (a state never seen), and the hit rate of the mask cache during the constrained run;
-//  * compile time of a 20-property schema (median of 50).
+//  * compile time of a 20-property schema with bounded integers and numbers (median of 50).
 //
 // Targets: constrained batch-1 decode >= 80 % of unconstrained; compile <= 50 ms.
 // Prints tables with the commit and the machine; never a timed assertion.
@@ -71,6 +71,11 @@ struct Waiter : GenerationObserver {
 const ojson kCountedSchema = ojson::parse(R"({"type": "object", "properties": {"items": {"type": "array",
     "items": {"type": "string", "maxLength": 16}, "minItems": 64, "maxItems": 64}}, "required": ["items"],
     "additionalProperties": false})");
+// What zod's z.number().min(0).max(100) sends: every number compared with both bounds, digit by
+// digit, for every exponent a number may have.
+const ojson kBoundedSchema = ojson::parse(R"({"type": "object", "properties": {"items": {"type": "array",
+    "items": {"type": "number", "minimum": 0, "maximum": 100}, "minItems": 64, "maxItems": 64}}, "required": ["items"],
+    "additionalProperties": false})");
 const ojson kFreeSchema = ojson::parse(R"({"type": "object", "properties": {"items": {"type": "array",
     "items": {"type": "string"}, "minItems": 64, "maxItems": 64}}, "required": ["items"],
     "additionalProperties": false})");
@@ -81,6 +86,7 @@ ojson twenty_properties() {
   for (int i = 0; i < 20; ++i) {
     ojson p = {{"type", types[i % 4]}, {"description", "field " + std::to_string(i)}};
     if (i % 4 == 1) p["minimum"] = 0, p["maximum"] = 1000 + i;
+    if (i % 4 == 3) p["exclusiveMinimum"] = -2.5, p["maximum"] = 97.25 + i;
     if (i % 5 == 0)
       p = {{"type", "array"}, {"items", {{"type", "string"}, {"maxLength", 32}}}, {"maxItems", 8}};
     if (i % 7 == 0) p = {{"enum", {"alpha", "beta", "gamma"}}};
@@ -141,8 +147,9 @@ int main(int argc, char** argv) {
   app.add_option("--tokens", tokens, "Tokens per request")->capture_default_str();
   app.add_option("--repeats", repeats, "Runs per case (the best counts)")->capture_default_str();
   app.add_option("--models", models, "smollm2, qwen3")->capture_default_str();
-  std::string schemas = "free,counted";
-  app.add_option("--schemas", schemas, "free (unbounded strings), counted (maxLength 16)")
+  std::string schemas = "free,counted,bounded";
+  app.add_option("--schemas", schemas,
+                 "free (unbounded strings), counted (maxLength 16), bounded (numbers in [0, 100])")
       ->capture_default_str();
   app.add_option("--threads", threads, "Compute threads (0 = every CPU)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -197,14 +204,18 @@ int main(int argc, char** argv) {
       sc.max_context = 32 + tokens + 16;
       ServingEngine engine(model, tokenizer, sc);  // no eos: every request runs its --tokens
       for (const auto& [schema_name, schema] :
-           {std::pair{"free", &kFreeSchema}, std::pair{"counted", &kCountedSchema}}) {
+           {std::pair{"free", &kFreeSchema}, std::pair{"counted", &kCountedSchema},
+            std::pair{"bounded", &kBoundedSchema}}) {
         const std::vector<std::string> wanted = split_list(schemas);
         if (std::find(wanted.begin(), wanted.end(), schema_name) == wanted.end()) continue;
         auto g = std::make_shared<const grammar::Grammar>(grammar::json_schema_grammar(*schema));
         grammar::Matcher m(*g);
         grammar::TokenMasker masker(trie, {});
         grammar::Matcher::State s = m.state();
-        for (unsigned char c : std::string("{\"items\": [\"ab")) s = m.advance(s, c);  // inside a string
+        // Inside a value: a string, or a number.
+        const std::string probe =
+            std::string(schema_name) == "bounded" ? "{\"items\": [4" : "{\"items\": [\"ab";
+        for (unsigned char c : probe) s = m.advance(s, c);
         t0 = Clock::now();
         masker.allowed(m, s);
         const double cold_ms = seconds_since(t0) * 1000;
@@ -252,14 +263,14 @@ int main(int argc, char** argv) {
       }
     }
     std::printf(
-        "\n| model | strings | vocab | trie nodes | trie build ms | first mask ms | mask ms per token (first "
+        "\n| model | values | vocab | trie nodes | trie build ms | first mask ms | mask ms per token (first "
         "walk) | (second walk) | mask cache hits (first) |\n|---|---|---|---|---|---|---|---|---|\n");
     for (const MaskRow& r : mask_rows)
       std::printf("| %s | %s | %lld | %zu | %.0f | %.1f | %.2f | %.2f | %.0f %% |\n", r.model.c_str(),
                   r.schema.c_str(), static_cast<long long>(r.vocab), r.trie_nodes, r.trie_ms, r.cold_ms,
                   r.walk_ms, r.warm_ms, 100 * r.hit_rate);
     std::printf(
-        "\n| model | strings | batch | unconstrained tok/s | constrained tok/s | ratio | target >= 80 %% "
+        "\n| model | values | batch | unconstrained tok/s | constrained tok/s | ratio | target >= 80 %% "
         "|\n|---|---|---|---|---|---|---|\n");
     for (const Row& r : rows)
       std::printf("| %s | %s | %d | %.1f | %.1f | %.0f %% | %s |\n", r.model.c_str(), r.schema.c_str(),

@@ -1,5 +1,7 @@
 #include "grammar/json_schema_grammar.hpp"
 
+#include "grammar/numeric_grammar.hpp"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -21,10 +23,10 @@ const std::set<std::string> kCommon = {"type",  "enum", "const", "anyOf",       
                                        "allOf", "$ref", "$defs", "definitions", "nullable"};
 const std::map<std::string, std::set<std::string>> kByType = {
     {"object", {"properties", "required", "additionalProperties"}},
-    {"array", {"items", "minItems", "maxItems"}},
+    {"array", {"items", "prefixItems", "additionalItems", "minItems", "maxItems"}},
     {"string", {"minLength", "maxLength", "format"}},
-    {"integer", {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}},
-    {"number", {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}},
+    {"integer", {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}},
+    {"number", {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}},
     {"boolean", {}},
     {"null", {}},
 };
@@ -48,7 +50,10 @@ struct JsonSchemaCompiler::Impl {
       integer_rule;
   std::map<std::pair<int64_t, bool>, uint32_t> char_runs;  // (n, optional) -> rule of up to / exactly n chars
 
-  Impl(Grammar& grammar, const json& r, JsonGrammarLimits l) : g(grammar), root(r), limits(l) {}
+  NumericGrammar numeric;
+
+  Impl(Grammar& grammar, const json& r, JsonGrammarLimits l)
+      : g(grammar), root(r), limits(l), numeric(grammar, [this] { check_size(); }) {}
 
   void check_size() {
     if (g.num_rules() > limits.max_rules)
@@ -171,85 +176,214 @@ struct JsonSchemaCompiler::Impl {
     return *number_rule;
   }
 
-  // Decimal strings of equal length a <= b: every number in [a, b] written with that length.
-  Seq same_length_range(const std::string& a, const std::string& b) {
-    if (a.size() == 1) return {Element::bytes(static_cast<uint8_t>(a[0]), static_cast<uint8_t>(b[0]))};
-    if (a.find_first_not_of('0') == std::string::npos && b.find_first_not_of('9') == std::string::npos)
-      return Seq(a.size(), Element::bytes('0', '9'));  // every digit string of this length
-    if (a[0] == b[0])
-      return cat({{Element::byte(static_cast<uint8_t>(a[0]))}, same_length_range(a.substr(1), b.substr(1))});
-    const std::string nines(a.size() - 1, '9'), zeros(a.size() - 1, '0');
-    std::vector<Seq> alts;
-    alts.push_back(cat({{Element::byte(static_cast<uint8_t>(a[0]))}, same_length_range(a.substr(1), nines)}));
-    if (a[0] + 1 <= b[0] - 1) {
-      Seq mid{Element::bytes(static_cast<uint8_t>(a[0] + 1), static_cast<uint8_t>(b[0] - 1))};
-      for (size_t i = 1; i < a.size(); ++i) mid.push_back(Element::bytes('0', '9'));
-      alts.push_back(mid);
-    }
-    alts.push_back(cat({{Element::byte(static_cast<uint8_t>(b[0]))}, same_length_range(zeros, b.substr(1))}));
-    check_size();
-    return ref(g.rule_of(alts));
-  }
-
-  // Non-negative integers in [lo, hi] (hi nullopt: unbounded), without leading zeros.
-  std::vector<Seq> natural_range(uint64_t lo, std::optional<uint64_t> hi) {
-    std::vector<Seq> alts;
-    const std::string slo = std::to_string(lo);
-    const size_t max_len = hi ? std::to_string(*hi).size() : 19;
-    for (size_t len = slo.size(); len <= max_len; ++len) {
-      const std::string first = len == slo.size() ? slo : "1" + std::string(len - 1, '0');
-      std::string last = std::string(len, '9');
-      if (hi && len == max_len) last = std::to_string(*hi);
-      if (first.size() != len || last.size() != len || first > last) continue;
-      alts.push_back(same_length_range(first, last));
-    }
-    return alts;
-  }
-
-  uint32_t integer(const json& s, const std::string& path) {
-    std::optional<long double> lo, hi;
-    auto bound = [&](const char* key, bool lower, bool exclusive) {
+  // The bounds of a number or integer schema: the tighter of minimum / exclusiveMinimum and of
+  // maximum / exclusiveMaximum, read as exact decimals.
+  std::pair<std::optional<NumberBound>, std::optional<NumberBound>> bounds(const json& s,
+                                                                           const std::string& path) {
+    std::optional<NumberBound> lo, hi;
+    auto bound = [&](const char* key, bool lower, bool strict) {
       auto it = s.find(key);
       if (it == s.end()) return;
       if (!it->is_number()) {
-        if (exclusive && it->is_boolean())
+        if (strict && it->is_boolean())
           throw SchemaError("boolean '" + std::string(key) + "' (draft 4) at " + path + " is not supported");
         throw SchemaError("'" + std::string(key) + "' at " + path + " must be a number");
       }
-      long double v = it->get<long double>();
-      v = lower ? (exclusive ? std::floor(v) + 1 : std::ceil(v))
-                : (exclusive ? std::ceil(v) - 1 : std::floor(v));
-      if (lower)
-        lo = lo ? std::max(*lo, v) : v;
-      else
-        hi = hi ? std::min(*hi, v) : v;
+      const NumberBound b{Decimal::parse(it->dump()), strict};
+      std::optional<NumberBound>& slot = lower ? lo : hi;
+      const int c = slot ? compare(b.value, slot->value) : 0;
+      if (!slot || (lower ? c > 0 : c < 0) || (c == 0 && strict)) slot = b;
     };
     bound("minimum", true, false);
     bound("exclusiveMinimum", true, true);
     bound("maximum", false, false);
     bound("exclusiveMaximum", false, true);
-    if (!lo && !hi) return integer_unbounded();
-    const long double kLimit = 1e18L;
-    if ((lo && std::fabs(*lo) > kLimit) || (hi && std::fabs(*hi) > kLimit))
-      throw SchemaError("integer bounds beyond 1e18 at " + path + " are not supported");
-    if (lo && hi && *lo > *hi) throw SchemaError("no integer satisfies the bounds at " + path);
+    return {lo, hi};
+  }
+
+  // multipleOf on an integer: the integers that are multiples of a decimal p/q (in lowest terms)
+  // are the multiples of p.
+  uint64_t integer_step(const json& s, const std::string& path) {
+    auto it = s.find("multipleOf");
+    if (it == s.end()) return 1;
+    if (!it->is_number() || it->get<double>() <= 0)
+      throw SchemaError("'multipleOf' at " + path + " must be a number greater than 0");
+    const Decimal m = Decimal::parse(it->dump());
+    if (m.digits.size() > 18 || m.exp > 18)
+      throw SchemaError("'multipleOf' " + it->dump() + " at " + path + " is not supported (too many digits)");
+    uint64_t p = std::stoull(m.digits);
+    if (m.exp >= 0) {
+      for (int64_t i = 0; i < m.exp; ++i) {
+        if (p > UINT64_MAX / 10)
+          throw SchemaError("'multipleOf' " + it->dump() + " at " + path + " is not supported (too large)");
+        p *= 10;
+      }
+    } else {
+      // Divide p by the factors of 2 and 5 that 10^-exp cancels.
+      for (int64_t i = 0; i < -m.exp; ++i) {
+        if (p % 2 == 0) p /= 2;
+        if (p % 5 == 0) p /= 5;
+      }
+    }
+    // The residue of each digit prefix is part of the grammar's state: keep it small.
+    if (p > 500)
+      throw SchemaError("'multipleOf' " + it->dump() + " at " + path +
+                        " is not supported on integers (steps up to 500 are)");
+    return p;
+  }
+
+  uint32_t integer(const json& s, const std::string& path) {
+    const auto [lo, hi] = bounds(s, path);
+    const uint64_t step = integer_step(s, path);
+    if (!lo && !hi && step == 1) return integer_unbounded();
+    const std::optional<uint32_t> r = numeric.integer(lo, hi, step);
+    if (!r) throw SchemaError("no integer satisfies the bounds at " + path);
+    return *r;
+  }
+
+  uint32_t bounded_number(const json& s, const std::string& path) {
+    if (s.contains("multipleOf"))
+      throw SchemaError("'multipleOf' on a number at " + path + " is not supported (on integers it is)");
+    const auto [lo, hi] = bounds(s, path);
+    if (!lo && !hi) return number();
+    const std::optional<uint32_t> r = numeric.number(lo, hi);
+    if (!r) throw SchemaError("no number satisfies the bounds at " + path);
+    return *r;
+  }
+
+  // The practical subsets of the other formats (docs/openai_api.md lists them); each only
+  // produces valid values, none needs a JSON escape.
+  std::optional<uint32_t> ipv4_rule, ipv6_rule, hostname_rule, email_rule, uri_rule;
+
+  // Characters of a set given as byte ranges, as one rule.
+  uint32_t char_set(std::initializer_list<std::pair<char, char>> ranges) {
     std::vector<Seq> alts;
-    // Non-negative part.
-    if (!hi || *hi >= 0) {
-      const uint64_t a = lo && *lo > 0 ? static_cast<uint64_t>(*lo) : 0;
-      std::optional<uint64_t> b;
-      if (hi) b = static_cast<uint64_t>(*hi);
-      for (auto& alt : natural_range(a, b)) alts.push_back(alt);
-    }
-    // Negative part: -v for v in [max(1, -hi), -lo].
-    if (!lo || *lo < 0) {
-      const uint64_t a = hi && *hi < 0 ? static_cast<uint64_t>(-*hi) : 1;
-      std::optional<uint64_t> b;
-      if (lo) b = static_cast<uint64_t>(-*lo);
-      for (auto& alt : natural_range(a, b)) alts.push_back(cat({lit("-"), alt}));
-    }
-    check_size();
+    for (const auto& [lo, hi] : ranges)
+      alts.push_back({Element::bytes(static_cast<uint8_t>(lo), static_cast<uint8_t>(hi))});
     return g.rule_of(alts);
+  }
+  // One or more of `item`, right-recursive.
+  uint32_t one_or_more(uint32_t item) {
+    const uint32_t r = g.add_rule();
+    g.add_alternative(r, ref(item));
+    g.add_alternative(r, cat({ref(item), ref(r)}));
+    return r;
+  }
+  uint32_t zero_or_more(uint32_t item) {
+    const uint32_t r = g.add_rule();
+    g.add_alternative(r, {});
+    g.add_alternative(r, cat({ref(item), ref(r)}));
+    return r;
+  }
+
+  // Dotted decimal, each octet 0-255 without leading zeros.
+  uint32_t ipv4() {
+    if (ipv4_rule) return *ipv4_rule;
+    const uint32_t octet =
+        *numeric.integer(NumberBound{Decimal{}, false}, NumberBound{Decimal::parse("255"), false}, 1);
+    ipv4_rule = g.rule_of(
+        {cat({ref(octet), lit("."), ref(octet), lit("."), ref(octet), lit("."), ref(octet)})}, "ipv4");
+    return *ipv4_rule;
+  }
+
+  // Eight groups of 1-4 hex digits, or fewer around one "::" (RFC 4291 2.2, without the
+  // embedded IPv4 form).
+  uint32_t ipv6() {
+    if (ipv6_rule) return *ipv6_rule;
+    const uint32_t hex = char_set({{'0', '9'}, {'a', 'f'}, {'A', 'F'}});
+    const uint32_t h16 = g.rule_of({ref(hex), cat({ref(hex), ref(hex)}), cat({ref(hex), ref(hex), ref(hex)}),
+                                    cat({ref(hex), ref(hex), ref(hex), ref(hex)})},
+                                   "h16");
+    // groups(n): exactly n groups joined by ':'; upto(m): 0..m groups joined by ':'.
+    std::vector<uint32_t> groups{g.rule_of({{}})}, more{g.rule_of({{}})};
+    for (int n = 1; n <= 8; ++n) {
+      groups.push_back(g.rule_of({n == 1 ? ref(h16) : cat({ref(h16), lit(":"), ref(groups[n - 1])})}));
+      more.push_back(g.rule_of({{}, cat({lit(":"), ref(h16), ref(more[n - 1])})}));  // ':' h16, up to n times
+    }
+    std::vector<Seq> alts{ref(groups[8])};
+    for (int a = 0; a <= 7; ++a) {
+      const int b = 7 - a;  // at most this many groups after "::"
+      Seq right = b == 0 ? Seq{} : ref(g.rule_of({{}, cat({ref(h16), ref(more[b - 1])})}));
+      alts.push_back(cat({ref(groups[a]), lit("::"), right}));
+    }
+    ipv6_rule = g.rule_of(alts, "ipv6");
+    return *ipv6_rule;
+  }
+
+  // 1 to 5 labels of 1 to 48 letters, digits and inner hyphens, joined by dots (RFC 1123; at
+  // most 244 characters, within the 253 allowed).
+  uint32_t hostname() {
+    if (hostname_rule) return *hostname_rule;
+    const uint32_t alnum = char_set({{'0', '9'}, {'a', 'z'}, {'A', 'Z'}});
+    const uint32_t inner = char_set({{'0', '9'}, {'a', 'z'}, {'A', 'Z'}, {'-', '-'}});
+    // ending(n): 1 to n characters, the last one not a hyphen.
+    uint32_t ending = alnum;
+    for (int n = 2; n <= 47; ++n) ending = g.rule_of({ref(alnum), cat({ref(inner), ref(ending)})});
+    const uint32_t label = g.rule_of({ref(alnum), cat({ref(alnum), ref(ending)})}, "label");
+    uint32_t labels = label;
+    for (int n = 2; n <= 5; ++n) labels = g.rule_of({ref(label), cat({ref(label), lit("."), ref(labels)})});
+    hostname_rule = g.rule_of({ref(labels)}, "hostname");
+    return *hostname_rule;
+  }
+
+  // A dot-atom local part (RFC 5322 atext; 1 to 4 atoms of up to 15 characters, so at most 63
+  // of the 64 allowed), "@", a hostname.
+  uint32_t email() {
+    if (email_rule) return *email_rule;
+    const uint32_t atext = char_set({{'0', '9'},
+                                     {'a', 'z'},
+                                     {'A', 'Z'},
+                                     {'!', '!'},
+                                     {'#', '\''},
+                                     {'*', '+'},
+                                     {'-', '-'},
+                                     {'/', '/'},
+                                     {'=', '='},
+                                     {'?', '?'},
+                                     {'^', '`'},
+                                     {'{', '~'}});
+    uint32_t more = g.rule_of({{}});
+    for (int n = 1; n <= 14; ++n) more = g.rule_of({{}, cat({ref(atext), ref(more)})});
+    const uint32_t atom = g.rule_of({cat({ref(atext), ref(more)})});
+    uint32_t local = atom;
+    for (int n = 2; n <= 4; ++n) local = g.rule_of({ref(atom), cat({ref(atom), lit("."), ref(local)})});
+    email_rule = g.rule_of({cat({ref(local), lit("@"), ref(hostname())})}, "email");
+    return *email_rule;
+  }
+
+  // scheme "://" host [":" port] path ["?" query] ["#" fragment] (RFC 3986 3, with a hostname or
+  // IPv4 host and no user information).
+  uint32_t uri() {
+    if (uri_rule) return *uri_rule;
+    const uint32_t alpha = char_set({{'a', 'z'}, {'A', 'Z'}});
+    const uint32_t scheme_char = char_set({{'a', 'z'}, {'A', 'Z'}, {'0', '9'}, {'+', '+'}, {'-', '.'}});
+    const uint32_t scheme = g.rule_of({cat({ref(alpha), ref(zero_or_more(scheme_char))})}, "scheme");
+    const uint32_t hex = char_set({{'0', '9'}, {'a', 'f'}, {'A', 'F'}});
+    // pchar: unreserved, sub-delims, ':' and '@' (ranges of ASCII), or a percent-encoding.
+    const uint32_t pchar = g.rule_of({{Element::byte('!')},
+                                      {Element::byte('$')},
+                                      {Element::bytes('&', '.')},
+                                      {Element::bytes('0', ';')},
+                                      {Element::byte('=')},
+                                      {Element::bytes('@', 'Z')},
+                                      {Element::byte('_')},
+                                      {Element::bytes('a', 'z')},
+                                      {Element::byte('~')},
+                                      cat({lit("%"), ref(hex), ref(hex)})},
+                                     "pchar");
+    const uint32_t segment = zero_or_more(pchar);
+    const uint32_t path = zero_or_more(g.rule_of({cat({lit("/"), ref(segment)})}));
+    const uint32_t qchar = g.rule_of({ref(pchar), lit("/"), lit("?")});
+    const uint32_t query = g.rule_of({{}, cat({lit("?"), ref(zero_or_more(qchar))})});
+    const uint32_t fragment = g.rule_of({{}, cat({lit("#"), ref(zero_or_more(qchar))})});
+    const uint32_t digit = char_set({{'0', '9'}});
+    uint32_t port_digits = g.rule_of({{}});
+    for (int n = 1; n <= 4; ++n) port_digits = g.rule_of({{}, cat({ref(digit), ref(port_digits)})});
+    const uint32_t port = g.rule_of({{}, cat({lit(":"), ref(digit), ref(port_digits)})});
+    const uint32_t host = g.rule_of({ref(hostname()), ref(ipv4())});
+    uri_rule = g.rule_of(
+        {cat({ref(scheme), lit("://"), ref(host), ref(port), ref(path), ref(query), ref(fragment)})}, "uri");
+    return *uri_rule;
   }
 
   // Strings of a `format`, exactly as RFC 3339 / RFC 4122 define them (upper-case T and Z):
@@ -311,9 +445,20 @@ struct JsonSchemaCompiler::Impl {
         if (!body.empty()) body.push_back(Element::byte('-'));
         for (int i = 0; i < group; ++i) body.push_back(Element::rule(hex));
       }
+    } else if (format == "ipv4") {
+      body = ref(ipv4());
+    } else if (format == "ipv6") {
+      body = ref(ipv6());
+    } else if (format == "hostname") {
+      body = ref(hostname());
+    } else if (format == "email") {
+      body = ref(email());
+    } else if (format == "uri") {
+      body = ref(uri());
     } else {
       throw SchemaError("'format' '" + format + "' at " + path +
-                        " is not supported (supported: date, time, date-time, uuid)");
+                        " is not supported (supported: date, time, date-time, uuid, email, hostname, ipv4, "
+                        "ipv6, uri)");
     }
     check_size();
     return g.rule_of({cat({lit("\""), body, lit("\"")})});
@@ -438,14 +583,36 @@ struct JsonSchemaCompiler::Impl {
     return g.rule_of({cat({lit("{"), ref(w), ref(rest[0][1]), ref(w), lit("}")})});
   }
 
+  // Arrays: prefixItems (2020-12 tuples; or draft-7 `items` as an array with additionalItems)
+  // give the leading items, `items` (or additionalItems) the rest: a schema, true, or false (none).
   uint32_t array(const json& s, const std::string& path) {
     const uint32_t w = ws();
-    uint32_t item;
-    if (auto it = s.find("items"); it != s.end()) {
-      if (it->is_boolean() && !it->get<bool>()) return g.rule_of({cat({lit("["), ref(w), lit("]")})});
-      item = it->is_boolean() ? any_value() : value(*it, path + "/items");
+    std::vector<uint32_t> prefix;
+    std::optional<uint32_t> rest;  // nullopt: no items after the prefix
+    auto items_after = [&](const char* key) {
+      auto it = s.find(key);
+      if (it == s.end() || (it->is_boolean() && it->get<bool>())) return std::optional<uint32_t>(any_value());
+      if (it->is_boolean()) return std::optional<uint32_t>();
+      return std::optional<uint32_t>(value(*it, path + "/" + key));
+    };
+    auto tuple = [&](const json& list, const char* key) {
+      for (size_t i = 0; i < list.size(); ++i)
+        prefix.push_back(value(list[i], path + "/" + key + "/" + std::to_string(i)));
+    };
+    if (auto it = s.find("prefixItems"); it != s.end()) {
+      if (!it->is_array()) throw SchemaError("'prefixItems' at " + path + " must be an array");
+      if (s.contains("additionalItems"))
+        throw SchemaError("'additionalItems' with 'prefixItems' at " + path +
+                          " is not supported (use 'items')");
+      tuple(*it, "prefixItems");
+      rest = items_after("items");
+    } else if (auto items = s.find("items"); items != s.end() && items->is_array()) {
+      tuple(*items, "items");
+      rest = items_after("additionalItems");
     } else {
-      item = any_value();
+      if (s.contains("additionalItems"))
+        throw SchemaError("'additionalItems' without a tuple at " + path + " is not supported");
+      rest = items_after("items");
     }
     auto count = [&](const char* key) -> std::optional<int64_t> {
       auto it = s.find(key);
@@ -454,30 +621,44 @@ struct JsonSchemaCompiler::Impl {
         throw SchemaError("'" + std::string(key) + "' at " + path + " must be a non-negative integer");
       return it->get<int64_t>();
     };
+    const int64_t k = static_cast<int64_t>(prefix.size());
     const int64_t lo = count("minItems").value_or(0);
-    const std::optional<int64_t> hi = count("maxItems");
+    std::optional<int64_t> hi = count("maxItems");
     if (hi && *hi < lo) throw SchemaError("maxItems < minItems at " + path);
     if (lo > limits.max_repeat_bound || (hi && *hi > limits.max_repeat_bound))
       throw SchemaError("minItems/maxItems above " + std::to_string(limits.max_repeat_bound) + " at " + path +
                         " is not supported");
-    if (hi && *hi == 0) return g.rule_of({cat({lit("["), ref(w), lit("]")})});
-    const Seq next = cat({ref(w), lit(","), ref(w), ref(item)});
-    // Optional further items: up to `k` more (unbounded when no maxItems).
-    uint32_t tail;
-    if (!hi) {
-      tail = g.add_rule();
-      g.add_alternative(tail, {});
-      g.add_alternative(tail, cat({next, ref(tail)}));
-    } else {
-      tail = g.rule_of({{}});
-      for (int64_t k = 1; k <= *hi - std::max<int64_t>(lo, 1); ++k)
-        tail = g.rule_of({{}, cat({next, ref(tail)})});
+    if (!rest) {
+      hi = hi ? std::min(*hi, k) : k;
+      if (lo > *hi)
+        throw SchemaError("minItems " + std::to_string(lo) + " at " + path + " exceeds the " +
+                          std::to_string(k) + " items the tuple allows");
     }
-    Seq items = ref(item);
-    for (int64_t k = 1; k < lo; ++k) items = cat({items, next});
-    items = cat({items, ref(tail)});
-    std::vector<Seq> alts{cat({lit("["), ref(w), items, ref(w), lit("]")})};
-    if (lo == 0) alts.push_back(cat({lit("["), ref(w), lit("]")}));
+    const uint32_t empty = g.rule_of({cat({lit("["), ref(w), lit("]")})});
+    if (hi && *hi == 0) return empty;
+    auto item = [&](int64_t i) { return i < k ? prefix[static_cast<size_t>(i)] : *rest; };
+    // after[i]: the rest of the array once i >= 1 items are written. Positions from `same`
+    // on all look alike (past the tuple and minItems), so an unbounded array loops there.
+    const int64_t same = std::max(k, lo);
+    const int64_t top = hi ? *hi : std::max<int64_t>(same, 1);
+    std::vector<uint32_t> after(static_cast<size_t>(top + 1));
+    if (hi) {
+      after[static_cast<size_t>(top)] = g.rule_of({{}});
+    } else {
+      const uint32_t loop = g.add_rule();
+      g.add_alternative(loop, {});
+      g.add_alternative(loop, cat({ref(w), lit(","), ref(w), ref(*rest), ref(loop)}));
+      after[static_cast<size_t>(top)] = loop;
+    }
+    for (int64_t i = top - 1; i >= 1; --i) {
+      std::vector<Seq> alts;
+      if (i >= lo) alts.push_back({});
+      alts.push_back(cat({ref(w), lit(","), ref(w), ref(item(i)), ref(after[static_cast<size_t>(i + 1)])}));
+      after[static_cast<size_t>(i)] = g.rule_of(alts);
+      check_size();
+    }
+    std::vector<Seq> alts{cat({lit("["), ref(w), ref(item(0)), ref(after[1]), ref(w), lit("]")})};
+    if (lo == 0) alts.push_back(ref(empty));
     check_size();
     return g.rule_of(alts);
   }
@@ -488,13 +669,7 @@ struct JsonSchemaCompiler::Impl {
     if (type == "boolean") return g.rule_of({lit("true"), lit("false")});
     if (type == "null") return g.rule_of({lit("null")});
     if (type == "integer") return integer(s, path);
-    if (type == "number") {
-      for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
-        if (s.contains(k))
-          throw SchemaError("'" + std::string(k) + "' on a number at " + path +
-                            " is not supported (bounds are supported on integers)");
-      return number();
-    }
+    if (type == "number") return bounded_number(s, path);
     if (type == "string") {
       if (auto f = s.find("format"); f != s.end()) {
         if (!f->is_string()) throw SchemaError("'format' at " + path + " must be a string");
@@ -707,11 +882,15 @@ struct JsonSchemaCompiler::Impl {
     if (types.empty()) {  // inferred from the keywords, else any value
       if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties"))
         types = {"object"};
-      else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems"))
+      else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") ||
+               s.contains("maxItems"))
         types = {"array"};
       else if (s.contains("minLength") || s.contains("maxLength"))
         types = {"string"};
-      else if (s.contains("minimum") || s.contains("maximum"))
+      else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") ||
+               s.contains("exclusiveMaximum"))
+        types = {"number"};
+      else if (s.contains("multipleOf"))
         types = {"number"};
       else
         return any_value();

@@ -75,11 +75,10 @@ inline nlohmann::ordered_json random_schema(std::mt19937_64& rng, int depth, boo
   }
 }
 
-/// Runs tests/reference/validate_json_documents.py (python3-jsonschema) on a JSONL file of
-/// {"schema", "document"} lines: returns (exit code, output); 77 when jsonschema is missing.
-inline std::pair<int, std::string> validate_json_documents(const std::string& path) {
+/// Runs a script of tests/reference with /usr/bin/python3 on a file: returns (exit code, output).
+inline std::pair<int, std::string> run_reference(const std::string& script, const std::string& path) {
   const std::string cmd =
-      "/usr/bin/python3 " SWARM_SOURCE_DIR "/tests/reference/validate_json_documents.py " + path + " 2>&1";
+      "/usr/bin/python3 " SWARM_SOURCE_DIR "/tests/reference/" + script + " " + path + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return {-1, "cannot run " + cmd};
   std::string output;
@@ -87,6 +86,12 @@ inline std::pair<int, std::string> validate_json_documents(const std::string& pa
   while (size_t n = std::fread(buf, 1, sizeof buf, p)) output.append(buf, n);
   const int status = ::pclose(p);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+/// Runs tests/reference/validate_json_documents.py (python3-jsonschema) on a JSONL file of
+/// {"schema", "document"} lines: returns (exit code, output); 77 when jsonschema is missing.
+inline std::pair<int, std::string> validate_json_documents(const std::string& path) {
+  return run_reference("validate_json_documents.py", path);
 }
 
 }  // namespace swarm::testing

@@ -11,6 +11,7 @@
 #include "grammar/grammar.hpp"
 #include "grammar/grammar_cache.hpp"
 #include "grammar/json_schema_grammar.hpp"
+#include "grammar/numeric_grammar.hpp"
 #include "grammar/token_mask.hpp"
 #include "support/random_schema.hpp"
 
@@ -191,6 +192,214 @@ TEST(JsonSchemaGrammar, LengthsCountsAndIntegerBounds) {
   EXPECT_FALSE(accepts(neg, "5"));
 }
 
+TEST(JsonSchemaGrammar, BoundedNumbersAreExactAtTheBounds) {
+  const Grammar g = schema_grammar(R"({"type": "number", "minimum": 0, "maximum": 100})");
+  for (const char* ok : {"100", "99.5", "1e2", "1E+2", "10e1", "0.1e3", "1000e-1", "100.000", "0", "-0",
+                         "0.0", "-0.0e5", "0e99", "5e-99", "42", "0.000000000000001", "99.9999999999999"})
+    EXPECT_TRUE(accepts(g, ok)) << ok;
+  for (const char* bad : {"100.01", "100.0000000000001", "1e3", "1.01e2", "-1", "-0.5", "-1e-99", "101",
+                          "1e100", "100000", "1.0000000000000001"})
+    EXPECT_FALSE(accepts(g, bad)) << bad;
+  const Grammar open =
+      schema_grammar(R"({"type": "number", "exclusiveMinimum": -2.5, "exclusiveMaximum": 0.25})");
+  for (const char* ok : {"-2.49", "-2.4999", "0", "0.2499", "-25e-99"}) EXPECT_TRUE(accepts(open, ok)) << ok;
+  EXPECT_FALSE(accepts(open, "-25e-100")) << "a 3-digit exponent is outside the language";
+  for (const char* bad : {"-2.5", "-25e-1", "0.25", "2.5e-1", "0.250", "-2.50000000000001", "1"})
+    EXPECT_FALSE(accepts(open, bad)) << bad;
+  // A schema a zod .positive() writes, and pydantic's Field(gt=0, le=1).
+  const Grammar positive = schema_grammar(R"({"type": "number", "exclusiveMinimum": 0})");
+  EXPECT_TRUE(accepts(positive, "1e-99"));
+  EXPECT_TRUE(accepts(positive, "123456789012345e99"));
+  EXPECT_FALSE(accepts(positive, "0"));
+  EXPECT_FALSE(accepts(positive, "0.000e5"));
+  EXPECT_FALSE(accepts(positive, "-0.1"));
+  const Grammar ints =
+      schema_grammar(R"({"type": "integer", "minimum": -12, "maximum": 305, "multipleOf": 5})");
+  for (int v = -30; v <= 400; ++v)
+    EXPECT_EQ(accepts(ints, std::to_string(v)), v >= -12 && v <= 305 && v % 5 == 0) << v;
+  const Grammar halves = schema_grammar(R"({"type": "integer", "multipleOf": 0.5, "exclusiveMinimum": 2.5})");
+  EXPECT_TRUE(accepts(halves, "3")) << "every integer is a multiple of 0.5";
+  EXPECT_FALSE(accepts(halves, "2"));
+  const Grammar sevens = schema_grammar(R"({"type": "integer", "multipleOf": 0.7})");
+  EXPECT_TRUE(accepts(sevens, "-7"));
+  EXPECT_TRUE(accepts(sevens, "700000000000000007"));
+  EXPECT_FALSE(accepts(sevens, "10"));
+}
+
+// Every text of many kinds (random, and spellings right at and beside each bound) is decided by
+// the grammar; tests/reference/check_number_grammar.py decides each one again with Python's
+// decimal module and checks the two agree both ways.
+std::string plain(const Decimal& d) {
+  const std::string ip = d.int_part(), fp = d.frac_part();
+  return std::string(d.negative ? "-" : "") + (ip.empty() ? "0" : ip) + (fp.empty() ? "" : "." + fp);
+}
+
+std::vector<std::string> spellings_near(const Decimal& b, std::mt19937_64& rng) {
+  std::vector<std::string> out;
+  for (int shift = -3; shift <= 3; ++shift) {
+    const std::string m = plain(b.shifted(-shift));
+    out.push_back(shift == 0 ? m : m + (rng() % 2 ? "e" : "E") + std::to_string(shift));
+    // Just above and just below (in magnitude) at a few depths.
+    for (int extra = 1; extra <= 16; extra += 5) {
+      std::string up = m.find('.') == std::string::npos ? m + "." : m;
+      up += std::string(static_cast<size_t>(extra - 1), '0') + "1";
+      out.push_back(shift == 0 ? up : up + "e" + std::to_string(shift));
+      std::string down = m;
+      const size_t last = down.find_last_of("123456789");
+      if (last != std::string::npos) {
+        down[last] = static_cast<char>(down[last] - 1);
+        if (down.find('.') == std::string::npos) down += ".";
+        down += std::string(static_cast<size_t>(extra), '9');
+        out.push_back(shift == 0 ? down : down + "e" + std::to_string(shift));
+      }
+    }
+  }
+  return out;
+}
+
+std::string random_number_text(std::mt19937_64& rng, bool integer) {
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
+  std::string t = pick(4) == 0 ? "-" : "";
+  const int int_len = pick(3) == 0 ? 0 : 1 + pick(integer ? 20 : 17);
+  if (int_len == 0) {
+    t += "0";
+  } else {
+    t += static_cast<char>('1' + pick(9));
+    for (int i = 1; i < int_len; ++i) t += static_cast<char>('0' + pick(10));
+  }
+  if (integer) return t;
+  if (pick(2)) {
+    t += ".";
+    const int n = 1 + pick(pick(4) == 0 ? 18 : 4);
+    for (int i = 0; i < n; ++i) t += static_cast<char>('0' + pick(pick(3) == 0 ? 1 : 10));
+  }
+  if (pick(3) == 0) {
+    t += pick(2) ? "e" : "E";
+    const int sign = pick(3);
+    if (sign == 1) t += "+";
+    if (sign == 2) t += "-";
+    const int n = 1 + pick(pick(8) == 0 ? 3 : 2);
+    for (int i = 0; i < n; ++i) t += static_cast<char>('0' + pick(10));
+  }
+  return t;
+}
+
+TEST(JsonSchemaGrammar, BoundedNumbersMatchAnIndependentDecimalReference) {
+  const char* schemas[] = {
+      R"({"type": "number", "minimum": 0, "maximum": 100})",
+      R"({"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1})",
+      R"({"type": "number", "minimum": -2.5, "maximum": 2.5})",
+      R"({"type": "number", "minimum": 0.001})",
+      R"({"type": "number", "maximum": -1e-05})",
+      R"({"type": "number", "exclusiveMaximum": 1e20, "minimum": -3})",
+      R"({"type": "number", "minimum": 123.456, "exclusiveMaximum": 123.5})",
+      R"({"type": "number", "minimum": -100, "exclusiveMaximum": 0})",
+      R"({"type": "number", "exclusiveMinimum": -0.5})",
+      R"({"type": "number", "minimum": 1e-20, "maximum": 3e-20})",
+      R"({"type": "number", "minimum": 0, "maximum": 0})",
+      R"({"type": "number", "minimum": 0.1, "maximum": 0.30000000000000004, "exclusiveMinimum": 0.1})",
+      R"({"type": "number", "minimum": -1e30, "maximum": 98765432109876.5})",
+      R"({"type": "integer", "minimum": -12, "maximum": 305, "multipleOf": 5})",
+      R"({"type": "integer", "multipleOf": 7, "minimum": 0})",
+      R"({"type": "integer", "exclusiveMinimum": 2.5, "maximum": 1000, "multipleOf": 0.5})",
+      R"({"type": "integer", "multipleOf": 12, "maximum": -1})",
+      R"({"type": "integer", "minimum": -1e25, "exclusiveMaximum": 12345678901234567890})",
+  };
+  std::mt19937_64 rng(20261207);
+  const std::string path = ::testing::TempDir() + "swarm_number_texts.jsonl";
+  FILE* f = std::fopen(path.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  int written = 0, accepted = 0;
+  for (const char* text : schemas) {
+    const ojson schema = ojson::parse(text);
+    const bool integer = schema["type"] == "integer";
+    const Grammar g = json_schema_grammar(schema);
+    std::vector<std::string> texts;
+    for (const char* key : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+      if (schema.contains(key))
+        for (std::string t : spellings_near(Decimal::parse(schema[key].dump()), rng))
+          texts.push_back(integer ? t.substr(0, t.find_first_of(".eE")) : t);
+    for (int i = 0; i < 3000; ++i) texts.push_back(random_number_text(rng, integer));
+    for (const std::string& t : texts) {
+      const bool ok = accepts(g, t);
+      accepted += ok;
+      const std::string line =
+          nlohmann::json{{"schema", schema}, {"text", t}, {"accepted", ok}}.dump() + "\n";
+      std::fwrite(line.data(), 1, line.size(), f);
+      ++written;
+    }
+  }
+  std::fclose(f);
+  EXPECT_GT(accepted, written / 10) << "the texts should exercise both sides";
+  const auto [rc, output] = swarm::testing::run_reference("check_number_grammar.py", path);
+  EXPECT_EQ(rc, 0) << output;
+  EXPECT_NE(output.find("ok: " + std::to_string(written) + " texts"), std::string::npos) << output;
+}
+
+TEST(JsonSchemaGrammar, TuplesWithPrefixItems) {
+  // What pydantic writes for tuple[int, str].
+  const Grammar pair =
+      schema_grammar(R"({"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}],
+      "minItems": 2, "maxItems": 2})");
+  EXPECT_TRUE(accepts(pair, R"([1, "a"])"));
+  EXPECT_FALSE(accepts(pair, R"(["a", 1])"));
+  EXPECT_FALSE(accepts(pair, "[1]"));
+  EXPECT_FALSE(accepts(pair, R"([1, "a", 2])"));
+  // tuple[int, ...] style: a prefix, then any number of booleans; a partial prefix is allowed.
+  const Grammar open = schema_grammar(
+      R"({"type": "array", "prefixItems": [{"type": "integer"}, {"const": "x"}], "items": {"type": "boolean"}})");
+  for (const char* ok : {"[]", "[1]", R"([1, "x"])", R"([1, "x", true, false])"})
+    EXPECT_TRUE(accepts(open, ok)) << ok;
+  for (const char* bad : {R"(["x"])", "[1, true]", R"([1, "x", 3])"}) EXPECT_FALSE(accepts(open, bad)) << bad;
+  const Grammar closed = schema_grammar(R"({"prefixItems": [{"type": "null"}], "items": false})");
+  EXPECT_TRUE(accepts(closed, "[null]"));
+  EXPECT_TRUE(accepts(closed, "[]"));
+  EXPECT_FALSE(accepts(closed, "[null, null]"));
+  EXPECT_TRUE(accepts(schema_grammar(R"({"type": "array", "items": false})"), "[]"));
+  EXPECT_FALSE(accepts(schema_grammar(R"({"type": "array", "items": false})"), "[1]"));
+  // Draft 7's tuple form.
+  const Grammar draft7 = schema_grammar(
+      R"({"type": "array", "items": [{"type": "boolean"}, {"type": "integer"}], "additionalItems": false, "minItems": 2})");
+  EXPECT_TRUE(accepts(draft7, "[true, 3]"));
+  EXPECT_FALSE(accepts(draft7, "[true]"));
+  EXPECT_FALSE(accepts(draft7, "[true, 3, 4]"));
+}
+
+TEST(JsonSchemaGrammar, FormatsOfAddresses) {
+  auto format = [](const char* f) {
+    return schema_grammar(std::string(R"({"type": "string", "format": ")") + f + "\"}");
+  };
+  auto quoted = [](const std::string& v) { return "\"" + v + "\""; };
+  const Grammar ipv4 = format("ipv4");
+  for (const char* ok : {"0.0.0.0", "192.168.1.255", "255.255.255.255", "10.0.0.1"})
+    EXPECT_TRUE(accepts(ipv4, quoted(ok))) << ok;
+  for (const char* bad : {"256.1.1.1", "01.2.3.4", "1.2.3", "1.2.3.4.5", "1..2.3"})
+    EXPECT_FALSE(accepts(ipv4, quoted(bad))) << bad;
+  const Grammar ipv6 = format("ipv6");
+  for (const char* ok :
+       {"::", "::1", "1::", "fe80::1:2", "2001:db8:0:0:0:0:2:1", "1:2:3:4:5:6:7::", "ABCD:ef01::"})
+    EXPECT_TRUE(accepts(ipv6, quoted(ok))) << ok;
+  for (const char* bad : {":::", "1:2:3:4:5:6:7:8:9", "12345::", "1::2::3", "1:2:3:4:5:6:7:8::", "g::"})
+    EXPECT_FALSE(accepts(ipv6, quoted(bad))) << bad;
+  const Grammar host = format("hostname");
+  for (const char* ok : {"localhost", "api.example.com", "a-b.c0", "x1.y2.z3.w4.v5"})
+    EXPECT_TRUE(accepts(host, quoted(ok))) << ok;
+  for (const char* bad : {"-a.com", "a-.com", "a..b", ".a", "a.", "a_b", "a.b.c.d.e.f"})
+    EXPECT_FALSE(accepts(host, quoted(bad))) << bad;
+  EXPECT_FALSE(accepts(host, quoted(std::string(49, 'a')))) << "labels of up to 48 characters";
+  const Grammar email = format("email");
+  for (const char* ok : {"ann@example.com", "first.last+tag@mail.example.org", "o'neil@x.io", "a@b"})
+    EXPECT_TRUE(accepts(email, quoted(ok))) << ok;
+  for (const char* bad : {"@example.com", "ann@", "a..b@x.com", ".a@x.com", "a b@x.com", "ann"})
+    EXPECT_FALSE(accepts(email, quoted(bad))) << bad;
+  const Grammar uri = format("uri");
+  for (const char* ok : {"https://example.com", "http://10.0.0.1:8080/a/b?q=1&r=%20#frag",
+                         "s3://bucket/key.txt", "ftp://h/", "https://api.example.com/v1/items?id=42"})
+    EXPECT_TRUE(accepts(uri, quoted(ok))) << ok;
+  for (const char* bad : {"example.com", "http://", "1http://x", "http://x/%zz", "http://x/a b"})
+    EXPECT_FALSE(accepts(uri, quoted(bad))) << bad;
+}
+
 TEST(JsonSchemaGrammar, FormatsDateTimeDateTimeAndUuid) {
   const Grammar date = schema_grammar(R"({"type": "string", "format": "date"})");
   for (const char* ok :
@@ -246,14 +455,23 @@ TEST(JsonSchemaGrammar, UnsupportedOrInvalidSchemasNameTheProblem) {
   };
   EXPECT_NE(error_of(R"({"type": "string", "pattern": "^a$"})").find("unsupported keyword 'pattern' at #"),
             std::string::npos);
-  EXPECT_NE(error_of(R"({"type": "object", "properties": {"d": {"type": "string", "format": "email"}}})")
-                .find("'format' 'email' at #/properties/d is not supported"),
+  EXPECT_NE(error_of(R"({"type": "object", "properties": {"d": {"type": "string", "format": "idn-email"}}})")
+                .find("'format' 'idn-email' at #/properties/d is not supported"),
             std::string::npos);
   EXPECT_NE(error_of(R"({"type": "strin"})").find("unknown type 'strin'"), std::string::npos);
   EXPECT_NE(error_of(R"({"$ref": "#/$defs/missing"})").find("missing"), std::string::npos);
   EXPECT_NE(error_of(R"({"type": "object", "required": ["x"], "properties": {}})").find("'x'"),
             std::string::npos);
-  EXPECT_NE(error_of(R"({"type": "number", "minimum": 0})").find("'minimum' on a number"), std::string::npos);
+  EXPECT_NE(error_of(R"({"type": "number", "minimum": 0, "multipleOf": 2})").find("'multipleOf' on a number"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"type": "number", "minimum": 5, "exclusiveMaximum": 5})").find("no number"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"type": "integer", "multipleOf": 1009})").find("steps up to 500"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"type": "integer", "multipleOf": -2})").find("greater than 0"), std::string::npos);
+  EXPECT_NE(
+      error_of(R"({"type": "integer", "minimum": 1, "maximum": 4, "multipleOf": 5})").find("no integer"),
+      std::string::npos);
   EXPECT_NE(error_of(R"({"type": "array", "maxItems": 100000})").find("maxItems"), std::string::npos);
   EXPECT_NE(error_of(R"({"type": "integer", "minimum": 5, "maximum": 1})").find("no integer"),
             std::string::npos);
