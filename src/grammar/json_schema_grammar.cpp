@@ -1,6 +1,7 @@
 #include "grammar/json_schema_grammar.hpp"
 
 #include "grammar/numeric_grammar.hpp"
+#include "grammar/pattern_grammar.hpp"
 
 #include <algorithm>
 #include <array>
@@ -24,7 +25,7 @@ const std::set<std::string> kCommon = {"type",  "enum", "const", "anyOf",       
 const std::map<std::string, std::set<std::string>> kByType = {
     {"object", {"properties", "required", "additionalProperties"}},
     {"array", {"items", "prefixItems", "additionalItems", "minItems", "maxItems"}},
-    {"string", {"minLength", "maxLength", "format"}},
+    {"string", {"minLength", "maxLength", "format", "pattern"}},
     {"integer", {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}},
     {"number", {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}},
     {"boolean", {}},
@@ -671,6 +672,20 @@ struct JsonSchemaCompiler::Impl {
     if (type == "integer") return integer(s, path);
     if (type == "number") return bounded_number(s, path);
     if (type == "string") {
+      if (auto p = s.find("pattern"); p != s.end()) {
+        if (!p->is_string()) throw SchemaError("'pattern' at " + path + " must be a string");
+        for (const char* other : {"format", "minLength", "maxLength"})
+          if (s.contains(other))
+            throw SchemaError("'pattern' with '" + std::string(other) + "' at " + path + " is not supported");
+        try {
+          const uint32_t body =
+              pattern_rule(g, p->get<std::string>(), chars(), PatternLimits{limits.max_repeat_bound},
+                           [this] { check_size(); });
+          return g.rule_of({cat({lit("\""), ref(body), lit("\"")})});
+        } catch (const PatternError& e) {
+          throw SchemaError(std::string(e.what()) + " (at " + path + ")");
+        }
+      }
       if (auto f = s.find("format"); f != s.end()) {
         if (!f->is_string()) throw SchemaError("'format' at " + path + " must be a string");
         if (s.contains("minLength") || s.contains("maxLength"))
@@ -885,7 +900,8 @@ struct JsonSchemaCompiler::Impl {
       else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") ||
                s.contains("maxItems"))
         types = {"array"};
-      else if (s.contains("minLength") || s.contains("maxLength"))
+      else if (s.contains("minLength") || s.contains("maxLength") || s.contains("pattern") ||
+               s.contains("format"))
         types = {"string"};
       else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") ||
                s.contains("exclusiveMaximum"))

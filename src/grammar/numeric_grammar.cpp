@@ -211,7 +211,8 @@ std::optional<uint32_t> NumericGrammar::digit_state(int left, Side lo, Side hi, 
                                                     uint64_t multiple, bool first) {
   if (lo.kind == Side::DEAD || hi.kind == Side::DEAD) return std::nullopt;
   const std::string key = "i" + std::to_string(left) + "|" + lo.key() + "|" + hi.key() + "|" +
-                          std::to_string(residue) + "|" + (first ? "1" : "0");
+                          std::to_string(residue) + "/" + std::to_string(multiple) + "|" +
+                          (first ? "1" : "0");
   return memo(key, [&]() -> std::optional<uint32_t> {
     if (left == 0) {
       if (residue != 0) return std::nullopt;

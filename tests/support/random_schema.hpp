@@ -37,9 +37,24 @@ inline nlohmann::ordered_json random_schema(std::mt19937_64& rng, int depth, boo
       if (pick(2)) s["maxLength"] = 3 + pick(6);
       if (pick(5) == 0)
         return nlohmann::ordered_json{{"type", "string"}, {"enum", {"red", "green", "blue \u00e9"}}};
-      if (pick(6) == 0) {
-        const char* formats[] = {"date", "uuid", "date-time", "time"};
-        return nlohmann::ordered_json{{"type", "string"}, {"format", formats[pick(4)]}};
+      if (pick(3) == 0) {
+        const char* formats[] = {"date",     "uuid", "date-time", "time", "email",
+                                 "hostname", "ipv4", "ipv6",      "uri"};
+        return nlohmann::ordered_json{{"type", "string"}, {"format", formats[pick(9)]}};
+      }
+      if (pick(5) == 0) {  // patterns of the subset docs/openai_api.md lists (no \s: Python's differs)
+        const char* patterns[] = {"^[A-Z]{3}-[0-9]{2}$",
+                                  "^[a-z_][a-z0-9_]{0,7}$",
+                                  "^\\d{4}-\\d{2}-\\d{2}$",
+                                  "^(cat|dog)s?$",
+                                  "[0-9]",
+                                  "^\\+?[0-9 ()-]{7,12}$",
+                                  "^[^,\"]{1,5}$",
+                                  "^(?:ab){1,3}c?$",
+                                  "^[\u00e0-\u00ff]{1,4}$",
+                                  "x$",
+                                  "^[\\w.-]{1,6}@[a-z]{2,5}\\.com$"};
+        return nlohmann::ordered_json{{"type", "string"}, {"pattern", patterns[pick(11)]}};
       }
       return s;
     }
@@ -49,10 +64,26 @@ inline nlohmann::ordered_json random_schema(std::mt19937_64& rng, int depth, boo
       if (pick(2)) i["minimum"] = lo;
       if (pick(2)) i["maximum"] = lo + static_cast<int64_t>(rng() % 5000);
       if (pick(4) == 0) i["exclusiveMinimum"] = lo - 1;
+      if (pick(4) == 0) {
+        const double steps[] = {2, 3, 5, 10, 0.5, 25};
+        const double step = steps[pick(6)];
+        if (step == static_cast<int64_t>(step))
+          i["multipleOf"] = static_cast<int64_t>(step);
+        else
+          i["multipleOf"] = step;
+        if (i.contains("maximum") && i["maximum"].get<int64_t>() - lo < 30) i.erase("maximum");
+      }
       return i;
     }
-    case 4:
-      return nlohmann::ordered_json{{"type", "number"}};
+    case 4: {  // numbers, bounded on one side, both, or not at all
+      nlohmann::ordered_json n = {{"type", "number"}};
+      const double values[] = {-2.5, -1, -1e-05, 0, 0.001, 0.5, 1, 99.99, 100, 123.456, 1e6};
+      const int a = pick(11), b = a + pick(11 - a);
+      if (pick(3) != 0) n[pick(2) ? "minimum" : "exclusiveMinimum"] = values[a];
+      if (pick(3) != 0) n[pick(2) || a == b ? "maximum" : "exclusiveMaximum"] = values[b];
+      if (n.contains("exclusiveMinimum") && a == b) n.erase("exclusiveMinimum");
+      return n;
+    }
     case 5:
       return nlohmann::ordered_json{{"type", "boolean"}};
     case 6:
@@ -61,7 +92,19 @@ inline nlohmann::ordered_json random_schema(std::mt19937_64& rng, int depth, boo
     case 7:
       return defs_available ? nlohmann::ordered_json{{"$ref", "#/$defs/item"}}
                             : nlohmann::ordered_json{{"enum", {1, "two", nullptr, true}}};
-    case 8: {  // array
+    case 8: {              // array
+      if (pick(4) == 0) {  // a tuple
+        nlohmann::ordered_json t = {
+            {"type", "array"},
+            {"prefixItems",
+             {random_schema(rng, depth - 1, defs_available), random_schema(rng, depth - 1, defs_available)}}};
+        const int rest = pick(3);
+        if (rest == 0) t["items"] = false;
+        if (rest == 1) t["items"] = random_schema(rng, depth - 1, defs_available);
+        if (pick(2)) t["minItems"] = 2;
+        if (rest != 0 && pick(2)) t["maxItems"] = 3;
+        return t;
+      }
       nlohmann::ordered_json a = {{"type", "array"},
                                   {"items", random_schema(rng, depth - 1, defs_available)}};
       if (pick(2)) a["minItems"] = pick(3);
