@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdio>
 #include <random>
+#include <set>
 
 #include "api/chat_dialect.hpp"
 #include "common/random_id.hpp"
@@ -52,9 +53,11 @@ std::string block_type(const ojson& b, const std::string& at) {
   return b["type"].get<std::string>();
 }
 
-void convert_user(const ojson& m, const std::string& where, ojson& messages) {
-  if (!m.contains("content") || m["content"].is_string()) {
-    messages.push_back({{"role", "user"}, {"content", m.value("content", ojson("")).get<std::string>()}});
+// `tool_uses`: the ids of the tool_use blocks of earlier assistant turns (a tool_result answers one).
+void convert_user(const ojson& m, const std::string& where, const std::set<std::string>& tool_uses,
+                  ojson& messages) {
+  if (m["content"].is_string()) {
+    messages.push_back({{"role", "user"}, {"content", m["content"].get<std::string>()}});
     return;
   }
   // Tool results first (as tool messages, in order), then the user's own text.
@@ -73,6 +76,9 @@ void convert_user(const ojson& m, const std::string& where, ojson& messages) {
     } else if (type == "tool_result") {
       if (!b.contains("tool_use_id") || !b["tool_use_id"].is_string())
         bad("field '" + at + ".tool_use_id' must be a string");
+      if (!tool_uses.count(b["tool_use_id"].get<std::string>()))
+        bad("field '" + at + ".tool_use_id' is '" + b["tool_use_id"].get<std::string>() +
+            "', which no earlier tool_use block has as its id");
       std::string result = text_of(b.value("content", ojson("")), at + ".content");
       messages.push_back(
           {{"role", "tool"}, {"tool_call_id", b["tool_use_id"]}, {"content", std::move(result)}});
@@ -86,10 +92,10 @@ void convert_user(const ojson& m, const std::string& where, ojson& messages) {
   if (has_text) messages.push_back({{"role", "user"}, {"content", std::move(text)}});
 }
 
-void convert_assistant(const ojson& m, const std::string& where, ojson& messages) {
-  if (!m.contains("content") || m["content"].is_string()) {
-    messages.push_back(
-        {{"role", "assistant"}, {"content", m.value("content", ojson("")).get<std::string>()}});
+void convert_assistant(const ojson& m, const std::string& where, std::set<std::string>& tool_uses,
+                       ojson& messages) {
+  if (m["content"].is_string()) {
+    messages.push_back({{"role", "assistant"}, {"content", m["content"].get<std::string>()}});
     return;
   }
   std::string text, thinking;
@@ -110,6 +116,7 @@ void convert_assistant(const ojson& m, const std::string& where, ojson& messages
       // Nothing to render: its data is opaque.
     } else if (type == "tool_use") {
       if (!b.contains("id") || !b["id"].is_string()) bad("field '" + at + ".id' must be a string");
+      tool_uses.insert(b["id"].get<std::string>());
       if (!b.contains("name") || !b["name"].is_string()) bad("field '" + at + ".name' must be a string");
       const ojson input = b.value("input", ojson::object());
       if (!input.is_object()) bad("field '" + at + ".input' must be an object");
@@ -156,30 +163,33 @@ bool thinking_signature_valid(const std::string& thinking, const std::string& si
   return signature == thinking_signature(thinking);
 }
 
-ojson anthropic_to_chat(const ojson& body, std::vector<std::string>& notes) {
+ojson anthropic_to_chat(const ojson& body, std::vector<std::string>& notes, AnthropicRoute route) {
   ojson messages = ojson::array();
   if (auto it = body.find("system"); it != body.end() && !it->is_null())
     messages.push_back({{"role", "system"}, {"content", text_of(*it, "system")}});
   auto ms = body.find("messages");
   if (ms == body.end()) bad("missing required field 'messages'");
   if (!ms->is_array()) bad("field 'messages' must be an array");
+  if (ms->empty()) bad("field 'messages' must hold at least one message");
+  std::set<std::string> tool_uses;
   for (size_t i = 0; i < ms->size(); ++i) {
     const ojson& m = (*ms)[i];
     const std::string where = "messages[" + std::to_string(i) + "]";
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
       bad("field '" + where + ".role' must be a string");
-    if (m.contains("content") && !m["content"].is_string() && !m["content"].is_array())
+    if (!m.contains("content") || m["content"].is_null())
+      bad("missing required field '" + where + ".content'");
+    if (!m["content"].is_string() && !m["content"].is_array())
       bad("field '" + where + ".content' must be a string or an array of content blocks");
     const std::string role = m["role"].get<std::string>();
     if (role == "user")
-      convert_user(m, where, messages);
+      convert_user(m, where, tool_uses, messages);
     else if (role == "assistant")
-      convert_assistant(m, where, messages);
-    else if (role == "system")
-      messages.push_back(
-          {{"role", "system"}, {"content", text_of(m.value("content", ojson("")), where + ".content")}});
+      convert_assistant(m, where, tool_uses, messages);
+    else if (role == "system")  // not the API's, but Claude Code sends one
+      messages.push_back({{"role", "system"}, {"content", text_of(m["content"], where + ".content")}});
     else
-      bad("field '" + where + ".role' must be \"user\", \"assistant\" or \"system\"");
+      bad("field '" + where + ".role' must be \"user\" or \"assistant\"");
   }
   ojson chat = {{"messages", std::move(messages)}};
   if (auto it = body.find("tools"); it != body.end() && !it->is_null()) {
@@ -227,6 +237,11 @@ ojson anthropic_to_chat(const ojson& body, std::vector<std::string>& notes) {
     if (chat.contains("tool_choice") && chat["tool_choice"] != "auto" && chat["tool_choice"] != "none" &&
         !chat.contains("tools"))
       bad("field 'tool_choice' asks for a tool call but the request offers no 'tools'");
+  }
+  if (route == AnthropicRoute::MESSAGES) {  // count_tokens has no max_tokens
+    auto it = body.find("max_tokens");
+    if (it == body.end() || it->is_null()) bad("missing required field 'max_tokens'");
+    if (!it->is_number_integer() || it->get<int64_t>() < 1) bad("field 'max_tokens' must be an integer >= 1");
   }
   for (const char* key : {"max_tokens", "temperature", "top_p", "top_k", "stream"})
     if (auto it = body.find(key); it != body.end() && !it->is_null()) chat[key] = *it;

@@ -135,10 +135,16 @@ nlohmann::json chat_assistant_message(const ParsedAssistant& parsed, std::string
 
 // ---------------------------------------------------------------------------- Anthropic
 
+/// Which Anthropic route a request came to: /v1/messages requires max_tokens, count_tokens not.
+enum class AnthropicRoute { MESSAGES, COUNT_TOKENS };
+
 /// Anthropic Messages request → the internal chat request. Throws SwarmError
-/// (INVALID_ARGUMENT) naming the field for what cannot be served (image / document blocks,
-/// malformed blocks). `notes` gets what was dropped (server tools).
-nlohmann::ordered_json anthropic_to_chat(const nlohmann::ordered_json& body, std::vector<std::string>& notes);
+/// (INVALID_ARGUMENT) naming the field for what the API requires and is missing (max_tokens,
+/// messages, each message's content, a tool_use for each tool_result) and for what cannot be
+/// served (image / document blocks, malformed blocks). `notes` gets what was dropped (server
+/// tools).
+nlohmann::ordered_json anthropic_to_chat(const nlohmann::ordered_json& body, std::vector<std::string>& notes,
+                                         AnthropicRoute route = AnthropicRoute::MESSAGES);
 
 /// `model`: what the answer names as its model.
 std::unique_ptr<ChatDialect> make_anthropic_dialect(std::string model);

@@ -58,7 +58,10 @@ class InputConverter {
     if (type.empty() && it.contains("role")) type = "message";
     if (type == "message") {
       const std::string role = string_field(it, "role", where);
-      const std::string text = parts_text(it.value("content", ojson("")), where + ".content");
+      // The content of a message: a string (the API's easy input message) or content parts.
+      if (!it.contains("content") || it["content"].is_null())
+        bad("missing required field '" + where + ".content'");
+      const std::string text = parts_text(it["content"], where + ".content");
       if (role == "assistant") {
         if (has_assistant_ && (!assistant_["tool_calls"].empty())) flush();
         start_assistant();
@@ -87,14 +90,17 @@ class InputConverter {
     } else if (type == "function_call_output" || type == "custom_tool_call_output") {
       flush();
       const std::string call_id = string_field(it, "call_id", where);
+      if (!it.contains("output") || it["output"].is_null())
+        bad("missing required field '" + where + ".output'");
       messages_.push_back({{"role", "tool"},
                            {"tool_call_id", call_id},
-                           {"content", parts_text(it.value("output", ojson("")), where + ".output")}});
+                           {"content", parts_text(it["output"], where + ".output")}});
     } else if (type == "reasoning") {
       if (has_assistant_) flush();  // reasoning opens a new assistant turn
-      std::string text = parts_text_of_reasoning(it.value("content", ojson::array()), where + ".content");
-      if (text.empty())
-        text = parts_text_of_reasoning(it.value("summary", ojson::array()), where + ".summary");
+      // content (reasoning_text parts) is optional and may be null; summary (summary_text parts)
+      // is an array, possibly empty.
+      std::string text = parts_text_of_reasoning(it, "content", where);
+      if (text.empty()) text = parts_text_of_reasoning(it, "summary", where);
       start_assistant();
       if (!text.empty()) assistant_["reasoning_content"] = text;
     } else if (type == "item_reference") {
@@ -112,14 +118,18 @@ class InputConverter {
   }
 
  private:
-  static std::string parts_text_of_reasoning(const ojson& parts, const std::string& where) {
-    if (!parts.is_array()) bad("field '" + where + "' must be an array");
+  static std::string parts_text_of_reasoning(const ojson& item, const char* key, const std::string& where) {
+    auto parts = item.find(key);
+    if (parts == item.end() || parts->is_null()) return "";
+    if (!parts->is_array()) bad("field '" + where + "." + key + "' must be an array of parts");
     std::string out;
-    for (const auto& p : parts)
-      if (p.is_object() && p.contains("text") && p["text"].is_string()) {
-        if (!out.empty()) out += "\n\n";
-        out += p["text"].get<std::string>();
-      }
+    for (size_t j = 0; j < parts->size(); ++j) {
+      const ojson& p = (*parts)[j];
+      if (!p.is_object() || !p.contains("text") || !p["text"].is_string())
+        bad("field '" + where + "." + key + "[" + std::to_string(j) + "].text' must be a string");
+      if (!out.empty()) out += "\n\n";
+      out += p["text"].get<std::string>();
+    }
     return out;
   }
   void start_assistant() {
@@ -169,6 +179,7 @@ ojson responses_to_chat(const ojson& body, std::vector<std::string>& notes) {
   if (input->is_string()) {
     messages.push_back({{"role", "user"}, {"content", *input}});
   } else if (input->is_array()) {
+    if (input->empty()) bad("field 'input' must hold at least one item");
     InputConverter conv;
     for (size_t i = 0; i < input->size(); ++i) conv.item((*input)[i], "input[" + std::to_string(i) + "]");
     for (auto& m : conv.finish()) messages.push_back(std::move(m));

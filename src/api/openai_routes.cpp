@@ -165,6 +165,43 @@ void parse_tool_options(const json& body, RequestOptions& o) {
   }
 }
 
+// What the chat completions API requires of `messages`: at least one; each an object with a
+// role it knows and a content (a string or parts), which only an assistant turn that calls
+// tools may leave out or set to null.
+void require_chat_messages(const json& messages) {
+  SWARM_REQUIRE(!messages.empty(), ErrorKind::INVALID_ARGUMENT,
+                "field 'messages' must hold at least one message");
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    const json& m = messages[i];
+    SWARM_REQUIRE(m.is_object(), ErrorKind::INVALID_ARGUMENT, "field '" + where + "' must be an object");
+    auto role = m.find("role");
+    SWARM_REQUIRE(role != m.end() && role->is_string(), ErrorKind::INVALID_ARGUMENT,
+                  role == m.end() ? "missing required field '" + where + ".role'"
+                                  : "field '" + where + ".role' must be a string");
+    const std::string r = role->get<std::string>();
+    SWARM_REQUIRE(r != "function", ErrorKind::INVALID_ARGUMENT,
+                  "field '" + where +
+                      ".role' is the deprecated \"function\": answer a tool call with a \"tool\" "
+                      "message");
+    SWARM_REQUIRE(
+        r == "system" || r == "developer" || r == "user" || r == "assistant" || r == "tool",
+        ErrorKind::INVALID_ARGUMENT,
+        "field '" + where + ".role' must be \"system\", \"developer\", \"user\", \"assistant\" or \"tool\"");
+    auto content = m.find("content");
+    const bool has_content = content != m.end() && !content->is_null();
+    if (has_content)
+      SWARM_REQUIRE(content->is_string() || content->is_array(), ErrorKind::INVALID_ARGUMENT,
+                    "field '" + where + ".content' must be a string or an array of content parts");
+    auto calls = m.find("tool_calls");
+    const bool calls_tools = calls != m.end() && calls->is_array() && !calls->empty();
+    SWARM_REQUIRE(has_content || (r == "assistant" && calls_tools), ErrorKind::INVALID_ARGUMENT,
+                  r == "assistant"
+                      ? "field '" + where + ".content' is required unless the message has 'tool_calls'"
+                      : "missing required field '" + where + ".content'");
+  }
+}
+
 // As vLLM and SGLang do before rendering: a null (or missing) content becomes "" — an
 // assistant turn that only calls tools has content null, and templates test
 // `'</think>' in message.content` — and a list of parts becomes its text. Tool-call arguments,
@@ -559,6 +596,7 @@ std::vector<TokenId> chat_prompt(const json& body, nlohmann::ordered_json& order
   SWARM_REQUIRE(
       messages != body.end() && messages->is_array(), ErrorKind::INVALID_ARGUMENT,
       messages == body.end() ? "missing required field 'messages'" : "field 'messages' must be an array");
+  require_chat_messages(*messages);
   parse_tool_options(body, options);
   normalize_messages(ordered["messages"], lease.backend->chat_template_source());
   const nlohmann::ordered_json tools =
@@ -617,11 +655,12 @@ void require_json_field_nesting(const json& body) {
   }
 }
 
-ConvertedRequest convert_request(ApiKind kind, const std::string& text) {
+ConvertedRequest convert_request(ApiKind kind, const std::string& text,
+                                 AnthropicRoute route = AnthropicRoute::MESSAGES) {
   ConvertedRequest c;
   (void)parse_json_object(text);  // the same checks (size, object) and messages as every route
   c.original = nlohmann::ordered_json::parse(text);
-  c.chat = kind == ApiKind::ANTHROPIC_MESSAGES ? anthropic_to_chat(c.original, c.notes)
+  c.chat = kind == ApiKind::ANTHROPIC_MESSAGES ? anthropic_to_chat(c.original, c.notes, route)
                                                : responses_to_chat(c.original, c.notes);
   c.body = c.chat;  // the same value without key order (no re-parse)
   for (const std::string& note : c.notes)
@@ -683,7 +722,8 @@ HttpResponse anthropic_count_tokens(Engine& engine, const HttpRequest& request) 
     const GenerationLease& lease;
     ~Release() { engine.cancel_generation(lease); }
   } release{engine, lease};
-  ConvertedRequest c = convert_request(ApiKind::ANTHROPIC_MESSAGES, request.body);
+  ConvertedRequest c =
+      convert_request(ApiKind::ANTHROPIC_MESSAGES, request.body, AnthropicRoute::COUNT_TOKENS);
   RequestOptions options = parse_options(c.body, ApiKind::CHAT_COMPLETIONS, lease.job);
   const std::vector<TokenId> prompt = chat_prompt(c.body, c.chat, options, lease);
   HttpResponse r;

@@ -343,8 +343,9 @@ TEST_F(BadInput, WrongTypesAreRejectedNamingTheField) {
         {"messages", msgs},
         {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", schema}}}}}};
   };
-  chat_error(victim_, with_schema({{"type", "string"}, {"pattern", "^a+$"}}), 400,
-             "unsupported keyword 'pattern'");
+  chat_error(victim_, with_schema({{"type", "string"}, {"pattern", "^(?=a)b$"}}), 400, "lookaround");
+  chat_error(victim_, with_schema({{"type", "number"}, {"minimum", 1}, {"exclusiveMaximum", 1}}), 400,
+             "no number");
   chat_error(victim_, with_schema({{"type", "strin"}}), 400, "unknown type 'strin'");
   chat_error(victim_, with_schema({{"$ref", "#/$defs/nope"}}), 400, "#/$defs/nope");
   chat_error(victim_, with_schema({{"type", "array"}, {"maxItems", 1000000}}), 400, "maxItems");

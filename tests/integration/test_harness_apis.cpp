@@ -328,16 +328,31 @@ TEST(HarnessApis, BadInputGetsEachApisErrorShape) {
                   {{"x-api-key", "sk-nobody"}});
   anthropic_error(R"({"messages": []})", 401, "authentication_error", "x-api-key", {});
   anthropic_error(R"({"messages": "hi"})", 400, "invalid_request_error", "messages", anthropic(e));
-  anthropic_error(R"({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]})", 400,
-                  "invalid_request_error", "text-only", anthropic(e));
-  anthropic_error(R"({"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]})", 400,
-                  "invalid_request_error", "tool_use_id", anthropic(e));
-  anthropic_error(R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "any"}})", 400,
-                  "invalid_request_error", "tools", anthropic(e));
+  anthropic_error(
+      R"({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]})",
+      400, "invalid_request_error", "text-only", anthropic(e));
+  anthropic_error(
+      R"({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "tool_result"}]}]})", 400,
+      "invalid_request_error", "tool_use_id", anthropic(e));
+  anthropic_error(
+      R"({"max_tokens": 8, "messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "any"}})",
+      400, "invalid_request_error", "tools", anthropic(e));
   anthropic_error(R"({"messages": [{"role": "robot", "content": "x"}]})", 400, "invalid_request_error",
                   "role", anthropic(e));
-  anthropic_error(R"({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"})", 400,
-                  "invalid_request_error", "temperature", anthropic(e));
+  anthropic_error(
+      R"({"max_tokens": 8, "messages": [{"role": "user", "content": "x"}], "temperature": "hot"})", 400,
+      "invalid_request_error", "temperature", anthropic(e));
+  // What the API requires: max_tokens, a message, each message's content, a tool_use for each
+  // tool_result.
+  anthropic_error(R"({"messages": [{"role": "user", "content": "x"}]})", 400, "invalid_request_error",
+                  "missing required field 'max_tokens'", anthropic(e));
+  anthropic_error(R"({"max_tokens": 8, "messages": []})", 400, "invalid_request_error",
+                  "at least one message", anthropic(e));
+  anthropic_error(R"({"max_tokens": 8, "messages": [{"role": "user"}]})", 400, "invalid_request_error",
+                  "messages[0].content", anthropic(e));
+  anthropic_error(R"({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "tool_result",
+                  "tool_use_id": "toolu_x", "content": "r"}]}]})",
+                  400, "invalid_request_error", "no earlier tool_use", anthropic(e));
   {
     const auto r = c.request("GET", "/v1/messages");
     EXPECT_EQ(r.status, 405);
@@ -359,6 +374,25 @@ TEST(HarnessApis, BadInputGetsEachApisErrorShape) {
   responses_error(R"({"input": 42})", 400, "input");
   responses_error(R"({})", 400, "input");
   responses_error(R"({"input": "x", "tool_choice": "required"})", 400, "tools");
+  responses_error(R"({"input": [{"role": "user"}]})", 400, "input[0].content");
+  responses_error(R"({"input": []})", 400, "at least one item");
+  // Chat completions: the fields the API requires, in OpenAI's shape.
+  const auto chat_error = [&](const std::string& body, const std::string& needle) {
+    const auto r = post_raw(c, "/v1/chat/completions", body, swarm::testing::bearer(e.key));
+    EXPECT_EQ(r.status, 400) << body << " -> " << r.body;
+    const json j = json::parse(r.body, nullptr, false);
+    ASSERT_TRUE(j.is_object() && j.contains("error")) << r.body;
+    EXPECT_EQ(j["error"]["type"], "invalid_request_error") << r.body;
+    EXPECT_NE(j["error"]["message"].get<std::string>().find(needle), std::string::npos) << r.body;
+  };
+  chat_error(R"({"messages": []})", "at least one message");
+  chat_error(R"({"messages": [{"role": "user"}]})", "missing required field 'messages[0].content'");
+  chat_error(R"({"messages": [{"content": "x"}]})", "messages[0].role");
+  chat_error(R"({"messages": [{"role": "robot", "content": "x"}]})", "messages[0].role");
+  chat_error(R"({"messages": [{"role": "function", "name": "f", "content": "x"}]})", "deprecated");
+  chat_error(R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant"}]})",
+             "required unless the message has 'tool_calls'");
+  chat_error(R"({"messages": [{"role": "user", "content": 7}]})", "string or an array of content parts");
   // The server still serves this episode after all of that.
   const json ok = post_json(c, "/v1/messages",
                             {{"max_tokens", 8},

@@ -134,7 +134,7 @@ TEST(AnthropicConversion, ToolResultsComeFirstAndAssistantBlocksMerge) {
       {"role": "user", "content": [{"type": "text", "text": "also"}, {"type": "tool_result", "tool_use_id": "u1",
                                     "content": [{"type": "text", "text": "r1"}], "is_error": true}]}],
     "tools": [{"name": "f", "input_schema": {"type": "object"}}, {"type": "bash_20250124", "name": "bash"}],
-    "tool_choice": {"type": "tool", "name": "f", "disable_parallel_tool_use": true}})"),
+    "tool_choice": {"type": "tool", "name": "f", "disable_parallel_tool_use": true}, "max_tokens": 5})"),
                                        notes);
   const ojson& m = chat["messages"];
   ASSERT_EQ(m.size(), 5u) << chat.dump();
@@ -148,6 +148,89 @@ TEST(AnthropicConversion, ToolResultsComeFirstAndAssistantBlocksMerge) {
   EXPECT_EQ(notes.size(), 1u);
   EXPECT_EQ(chat["tool_choice"]["function"]["name"], "f");
   EXPECT_EQ(chat["parallel_tool_calls"], false);
+}
+
+// What the Messages API requires is required here, each refusal naming the field.
+TEST(AnthropicConversion, RequiredFieldsAreRequired) {
+  auto error_of = [](const std::string& body, AnthropicRoute route = AnthropicRoute::MESSAGES) {
+    std::vector<std::string> notes;
+    try {
+      anthropic_to_chat(ojson::parse(body), notes, route);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  const std::string user = R"({"role": "user", "content": "hi"})";
+  EXPECT_NE(error_of(R"({"messages": [)" + user + "]}").find("missing required field 'max_tokens'"),
+            std::string::npos);
+  EXPECT_EQ(error_of(R"({"messages": [)" + user + "]}", AnthropicRoute::COUNT_TOKENS), "(accepted)")
+      << "count_tokens takes no max_tokens";
+  EXPECT_NE(error_of(R"({"max_tokens": 0, "messages": [)" + user + "]}")
+                .find("'max_tokens' must be an integer >= 1"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"max_tokens": 9, "messages": []})").find("'messages' must hold at least one"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"max_tokens": 9, "messages": [{"role": "user"}]})")
+                .find("missing required field 'messages[0].content'"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"max_tokens": 9, "messages": [{"role": "tool", "content": "x"}]})")
+                .find("'messages[0].role' must be"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"max_tokens": 9, "messages": [{"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "r"}]}]})")
+                .find("'messages[0].content[0].tool_use_id' is 'toolu_1', which no earlier tool_use"),
+            std::string::npos);
+  EXPECT_EQ(error_of(R"({"max_tokens": 9, "messages": [{"role": "system", "content": "s"}, )" + user + "]}"),
+            "(accepted)")
+      << "the system turn Claude Code sends";
+}
+
+TEST(ResponsesConversion, ContentIsAStringOrPartsWhereverTheApiSaysSo) {
+  std::vector<std::string> notes;
+  // The easy input message (with and without type), output as a string or parts, reasoning
+  // with content null (as Codex sends it) or absent.
+  const ojson chat = responses_to_chat(ojson::parse(R"({"input": [
+      {"role": "user", "content": "plain"},
+      {"type": "message", "role": "system", "content": "sys"},
+      {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "parts"}]},
+      {"type": "reasoning", "summary": [], "content": null, "encrypted_content": null},
+      {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+      {"type": "function_call_output", "call_id": "c1", "output": "o-string"},
+      {"type": "function_call", "call_id": "c2", "name": "f", "arguments": "{}"},
+      {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "o-parts"}]},
+      {"type": "reasoning", "summary": [{"type": "summary_text", "text": "s"}]},
+      {"type": "message", "role": "assistant", "content": "answer"}]})"),
+                                       notes);
+  const ojson& m = chat["messages"];
+  ASSERT_EQ(m.size(), 8u) << chat.dump();
+  EXPECT_EQ(m[0]["content"], "plain");
+  EXPECT_EQ(m[1]["content"], "sys");
+  EXPECT_EQ(m[2]["content"], "parts");
+  EXPECT_EQ(m[4]["content"], "o-string");
+  EXPECT_EQ(m[6]["content"], "o-parts");
+  EXPECT_EQ(m[7]["content"], "answer");
+  EXPECT_EQ(m[7]["reasoning_content"], "s");
+  auto error_of = [](const std::string& body) {
+    std::vector<std::string> notes;
+    try {
+      responses_to_chat(ojson::parse(body), notes);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_NE(error_of(R"({"input": [{"role": "user"}]})").find("missing required field 'input[0].content'"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"input": [{"role": "user", "content": 5}]})")
+                .find("'input[0].content' must be a string or"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"input": [{"type": "function_call_output", "call_id": "c"}]})")
+                .find("missing required field 'input[0].output'"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"input": [{"type": "reasoning", "summary": "s"}]})")
+                .find("'input[0].summary' must be an array"),
+            std::string::npos);
 }
 
 TEST(ResponsesConversion, ItemsFormTurnsAndCustomToolsBecomeFunctions) {
