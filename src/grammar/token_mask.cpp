@@ -157,17 +157,30 @@ void TokenMasker::compute(Matcher& matcher, Matcher::StateId state_id, TokenMask
   //    of the stack's first byte.
   candidates_.clear();
   if (first_bytes_.size() > 65536) first_bytes_.clear();
+  // Stacks of a state often share their cut view (the same rule position reached in several
+  // contexts, e.g. one digit position of a bounded number under each exponent range): each
+  // distinct view's mask is merged once, each distinct (view's first bytes, frames below) walked once.
+  views_.clear();
   for (uint32_t stack : state) {
     const Element& top = matcher.top(stack);
     if (top.kind != Element::BYTES) continue;
     const Matcher::Local view = matcher.local_view(stack, kLocalDepth);
-    const std::shared_ptr<const TokenMask> local = local_mask(matcher, view.stack);
-    for (size_t w = 0; w < out.size(); ++w) out[w] |= (*local)[w];
+    views_.push_back({view.stack, view.below, top.lo, top.hi});
+  }
+  std::sort(views_.begin(), views_.end());
+  views_.erase(std::unique(views_.begin(), views_.end()), views_.end());
+  uint32_t merged = Matcher::kNoBelow;
+  for (const CutView& view : views_) {
+    if (view.stack != merged) {  // sorted by stack first: each local mask once
+      merged = view.stack;
+      const std::shared_ptr<const TokenMask> local = local_mask(matcher, view.stack);
+      for (size_t w = 0; w < out.size(); ++w) out[w] |= (*local)[w];
+    }
     if (view.below == Matcher::kNoBelow) continue;
     auto fb = first_bytes_.find(view.below);
     if (fb == first_bytes_.end())
       fb = first_bytes_.emplace(view.below, matcher.first_bytes(view.below)).first;
-    const uint32_t lo = trie_->child_start_[top.lo], hi = trie_->child_start_[top.hi + 1u];
+    const uint32_t lo = trie_->child_start_[view.lo], hi = trie_->child_start_[view.hi + 1u];
     for (unsigned c = 0; c < 256; ++c) {
       if (!((fb->second[c >> 6] >> (c & 63)) & 1u)) continue;
       const std::vector<uint32_t>& nodes = trie_->by_byte_[c];

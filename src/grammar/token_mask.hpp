@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <array>
+#include <compare>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -131,6 +132,13 @@ class TokenMasker {
   LruCache<uint32_t, TokenMask> local_cache_;    // by cut stack
   std::shared_ptr<const TokenMask> last_;        // what allowed() last returned
   std::unordered_map<uint32_t, std::array<uint64_t, 4>> first_bytes_;  // by stack below a cut
+  // A stack of the state being computed, cut: its view, what is below the cut, its first bytes.
+  struct CutView {
+    uint32_t stack, below;
+    uint8_t lo, hi;
+    auto operator<=>(const CutView&) const = default;
+  };
+  std::vector<CutView> views_;
   std::vector<uint32_t> candidates_, path_nodes_;
   std::vector<Matcher::StateId> path_states_;
   size_t hits_ = 0, misses_ = 0, local_hits_ = 0, local_misses_ = 0;
