@@ -8,6 +8,9 @@
 //    returns `message.parsed` that the zod schema accepts;
 //  * an `@openai/agents` Agent with a zod `outputType` (chat_completions API, tracing off) runs
 //    to a `finalOutput` the schema accepts;
+//  * LangChain's `withStructuredOutput` (both the jsonSchema and the functionCalling method) and
+//    the AI SDK's `generateObject` return objects the schema accepts;
+//  * the schema (bounded numbers, a pattern) reaches the server with its bounds and pattern;
 //  * an `@openai/agents` Agent with `modelSettings.toolChoice: 'required'` calls its tool (the
 //    SDK resets tool_choice after the call, so the next turn ends the run).
 // Every request body is kept, to check what each client sent (response_format json_schema,
@@ -27,7 +30,8 @@ if (!serverBin || !modelBin) {
   console.error('usage: node structured_outputs.mjs <swarm-server> <swarm-model>');
   process.exit(2);
 }
-const missing = ['openai', '@openai/agents', 'zod'].filter(p => !fs.existsSync(path.join(HERE, 'node_modules', p, 'package.json')));
+const missing = ['openai', '@openai/agents', 'zod', '@langchain/openai', '@langchain/core', 'ai',
+  '@ai-sdk/openai-compatible'].filter(p => !fs.existsSync(path.join(HERE, 'node_modules', p, 'package.json')));
 if (missing.length) {
   console.log(`skip: ${missing.join(', ')} not installed in ${HERE}/node_modules (run scripts/setup.sh)`);
   process.exit(77);
@@ -36,6 +40,9 @@ const { default: OpenAI } = await import('openai');
 const { zodResponseFormat } = await import('openai/helpers/zod');
 const agents = await import('@openai/agents');
 const { z } = await import('zod');
+const { ChatOpenAI } = await import('@langchain/openai');
+const ai = await import('ai');
+const { createOpenAICompatible } = await import('@ai-sdk/openai-compatible');
 
 const server = new SwarmServer(serverBin, 'swarm-structured-', ['--engine', 'torch']);
 
@@ -51,14 +58,25 @@ function makeModel() {
 
 const recorder = bodyRecorder;
 
-// Short strings, enums, bounded integers: a random model finishes within max_tokens.
+// Short strings, enums, bounded integers and numbers, a pattern: a random model finishes
+// within max_tokens, and every value the grammar lets it write passes zod.
 const Weather = z.object({
   city: z.string().max(8),
+  station: z.string().regex(/^[A-Z]{3}-[0-9]{2}$/),
   unit: z.enum(['C', 'F']),
   temperature: z.number().int().min(-40).max(50),
+  humidity: z.number().min(0).max(100),
+  wind: z.number().positive().lt(150),
   windy: z.boolean(),
   tags: z.array(z.enum(['sun', 'rain', 'snow'])).max(3),
 });
+// The schema each client sent must carry the bounds and the pattern (not have them stripped).
+function assertBoundsSent(schema, what) {
+  const p = schema?.properties ?? {};
+  assert(p.humidity?.minimum === 0 && p.humidity?.maximum === 100, `${what}: humidity bounds sent: ${JSON.stringify(p.humidity)}`);
+  assert(p.wind?.exclusiveMinimum === 0, `${what}: wind bounds sent: ${JSON.stringify(p.wind)}`);
+  assert(typeof p.station?.pattern === 'string', `${what}: station pattern sent: ${JSON.stringify(p.station)}`);
+}
 
 const tests = [];
 const test = (name, fn) => tests.push({ name, fn });
@@ -78,6 +96,7 @@ test('openai chat.completions.parse with zodResponseFormat', async ({ baseURL, a
   const rf = rec.bodies[0].response_format;
   assert(rf?.type === 'json_schema' && rf.json_schema?.name === 'weather' && rf.json_schema.schema?.type === 'object',
     `response_format sent: ${JSON.stringify(rf)}`);
+  assertBoundsSent(rf.json_schema.schema, 'openai');
 });
 
 test('@openai/agents outputType (zod)', async ({ baseURL, apiKey }) => {
@@ -88,6 +107,37 @@ test('@openai/agents outputType (zod)', async ({ baseURL, apiKey }) => {
   const result = await agents.run(agent, 'Weather in Oslo?');
   assert(Weather.safeParse(result.finalOutput).success, `finalOutput ${JSON.stringify(result.finalOutput)}`);
   assert(rec.bodies[0].response_format?.type === 'json_schema', `response_format sent: ${JSON.stringify(rec.bodies[0].response_format)}`);
+});
+
+for (const method of ['jsonSchema', 'functionCalling']) {
+  test(`@langchain/openai withStructuredOutput (${method})`, async ({ baseURL, apiKey }) => {
+    const rec = recorder();
+    const llm = new ChatOpenAI({ model: 'm', temperature: 1, apiKey, maxRetries: 0, configuration: { baseURL, fetch: rec.fetch } });
+    const structured = llm.withStructuredOutput(Weather, { name: 'weather', method });
+    for (let i = 0; i < 2; i++) {
+      const out = await structured.invoke('Weather in Rome?');
+      assert(Weather.safeParse(out).success, `output ${JSON.stringify(out)}`);
+    }
+    const body = rec.bodies[0];
+    const schema = method === 'jsonSchema' ? body.response_format?.json_schema?.schema : body.tools?.[0]?.function?.parameters;
+    assert(schema, `request sent: ${JSON.stringify(body)}`);
+    assertBoundsSent(schema, `langchain ${method}`);
+    if (method === 'functionCalling')
+      assert(body.tool_choice?.function?.name === 'weather', `tool_choice sent: ${JSON.stringify(body.tool_choice)}`);
+  });
+}
+
+test('ai generateObject (@ai-sdk/openai-compatible, structured outputs)', async ({ baseURL, apiKey }) => {
+  const rec = recorder();
+  const provider = createOpenAICompatible({ name: 'swarm', baseURL, apiKey, fetch: rec.fetch, supportsStructuredOutputs: true });
+  for (let seed = 0; seed < 2; seed++) {
+    const { object } = await ai.generateObject({ model: provider.chatModel('m'), schema: Weather, schemaName: 'weather',
+      prompt: 'Weather in Lima?', temperature: 1, seed, maxRetries: 0 });
+    assert(Weather.safeParse(object).success, `object ${JSON.stringify(object)}`);
+  }
+  const rf = rec.bodies[0].response_format;
+  assert(rf?.type === 'json_schema', `response_format sent: ${JSON.stringify(rf)}`);
+  assertBoundsSent(rf.json_schema?.schema, 'ai');
 });
 
 test("@openai/agents toolChoice 'required'", async ({ baseURL, apiKey }) => {
