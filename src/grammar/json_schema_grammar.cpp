@@ -904,9 +904,7 @@ struct JsonSchemaCompiler::Impl {
                s.contains("format"))
         types = {"string"};
       else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") ||
-               s.contains("exclusiveMaximum"))
-        types = {"number"};
-      else if (s.contains("multipleOf"))
+               s.contains("exclusiveMaximum") || s.contains("multipleOf"))
         types = {"number"};
       else
         return any_value();

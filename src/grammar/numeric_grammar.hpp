@@ -76,9 +76,9 @@ class NumericGrammar {
                                   uint64_t multiple);
   /// JSON numbers (the language above) in the range. nullopt when none qualifies.
   std::optional<uint32_t> number(const std::optional<NumberBound>& lo, const std::optional<NumberBound>& hi);
-  /// Digit strings of one length `lo.size() == hi.size()` with lo <= value <= hi, leading zeros
+  /// Digit strings of one length `a.size() == b.size()` with a <= value <= b, leading zeros
   /// allowed, as a sequence (a rule reference when it branches).
-  std::vector<Element> same_length_range(const std::string& lo, const std::string& hi);
+  std::vector<Element> same_length_range(const std::string& a, const std::string& b);
 
  private:
   // One side of a range while a mantissa is read: FREE (no longer binds), DEAD (violated), or
