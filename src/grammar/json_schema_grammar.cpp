@@ -1,8 +1,5 @@
 #include "grammar/json_schema_grammar.hpp"
 
-#include "grammar/numeric_grammar.hpp"
-#include "grammar/pattern_grammar.hpp"
-
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -10,6 +7,9 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+
+#include "grammar/numeric_grammar.hpp"
+#include "grammar/pattern_grammar.hpp"
 
 namespace swarm::grammar {
 namespace {

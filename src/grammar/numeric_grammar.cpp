@@ -206,6 +206,26 @@ Seq NumericGrammar::same_length_range(const std::string& a, const std::string& b
 
 // ---------------------------------------------------------------------------------- integers
 
+std::vector<Seq> NumericGrammar::digit_runs(const Seq& prefix, int first,
+                                            const std::function<std::optional<uint32_t>(int)>& target) {
+  std::vector<Seq> alts;
+  int run_start = first;
+  std::optional<uint32_t> run_target = target(first);
+  for (int d = first + 1; d <= 10; ++d) {
+    const std::optional<uint32_t> t = d <= 9 ? target(d) : std::nullopt;
+    if (d <= 9 && t == run_target) continue;
+    if (run_target) {
+      Seq alt = prefix;
+      alt.push_back(Element::bytes(static_cast<uint8_t>('0' + run_start), static_cast<uint8_t>('0' + d - 1)));
+      alt.push_back(Element::rule(*run_target));
+      alts.push_back(std::move(alt));
+    }
+    run_start = d;
+    run_target = t;
+  }
+  return alts;
+}
+
 // Exactly `left` more digits; lo / hi TIGHT hold the bound's remaining digits (same length).
 std::optional<uint32_t> NumericGrammar::digit_state(int left, Side lo, Side hi, uint64_t residue,
                                                     uint64_t multiple, bool first) {
@@ -218,17 +238,7 @@ std::optional<uint32_t> NumericGrammar::digit_state(int left, Side lo, Side hi, 
       if (residue != 0) return std::nullopt;
       return g_.rule_of({{}});
     }
-    std::vector<Seq> alts;
-    // Digits that lead to the same state form one byte range.
-    std::optional<uint32_t> prev_target;
-    int run_start = -1;
-    auto flush = [&](int end_digit) {
-      if (run_start >= 0 && prev_target)
-        alts.push_back(
-            {Element::bytes(static_cast<uint8_t>('0' + run_start), static_cast<uint8_t>('0' + end_digit)),
-             Element::rule(*prev_target)});
-    };
-    for (int d = first ? 1 : 0; d <= 9; ++d) {
+    const std::vector<Seq> alts = digit_runs({}, first ? 1 : 0, [&](int d) {
       const char c = static_cast<char>('0' + d);
       Side nlo = lo, nhi = hi;
       if (lo.kind == Side::TIGHT) {
@@ -241,14 +251,9 @@ std::optional<uint32_t> NumericGrammar::digit_state(int left, Side lo, Side hi, 
               : c < hi.rest[0] ? Side{Side::FREE, "", false}
                                : Side{Side::TIGHT, hi.rest.substr(1), false};
       }
-      const std::optional<uint32_t> target = digit_state(
-          left - 1, nlo, nhi, (residue * 10 + static_cast<uint64_t>(d)) % multiple, multiple, false);
-      if (run_start >= 0 && target == prev_target) continue;
-      flush(d - 1);
-      run_start = d;
-      prev_target = target;
-    }
-    flush(9);
+      return digit_state(left - 1, nlo, nhi, (residue * 10 + static_cast<uint64_t>(d)) % multiple, multiple,
+                         false);
+    });
     if (alts.empty()) return std::nullopt;
     return g_.rule_of(alts);
   });
@@ -345,48 +350,33 @@ std::optional<uint32_t> NumericGrammar::mantissa_state(int int_left, int frac_le
       if (frac_left == 0) return alts.empty() ? std::nullopt : std::optional<uint32_t>(g_.rule_of(alts));
     }
     const Seq prefix = !reading_int && !in_frac ? Seq{Element::byte('.')} : Seq{};
-    std::optional<uint32_t> prev_target;
-    int run_start = -1;
-    auto flush = [&](int end_digit) {
-      if (run_start < 0 || !prev_target) return;
-      Seq alt = prefix;
-      alt.push_back(
-          Element::bytes(static_cast<uint8_t>('0' + run_start), static_cast<uint8_t>('0' + end_digit)));
-      alt.push_back(Element::rule(*prev_target));
-      alts.push_back(alt);
-    };
-    for (int d = first ? 1 : 0; d <= 9; ++d) {
-      const char c = static_cast<char>('0' + d);
-      Side nlo = lo, nhi = hi;
-      if (lo.kind == Side::TIGHT) {
-        const char a = front(lo.rest);
-        if (c < a) {
-          nlo = {Side::DEAD, "", false};
-        } else if (c > a) {
-          nlo = {};
-        } else {
-          nlo.rest = lo.rest.empty() ? "" : lo.rest.substr(1);
-          if (nlo.rest.empty() && !nlo.strict) nlo = {};
-        }
-      }
-      if (hi.kind == Side::TIGHT) {
-        const char b = front(hi.rest);
-        if (c > b)
-          nhi = {Side::DEAD, "", false};
-        else if (c < b)
-          nhi = {};
-        else
-          nhi.rest = hi.rest.empty() ? "" : hi.rest.substr(1);
-      }
-      const std::optional<uint32_t> target =
-          reading_int ? mantissa_state(int_left - 1, frac_left, false, false, nlo, nhi)
-                      : mantissa_state(0, frac_left - 1, true, false, nlo, nhi);
-      if (run_start >= 0 && target == prev_target) continue;
-      flush(d - 1);
-      run_start = d;
-      prev_target = target;
-    }
-    flush(9);
+    for (Seq& alt : digit_runs(prefix, first ? 1 : 0, [&](int d) {
+           const char c = static_cast<char>('0' + d);
+           Side nlo = lo, nhi = hi;
+           if (lo.kind == Side::TIGHT) {
+             const char a = front(lo.rest);
+             if (c < a) {
+               nlo = {Side::DEAD, "", false};
+             } else if (c > a) {
+               nlo = {};
+             } else {
+               nlo.rest = lo.rest.empty() ? "" : lo.rest.substr(1);
+               if (nlo.rest.empty() && !nlo.strict) nlo = {};
+             }
+           }
+           if (hi.kind == Side::TIGHT) {
+             const char b = front(hi.rest);
+             if (c > b)
+               nhi = {Side::DEAD, "", false};
+             else if (c < b)
+               nhi = {};
+             else
+               nhi.rest = hi.rest.empty() ? "" : hi.rest.substr(1);
+           }
+           return reading_int ? mantissa_state(int_left - 1, frac_left, false, false, nlo, nhi)
+                              : mantissa_state(0, frac_left - 1, true, false, nlo, nhi);
+         }))
+      alts.push_back(std::move(alt));
     if (alts.empty()) return std::nullopt;
     return g_.rule_of(alts);
   });

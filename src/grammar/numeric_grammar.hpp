@@ -20,6 +20,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "grammar/grammar.hpp"
 
@@ -96,6 +97,11 @@ class NumericGrammar {
                                    const std::optional<NumberBound>& hi);
   std::optional<uint32_t> mantissa_state(int int_left, int frac_left, bool in_frac, bool first, Side lo,
                                          Side hi);
+  // One alternative per run of digits first..9 that lead to the same rule (`target(d)`; nullopt:
+  // the digit is not allowed), each a byte range after `prefix`.
+  static std::vector<std::vector<Element>> digit_runs(
+      const std::vector<Element>& prefix, int first,
+      const std::function<std::optional<uint32_t>(int)>& target);
   std::optional<uint32_t> digit_state(int left, Side lo, Side hi, uint64_t residue, uint64_t multiple,
                                       bool first);
   std::optional<uint32_t> naturals(const std::optional<std::string>& lo, const std::optional<std::string>& hi,

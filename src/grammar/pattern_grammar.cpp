@@ -6,6 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/utf8.hpp"
+
 namespace swarm::grammar {
 namespace {
 
@@ -73,24 +75,6 @@ uint32_t utf8_decode(std::string_view s, size_t& i) {
   if (cp < min || cp > kMaxCodePoint || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
   i += static_cast<size_t>(n) + 1;
   return cp;
-}
-
-void utf8_append(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
 }
 
 const Ranges kDigit = {{'0', '9'}};
@@ -570,7 +554,7 @@ class Compiler {
 
   static std::string encode(uint32_t cp) {
     std::string s;
-    utf8_append(s, cp);
+    append_utf8(s, cp);
     return s;
   }
 

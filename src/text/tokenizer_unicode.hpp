@@ -7,6 +7,8 @@
 #include <string>
 #include <string_view>
 
+#include "common/utf8.hpp"
+
 namespace swarm {
 
 namespace unicode_data {
@@ -64,7 +66,7 @@ inline uint32_t next_code_point(std::string_view s, size_t& i) {
 /// Byte length of the UTF-8 character starting with lead byte c (valid input).
 inline size_t char_length(unsigned char c) { return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4; }
 
-void append_utf8(std::string& out, uint32_t cp);
+using ::swarm::append_utf8;  // common/utf8.hpp
 
 /// Length of the longest valid UTF-8 sequence starting at s[i] (1-4), or 0 if the bytes there
 /// are not a valid character. Follows the Unicode "maximal subpart" rules: `maximal_subpart`
