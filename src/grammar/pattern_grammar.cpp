@@ -414,7 +414,9 @@ class Parser {
             fail("lookaround (?" + std::string(1, static_cast<char>(peek(1))));
           }
         }
+        if (++depth_ > kMaxGroupDepth) fail("groups nested deeper than " + std::to_string(kMaxGroupDepth));
         Node inner = alternation();
+        --depth_;
         if (at_end() || peek() != ')') fail("an unterminated group");
         take();
         return inner;
@@ -453,6 +455,9 @@ class Parser {
     }
   }
 
+  // Parsing, compiling and freeing recurse once per group: bounded, whatever the pattern.
+  static constexpr int kMaxGroupDepth = 32;
+  int depth_ = 0;
   std::string_view text_;
   PatternLimits limits_;
   std::vector<uint32_t> cps_;

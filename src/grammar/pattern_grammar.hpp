@@ -9,7 +9,7 @@
 // and end of the pattern or of one of its top-level alternatives. A pattern is a search, as
 // JSON Schema says: an end without its anchor may have any characters there. Anything else
 // (backreferences, lookaround, \b, \p{...}, anchors inside groups, an unbounded repeat of what
-// can be empty) is a PatternError naming the construct and its offset.
+// can be empty, groups nested deeper than 32) is a PatternError naming the construct and its offset.
 //
 // The generated text spells each character as itself in UTF-8, except '"' and '\' (escaped)
 // and control characters (\b \f \n \r \t or \u00XX): no other escape spellings, so every value

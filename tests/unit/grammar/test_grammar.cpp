@@ -416,6 +416,7 @@ TEST(JsonSchemaGrammar, PatternsOfTheSubsetRealSchemasUse) {
            {"ab)", "unbalanced"},
            {"[ab", "unterminated"},
            {"*a", "nothing to repeat"},
+           {std::string(33, '(') + "a" + std::string(33, ')'), "nested deeper than 32"},
        }) {
     try {
       pattern(p);
