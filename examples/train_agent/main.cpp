@@ -138,7 +138,7 @@ swarm::Job make_job(const Settings& s, const std::vector<const CLI::Option*>& gi
     if (s.job_file.empty()) return true;
     return std::any_of(given.begin(), given.end(), [&](const CLI::Option* o) { return o->check_name(flag); });
   };
-  job.model = s.model;
+  if (use("--model") || job.model.empty()) job.model = s.model;
   if (use("--algorithm")) job.algorithm = s.algorithm;
   if (job.algorithm == "ppo") {
     job.advantage_estimator = "gae";
@@ -147,8 +147,8 @@ swarm::Job make_job(const Settings& s, const std::vector<const CLI::Option*>& gi
     if (use("--critic-learning-rate")) job.critic_learning_rate = s.critic_learning_rate;
     if (use("--critic-warmup")) job.critic_warmup = s.critic_warmup;
   }
-  job.batch_size = s.batch_size;
-  job.num_repeat = s.num_repeat;
+  if (use("--batch-size")) job.batch_size = s.batch_size;
+  if (use("--num-repeat")) job.num_repeat = s.num_repeat;
   if (use("--project")) job.project_name = s.project_name;
   if (use("--experiment")) job.experiment_name = s.experiment_name;
   if (use("--temperature")) job.temperature = s.temperature;
@@ -458,7 +458,7 @@ int drive_streaming(const Settings& s, const tasks::TaskMix& mix, const tasks::R
   return rc;
 }
 
-int run(const Settings& s, const std::vector<const CLI::Option*>& given) {
+int run(Settings s, const std::vector<const CLI::Option*>& given) {
   const tasks::TaskMix mix = tasks::TaskMix::parse(s.task_mix);
   const std::vector<std::string> families = mix.families();
   const tasks::RewardOptions reward_options{tasks::parse_partial_credit(s.partial), s.partial_weight};
@@ -480,6 +480,8 @@ int run(const Settings& s, const std::vector<const CLI::Option*>& given) {
   swarm::SwarmClient client(s.url, options);
 
   const swarm::Job job = make_job(s, given, max_response_tokens);
+  s.batch_size = static_cast<int>(job.batch_size);  // the job file's, unless a flag overrode it
+  s.num_repeat = static_cast<int>(job.num_repeat);
   std::printf(
       "train_agent: %s, model %s, tasks %s, difficulty %d, %d steps of %d tasks x %d episodes, %d workers\n",
       s.url.c_str(), job.model.c_str(), mix.to_string().c_str(), s.difficulty, s.steps, s.batch_size,
@@ -571,8 +573,7 @@ int main(int argc, char** argv) {
   app.add_option("--url", s.url, "Swarm server URL")->capture_default_str();
   app.add_option("--model", s.model,
                  "Hugging Face model directory the server trains (e.g. swarm-model init "
-                 "--preset tiny-char)")
-      ->required();
+                 "--preset tiny-char); required unless the --job file names one");
   std::string families_help = "Task mix: 'sort,reverse', 'sort:2,add:1' or 'all'. Families:";
   for (const auto* f : tasks::all_families())
     families_help += "\n  " + std::string(f->name()) + ": " + std::string(f->description());

@@ -339,8 +339,7 @@ class Mapper {
     if (!own.IsMap()) bad("swarm", "must be a mapping of swarm config keys (docs/configuration.md)");
     for (const auto& kv : own) {
       const std::string key = job_keys::key_text(kv.first);
-      if (!job_keys::known(key))
-        bad("swarm." + key, "unknown key (see docs/configuration.md for the valid keys)");
+      if (!job_keys::known(key)) bad("swarm." + key, job_keys::unknown_key(key));
       job_keys::set(job_, key, kv.second, "swarm." + key);
       record(key, "swarm." + key);
     }

@@ -82,7 +82,9 @@ const std::vector<Field>& field_table() {
       {"record_samples", &Job::record_samples,
        "Append every sample a policy step trains on (token ids, loss mask, log-probs, reward) to "
        "<experiment dir>/samples.jsonl, to inspect what is trained."},
-      {"learning_rate", &Job::learning_rate, "AdamW learning rate."},
+      {"learning_rate", &Job::learning_rate,
+       "AdamW learning rate. The default (1e-6) suits fine-tuning a pretrained model; a tiny model trained "
+       "from random weights needs about 5e-4 (examples/configs/tiny-char.yaml)."},
       {"lr_schedule", &Job::lr_schedule, "constant, or cosine (after lr_warmup_steps of linear warm-up)."},
       {"lr_warmup_steps", &Job::lr_warmup_steps, "Linear warm-up steps."},
       {"weight_decay", &Job::weight_decay, "AdamW weight decay."},
@@ -259,6 +261,21 @@ const Field* find_field(const std::string& key) {
   return it == table.end() ? nullptr : &*it;
 }
 
+// Optimal string alignment distance (edits, adjacent swaps counted as one).
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
+    for (size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] =
+          std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
 // `key` is the name errors use: the flat key, or the path the user wrote it under.
 void assign(Job& job, const Field& f, const YAML::Node& node, const std::string& key) {
   if (!node.IsScalar()) bad(key, std::string("expected a ") + type_name(f.member) + " scalar");
@@ -354,9 +371,21 @@ std::string key_text(const YAML::Node& key) {
 
 bool known(const std::string& key) { return find_field(key) != nullptr; }
 
+std::string unknown_key(const std::string& key) {
+  std::string best;
+  size_t best_distance = std::max<size_t>(2, key.size() / 4) + 1;  // a typo, not another word
+  if (key.size() <= 256)
+    for (const Field& f : field_table()) {
+      const size_t d = edit_distance(key, f.key);
+      if (d < best_distance) best = f.key, best_distance = d;
+    }
+  return "unknown key" + (best.empty() ? std::string() : "; did you mean '" + best + "'?") +
+         " (see docs/configuration.md for the valid keys)";
+}
+
 void set(Job& job, const std::string& key, const YAML::Node& value, const std::string& shown_as) {
   const Field* field = find_field(key);
-  if (!field) bad(key, "unknown key");
+  if (!field) bad(shown_as, unknown_key(key));
   assign(job, *field, value, shown_as);
 }
 
@@ -404,7 +433,7 @@ Job parse_yaml(const std::string& yaml_text, JobConfigReport* report, bool valid
       continue;
     }
     const Field* field = find_field(key);
-    if (!field) bad(key, "unknown key (see docs/configuration.md for the valid keys)");
+    if (!field) bad(key, job_keys::unknown_key(key));
     assign(job, *field, kv.second, key);
   }
   if (validate) job.validate();

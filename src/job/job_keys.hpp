@@ -21,6 +21,9 @@ inline constexpr const char* kRanksAreTheServers =
 std::string key_text(const YAML::Node& key);
 /// True when `key` is one of the flat keys.
 bool known(const std::string& key);
+/// What an error says of a key that is not one: "unknown key; did you mean 'learning_rate'?
+/// (see docs/configuration.md ...)" when a valid key is a typo away.
+std::string unknown_key(const std::string& key);
 /// Parses `value` as `key`'s type into `job`. ConfigError naming `shown_as` (the key as the
 /// user wrote it, e.g. "ajet.data.train_batch_size") on a wrong type or a non-finite float.
 void set(Job& job, const std::string& key, const YAML::Node& value, const std::string& shown_as);

@@ -136,8 +136,24 @@ TEST(JobTest, EffectiveDefaults) {
   EXPECT_EQ(j.effective_max_cached_episodes(), 200);
 }
 
-TEST(JobTest, UnknownKeyIsNamed) {
-  expect_config_error(std::string(kMinimal) + "learning_rat: 0.1\n", {"learning_rat", "unknown"});
+TEST(JobTest, UnknownKeyIsNamedWithTheNearestValidKey) {
+  expect_config_error(std::string(kMinimal) + "learning_rat: 0.1\n",
+                      {"learning_rat", "unknown key; did you mean 'learning_rate'?"});
+  expect_config_error(std::string(kMinimal) + "num_repaet: 4\n", {"did you mean 'num_repeat'?"});
+  try {
+    Job::from_yaml(std::string(kMinimal) + "frobnicate: 1\n");
+    FAIL() << "an unknown key was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()).find("did you mean"), std::string::npos)
+        << "nothing is near: " << e.what();
+  }
+}
+
+TEST(JobTest, TheReadmeDemoJobLoads) {
+  const Job job = Job::load_layer(SWARM_SOURCE_DIR "/examples/configs/tiny-char.yaml");
+  EXPECT_EQ(job.model, "build/models/tiny-char-2x192");
+  EXPECT_DOUBLE_EQ(job.learning_rate, 5e-4);
+  EXPECT_NO_THROW(job.validate());
 }
 
 TEST(JobTest, WrongTypeNamesKey) {
@@ -477,7 +493,7 @@ TEST(AgentJetConfig, OurOwnKeysGoUnderSwarm) {
   EXPECT_EQ(mapped_to(report, "batch_size")->from, "swarm.batch_size");
   EXPECT_FALSE(contains(report.ignored, "swarm"));
   expect_config_error(std::string(kAgentJet) + "swarm:\n  batch_sise: 2\n",
-                      {"swarm.batch_sise", "unknown key"});
+                      {"swarm.batch_sise", "unknown key; did you mean 'batch_size'?"});
   expect_config_error(std::string(kAgentJet) + "swarm: 3\n", {"swarm", "mapping"});
 }
 

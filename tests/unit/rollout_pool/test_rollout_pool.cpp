@@ -467,6 +467,7 @@ TEST_F(RolloutPoolTest, EpisodeWithoutCallsEndsWithZeroSamples) {
   ClaimedEpisode ep = claim_ok(*pool);
   EndOutcome o = pool->end_episode("client-a", ep.episode_uuid, "t", reward_of(0.0));
   EXPECT_TRUE(o.accepted);
+  EXPECT_NE(o.note.find("made no LLM call: it holds no sample"), std::string::npos) << o.note;
   EXPECT_TRUE(o.batch_ready);
   EXPECT_EQ(pool->snapshot().finished_episodes, 1);
   TrainBatch b = pool->take_batch();
