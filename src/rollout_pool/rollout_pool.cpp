@@ -511,9 +511,9 @@ EndOutcome RolloutPool::cache_ended_locked(FinishedEpisode finished, bool list_m
     outcome.note = "episode " + episode_uuid + " sent a list reward of " + std::to_string(list_size) +
                    " values for " + std::to_string(n_calls) + " LLM calls: trained on their sum (" +
                    std::to_string(finished.reward) + ") as the episode's reward, not per call";
-  if (n_calls == 0)
-    outcome.note =
-        "episode " + episode_uuid + " made no LLM call: it holds no sample, so nothing of it is trained";
+  if (n_calls == 0)  // after what the list reward note says, if any
+    outcome.note += (outcome.note.empty() ? "episode " + episode_uuid : std::string("; it")) +
+                    " made no LLM call: it holds no sample, so nothing of it is trained";
   // More than one sample: some request's history did not extend an earlier one (edited,
   // truncated or re-rendered to other ids), so the episode trains as several samples.
   if (finished.samples.size() > 1) counters_.episodes_split_by_drift++;
