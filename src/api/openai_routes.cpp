@@ -153,21 +153,11 @@ void parse_tool_options(const json& body, RequestOptions& o) {
   if (auto it = body.find("chat_template_kwargs"); it != body.end() && !it->is_null())
     SWARM_REQUIRE(it->is_object(), ErrorKind::INVALID_ARGUMENT,
                   "field 'chat_template_kwargs' must be an object");
-  const json& messages = body.at("messages");
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const json& m = messages[i];
-    if (!m.is_object() || !m.contains("role") || m["role"] != "tool") continue;
-    auto id = m.find("tool_call_id");
-    SWARM_REQUIRE(id != m.end() && id->is_string(), ErrorKind::INVALID_ARGUMENT,
-                  "field 'messages[" + std::to_string(i) +
-                      "].tool_call_id' must be a string (a tool message answers "
-                      "a tool call)");
-  }
 }
 
 // What the chat completions API requires of `messages`: at least one; each an object with a
 // role it knows and a content (a string or parts), which only an assistant turn that calls
-// tools may leave out or set to null.
+// tools may leave out or set to null; a tool message names the call it answers.
 void require_chat_messages(const json& messages) {
   SWARM_REQUIRE(!messages.empty(), ErrorKind::INVALID_ARGUMENT,
                 "field 'messages' must hold at least one message");
@@ -199,6 +189,12 @@ void require_chat_messages(const json& messages) {
                   r == "assistant"
                       ? "field '" + where + ".content' is required unless the message has 'tool_calls'"
                       : "missing required field '" + where + ".content'");
+    if (r == "tool") {
+      auto id = m.find("tool_call_id");
+      SWARM_REQUIRE(
+          id != m.end() && id->is_string(), ErrorKind::INVALID_ARGUMENT,
+          "field '" + where + ".tool_call_id' must be a string (a tool message answers a tool call)");
+    }
   }
 }
 

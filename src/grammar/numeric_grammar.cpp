@@ -175,6 +175,31 @@ std::string NumericGrammar::Side::key() const {
   }
 }
 
+// A side after one more digit `c`: a lower bound is left behind by a larger digit, violated by
+// a smaller one; an upper bound the other way round. A lower bound whose rest is all zeros and
+// that is not strict holds whatever follows.
+NumericGrammar::Side NumericGrammar::lower_after(const Side& lo, char c) {
+  if (lo.kind != Side::TIGHT) return lo;
+  const char a = front(lo.rest);
+  if (c < a) return {Side::DEAD, "", false};
+  if (c > a) return {};
+  Side next{Side::TIGHT, lo.rest.empty() ? "" : lo.rest.substr(1), lo.strict};
+  if (next.rest.empty() && !next.strict) return {};
+  return next;
+}
+
+NumericGrammar::Side NumericGrammar::upper_after(const Side& hi, char c) {
+  if (hi.kind != Side::TIGHT) return hi;
+  const char b = front(hi.rest);
+  if (c > b) return {Side::DEAD, "", false};
+  if (c < b) return {};
+  return {Side::TIGHT, hi.rest.empty() ? "" : hi.rest.substr(1), hi.strict};
+}
+
+std::string NumericGrammar::bound_key(const std::optional<NumberBound>& b) {
+  return b ? b->value.str() + (b->strict ? "<" : "=") : std::string("-");
+}
+
 Seq NumericGrammar::same_length_range(const std::string& a, const std::string& b) {
   if (a.size() == 1) return {Element::bytes(static_cast<uint8_t>(a[0]), static_cast<uint8_t>(b[0]))};
   if (a.find_first_not_of('0') == std::string::npos && b.find_first_not_of('9') == std::string::npos)
@@ -240,19 +265,8 @@ std::optional<uint32_t> NumericGrammar::digit_state(int left, Side lo, Side hi, 
     }
     const std::vector<Seq> alts = digit_runs({}, first ? 1 : 0, [&](int d) {
       const char c = static_cast<char>('0' + d);
-      Side nlo = lo, nhi = hi;
-      if (lo.kind == Side::TIGHT) {
-        nlo = c < lo.rest[0]   ? Side{Side::DEAD, "", false}
-              : c > lo.rest[0] ? Side{Side::FREE, "", false}
-                               : Side{Side::TIGHT, lo.rest.substr(1), false};
-      }
-      if (hi.kind == Side::TIGHT) {
-        nhi = c > hi.rest[0]   ? Side{Side::DEAD, "", false}
-              : c < hi.rest[0] ? Side{Side::FREE, "", false}
-                               : Side{Side::TIGHT, hi.rest.substr(1), false};
-      }
-      return digit_state(left - 1, nlo, nhi, (residue * 10 + static_cast<uint64_t>(d)) % multiple, multiple,
-                         false);
+      return digit_state(left - 1, lower_after(lo, c), upper_after(hi, c),
+                         (residue * 10 + static_cast<uint64_t>(d)) % multiple, multiple, false);
     });
     if (alts.empty()) return std::nullopt;
     return g_.rule_of(alts);
@@ -314,7 +328,7 @@ std::optional<uint32_t> NumericGrammar::integer(const std::optional<NumberBound>
 // ----------------------------------------------------------------------------------- numbers
 
 // A mantissa (non-negative) whose integer part has int_len digits (0: the integer part is "0").
-NumericGrammar::Side NumericGrammar::lower_side(const std::optional<NumberBound>& b, int int_len) const {
+NumericGrammar::Side NumericGrammar::lower_side(const std::optional<NumberBound>& b, int int_len) {
   if (!b) return {};
   const std::string ip = b->value.int_part();
   const int len = static_cast<int>(ip.size());
@@ -325,7 +339,7 @@ NumericGrammar::Side NumericGrammar::lower_side(const std::optional<NumberBound>
   return s;
 }
 
-NumericGrammar::Side NumericGrammar::upper_side(const std::optional<NumberBound>& b, int int_len) const {
+NumericGrammar::Side NumericGrammar::upper_side(const std::optional<NumberBound>& b, int int_len) {
   if (!b) return {};
   const std::string ip = b->value.int_part();
   const int len = static_cast<int>(ip.size());
@@ -352,27 +366,7 @@ std::optional<uint32_t> NumericGrammar::mantissa_state(int int_left, int frac_le
     const Seq prefix = !reading_int && !in_frac ? Seq{Element::byte('.')} : Seq{};
     for (Seq& alt : digit_runs(prefix, first ? 1 : 0, [&](int d) {
            const char c = static_cast<char>('0' + d);
-           Side nlo = lo, nhi = hi;
-           if (lo.kind == Side::TIGHT) {
-             const char a = front(lo.rest);
-             if (c < a) {
-               nlo = {Side::DEAD, "", false};
-             } else if (c > a) {
-               nlo = {};
-             } else {
-               nlo.rest = lo.rest.empty() ? "" : lo.rest.substr(1);
-               if (nlo.rest.empty() && !nlo.strict) nlo = {};
-             }
-           }
-           if (hi.kind == Side::TIGHT) {
-             const char b = front(hi.rest);
-             if (c > b)
-               nhi = {Side::DEAD, "", false};
-             else if (c < b)
-               nhi = {};
-             else
-               nhi.rest = hi.rest.empty() ? "" : hi.rest.substr(1);
-           }
+           const Side nlo = lower_after(lo, c), nhi = upper_after(hi, c);
            return reading_int ? mantissa_state(int_left - 1, frac_left, false, false, nlo, nhi)
                               : mantissa_state(0, frac_left - 1, true, false, nlo, nhi);
          }))
@@ -384,9 +378,6 @@ std::optional<uint32_t> NumericGrammar::mantissa_state(int int_left, int frac_le
 
 std::optional<uint32_t> NumericGrammar::mantissa(const std::optional<NumberBound>& lo,
                                                  const std::optional<NumberBound>& hi) {
-  auto bound_key = [](const std::optional<NumberBound>& b) {
-    return b ? b->value.str() + (b->strict ? "<" : "=") : std::string("-");
-  };
   return memo("M" + bound_key(lo) + "|" + bound_key(hi), [&]() -> std::optional<uint32_t> {
     std::vector<Seq> alts;
     // Integer part "0": the fraction may use every significant digit.
@@ -529,11 +520,7 @@ std::optional<uint32_t> NumericGrammar::number(const std::optional<NumberBound>&
     return c;
   };
   auto key_of = [](const Range& r) {
-    if (r.dead) return std::string("dead");
-    auto k = [](const std::optional<NumberBound>& b) {
-      return b ? b->value.str() + (b->strict ? "<" : "=") : std::string("-");
-    };
-    return k(r.lo) + "," + k(r.hi);
+    return r.dead ? std::string("dead") : bound_key(r.lo) + "," + bound_key(r.hi);
   };
   std::vector<Seq> alts;
   int64_t limit = 1;

@@ -91,8 +91,11 @@ class NumericGrammar {
     bool strict = false;
     std::string key() const;
   };
-  Side lower_side(const std::optional<NumberBound>& b, int int_len) const;
-  Side upper_side(const std::optional<NumberBound>& b, int int_len) const;
+  static Side lower_side(const std::optional<NumberBound>& b, int int_len);
+  static Side upper_side(const std::optional<NumberBound>& b, int int_len);
+  static Side lower_after(const Side& lo, char c);
+  static Side upper_after(const Side& hi, char c);
+  static std::string bound_key(const std::optional<NumberBound>& b);
   std::optional<uint32_t> mantissa(const std::optional<NumberBound>& lo,
                                    const std::optional<NumberBound>& hi);
   std::optional<uint32_t> mantissa_state(int int_left, int frac_left, bool in_frac, bool first, Side lo,
