@@ -142,7 +142,9 @@ class SwarmClient {
   /// (ConfigError naming the key). The server accepts it only while OFFLINE (else 409).
   void sync_train_config(const Job& job);
   /// `POST /start_engine`: returns at once; the engine boots in the background.
-  void start_engine();
+  /// `resume`: continue the experiment's latest checkpoint instead of a fresh run (the job's
+  /// `resume` key does the same for every start).
+  void start_engine(bool resume = false);
   /// `POST /stop_engine`: stops training from any state. Any client can do this, so be
   /// careful during a run.
   void stop_engine();

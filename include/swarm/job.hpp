@@ -86,6 +86,7 @@ struct Job {
   double is_cap = 2.0;                         // importance-weight cap (tis, decoupled)
   std::string kv_cache_on_swap = "keep";       // keep | recompute (in-flight sequences at a swap)
   int64_t save_freq = 0;                       // 0 = checkpoint only on stop
+  bool resume = false;                         // start_engine continues the experiment's latest checkpoint
   // --- durability (docs/reliability.md)
   bool durable_episodes =
       true;                   // finished episodes in <experiment>/episodes.sqlite before end_episode answers

@@ -455,8 +455,9 @@ void SwarmClient::sync_train_config(const Job& job) {
   require_success(impl_->post("/sync_train_config", body), "sync_train_config");
 }
 
-void SwarmClient::start_engine() {
-  require_success(impl_->post("/start_engine", json::object()), "start_engine");
+void SwarmClient::start_engine(bool resume) {
+  require_success(impl_->post("/start_engine", resume ? json{{"resume", true}} : json::object()),
+                  "start_engine");
 }
 
 void SwarmClient::stop_engine() {

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <mutex>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/mock_backend.hpp"
 
 namespace swarm {
@@ -49,7 +51,35 @@ TrainStepReport summarize_batch(const TrainBatch& batch) {
     r.reward_std =
         std::sqrt(std::max(0.0, sq / static_cast<double>(r.episodes) - r.reward_mean * r.reward_mean));
   }
+  // What the agents sent with their rewards (workflow_output.log_metrics), per name over the
+  // episodes that sent it; the mean accumulates the sum first.
+  for (const auto& ep : batch.episodes)
+    for (const auto& [name, value] : ep.log_metrics) {
+      auto it = r.log_metrics.find(name);
+      if (it == r.log_metrics.end()) {
+        if (r.log_metrics.size() >= kMaxStepLogMetrics) continue;
+        r.log_metrics[name] = LogMetricStats{value, value, value, 1};
+        continue;
+      }
+      LogMetricStats& st = it->second;
+      st.mean += value;
+      st.min = std::min(st.min, value);
+      st.max = std::max(st.max, value);
+      ++st.episodes;
+    }
+  for (auto& [name, st] : r.log_metrics) st.mean /= static_cast<double>(st.episodes);
   return r;
+}
+
+nlohmann::json log_metrics_json(const std::map<std::string, LogMetricStats>& stats) {
+  const auto number = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); };
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [name, st] : stats)
+    out[name] = {{"mean", number(st.mean)},
+                 {"min", number(st.min)},
+                 {"max", number(st.max)},
+                 {"episodes", st.episodes}};
+  return out;
 }
 
 namespace {

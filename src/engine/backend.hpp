@@ -23,6 +23,16 @@ namespace swarm {
 struct Job;
 
 /// What a policy update did, computed from the real batch.
+/// One log_metrics name over the train episodes of a step that sent it.
+struct LogMetricStats {
+  double mean = 0.0;
+  double min = 0.0;
+  double max = 0.0;
+  int64_t episodes = 0;  // how many sent it
+};
+/// At most this many log_metrics names are aggregated per step (the first in name order).
+constexpr size_t kMaxStepLogMetrics = 256;
+
 struct TrainStepReport {
   int64_t global_step = 0;  // step number after this update
   int64_t episodes = 0;
@@ -35,11 +45,14 @@ struct TrainStepReport {
   double reward_min = 0.0;
   double reward_max = 0.0;
   double seconds = 0.0;
-  std::map<std::string, double> metrics;  // backend-specific (loss, kl, ...)
+  std::map<std::string, double> metrics;              // backend-specific (loss, kl, ...)
+  std::map<std::string, LogMetricStats> log_metrics;  // what the agents sent (workflow_output.log_metrics)
 };
 
-/// Fills the batch-derived fields of a report (counts and reward stats).
+/// Fills the batch-derived fields of a report (counts, reward stats, log_metrics).
 TrainStepReport summarize_batch(const TrainBatch& batch);
+/// {name: {"mean", "min", "max", "episodes"}} (non-finite values as null).
+nlohmann::json log_metrics_json(const std::map<std::string, LogMetricStats>& stats);
 
 /// The pluggable backend. Thread-safety: boot/train_step/release are called from the
 /// engine's control thread only; tokenizer methods and generate() from any thread once

@@ -268,7 +268,7 @@ std::string Engine::store_train_code(const std::string& zip_bytes) {
   return file.string();
 }
 
-void Engine::start_engine() {
+void Engine::start_engine(bool resume) {
   std::lock_guard lk(mu_);
   SWARM_REQUIRE(!closed_, ErrorKind::UNAVAILABLE, "the server is shutting down");
   SWARM_REQUIRE(state_ == EngineState::OFFLINE, ErrorKind::CONFLICT,
@@ -281,20 +281,15 @@ void Engine::start_engine() {
   std::error_code ec;
   const auto dir = std::filesystem::absolute(experiment_path(*config_), ec);
   experiment_dir_ = (ec ? experiment_path(*config_) : dir).lexically_normal().string();
-  if (!pending_code_.empty()) {
-    std::filesystem::create_directories(experiment_dir_, ec);
-    std::filesystem::copy_file(pending_code_, std::filesystem::path(experiment_dir_) / "agentjet_code.zip",
-                               std::filesystem::copy_options::overwrite_existing, ec);
-    if (ec)
-      spdlog::warn("engine: could not copy {} into {}: {}", pending_code_.string(), experiment_dir_,
-                   ec.message());
-    pending_code_.clear();
-  }
   enter_locked(EngineState::BOOTING, "loading " + config_->model);
-  const uint64_t epoch = epoch_;
+  BootPlan plan;
+  plan.epoch = epoch_;
+  plan.resume_from = options_.resume_from;  // swarm-server start --resume: the first start only
+  plan.resume_latest = plan.resume_from.empty() && (resume || config_->resume);
+  plan.code = std::exchange(pending_code_, {});
   Job job = *config_;
   std::stop_token stop = run_stop_.get_token();
-  post([this, epoch, job, resume = options_.resume_from, stop] { run_boot(epoch, job, resume, stop); });
+  post([this, plan = std::move(plan), job = std::move(job), stop] { run_boot(plan, job, stop); });
 }
 
 void Engine::stop_engine(const std::string& reason) {
@@ -322,10 +317,11 @@ void Engine::end_run_locked(const std::string& reason, bool save) {
     // since the last checkpoint are saved first (backend_step_ is read there, after any
     // policy step still running has finished).
     std::optional<Job> job = save && options_.write_run_files ? config_ : std::nullopt;
-    post([this, b = std::move(backend_), job, counters = past_counters_, store]() mutable {
+    post([this, b = std::move(backend_), job, counters = past_counters_, run_id = run_.run_id,
+          store]() mutable {
       if (job && backend_step_ > checkpointed_step_) {
         try {
-          checkpoint(*b, *job, backend_step_, counters, store.get());
+          checkpoint(*b, *job, backend_step_, run_id, counters, store.get());
         } catch (const std::exception& e) {
           spdlog::error("engine: no checkpoint on stop: {}", e.what());
         }
@@ -339,10 +335,11 @@ void Engine::end_run_locked(const std::string& reason, bool save) {
   }
 }
 
-double Engine::checkpoint(Backend& backend, const Job& job, int64_t step, const PoolCounters& counters,
-                          EpisodeStore* store) {
+double Engine::checkpoint(Backend& backend, const Job& job, int64_t step, const std::string& run_id,
+                          const PoolCounters& counters, EpisodeStore* store) {
   const auto t0 = std::chrono::steady_clock::now();
   EngineCheckpointState st;
+  st.run_id = run_id;
   st.global_step = step;
   st.policy_version = step;
   st.counters = counters;
@@ -391,29 +388,143 @@ void Engine::control_loop() {
   }
 }
 
-void Engine::run_boot(uint64_t epoch, const Job& job, const std::string& resume_from, std::stop_token stop) {
+namespace {
+// A step whose update trained no sequence says so (docs/concepts.md, Metrics): trained_nothing
+// 1 and a warning naming why; 0 on the other steps of a backend that reports what it trained.
+void note_trained_nothing(TrainStepReport& report) {
+  const auto metric = [&](const char* name) {
+    const auto it = report.metrics.find(name);
+    return it == report.metrics.end() ? -1.0 : it->second;
+  };
+  const double trained = metric("sequences_trained");
+  if (trained < 0) return;  // a backend that does not say
+  report.metrics["trained_nothing"] = trained > 0 ? 0.0 : 1.0;
+  if (trained > 0) return;
+  const double groups = metric("groups"), equal = metric("groups_zero_variance");
+  if (groups > 0 && equal == groups) {
+    spdlog::warn(
+        "engine: step {} trained nothing: every group's rewards were equal ({:.0f} group(s) of num_repeat "
+        "episodes; group-relative advantages are then 0). Rewards that differ within a task's group are "
+        "what trains: a harder or more graded reward, or a larger num_repeat",
+        report.global_step, groups);
+  } else {
+    spdlog::warn(
+        "engine: step {} trained nothing: no sample had a generated token with an advantage "
+        "({:.0f} group(s), {:.0f} without reward variance)",
+        report.global_step, std::max(0.0, groups), std::max(0.0, equal));
+  }
+}
+
+// Whether checkpoint `cp` (or, for a store-only resume, directory `from`) belongs to the run
+// in `experiment`: its checkpoints/ or the directory itself.
+bool same_run_directory(const std::filesystem::path& experiment, const std::filesystem::path& cp) {
+  std::error_code ec;
+  const auto exp = std::filesystem::weakly_canonical(experiment, ec);
+  if (ec) return false;
+  const auto at = std::filesystem::weakly_canonical(cp, ec);
+  if (ec) return false;
+  return at == exp || at.parent_path() == exp / "checkpoints";
+}
+}  // namespace
+
+RunRecord Engine::prepare_run_directory(const Job& job, const std::filesystem::path& code,
+                                        const std::string& resume_from,
+                                        const std::filesystem::path& checkpoint,
+                                        const std::optional<EngineCheckpointState>& resumed) {
+  const std::filesystem::path exp = experiment_path(job);
+  const auto now = std::chrono::system_clock::now();
+  const double now_unix = std::chrono::duration<double>(now.time_since_epoch()).count();
+  const bool continues =
+      !resume_from.empty() &&
+      same_run_directory(exp, checkpoint.empty() ? std::filesystem::path(resume_from) : checkpoint);
+  RunRecord run;
+  if (continues) {
+    // The same run goes on: its id, and each step once in metrics.jsonl.
+    run = read_run_record(exp).value_or(
+        RunRecord{resumed && !resumed->run_id.empty() ? resumed->run_id : run_id_at(now), now_unix, ""});
+    if (options_.write_run_files) {
+      const size_t moved = supersede_metrics_after(exp / "metrics.jsonl", resumed ? resumed->global_step : 0);
+      if (moved > 0)
+        spdlog::info("engine: {} line(s) of metrics.jsonl after step {} (trained again now) moved to {}",
+                     moved, resumed ? resumed->global_step : 0, (exp / "metrics.superseded.jsonl").string());
+    }
+  } else {
+    // A fresh run (or one resumed from elsewhere): the earlier run of this directory is kept whole.
+    if (options_.write_run_files) {
+      const std::filesystem::path kept = archive_run(exp);
+      if (!kept.empty())
+        spdlog::info("engine: the earlier run of {} is kept in {}", exp.string(), kept.string());
+    }
+    // An id no run of this directory has (two starts within a second share a clock time).
+    const std::string base = resumed && !resumed->run_id.empty() ? resumed->run_id : run_id_at(now);
+    run.run_id = base;
+    for (int n = 2; std::filesystem::exists(exp / "runs" / run.run_id); ++n)
+      run.run_id = base + "-" + std::to_string(n);
+    run.started_unix = now_unix;
+    if (!resume_from.empty() && options_.write_run_files) {
+      // Resumed from another directory (an earlier run under runs/): the episodes it stored and
+      // had not trained come along (copied: that run stays whole).
+      const std::filesystem::path from_run =
+          checkpoint.empty() ? std::filesystem::path(resume_from) : checkpoint.parent_path().parent_path();
+      std::error_code ec;
+      std::filesystem::create_directories(exp, ec);
+      for (const char* name : {"episodes.sqlite", "episodes.sqlite-wal"})
+        if (std::filesystem::exists(from_run / name, ec))
+          std::filesystem::copy_file(from_run / name, exp / name,
+                                     std::filesystem::copy_options::overwrite_existing, ec);
+    }
+  }
+  run.resumed_from = checkpoint.empty() ? resume_from : checkpoint.string();
+  if (!options_.write_run_files) return run;
+  std::error_code ec;
+  std::filesystem::create_directories(exp, ec);
+  write_run_record(exp, run);
+  if (!code.empty()) {
+    std::filesystem::copy_file(code, exp / "agentjet_code.zip",
+                               std::filesystem::copy_options::overwrite_existing, ec);
+    if (ec) spdlog::warn("engine: could not copy {} into {}: {}", code.string(), exp.string(), ec.message());
+  }
+  return run;
+}
+
+void Engine::run_boot(const BootPlan& plan, const Job& job, std::stop_token stop) {
+  const uint64_t epoch = plan.epoch;
   std::shared_ptr<Backend> backend;
   std::shared_ptr<ExperienceSharing> sharing;
   std::shared_ptr<EpisodeStore> store;
   StoredEpisodes stored;
   std::optional<EngineCheckpointState> resumed;
+  RunRecord run;
   std::string error;
   try {
+    std::string resume_from = plan.resume_from;
+    if (plan.resume_latest) {  // start_engine {"resume": true} or the job's resume key
+      const std::filesystem::path exp = experiment_path(job);
+      if (has_checkpoint(exp) || std::filesystem::exists(exp / "episodes.sqlite")) {
+        resume_from = exp.string();
+      } else {
+        spdlog::info("engine: resume asked for, but {} holds no checkpoint or stored episodes: a fresh run",
+                     exp.string());
+      }
+    }
     backend = std::shared_ptr<Backend>(options_.factory());
     // An experiment that crashed before its first checkpoint: nothing to load but its stored
     // episodes (the weights are the job's model, which generated them).
     const bool store_only = !resume_from.empty() && !has_checkpoint(resume_from) &&
                             std::filesystem::exists(std::filesystem::path(resume_from) / "episodes.sqlite");
+    std::filesystem::path checkpoint;
     if (store_only) {
       spdlog::info(
           "engine: resuming {}: no checkpoint yet, so the job's model at step 0, with the episodes it stored",
           resume_from);
     } else if (!resume_from.empty()) {
-      const auto cp = resolve_checkpoint(resume_from);
-      resumed = read_checkpoint_state(cp);
-      backend->set_resume_checkpoint(cp);
-      spdlog::info("engine: resuming from {} (step {})", cp.string(), resumed->global_step);
+      checkpoint = resolve_checkpoint(resume_from);
+      resumed = read_checkpoint_state(checkpoint);
+      backend->set_resume_checkpoint(checkpoint);
+      spdlog::info("engine: resuming from {} (step {})", checkpoint.string(), resumed->global_step);
     }
+    run = prepare_run_directory(job, plan.code, resume_from, checkpoint, resumed);
+    spdlog::info("engine: run {} in {}", run.run_id, experiment_path(job).string());
     backend->set_swap_listener([this, epoch](bool swapping) { on_weight_swap(epoch, swapping); });
     backend->boot(job, stop);
     if (!job.exchange_url.empty()) {
@@ -434,11 +545,6 @@ void Engine::run_boot(uint64_t epoch, const Job& job, const std::string& resume_
             "engine: {} finished episode(s) collected before the restart are back in the pool ({} of them "
             "trained by steps after the checkpoint, {} unreadable and dropped) from {}",
             stored.episodes.size(), stored.retrained, stored.discarded, store->file().string());
-      } else if (const int64_t old = store->discard_all(); old > 0) {
-        spdlog::warn(
-            "engine: {} finished episode(s) of an earlier run in {} were not trained and are discarded: this "
-            "start is a fresh run (swarm-server start --resume trains on them)",
-            old, store->file().string());
       }
     }
   } catch (const std::exception& e) {
@@ -455,10 +561,12 @@ void Engine::run_boot(uint64_t epoch, const Job& job, const std::string& resume_
       global_step_ = resumed ? resumed->global_step : 0;
       backend_step_ = checkpointed_step_ = global_step_;
       backend_->set_policy_version(global_step_);
-      if (resumed) {
-        past_counters_ += resumed->counters;
-        options_.resume_from.clear();  // later runs of this process start from their job's model
-      }
+      // The step history and the counters are the run's: they restart with it (a resumed run
+      // continues the counters its checkpoint holds).
+      run_ = run;
+      steps_.clear();
+      past_counters_ = resumed ? resumed->counters : PoolCounters{};
+      options_.resume_from.clear();  // later starts of this process: fresh, or start_engine's resume
       pool_ = std::make_shared<RolloutPool>(pool_config_from(job), clock_);
       if (store) {
         pool_->set_journal(store);
@@ -557,22 +665,25 @@ TrainStepReport Engine::train_and_sync(Backend& backend, const TrainBatch& batch
 
 void Engine::save_step(Backend& backend, const Job& job, int64_t step, EpisodeStore* store,
                        TrainStepReport& report) {
+  note_trained_nothing(report);
   if (!options_.write_run_files) return;
+  PoolCounters counters;
+  std::string run_id;
+  {
+    std::lock_guard lk(mu_);
+    counters = past_counters_;
+    if (pool_) counters += pool_->counters();
+    run_id = run_.run_id;
+  }
   if (job.save_freq > 0 && step % job.save_freq == 0) {
-    PoolCounters counters;
-    {
-      std::lock_guard lk(mu_);
-      counters = past_counters_;
-      if (pool_) counters += pool_->counters();
-    }
     try {
-      report.metrics["checkpoint_seconds"] = checkpoint(backend, job, step, counters, store);
+      report.metrics["checkpoint_seconds"] = checkpoint(backend, job, step, run_id, counters, store);
     } catch (const std::exception& e) {
       spdlog::error("engine: checkpoint of step {} failed: {}", step, e.what());
     }
   }
   try {
-    append_step_metrics(experiment_path(job) / "metrics.jsonl", report, step);
+    append_step_metrics(experiment_path(job) / "metrics.jsonl", report, step, run_id);
   } catch (const std::exception& e) {
     spdlog::error("engine: {}", e.what());
   }
@@ -832,6 +943,7 @@ EngineSnapshot Engine::status() const {
   s.experiment_dir = experiment_dir_;
   s.max_staleness = max_staleness_;
   s.trainer_step = trainer_step_;
+  s.run = run_;
   s.counters = past_counters_;
   if (pool_) s.counters += pool_->counters();
   if (store_) {

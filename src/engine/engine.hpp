@@ -18,6 +18,7 @@
 
 #include "common/clock.hpp"
 #include "engine/backend.hpp"
+#include "engine/run_files.hpp"
 #include "engine/sapo.hpp"
 #include "exchange/exchange.hpp"
 #include "rollout_pool/rollout_pool.hpp"
@@ -65,7 +66,8 @@ struct EngineSnapshot {
   std::optional<ExchangeStatus> exchange;      // swarm experience sharing of the current run, when on
   std::optional<EpisodeStoreStats> store;      // the episode store of the current run (durable_episodes)
   std::string store_file;                      // its database
-  PoolCounters counters;                       // cumulative over every run of this process
+  RunRecord run;                               // the current or last run ("" id before one)
+  PoolCounters counters;                       // of that run (a resumed run continues its checkpoint's)
 };
 
 /// What an OpenAI request needs to generate for an episode (see begin_generation).
@@ -92,7 +94,10 @@ class Engine {
   JobConfigReport sync_train_config(const std::string& yaml);
   /// OFFLINE → BOOTING; boot runs on the control thread. CONFLICT without a config or
   /// when not OFFLINE.
-  void start_engine();
+  /// `resume`: continue the experiment's latest checkpoint (with its stored episodes) instead of
+  /// a fresh run, as the job's `resume` key does; a fresh run moves the experiment directory's
+  /// earlier run to runs/<run id>/ (docs/concepts.md, Runs).
+  void start_engine(bool resume = false);
   /// Any state → OFFLINE: in-flight episodes cancelled, backend released.
   void stop_engine(const std::string& reason = "stopped by a client");
   /// The end of the process's engine: stop_engine, then waits until the control thread has
@@ -166,7 +171,21 @@ class Engine {
   void post(std::function<void()> task);
   void control_loop();
   void janitor_loop(std::stop_token stop);
-  void run_boot(uint64_t epoch, const Job& job, const std::string& resume_from, std::stop_token stop);
+  // What start_engine hands the boot: the run's epoch, where to resume from (an explicit path,
+  // or the experiment's latest checkpoint when there is one), the code archive to copy in.
+  struct BootPlan {
+    uint64_t epoch = 0;
+    std::string resume_from;
+    bool resume_latest = false;
+    std::filesystem::path code;
+  };
+  void run_boot(const BootPlan& plan, const Job& job, std::stop_token stop);
+  // Control thread, at boot: the run's identity, and its directory made ready — a fresh run
+  // moves the earlier run's files to runs/<id>/, a continued one drops metrics.jsonl lines
+  // after its checkpoint; run.json and the code archive are written.
+  RunRecord prepare_run_directory(const Job& job, const std::filesystem::path& code,
+                                  const std::string& resume_from, const std::filesystem::path& checkpoint,
+                                  const std::optional<EngineCheckpointState>& resumed);
   void run_train(uint64_t epoch, const std::shared_ptr<TrainBatch>& batch, int64_t next_step,
                  double rollout_seconds, std::stop_token stop);
   // run_train's phases (control thread). train_and_sync: the update, the new weights serving,
@@ -182,8 +201,8 @@ class Engine {
   void finish_step_locked(int64_t step, TrainStepReport report);
   /// Control thread: writes checkpoint step-<step> of `backend` (atomically) and returns its seconds.
   /// Then the episode store (when given) forgets what the checkpoint holds.
-  double checkpoint(Backend& backend, const Job& job, int64_t step, const PoolCounters& counters,
-                    EpisodeStore* store);
+  double checkpoint(Backend& backend, const Job& job, int64_t step, const std::string& run_id,
+                    const PoolCounters& counters, EpisodeStore* store);
   void accumulate_counters_locked();
   /// Ends the current run (any state → OFFLINE): cancels episodes, releases the backend, and
   /// (when `save`) first saves a checkpoint of steps trained since the last one.
@@ -223,7 +242,8 @@ class Engine {
   std::shared_ptr<RolloutPool> pool_;
   int64_t global_step_ = 0;
   std::map<std::string, int64_t> transitions_;
-  PoolCounters past_counters_;  // from pools of earlier runs
+  RunRecord run_;               // the current or last run
+  PoolCounters past_counters_;  // of the run, from its earlier pools (a resumed run: the checkpoint's)
   std::deque<TrainStepReport> steps_;
   int64_t backend_step_ = 0;
   int64_t checkpointed_step_ = 0;

@@ -1,9 +1,11 @@
 #include "engine/mock_backend.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -348,6 +350,24 @@ TrainStepReport MockBackend::train_step(const TrainBatch& batch, int64_t next_gl
   notify_swap(false);
   TrainStepReport report = summarize_batch(batch);
   report.global_step = next_global_step;
+  // What a GRPO update would train (no weights here): the sequences of task groups whose
+  // rewards differ, reported under the trainer's metric names.
+  std::map<std::string, std::vector<const FinishedEpisode*>> groups;
+  for (const FinishedEpisode& e : batch.episodes) groups[e.task_id].push_back(&e);
+  int64_t equal = 0, trained = 0;
+  for (const auto& [task, members] : groups) {
+    const bool all_equal = std::all_of(members.begin(), members.end(), [&](const FinishedEpisode* e) {
+      return e->reward == members.front()->reward;
+    });
+    if (all_equal) {
+      ++equal;
+      continue;
+    }
+    for (const FinishedEpisode* e : members) trained += static_cast<int64_t>(e->samples.size());
+  }
+  report.metrics["groups"] = static_cast<double>(groups.size());
+  report.metrics["groups_zero_variance"] = static_cast<double>(equal);
+  report.metrics["sequences_trained"] = static_cast<double>(trained);
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;
 }

@@ -9,8 +9,9 @@
 #include <charconv>
 #include <chrono>
 #include <cstdlib>
-#include <cstring>
 #include <cmath>
+#include <cstring>
+#include <ctime>
 #include <fstream>
 #include <sstream>
 
@@ -84,10 +85,12 @@ fs::path experiment_path(const Job& job) {
   return fs::path(job.experiment_dir) / job.project_name / job.experiment_name;
 }
 
-void append_step_metrics(const fs::path& file, const TrainStepReport& report, int64_t policy_version) {
+void append_step_metrics(const fs::path& file, const TrainStepReport& report, int64_t policy_version,
+                         const std::string& run_id) {
   json line = {
       {"step", report.global_step},
       {"policy_version", policy_version},
+      {"run_id", run_id},
       {"time", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()},
       {"episodes", report.episodes},
       {"samples", report.samples},
@@ -98,14 +101,138 @@ void append_step_metrics(const fs::path& file, const TrainStepReport& report, in
       {"reward_std", report.reward_std},
       {"reward_min", report.reward_min},
       {"reward_max", report.reward_max},
-      {"step_seconds", report.seconds}};
+      {"step_seconds", report.seconds},
+      // Every line has them: null when the step trained nothing (docs/concepts.md, Metrics).
+      {"loss", nullptr},
+      {"entropy", nullptr}};
   for (const auto& [k, v] : report.metrics) line[k] = std::isfinite(v) ? json(v) : json(nullptr);
+  if (!report.log_metrics.empty()) line["log_metrics"] = log_metrics_json(report.log_metrics);
   std::error_code ec;
   fs::create_directories(file.parent_path(), ec);
   std::ofstream out(file, std::ios::app);
-  out << line.dump() << '\n';
+  out << line.dump(-1, ' ', false, json::error_handler_t::replace) << '\n';
   out.flush();
   SWARM_REQUIRE(out.good(), ErrorKind::INTERNAL, "cannot append to " + file.string());
+}
+
+// ------------------------------------------------------------------ runs
+
+const std::vector<std::string>& run_entry_names() {
+  static const std::vector<std::string> names = {
+      "metrics.jsonl",       "metrics.superseded.jsonl", "samples.jsonl",
+      "checkpoints",         "episodes.sqlite",          "episodes.sqlite-wal",
+      "episodes.sqlite-shm", "agentjet_code.zip",        "run.json"};
+  return names;
+}
+
+std::optional<RunRecord> read_run_record(const fs::path& experiment_dir) {
+  std::ifstream in(experiment_dir / "run.json");
+  if (!in) return std::nullopt;
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  try {
+    require_json_nesting(text, "run.json");
+    const json j = json::parse(text);
+    RunRecord r;
+    r.run_id = j.at("run_id").get<std::string>();
+    r.started_unix = j.value("started", 0.0);
+    r.resumed_from = j.value("resumed_from", std::string());
+    // The id names a directory under runs/: nothing but the characters run_id_at writes.
+    if (r.run_id.empty() || r.run_id.size() > 64 ||
+        r.run_id.find_first_not_of("0123456789-") != std::string::npos)
+      return std::nullopt;
+    return r;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+void write_run_record(const fs::path& experiment_dir, const RunRecord& record) {
+  json j = {{"run_id", record.run_id}, {"started", record.started_unix}};
+  if (!record.resumed_from.empty()) j["resumed_from"] = record.resumed_from;
+  write_file_atomically(experiment_dir / "run.json", j.dump(2) + "\n");
+}
+
+std::string run_id_at(std::chrono::system_clock::time_point t) {
+  const std::time_t secs = std::chrono::system_clock::to_time_t(t);
+  std::tm utc{};
+  ::gmtime_r(&secs, &utc);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", &utc);
+  return buf;
+}
+
+fs::path archive_run(const fs::path& experiment_dir) {
+  std::vector<fs::path> present;
+  std::error_code ec;
+  for (const std::string& name : run_entry_names())
+    if (fs::exists(experiment_dir / name, ec)) present.push_back(experiment_dir / name);
+  // A run that left nothing but its run.json (its boot failed) is not worth keeping.
+  if (present.empty() || (present.size() == 1 && present[0].filename() == "run.json")) return {};
+  std::string id;
+  if (const auto record = read_run_record(experiment_dir)) {
+    id = record->run_id;
+  } else {  // written before run.json: named by when it was last written
+    fs::file_time_type when = fs::file_time_type::clock::now();
+    for (const char* name : {"metrics.jsonl", "checkpoints"})
+      if (const auto t = fs::last_write_time(experiment_dir / name, ec); !ec) {
+        when = t;
+        break;
+      }
+    const auto sys = std::chrono::time_point_cast<std::chrono::system_clock::duration>(
+        when - fs::file_time_type::clock::now() + std::chrono::system_clock::now());
+    id = run_id_at(sys);
+  }
+  const fs::path runs = experiment_dir / "runs";
+  fs::path target = runs / id;
+  for (int n = 2; fs::exists(target, ec); ++n) target = runs / (id + "-" + std::to_string(n));
+  fs::create_directories(target, ec);
+  SWARM_REQUIRE(!ec, ErrorKind::INTERNAL, "cannot create " + target.string() + ": " + ec.message());
+  size_t moved = 0;
+  for (const fs::path& from : present) {
+    fs::rename(from, target / from.filename(), ec);
+    if (ec == std::errc::no_such_file_or_directory)
+      continue;  // gone meanwhile (SQLite drops its -wal on close)
+    SWARM_REQUIRE(!ec, ErrorKind::INTERNAL,
+                  "cannot move " + from.string() + " into " + target.string() + ": " + ec.message());
+    ++moved;
+  }
+  if (moved == 0) {
+    fs::remove(target, ec);
+    return {};
+  }
+  return target;
+}
+
+size_t supersede_metrics_after(const fs::path& metrics_file, int64_t step) {
+  std::ifstream in(metrics_file);
+  if (!in) return 0;
+  std::string kept, later;
+  size_t moved = 0;
+  for (std::string line; std::getline(in, line);) {
+    int64_t line_step = 0;
+    try {
+      const json j = json::parse(line);
+      line_step = j.value("step", int64_t{0});
+    } catch (const std::exception&) {  // a torn last line of a crash: kept as it is
+    }
+    if (line_step > step) {
+      later += line + '\n';
+      ++moved;
+    } else {
+      kept += line + '\n';
+    }
+  }
+  in.close();
+  if (moved == 0) return 0;
+  const fs::path superseded = metrics_file.parent_path() / "metrics.superseded.jsonl";
+  {
+    std::ofstream out(superseded, std::ios::app);
+    out << later;
+    out.flush();
+    SWARM_REQUIRE(out.good(), ErrorKind::INTERNAL, "cannot append to " + superseded.string());
+  }
+  write_file_atomically(metrics_file, kept);
+  return moved;
 }
 
 void append_samples(const fs::path& file, const TrainBatch& batch, int64_t step) {
@@ -148,7 +275,8 @@ fs::path write_checkpoint(const fs::path& checkpoints_dir, const EngineCheckpoin
     if (const auto kill_at = env_value("SWARM_TEST_KILL_DURING_CHECKPOINT");
         kill_at && std::to_string(state.global_step) == *kill_at)
       ::kill(::getpid(), SIGKILL);
-    const json st = {{"global_step", state.global_step},
+    const json st = {{"run_id", state.run_id},
+                     {"global_step", state.global_step},
                      {"policy_version", state.policy_version},
                      {"pool_counters", state.counters.to_json()},
                      {"job_yaml", state.job_yaml}};
@@ -230,6 +358,7 @@ EngineCheckpointState read_checkpoint_state(const fs::path& checkpoint) {
   try {
     const json j = json::parse(text);
     EngineCheckpointState st;
+    st.run_id = j.value("run_id", std::string());
     st.global_step = j.at("global_step").get<int64_t>();
     st.policy_version = j.at("policy_version").get<int64_t>();
     st.counters = PoolCounters::from_json(j.at("pool_counters"));

@@ -127,6 +127,11 @@ const std::vector<Field>& field_table() {
       {"seed", &Job::seed, "Random seed for sampling and initialisation."},
       {"total_training_steps", &Job::total_training_steps, "Stop after this many policy steps; 0 = never."},
       {"save_freq", &Job::save_freq, "Checkpoint every N steps; 0 = only on stop_engine."},
+      {"resume", &Job::resume,
+       "start_engine continues the experiment's latest checkpoint (weights, optimizer, step, counters, "
+       "stored episodes) when it has one; false starts a fresh run from model, and the experiment "
+       "directory's earlier run is kept in <experiment dir>/runs/<run id>/. start_engine {\"resume\": true} "
+       "asks for the same once."},
       {"durable_episodes", &Job::durable_episodes,
        "Store every finished train episode in <experiment dir>/episodes.sqlite (SQLite, WAL) before "
        "end_episode "

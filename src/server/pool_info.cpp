@@ -138,6 +138,7 @@ nlohmann::json pool_information_json(const EngineSnapshot& st, const PoolSnapsho
     json m = json::object();
     for (const auto& [k, v] : s.metrics) m[k] = v;
     history.push_back({{"global_step", s.global_step},
+                       {"run_id", st.run.run_id},
                        {"reward_mean", s.reward_mean},
                        {"reward_std", s.reward_std},
                        {"reward_min", s.reward_min},
@@ -148,6 +149,7 @@ nlohmann::json pool_information_json(const EngineSnapshot& st, const PoolSnapsho
                        {"tokens", s.tokens},
                        {"seconds", s.seconds},
                        {"metrics", m}});
+    if (!s.log_metrics.empty()) history.back()["log_metrics"] = log_metrics_json(s.log_metrics);
   }
   const auto& c = st.counters;
   json eval = json::object();
@@ -186,6 +188,13 @@ nlohmann::json pool_information_json(const EngineSnapshot& st, const PoolSnapsho
       {"eval_metrics", eval},
       {"counters", c.to_json()},
   };
+  // The run the step history and the counters belong to (they restart with a fresh run).
+  out["counters"]["run_id"] = st.run.run_id;
+  if (!st.run.run_id.empty()) {
+    out["run"] = {{"run_id", st.run.run_id},
+                  {"started", st.run.started_unix},
+                  {"resumed_from", st.run.resumed_from.empty() ? json(nullptr) : json(st.run.resumed_from)}};
+  }
   if (st.exchange) out["exchange"] = exchange_json(*st.exchange);
   if (st.store) {
     const EpisodeStoreStats& d = *st.store;

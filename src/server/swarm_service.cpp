@@ -464,8 +464,11 @@ HttpResponse SwarmService::handle_command(const std::string& route, const HttpRe
                           {"warnings", report.warnings}});
   }
   if (route == "/start_engine") {
-    engine_.start_engine();
-    return json_response({{"success", true}});
+    const bool resume = optional_bool(body, "resume").value_or(false);
+    engine_.start_engine(resume);
+    // The boot decides what resume finds (the previous run's checkpoint-on-stop may still be
+    // writing); the pool information's "run" says what it did.
+    return json_response({{"success", true}, {"resume", resume}});
   }
   if (route == "/stop_engine") {
     engine_.stop_engine();

@@ -416,15 +416,6 @@ StoredEpisodes EpisodeStore::pending_for_restart(std::optional<int64_t> resumed_
   return out;
 }
 
-int64_t EpisodeStore::discard_all() {
-  flush();
-  const int64_t untrained = count_pending();
-  exec("DELETE FROM episodes");
-  std::lock_guard lk(mu_);
-  stats_.pending = 0;
-  return untrained;
-}
-
 EpisodeStoreStats EpisodeStore::stats() const {
   std::lock_guard lk(mu_);
   return stats_;

@@ -85,8 +85,6 @@ class EpisodeStore final : public EpisodeJournal {
   /// (a fresh start), trained records are deleted. Records that cannot be decoded are deleted
   /// and counted.
   StoredEpisodes pending_for_restart(std::optional<int64_t> resumed_step);
-  /// At boot of a fresh run (no --resume): deletes every record; returns how many were untrained.
-  int64_t discard_all();
 
   EpisodeStoreStats stats() const;
   const std::filesystem::path& file() const { return file_; }

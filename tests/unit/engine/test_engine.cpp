@@ -381,6 +381,7 @@ TEST_F(EngineTest, StopEngineFromEveryStateGoesOffline) {
   EXPECT_EQ(engine->status().state, EngineState::OFFLINE);
   EXPECT_FALSE(engine->can_continue_episode("c1", a.episode_uuid));
   EXPECT_THROW(engine->begin_generation(a.api_key), SwarmError);
+  EXPECT_EQ(engine->status().counters.cancelled, 1);  // a, in this run's counters
   // ROLLING_POST
   engine->start_engine();
   ASSERT_TRUE(engine->wait_for_state(EngineState::ROLLING, 5s));
@@ -390,6 +391,7 @@ TEST_F(EngineTest, StopEngineFromEveryStateGoesOffline) {
   ASSERT_EQ(engine->status().state, EngineState::ROLLING_POST);
   engine->stop_engine();
   EXPECT_EQ(engine->status().state, EngineState::OFFLINE);
+  EXPECT_EQ(engine->status().counters.cancelled, 1);  // c (the counters restarted with the run)
   // WEIGHT_SYNCING (train step of 30 s is interrupted)
   engine->start_engine();
   ASSERT_TRUE(engine->wait_for_state(EngineState::ROLLING, 5s));
@@ -402,7 +404,6 @@ TEST_F(EngineTest, StopEngineFromEveryStateGoesOffline) {
   EXPECT_EQ(st.transitions["ROLLING->OFFLINE"], 1);
   EXPECT_EQ(st.transitions["ROLLING_POST->OFFLINE"], 1);
   EXPECT_EQ(st.transitions["WEIGHT_SYNCING->OFFLINE"], 1);
-  EXPECT_GE(st.counters.cancelled, 2);  // a, c
   (void)c;
   // Restart after a stop works and begins a new run at step 0.
   engine->sync_train_config(config_yaml(1, 1));
@@ -565,19 +566,31 @@ TEST_F(EngineTest, FinishedEpisodesSurviveAStopAndTrainAfterTheRestart) {
   EXPECT_EQ(b.episodes[0].reward, 1.0);
 }
 
-TEST_F(EngineTest, AFreshStartDiscardsTheStoredEpisodesOfAnEarlierRun) {
+// The one directory under runs/ (the earlier run a fresh start moved there).
+fs::path only_archived_run() {
+  std::vector<fs::path> runs;
+  for (const auto& e : fs::directory_iterator(experiment_dir() / "runs")) runs.push_back(e.path());
+  EXPECT_EQ(runs.size(), 1u);
+  return runs.empty() ? fs::path() : runs.front();
+}
+
+TEST_F(EngineTest, AFreshStartKeepsTheStoredEpisodesOfAnEarlierRunWithThatRun) {
   boot(config_yaml(2, 1));
   end(claim(), "a", 1.0);
   engine->stop_engine();
   wait_released(probe);
-  boot(config_yaml(2, 1));  // no --resume: a fresh run from the job's model
+  boot(config_yaml(2, 1));  // no resume: a fresh run from the job's model, with nothing stored
   EXPECT_EQ(engine->pool_snapshot().finished_episodes, 0);
   EXPECT_EQ(engine->status().store->pending, 0);
   engine->stop_engine();
   wait_released(probe, 2);
-  make_engine(experiment_dir().string());  // nothing left to resume with
+  // The earlier run's store went with it to runs/<id>/; resuming that run brings its episode back.
+  const fs::path earlier = only_archived_run();
+  ASSERT_TRUE(fs::exists(earlier / "episodes.sqlite"));
+  make_engine(earlier.string());
   boot(config_yaml(2, 1));
-  EXPECT_EQ(engine->pool_snapshot().finished_episodes, 0);
+  EXPECT_EQ(engine->pool_snapshot().finished_episodes, 1);
+  EXPECT_EQ(engine->status().run.resumed_from, earlier.string());
 }
 
 TEST_F(EngineTest, TrainedEpisodesAreNeverReloadedAndCheckpointsPruneThem) {
@@ -614,6 +627,171 @@ TEST_F(EngineTest, ResumeFromANonCheckpointFailsTheBootClearly) {
   ASSERT_TRUE(engine->wait_for_state(EngineState::OFFLINE, 5s));
   EXPECT_NE(engine->status().detail.find("neither a checkpoint"), std::string::npos)
       << engine->status().detail;
+}
+
+// Runs (docs/concepts.md, Runs): a fresh start never overwrites the earlier run of its
+// experiment directory, and a resume continues the same run.
+TEST_F(EngineTest, TwoFreshStartsKeepBothRuns) {
+  boot(config_yaml(1, 1, "save_freq: 1\n"));
+  const std::string first_id = engine->status().run.run_id;
+  ASSERT_FALSE(first_id.empty());
+  for (int step = 1; step <= 2; ++step) {
+    end(claim(), "t" + std::to_string(step), 0.5);
+    ASSERT_TRUE(engine->wait_for_step(step, 5s));
+    ASSERT_TRUE(engine->wait_for_state(EngineState::ROLLING, 5s));
+  }
+  const int64_t first_claims = engine->status().counters.claimed;
+  EXPECT_EQ(engine->step_history().size(), 2u);
+  engine->stop_engine();
+  wait_released(probe);
+
+  boot(config_yaml(1, 1, "save_freq: 1\n"));  // the same experiment, fresh
+  const std::string second_id = engine->status().run.run_id;
+  EXPECT_NE(second_id, first_id);
+  EXPECT_EQ(engine->status().global_step, 0);
+  EXPECT_TRUE(engine->step_history().empty());                 // the step history restarts with the run
+  EXPECT_LT(engine->status().counters.claimed, first_claims);  // so do the counters
+  end(claim(), "u", 1.0);
+  ASSERT_TRUE(engine->wait_for_step(1, 5s));
+  ASSERT_TRUE(engine->wait_for_state(EngineState::ROLLING, 5s));
+  engine->stop_engine();
+  wait_released(probe, 2);
+
+  // The first run, whole, in runs/<its id>/: its two steps and checkpoints.
+  const fs::path earlier = only_archived_run();
+  EXPECT_EQ(earlier.filename().string(), first_id);
+  const auto old_lines = read_jsonl(earlier / "metrics.jsonl");
+  ASSERT_EQ(old_lines.size(), 2u);
+  for (const auto& l : old_lines) EXPECT_EQ(l["run_id"], first_id);
+  EXPECT_TRUE(fs::exists(earlier / "checkpoints" / "step-2" / "engine_state.json"));
+  EXPECT_TRUE(fs::exists(earlier / "episodes.sqlite"));
+  EXPECT_TRUE(fs::exists(earlier / "run.json"));
+  // The second in the experiment directory: its one step, its own checkpoint.
+  const auto new_lines = read_jsonl(experiment_dir() / "metrics.jsonl");
+  ASSERT_EQ(new_lines.size(), 1u);
+  EXPECT_EQ(new_lines[0]["step"], 1);
+  EXPECT_EQ(new_lines[0]["run_id"], second_id);
+  EXPECT_DOUBLE_EQ(new_lines[0]["reward_mean"].get<double>(), 1.0);
+  EXPECT_TRUE(fs::exists(experiment_dir() / "checkpoints" / "step-1"));
+  EXPECT_FALSE(fs::exists(experiment_dir() / "checkpoints" / "step-2"));
+}
+
+TEST_F(EngineTest, StartEngineResumeContinuesTheLatestCheckpointInTheSameProcess) {
+  boot(config_yaml(1, 1));
+  const std::string id = engine->status().run.run_id;
+  for (int step = 1; step <= 2; ++step) {
+    end(claim(), "t" + std::to_string(step), 0.5);
+    ASSERT_TRUE(engine->wait_for_step(step, 5s));
+    ASSERT_TRUE(engine->wait_for_state(EngineState::ROLLING, 5s));
+  }
+  const int64_t claims = engine->status().counters.claimed;
+  engine->stop_engine();  // saves step-2
+  engine->start_engine(/*resume=*/true);
+  ASSERT_TRUE(engine->wait_for_state(EngineState::ROLLING, 5s)) << engine->status().detail;
+  EXPECT_EQ(engine->status().global_step, 2);
+  EXPECT_EQ(engine->status().run.run_id, id);
+  EXPECT_EQ(engine->status().counters.claimed, claims);
+  EXPECT_EQ(engine->status().run.resumed_from, (experiment_dir() / "checkpoints" / "step-2").string());
+  end(claim(), "t3", 1.0);
+  ASSERT_TRUE(engine->wait_for_step(3, 5s));
+  const auto lines = read_jsonl(experiment_dir() / "metrics.jsonl");
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[2]["step"], 3);
+  EXPECT_EQ(lines[2]["run_id"], id);
+  EXPECT_FALSE(fs::exists(experiment_dir() / "runs"));
+}
+
+TEST_F(EngineTest, TheJobsResumeKeyContinuesAndStartsFreshWhenThereIsNothing) {
+  boot(config_yaml(1, 1, "resume: true\n"));  // nothing to resume yet: a fresh run
+  EXPECT_EQ(engine->status().global_step, 0);
+  EXPECT_TRUE(engine->status().run.resumed_from.empty());
+  end(claim(), "t", 0.5);
+  ASSERT_TRUE(engine->wait_for_step(1, 5s));
+  ASSERT_TRUE(engine->wait_for_state(EngineState::ROLLING, 5s));
+  engine->stop_engine();
+  wait_released(probe);
+  make_engine();  // a restarted process, no --resume: the job's key continues the run
+  boot(config_yaml(1, 1, "resume: true\n"));
+  EXPECT_EQ(engine->status().global_step, 1);
+  EXPECT_FALSE(fs::exists(experiment_dir() / "runs"));
+}
+
+TEST_F(EngineTest, ResumingAnEarlierCheckpointSupersedesTheMetricsOfLaterSteps) {
+  boot(config_yaml(1, 1, "save_freq: 2\n"));
+  for (int step = 1; step <= 3; ++step) {
+    end(claim(), "t" + std::to_string(step), 0.25);
+    ASSERT_TRUE(engine->wait_for_step(step, 5s));
+    ASSERT_TRUE(engine->wait_for_state(EngineState::ROLLING, 5s));
+  }
+  engine->stop_engine();
+  wait_released(probe);
+  // As after a crash between step 3 and its checkpoint: the latest checkpoint is step 2.
+  {
+    std::ofstream latest(experiment_dir() / "checkpoints" / "latest", std::ios::trunc);
+    latest << "step-2\n";
+  }
+  make_engine(experiment_dir().string());
+  boot(config_yaml(1, 1, "save_freq: 2\n"));
+  EXPECT_EQ(engine->status().global_step, 2);
+  auto lines = read_jsonl(experiment_dir() / "metrics.jsonl");
+  ASSERT_EQ(lines.size(), 2u);  // step 3 trains again: its old line moved aside
+  EXPECT_EQ(lines[1]["step"], 2);
+  const auto superseded = read_jsonl(experiment_dir() / "metrics.superseded.jsonl");
+  ASSERT_EQ(superseded.size(), 1u);
+  EXPECT_EQ(superseded[0]["step"], 3);
+  end(claim(), "again", 1.0);
+  ASSERT_TRUE(engine->wait_for_step(3, 5s));
+  lines = read_jsonl(experiment_dir() / "metrics.jsonl");
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_DOUBLE_EQ(lines[2]["reward_mean"].get<double>(), 1.0);
+}
+
+// What the agents send comes back: log_metrics per step in metrics.jsonl and the step history.
+TEST_F(EngineTest, LogMetricsAreAggregatedPerStepIntoMetricsJsonl) {
+  boot(config_yaml(1, 3));
+  const double turns[] = {2.0, 4.0, 9.0};
+  for (int i = 0; i < 3; ++i) {
+    WorkflowOutput out;
+    out.reward = 0.1 * i;
+    out.log_metrics["turns"] = turns[i];
+    if (i == 0) out.log_metrics["only_once"] = -1.5;
+    const ClaimedEpisode e = claim();
+    call(e.api_key, "hi");  // a sample to train
+    engine->end_episode("c1", e.episode_uuid, "task", out);
+  }
+  ASSERT_TRUE(engine->wait_for_step(1, 5s));
+  const auto lines = read_jsonl(experiment_dir() / "metrics.jsonl");
+  ASSERT_EQ(lines.size(), 1u);
+  const auto& lm = lines[0]["log_metrics"];
+  EXPECT_DOUBLE_EQ(lm["turns"]["mean"].get<double>(), 5.0);
+  EXPECT_DOUBLE_EQ(lm["turns"]["min"].get<double>(), 2.0);
+  EXPECT_DOUBLE_EQ(lm["turns"]["max"].get<double>(), 9.0);
+  EXPECT_EQ(lm["turns"]["episodes"], 3);
+  EXPECT_DOUBLE_EQ(lm["only_once"]["mean"].get<double>(), -1.5);
+  EXPECT_EQ(lm["only_once"]["episodes"], 1);
+  const auto history = engine->step_history();
+  ASSERT_EQ(history.size(), 1u);
+  EXPECT_DOUBLE_EQ(history[0].log_metrics.at("turns").mean, 5.0);
+  EXPECT_EQ(lines[0]["trained_nothing"], 0);  // rewards differ within the group
+}
+
+TEST_F(EngineTest, AStepThatTrainsNothingSaysSoAndKeepsLossAndEntropyKeys) {
+  boot(config_yaml(1, 2));
+  for (int i = 0; i < 2; ++i) {
+    const ClaimedEpisode e = claim();
+    call(e.api_key, "hi");
+    end(e, "same", 1.0);  // equal rewards: no group-relative advantage
+  }
+  ASSERT_TRUE(engine->wait_for_step(1, 5s));
+  const auto lines = read_jsonl(experiment_dir() / "metrics.jsonl");
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0]["trained_nothing"], 1);
+  EXPECT_EQ(lines[0]["groups_zero_variance"], 1);
+  ASSERT_TRUE(lines[0].contains("loss"));
+  EXPECT_TRUE(lines[0]["loss"].is_null());
+  ASSERT_TRUE(lines[0].contains("entropy"));
+  EXPECT_TRUE(lines[0]["entropy"].is_null());
+  EXPECT_FALSE(lines[0].contains("log_metrics"));  // none were sent
 }
 
 }  // namespace
