@@ -104,7 +104,10 @@ int main(int argc, char** argv) {
   std::string url = "http://127.0.0.1:10086";
   double interval = 1.0;
   bool once = false, no_color = false;
-  app.add_option("--url", url, "Swarm server URL")->capture_default_str();
+  app.add_option("--url", url,
+                 "Swarm server URL, http:// or https:// (a server with a private or self-signed certificate: "
+                 "set SWARM_CA_FILE to its CA or certificate file)")
+      ->capture_default_str();
   app.add_option("--interval", interval, "Seconds between polls")
       ->capture_default_str()
       ->check(CLI::Range(0.1, 3600.0));

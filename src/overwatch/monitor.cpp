@@ -15,9 +15,11 @@ Monitor::Monitor(std::string url, double interval_seconds, size_t max_steps)
     : url_(std::move(url)), interval_seconds_(interval_seconds), max_steps_(max_steps == 0 ? 1 : max_steps) {}
 
 void Monitor::merge_steps(const PoolInfo& pool) {
-  // A step counter that went backwards means a new run (a restarted server): the old
-  // history belongs to another run and would make the sparkline lie.
-  if (!steps_.empty() && pool.global_step < steps_.back().global_step) steps_.clear();
+  // Another run id, or a step counter that went backwards (a server without run ids), means a
+  // new run: the old history belongs to another run and would make the sparkline lie.
+  if (pool.run_id != run_id_ || (!steps_.empty() && pool.global_step < steps_.back().global_step))
+    steps_.clear();
+  run_id_ = pool.run_id;
   for (const StepPoint& p : pool.step_history) {
     if (!steps_.empty() && p.global_step <= steps_.back().global_step) continue;
     steps_.push_back(p);

@@ -62,6 +62,7 @@ class Monitor {
   double interval_seconds_;
   size_t max_steps_;
   std::deque<StepPoint> steps_;
+  std::string run_id_;  // of the steps kept
   std::optional<Snapshot> last_;
   std::optional<Clock::time_point> last_ok_;
   std::optional<Clock::time_point> down_since_;

@@ -451,10 +451,22 @@ std::vector<std::string> reward_lines(const FrameInput& in, const PoolInfo& p, c
     const StepPoint& last = in.step_history.back();
     std::string stats = fmt::format("step {}: {} ± {}", last.global_step, format_reward(last.reward_mean),
                                     format_reward(last.reward_std));
+    // A swarm node trains on external groups too: its step reward is theirs and its own.
+    if (p.exchange.present) {
+      stats += st.paint(" with external groups", kDim);
+      if (std::isfinite(last.local_reward_mean))
+        stats += st.paint(" · local ", kDim) + format_reward(last.local_reward_mean);
+    }
     if (std::isfinite(lo))
       stats += st.paint(fmt::format(" · range {}..{}", format_reward(lo), format_reward(hi)), kDim);
     stats += st.paint(
         fmt::format(" · {} step{}", in.step_history.size(), in.step_history.size() == 1 ? "" : "s"), kDim);
+    const auto idle = std::count_if(in.step_history.begin(), in.step_history.end(),
+                                    [](const StepPoint& s) { return s.trained_nothing; });
+    if (last.trained_nothing)
+      stats += st.paint(" · this step trained nothing (the server log says why)", kYellow);
+    else if (idle > 0)
+      stats += st.paint(fmt::format(" · {} trained nothing", idle), kYellow);
     spark_line("per step", means, stats);
   }
   if (p.recent_rewards.empty()) {

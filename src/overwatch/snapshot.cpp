@@ -74,6 +74,7 @@ PoolInfo pool_information_from_json(const json& j) {
   PoolInfo p;
   p.engine_status = get_string(j, "engine_status");
   p.engine_status_detail = get_string(j, "engine_status_detail");
+  if (j.contains("run") && j["run"].is_object()) p.run_id = get_string(j["run"], "run_id");
   p.seconds_in_state = get_double(j, "seconds_in_state");
   p.global_step = get_int(j, "global_step");
   p.policy_version = get_int(j, "policy_version");
@@ -171,6 +172,8 @@ PoolInfo pool_information_from_json(const json& j) {
       pt.staleness_mean = get_double(m, "staleness_mean");
       pt.staleness_max = get_double(m, "staleness_max");
       pt.stale_dropped = static_cast<int64_t>(get_double(m, "stale_dropped_episodes"));
+      pt.local_reward_mean = get_double(m, "local_reward_mean", kNaN);
+      pt.trained_nothing = get_double(m, "trained_nothing") > 0;
     }
     p.step_history.push_back(pt);
   }

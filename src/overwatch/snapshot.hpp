@@ -6,6 +6,7 @@
 // Only a body that is not a JSON object is an error.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -54,7 +55,9 @@ struct StepPoint {
   double seconds = 0.0;
   double staleness_mean = 0.0;  // lag of the trained tokens (0 when the server does not say)
   double staleness_max = 0.0;
-  int64_t stale_dropped = 0;  // episodes dropped as too stale for this step
+  int64_t stale_dropped = 0;       // episodes dropped as too stale for this step
+  double local_reward_mean = NAN;  // a swarm node's own episodes (reward_mean includes external groups)
+  bool trained_nothing = false;    // the update trained no sequence (every group's rewards equal)
 };
 
 /// GET /get_current_batch_rollout_pool_information.
@@ -89,6 +92,7 @@ struct ExchangeInfo {
 struct PoolInfo {
   std::string engine_status;
   std::string engine_status_detail;
+  std::string run_id;  // the run the step history and counters belong to ("" from older servers)
   double seconds_in_state = 0.0;
   int64_t global_step = 0;
   int64_t policy_version = 0;

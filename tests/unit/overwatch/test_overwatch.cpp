@@ -212,6 +212,19 @@ TEST(OverwatchParse, PoolInformation) {
   EXPECT_EQ(p.eval_metrics.size(), 2u);
 }
 
+TEST(OverwatchParse, TheRunIdAndTheStepFlags) {
+  json j = pool_json();
+  j["run"] = {{"run_id", "20261207-050241"}, {"started", 1.8e9}, {"resumed_from", nullptr}};
+  j["step_history"][0]["metrics"] = {{"trained_nothing", 1}, {"local_reward_mean", 0.125}};
+  const PoolInfo p = pool_information_from_json(j);
+  EXPECT_EQ(p.run_id, "20261207-050241");
+  EXPECT_TRUE(p.step_history[0].trained_nothing);
+  EXPECT_DOUBLE_EQ(p.step_history[0].local_reward_mean, 0.125);
+  EXPECT_FALSE(p.step_history[1].trained_nothing);
+  EXPECT_TRUE(std::isnan(p.step_history[1].local_reward_mean));
+  EXPECT_EQ(pool_information_from_json(pool_json()).run_id, "");
+}
+
 TEST(OverwatchParse, MissingAndNullFieldsTakeDefaults) {
   const PoolInfo p = parse_pool_information(std::string_view(
       R"({"engine_status": "ENGINE.OFFLINE", "tasks": [{"task_id": "t", "reward_mean": null}],
@@ -276,6 +289,18 @@ TEST(OverwatchMonitor, KeepsABoundedStepHistoryAcrossPolls) {
   s.pool.step_history.clear();
   m.on_poll_ok(s, t += 1s);
   EXPECT_TRUE(m.step_history().empty());
+
+  // So does a new run id, even when its steps have passed the old run's.
+  s.pool.run_id = "20261207-050000";
+  s.pool.global_step = 7;
+  s.pool.step_history = {StepPoint{7, 0.7}};
+  m.on_poll_ok(s, t += 1s);
+  s.pool.run_id = "20261207-060000";
+  s.pool.global_step = 8;
+  s.pool.step_history = {StepPoint{8, 0.8}};
+  m.on_poll_ok(s, t += 1s);
+  ASSERT_EQ(m.step_history().size(), 1u);
+  EXPECT_EQ(m.step_history().front().global_step, 8);
 }
 
 TEST(OverwatchMonitor, RatesAndOutages) {
@@ -462,6 +487,42 @@ TEST(OverwatchRender, SwarmExchangeAndPeers) {
       << joined(lines);
 
   EXPECT_EQ(joined(render_frame(sample_frame(), plain(100))).find("  swarm "), std::string::npos);
+
+  // A node's step reward includes the external groups: the line says so and shows its own.
+  j["global_step"] = 4;
+  j["step_history"].push_back({{"global_step", 4},
+                               {"reward_mean", 0.75},
+                               {"reward_std", 0.125},
+                               {"episodes", 16},
+                               {"tasks", 4},
+                               {"seconds", 1.0},
+                               {"metrics", {{"local_reward_mean", 0.41}}}});
+  snap.pool = pool_information_from_json(j);
+  m.on_poll_ok(snap, t0 + 2s);
+  const std::string with_local = joined(render_frame(m.frame(t0 + 2s), plain(160)));
+  EXPECT_NE(with_local.find("step 4: 0.750 ± 0.125 with external groups · local 0.410"), std::string::npos)
+      << with_local;
+  EXPECT_EQ(joined(render_frame(sample_frame(), plain(160))).find("external"), std::string::npos);
+}
+
+TEST(OverwatchRender, AStepThatTrainedNothingIsMarked) {
+  json j = pool_json();
+  j["step_history"][1]["metrics"] = {{"trained_nothing", 1}};
+  Monitor m("http://127.0.0.1:10086", 1.0);
+  Snapshot snap = sample_snapshot();
+  snap.pool = pool_information_from_json(j);
+  const auto t0 = Monitor::Clock::time_point{} + 1000s;
+  m.on_poll_ok(snap, t0);
+  std::string all = joined(render_frame(m.frame(t0), plain(160)));
+  EXPECT_NE(all.find("· 1 trained nothing"), std::string::npos) << all;
+  j["step_history"][2]["metrics"] = {{"trained_nothing", 1}};
+  j["global_step"] = 3;
+  snap.pool = pool_information_from_json(j);
+  Monitor fresh("http://127.0.0.1:10086", 1.0);
+  fresh.on_poll_ok(snap, t0);
+  all = joined(render_frame(fresh.frame(t0), plain(160)));
+  EXPECT_NE(all.find("this step trained nothing"), std::string::npos) << all;
+  EXPECT_EQ(joined(render_frame(sample_frame(), plain(160))).find("trained nothing"), std::string::npos);
 }
 
 TEST(OverwatchRender, ActiveTargetFollowsTheMethod) {
