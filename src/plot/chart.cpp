@@ -221,7 +221,8 @@ Axis make_axis(double lo, double hi, int target_ticks, bool integer) {
   a.min = lo;
   a.max = hi;
   a.step = nice_step((hi - lo) / std::max(2, target_ticks));
-  if (integer) a.step = std::max(a.step, 1.0);
+  // Whole numbers (steps) get whole ticks: at least 1, and 5 where the nice step is 2.5.
+  if (integer) a.step = a.step < 1.0 ? 1.0 : a.step == 2.5 ? 5.0 : a.step;
   // step <= 2 * range / target <= range, so at least one tick falls inside.
   const double k0 = std::ceil(lo / a.step - 1e-9), k1 = std::floor(hi / a.step + 1e-9);
   for (double k = k0; k <= k1 + 0.5; k += 1.0) a.ticks.push_back(k * a.step);

@@ -39,6 +39,27 @@ std::string format_step(double v) {
   return format_value(v);
 }
 
+// A field of a metrics line: a top-level key, or "log_metrics.<name>[.mean|.min|.max|.episodes]"
+// for what the agents sent (append_step_metrics nests it; a bare name means its mean).
+const json* find_field(const json& line, const std::string& field) {
+  if (auto it = line.find(field); it != line.end()) return &*it;
+  static const std::string prefix = "log_metrics.";
+  if (!field.starts_with(prefix)) return nullptr;
+  const auto logged = line.find("log_metrics");
+  if (logged == line.end() || !logged->is_object()) return nullptr;
+  std::string name = field.substr(prefix.size()), stat = "mean";
+  for (const char* s : {".mean", ".min", ".max", ".episodes"})
+    if (name.ends_with(s) && !logged->contains(name)) {
+      stat = std::string(s).substr(1);
+      name.resize(name.size() - stat.size() - 1);
+      break;
+    }
+  const auto entry = logged->find(name);
+  if (entry == logged->end() || !entry->is_object()) return nullptr;
+  const auto value = entry->find(stat);
+  return value == entry->end() ? nullptr : &*value;
+}
+
 }  // namespace
 
 MetricSeries parse_metric_series(std::istream& in, const std::string& field, const std::string& source) {
@@ -78,9 +99,11 @@ MetricSeries parse_metric_series(std::istream& in, const std::string& field, con
     ++well_formed;
     for (const auto& [k, v] : j.items())
       if (v.is_number() || v.is_null()) numeric_fields.insert(k);
-    const auto it = j.find(field);
-    if (it != j.end()) field_seen = true;
-    if (it == j.end() || !finite_number(*it)) {
+    if (auto logged = j.find("log_metrics"); logged != j.end() && logged->is_object())
+      for (const auto& [name, v] : logged->items()) numeric_fields.insert("log_metrics." + name + ".mean");
+    const json* value = find_field(j, field);
+    if (value) field_seen = true;
+    if (!value || !finite_number(*value)) {
       ++s.without_value;
       continue;
     }
@@ -90,7 +113,7 @@ MetricSeries parse_metric_series(std::istream& in, const std::string& field, con
         sd = st->get<double>();
         std_seen = true;
       }
-    auto [pos, inserted] = by_step.insert_or_assign(step->get<double>(), Point{it->get<double>(), sd});
+    auto [pos, inserted] = by_step.insert_or_assign(step->get<double>(), Point{value->get<double>(), sd});
     if (!inserted) ++s.duplicates;
   }
 
@@ -166,15 +189,21 @@ std::string default_title(const fs::path& metrics_file, const std::string& field
 
 namespace {
 
-// The +/- std band of a series where it has a std (an empty band when it has none).
+// The +/- std band of a series where it has a std (an empty band when it has none). A reward
+// whose every value lies in [0, 1] is taken to live there: its band is clipped to it (mean +
+// std of rewards in [0, 1] can pass 1, a reward cannot).
 BandSeries std_band(const MetricSeries& s, std::string label, Rgb color, double alpha) {
   BandSeries band{std::move(label), {}, {}, {}, color, alpha};
   if (s.std_field.empty()) return band;
+  const bool unit_reward =
+      s.field.find("reward") != std::string::npos &&
+      std::all_of(s.values.begin(), s.values.end(), [](double v) { return v >= 0 && v <= 1; });
+  const double lo = unit_reward ? 0.0 : -INFINITY, hi = unit_reward ? 1.0 : INFINITY;
   for (size_t i = 0; i < s.values.size(); ++i) {
     if (!std::isfinite(s.stds[i])) continue;
     band.x.push_back(s.steps[i]);
-    band.lo.push_back(s.values[i] - s.stds[i]);
-    band.hi.push_back(s.values[i] + s.stds[i]);
+    band.lo.push_back(std::max(lo, s.values[i] - s.stds[i]));
+    band.hi.push_back(std::min(hi, s.values[i] + s.stds[i]));
   }
   return band;
 }

@@ -257,6 +257,14 @@ TEST(PlotChart, AxesAndTickLabels) {
   a = make_axis(1, 120, 7, true);
   EXPECT_DOUBLE_EQ(a.step, 20.0);
   EXPECT_EQ(a.ticks, (std::vector<double>{20, 40, 60, 80, 100, 120}));
+  // Integer steps never get a 2.5 spacing (1..25 over 10 ticks asks for 2.4 -> 2.5).
+  a = make_axis(1, 25, 10, true);
+  EXPECT_DOUBLE_EQ(a.step, 5.0);
+  for (double t : a.ticks) EXPECT_EQ(t, std::floor(t));
+  for (int target : {3, 5, 8, 10, 12})
+    for (double hi : {4.0, 7.0, 25.0, 26.0, 250.0, 2600.0})
+      for (double t : make_axis(1, hi, target, true).ticks)
+        EXPECT_EQ(t, std::floor(t)) << hi << " " << target;
   a = make_axis(5, 5, 5, false);  // constant series: widened, still around the value
   EXPECT_LT(a.min, 5.0);
   EXPECT_GT(a.max, 5.0);
@@ -361,6 +369,47 @@ TEST(PlotMetrics, ParsesStepsBandsAndSkipsBadLines) {
   ASSERT_EQ(spec.bands.size(), 1u);
   EXPECT_EQ(spec.bands[0].x, (std::vector<double>{2, 4}));  // only points with a std
   EXPECT_TRUE(spec.integer_x);
+}
+
+// A reward in [0, 1] has its band clipped there; any other field keeps mean +/- std.
+TEST(PlotMetrics, AUnitRewardBandStaysWithinZeroAndOne) {
+  std::istringstream in(
+      "{\"step\":1,\"reward_mean\":0.9,\"reward_std\":0.3}\n{\"step\":2,\"reward_mean\":0.1,\"reward_std\":0."
+      "3}\n");
+  const ChartSpec spec = build_reward_chart(parse_metric_series(in, "reward_mean", "t"), {});
+  ASSERT_EQ(spec.bands.size(), 1u);
+  EXPECT_DOUBLE_EQ(spec.bands[0].hi[0], 1.0);
+  EXPECT_DOUBLE_EQ(spec.bands[0].lo[0], 0.6);
+  EXPECT_DOUBLE_EQ(spec.bands[0].lo[1], 0.0);
+  EXPECT_DOUBLE_EQ(spec.bands[0].hi[1], 0.4);
+  std::istringstream other("{\"step\":1,\"loss_mean\":0.9,\"loss_std\":0.3}\n");
+  const ChartSpec unclipped = build_reward_chart(parse_metric_series(other, "loss_mean", "t"), {});
+  EXPECT_DOUBLE_EQ(unclipped.bands[0].hi[0], 1.2);
+  std::istringstream wide("{\"step\":1,\"reward_mean\":2.0,\"reward_std\":0.5}\n");
+  EXPECT_DOUBLE_EQ(build_reward_chart(parse_metric_series(wide, "reward_mean", "t"), {}).bands[0].hi[0], 2.5);
+}
+
+// What agents send as log_metrics is nested in metrics.jsonl; the plot reaches it by a dotted name.
+TEST(PlotMetrics, LogMetricsByADottedName) {
+  const std::string text =
+      "{\"step\":1,\"reward_mean\":0.5,\"log_metrics\":{\"turns\":{\"mean\":3,\"min\":1,\"max\":5,"
+      "\"episodes\":4}}}\n"
+      "{\"step\":2,\"reward_mean\":0.5}\n"
+      "{\"step\":3,\"reward_mean\":0.5,\"log_metrics\":{\"turns\":{\"mean\":2,\"min\":2,\"max\":2,"
+      "\"episodes\":4}}}\n";
+  std::istringstream a(text), b(text), c(text), d(text);
+  const MetricSeries mean = parse_metric_series(a, "log_metrics.turns", "t");
+  EXPECT_EQ(mean.steps, (std::vector<double>{1, 3}));
+  EXPECT_EQ(mean.values, (std::vector<double>{3, 2}));
+  EXPECT_EQ(mean.without_value, 1u);
+  EXPECT_EQ(parse_metric_series(b, "log_metrics.turns.max", "t").values, (std::vector<double>{5, 2}));
+  EXPECT_EQ(parse_metric_series(c, "log_metrics.turns.min", "t").values, (std::vector<double>{1, 2}));
+  try {
+    parse_metric_series(d, "log_metrics.tunrs", "t");
+    FAIL() << "an unknown log metric was accepted";
+  } catch (const SwarmError& e) {
+    EXPECT_NE(std::string(e.what()).find("log_metrics.turns.mean"), std::string::npos) << e.what();
+  }
 }
 
 // swarm-plot with several --metrics: one coloured line per series, each with its own band,
