@@ -14,12 +14,12 @@
 
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
+#include <openssl/x509v3.h>
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ssl/context.hpp>
-#include <boost/asio/ssl/host_name_verification.hpp>
 #include <boost/beast/core/error.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
@@ -32,18 +32,56 @@
 #include <boost/beast/ssl/ssl_stream.hpp>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include "swarm/errors.hpp"
 
 namespace swarm {
 
 namespace {
+
+// The names a server certificate is issued for: its subjectAltName DNS names and IP addresses,
+// else its subject's common name ("a, b, 10.0.0.5"; "(no names)" when it has none).
+std::string certificate_names(X509* cert) {
+  std::vector<std::string> names;
+  auto* sans = static_cast<GENERAL_NAMES*>(X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));
+  for (int i = 0; sans && i < sk_GENERAL_NAME_num(sans) && names.size() < 8; ++i) {
+    const GENERAL_NAME* g = sk_GENERAL_NAME_value(sans, i);
+    if (g->type == GEN_DNS) {
+      const ASN1_STRING* s = g->d.dNSName;
+      names.emplace_back(reinterpret_cast<const char*>(ASN1_STRING_get0_data(s)), ASN1_STRING_length(s));
+    } else if (g->type == GEN_IPADD) {
+      const ASN1_OCTET_STRING* ip = g->d.iPAddress;
+      const unsigned char* b = ASN1_STRING_get0_data(ip);
+      if (ASN1_STRING_length(ip) == 4) {
+        names.push_back(
+            boost::asio::ip::make_address_v4(boost::asio::ip::address_v4::bytes_type{b[0], b[1], b[2], b[3]})
+                .to_string());
+      } else if (ASN1_STRING_length(ip) == 16) {
+        boost::asio::ip::address_v6::bytes_type v6{};
+        std::copy(b, b + 16, v6.begin());
+        names.push_back(boost::asio::ip::make_address_v6(v6).to_string());
+      }
+    }
+  }
+  GENERAL_NAMES_free(sans);
+  if (names.empty()) {
+    char cn[256] = {};
+    if (X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, cn, sizeof cn) > 0)
+      names.emplace_back(cn);
+  }
+  if (names.empty()) return "(no names)";
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
 
 namespace net = boost::asio;
 namespace beast = boost::beast;
@@ -205,14 +243,32 @@ struct HttpClient::Impl {
   // TLS: SNI with the host name, the certificate checked against the CAs and the URL's host.
   void handshake() {
     beast::error_code ec;
-    net::ip::make_address(host, ec);
-    if (ec) SSL_set_tlsext_host_name(tls->native_handle(), host.c_str());  // a name, not an IP address
-    tls->set_verify_callback(net::ssl::host_name_verification(host));
+    const bool by_address = (net::ip::make_address(host, ec), !ec);
+    if (!by_address) SSL_set_tlsext_host_name(tls->native_handle(), host.c_str());
+    std::string issued_for;  // the certificate's names, when they are not the URL's host
+    tls->set_verify_callback([&](bool preverified, net::ssl::verify_context& vc) {
+      X509_STORE_CTX* store = vc.native_handle();
+      if (!preverified || X509_STORE_CTX_get_error_depth(store) > 0) return preverified;
+      X509* cert = X509_STORE_CTX_get_current_cert(store);
+      const bool matches = by_address ? X509_check_ip_asc(cert, host.c_str(), 0) == 1
+                                      : X509_check_host(cert, host.data(), host.size(), 0, nullptr) == 1;
+      if (!matches) {
+        issued_for = certificate_names(cert);
+        X509_STORE_CTX_set_error(store,
+                                 by_address ? X509_V_ERR_IP_ADDRESS_MISMATCH : X509_V_ERR_HOSTNAME_MISMATCH);
+      }
+      return matches;
+    });
     ec = run([&](auto handler) { tls->async_handshake(net::ssl::stream_base::client, handler); });
     if (!ec) return;
     const long verify = SSL_get_verify_result(tls->native_handle());
     if (verify != X509_V_OK) {
       close();
+      if (!issued_for.empty())
+        throw TransportError("HTTPS " + where() + ": the server's certificate is not trusted: it is for " +
+                             issued_for + ", not " + host +
+                             " (connect by one of those names, or issue the certificate with " +
+                             (by_address ? "IP:" : "DNS:") + host + " in its subjectAltName)");
       throw TransportError(
           "HTTPS " + where() +
           ": the server's certificate is not trusted: " + X509_verify_cert_error_string(verify) +

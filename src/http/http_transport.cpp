@@ -935,6 +935,18 @@ void HttpServer::start() {
   m.acceptor.set_option(net::socket_base::reuse_address(true), ec);
   if (ec) fail("set SO_REUSEADDR on");
   m.acceptor.bind(ep, ec);
+  if (ec == net::error::address_in_use) {
+    // Another process (often an earlier server) holds the port: say so, and what to do, since
+    // clients pointed at this port would otherwise talk to that one.
+    beast::error_code ignored;
+    m.acceptor.close(ignored);
+    throw std::runtime_error(
+        "HttpServer: port " + std::to_string(o.port) + " on " + o.host +
+        " is already in use by another process (an earlier swarm-server? `curl http://" + o.host + ":" +
+        std::to_string(o.port) +
+        "/health` tells). Stop it, or choose another port: --port N, or --port 0 for any free "
+        "one (the log names it)");
+  }
   if (ec) fail("bind");
   m.acceptor.listen(net::socket_base::max_listen_connections, ec);
   if (ec) fail("listen on");

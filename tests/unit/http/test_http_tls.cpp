@@ -162,10 +162,32 @@ TEST_F(HttpTlsTest, ACertificateForAnotherHostIsRefused) {
     client.request("GET", "/x");
     FAIL() << "a certificate for another host was accepted";
   } catch (const TransportError& e) {
-    EXPECT_NE(std::string(e.what()).find("not trusted"), std::string::npos) << e.what();
+    // The message names what the certificate is for and what was asked.
+    EXPECT_NE(std::string(e.what()).find("not trusted: it is for example.org, not 127.0.0.1"),
+              std::string::npos)
+        << e.what();
   }
   HttpClient by_name(https_url("localhost"), 5s, files_.cert);
-  EXPECT_THROW(by_name.request("GET", "/x"), TransportError);
+  try {
+    by_name.request("GET", "/x");
+    FAIL() << "a certificate for another name was accepted";
+  } catch (const TransportError& e) {
+    EXPECT_NE(std::string(e.what()).find("it is for example.org, not localhost"), std::string::npos)
+        << e.what();
+  }
+  // A certificate for several names lists them, addresses too.
+  files_ = make_self_signed(dir_.path(), "several", "trainer.example", "DNS:trainer.example,IP:10.0.0.5");
+  server_->stop(500);
+  start_tls();
+  HttpClient several(https_url(), 5s, files_.cert);
+  try {
+    several.request("GET", "/x");
+    FAIL() << "a certificate for other names was accepted";
+  } catch (const TransportError& e) {
+    EXPECT_NE(std::string(e.what()).find("it is for trainer.example, 10.0.0.5, not 127.0.0.1"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_F(HttpTlsTest, PlainHttpOnTheTlsPortGetsA400SayingHttps) {

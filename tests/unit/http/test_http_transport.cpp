@@ -228,6 +228,28 @@ TEST_F(HttpTransportTest, GetEchoSplitsQueryAndLowercasesHeaders) {
   EXPECT_EQ(get_header(r, "x-reply"), "yes");
 }
 
+// A port another process holds: the server does not start, and the error says what to do
+// (an agent pointed at that port would otherwise talk to the other process).
+TEST_F(HttpTransportTest, APortInUseFailsTheStartSayingSo) {
+  start(echo_handler());
+  HttpServerOptions o;
+  o.host = "127.0.0.1";
+  o.port = port();
+  HttpServer second(o, echo_handler());
+  try {
+    second.start();
+    FAIL() << "a second server bound a port in use";
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("port " + std::to_string(port()) + " on 127.0.0.1 is already in use"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("--port 0"), std::string::npos) << what;
+  }
+  HttpClient client(url());  // the first one serves on
+  EXPECT_EQ(client.request("GET", "/x").status, 200);
+}
+
 TEST_F(HttpTransportTest, PostEchoAndPathPrefix) {
   start(echo_handler());
   HttpClient client(url() + "/api/");
