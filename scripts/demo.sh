@@ -5,13 +5,13 @@
 # conversion, letter counting) until the reward has visibly risen. At the end it leaves the
 # run's metrics (JSONL), a reward-curve PNG and a Hugging Face checkpoint of the trained model,
 # and prints where they are. Installs what is missing first.
-# Usage: scripts/demo.sh [--steps N] [--tasks MIX] [--workers N] [--port P]
+# Usage: scripts/demo.sh [--steps N] [--tasks MIX] [--workers N] [--port P (default: a free one)]
 #   (env: BUILD_DIR, default build)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
-steps=240 workers=64 port=10086 tasks="base,count,sort"
+steps=240 workers=64 port=0 tasks="base,count,sort"
 while [ $# -gt 0 ]; do
   case "$1" in
     --steps) steps="$2"; shift 2 ;;
@@ -43,13 +43,10 @@ fi
 
 project=demo experiment=tiny-char
 run_dir="experiments/$project/$experiment"
-if [ -d "$run_dir" ]; then
-  echo "==> removing the previous demo run in $run_dir"
-  rm -rf "$run_dir"
-fi
+# A previous demo run there is not lost: the fresh start moves it to $run_dir/runs/<run id>/.
 
 log="$build_dir/swarm-server.log"
-echo "==> starting swarm-server on 127.0.0.1:$port (torch engine), log: $log"
+echo "==> starting swarm-server on 127.0.0.1 (torch engine, $([ "$port" = 0 ] && echo "a free port" || echo "port $port")), log: $log"
 "$build_dir/swarm-server" start --port "$port" --engine torch >"$log" 2>&1 &
 server_pid=$!
 cleanup() {
@@ -60,11 +57,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
-for _ in $(seq 1 100); do
-  if curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1; then break; fi
-  if ! kill -0 "$server_pid" 2>/dev/null; then echo "swarm-server exited; see $log" >&2; cat "$log" >&2; exit 1; fi
-  sleep 0.1
-done
+# The port is the one this server's log names: never another server's that holds a port.
+source tests/support/server_port.sh
+if ! wait_for_port "$log" "$server_pid" 600 0.1; then
+  echo "swarm-server did not start ($server_problem); its log:" >&2
+  cat "$log" >&2
+  exit 1
+fi
 
 echo "==> training $model from scratch: $steps policy steps on '$tasks' ($workers parallel episodes)"
 echo "    (watch it live from another terminal: $build_dir/swarm-overwatch --url http://127.0.0.1:$port)"

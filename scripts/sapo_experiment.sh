@@ -54,7 +54,13 @@ out="$(cd "$out" && pwd)"
 source "$root/tests/support/server_port.sh"
 python=/usr/bin/python3
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; }
+# Disowned before the kill: the shell then prints no "Killed nats-server ..." line for them.
+cleanup() {
+  for p in "${pids[@]}"; do disown "$p" 2>/dev/null || true; kill -9 "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do
+    for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.05; done
+  done
+}
 trap cleanup EXIT
 
 for seed in $seeds; do

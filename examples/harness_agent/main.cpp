@@ -281,6 +281,21 @@ int run(const Settings& s) {
   return 0;
 }
 
+// The harness installed by scripts/setup.sh in the checkout this binary runs from: beside the
+// build directory holding it (<checkout>/build/harness_agent), else under the working
+// directory. The first that exists; the first place when none does (the error names it).
+std::string default_harness_bin(const std::string& harness) {
+  const fs::path rel = fs::path("tests/harness/node_modules/.bin") / harness;
+  std::vector<fs::path> places;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) places.push_back(exe.parent_path().parent_path() / rel);
+  places.push_back(fs::current_path(ec) / rel);
+  for (const fs::path& p : places)
+    if (fs::exists(p, ec)) return p.string();
+  return places.front().string();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -293,8 +308,10 @@ int main(int argc, char** argv) {
   app.add_option("--harness", s.harness, "claude (Anthropic Messages API) or codex (Responses API)")
       ->capture_default_str()
       ->check(CLI::IsMember({"claude", "codex"}));
-  app.add_option("--harness-bin", s.harness_bin,
-                 "The harness executable (default: tests/harness/node_modules/.bin/<harness>)");
+  app.add_option(
+      "--harness-bin", s.harness_bin,
+      "The harness executable (default: tests/harness/node_modules/.bin/<harness> of the checkout: beside "
+      "the build directory holding harness_agent, else under the working directory)");
   app.add_option("--steps", s.steps, "Policy steps to drive")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -332,8 +349,7 @@ int main(int argc, char** argv) {
   app.add_option("--step-timeout", s.step_timeout_s, "Seconds to wait for one policy step")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  if (s.harness_bin.empty())
-    s.harness_bin = (fs::path(SWARM_SOURCE_DIR) / "tests/harness/node_modules/.bin" / s.harness).string();
+  if (s.harness_bin.empty()) s.harness_bin = default_harness_bin(s.harness);
   try {
     return run(s);
   } catch (const std::exception& e) {
