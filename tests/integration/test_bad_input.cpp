@@ -467,6 +467,7 @@ TEST_F(BadInput, ConfigAndEngineStateErrors) {
   command_error("/sync_train_config", json({{"yaml_as_string", kBaseConfig}}).dump(), 409, "ENGINE.ROLLING");
   command_error("/start_engine", "{}", 409, "ENGINE.ROLLING");
   command_error("/start_engine", "", 409, "ENGINE.ROLLING");
+  command_error("/start_engine", R"({"resume": "yes"})", 400, "resume");  // the type first
   EXPECT_EQ(server_->engine().config()->to_yaml(), before)
       << "a rejected config must not replace the synced one";
   // AgentJet's nested config: what cannot be honoured names its path.

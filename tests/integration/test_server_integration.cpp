@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "support/client_helpers.hpp"
+#include "support/scratch_dir.hpp"
 #include "support/test_server.hpp"
 #include "swarm/swarm.hpp"
 
@@ -284,6 +285,38 @@ TEST(ServerIntegration, StopEngineMidRolloutThenRestart) {
     client.end_episode(task("t"), e2.episode_uuid, reward(i));
   }
   EXPECT_TRUE(server.engine().wait_for_step(1, 10s));
+}
+
+// The SDK's start_engine(resume) over HTTP: the run goes on at its checkpoint, same run id.
+TEST(ServerIntegration, StartEngineResumeContinuesTheRunOverHttp) {
+  swarm::testing::ScratchDir dir("swarm-resume");  // its own experiment directory: tests run side by side
+  TestServer server;
+  SwarmClient client(server.url(), fast_client());
+  Job job = small_job(1, 1);
+  job.experiment_dir = dir.path().string();
+  client.auto_sync_train_config_and_start_engine(job);
+  OpenAIEndpoint ep = client.begin_episode(60, "train", 10s);
+  OpenAIClient(ep).chat({{"user", "hi"}});
+  client.end_episode(task("t"), ep.episode_uuid, reward(1));
+  ASSERT_TRUE(server.engine().wait_for_step(1, 10s));
+  ASSERT_TRUE(server.engine().wait_for_state(EngineState::ROLLING, 10s));
+  const nlohmann::json before = client.get_pool_information();
+  ASSERT_TRUE(before.contains("run"));
+  client.stop_engine();
+  client.start_engine(/*resume=*/true);
+  ASSERT_TRUE(server.engine().wait_for_state(EngineState::ROLLING, 10s));
+  const nlohmann::json after = client.get_pool_information();
+  EXPECT_EQ(after["global_step"], 1);
+  EXPECT_EQ(after["run"]["run_id"], before["run"]["run_id"]);
+  EXPECT_EQ(after["counters"]["run_id"], before["run"]["run_id"]);
+  EXPECT_TRUE(after["run"]["resumed_from"].is_string());
+  client.stop_engine();
+  client.start_engine();  // fresh: a new run at step 0
+  ASSERT_TRUE(server.engine().wait_for_state(EngineState::ROLLING, 10s));
+  const nlohmann::json fresh = client.get_pool_information();
+  EXPECT_EQ(fresh["global_step"], 0);
+  EXPECT_NE(fresh["run"]["run_id"], before["run"]["run_id"]);
+  EXPECT_TRUE(fresh["step_history"].empty());
 }
 
 TEST(ServerIntegration, TwoConfigsSyncedLastWins) {
