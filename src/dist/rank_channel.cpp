@@ -308,7 +308,7 @@ int pick_free_port(const std::string& host) {
 
 namespace {
 
-constexpr uint32_t kBatchMagic = 0x53574232;  // "SWB2"
+constexpr uint32_t kBatchMagic = 0x53574233;  // "SWB3": stale_dropped added
 
 [[noreturn]] void corrupt_batch(const std::string& why) {
   throw SwarmError(ErrorKind::INVALID_ARGUMENT, "corrupt train batch (" + why + ")");
@@ -332,11 +332,15 @@ T get(std::string_view in, size_t& at) {
 }  // namespace
 
 std::string serialize_train_batch(const TrainBatch& batch) {
+  // Every member (a new one stops this from compiling until it is sent); the episodes travel in
+  // the episode store's encoding, which names every member of theirs the same way.
+  const auto& [episodes, num_tasks, stale_dropped] = batch;
   std::string out;
   put(out, kBatchMagic);
-  put<int64_t>(out, batch.num_tasks);
-  put<uint64_t>(out, batch.episodes.size());
-  for (const auto& e : batch.episodes) {
+  put<int64_t>(out, num_tasks);
+  put<int64_t>(out, stale_dropped);
+  put<uint64_t>(out, episodes.size());
+  for (const auto& e : episodes) {
     const std::string record = encode_finished_episode(e);
     put<uint64_t>(out, record.size());
     out += record;
@@ -349,6 +353,7 @@ TrainBatch deserialize_train_batch(const std::string& bytes) {
   if (get<uint32_t>(bytes, at) != kBatchMagic) corrupt_batch("bad magic");
   TrainBatch batch;
   batch.num_tasks = get<int64_t>(bytes, at);
+  batch.stale_dropped = get<int64_t>(bytes, at);
   const auto episodes = get<uint64_t>(bytes, at);
   if (episodes > (bytes.size() - at) / sizeof(uint64_t)) corrupt_batch("bad episode count");
   batch.episodes.reserve(static_cast<size_t>(episodes));

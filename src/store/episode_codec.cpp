@@ -97,49 +97,58 @@ class Reader {
 
 }  // namespace
 
+// Every field is written: the structured bindings name each member of FinishedEpisode, Sample
+// and SampleCall, so a field added to one of them stops this from compiling until it is encoded
+// here (and decoded below). The rank channel and the episode store both use this encoding.
 std::string encode_finished_episode(const FinishedEpisode& e) {
+  const auto& [episode_uuid, client_uuid, task_id, reward, is_success, log_metrics, optional_task_id, samples,
+               turn_rewards, finish_seq, min_version, exchange_calls, metadata_json, task_metadata_json,
+               from_node] = e;
   Writer w;
   w.raw(kMagic, sizeof kMagic);
   w.pod(kVersion);
-  w.str(e.episode_uuid);
-  w.str(e.client_uuid);
-  w.str(e.task_id);
-  w.pod(e.reward);
-  w.pod(static_cast<int8_t>(e.is_success ? (*e.is_success ? 1 : 0) : -1));
-  w.pod(static_cast<uint64_t>(e.log_metrics.size()));
-  for (const auto& [k, v] : e.log_metrics) {
+  w.str(episode_uuid);
+  w.str(client_uuid);
+  w.str(task_id);
+  w.pod(reward);
+  w.pod(static_cast<int8_t>(is_success ? (*is_success ? 1 : 0) : -1));
+  w.pod(static_cast<uint64_t>(log_metrics.size()));
+  for (const auto& [k, v] : log_metrics) {
     w.str(k);
     w.pod(v);
   }
-  w.str(e.optional_task_id);
-  w.pod(static_cast<uint64_t>(e.samples.size()));
-  for (const Sample& s : e.samples) {
-    w.str(s.task_id);
-    w.str(s.episode_uuid);
-    w.pod(s.reward);
-    w.vec(s.token_ids);
-    w.vec(s.loss_mask);
-    w.vec(s.rollout_logprobs);
-    w.vec(s.policy_versions);
-    w.pod(static_cast<int64_t>(s.num_calls));
-    w.pod(static_cast<uint64_t>(s.calls.size()));
-    for (const SampleCall& c : s.calls) {
-      w.pod(c.index);
-      w.str(c.agent);
-      w.pod(c.turn);
-      w.pod(c.temperature);
+  w.str(optional_task_id);
+  w.pod(static_cast<uint64_t>(samples.size()));
+  for (const Sample& s : samples) {
+    const auto& [s_task_id, s_episode_uuid, s_reward, token_ids, loss_mask, rollout_logprobs, policy_versions,
+                 num_calls, calls, token_call, token_rewards] = s;
+    w.str(s_task_id);
+    w.str(s_episode_uuid);
+    w.pod(s_reward);
+    w.vec(token_ids);
+    w.vec(loss_mask);
+    w.vec(rollout_logprobs);
+    w.vec(policy_versions);
+    w.pod(static_cast<int64_t>(num_calls));
+    w.pod(static_cast<uint64_t>(calls.size()));
+    for (const SampleCall& c : calls) {
+      const auto& [index, agent, turn, temperature] = c;
+      w.pod(index);
+      w.str(agent);
+      w.pod(turn);
+      w.pod(temperature);
     }
-    w.vec(s.token_call);
-    w.vec(s.token_rewards);
+    w.vec(token_call);
+    w.vec(token_rewards);
   }
-  w.vec(e.turn_rewards);
-  w.pod(e.finish_seq);
-  w.pod(e.min_version);
-  w.pod(static_cast<uint64_t>(e.exchange_calls.size()));
-  for (const std::string& c : e.exchange_calls) w.str(c);
-  w.str(e.metadata_json);
-  w.str(e.task_metadata_json);
-  w.str(e.from_node);
+  w.vec(turn_rewards);
+  w.pod(finish_seq);
+  w.pod(min_version);
+  w.pod(static_cast<uint64_t>(exchange_calls.size()));
+  for (const std::string& c : exchange_calls) w.str(c);
+  w.str(metadata_json);
+  w.str(task_metadata_json);
+  w.str(from_node);
   return w.take();
 }
 

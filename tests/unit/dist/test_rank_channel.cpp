@@ -19,6 +19,7 @@ using namespace std::chrono_literals;
 TrainBatch sample_batch() {
   TrainBatch b;
   b.num_tasks = 2;
+  b.stale_dropped = 5;
   for (int e = 0; e < 3; ++e) {
     FinishedEpisode ep;
     ep.episode_uuid = "ep-" + std::to_string(e);
@@ -56,6 +57,7 @@ TEST(TrainBatchEncoding, RoundTripsEveryFieldExactly) {
   const TrainBatch in = sample_batch();
   const TrainBatch out = deserialize_train_batch(serialize_train_batch(in));
   ASSERT_EQ(out.num_tasks, in.num_tasks);
+  EXPECT_EQ(out.stale_dropped, in.stale_dropped);
   ASSERT_EQ(out.episodes.size(), in.episodes.size());
   for (size_t e = 0; e < in.episodes.size(); ++e) {
     const auto &a = in.episodes[e], &b = out.episodes[e];
@@ -96,8 +98,9 @@ TEST(TrainBatchEncoding, RejectsTruncatedAndCorruptBuffers) {
   bad_magic[0] ^= 0x5a;
   EXPECT_THROW(deserialize_train_batch(bad_magic), SwarmError);
   EXPECT_THROW(deserialize_train_batch(bytes + "x"), SwarmError);
-  std::string huge_count = bytes;  // the episode count claims more than the buffer holds
-  huge_count[19] = '\x7f';
+  // The episode count (after magic, num_tasks and stale_dropped) claims more than the buffer holds.
+  std::string huge_count = bytes;
+  huge_count[4 + 8 + 8 + 7] = '\x7f';
   EXPECT_THROW(deserialize_train_batch(huge_count), SwarmError);
 }
 

@@ -1,0 +1,292 @@
+// N ranks train as one, through the real path: the torch backend of a 2-rank job (rank 0 in
+// this process; rank 1 this binary started by LocalRanks, swarm-server --nproc's launcher,
+// running run_torch_follower, swarm-server's follower loop) against the 1-rank backend on the
+// same batch, for every training family. The followers get the batch through the control
+// channel (serialize_train_batch), so a field the encoding drops, or one the followers read
+// differently, shows up as a different update here.
+//
+// What is compared after one policy step: the AdamW moments of every parameter (the 2-rank
+// shards put together) and the step's metrics. 1 rank and 2 ranks do the same arithmetic but
+// for the order of fp32 sums (other micro-batches, the gradient summed over ranks):
+// tests/unit/trainer/test_grpo_distributed_torch.cpp measured ~3e-6 of the largest moment, and
+// allows 1e-5; a sequence trained on another reward, a lost micro-batch or a group that one
+// rank sees and the other not changes the moments by O(1) of themselves. bf16 computes in
+// bf16, whose roundings (2^-8) differ with the micro-batch shapes: the moments are held on
+// average (5%), as the bf16 case of that test does.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "common/env.hpp"
+#include "dist/dist_config.hpp"
+#include "dist/rank_channel.hpp"
+#include "dist/rank_launcher.hpp"
+#include "engine/backend.hpp"
+#include "engine/torch_backend.hpp"
+#include "model/safetensors_torch.hpp"
+#include "support/scratch_dir.hpp"
+#include "support/train_batches.hpp"
+#include "swarm/job.hpp"
+
+namespace swarm {
+namespace {
+
+namespace fs = std::filesystem;
+using Tensors = std::map<std::string, torch::Tensor>;
+using Metrics = std::map<std::string, double>;
+using namespace std::chrono_literals;
+
+// ---------------------------------------------------------------- the follower rank
+
+// In the copy LocalRanks starts (RANK=1): the follower loop, exactly as swarm-server runs it.
+// Registered only there, so it never appears in the normal test list.
+struct FollowerBody : ::testing::Test {
+  void TestBody() override { EXPECT_EQ(run_torch_follower(DistConfig::from_env()), 0); }
+};
+const bool kIsFollower = [] {
+  const auto rank = env_value("RANK");
+  if (!rank || *rank == "0") return false;
+  ::testing::RegisterTest("RankFollower", "Serve", nullptr, nullptr, __FILE__, __LINE__,
+                          []() -> ::testing::Test* { return new FollowerBody; });
+  return true;
+}();
+
+// The 2-rank job, started once for every test and ended when the program ends: its leader is
+// what the torch backend registered as "torch" drives.
+struct TwoRanks {
+  DistConfig dist;
+  std::unique_ptr<LocalRanks> ranks;
+  std::shared_ptr<RankLeader> leader;
+};
+TwoRanks* g_two = nullptr;
+
+class TwoRankJob : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    if (kIsFollower) return;
+    // A follower that misses a collective fails in 30 s (a whole family times out, not the suite).
+    ::setenv("SWARM_DIST_TIMEOUT_SECONDS", "30", 1);
+    g_two = new TwoRanks;
+    g_two->dist = DistConfig::from_env();
+    g_two->dist.world_size = g_two->dist.local_world_size = 2;
+    g_two->dist.master_addr = "127.0.0.1";
+    g_two->dist.master_port = pick_free_port(g_two->dist.master_addr);
+    g_two->ranks = std::make_unique<LocalRanks>(
+        2, std::vector<std::string>{"/proc/self/exe", "--gtest_filter=RankFollower.Serve"},
+        g_two->dist.master_addr, g_two->dist.master_port);
+    g_two->leader =
+        RankLeader::accept(g_two->dist.master_addr, g_two->dist.master_port, 2, g_two->dist.timeout);
+    register_torch_backend(g_two->leader, g_two->dist);
+  }
+  void TearDown() override {
+    if (!g_two) return;
+    g_two->leader->close();  // the follower sees the end of the job and exits 0
+    g_two->ranks->wait_all(30s);
+    delete g_two;
+    g_two = nullptr;
+  }
+};
+const auto* const kJob = ::testing::AddGlobalTestEnvironment(new TwoRankJob);
+
+// ---------------------------------------------------------------- batches and jobs
+
+fs::path tinystories() { return fs::path(SWARM_FIXTURES_DIR) / "models" / "tinystories-656k"; }
+
+Job tiny_job(const std::string& dtype = "fp32") {
+  Job job;
+  job.model = tinystories().string();
+  job.dtype = dtype;
+  job.kv_cache_tokens = 1024;
+  job.learning_rate = 2e-3;
+  job.micro_batch_max_tokens = 64;  // several micro-batches on each rank
+  job.batch_size = 3;
+  job.num_repeat = 4;
+  return job;
+}
+
+// testing::random_batch with what a real episode records: every generated token names its call
+// (one call per sample, at temperature 0.7 here), and the calls their agent and turn.
+TrainBatch recorded_batch(uint32_t seed) {
+  TrainBatch b = testing::random_batch(3, 4, seed);
+  for (auto& ep : b.episodes)
+    for (Sample& s : ep.samples) {
+      s.calls = {SampleCall{0, "", 0, 0.7f}};
+      s.token_call.clear();
+      for (uint8_t m : s.loss_mask) s.token_call.push_back(m ? 0 : -1);
+    }
+  return b;
+}
+
+// Two calls per sample, a planner's then a solver's (the generated tokens split in two), with a
+// reward per call (workflow_output.turn_rewards) that differs within each (task, agent, turn).
+TrainBatch two_call_batch(uint32_t seed) {
+  TrainBatch b = recorded_batch(seed);
+  int k = 0;
+  for (auto& ep : b.episodes) {
+    for (Sample& s : ep.samples) {
+      s.calls = {SampleCall{0, "planner", 0, 1.0f}, SampleCall{1, "solver", 0, 1.0f}};
+      s.num_calls = 2;
+      const auto generated = std::count(s.loss_mask.begin(), s.loss_mask.end(), 1);
+      int64_t seen = 0;
+      for (size_t t = 0; t < s.token_call.size(); ++t)
+        if (s.loss_mask[t]) s.token_call[t] = seen++ < (generated + 1) / 2 ? 0 : 1;
+    }
+    ep.turn_rewards = {0.25 * (k % 4), 1.0 - 0.3 * (k % 3)};
+    ++k;
+  }
+  return b;
+}
+
+// Swarm experience sharing: the second task's group came from another node, whose behaviour
+// log-probs are unknown (NaN) and which trains as an on-policy recomputation.
+TrainBatch with_external_group(TrainBatch b) {
+  for (auto& ep : b.episodes) {
+    if (ep.task_id != "task-1") continue;
+    ep.from_node = "node-b";
+    for (Sample& s : ep.samples)
+      for (size_t t = 0; t < s.rollout_logprobs.size(); ++t)
+        if (s.loss_mask[t]) s.rollout_logprobs[t] = std::numeric_limits<float>::quiet_NaN();
+  }
+  return b;
+}
+
+// ---------------------------------------------------------------- one step, compared
+
+struct StepResult {
+  Metrics metrics;
+  Tensors moments;  // "exp_avg", "exp_avg_sq", and "critic/..." for PPO: every rank's shards in order
+};
+
+// The shards of `prefix`optimizer-rank<r>-of-<world>.safetensors put together.
+void read_moments(const fs::path& dir, int world, const std::string& prefix, const std::string& key_prefix,
+                  Tensors& out) {
+  for (const char* key : {"exp_avg", "exp_avg_sq"}) {
+    std::vector<torch::Tensor> shards;
+    for (int r = 0; r < world; ++r) {
+      const fs::path file =
+          dir / "trainer_state" /
+          (prefix + "optimizer-rank" + std::to_string(r) + "-of-" + std::to_string(world) + ".safetensors");
+      if (!fs::exists(file)) return;
+      shards.push_back(load_state_dict(file).at(key).reshape(-1).to(torch::kFloat64));
+    }
+    out[key_prefix + key] = torch::cat(shards);
+  }
+}
+
+StepResult train_one_step(Backend& backend, const Job& job, const TrainBatch& batch, const fs::path& dir,
+                          int world) {
+  backend.boot(job, {});
+  StepResult r;
+  r.metrics = backend.train_step(batch, 1, {}).metrics;
+  fs::create_directories(dir);
+  backend.save_checkpoint(dir);
+  backend.release();
+  read_moments(dir, world, "", "", r.moments);
+  read_moments(dir, world, "critic-", "critic/", r.moments);
+  return r;
+}
+
+bool timing(const std::string& name) {
+  return name.ends_with("_seconds") || name == "trainer_tokens_per_second";
+}
+
+// One step of `job` on `batch` with 1 rank and with 2 ranks through the channel: the same update.
+void expect_two_ranks_train_as_one(const std::string& family, const Job& job, const TrainBatch& batch) {
+  ASSERT_NE(g_two, nullptr);
+  testing::ScratchDir scratch("swarm-rank-equivalence");
+  auto one = make_torch_backend();
+  const StepResult single = train_one_step(*one, job, batch, scratch.path() / "one", 1);
+  auto two = make_backend("torch");  // rank 0 of the job, driving rank 1
+  const StepResult pair = train_one_step(*two, job, batch, scratch.path() / "two", 2);
+
+  ASSERT_GT(single.metrics.at("sequences_trained"), 0) << family << ": the case must train something";
+  const bool bf16 = job.dtype == "bf16";
+  // Metrics: every rank computes them over the whole batch or all-reduces them.
+  for (const auto& [name, want] : single.metrics) {
+    if (timing(name)) continue;
+    ASSERT_TRUE(pair.metrics.contains(name)) << family << ": 2 ranks did not report " << name;
+    const double got = pair.metrics.at(name);
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got)) << family << " " << name;
+      continue;
+    }
+    const double tolerance =
+        bf16 ? 0.05 * std::max(1.0, std::abs(want)) : 1e-5 * std::max(1.0, std::abs(want));
+    if (bf16 && name != "grad_norm" && name != "sequences_trained" && name != "groups") continue;
+    EXPECT_LE(std::abs(got - want), tolerance)
+        << family << " " << name << ": 2 ranks " << got << ", 1 rank " << want;
+  }
+  // The optimizer moments, every parameter (the last shard's padding beyond the parameters aside).
+  ASSERT_FALSE(single.moments.empty());
+  for (const auto& [key, want] : single.moments) {
+    ASSERT_TRUE(pair.moments.contains(key)) << family << " " << key;
+    const torch::Tensor got = pair.moments.at(key).narrow(0, 0, want.numel());
+    const double scale = want.abs().max().item<double>();
+    ASSERT_GT(scale, 0.0) << family << " " << key << ": nothing trained";
+    const double max_diff = (got - want).abs().max().item<double>();
+    const double mean_rel = ((got - want).abs().mean() / want.abs().mean()).item<double>();
+    std::printf("%-28s %-18s max diff %.3g of the largest, mean diff %.3g of the mean\n", family.c_str(),
+                key.c_str(), max_diff / scale, mean_rel);
+    if (bf16) {
+      EXPECT_LE(mean_rel, 0.05) << family << " " << key;
+    } else {
+      EXPECT_LE(max_diff, 1e-5 * scale) << family << " " << key;
+    }
+  }
+}
+
+TEST(RankEquivalence, OutcomeGrpoFp32) {
+  expect_two_ranks_train_as_one("grpo fp32", tiny_job(), recorded_batch(51));
+}
+
+TEST(RankEquivalence, OutcomeGrpoBf16) {
+  expect_two_ranks_train_as_one("grpo bf16", tiny_job("bf16"), recorded_batch(52));
+}
+
+TEST(RankEquivalence, AtGrpoOnTurnRewards) {
+  Job job = tiny_job();
+  job.group_by = "task_agent_turn";
+  expect_two_ranks_train_as_one("at-grpo turn rewards", job, two_call_batch(53));
+}
+
+TEST(RankEquivalence, PpoGaeOnTokenRewards) {
+  Job job = tiny_job();
+  job.algorithm = "ppo";
+  job.advantage_estimator = "gae";
+  expect_two_ranks_train_as_one("ppo gae token rewards", job,
+                                testing::with_token_rewards(recorded_batch(54)));
+}
+
+TEST(RankEquivalence, PpoGaeOnTurnRewardsWithoutAtGrpo) {
+  Job job = tiny_job();
+  job.algorithm = "ppo";
+  job.advantage_estimator = "gae";
+  expect_two_ranks_train_as_one("ppo gae turn rewards", job, two_call_batch(55));
+}
+
+TEST(RankEquivalence, SapoExternalGroups) {
+  expect_two_ranks_train_as_one("sapo external groups", tiny_job(), with_external_group(recorded_batch(56)));
+}
+
+TEST(RankEquivalence, AsynchronousWithTruncatedImportanceSampling) {
+  Job job = tiny_job();
+  job.max_staleness = 1;  // off_policy_correction auto: tis
+  job.is_cap = 1.1;       // the batch's log-probs are far from the model's: the cap bites
+  expect_two_ranks_train_as_one("async tis", job, recorded_batch(57));
+}
+
+}  // namespace
+}  // namespace swarm
