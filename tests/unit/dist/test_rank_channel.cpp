@@ -33,6 +33,11 @@ TrainBatch sample_batch() {
     ep.turn_rewards = {0.25 * e};
     ep.min_version = 7;
     ep.metadata_json = R"({"k":1})";
+    // Every other member holds something too, so the byte comparison below covers it.
+    ep.optional_task_id = "claimed-for-" + ep.task_id;
+    ep.exchange_calls = {"call-record-" + std::to_string(e)};
+    ep.task_metadata_json = R"({"level":2})";
+    if (e == 2) ep.from_node = "node-b";
     for (int s = 0; s <= e; ++s) {
       Sample smp;
       smp.task_id = ep.task_id;
