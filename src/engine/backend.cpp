@@ -82,6 +82,39 @@ nlohmann::json log_metrics_json(const std::map<std::string, LogMetricStats>& sta
   return out;
 }
 
+nlohmann::json rank_memory_json(const std::vector<RankMemory>& ranks) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const RankMemory& m : ranks)
+    out.push_back({{"rank", m.rank},
+                   {"device", m.device},
+                   {"weights_bytes", m.weights_bytes},
+                   {"serving_weights_bytes", m.serving_weights_bytes},
+                   {"gradients_bytes", m.gradients_bytes},
+                   {"optimizer_bytes", m.optimizer_bytes},
+                   {"master_weights_bytes", m.master_weights_bytes},
+                   {"kv_cache_bytes", m.kv_cache_bytes},
+                   {"peak_bytes", m.peak_bytes}});
+  return out;
+}
+
+RankMemory rank_memory_from_json(const nlohmann::json& j) {
+  try {
+    RankMemory m;
+    m.rank = j.at("rank").get<int>();
+    m.device = j.at("device").get<std::string>();
+    m.weights_bytes = j.at("weights_bytes").get<int64_t>();
+    m.serving_weights_bytes = j.at("serving_weights_bytes").get<int64_t>();
+    m.gradients_bytes = j.at("gradients_bytes").get<int64_t>();
+    m.optimizer_bytes = j.at("optimizer_bytes").get<int64_t>();
+    m.master_weights_bytes = j.at("master_weights_bytes").get<int64_t>();
+    m.kv_cache_bytes = j.at("kv_cache_bytes").get<int64_t>();
+    m.peak_bytes = j.at("peak_bytes").get<int64_t>();
+    return m;
+  } catch (const nlohmann::json::exception& e) {
+    throw SwarmError(ErrorKind::INVALID_ARGUMENT, std::string("malformed rank memory report: ") + e.what());
+  }
+}
+
 namespace {
 struct Registry {
   std::mutex mu;

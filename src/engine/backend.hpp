@@ -49,6 +49,23 @@ struct TrainStepReport {
   std::map<std::string, LogMetricStats> log_metrics;  // what the agents sent (workflow_output.log_metrics)
 };
 
+/// What one rank holds in memory, in bytes (the engine status's `memory`).
+struct RankMemory {
+  int rank = 0;
+  std::string device;                 // "cpu", "cuda:0", ...
+  int64_t weights_bytes = 0;          // the trainer's compute-dtype weights (policy, critic, KL reference)
+  int64_t serving_weights_bytes = 0;  // the copy the serving engine generates with
+  int64_t gradients_bytes = 0;        // the fp32 gradient buffers
+  int64_t optimizer_bytes = 0;        // AdamW moments of this rank's shard
+  int64_t master_weights_bytes = 0;   // fp32 master shard (0 where the weights are the masters)
+  int64_t kv_cache_bytes = 0;         // the serving engine's paged KV cache (0 where none)
+  int64_t peak_bytes = 0;             // the device's peak: CUDA caching allocator, or the process's peak RSS
+};
+/// [{rank, device, weights_bytes, ...}] as the status routes carry it.
+nlohmann::json rank_memory_json(const std::vector<RankMemory>& ranks);
+/// One entry of rank_memory_json (a follower's reply). INVALID_ARGUMENT when it is not one.
+RankMemory rank_memory_from_json(const nlohmann::json& j);
+
 /// Fills the batch-derived fields of a report (counts, reward stats, log_metrics).
 TrainStepReport summarize_batch(const TrainBatch& batch);
 /// {name: {"mean", "min", "max", "episodes"}} (non-finite values as null).
@@ -122,6 +139,10 @@ class Backend {
   /// Live figures of the inference engine for /metrics (name → value; e.g. running
   /// sequences, free KV blocks, generated tokens). Thread-safe; empty by default.
   virtual std::map<std::string, double> inference_metrics() const { return {}; }
+
+  /// What each rank holds, measured at boot and after each policy step (rank order). Thread-safe;
+  /// empty where the backend has no model memory to speak of (the mock).
+  virtual std::vector<RankMemory> memory() const { return {}; }
 
   /// Releases the model and memory (stop_engine). The object is destroyed afterwards.
   virtual void release() {}

@@ -944,6 +944,7 @@ EngineSnapshot Engine::status() const {
   s.max_staleness = max_staleness_;
   s.trainer_step = trainer_step_;
   s.run = run_;
+  if (backend_) s.memory = backend_->memory();
   s.counters = past_counters_;
   if (pool_) s.counters += pool_->counters();
   if (store_) {

@@ -67,6 +67,7 @@ struct EngineSnapshot {
   std::optional<EpisodeStoreStats> store;      // the episode store of the current run (durable_episodes)
   std::string store_file;                      // its database
   RunRecord run;                               // the current or last run ("" id before one)
+  std::vector<RankMemory> memory;              // what each rank holds (the loaded backend's report)
   PoolCounters counters;                       // of that run (a resumed run continues its checkpoint's)
 };
 

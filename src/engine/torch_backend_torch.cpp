@@ -18,6 +18,9 @@
 #include <spdlog/spdlog.h>
 #include <torch/cuda.h>
 #include <torch/version.h>
+#ifdef SWARM_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 #include "common/openmp_wait.hpp"
 #include "dist/rank_channel.hpp"
@@ -119,6 +122,48 @@ struct RankModel {
   std::unique_ptr<PolicyTrainer> trainer;
 };
 
+// The process's peak on `device`: what the CUDA caching allocator reserved at most on a GPU,
+// the peak resident set (VmHWM) on the CPU.
+int64_t peak_bytes(const torch::Device& device) {
+#ifdef SWARM_WITH_CUDA
+  if (device.is_cuda())
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).reserved_bytes[0].peak;
+#endif
+  (void)device;
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;  // "VmHWM:   123456 kB"
+  return 0;
+}
+
+// What this rank holds: the trainer's buffers, the serving copy of the weights, the KV cache.
+RankMemory measure_memory(int rank, const DecoderModel& serving, const PolicyTrainer& trainer,
+                          const ServingEngine* engine) {
+  RankMemory m;
+  m.rank = rank;
+  m.device = serving.device().str();
+  const FlatParameters::Memory t = trainer.memory();
+  m.weights_bytes = t.weights;
+  m.gradients_bytes = t.gradients;
+  m.optimizer_bytes = t.optimizer;
+  m.master_weights_bytes = t.master;
+  for (const auto& [name, p] : serving.parameters())
+    m.serving_weights_bytes += p.numel() * static_cast<int64_t>(p.element_size());
+  if (engine) m.kv_cache_bytes = engine->kv_cache_bytes();
+  m.peak_bytes = peak_bytes(serving.device());
+  return m;
+}
+
+void log_memory(const std::vector<RankMemory>& ranks, const std::string& when) {
+  const auto mib = [](int64_t b) { return static_cast<double>(b) / (1 << 20); };
+  for (const RankMemory& m : ranks)
+    spdlog::info(
+        "torch engine: memory {} on rank {} ({}): weights {:.1f} MiB, serving weights {:.1f} MiB, gradients "
+        "{:.1f} MiB, optimizer {:.1f} MiB, master weights {:.1f} MiB, KV cache {:.1f} MiB; peak {:.1f} MiB",
+        when, m.rank, m.device, mib(m.weights_bytes), mib(m.serving_weights_bytes), mib(m.gradients_bytes),
+        mib(m.optimizer_bytes), mib(m.master_weights_bytes), mib(m.kv_cache_bytes), mib(m.peak_bytes));
+}
+
 RankModel load_rank_model(const Job& job, const std::filesystem::path& dir, bool resuming,
                           torch::Device device, std::shared_ptr<Collectives> comm) {
   const DType dtype = compute_dtype(job, device);
@@ -170,7 +215,12 @@ class TorchBackend final : public Backend {
   void boot_on_this_thread(const Job& job, std::stop_token stop) {
     // A resumed run loads the checkpoint's model directory (same files, trained weights).
     const std::filesystem::path dir = model_directory(job, resume_checkpoint_);
-    if (!followers_) return boot_rank0(job, dir, stop, nullptr);
+    first_step_measured_ = false;
+    if (!followers_) {
+      boot_rank0(job, dir, stop, nullptr);
+      record_memory({}, "after boot");
+      return;
+    }
     SWARM_REQUIRE(followers_->broken().empty(), ErrorKind::UNAVAILABLE,
                   "the multi-rank job is broken (" + followers_->broken() + "); restart swarm-server");
     // Every boot rendezvouses afresh for c10d (a failed job's process group is unusable), on a
@@ -188,7 +238,7 @@ class TorchBackend final : public Backend {
       std::shared_ptr<Collectives> comm = make_collectives(dist, rank_device(dist, job.device).is_cuda());
       boot_rank0(job, dir, stop, std::move(comm));
       replies_pending = false;
-      followers_->collect(kFollowerLoadTimeout);
+      record_memory(followers_->collect(kFollowerLoadTimeout), "after boot");
     } catch (...) {
       if (replies_pending) {
         try {
@@ -357,6 +407,7 @@ class TorchBackend final : public Backend {
         if (b.trainer_ && b.trainer_->optimizer_steps() == before) b.trainer_dirty_ = false;
       }
     } clean_if_untouched{*this, optimizer_steps_before};
+    std::vector<nlohmann::json> replies;
     if (!followers_) {
       report.metrics = trainer_->train(batch, next_global_step, exclusive, stop);
     } else {
@@ -371,13 +422,15 @@ class TorchBackend final : public Backend {
         error = std::string("rank 0: ") + e.what();
       }
       try {
-        followers_->collect(dist_.timeout + std::chrono::seconds(30));
+        replies = followers_->collect(dist_.timeout + std::chrono::seconds(30));
       } catch (const std::exception& e) {
         error += (error.empty() ? "" : "; ") + std::string(e.what());
       }
       SWARM_REQUIRE(error.empty(), ErrorKind::UNAVAILABLE, "training step failed: " + error);
     }
     trainer_dirty_ = false;
+    record_memory(replies, first_step_measured_ ? "" : "after the first step");
+    first_step_measured_ = true;
     report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return report;
   }
@@ -402,6 +455,11 @@ class TorchBackend final : public Backend {
 
   void set_policy_version(int64_t version) override {
     if (auto engine = serving()) engine->set_policy_version(version);
+  }
+
+  std::vector<RankMemory> memory() const override {
+    std::lock_guard lk(memory_mu_);
+    return memory_;
   }
 
   std::map<std::string, double> inference_metrics() const override {
@@ -459,6 +517,25 @@ class TorchBackend final : public Backend {
     return engine_;
   }
 
+  // This rank's memory and what the followers replied with (their boot and train replies carry
+  // theirs), kept for memory(); logged when `when` is not empty. A malformed reply is logged
+  // and left out: a report is no reason to fail a step.
+  void record_memory(const std::vector<nlohmann::json>& replies, const std::string& when) {
+    std::vector<RankMemory> ranks;
+    if (model_ && trainer_) ranks.push_back(measure_memory(0, *model_, *trainer_, serving().get()));
+    for (size_t i = 0; i < replies.size(); ++i) {
+      if (!replies[i].contains("memory")) continue;
+      try {
+        ranks.push_back(rank_memory_from_json(replies[i]["memory"]));
+      } catch (const std::exception& e) {
+        spdlog::warn("torch engine: rank {}'s memory report: {}", i + 1, e.what());
+      }
+    }
+    if (!when.empty()) log_memory(ranks, when);
+    std::lock_guard lk(memory_mu_);
+    memory_ = std::move(ranks);
+  }
+
   Job job_;
   std::shared_ptr<const Tokenizer> tokenizer_;
   std::optional<ChatTemplate> chat_template_;
@@ -472,6 +549,9 @@ class TorchBackend final : public Backend {
   int64_t max_context_ = 0;
   std::shared_ptr<RankLeader> followers_;  // null on one rank; control thread only
   bool followers_booted_ = false;          // the followers hold (or are loading) a model
+  bool first_step_measured_ = false;       // memory logged after this boot's first step
+  mutable std::mutex memory_mu_;           // guards memory_ (status readers)
+  std::vector<RankMemory> memory_;         // every rank's, rank order
   DistConfig dist_;
 };
 
@@ -502,6 +582,12 @@ int run_torch_follower(const DistConfig& dist) {
       return 0;
     }
     const std::string kind = message->header.value("kind", "");
+    nlohmann::json reply = nlohmann::json::object();
+    // Boot and train replies carry this rank's memory (rank 0 reports every rank's).
+    const auto with_memory = [&] {
+      reply["memory"] =
+          rank_memory_json({measure_memory(dist.rank, *held->model, *held->trainer, nullptr)})[0];
+    };
     try {
       if (kind == "boot") {
         held.reset();
@@ -516,6 +602,7 @@ int run_torch_follower(const DistConfig& dist) {
         held = load_rank_model(job, dir, !resume.empty(), device, std::move(comm));
         spdlog::info("rank {}: loaded {} ({} optimizer values on this rank)", dist.rank, dir.string(),
                      (held->trainer->parameter_count() + dist.world_size - 1) / dist.world_size);
+        with_memory();
       } else if (kind == "train") {
         SWARM_REQUIRE(held.has_value(), ErrorKind::CONFLICT, "no model is loaded on this rank");
         const TrainBatch batch = deserialize_train_batch(message->payload);
@@ -527,6 +614,7 @@ int run_torch_follower(const DistConfig& dist) {
           throw;
         }
         spdlog::debug("rank {}: step {} done", dist.rank, step);
+        with_memory();
       } else if (kind == "save") {
         SWARM_REQUIRE(held.has_value(), ErrorKind::CONFLICT, "no model is loaded on this rank");
         save_trainer_state(
@@ -537,7 +625,7 @@ int run_torch_follower(const DistConfig& dist) {
       } else {
         throw SwarmError(ErrorKind::INVALID_ARGUMENT, "unknown command '" + kind + "' from rank 0");
       }
-      channel->reply_ok();
+      channel->reply_ok(std::move(reply));
     } catch (const std::exception& e) {
       spdlog::error("rank {}: {} failed: {}", dist.rank, kind, e.what());
       channel->reply_error(e.what());

@@ -389,7 +389,8 @@ HttpResponse SwarmService::handle_command(const std::string& route, const HttpRe
                           {"seconds_in_state", st.seconds_in_state},
                           {"config_synced", st.config_synced},
                           {"engine", st.backend},
-                          {"model", st.model}});
+                          {"model", st.model},
+                          {"memory", rank_memory_json(st.memory)}});
   }
   if (route == "/metrics") {
     HttpResponse r;

@@ -207,4 +207,14 @@ void FlatParameters::load_state(const std::map<std::string, torch::Tensor>& stat
   refresh_weights_from_master();
 }
 
+FlatParameters::Memory FlatParameters::memory() const {
+  const auto bytes = [](const torch::Tensor& t) {
+    return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : int64_t{0};
+  };
+  const bool master_is_weights =
+      master_.defined() && weights_.defined() && master_.data_ptr() == weights_.data_ptr();
+  return {bytes(weights_), bytes(grad_), bytes(exp_avg_) + bytes(exp_avg_sq_),
+          master_is_weights ? 0 : bytes(master_)};
+}
+
 }  // namespace swarm

@@ -57,6 +57,12 @@ class FlatParameters {
   void set_master_in_state(bool on) noexcept { master_in_state_ = on; }
   int64_t numel() const noexcept { return numel_; }
   const Collectives& collectives() const noexcept { return *comm_; }
+  /// Bytes this rank holds: the compute-dtype weights, the fp32 gradient buffer, the AdamW
+  /// moments of its shard, and its fp32 master shard (0 where it is the weights themselves).
+  struct Memory {
+    int64_t weights = 0, gradients = 0, optimizer = 0, master = 0;
+  };
+  Memory memory() const;
   /// A 1-element tensor on the flat buffers' device (for flags exchanged between ranks).
   torch::TensorOptions grad_options() const { return grad_.options(); }
 

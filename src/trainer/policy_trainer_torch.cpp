@@ -717,4 +717,17 @@ std::map<std::string, double> PolicyTrainer::train(const TrainBatch& batch, int6
   return m;
 }
 
+FlatParameters::Memory PolicyTrainer::memory() const {
+  FlatParameters::Memory m = policy_->memory();
+  if (critic_) {
+    const FlatParameters::Memory c = critic_->parameters().memory();
+    m.weights += c.weights;
+    m.gradients += c.gradients;
+    m.optimizer += c.optimizer;
+    m.master += c.master;
+  }
+  for (const torch::Tensor& w : ref_weights_) m.weights += w.numel() * static_cast<int64_t>(w.element_size());
+  return m;
+}
+
 }  // namespace swarm

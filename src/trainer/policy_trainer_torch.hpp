@@ -130,6 +130,9 @@ class PolicyTrainer {
   // ---- state (checkpoints)
   int64_t optimizer_steps() const noexcept { return policy_->steps(); }
   int64_t parameter_count() const noexcept { return policy_->numel(); }
+  /// What this rank's trainer holds, policy and critic together; the frozen KL reference
+  /// counts as weights.
+  FlatParameters::Memory memory() const;
   /// This rank's optimizer state (master shard, moments, step counter) as named fp32 tensors.
   std::map<std::string, torch::Tensor> optimizer_state() const;
   /// Restores what optimizer_state returned (same world size and model); also refreshes the

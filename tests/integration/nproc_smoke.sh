@@ -55,6 +55,17 @@ follower="$(followers_of "$pid")"
 agent --steps 2 >agent1.log 2>&1 || { cat agent1.log >&2; fail "echo_agent on 2 ranks failed"; }
 grep -q "2 ranks (gloo collectives) booted" server.log || fail "the engine did not boot 2 ranks"
 grep -q "\[rank 1\] rank 1: loaded" server.log || fail "rank 1 did not load the model"
+# The status reports both ranks' memory: each holds half the optimizer state, only rank 0 a KV cache.
+curl -sf "http://127.0.0.1:$port/get_engine_status" >status.json || fail "no engine status"
+/usr/bin/python3 - status.json <<'PY' || fail "the memory report is wrong: $(cat status.json)"
+import json, sys
+m = json.load(open(sys.argv[1]))["memory"]
+assert [r["rank"] for r in m] == [0, 1], m
+assert abs(m[0]["optimizer_bytes"] - m[1]["optimizer_bytes"]) <= 64, m
+assert m[0]["kv_cache_bytes"] > 0 and m[1]["kv_cache_bytes"] == 0, m
+assert all(r["peak_bytes"] > r["weights_bytes"] > 0 for r in m), m
+PY
+grep -q "memory after the first step on rank 1" server.log || fail "rank 1's memory was not logged after step 1"
 stop_server
 if kill -0 "$follower" 2>/dev/null; then fail "the follower (pid $follower) outlived rank 0"; fi
 cp=experiments/echo/echo-agent/checkpoints/step-2

@@ -167,6 +167,7 @@ TrainBatch with_external_group(TrainBatch b) {
 
 struct StepResult {
   Metrics metrics;
+  std::vector<RankMemory> memory;  // the backend's report after the step
   Tensors moments;  // "exp_avg", "exp_avg_sq", and "critic/..." for PPO: every rank's shards in order
 };
 
@@ -191,6 +192,7 @@ StepResult train_one_step(Backend& backend, const Job& job, const TrainBatch& ba
   backend.boot(job, {});
   StepResult r;
   r.metrics = backend.train_step(batch, 1, {}).metrics;
+  r.memory = backend.memory();
   fs::create_directories(dir);
   backend.save_checkpoint(dir);
   backend.release();
@@ -204,13 +206,20 @@ bool timing(const std::string& name) {
 }
 
 // One step of `job` on `batch` with 1 rank and with 2 ranks through the channel: the same update.
+// One step with 1 rank and with 2 (rank 0 here driving rank 1 through the channel).
+std::pair<StepResult, StepResult> one_and_two_ranks(const Job& job, const TrainBatch& batch,
+                                                    const fs::path& scratch) {
+  auto one = make_torch_backend();
+  StepResult single = train_one_step(*one, job, batch, scratch / "one", 1);
+  auto two = make_backend("torch");
+  StepResult pair = train_one_step(*two, job, batch, scratch / "two", 2);
+  return {std::move(single), std::move(pair)};
+}
+
 void expect_two_ranks_train_as_one(const std::string& family, const Job& job, const TrainBatch& batch) {
   ASSERT_NE(g_two, nullptr);
   testing::ScratchDir scratch("swarm-rank-equivalence");
-  auto one = make_torch_backend();
-  const StepResult single = train_one_step(*one, job, batch, scratch.path() / "one", 1);
-  auto two = make_backend("torch");  // rank 0 of the job, driving rank 1
-  const StepResult pair = train_one_step(*two, job, batch, scratch.path() / "two", 2);
+  const auto [single, pair] = one_and_two_ranks(job, batch, scratch.path());
 
   ASSERT_GT(single.metrics.at("sequences_trained"), 0) << family << ": the case must train something";
   const bool bf16 = job.dtype == "bf16";
@@ -286,6 +295,40 @@ TEST(RankEquivalence, AsynchronousWithTruncatedImportanceSampling) {
   job.max_staleness = 1;  // off_policy_correction auto: tis
   job.is_cap = 1.1;       // the batch's log-probs are far from the model's: the cap bites
   expect_two_ranks_train_as_one("async tis", job, recorded_batch(57));
+}
+
+// The memory report (get_engine_status's `memory`) covers every rank, and shows the sharding:
+// each of 2 ranks holds half the optimizer state and of the fp32 masters, all of the weights
+// and the gradient buffer, and only rank 0 a KV cache.
+TEST(RankEquivalence, TheMemoryReportCoversEveryRank) {
+  ASSERT_NE(g_two, nullptr);
+  testing::ScratchDir scratch("swarm-rank-memory");
+  const auto [single, pair] = one_and_two_ranks(tiny_job("bf16"), recorded_batch(58), scratch.path());
+  ASSERT_EQ(single.memory.size(), 1u);
+  ASSERT_EQ(pair.memory.size(), 2u);
+  const RankMemory& one = single.memory[0];
+  EXPECT_EQ(one.rank, 0);
+  EXPECT_EQ(one.device, "cpu");
+  EXPECT_GT(one.weights_bytes, 0);
+  EXPECT_EQ(one.serving_weights_bytes, one.weights_bytes);  // bf16 both: the two copies
+  EXPECT_EQ(one.gradients_bytes, 2 * one.weights_bytes);    // fp32 gradients of bf16 weights
+  EXPECT_EQ(one.master_weights_bytes, 2 * one.weights_bytes);
+  EXPECT_EQ(one.optimizer_bytes, 4 * one.weights_bytes);  // two fp32 moments
+  EXPECT_GT(one.kv_cache_bytes, 0);
+  EXPECT_GT(one.peak_bytes, one.weights_bytes);
+  for (int r = 0; r < 2; ++r) {
+    const RankMemory& m = pair.memory[static_cast<size_t>(r)];
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_EQ(m.rank, r);
+    EXPECT_EQ(m.serving_weights_bytes, one.serving_weights_bytes);
+    // The flat buffers are padded to a multiple of the world size: within a few elements.
+    EXPECT_NEAR(static_cast<double>(m.optimizer_bytes), one.optimizer_bytes / 2.0, 64.0);
+    EXPECT_NEAR(static_cast<double>(m.master_weights_bytes), one.master_weights_bytes / 2.0, 64.0);
+    EXPECT_NEAR(static_cast<double>(m.gradients_bytes), static_cast<double>(one.gradients_bytes), 64.0);
+    EXPECT_GT(m.peak_bytes, 0);
+  }
+  EXPECT_EQ(pair.memory[0].kv_cache_bytes, one.kv_cache_bytes);
+  EXPECT_EQ(pair.memory[1].kv_cache_bytes, 0);  // followers do not serve (yet)
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "common/error.hpp"
 #include "engine/torch_backend.hpp"
 #include "inference/decoder_model_torch.hpp"
+#include "model/model_config.hpp"
 #include "model/model_tools.hpp"
 #include "support/scratch_dir.hpp"
 #include "support/train_batches.hpp"
@@ -90,6 +91,28 @@ TEST(TorchBackend, APolicyStepChangesTheServedWeightsAndStampsTheVersion) {
   EXPECT_EQ(after.policy_version, 1);
   // Same prompt, greedy: the log-probs can only differ if the engine samples from new weights.
   EXPECT_NE(before.choices[0].logprobs, after.choices[0].logprobs);
+  b->release();
+}
+
+// fp32 on one rank: the masters are the weights (0 bytes of their own); the serving engine
+// keeps its own copy; the report is there from the boot on.
+TEST(TorchBackend, TheMemoryReportOfOneFp32Rank) {
+  auto b = booted(tiny_job());
+  const std::vector<RankMemory> at_boot = b->memory();
+  ASSERT_EQ(at_boot.size(), 1u);
+  const RankMemory& m = at_boot[0];
+  const int64_t params = ModelConfig::from_directory(tinystories()).parameter_count();
+  EXPECT_EQ(m.rank, 0);
+  EXPECT_EQ(m.device, "cpu");
+  EXPECT_EQ(m.weights_bytes, params * 4);
+  EXPECT_EQ(m.serving_weights_bytes, params * 4);
+  EXPECT_EQ(m.gradients_bytes, params * 4);
+  EXPECT_EQ(m.optimizer_bytes, params * 8);
+  EXPECT_EQ(m.master_weights_bytes, 0);
+  EXPECT_GT(m.kv_cache_bytes, 0);
+  EXPECT_GE(m.peak_bytes, m.weights_bytes + m.serving_weights_bytes);
+  b->train_step(random_batch(2, 2, 3), 1, {});
+  EXPECT_GE(b->memory().at(0).peak_bytes, m.peak_bytes);
   b->release();
 }
 
