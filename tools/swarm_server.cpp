@@ -15,6 +15,7 @@
 #include "dist/dist_config.hpp"
 #include "common/env.hpp"
 #include "common/openmp_wait.hpp"
+#include "common/random_id.hpp"
 #include "dist/rank_channel.hpp"
 #include "dist/rank_launcher.hpp"
 #include "server/server.hpp"
@@ -75,13 +76,68 @@ struct StartFlags {
   std::string log_level = "info";
   size_t max_body_mb = 8;  // server.http.max_body_bytes in MiB
   int nproc = 1;
+  // Several machines (torchrun's names): this machine is node `node_rank` of `nnodes`, each
+  // with `nproc` ranks; node 0's first rank serves HTTP.
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr;
+  int master_port = 0;
+  std::string rendezvous_secret_file;
   std::string admin_token_file, client_token_file;
 };
+
+// The ranks of this process's job, from the flags over the environment (torchrun's variables).
+// Returns an error text ("" when fine). Sets `launch` when this process starts its machine's
+// other ranks itself (--nproc N > 1).
+std::string plan_ranks(const StartFlags& flags, swarm::DistConfig& dist, bool& launch) {
+  const bool multi_node_flags =
+      flags.nnodes > 1 || flags.node_rank > 0 || !flags.master_addr.empty() || flags.master_port > 0;
+  launch = false;
+  if (!flags.rendezvous_secret_file.empty()) {
+    std::ifstream in(flags.rendezvous_secret_file);
+    if (!in) return "cannot read the rendezvous secret file '" + flags.rendezvous_secret_file + "'";
+    std::getline(in, dist.secret);
+    while (!dist.secret.empty() && std::isspace(static_cast<unsigned char>(dist.secret.back())))
+      dist.secret.pop_back();
+    if (dist.secret.empty())
+      return "the rendezvous secret file '" + flags.rendezvous_secret_file + "' is empty";
+  }
+  if (multi_node_flags || flags.nproc > 1) {
+    if (dist.world_size > 1)
+      return "--nproc / --nnodes start and place the ranks themselves; do not also set WORLD_SIZE (=" +
+             std::to_string(dist.world_size) + ")";
+    if (flags.node_rank >= flags.nnodes)
+      return "--node-rank " + std::to_string(flags.node_rank) + " is not below --nnodes " +
+             std::to_string(flags.nnodes);
+    dist.world_size = flags.nnodes * flags.nproc;
+    dist.local_world_size = flags.nproc;
+    dist.rank = flags.node_rank * flags.nproc;
+    dist.local_rank = 0;
+    launch = flags.nproc > 1;
+    if (flags.nnodes > 1) {
+      if (flags.master_addr.empty() || flags.master_port <= 0)
+        return "--nnodes " + std::to_string(flags.nnodes) +
+               " needs --master-addr and --master-port: node 0's address, which every node can reach";
+      dist.master_addr = flags.master_addr;
+      dist.master_port = flags.master_port;
+    } else {  // one machine: loopback, and a port of our own unless one is given
+      dist.master_addr = flags.master_addr.empty() ? "127.0.0.1" : flags.master_addr;
+      dist.master_port = flags.master_port > 0 ? flags.master_port : swarm::pick_free_port(dist.master_addr);
+      // The job's own secret: only its ranks (started here, told it) can join.
+      if (dist.secret.empty()) dist.secret = swarm::random_hex(32);
+    }
+  }
+  // Ranks on other machines must prove a secret set up beforehand.
+  if (dist.world_size > dist.local_world_size && dist.secret.empty())
+    return "ranks on several machines need a shared rendezvous secret: --rendezvous-secret-file FILE (the "
+           "same "
+           "file content on every node; openssl rand -hex 32 > FILE) or SWARM_RENDEZVOUS_SECRET";
+  return "";
+}
 
 int run_start(StartFlags flags, const std::vector<std::string>& argv) {
   const std::string& log_level = flags.log_level;
   const std::string& engine = flags.server.engine.backend;
-  const int nproc = flags.nproc;
   auto level = spdlog::level::from_str(log_level);
   if (level == spdlog::level::off && log_level != "off") {
     std::cerr << "swarm-server: unknown --log-level '" << log_level
@@ -93,45 +149,45 @@ int run_start(StartFlags flags, const std::vector<std::string>& argv) {
   swarm::install_verbose_log_sink();  // before any thread logs (the ranks, the engine)
 
   swarm::DistConfig dist;
+  bool launch = false;
   try {
     dist = swarm::DistConfig::from_env();
+    // A rank started with RANK > 0 in its environment (by --nproc, torchrun, Slurm): a follower.
+    if (dist.rank > 0) return run_follower(dist);
+    if (const std::string problem = plan_ranks(flags, dist, launch); !problem.empty()) {
+      spdlog::error("swarm-server: {}", problem);
+      return 2;
+    }
   } catch (const std::exception& e) {
     spdlog::error("swarm-server: {}", e.what());
     return 2;
   }
-  if (dist.rank > 0) return run_follower(dist);
-#ifdef SWARM_WITH_TORCH
-  if (engine == "torch") spdlog::info("swarm-server: {}", swarm::compute_paths_summary());
-#endif
-  if (nproc > 1 && dist.world_size > 1) {
-    spdlog::error("swarm-server: --nproc starts the ranks itself; do not also set WORLD_SIZE (={})",
-                  dist.world_size);
+  if (dist.world_size > 1 && engine != "torch") {
+    spdlog::error("swarm-server: several ranks (--nproc / --nnodes / WORLD_SIZE) need --engine torch");
     return 2;
   }
-  if ((nproc > 1 || dist.world_size > 1) && engine != "torch") {
-    spdlog::error("swarm-server: several ranks (--nproc / WORLD_SIZE) need --engine torch");
-    return 2;
-  }
-  // --nproc N: this process is rank 0 of a job on this machine; it starts the other ranks.
+  // --nproc N: this process is the first rank of its machine; it starts the machine's others
+  // (told rank 0's address and the job's secret).
   std::optional<swarm::LocalRanks> local_ranks;
-  if (nproc > 1) {
-    dist.world_size = dist.local_world_size = nproc;
-    dist.master_addr = "127.0.0.1";
+  if (launch) {
     try {
-      dist.master_port = swarm::pick_free_port(dist.master_addr);
-      local_ranks.emplace(nproc, argv, dist.master_addr, dist.master_port);
+      local_ranks.emplace(dist, argv);
     } catch (const std::exception& e) {
       spdlog::error("swarm-server: {}", e.what());
       return 1;
     }
   }
+  if (dist.rank > 0) return run_follower(dist);  // another machine's first rank: no HTTP
+#ifdef SWARM_WITH_TORCH
+  if (engine == "torch") spdlog::info("swarm-server: {}", swarm::compute_paths_summary());
+#endif
   std::shared_ptr<swarm::RankLeader> followers;
   if (dist.world_size > 1) {
     spdlog::info("swarm-server: rank 0 of {}: waiting for the other ranks on {}:{}", dist.world_size,
                  dist.master_addr, dist.master_port);
     try {
-      followers =
-          swarm::RankLeader::accept(dist.master_addr, dist.master_port, dist.world_size, dist.timeout);
+      followers = swarm::RankLeader::accept(dist.master_addr, dist.master_port, dist.world_size, dist.timeout,
+                                            dist.secret);
     } catch (const std::exception& e) {
       const std::string gone = local_ranks ? local_ranks->exited() : std::string();
       spdlog::error("swarm-server: {}{}{}", e.what(), gone.empty() ? "" : "; ", gone);
@@ -264,11 +320,32 @@ int main(int argc, char** argv) {
   start
       ->add_option("--nproc", flags.nproc,
                    "Training ranks on this machine (torch engine): rank 0 serves HTTP, every rank trains a "
-                   "share of each batch with sharded optimizer state (Gloo on CPU, NCCL on GPUs). Ranks on "
-                   "several machines: start one swarm-server per rank with RANK, WORLD_SIZE, MASTER_ADDR, "
-                   "MASTER_PORT set instead.")
+                   "share of each batch with sharded optimizer state (Gloo on CPU, NCCL on GPUs). With "
+                   "--nnodes, the ranks of each machine.")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
+  start
+      ->add_option("--nnodes", flags.nnodes,
+                   "Machines in the job (torchrun's name): start one swarm-server per machine with the same "
+                   "--nnodes, --nproc, --master-addr, --master-port and rendezvous secret, and its own "
+                   "--node-rank; node 0 serves HTTP. WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, "
+                   "MASTER_ADDR, MASTER_PORT set per rank (Slurm, Kubernetes) work instead of the flags.")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  start->add_option("--node-rank", flags.node_rank, "This machine's index in [0, --nnodes)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 4095));
+  start->add_option("--master-addr", flags.master_addr,
+                    "Node 0's address every node reaches (the ranks' control channel listens there)");
+  start->add_option("--master-port", flags.master_port, "The control channel's port on --master-addr")
+      ->check(CLI::Range(1, 65535));
+  start
+      ->add_option(
+          "--rendezvous-secret-file", flags.rendezvous_secret_file,
+          "File holding the job's rendezvous secret (else $SWARM_RENDEZVOUS_SECRET): every rank proves "
+          "it when it joins, so no stranger or other job joins. Required across machines; one machine "
+          "makes its own.")
+      ->check(CLI::ExistingFile);
   start
       ->add_option("--admin-token-file", flags.admin_token_file,
                    "File holding the admin token (else $SWARM_ADMIN_TOKEN): sync_train_config, start_engine, "

@@ -19,8 +19,15 @@ constexpr EnvVar kEnvVars[] = {
     {"WORLD_SIZE", "swarm-server", "Ranks in a multi-process job (torchrun's name); unset = 1."},
     {"RANK", "swarm-server", "This process's rank in [0, WORLD_SIZE); rank 0 serves HTTP."},
     {"LOCAL_WORLD_SIZE", "swarm-server", "Ranks on this machine (default WORLD_SIZE)."},
-    {"MASTER_ADDR", "swarm-server", "Address of rank 0's rendezvous store (default 127.0.0.1)."},
-    {"MASTER_PORT", "swarm-server", "Port of rank 0's rendezvous store (default 29500)."},
+    {"LOCAL_RANK", "swarm-server",
+     "This rank's index on its machine, in [0, LOCAL_WORLD_SIZE): its GPU (default RANK modulo "
+     "LOCAL_WORLD_SIZE)."},
+    {"MASTER_ADDR", "swarm-server", "Address of rank 0's control channel (default 127.0.0.1)."},
+    {"MASTER_PORT", "swarm-server", "Port of rank 0's control channel (default 29500)."},
+    {"SWARM_RENDEZVOUS_SECRET", "swarm-server",
+     "The job's rendezvous secret, which every rank proves when it joins (--rendezvous-secret-file); "
+     "required "
+     "when ranks run on several machines."},
     {"SWARM_DIST_TIMEOUT_SECONDS", "swarm-server",
      "How long a rank waits for the others (rendezvous, a collective) before it fails the job."},
     {"GLOO_SOCKET_IFNAME", "swarm-server",

@@ -36,6 +36,10 @@ DistConfig DistConfig::from_env() {
   config.local_world_size = config.world_size;
   if (const auto local = env_value("LOCAL_WORLD_SIZE"))
     config.local_world_size = static_cast<int>(env_int("LOCAL_WORLD_SIZE", *local, 1, config.world_size));
+  config.local_rank = config.rank % config.local_world_size;
+  if (const auto local = env_value("LOCAL_RANK"))
+    config.local_rank = static_cast<int>(env_int("LOCAL_RANK", *local, 0, config.local_world_size - 1));
+  if (const auto secret = env_value("SWARM_RENDEZVOUS_SECRET")) config.secret = *secret;
   if (const auto addr = env_value("MASTER_ADDR")) config.master_addr = *addr;
   if (const auto port = env_value("MASTER_PORT"))
     config.master_port = static_cast<int>(env_int("MASTER_PORT", *port, 1, 65535));

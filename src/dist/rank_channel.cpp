@@ -17,6 +17,13 @@
 #include <thread>
 #include <type_traits>
 
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include <spdlog/spdlog.h>
+
 #include "common/error.hpp"
 #include "common/json_nesting.hpp"
 #include "store/episode_codec.hpp"
@@ -105,10 +112,14 @@ void write_frame(int fd, const RankMessage& m) {
   write_exact(fd, m.payload.data(), m.payload.size());
 }
 
-std::optional<RankMessage> read_frame(int fd, std::optional<Clock::time_point> deadline) {
+// `max_header` / `max_payload` bound what is read: the handshake reads a stranger's frames
+// with small bounds (nothing large is allocated before a peer has proved the secret).
+std::optional<RankMessage> read_frame(int fd, std::optional<Clock::time_point> deadline,
+                                      uint64_t max_header = kMaxHeaderBytes,
+                                      uint64_t max_payload = kMaxPayloadBytes) {
   uint64_t lens[2];
   if (!read_exact(fd, reinterpret_cast<char*>(lens), sizeof(lens), deadline)) return std::nullopt;
-  if (lens[0] > kMaxHeaderBytes || lens[1] > kMaxPayloadBytes)
+  if (lens[0] > max_header || lens[1] > max_payload)
     throw SwarmError(ErrorKind::UNAVAILABLE, "malformed frame (header " + std::to_string(lens[0]) +
                                                  " bytes, payload " + std::to_string(lens[1]) + " bytes)");
   std::string header(lens[0], '\0');
@@ -134,12 +145,92 @@ void set_nodelay(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
+// ---- the join handshake: each side proves it knows the rendezvous secret (HMAC-SHA256 over
+// both sides' fresh nonces), so neither a stranger nor another job's rank joins, and no rank
+// obeys a leader that is not its job's. The secret itself never crosses the wire.
+//
+//   follower -> leader  {kind: hello, rank, nonce: F}
+//   leader -> follower  {kind: challenge, nonce: L, proof: HMAC(secret, "leader|F|L")}
+//   follower -> leader  {kind: auth, proof: HMAC(secret, "follower|rank|L|F")}
+//   leader -> follower  {kind: joined}        (or the connection closes: refused)
+constexpr uint64_t kHandshakeHeaderBytes = 1024;
+constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
+
+std::string to_hex(const unsigned char* data, size_t n) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < n; ++i) out += digits[data[i] >> 4], out += digits[data[i] & 15];
+  return out;
+}
+
+std::string fresh_nonce() {
+  unsigned char bytes[32];
+  SWARM_REQUIRE(RAND_bytes(bytes, sizeof bytes) == 1, ErrorKind::INTERNAL,
+                "no random bytes for the rank handshake");
+  return to_hex(bytes, sizeof bytes);
+}
+
+std::string proof(const std::string& secret, const std::string& text) {
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  SWARM_REQUIRE(HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+                     reinterpret_cast<const unsigned char*>(text.data()), text.size(), mac, &len) != nullptr,
+                ErrorKind::INTERNAL, "HMAC failed in the rank handshake");
+  return to_hex(mac, len);
+}
+
+bool same_proof(const std::string& a, const std::string& b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+std::string peer_of(int fd) {
+  sockaddr_in addr{};
+  socklen_t len = sizeof addr;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "an unknown address";
+  char host[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &addr.sin_addr, host, sizeof host);
+  return std::string(host) + ":" + std::to_string(ntohs(addr.sin_port));
+}
+
+std::string text_field(const std::optional<RankMessage>& m, const char* kind, const char* key) {
+  if (!m || m->header.value("kind", "") != kind) return "";
+  const auto it = m->header.find(key);
+  return it != m->header.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+// The leader's side for one accepted connection: the rank it proved, or -1 with `why` set.
+int leader_handshake(int fd, const std::string& secret, int world_size, std::string& why) {
+  const auto deadline = Clock::now() + kHandshakeTimeout;
+  const auto hello = read_frame(fd, deadline, kHandshakeHeaderBytes, 0);
+  const int rank =
+      hello && hello->header.value("kind", "") == "hello" && hello->header["rank"].is_number_integer()
+          ? hello->header["rank"].get<int>()
+          : -1;
+  const std::string their_nonce = text_field(hello, "hello", "nonce");
+  if (rank < 1 || rank >= world_size || their_nonce.size() != 64) {
+    why = "not a rank of this job (no valid hello)";
+    return -1;
+  }
+  const std::string ours = fresh_nonce();
+  write_frame(fd, RankMessage{json{{"kind", "challenge"},
+                                   {"nonce", ours},
+                                   {"proof", proof(secret, "leader|" + their_nonce + "|" + ours)}},
+                              {}});
+  const auto auth = read_frame(fd, deadline, kHandshakeHeaderBytes, 0);
+  const std::string want = proof(secret, "follower|" + std::to_string(rank) + "|" + ours + "|" + their_nonce);
+  if (!same_proof(text_field(auth, "auth", "proof"), want)) {
+    why = "claimed rank " + std::to_string(rank) + " without the rendezvous secret";
+    return -1;
+  }
+  return rank;
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------ leader
 
 std::unique_ptr<RankLeader> RankLeader::accept(const std::string& host, int port, int world_size,
-                                               std::chrono::milliseconds timeout) {
+                                               std::chrono::milliseconds timeout, const std::string& secret) {
   SWARM_REQUIRE(world_size >= 2, ErrorKind::INVALID_ARGUMENT, "a rank leader needs at least one follower");
   const auto deadline = Clock::now() + timeout;
   sockaddr_in addr = resolve(host, port);
@@ -171,16 +262,23 @@ std::unique_ptr<RankLeader> RankLeader::accept(const std::string& host, int port
       throw SwarmError(ErrorKind::UNAVAILABLE, "accept failed: " + errno_text());
     }
     set_nodelay(fd);
-    std::optional<RankMessage> hello;
+    std::string why;
+    int rank = -1;
     try {
-      hello = read_frame(fd, deadline);
-    } catch (const SwarmError&) {
-      hello.reset();
+      rank = leader_handshake(fd, secret, world_size, why);
+      if (rank > 0 && leader->fds_[static_cast<size_t>(rank - 1)] >= 0) {
+        why = "claimed rank " + std::to_string(rank) + ", which has joined already";
+        rank = -1;
+      }
+      if (rank > 0) write_frame(fd, RankMessage{json{{"kind", "joined"}}, {}});
+    } catch (const SwarmError& e) {
+      why = e.what();
+      rank = -1;
     }
-    const int rank =
-        hello && hello->header.value("kind", "") == "hello" ? hello->header.value("rank", -1) : -1;
-    if (rank < 1 || rank >= world_size || leader->fds_[static_cast<size_t>(rank - 1)] >= 0) {
-      ::close(fd);  // not one of ours (or a duplicate rank): ignore it
+    if (rank < 0) {
+      // Not one of ours: refused, said in the log, and the job goes on waiting for its ranks.
+      spdlog::warn("rank 0: refused a connection from {}: {}", peer_of(fd), why);
+      ::close(fd);
       continue;
     }
     leader->fds_[static_cast<size_t>(rank - 1)] = fd;
@@ -247,7 +345,8 @@ std::vector<json> RankLeader::request(const RankMessage& message, std::chrono::m
 // ------------------------------------------------------------------ follower
 
 std::unique_ptr<RankFollower> RankFollower::connect(const std::string& host, int port, int rank,
-                                                    std::chrono::milliseconds timeout) {
+                                                    std::chrono::milliseconds timeout,
+                                                    const std::string& secret) {
   const auto deadline = Clock::now() + timeout;
   const sockaddr_in addr = resolve(host, port);
   std::string last_error;
@@ -259,7 +358,7 @@ std::unique_ptr<RankFollower> RankFollower::connect(const std::string& host, int
       std::unique_ptr<RankFollower> f(new RankFollower());
       f->fd_ = fd;
       f->rank_ = rank;
-      write_frame(fd, RankMessage{json{{"kind", "hello"}, {"rank", rank}}, {}});
+      f->join(host + ":" + std::to_string(port), secret);
       return f;
     }
     last_error = errno_text();
@@ -271,6 +370,30 @@ std::unique_ptr<RankFollower> RankFollower::connect(const std::string& host, int
                            " s: " + last_error);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
+}
+
+void RankFollower::join(const std::string& where, const std::string& secret) {
+  const auto deadline = Clock::now() + kHandshakeTimeout;
+  const std::string ours = fresh_nonce();
+  write_frame(fd_, RankMessage{json{{"kind", "hello"}, {"rank", rank_}, {"nonce", ours}}, {}});
+  const auto challenge = read_frame(fd_, deadline, kHandshakeHeaderBytes, 0);
+  const std::string theirs = text_field(challenge, "challenge", "nonce");
+  SWARM_REQUIRE(challenge, ErrorKind::UNAVAILABLE,
+                "rank 0 at " + where + " closed the connection at once (is that rank 0 of this job?)");
+  SWARM_REQUIRE(theirs.size() == 64 && same_proof(text_field(challenge, "challenge", "proof"),
+                                                  proof(secret, "leader|" + ours + "|" + theirs)),
+                ErrorKind::UNAVAILABLE,
+                "the process at " + where +
+                    " does not know this job's rendezvous secret: not rank 0 of this job (another job's "
+                    "master, or --rendezvous-secret-file / SWARM_RENDEZVOUS_SECRET differs)");
+  write_frame(fd_, RankMessage{json{{"kind", "auth"},
+                                    {"proof", proof(secret, "follower|" + std::to_string(rank_) + "|" +
+                                                                theirs + "|" + ours)}},
+                               {}});
+  const auto joined = read_frame(fd_, deadline, kHandshakeHeaderBytes, 0);
+  SWARM_REQUIRE(joined && joined->header.value("kind", "") == "joined", ErrorKind::UNAVAILABLE,
+                "rank 0 at " + where + " refused rank " + std::to_string(rank_) +
+                    ": a wrong rendezvous secret, or this rank has joined already (rank 0's log says which)");
 }
 
 RankFollower::~RankFollower() {

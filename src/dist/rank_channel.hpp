@@ -33,9 +33,12 @@ struct RankMessage {
 class RankLeader {
  public:
   /// Listens on host:port and accepts `world_size - 1` followers, each of which introduces
-  /// itself with its rank. Throws UNAVAILABLE when not all joined within `timeout`.
+  /// itself with its rank and proves it knows `secret` (the job's rendezvous secret; the other
+  /// side checks that rank 0 knows it too). A connection that fails that — a stranger, another
+  /// job's rank, a rank that joined already — is refused, logged, and the wait goes on. Throws
+  /// UNAVAILABLE when not all joined within `timeout`.
   static std::unique_ptr<RankLeader> accept(const std::string& host, int port, int world_size,
-                                            std::chrono::milliseconds timeout);
+                                            std::chrono::milliseconds timeout, const std::string& secret);
   ~RankLeader();
   RankLeader(const RankLeader&) = delete;
   RankLeader& operator=(const RankLeader&) = delete;
@@ -64,10 +67,12 @@ class RankLeader {
 /// A follower's end. Not thread-safe.
 class RankFollower {
  public:
-  /// Connects to rank 0 at host:port (retrying while it is not listening yet) and introduces
-  /// itself as `rank`. Throws UNAVAILABLE when that does not succeed within `timeout`.
+  /// Connects to rank 0 at host:port (retrying while it is not listening yet) and joins as
+  /// `rank`, both sides proving they know `secret`. Throws UNAVAILABLE when that does not
+  /// succeed within `timeout`, or at once, saying why, when rank 0 refuses or is not rank 0 of
+  /// this job.
   static std::unique_ptr<RankFollower> connect(const std::string& host, int port, int rank,
-                                               std::chrono::milliseconds timeout);
+                                               std::chrono::milliseconds timeout, const std::string& secret);
   ~RankFollower();
   RankFollower(const RankFollower&) = delete;
   RankFollower& operator=(const RankFollower&) = delete;
@@ -81,6 +86,7 @@ class RankFollower {
 
  private:
   RankFollower() = default;
+  void join(const std::string& where, const std::string& secret);
   int fd_ = -1;
   int rank_ = 0;
 };

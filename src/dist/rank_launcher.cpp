@@ -14,32 +14,35 @@
 
 namespace swarm {
 
-LocalRanks::LocalRanks(int nproc, const std::vector<std::string>& argv, const std::string& master_addr,
-                       int master_port) {
-  SWARM_REQUIRE(nproc >= 1 && !argv.empty(), ErrorKind::INVALID_ARGUMENT, "bad rank launch");
+LocalRanks::LocalRanks(const DistConfig& self, const std::vector<std::string>& argv) {
+  const int nproc = self.local_world_size;
+  SWARM_REQUIRE(nproc >= 1 && !argv.empty() && self.rank + nproc <= self.world_size,
+                ErrorKind::INVALID_ARGUMENT, "bad rank launch");
   // Everything the child needs is prepared before fork: only async-signal-safe calls after it.
   std::vector<std::string> env_strings;
   for (char** e = environ; *e; ++e) {
     const std::string kv = *e;
     const std::string key = kv.substr(0, kv.find('='));
     if (key == "RANK" || key == "WORLD_SIZE" || key == "LOCAL_WORLD_SIZE" || key == "LOCAL_RANK" ||
-        key == "MASTER_ADDR" || key == "MASTER_PORT")
+        key == "MASTER_ADDR" || key == "MASTER_PORT" || key == "SWARM_RENDEZVOUS_SECRET")
       continue;
     env_strings.push_back(kv);
   }
-  env_strings.push_back("WORLD_SIZE=" + std::to_string(nproc));
+  env_strings.push_back("WORLD_SIZE=" + std::to_string(self.world_size));
   env_strings.push_back("LOCAL_WORLD_SIZE=" + std::to_string(nproc));
-  env_strings.push_back("MASTER_ADDR=" + master_addr);
-  env_strings.push_back("MASTER_PORT=" + std::to_string(master_port));
+  env_strings.push_back("MASTER_ADDR=" + self.master_addr);
+  env_strings.push_back("MASTER_PORT=" + std::to_string(self.master_port));
+  env_strings.push_back("SWARM_RENDEZVOUS_SECRET=" + self.secret);
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   const pid_t parent = getpid();
 
-  for (int rank = 1; rank < nproc; ++rank) {
+  for (int local = 1; local < nproc; ++local) {
+    const int rank = self.rank + local;
     std::vector<std::string> env = env_strings;
     env.push_back("RANK=" + std::to_string(rank));
-    env.push_back("LOCAL_RANK=" + std::to_string(rank));
+    env.push_back("LOCAL_RANK=" + std::to_string(local));
     std::vector<char*> envp;
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);

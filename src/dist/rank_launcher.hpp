@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "dist/dist_config.hpp"
+
 namespace swarm {
 
 /// The follower processes of a local job. Thread-compatible (the main thread owns it).
@@ -20,8 +22,10 @@ class LocalRanks {
   /// group, and the followers must stay alive until rank 0 has written its last checkpoint
   /// (they exit when rank 0 closes the control channel). Throws SwarmError(UNAVAILABLE) when a
   /// process cannot be started.
-  LocalRanks(int nproc, const std::vector<std::string>& argv, const std::string& master_addr,
-             int master_port);
+  /// `self` is the process that starts them: local rank 0 of its machine, global rank
+  /// self.rank; the children are ranks self.rank + 1 .. self.rank + self.local_world_size - 1
+  /// of a job of self.world_size ranks, told rank 0's address and the rendezvous secret.
+  explicit LocalRanks(const DistConfig& self, const std::vector<std::string>& argv);
   /// wait_all(30 s).
   ~LocalRanks();
   LocalRanks(const LocalRanks&) = delete;

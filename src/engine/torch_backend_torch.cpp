@@ -100,8 +100,7 @@ torch::Device rank_device(const DistConfig& dist, const std::string& wanted = "a
       "device: cuda, but this swarm-server's libtorch has no CUDA or sees no GPU (build against a CUDA "
       "libtorch, docs/gpu.md; or use device: auto / cpu)");
   if (wanted == "cpu" || !cuda) return torch::Device(torch::kCPU);
-  return torch::Device(torch::kCUDA,
-                       static_cast<c10::DeviceIndex>(dist.rank % std::max(1, dist.local_world_size)));
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(dist.local_rank));
 }
 
 // The model directory a rank loads: the checkpoint when resuming, else the job's model.
@@ -570,7 +569,8 @@ void register_torch_backend(std::shared_ptr<RankLeader> followers, const DistCon
 }
 
 int run_torch_follower(const DistConfig& dist) {
-  auto channel = RankFollower::connect(dist.master_addr, dist.master_port, dist.rank, dist.timeout);
+  auto channel =
+      RankFollower::connect(dist.master_addr, dist.master_port, dist.rank, dist.timeout, dist.secret);
   spdlog::info("rank {} of {}: joined rank 0 at {}:{}", dist.rank, dist.world_size, dist.master_addr,
                dist.master_port);
   std::optional<RankModel> held;

@@ -84,11 +84,11 @@ class TwoRankJob : public ::testing::Environment {
     g_two->dist.world_size = g_two->dist.local_world_size = 2;
     g_two->dist.master_addr = "127.0.0.1";
     g_two->dist.master_port = pick_free_port(g_two->dist.master_addr);
+    g_two->dist.secret = "rank-equivalence";
     g_two->ranks = std::make_unique<LocalRanks>(
-        2, std::vector<std::string>{"/proc/self/exe", "--gtest_filter=RankFollower.Serve"},
-        g_two->dist.master_addr, g_two->dist.master_port);
-    g_two->leader =
-        RankLeader::accept(g_two->dist.master_addr, g_two->dist.master_port, 2, g_two->dist.timeout);
+        g_two->dist, std::vector<std::string>{"/proc/self/exe", "--gtest_filter=RankFollower.Serve"});
+    g_two->leader = RankLeader::accept(g_two->dist.master_addr, g_two->dist.master_port, 2,
+                                       g_two->dist.timeout, g_two->dist.secret);
     register_torch_backend(g_two->leader, g_two->dist);
   }
   void TearDown() override {

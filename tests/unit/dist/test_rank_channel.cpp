@@ -2,6 +2,11 @@
 // loopback (replies, error replies, a follower that goes away, timeouts).
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <functional>
 #include <limits>
@@ -109,10 +114,12 @@ TEST(TrainBatchEncoding, RejectsTruncatedAndCorruptBuffers) {
   EXPECT_THROW(deserialize_train_batch(huge_count), SwarmError);
 }
 
+const std::string kSecret = "the job's rendezvous secret";
+
 // A follower on a thread that answers each command with `answer(header)` ("" = ok).
 std::thread follower(int port, int rank, std::function<std::string(const nlohmann::json&)> answer) {
   return std::thread([=] {
-    auto f = RankFollower::connect("127.0.0.1", port, rank, 10s);
+    auto f = RankFollower::connect("127.0.0.1", port, rank, 10s, kSecret);
     while (auto m = f->receive()) {
       const std::string err = answer(m->header);
       if (err == "exit") return;  // vanish without answering
@@ -129,7 +136,7 @@ TEST(RankChannel, LeaderCollectsEveryFollowersReply) {
   const int port = pick_free_port();
   std::thread f1 = follower(port, 1, [](const nlohmann::json&) { return ""; });
   std::thread f2 = follower(port, 2, [](const nlohmann::json&) { return ""; });
-  auto leader = RankLeader::accept("127.0.0.1", port, 3, 10s);
+  auto leader = RankLeader::accept("127.0.0.1", port, 3, 10s, kSecret);
   EXPECT_EQ(leader->world_size(), 3);
   const auto replies = leader->request(RankMessage{{{"kind", "train"}}, std::string(100000, 'x')}, 10s);
   ASSERT_EQ(replies.size(), 2u);
@@ -144,7 +151,7 @@ TEST(RankChannel, AnErrorReplyNamesTheRankAndKeepsTheChannelInStep) {
   const int port = pick_free_port();
   std::thread f1 = follower(
       port, 1, [](const nlohmann::json& h) { return h.at("kind") == "boot" ? "no such model" : ""; });
-  auto leader = RankLeader::accept("127.0.0.1", port, 2, 10s);
+  auto leader = RankLeader::accept("127.0.0.1", port, 2, 10s, kSecret);
   try {
     leader->request(RankMessage{{{"kind", "boot"}}, {}}, 10s);
     FAIL() << "no error";
@@ -161,7 +168,7 @@ TEST(RankChannel, AnErrorReplyNamesTheRankAndKeepsTheChannelInStep) {
 TEST(RankChannel, AFollowerThatGoesAwayBreaksTheJobWithAClearError) {
   const int port = pick_free_port();
   std::thread f1 = follower(port, 1, [](const nlohmann::json&) { return "exit"; });
-  auto leader = RankLeader::accept("127.0.0.1", port, 2, 10s);
+  auto leader = RankLeader::accept("127.0.0.1", port, 2, 10s, kSecret);
   try {
     leader->request(RankMessage{{{"kind", "train"}}, {}}, 10s);
     FAIL() << "no error";
@@ -177,7 +184,7 @@ TEST(RankChannel, SilenceAndMissingRanksTimeOut) {
   const int port = pick_free_port();
   // Nobody joins: accept gives up in time and says how many joined.
   try {
-    RankLeader::accept("127.0.0.1", port, 2, 300ms);
+    RankLeader::accept("127.0.0.1", port, 2, 300ms, kSecret);
     FAIL() << "no error";
   } catch (const SwarmError& e) {
     EXPECT_NE(std::string(e.what()).find("only 1 of 2 ranks joined"), std::string::npos) << e.what();
@@ -186,11 +193,11 @@ TEST(RankChannel, SilenceAndMissingRanksTimeOut) {
   std::atomic<bool> release{false};
   const int port2 = pick_free_port();
   std::thread f1([&] {
-    auto f = RankFollower::connect("127.0.0.1", port2, 1, 10s);
+    auto f = RankFollower::connect("127.0.0.1", port2, 1, 10s, kSecret);
     (void)f->receive();
     while (!release) std::this_thread::sleep_for(10ms);
   });
-  auto leader = RankLeader::accept("127.0.0.1", port2, 2, 10s);
+  auto leader = RankLeader::accept("127.0.0.1", port2, 2, 10s, kSecret);
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_THROW(leader->request(RankMessage{{{"kind", "train"}}, {}}, 300ms), SwarmError);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
@@ -198,10 +205,81 @@ TEST(RankChannel, SilenceAndMissingRanksTimeOut) {
   f1.join();
 }
 
+// The join handshake: a rank without the job's secret is refused (the leader says so in its
+// log and goes on waiting), and the real rank joins after it.
+TEST(RankChannel, ARankWithoutTheSecretIsRefusedAndTheJobWaitsForItsOwn) {
+  const int port = pick_free_port();
+  std::string stranger_error;
+  std::thread stranger([&] {
+    try {
+      RankFollower::connect("127.0.0.1", port, 1, 10s, "another job's secret");
+    } catch (const SwarmError& e) {
+      stranger_error = e.what();
+    }
+  });
+  std::thread own;
+  std::unique_ptr<RankLeader> leader;
+  std::thread accepting([&] { leader = RankLeader::accept("127.0.0.1", port, 2, 10s, kSecret); });
+  stranger.join();
+  // The stranger learns that the process it reached is not its job's rank 0 (the leader's proof
+  // fails with the stranger's secret) before it could send anything else.
+  EXPECT_NE(stranger_error.find("does not know this job's rendezvous secret"), std::string::npos)
+      << stranger_error;
+  own = follower(port, 1, [](const nlohmann::json&) { return ""; });
+  accepting.join();
+  ASSERT_NE(leader, nullptr);
+  EXPECT_NO_THROW(leader->request(RankMessage{{{"kind", "ping"}}, {}}, 10s));
+  leader->close();
+  own.join();
+}
+
+// Raw bytes at the leader's port: a frame that is not a hello, one that claims a huge payload,
+// a hello with a wrong proof, a duplicate rank. Each is refused; the job still forms.
+TEST(RankChannel, HostileJoinsAreRefusedWithoutHarm) {
+  const int port = pick_free_port();
+  std::unique_ptr<RankLeader> leader;
+  std::thread accepting([&] { leader = RankLeader::accept("127.0.0.1", port, 2, 10s, kSecret); });
+  const auto raw = [&](const std::string& bytes) {
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(static_cast<uint16_t>(port));
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+        (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+        char buf[256];
+        while (::recv(fd, buf, sizeof buf, 0) > 0) {  // until the leader closes it
+        }
+        ::close(fd);
+        return;
+      }
+      ::close(fd);
+      std::this_thread::sleep_for(20ms);
+    }
+    ADD_FAILURE() << "could not reach the leader";
+  };
+  const auto frame = [](const std::string& header, uint64_t payload_len) {
+    uint64_t lens[2] = {header.size(), payload_len};
+    return std::string(reinterpret_cast<const char*>(lens), sizeof lens) + header;
+  };
+  raw(frame(R"({"kind":"train"})", 0));
+  raw(frame(R"({"kind":"hello","rank":1,"nonce":"00"})", uint64_t{1} << 40));  // a 1 TiB payload claim
+  raw(frame(std::string(R"({"kind":"hello","rank":1,"nonce":")") + std::string(64, 'a') + "\"}", 0) +
+      frame(R"({"kind":"auth","proof":"0000"})", 0));
+  raw(frame(R"({"kind":"hello","rank":7,"nonce":"00"})", 0));  // not a rank of a 2-rank job
+  std::thread own = follower(port, 1, [](const nlohmann::json&) { return ""; });
+  accepting.join();
+  ASSERT_NE(leader, nullptr);
+  EXPECT_NO_THROW(leader->request(RankMessage{{{"kind", "ping"}}, {}}, 10s));
+  leader->close();
+  own.join();
+}
+
 TEST(RankChannel, AFollowerWithoutALeaderGivesUp) {
   const int port = pick_free_port();
   try {
-    RankFollower::connect("127.0.0.1", port, 1, 300ms);
+    RankFollower::connect("127.0.0.1", port, 1, 300ms, kSecret);
     FAIL() << "no error";
   } catch (const SwarmError& e) {
     EXPECT_NE(std::string(e.what()).find("could not reach rank 0"), std::string::npos) << e.what();
