@@ -11,9 +11,11 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -78,6 +80,17 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--model", model, "Model the server trains (any name with the mock engine)")
       ->capture_default_str();
+  int64_t engine_threads = 0;
+  app.add_option("--engine-threads", engine_threads,
+                 "Compute threads per rank of the torch engine (job key engine_threads; 0: the cores split "
+                 "between the ranks of a machine)")
+      ->capture_default_str();
+  int64_t seed = -1;
+  app.add_option(
+         "--seed", seed,
+         "Seed every request: the n-th episode this client runs samples with seed + n (with --workers 1 "
+         "a run repeats exactly; -1: unseeded)")
+      ->capture_default_str();
   app.add_flag("--force-restart", force_restart, "Stop and reconfigure the engine even if it is running");
   app.add_option("--step-timeout", step_timeout_s, "Seconds to wait for one policy step")
       ->capture_default_str()
@@ -99,6 +112,7 @@ int main(int argc, char** argv) {
     job.batch_size = batch_size;
     job.num_repeat = num_repeat;
     job.max_response_length = 64;
+    job.engine_threads = engine_threads;
 
     std::printf("echo_agent: connecting to %s (client %s)\n", url.c_str(), client.client_uuid().c_str());
     client.auto_sync_train_config_and_start_engine(job, force_restart);
@@ -106,10 +120,13 @@ int main(int argc, char** argv) {
     std::printf("echo_agent: engine %s, global_step=%lld\n", status.engine_status.c_str(),
                 static_cast<long long>(status.global_step));
 
-    auto workflow = [](const swarm::Task& task, const swarm::OpenAIEndpoint& ep) {
+    auto episodes_run = std::make_shared<std::atomic<uint64_t>>(0);
+    auto workflow = [seed, episodes_run](const swarm::Task& task, const swarm::OpenAIEndpoint& ep) {
       swarm::OpenAIClient llm(ep, std::chrono::seconds(60));
       swarm::ChatParams params;
       params.max_tokens = 32;
+      const uint64_t n = episodes_run->fetch_add(1);
+      if (seed >= 0) params.seed = static_cast<uint64_t>(seed) + n;
       const auto reply = llm.chat({{"user", task.main_query}}, params);
       swarm::WorkflowOutput out;
       out.reward = echo_reward(word_of(task), reply.content);

@@ -162,6 +162,22 @@ std::string Metrics::render(const EngineSnapshot& st, const PoolSnapshot& pool,
       out += fmt::format("swarm_train_last_step{{field=\"{}\"}} {}\n", k, v);
   }
 
+  if (!st.serving.empty()) {
+    // Every rank serves; rank 0 routes each generation to one (engine/rank_router.hpp).
+    header("swarm_rank_requests_total", "counter", "Generation requests routed to each rank.");
+    for (const RankServing& r : st.serving)
+      out += fmt::format("swarm_rank_requests_total{{rank=\"{}\"}} {}\n", r.rank, r.requests);
+    header("swarm_rank_generated_tokens_total", "counter", "Tokens each rank generated (finished requests).");
+    for (const RankServing& r : st.serving)
+      out += fmt::format("swarm_rank_generated_tokens_total{{rank=\"{}\"}} {}\n", r.rank, r.generated_tokens);
+    header("swarm_rank_in_flight", "gauge", "Generation requests each rank serves now.");
+    for (const RankServing& r : st.serving)
+      out += fmt::format("swarm_rank_in_flight{{rank=\"{}\"}} {}\n", r.rank, r.in_flight);
+    header("swarm_rank_up", "gauge", "1 while the rank serves, 0 once its serving link broke.");
+    for (const RankServing& r : st.serving)
+      out += fmt::format("swarm_rank_up{{rank=\"{}\"}} {}\n", r.rank, r.up ? 1 : 0);
+  }
+
   if (!inference.empty()) {
     header("swarm_inference", "gauge",
            "The inference engine: sequences running/waiting, KV blocks, steps and tokens (cumulative ones "

@@ -353,7 +353,7 @@ class GenerationHandler final : public GenerationObserver,
       }
       if (context_.heartbeat) context_.heartbeat->add(std::weak_ptr<SseStream>(shared_from_this()));
     }
-    GenerationRequest req{prompt_, options_.params, options_.grammar};
+    GenerationRequest req{prompt_, options_.params, options_.grammar, lease_.ticket.episode_uuid};
     lease_.backend->generate(std::move(req), shared_from_this());
   }
 

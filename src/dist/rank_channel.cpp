@@ -16,6 +16,7 @@
 #include <string_view>
 #include <thread>
 #include <type_traits>
+#include <utility>
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -289,6 +290,12 @@ std::unique_ptr<RankLeader> RankLeader::accept(const std::string& host, int port
 
 RankLeader::~RankLeader() { close(); }
 
+std::vector<int> RankLeader::take_connections() {
+  std::vector<int> fds = std::exchange(fds_, {});
+  if (broken_.empty()) broken_ = "its connections were handed over";
+  return fds;
+}
+
 void RankLeader::close() {
   for (int& fd : fds_)
     if (fd >= 0) ::close(fd), fd = -1;
@@ -396,6 +403,8 @@ void RankFollower::join(const std::string& where, const std::string& secret) {
                     ": a wrong rendezvous secret, or this rank has joined already (rank 0's log says which)");
 }
 
+int RankFollower::take_connection() { return std::exchange(fd_, -1); }
+
 RankFollower::~RankFollower() {
   if (fd_ >= 0) ::close(fd_);
 }
@@ -410,6 +419,10 @@ void RankFollower::reply_ok(json extra) {
 void RankFollower::reply_error(const std::string& error) {
   write_frame(fd_, RankMessage{json{{"ok", false}, {"error", error}}, {}});
 }
+
+void write_rank_frame(int fd, const RankMessage& message) { write_frame(fd, message); }
+
+std::optional<RankMessage> read_rank_frame(int fd) { return read_frame(fd, std::nullopt); }
 
 int pick_free_port(const std::string& host) {
   sockaddr_in addr = resolve(host, 0);

@@ -56,6 +56,9 @@ class RankLeader {
   void close();
   /// Why the leader is unusable ("" while it works).
   const std::string& broken() const noexcept { return broken_; }
+  /// Hands over the joined connections (index r - 1 is rank r), for a channel other than
+  /// this one's request/reply (the serving link, dist/serve_link.hpp); the leader is closed.
+  std::vector<int> take_connections();
 
  private:
   RankLeader() = default;
@@ -83,6 +86,8 @@ class RankFollower {
   /// Answers the message just received.
   void reply_ok(nlohmann::json extra = nlohmann::json::object());
   void reply_error(const std::string& error);
+  /// Hands over the joined connection (see RankLeader::take_connections).
+  int take_connection();
 
  private:
   RankFollower() = default;
@@ -90,6 +95,13 @@ class RankFollower {
   int fd_ = -1;
   int rank_ = 0;
 };
+
+/// One frame of the rank channels on a connected socket: used by the serving link
+/// (dist/serve_link.hpp), which runs over connections joined as above. Writes are not
+/// synchronised (one writer at a time). Reading returns nullopt on a clean end of the
+/// connection; both throw UNAVAILABLE on a broken connection or a malformed frame.
+void write_rank_frame(int fd, const RankMessage& message);
+std::optional<RankMessage> read_rank_frame(int fd);
 
 /// Exact binary encoding of a TrainBatch: its episodes in the episode store's encoding
 /// (store/episode_codec.hpp), so every field of every episode arrives bit for bit.

@@ -97,6 +97,18 @@ nlohmann::json rank_memory_json(const std::vector<RankMemory>& ranks) {
   return out;
 }
 
+nlohmann::json rank_serving_json(const std::vector<RankServing>& ranks) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const RankServing& r : ranks)
+    out.push_back({{"rank", r.rank},
+                   {"up", r.up},
+                   {"requests", r.requests},
+                   {"generated_tokens", r.generated_tokens},
+                   {"in_flight", r.in_flight},
+                   {"outstanding_tokens", r.outstanding_tokens}});
+  return out;
+}
+
 RankMemory rank_memory_from_json(const nlohmann::json& j) {
   try {
     RankMemory m;

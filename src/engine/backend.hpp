@@ -66,6 +66,19 @@ nlohmann::json rank_memory_json(const std::vector<RankMemory>& ranks);
 /// One entry of rank_memory_json (a follower's reply). INVALID_ARGUMENT when it is not one.
 RankMemory rank_memory_from_json(const nlohmann::json& j);
 
+/// What one rank served (the engine status's `serving`, /metrics' swarm_rank_* series): every
+/// rank of a multi-rank job serves, and rank 0 routes each generation to one (rank_router.hpp).
+struct RankServing {
+  int rank = 0;
+  bool up = true;                  // false once its serving link broke (it gets no more requests)
+  int64_t requests = 0;            // generation requests routed to it (cumulative)
+  int64_t generated_tokens = 0;    // tokens it generated for finished requests (cumulative)
+  int64_t in_flight = 0;           // requests it serves now
+  int64_t outstanding_tokens = 0;  // now: prompt + max_tokens × n of what it serves
+};
+/// [{rank, up, requests, generated_tokens, in_flight, outstanding_tokens}].
+nlohmann::json rank_serving_json(const std::vector<RankServing>& ranks);
+
 /// Fills the batch-derived fields of a report (counts, reward stats, log_metrics).
 TrainStepReport summarize_batch(const TrainBatch& batch);
 /// {name: {"mean", "min", "max", "episodes"}} (non-finite values as null).
@@ -143,6 +156,9 @@ class Backend {
   /// What each rank holds, measured at boot and after each policy step (rank order). Thread-safe;
   /// empty where the backend has no model memory to speak of (the mock).
   virtual std::vector<RankMemory> memory() const { return {}; }
+  /// What each rank served (rank order). Thread-safe; empty where generation is not spread
+  /// over ranks by a router (the mock).
+  virtual std::vector<RankServing> rank_serving() const { return {}; }
 
   /// Releases the model and memory (stop_engine). The object is destroyed afterwards.
   virtual void release() {}

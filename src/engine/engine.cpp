@@ -944,7 +944,10 @@ EngineSnapshot Engine::status() const {
   s.max_staleness = max_staleness_;
   s.trainer_step = trainer_step_;
   s.run = run_;
-  if (backend_) s.memory = backend_->memory();
+  if (backend_) {
+    s.memory = backend_->memory();
+    s.serving = backend_->rank_serving();
+  }
   s.counters = past_counters_;
   if (pool_) s.counters += pool_->counters();
   if (store_) {

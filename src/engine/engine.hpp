@@ -68,6 +68,7 @@ struct EngineSnapshot {
   std::string store_file;                      // its database
   RunRecord run;                               // the current or last run ("" id before one)
   std::vector<RankMemory> memory;              // what each rank holds (the loaded backend's report)
+  std::vector<RankServing> serving;            // what each rank served (the loaded backend's router)
   PoolCounters counters;                       // of that run (a resumed run continues its checkpoint's)
 };
 

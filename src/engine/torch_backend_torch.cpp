@@ -14,6 +14,8 @@
 #include <optional>
 #include <thread>
 
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 #include <torch/cuda.h>
@@ -24,6 +26,10 @@
 
 #include "common/openmp_wait.hpp"
 #include "dist/rank_channel.hpp"
+#include "dist/serve_link.hpp"
+#include "dist/shared_directory.hpp"
+#include "engine/run_files.hpp"
+#include "engine/rank_router.hpp"
 #include "inference/decoder_model_torch.hpp"
 #include "inference/kv_cache_torch.hpp"
 #include "inference/serving_engine.hpp"
@@ -198,6 +204,62 @@ RankModel load_rank_model(const Job& job, const std::filesystem::path& dir, bool
   return r;
 }
 
+// The context limit and the serving engine's settings for `model` under `job`: the same on
+// every rank, so each answers a request as rank 0 would.
+int64_t serving_context(const Job& job, const DecoderModel& model) {
+  return std::min(job.max_prompt_length + job.max_response_length, model.config().max_position_embeddings);
+}
+
+ServingConfig rank_serving_config(const Job& job, const DecoderModel& model, const Tokenizer& tokenizer) {
+  const ModelConfig& cfg = model.config();
+  ServingModelFacts facts;
+  facts.max_context = serving_context(job, model);
+  for (int64_t id : cfg.stop_token_ids()) facts.stop_token_ids.push_back(static_cast<TokenId>(id));
+  facts.tokenizer_eos = tokenizer.eos_id();
+  facts.kv_bytes_per_token = KvCache::bytes_per_block(cfg, 1, model.scalar_type());
+  return serving_config_from(job, facts);
+}
+
+// The weight swap of a policy step on a serving rank: the copy into the serving weights and
+// the new version happen together between two generation steps, so every token sampled
+// afterwards is stamped with the version it came from; sequences generating across the swap
+// keep their KV cache or are prefilled again with the new weights (kv_cache_on_swap).
+void swap_weights(ServingEngine* engine, const Job& job, int64_t version, const std::function<void()>& sync) {
+  if (!engine) return sync();
+  engine->run_exclusive([&] {
+    sync();
+    engine->set_policy_version(version);
+    if (job.kv_cache_on_swap == "recompute") engine->recompute_running();
+  });
+}
+
+// Rank 0's view of a routed request: counts it for the router when it ends, then passes every
+// call on to the request's own observer.
+class RoutedObserver final : public GenerationObserver {
+ public:
+  RoutedObserver(std::shared_ptr<GenerationObserver> inner, std::shared_ptr<RankRouter> router, int rank,
+                 int64_t tokens)
+      : inner_(std::move(inner)), router_(std::move(router)), rank_(rank), tokens_(tokens) {}
+  void on_text(int64_t choice, const std::string& delta) override { inner_->on_text(choice, delta); }
+  void on_complete(GenerationResult result) override {
+    int64_t generated = 0;
+    for (const GenerationChoice& c : result.choices) generated += static_cast<int64_t>(c.ids.size());
+    router_->finish(rank_, tokens_, generated);
+    inner_->on_complete(std::move(result));
+  }
+  void on_error(ErrorKind kind, const std::string& message) override {
+    router_->finish(rank_, tokens_, 0);
+    inner_->on_error(kind, message);
+  }
+  bool cancelled() const override { return inner_->cancelled(); }
+
+ private:
+  std::shared_ptr<GenerationObserver> inner_;
+  std::shared_ptr<RankRouter> router_;
+  const int rank_;
+  const int64_t tokens_;
+};
+
 class TorchBackend final : public Backend {
  public:
   /// `followers` (may be null) are the other ranks of a multi-rank job; this is then rank 0.
@@ -216,6 +278,10 @@ class TorchBackend final : public Backend {
     const std::filesystem::path dir = model_directory(job, resume_checkpoint_);
     first_step_measured_ = false;
     if (!followers_) {
+      {
+        std::lock_guard lk(engine_mu_);
+        router_ = std::make_shared<RankRouter>(1);
+      }
       boot_rank0(job, dir, stop, nullptr);
       record_memory({}, "after boot");
       return;
@@ -226,14 +292,33 @@ class TorchBackend final : public Backend {
     // port rank 0 picks; the control channel tells the others which.
     DistConfig dist = dist_;
     dist.master_port = pick_free_port(dist.master_addr);
+    // Every rank serves: each follower opens its serving link to this port (serve_link.hpp).
+    const int serve_port = pick_free_port(dist.master_addr);
+    // Every rank writes its optimizer shard into the experiment directory: each checks, before
+    // anything loads, that it sees the one rank 0 does (shared_directory.hpp).
+    {
+      const SharedDirectoryProbe probe = write_shared_directory_probe(experiment_path(job));
+      struct RemoveProbe {
+        const SharedDirectoryProbe& probe;
+        ~RemoveProbe() { remove_shared_directory_probe(probe); }
+      } remove_probe{probe};
+      followers_->request(RankMessage{{{"kind", "check_shared"},
+                                       {"directory", probe.directory},
+                                       {"file", probe.file},
+                                       {"token", probe.token}},
+                                      {}},
+                          std::chrono::seconds(60));
+    }
     followers_->send_all(RankMessage{{{"kind", "boot"},
                                       {"job", job.to_yaml()},
                                       {"resume", resume_checkpoint_.string()},
-                                      {"store_port", dist.master_port}},
+                                      {"store_port", dist.master_port},
+                                      {"serve_port", serve_port}},
                                      {}});
     followers_booted_ = true;
     bool replies_pending = true;
     try {
+      open_serving_links(dist, serve_port);
       std::shared_ptr<Collectives> comm = make_collectives(dist, rank_device(dist, job.device).is_cuda());
       boot_rank0(job, dir, stop, std::move(comm));
       replies_pending = false;
@@ -245,6 +330,7 @@ class TorchBackend final : public Backend {
         } catch (const std::exception&) {  // this boot fails anyway, with rank 0's error
         }
       }
+      close_serving_links();
       trainer_.reset();
       release_followers();
       throw;
@@ -284,13 +370,8 @@ class TorchBackend final : public Backend {
       spdlog::warn("torch engine: the tokenizer has {} ids but the model only {}; ids beyond it are rejected",
                    tokenizer_->vocab_size(), cfg.vocab_size);
 
-    max_context_ = std::min(job.max_prompt_length + job.max_response_length, cfg.max_position_embeddings);
-    ServingModelFacts facts;
-    facts.max_context = max_context_;
-    for (int64_t id : cfg.stop_token_ids()) facts.stop_token_ids.push_back(static_cast<TokenId>(id));
-    facts.tokenizer_eos = tokenizer_->eos_id();
-    facts.kv_bytes_per_token = KvCache::bytes_per_block(cfg, 1, model_->scalar_type());
-    const ServingConfig sc = serving_config_from(job, facts);
+    max_context_ = serving_context(job, *model_);
+    const ServingConfig sc = rank_serving_config(job, *model_, *tokenizer_);
     auto engine = std::make_shared<ServingEngine>(model_, tokenizer_, sc);
     engine->set_policy_version(0);
     {
@@ -357,10 +438,29 @@ class TorchBackend final : public Backend {
     return tokenizer_->token_bytes(id);
   }
 
+  // Every rank serves: the router picks one (rank_router.hpp), rank 0's own engine or a
+  // follower's over its serving link; either answers through the same observer calls.
   void generate(GenerationRequest request, std::shared_ptr<GenerationObserver> observer) override {
-    std::shared_ptr<ServingEngine> engine = serving();
-    if (!engine) return observer->on_error(ErrorKind::CONFLICT, "no model is loaded");
-    engine->submit(std::move(request), std::move(observer));
+    std::shared_ptr<ServingEngine> engine;
+    std::shared_ptr<RankRouter> router;
+    std::vector<std::shared_ptr<ServeLinkLeader>> links;
+    {
+      std::lock_guard lk(engine_mu_);
+      engine = engine_;
+      router = router_;
+      links = links_;
+    }
+    if (!engine || !router) return observer->on_error(ErrorKind::CONFLICT, "no model is loaded");
+    const int64_t tokens =
+        static_cast<int64_t>(request.prompt_ids.size()) +
+        std::max<int64_t>(request.params.max_tokens, 0) * std::max<int64_t>(request.params.n, 1);
+    const int rank = router->route(request.affinity, tokens);
+    if (rank < 0) return observer->on_error(ErrorKind::UNAVAILABLE, "no rank of this job is serving");
+    auto routed = std::make_shared<RoutedObserver>(std::move(observer), router, rank, tokens);
+    if (rank == 0) return engine->submit(std::move(request), std::move(routed));
+    if (static_cast<size_t>(rank) > links.size())
+      return routed->on_error(ErrorKind::UNAVAILABLE, "rank " + std::to_string(rank) + " is not serving");
+    links[static_cast<size_t>(rank - 1)]->submit(std::move(request), std::move(routed));
   }
 
   TrainStepReport train_step(const TrainBatch& batch, int64_t next_global_step,
@@ -376,22 +476,11 @@ class TorchBackend final : public Backend {
     // The copy into the serving weights and the new version happen together between two
     // generation steps, so every token sampled afterwards is stamped with the version it came from.
     auto exclusive = [&](const std::function<void()>& sync) {
-      auto sync_and_stamp = [&] {
+      swap_weights(engine.get(), job_, next_global_step, [&] {
         notify_swap(true);
         sync();
-        if (engine) {
-          engine->set_policy_version(next_global_step);
-          // Sequences generating across the swap (asynchronous training) either keep their KV
-          // cache or are prefilled again with the new weights (kv_cache_on_swap).
-          if (job_.kv_cache_on_swap == "recompute") engine->recompute_running();
-        }
         notify_swap(false);
-      };
-      if (engine) {
-        engine->run_exclusive(sync_and_stamp);
-      } else {
-        sync_and_stamp();
-      }
+      });
     };
     TrainStepReport report = summarize_batch(batch);
     report.global_step = next_global_step;
@@ -453,7 +542,22 @@ class TorchBackend final : public Backend {
   }
 
   void set_policy_version(int64_t version) override {
-    if (auto engine = serving()) engine->set_policy_version(version);
+    std::vector<std::shared_ptr<ServeLinkLeader>> links;
+    {
+      std::lock_guard lk(engine_mu_);
+      if (engine_) engine_->set_policy_version(version);
+      links = links_;
+    }
+    for (const auto& link : links) link->set_policy_version(version);
+  }
+
+  std::vector<RankServing> rank_serving() const override {
+    std::shared_ptr<RankRouter> router;
+    {
+      std::lock_guard lk(engine_mu_);
+      router = router_;
+    }
+    return router ? router->counters() : std::vector<RankServing>{};
   }
 
   std::vector<RankMemory> memory() const override {
@@ -494,6 +598,7 @@ class TorchBackend final : public Backend {
     }
     if (engine) engine->shutdown("the engine was stopped");
     engine.reset();
+    close_serving_links();
     trainer_.reset();
     model_.reset();
     release_followers();
@@ -509,6 +614,33 @@ class TorchBackend final : public Backend {
     } catch (const std::exception& e) {
       spdlog::error("torch engine: releasing the other ranks failed: {}", e.what());
     }
+  }
+
+  // Accepts every follower's serving link on `port` (they connect when told to boot).
+  void open_serving_links(const DistConfig& dist, int port) {
+    auto joined = RankLeader::accept(dist.master_addr, port, dist.world_size, dist.timeout, dist.secret);
+    std::vector<int> fds = joined->take_connections();
+    std::vector<std::shared_ptr<ServeLinkLeader>> links;
+    auto router = std::make_shared<RankRouter>(dist.world_size);
+    for (size_t i = 0; i < fds.size(); ++i) {
+      const int rank = static_cast<int>(i) + 1;
+      links.push_back(std::make_shared<ServeLinkLeader>(fds[i], rank, [router, rank](const std::string&) {
+        router->set_down(rank);  // the run itself stops at the next policy step (the control channel)
+      }));
+    }
+    std::lock_guard lk(engine_mu_);
+    links_ = std::move(links);
+    router_ = std::move(router);
+  }
+
+  // Closes the serving links: what a follower still generates fails with UNAVAILABLE.
+  void close_serving_links() {
+    std::vector<std::shared_ptr<ServeLinkLeader>> links;
+    {
+      std::lock_guard lk(engine_mu_);
+      links.swap(links_);
+    }
+    links.clear();  // joins their readers
   }
 
   std::shared_ptr<ServingEngine> serving() const {
@@ -543,8 +675,10 @@ class TorchBackend final : public Backend {
   std::unique_ptr<PolicyTrainer> trainer_;  // control thread only
   bool trainer_dirty_ = false;
   std::filesystem::path model_dir_;  // where the model was loaded from
-  mutable std::mutex engine_mu_;     // guards engine_ (HTTP threads and /metrics read it)
+  mutable std::mutex engine_mu_;     // guards engine_, router_, links_ (HTTP threads and /metrics read them)
   std::shared_ptr<ServingEngine> engine_;
+  std::shared_ptr<RankRouter> router_;  // which rank serves a request (kept after release: counters)
+  std::vector<std::shared_ptr<ServeLinkLeader>> links_;  // links_[r - 1]: rank r's serving link
   int64_t max_context_ = 0;
   std::shared_ptr<RankLeader> followers_;  // null on one rank; control thread only
   bool followers_booted_ = false;          // the followers hold (or are loading) a model
@@ -573,8 +707,19 @@ int run_torch_follower(const DistConfig& dist) {
       RankFollower::connect(dist.master_addr, dist.master_port, dist.rank, dist.timeout, dist.secret);
   spdlog::info("rank {} of {}: joined rank 0 at {}:{}", dist.rank, dist.world_size, dist.master_addr,
                dist.master_port);
-  std::optional<RankModel> held;
-  const PolicyTrainer::ExclusiveRunner inline_runner = [](const std::function<void()>& fn) { fn(); };
+  // What a boot loads: the model and trainer, and the serving engine over the same weights that
+  // answers what rank 0 routes here through the serving link. Released in reverse order.
+  struct Held {
+    Job job;
+    std::optional<RankModel> model;
+    std::shared_ptr<ServingEngine> engine;
+    std::unique_ptr<ServeLinkFollower> link;
+    ~Held() {
+      link.reset();  // no more requests; replies of what is still running go nowhere
+      if (engine) engine->shutdown("the engine was stopped");
+    }
+  };
+  std::unique_ptr<Held> held;
   for (;;) {
     std::optional<RankMessage> message = channel->receive();
     if (!message) {
@@ -585,30 +730,68 @@ int run_torch_follower(const DistConfig& dist) {
     nlohmann::json reply = nlohmann::json::object();
     // Boot and train replies carry this rank's memory (rank 0 reports every rank's).
     const auto with_memory = [&] {
-      reply["memory"] =
-          rank_memory_json({measure_memory(dist.rank, *held->model, *held->trainer, nullptr)})[0];
+      reply["memory"] = rank_memory_json(
+          {measure_memory(dist.rank, *held->model->model, *held->model->trainer, held->engine.get())})[0];
     };
     try {
       if (kind == "boot") {
         held.reset();
-        const Job job = Job::from_yaml(message->header.at("job").get<std::string>());
+        // The serving link first: rank 0 waits for it before it loads its own model.
+        const int serve_fd =
+            RankFollower::connect(dist.master_addr, message->header.at("serve_port").get<int>(), dist.rank,
+                                  dist.timeout, dist.secret)
+                ->take_connection();
         const std::filesystem::path resume = message->header.value("resume", std::string());
-        const std::filesystem::path dir = model_directory(job, resume);
-        DistConfig store = dist;
-        store.master_port = message->header.at("store_port").get<int>();
-        const torch::Device device = rank_device(dist, job.device);
-        std::shared_ptr<Collectives> comm = make_collectives(store, device.is_cuda());
-        configure_compute_threads(compute_threads(job, dist.local_world_size), compute_dtype(job, device));
-        held = load_rank_model(job, dir, !resume.empty(), device, std::move(comm));
-        spdlog::info("rank {}: loaded {} ({} optimizer values on this rank)", dist.rank, dir.string(),
-                     (held->trainer->parameter_count() + dist.world_size - 1) / dist.world_size);
+        struct CloseUnlessTaken {
+          int fd;
+          ~CloseUnlessTaken() {
+            if (fd >= 0) ::close(fd);
+          }
+        } serve_guard{serve_fd};
+        auto next = std::make_unique<Held>();
+        next->job = Job::from_yaml(message->header.at("job").get<std::string>());
+        const Job& job = next->job;
+        on_own_thread([&] {
+          const std::filesystem::path dir = model_directory(job, resume);
+          DistConfig store = dist;
+          store.master_port = message->header.at("store_port").get<int>();
+          const torch::Device device = rank_device(dist, job.device);
+          std::shared_ptr<Collectives> comm = make_collectives(store, device.is_cuda());
+          configure_compute_threads(compute_threads(job, dist.local_world_size), compute_dtype(job, device));
+          next->model = load_rank_model(job, dir, !resume.empty(), device, std::move(comm));
+          const auto tokenizer = Tokenizer::from_directory(dir.string());
+          next->engine = std::make_shared<ServingEngine>(
+              next->model->model, tokenizer, rank_serving_config(job, *next->model->model, *tokenizer));
+          spdlog::info(
+              "rank {}: loaded {} ({} optimizer values on this rank); serving with a KV cache of {:.1f} MiB",
+              dist.rank, dir.string(),
+              (next->model->trainer->parameter_count() + dist.world_size - 1) / dist.world_size,
+              static_cast<double>(next->engine->kv_cache_bytes()) / (1 << 20));
+        });
+        serve_guard.fd = -1;  // the link owns it now
+        next->link = std::make_unique<ServeLinkFollower>(
+            serve_fd, dist.rank,
+            [engine = next->engine](GenerationRequest request, std::shared_ptr<GenerationObserver> observer) {
+              engine->submit(std::move(request), std::move(observer));
+            },
+            [engine = next->engine](int64_t version) { engine->set_policy_version(version); });
+        held = std::move(next);
         with_memory();
+      } else if (kind == "check_shared") {
+        check_shared_directory_probe(
+            {message->header.at("directory").get<std::string>(),
+             message->header.at("file").get<std::string>(), message->header.at("token").get<std::string>()},
+            dist.rank);
       } else if (kind == "train") {
-        SWARM_REQUIRE(held.has_value(), ErrorKind::CONFLICT, "no model is loaded on this rank");
+        SWARM_REQUIRE(held != nullptr, ErrorKind::CONFLICT, "no model is loaded on this rank");
         const TrainBatch batch = deserialize_train_batch(message->payload);
         const int64_t step = message->header.at("step").get<int64_t>();
         try {
-          held->trainer->train(batch, step, inline_runner);
+          on_own_thread([&] {
+            held->model->trainer->train(batch, step, [&](const std::function<void()>& sync) {
+              swap_weights(held->engine.get(), held->job, step, sync);
+            });
+          });
         } catch (...) {
           held.reset();  // half-updated weights: rank 0 ends the run and will boot afresh
           throw;
@@ -616,10 +799,10 @@ int run_torch_follower(const DistConfig& dist) {
         spdlog::debug("rank {}: step {} done", dist.rank, step);
         with_memory();
       } else if (kind == "save") {
-        SWARM_REQUIRE(held.has_value(), ErrorKind::CONFLICT, "no model is loaded on this rank");
+        SWARM_REQUIRE(held != nullptr, ErrorKind::CONFLICT, "no model is loaded on this rank");
         save_trainer_state(
             std::filesystem::path(message->header.at("dir").get<std::string>()) / "trainer_state",
-            *held->trainer);
+            *held->model->trainer);
       } else if (kind == "release") {
         held.reset();
       } else {

@@ -51,6 +51,92 @@ size_t Grammar::memory_bytes() const {
   return bytes;
 }
 
+namespace {
+
+void put_u32(std::string& out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out += static_cast<char>((v >> (8 * i)) & 0xff);
+}
+
+struct ByteReader {
+  std::string_view in;
+  size_t pos = 0;
+  uint8_t u8() {
+    if (pos >= in.size()) throw std::invalid_argument("grammar: truncated serialized grammar");
+    return static_cast<uint8_t>(in[pos++]);
+  }
+  uint32_t u32() {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(u8()) << (8 * i);
+    return v;
+  }
+  // A count of items of at least `min_bytes` each: never more than the bytes left could hold.
+  uint32_t count(size_t min_bytes) {
+    const uint32_t n = u32();
+    if (static_cast<uint64_t>(n) * min_bytes > in.size() - pos)
+      throw std::invalid_argument("grammar: serialized grammar claims more than it holds");
+    return n;
+  }
+};
+
+}  // namespace
+
+// Layout (little-endian u32s): rules, root; per rule: name length, name, alternatives; per
+// alternative: elements; per element: kind, lo, hi (u8 each), ref.
+std::string Grammar::serialize() const {
+  std::string out;
+  put_u32(out, static_cast<uint32_t>(rules_.size()));
+  put_u32(out, root_);
+  for (size_t r = 0; r < rules_.size(); ++r) {
+    put_u32(out, static_cast<uint32_t>(names_[r].size()));
+    out += names_[r];
+    put_u32(out, static_cast<uint32_t>(rules_[r].size()));
+    for (uint32_t start : rules_[r]) {
+      uint32_t end = start;
+      while (elements_[end].kind != Element::END) ++end;
+      put_u32(out, end - start);
+      for (uint32_t i = start; i < end; ++i) {
+        const Element& e = elements_[i];
+        out += static_cast<char>(e.kind);
+        out += static_cast<char>(e.lo);
+        out += static_cast<char>(e.hi);
+        put_u32(out, e.ref);
+      }
+    }
+  }
+  return out;
+}
+
+Grammar Grammar::deserialize(std::string_view bytes) {
+  ByteReader in{bytes};
+  Grammar g;
+  const uint32_t rules = in.count(8);
+  const uint32_t root = in.u32();
+  for (uint32_t r = 0; r < rules; ++r) g.add_rule();
+  for (uint32_t r = 0; r < rules; ++r) {
+    const uint32_t name_length = in.count(1);
+    g.names_[r] = std::string(in.in.substr(in.pos, name_length));
+    in.pos += name_length;
+    const uint32_t alternatives = in.count(4);
+    for (uint32_t a = 0; a < alternatives; ++a) {
+      std::vector<Element> seq(in.count(7));
+      for (Element& e : seq) {
+        const uint8_t kind = in.u8();
+        if (kind >= Element::END) throw std::invalid_argument("grammar: serialized element of unknown kind");
+        e.kind = static_cast<Element::Kind>(kind);
+        e.lo = in.u8();
+        e.hi = in.u8();
+        e.ref = in.u32();
+      }
+      g.add_alternative(r, seq);
+    }
+  }
+  if (in.pos != bytes.size())
+    throw std::invalid_argument("grammar: trailing bytes after a serialized grammar");
+  g.set_root(root);
+  g.validate();
+  return g;
+}
+
 std::vector<Element> Grammar::literal(std::string_view text) {
   std::vector<Element> out;
   out.reserve(text.size());

@@ -61,6 +61,13 @@ class Grammar {
   /// The elements of a literal byte string.
   static std::vector<Element> literal(std::string_view text);
 
+  /// A compact binary form of the rules (names, alternatives, root), for sending a compiled
+  /// grammar to another process (the serving ranks: dist/serve_link.hpp).
+  std::string serialize() const;
+  /// The grammar serialize() wrote, rebuilt rule by rule and validated; throws
+  /// std::invalid_argument for a truncated or inconsistent buffer.
+  static Grammar deserialize(std::string_view bytes);
+
  private:
   std::vector<Element> elements_;             // every alternative's sequence, each ending with END
   std::vector<std::vector<uint32_t>> rules_;  // rule -> start position of each alternative

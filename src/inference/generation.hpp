@@ -51,6 +51,9 @@ struct GenerationRequest {
   /// a sentence of this grammar followed by an end-of-sequence token (src/grammar/). Requests
   /// with the same schema share one Grammar object (the route caches them).
   std::shared_ptr<const grammar::Grammar> grammar{};
+  /// What keeps requests on one rank of a multi-rank job (its KV cache is there): the episode.
+  /// Empty: none. Not sent to the rank that serves it.
+  std::string affinity{};
 };
 
 /// One alternative token at a position (top_logprobs).

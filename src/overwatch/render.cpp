@@ -516,6 +516,16 @@ std::vector<std::string> traffic_lines(const FrameInput& in, const PoolInfo& p, 
   }
   for (auto& l : pack(items, width, st)) out.push_back(std::move(l));
   if (compact) return out;
+  // Every rank of a multi-rank job serves: a line each (rank 0 routes the requests).
+  if (p.serving.size() > 1) {
+    for (const RankServingInfo& r : p.serving) {
+      std::string line =
+          fmt::format("  rank {:<3} requests {:>7}  tokens {:>7}  in flight {}", r.rank,
+                      format_count(r.requests), format_count(r.generated_tokens), format_count(r.in_flight));
+      if (!r.up) line += "  " + st.paint("down", kRed);
+      out.push_back(fit_line(line, width));
+    }
+  }
 
   std::vector<std::string> events;
   auto add = [&](const char* label, const char* key, const char* warn_color) {

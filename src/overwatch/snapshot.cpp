@@ -117,6 +117,15 @@ PoolInfo pool_information_from_json(const json& j) {
       e.peers.push_back(std::move(q));
     }
   }
+  for (const json& r : get_array(j, "serving")) {
+    RankServingInfo q;
+    q.rank = get_int(r, "rank");
+    q.up = !r.contains("up") || get_bool(r, "up");
+    q.requests = get_int(r, "requests");
+    q.generated_tokens = get_int(r, "generated_tokens");
+    q.in_flight = get_int(r, "in_flight");
+    p.serving.push_back(q);
+  }
   p.sample_collection_method = get_string(j, "sample_collection_method");
   p.accepting_claims = get_bool(j, "accepting_claims");
   p.batch_size = get_int(j, "batch_size");

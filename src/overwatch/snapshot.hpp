@@ -89,6 +89,15 @@ struct ExchangeInfo {
   std::vector<ExchangePeerInfo> peers;
 };
 
+/// What one rank of a multi-rank job served (the pool information's "serving").
+struct RankServingInfo {
+  int64_t rank = 0;
+  bool up = true;
+  int64_t requests = 0;
+  int64_t generated_tokens = 0;
+  int64_t in_flight = 0;
+};
+
 struct PoolInfo {
   std::string engine_status;
   std::string engine_status_detail;
@@ -119,6 +128,7 @@ struct PoolInfo {
   std::vector<std::pair<std::string, double>> eval_metrics;
   std::vector<std::pair<std::string, int64_t>> counters;  // in the server's order
   ExchangeInfo exchange;
+  std::vector<RankServingInfo> serving;  // one per rank (empty from older servers and the mock)
 
   /// A counter by name, 0 when absent.
   int64_t counter(std::string_view name) const;

@@ -188,7 +188,8 @@ nlohmann::json pool_information_json(const EngineSnapshot& st, const PoolSnapsho
       {"eval_metrics", eval},
       {"counters", c.to_json()},
   };
-  out["memory"] = rank_memory_json(st.memory);  // what each rank holds ([] without a loaded model)
+  out["memory"] = rank_memory_json(st.memory);     // what each rank holds ([] without a loaded model)
+  out["serving"] = rank_serving_json(st.serving);  // what each rank served ([] without a loaded model)
   // The run the step history and the counters belong to (they restart with a fresh run).
   out["counters"]["run_id"] = st.run.run_id;
   if (!st.run.run_id.empty()) {

@@ -390,7 +390,8 @@ HttpResponse SwarmService::handle_command(const std::string& route, const HttpRe
                           {"config_synced", st.config_synced},
                           {"engine", st.backend},
                           {"model", st.model},
-                          {"memory", rank_memory_json(st.memory)}});
+                          {"memory", rank_memory_json(st.memory)},
+                          {"serving", rank_serving_json(st.serving)}});
   }
   if (route == "/metrics") {
     HttpResponse r;

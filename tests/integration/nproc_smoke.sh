@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # `swarm-server start --nproc 2` end to end on the torch engine, through the real binaries:
-#  1. two ranks train two policy steps; the checkpoint on SIGTERM holds both optimizer shards
-#     (each about half of the state) and the follower exits with rank 0;
+#  1. two ranks serve the agents' requests (rank 0 routes them; /metrics counts each rank's) and
+#     train two policy steps; the checkpoint on SIGTERM holds both optimizer shards (each about
+#     half of the state) and the follower exits with rank 0;
 #  2. --resume with 2 ranks continues at step 3; resuming that checkpoint on 1 rank is refused
 #     with a clear boot error;
 #  3. a follower killed mid-run fails the next policy step with an error that names it, within
-#     a bounded time, and the server keeps answering.
+#     a bounded time; the requests it was serving fail naming it, the status shows it down, and
+#     the server keeps answering.
 # Usage: nproc_smoke.sh <swarm-server> <swarm-model> <echo_agent> <fixtures dir>
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../support/server_port.sh"
@@ -55,16 +57,24 @@ follower="$(followers_of "$pid")"
 agent --steps 2 >agent1.log 2>&1 || { cat agent1.log >&2; fail "echo_agent on 2 ranks failed"; }
 grep -q "2 ranks (gloo collectives) booted" server.log || fail "the engine did not boot 2 ranks"
 grep -q "\[rank 1\] rank 1: loaded" server.log || fail "rank 1 did not load the model"
-# The status reports both ranks' memory: each holds half the optimizer state, only rank 0 a KV cache.
+# The status reports both ranks' memory (each holds half the optimizer state and a KV cache)
+# and what each served: rank 0 routed the agents' requests to both.
 curl -sf "http://127.0.0.1:$port/get_engine_status" >status.json || fail "no engine status"
-/usr/bin/python3 - status.json <<'PY' || fail "the memory report is wrong: $(cat status.json)"
+/usr/bin/python3 - status.json <<'PY' || fail "the memory or serving report is wrong: $(cat status.json)"
 import json, sys
-m = json.load(open(sys.argv[1]))["memory"]
+st = json.load(open(sys.argv[1]))
+m = st["memory"]
 assert [r["rank"] for r in m] == [0, 1], m
 assert abs(m[0]["optimizer_bytes"] - m[1]["optimizer_bytes"]) <= 64, m
-assert m[0]["kv_cache_bytes"] > 0 and m[1]["kv_cache_bytes"] == 0, m
+assert m[0]["kv_cache_bytes"] > 0 and m[1]["kv_cache_bytes"] == m[0]["kv_cache_bytes"], m
 assert all(r["peak_bytes"] > r["weights_bytes"] > 0 for r in m), m
+s = st["serving"]
+assert [r["rank"] for r in s] == [0, 1], s
+assert all(r["up"] and r["requests"] > 0 and r["generated_tokens"] > 0 for r in s), s
 PY
+curl -sf "http://127.0.0.1:$port/metrics" >metrics.txt || fail "no /metrics"
+grep -Eq '^swarm_rank_requests_total\{rank="1"\} [1-9]' metrics.txt || fail "/metrics: $(grep swarm_rank metrics.txt)"
+grep -Eq '^swarm_rank_generated_tokens_total\{rank="0"\} [1-9]' metrics.txt || fail "/metrics: $(grep swarm_rank metrics.txt)"
 grep -q "memory after the first step on rank 1" server.log || fail "rank 1's memory was not logged after step 1"
 stop_server
 if kill -0 "$follower" 2>/dev/null; then fail "the follower (pid $follower) outlived rank 0"; fi
@@ -99,6 +109,18 @@ start_server server.log --nproc 2
 agent --steps 1 >agent4.log 2>&1 || { cat agent4.log >&2; fail "echo_agent before the kill failed"; }
 follower="$(followers_of "$pid")"
 kill -9 "$follower"
+# Its serving link breaks at once: rank 0 routes nothing more to it, and says so.
+down=""
+for _ in $(seq 1 50); do
+  curl -sf "http://127.0.0.1:$port/get_engine_status" >status.json || fail "the server stopped answering"
+  if /usr/bin/python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["serving"]; sys.exit(0 if s[1]["up"] is False else 1)' status.json; then
+    down=1
+    break
+  fi
+  sleep 0.1
+done
+[ -n "$down" ] || fail "rank 1 is not shown down: $(cat status.json)"
+grep -q "rank 1 stopped serving" server.log || fail "rank 0 did not log rank 1 leaving"
 start=$(date +%s)
 if agent --steps 1 --step-timeout 120 >agent5.log 2>&1; then fail "a step succeeded with a dead rank"; fi
 elapsed=$(( $(date +%s) - start ))

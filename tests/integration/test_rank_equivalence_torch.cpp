@@ -27,6 +27,11 @@
 #include <string>
 #include <vector>
 
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <optional>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -36,6 +41,7 @@
 #include "dist/rank_launcher.hpp"
 #include "engine/backend.hpp"
 #include "engine/torch_backend.hpp"
+#include "grammar/grammar.hpp"
 #include "model/safetensors_torch.hpp"
 #include "support/scratch_dir.hpp"
 #include "support/train_batches.hpp"
@@ -327,8 +333,173 @@ TEST(RankEquivalence, TheMemoryReportCoversEveryRank) {
     EXPECT_NEAR(static_cast<double>(m.gradients_bytes), static_cast<double>(one.gradients_bytes), 64.0);
     EXPECT_GT(m.peak_bytes, 0);
   }
+  // Every rank serves, with the KV cache the job sizes.
   EXPECT_EQ(pair.memory[0].kv_cache_bytes, one.kv_cache_bytes);
-  EXPECT_EQ(pair.memory[1].kv_cache_bytes, 0);  // followers do not serve (yet)
+  EXPECT_EQ(pair.memory[1].kv_cache_bytes, one.kv_cache_bytes);
+}
+
+// ---------------------------------------------------------------- every rank serves
+
+// What a request's observer (the HTTP side) saw.
+struct Seen {
+  std::vector<std::pair<int64_t, std::string>> deltas;
+  std::optional<GenerationResult> result;
+  std::string error;
+};
+
+class Collecting final : public GenerationObserver {
+ public:
+  void on_text(int64_t choice, const std::string& delta) override {
+    std::lock_guard lk(mu_);
+    seen_.deltas.emplace_back(choice, delta);
+  }
+  void on_complete(GenerationResult r) override {
+    std::lock_guard lk(mu_);
+    seen_.result = std::move(r);
+    done_ = true;
+    cv_.notify_all();
+  }
+  void on_error(ErrorKind, const std::string& message) override {
+    std::lock_guard lk(mu_);
+    seen_.error = message;
+    done_ = true;
+    cv_.notify_all();
+  }
+  Seen wait() {
+    std::unique_lock lk(mu_);
+    EXPECT_TRUE(cv_.wait_for(lk, 60s, [&] { return done_; })) << "no answer within 60 s";
+    return seen_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  Seen seen_;
+  bool done_ = false;
+};
+
+Seen generate(Backend& backend, GenerationRequest request) {
+  auto observer = std::make_shared<Collecting>();
+  backend.generate(std::move(request), observer);
+  return observer->wait();
+}
+
+// Sampled at a temperature, seeded, with log-probs and alternatives, two choices.
+GenerationRequest sampled_request(const std::string& affinity = "") {
+  GenerationRequest r;
+  r.prompt_ids = {1, 15, 230, 77, 1024, 9, 300};
+  r.params.temperature = 0.8;
+  r.params.seed = 1234;
+  r.params.max_tokens = 20;
+  r.params.n = 2;
+  r.params.logprobs = true;
+  r.params.top_logprobs = 2;
+  r.affinity = affinity;
+  return r;
+}
+
+// Constrained to lowercase letters and spaces (structured outputs take this path).
+std::shared_ptr<const grammar::Grammar> letters_grammar() {
+  grammar::Grammar g;
+  const uint32_t word = g.add_rule("text");
+  g.add_alternative(word, {grammar::Element::bytes('a', 'z'), grammar::Element::rule(word)});
+  g.add_alternative(word, {grammar::Element::byte(' '), grammar::Element::rule(word)});
+  g.add_alternative(word, {grammar::Element::bytes('a', 'z')});
+  g.set_root(word);
+  return std::make_shared<const grammar::Grammar>(std::move(g));
+}
+
+void expect_same_answer(const Seen& a, const Seen& b, const std::string& what) {
+  SCOPED_TRACE(what);
+  ASSERT_EQ(a.error, "");
+  ASSERT_EQ(b.error, "");
+  ASSERT_TRUE(a.result && b.result);
+  EXPECT_EQ(a.deltas, b.deltas);
+  EXPECT_EQ(a.result->policy_version, b.result->policy_version);
+  ASSERT_EQ(a.result->choices.size(), b.result->choices.size());
+  for (size_t c = 0; c < a.result->choices.size(); ++c) {
+    const GenerationChoice &x = a.result->choices[c], &y = b.result->choices[c];
+    EXPECT_EQ(x.ids, y.ids);
+    ASSERT_EQ(x.logprobs.size(), y.logprobs.size());
+    EXPECT_EQ(std::memcmp(x.logprobs.data(), y.logprobs.data(), x.logprobs.size() * sizeof(float)), 0)
+        << "log-probs bit for bit";
+    EXPECT_EQ(x.versions, y.versions);
+    ASSERT_EQ(x.top.size(), y.top.size());
+    for (size_t i = 0; i < x.top.size(); ++i) {
+      ASSERT_EQ(x.top[i].size(), y.top[i].size());
+      for (size_t k = 0; k < x.top[i].size(); ++k) {
+        EXPECT_EQ(x.top[i][k].id, y.top[i][k].id);
+        EXPECT_EQ(x.top[i][k].logprob, y.top[i][k].logprob);
+      }
+    }
+    EXPECT_EQ(x.text, y.text);
+    EXPECT_EQ(x.finish_reason, y.finish_reason);
+  }
+}
+
+int64_t requests_on(const Backend& backend, int rank) {
+  return backend.rank_serving().at(static_cast<size_t>(rank)).requests;
+}
+
+// Rank 1 answers through the serving link exactly what rank 0's own engine answers (an idle
+// job takes turns: the first request goes to rank 0, the same request next to rank 1), before
+// and after a policy step, whose weights reach both ranks' serving engines with its version.
+TEST(RankEquivalence, EveryRankServesAndAnswersAsRankZeroDoes) {
+  ASSERT_NE(g_two, nullptr);
+  testing::ScratchDir scratch("swarm-rank-serving");
+  auto two = make_backend("torch");
+  two->boot(tiny_job(), {});
+  two->set_policy_version(0);
+
+  const Seen on0 = generate(*two, sampled_request());
+  EXPECT_EQ(requests_on(*two, 0), 1);
+  const Seen on1 = generate(*two, sampled_request());
+  EXPECT_EQ(requests_on(*two, 1), 1);
+  expect_same_answer(on0, on1, "sampled");
+  ASSERT_TRUE(on0.result);
+  EXPECT_FALSE(on0.deltas.empty());
+  for (const auto& c : on0.result->choices) EXPECT_EQ(c.versions, std::vector<int64_t>(c.ids.size(), 0));
+
+  GenerationRequest constrained = sampled_request();
+  constrained.grammar = letters_grammar();
+  const Seen c0 = generate(*two, constrained);
+  const Seen c1 = generate(*two, constrained);
+  EXPECT_EQ(requests_on(*two, 0), 2);
+  EXPECT_EQ(requests_on(*two, 1), 2);
+  expect_same_answer(c0, c1, "constrained");
+  ASSERT_TRUE(c0.result);
+  for (const auto& c : c0.result->choices)
+    for (char ch : c.text) EXPECT_TRUE((ch >= 'a' && ch <= 'z') || ch == ' ') << c.text;
+
+  // A policy step: both ranks' serving weights change, and both stamp the step's version.
+  two->train_step(recorded_batch(59), 1, {});
+  const Seen after0 = generate(*two, sampled_request());
+  const Seen after1 = generate(*two, sampled_request());
+  EXPECT_EQ(requests_on(*two, 0), 3);
+  EXPECT_EQ(requests_on(*two, 1), 3);
+  expect_same_answer(after0, after1, "after a step");
+  ASSERT_TRUE(after0.result);
+  for (const auto& c : after0.result->choices) EXPECT_EQ(c.versions, std::vector<int64_t>(c.ids.size(), 1));
+  EXPECT_NE(std::memcmp(after0.result->choices[0].logprobs.data(), on0.result->choices[0].logprobs.data(),
+                        sizeof(float)),
+            0)
+      << "the step changed the weights rank 1 serves with";
+
+  // An episode stays on the rank that served it; the counters add up.
+  const int64_t before = requests_on(*two, 1);
+  generate(*two, sampled_request("episode-x"));  // rank 0 (a tie: the lower rank)
+  generate(*two, sampled_request("episode-y"));  // rank 1
+  generate(*two, sampled_request("episode-y"));  // rank 1 again, though it has served more
+  EXPECT_EQ(requests_on(*two, 1), before + 2);
+  int64_t generated = 0;
+  for (const RankServing& r : two->rank_serving()) {
+    EXPECT_TRUE(r.up);
+    EXPECT_EQ(r.in_flight, 0);
+    EXPECT_EQ(r.outstanding_tokens, 0);
+    generated += r.generated_tokens;
+  }
+  EXPECT_GT(generated, 0);
+  two->release();
 }
 
 }  // namespace

@@ -525,6 +525,29 @@ TEST(OverwatchRender, AStepThatTrainedNothingIsMarked) {
   EXPECT_EQ(joined(render_frame(sample_frame(), plain(160))).find("trained nothing"), std::string::npos);
 }
 
+TEST(OverwatchRender, EveryServingRankHasALine) {
+  json j = pool_json();
+  j["serving"] = json::array(
+      {{{"rank", 0}, {"up", true}, {"requests", 12}, {"generated_tokens", 480}, {"in_flight", 2}},
+       {{"rank", 1}, {"up", false}, {"requests", 7}, {"generated_tokens", 300}, {"in_flight", 0}}});
+  const PoolInfo p = pool_information_from_json(j);
+  ASSERT_EQ(p.serving.size(), 2u);
+  EXPECT_EQ(p.serving[1].rank, 1);
+  EXPECT_FALSE(p.serving[1].up);
+  EXPECT_EQ(p.serving[0].generated_tokens, 480);
+  Monitor m("http://127.0.0.1:10086", 1.0);
+  Snapshot snap = sample_snapshot();
+  snap.pool = p;
+  const auto t0 = Monitor::Clock::time_point{} + 1000s;
+  m.on_poll_ok(snap, t0);
+  const std::string all = joined(render_frame(m.frame(t0), plain(160)));
+  EXPECT_NE(all.find("rank 0   requests      12  tokens     480  in flight 2"), std::string::npos) << all;
+  EXPECT_NE(all.find("rank 1   requests       7  tokens     300  in flight 0  down"), std::string::npos)
+      << all;
+  // One rank: nothing to split, no per-rank lines.
+  EXPECT_EQ(joined(render_frame(sample_frame(), plain(160))).find("rank 0"), std::string::npos);
+}
+
 TEST(OverwatchRender, ActiveTargetFollowsTheMethod) {
   FrameInput f = sample_frame();
   f.snapshot->pool.sample_collection_method = "rollout_until_finish_enough_episodes";
