@@ -1,7 +1,9 @@
 #include "dist/collectives_torch.hpp"
 #include "common/env.hpp"
+#include "dist/rank_channel.hpp"
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/version.h>
 #ifdef SWARM_WITH_CUDA
@@ -277,7 +279,10 @@ std::unique_ptr<Collectives> make_collectives(const DistConfig& config, bool cud
     store_options.numWorkers = static_cast<std::size_t>(config.world_size);
     store_options.waitWorkers = true;
     store_options.timeout = config.timeout;
-    auto store = c10::make_intrusive<c10d::TCPStore>(config.master_addr, store_options);
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(config.master_addr, store_options);
+    // The job's keys live under a name only its ranks can derive (rank_channel.hpp).
+    c10::intrusive_ptr<c10d::Store> store =
+        c10::make_intrusive<c10d::PrefixStore>(store_namespace(config.secret, config.master_port), tcp);
     c10::intrusive_ptr<C10dGroup> group;
 #ifdef SWARM_WITH_CUDA
     if (cuda) {

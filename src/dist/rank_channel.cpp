@@ -420,6 +420,10 @@ void RankFollower::reply_error(const std::string& error) {
   write_frame(fd_, RankMessage{json{{"ok", false}, {"error", error}}, {}});
 }
 
+std::string store_namespace(const std::string& secret, int store_port) {
+  return proof(secret, "store|" + std::to_string(store_port));
+}
+
 void write_rank_frame(int fd, const RankMessage& message) { write_frame(fd, message); }
 
 std::optional<RankMessage> read_rank_frame(int fd) { return read_frame(fd, std::nullopt); }

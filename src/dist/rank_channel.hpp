@@ -109,6 +109,12 @@ std::string serialize_train_batch(const TrainBatch& batch);
 /// Inverse of serialize_train_batch; throws INVALID_ARGUMENT on a truncated or corrupt buffer.
 TrainBatch deserialize_train_batch(const std::string& bytes);
 
+/// The namespace of a job's keys in c10d's TCPStore for the boot whose store listens on
+/// `store_port`: HMAC-SHA256(secret, "store|<port>") in hex. The store accepts any connection
+/// (it has no authentication), but a process without the secret cannot name the job's keys —
+/// it can neither read the addresses and ids the collectives exchange nor overwrite them.
+std::string store_namespace(const std::string& secret, int store_port);
+
 /// A TCP port on `host` that was free a moment ago (bind to port 0, read it, close).
 int pick_free_port(const std::string& host = "127.0.0.1");
 

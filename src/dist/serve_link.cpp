@@ -210,7 +210,7 @@ GenerationResult decode_generation_result(const json& header, const std::string&
   Reader r(payload);
   GenerationResult result;
   result.policy_version = r.pod<int64_t>();
-  const uint32_t choices = r.count(4 * 6);
+  const uint32_t choices = r.count(size_t{4} * 6);
   for (uint32_t i = 0; i < choices; ++i) {
     GenerationChoice& c = result.choices.emplace_back();
     c.ids = r.vec<TokenId>();
@@ -260,7 +260,8 @@ void ServeLinkLeader::send(const RankMessage& message) {
   write_rank_frame(fd_, message);
 }
 
-void ServeLinkLeader::submit(GenerationRequest request, std::shared_ptr<GenerationObserver> observer) {
+void ServeLinkLeader::submit(const GenerationRequest& request,
+                             const std::shared_ptr<GenerationObserver>& observer) {
   uint64_t id = 0;
   {
     std::lock_guard lk(mu_);

@@ -57,7 +57,7 @@ class ServeLinkLeader {
   ServeLinkLeader(const ServeLinkLeader&) = delete;
   ServeLinkLeader& operator=(const ServeLinkLeader&) = delete;
 
-  void submit(GenerationRequest request, std::shared_ptr<GenerationObserver> observer);
+  void submit(const GenerationRequest& request, const std::shared_ptr<GenerationObserver>& observer);
   void set_policy_version(int64_t version);
   /// Why the link is down ("" while it works).
   std::string broken() const;

@@ -460,7 +460,7 @@ class TorchBackend final : public Backend {
     if (rank == 0) return engine->submit(std::move(request), std::move(routed));
     if (static_cast<size_t>(rank) > links.size())
       return routed->on_error(ErrorKind::UNAVAILABLE, "rank " + std::to_string(rank) + " is not serving");
-    links[static_cast<size_t>(rank - 1)]->submit(std::move(request), std::move(routed));
+    links[static_cast<size_t>(rank - 1)]->submit(request, routed);
   }
 
   TrainStepReport train_step(const TrainBatch& batch, int64_t next_global_step,

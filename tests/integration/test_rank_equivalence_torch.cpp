@@ -43,6 +43,7 @@
 #include "engine/torch_backend.hpp"
 #include "grammar/grammar.hpp"
 #include "model/safetensors_torch.hpp"
+#include "support/generation_results.hpp"
 #include "support/scratch_dir.hpp"
 #include "support/train_batches.hpp"
 #include "swarm/job.hpp"
@@ -415,26 +416,7 @@ void expect_same_answer(const Seen& a, const Seen& b, const std::string& what) {
   ASSERT_EQ(b.error, "");
   ASSERT_TRUE(a.result && b.result);
   EXPECT_EQ(a.deltas, b.deltas);
-  EXPECT_EQ(a.result->policy_version, b.result->policy_version);
-  ASSERT_EQ(a.result->choices.size(), b.result->choices.size());
-  for (size_t c = 0; c < a.result->choices.size(); ++c) {
-    const GenerationChoice &x = a.result->choices[c], &y = b.result->choices[c];
-    EXPECT_EQ(x.ids, y.ids);
-    ASSERT_EQ(x.logprobs.size(), y.logprobs.size());
-    EXPECT_EQ(std::memcmp(x.logprobs.data(), y.logprobs.data(), x.logprobs.size() * sizeof(float)), 0)
-        << "log-probs bit for bit";
-    EXPECT_EQ(x.versions, y.versions);
-    ASSERT_EQ(x.top.size(), y.top.size());
-    for (size_t i = 0; i < x.top.size(); ++i) {
-      ASSERT_EQ(x.top[i].size(), y.top[i].size());
-      for (size_t k = 0; k < x.top[i].size(); ++k) {
-        EXPECT_EQ(x.top[i][k].id, y.top[i][k].id);
-        EXPECT_EQ(x.top[i][k].logprob, y.top[i][k].logprob);
-      }
-    }
-    EXPECT_EQ(x.text, y.text);
-    EXPECT_EQ(x.finish_reason, y.finish_reason);
-  }
+  testing::expect_same_generation(*a.result, *b.result);
 }
 
 int64_t requests_on(const Backend& backend, int rank) {

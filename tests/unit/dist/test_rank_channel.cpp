@@ -132,6 +132,18 @@ std::thread follower(int port, int rank, std::function<std::string(const nlohman
   });
 }
 
+// c10d's store keeps a job's keys under a name only the job's ranks derive: the same on every
+// rank of a boot, another for another secret or another boot's store port.
+TEST(RankChannel, TheStoreNamespaceNeedsTheSecret) {
+  const std::string ns = store_namespace("the job's secret", 29500);
+  EXPECT_EQ(ns.size(), 64u);
+  EXPECT_EQ(ns.find_first_not_of("0123456789abcdef"), std::string::npos);
+  EXPECT_EQ(store_namespace("the job's secret", 29500), ns);
+  EXPECT_NE(store_namespace("another secret", 29500), ns);
+  EXPECT_NE(store_namespace("the job's secret", 29501), ns);
+  EXPECT_EQ(ns.find("secret"), std::string::npos);
+}
+
 TEST(RankChannel, LeaderCollectsEveryFollowersReply) {
   const int port = pick_free_port();
   std::thread f1 = follower(port, 1, [](const nlohmann::json&) { return ""; });

@@ -17,6 +17,7 @@
 #include "common/error.hpp"
 #include "dist/serve_link.hpp"
 #include "grammar/grammar.hpp"
+#include "support/generation_results.hpp"
 
 namespace swarm {
 namespace {
@@ -139,28 +140,7 @@ GenerationResult full_result() {
   return r;
 }
 
-void expect_same(const GenerationResult& a, const GenerationResult& b) {
-  EXPECT_EQ(a.policy_version, b.policy_version);
-  ASSERT_EQ(a.choices.size(), b.choices.size());
-  for (size_t c = 0; c < a.choices.size(); ++c) {
-    const GenerationChoice &x = a.choices[c], &y = b.choices[c];
-    EXPECT_EQ(x.ids, y.ids);
-    ASSERT_EQ(x.logprobs.size(), y.logprobs.size());
-    for (size_t i = 0; i < x.logprobs.size(); ++i)
-      EXPECT_EQ(std::memcmp(&x.logprobs[i], &y.logprobs[i], sizeof(float)), 0) << "bit for bit";
-    EXPECT_EQ(x.versions, y.versions);
-    ASSERT_EQ(x.top.size(), y.top.size());
-    for (size_t i = 0; i < x.top.size(); ++i) {
-      ASSERT_EQ(x.top[i].size(), y.top[i].size());
-      for (size_t k = 0; k < x.top[i].size(); ++k) {
-        EXPECT_EQ(x.top[i][k].id, y.top[i][k].id);
-        EXPECT_EQ(std::memcmp(&x.top[i][k].logprob, &y.top[i][k].logprob, sizeof(float)), 0);
-      }
-    }
-    EXPECT_EQ(x.text, y.text);
-    EXPECT_EQ(x.finish_reason, y.finish_reason);
-  }
-}
+using testing::expect_same_generation;
 
 TEST(ServeLink, RequestsCrossExactlyWithTheirGrammar) {
   const GenerationRequest in = full_request();
@@ -219,7 +199,7 @@ TEST(ServeLink, ResultsCrossBitForBit) {
   nlohmann::json header{{"id", 3}};
   const std::string payload = encode_generation_result(in, header);
   EXPECT_EQ(header["kind"], "done");
-  expect_same(decode_generation_result(header, payload), in);
+  expect_same_generation(decode_generation_result(header, payload), in);
   EXPECT_THROW(decode_generation_result(header, payload.substr(0, payload.size() - 1)), SwarmError);
 }
 
@@ -246,7 +226,7 @@ TEST(ServeLink, TheFollowersObserverCallsReachRankZeroInOrder) {
   EXPECT_EQ(seen->deltas, (std::vector<std::pair<int64_t, std::string>>{
                               {0, "ab"}, {1, std::string("\xe2\x82", 2)}, {0, "c"}}));
   ASSERT_TRUE(seen->result.has_value());
-  expect_same(*seen->result, full_result());
+  expect_same_generation(*seen->result, full_result());
   EXPECT_EQ(follower.requests(), 1);
 
   // An error the follower's engine reports arrives as that error.
