@@ -1,10 +1,10 @@
 #include "dist/collectives_torch.hpp"
 #include "common/env.hpp"
+#include "dist/key_value_store.hpp"
 #include "dist/rank_channel.hpp"
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/version.h>
 #ifdef SWARM_WITH_CUDA
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -88,7 +88,91 @@ std::string describe(const std::exception& e) {
   return e.what();
 }
 
-/// Gloo or NCCL behind one TCPStore. Gloo (libtorch 1.13) lacks reduce_scatter and bf16
+std::vector<uint8_t> bytes_of(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+std::string string_of(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
+
+/// The rendezvous store c10d's collectives meet through (key_value_store.hpp): rank 0 hosts it
+/// in-process and reads it directly; every other rank joins it with the job's secret. One
+/// request at a time per object; clone() gives another connection.
+class AuthenticatedStore final : public c10d::Store {
+ public:
+  /// Rank 0: hosts the store on host:port.
+  AuthenticatedStore(const DistConfig& config, std::chrono::milliseconds timeout)
+      : c10d::Store(timeout), config_(config) {
+    if (config.rank == 0) {
+      local_ = std::make_shared<KeyValueStore>();
+      server_ = std::make_shared<KeyValueServer>(local_, config.master_addr, config.master_port,
+                                                 config.world_size, config.secret);
+    } else {
+      remote_ = std::make_unique<KeyValueClient>(config.master_addr, config.master_port, config.rank, timeout,
+                                                 config.secret);
+    }
+  }
+
+  // Another handle on the same store (libtorch 2.x asks for one; it overrides Store::clone
+  // there and is a plain method on 1.13, which has none).
+  c10::intrusive_ptr<c10d::Store> clone() {
+    if (local_) return c10::make_intrusive<AuthenticatedStore>(*this, local_, server_);
+    return c10::make_intrusive<AuthenticatedStore>(config_, timeout_);
+  }
+  AuthenticatedStore(const AuthenticatedStore& other, std::shared_ptr<KeyValueStore> local,
+                     std::shared_ptr<KeyValueServer> server)
+      : c10d::Store(other.timeout_),
+        config_(other.config_),
+        local_(std::move(local)),
+        server_(std::move(server)) {}
+
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    std::lock_guard lk(mu_);
+    if (local_) return local_->set(key, string_of(value));
+    remote_->set(key, string_of(value));
+  }
+  std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
+                                  const std::vector<uint8_t>& desired) override {
+    std::lock_guard lk(mu_);
+    return bytes_of(local_ ? local_->compare_set(key, string_of(expected), string_of(desired))
+                           : remote_->compare_set(key, string_of(expected), string_of(desired)));
+  }
+  std::vector<uint8_t> get(const std::string& key) override {
+    std::lock_guard lk(mu_);
+    std::optional<std::string> v = local_ ? local_->get(key, timeout_) : remote_->get(key, timeout_);
+    TORCH_CHECK(v.has_value(), "rendezvous store: key '", key, "' did not appear within ", timeout_.count(),
+                " ms");
+    return bytes_of(*v);
+  }
+  int64_t add(const std::string& key, int64_t value) override {
+    std::lock_guard lk(mu_);
+    return local_ ? local_->add(key, value) : remote_->add(key, value);
+  }
+  bool deleteKey(const std::string& key) override {
+    std::lock_guard lk(mu_);
+    return local_ ? local_->erase(key) : remote_->erase(key);
+  }
+  bool check(const std::vector<std::string>& keys) override {
+    std::lock_guard lk(mu_);
+    return local_ ? local_->check(keys) : remote_->check(keys);
+  }
+  int64_t getNumKeys() override {
+    std::lock_guard lk(mu_);
+    return local_ ? local_->size() : remote_->size();
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    std::lock_guard lk(mu_);
+    const bool ok = local_ ? local_->wait(keys, timeout) : remote_->wait(keys, timeout);
+    TORCH_CHECK(ok, "rendezvous store: ", keys.size(), " key(s) did not appear within ", timeout.count(),
+                " ms");
+  }
+
+ private:
+  const DistConfig config_;
+  std::mutex mu_;
+  std::shared_ptr<KeyValueStore> local_;    // rank 0
+  std::shared_ptr<KeyValueServer> server_;  // rank 0: serves the others while any handle lives
+  std::unique_ptr<KeyValueClient> remote_;  // the other ranks
+};
+
+/// Gloo or NCCL behind one rendezvous store. Gloo (libtorch 1.13) lacks reduce_scatter and bf16
 /// arithmetic; both are emulated below (see reduce_scatter_sum / sum_buffer).
 class C10dCollectives final : public Collectives {
  public:
@@ -273,16 +357,11 @@ std::unique_ptr<Collectives> make_collectives(const DistConfig& config, bool cud
 
   const std::string endpoint = config.master_addr + ":" + std::to_string(config.master_port);
   try {
-    c10d::TCPStoreOptions store_options;
-    store_options.port = static_cast<std::uint16_t>(config.master_port);
-    store_options.isServer = config.rank == 0;
-    store_options.numWorkers = static_cast<std::size_t>(config.world_size);
-    store_options.waitWorkers = true;
-    store_options.timeout = config.timeout;
-    auto tcp = c10::make_intrusive<c10d::TCPStore>(config.master_addr, store_options);
-    // The job's keys live under a name only its ranks can derive (rank_channel.hpp).
-    c10::intrusive_ptr<c10d::Store> store =
-        c10::make_intrusive<c10d::PrefixStore>(store_namespace(config.secret, config.master_port), tcp);
+    // Only the job's ranks get in (key_value_store.hpp), and its keys live under a name only
+    // they can derive besides (rank_channel.hpp).
+    auto authenticated = c10::make_intrusive<AuthenticatedStore>(config, config.timeout);
+    c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::PrefixStore>(
+        store_namespace(config.secret, config.master_port), authenticated);
     c10::intrusive_ptr<C10dGroup> group;
 #ifdef SWARM_WITH_CUDA
     if (cuda) {

@@ -57,7 +57,8 @@ std::vector<double> all_gather_values(Collectives& comm, const std::vector<doubl
 /// One rank, no communication (copies where the shapes say so).
 std::unique_ptr<Collectives> make_single_process_collectives();
 
-/// c10d over a TCPStore rendezvous at master_addr:master_port (rank 0 hosts the store): Gloo for
+/// c10d over an authenticated rendezvous store at master_addr:master_port (rank 0 hosts it; only
+/// ranks proving config.secret get in: key_value_store.hpp): Gloo for
 /// CPU tensors, or NCCL for CUDA tensors when `cuda` (needs a build with SWARM_WITH_CUDA; a
 /// CPU-only build throws INVALID_ARGUMENT). Blocks until every rank has joined; a rendezvous
 /// not complete within config.timeout throws SwarmError(UNAVAILABLE). world_size 1 returns the

@@ -420,6 +420,17 @@ void RankFollower::reply_error(const std::string& error) {
   write_frame(fd_, RankMessage{json{{"ok", false}, {"error", error}}, {}});
 }
 
+int accept_rank_handshake(int fd, const std::string& secret, int world_size, std::string& why) {
+  try {
+    const int rank = leader_handshake(fd, secret, world_size, why);
+    if (rank > 0) write_frame(fd, RankMessage{json{{"kind", "joined"}}, {}});
+    return rank;
+  } catch (const std::exception& e) {
+    why = e.what();
+    return -1;
+  }
+}
+
 std::string store_namespace(const std::string& secret, int store_port) {
   return proof(secret, "store|" + std::to_string(store_port));
 }

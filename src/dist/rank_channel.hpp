@@ -109,6 +109,12 @@ std::string serialize_train_batch(const TrainBatch& batch);
 /// Inverse of serialize_train_batch; throws INVALID_ARGUMENT on a truncated or corrupt buffer.
 TrainBatch deserialize_train_batch(const std::string& bytes);
 
+/// The leader's side of the join handshake on an accepted connection (the rendezvous store's
+/// connections use it; RankLeader::accept does the same and also refuses a rank twice): the
+/// rank the peer proved, after telling it it joined; -1 with `why` set when it did not prove
+/// the secret (nothing was sent then but the challenge). Throws nothing.
+int accept_rank_handshake(int fd, const std::string& secret, int world_size, std::string& why);
+
 /// The namespace of a job's keys in c10d's TCPStore for the boot whose store listens on
 /// `store_port`: HMAC-SHA256(secret, "store|<port>") in hex. The store accepts any connection
 /// (it has no authentication), but a process without the secret cannot name the job's keys —
