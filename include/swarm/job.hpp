@@ -77,6 +77,9 @@ struct Job {
   int64_t ppo_epochs = 1;
   int64_t ppo_mini_batch_size = 0;  // tasks per mini-batch; 0 = the whole batch
   int64_t micro_batch_max_tokens = 8192;
+  bool sequence_packing = true;
+  std::string training_attention = "auto";      // auto | blockwise | eager
+  std::string gradient_checkpointing = "auto";  // auto (true on a GPU) | true | false
   std::string dtype = "fp32";
   int64_t seed = 42;
   int64_t total_training_steps = 0;  // 0 = until stopped

@@ -93,7 +93,8 @@ nlohmann::json rank_memory_json(const std::vector<RankMemory>& ranks) {
                    {"optimizer_bytes", m.optimizer_bytes},
                    {"master_weights_bytes", m.master_weights_bytes},
                    {"kv_cache_bytes", m.kv_cache_bytes},
-                   {"peak_bytes", m.peak_bytes}});
+                   {"peak_bytes", m.peak_bytes},
+                   {"activations_peak_bytes", m.activations_peak_bytes}});
   return out;
 }
 
@@ -121,6 +122,7 @@ RankMemory rank_memory_from_json(const nlohmann::json& j) {
     m.master_weights_bytes = j.at("master_weights_bytes").get<int64_t>();
     m.kv_cache_bytes = j.at("kv_cache_bytes").get<int64_t>();
     m.peak_bytes = j.at("peak_bytes").get<int64_t>();
+    m.activations_peak_bytes = j.value("activations_peak_bytes", int64_t{-1});
     return m;
   } catch (const nlohmann::json::exception& e) {
     throw SwarmError(ErrorKind::INVALID_ARGUMENT, std::string("malformed rank memory report: ") + e.what());

@@ -60,6 +60,8 @@ struct RankMemory {
   int64_t master_weights_bytes = 0;   // fp32 master shard (0 where the weights are the masters)
   int64_t kv_cache_bytes = 0;         // the serving engine's paged KV cache (0 where none)
   int64_t peak_bytes = 0;             // the device's peak: CUDA caching allocator, or the process's peak RSS
+  int64_t activations_peak_bytes =
+      -1;  // the last training step's peak above what it started with; -1 = none yet
 };
 /// [{rank, device, weights_bytes, ...}] as the status routes carry it.
 nlohmann::json rank_memory_json(const std::vector<RankMemory>& ranks);

@@ -57,6 +57,10 @@ TrainerOptions trainer_options_from(const Job& job) {
   o.ppo_epochs = job.ppo_epochs;
   o.ppo_mini_batch_size = job.ppo_mini_batch_size;
   o.micro_batch_max_tokens = job.micro_batch_max_tokens;
+  o.sequence_packing = job.sequence_packing;
+  o.forward.attention = parse_training_attention(job.training_attention);
+  // "auto" is resolved where the device is known (the torch backend): false here.
+  o.forward.checkpoint_layers = job.gradient_checkpointing == "true";
   o.ppo = job.algorithm == "ppo";
   o.gamma = job.gamma;
   o.lam = job.lam;

@@ -26,7 +26,9 @@ PoolConfig pool_config_from(const Job& job);
 ExchangeConfig exchange_config_from(const Job& job, std::string node_id);
 
 /// The policy trainer: optimizer, loss, PPO and the off-policy correction (auto resolved by
-/// the job). INVALID_ARGUMENT naming an unknown enum value.
+/// the job), the training forward. gradient_checkpointing "auto" gives false here: the torch
+/// backend, which knows the device, turns it on for a GPU. INVALID_ARGUMENT naming an unknown
+/// enum value.
 TrainerOptions trainer_options_from(const Job& job);
 
 /// What a model and its tokenizer add to the job for the serving engine.

@@ -156,6 +156,7 @@ RankMemory measure_memory(int rank, const DecoderModel& serving, const PolicyTra
     m.serving_weights_bytes += p.numel() * static_cast<int64_t>(p.element_size());
   if (engine) m.kv_cache_bytes = engine->kv_cache_bytes();
   m.peak_bytes = peak_bytes(serving.device());
+  m.activations_peak_bytes = trainer.activations_peak_bytes();
   return m;
 }
 
@@ -164,9 +165,12 @@ void log_memory(const std::vector<RankMemory>& ranks, const std::string& when) {
   for (const RankMemory& m : ranks)
     spdlog::info(
         "torch engine: memory {} on rank {} ({}): weights {:.1f} MiB, serving weights {:.1f} MiB, gradients "
-        "{:.1f} MiB, optimizer {:.1f} MiB, master weights {:.1f} MiB, KV cache {:.1f} MiB; peak {:.1f} MiB",
+        "{:.1f} MiB, optimizer {:.1f} MiB, master weights {:.1f} MiB, KV cache {:.1f} MiB; peak {:.1f} MiB, "
+        "last step's activations peak {}",
         when, m.rank, m.device, mib(m.weights_bytes), mib(m.serving_weights_bytes), mib(m.gradients_bytes),
-        mib(m.optimizer_bytes), mib(m.master_weights_bytes), mib(m.kv_cache_bytes), mib(m.peak_bytes));
+        mib(m.optimizer_bytes), mib(m.master_weights_bytes), mib(m.kv_cache_bytes), mib(m.peak_bytes),
+        m.activations_peak_bytes < 0 ? std::string("n/a")
+                                     : fmt::format("{:.1f} MiB", mib(m.activations_peak_bytes)));
 }
 
 RankModel load_rank_model(const Job& job, const std::filesystem::path& dir, bool resuming,
@@ -197,9 +201,12 @@ RankModel load_rank_model(const Job& job, const std::filesystem::path& dir, bool
                       "' (the frozen KL reference), and it is not a model directory");
     reference = DecoderModel::load(job.model, DType::F32, device);
   }
-  r.trainer =
-      std::make_unique<PolicyTrainer>(r.model, trainer_options_from(job), std::move(comm), master.get(),
-                                      critic.get(), critic_master.get(), reference.get());
+  TrainerOptions options = trainer_options_from(job);
+  // gradient_checkpointing auto: on a GPU, where activations bound the sequence length; on the
+  // CPU the recomputation's third more compute costs more than the memory it frees.
+  if (job.gradient_checkpointing == "auto") options.forward.checkpoint_layers = device.is_cuda();
+  r.trainer = std::make_unique<PolicyTrainer>(r.model, options, std::move(comm), master.get(), critic.get(),
+                                              critic_master.get(), reference.get());
   if (resuming) load_trainer_state(dir / "trainer_state", *r.trainer);
   return r;
 }

@@ -4,6 +4,9 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/version.h>
 
 #include <dlfcn.h>
 #include <malloc.h>
@@ -19,6 +22,7 @@
 
 #include "common/error.hpp"
 #include "inference/kv_cache_torch.hpp"
+#include "kernels/cpu/blockwise_attention_torch.hpp"
 #include "kernels/cpu/paged_attention_torch.hpp"
 #include "kernels/cpu/serving_ops_torch.hpp"
 #include "kernels/cpu/small_linear_torch.hpp"
@@ -496,52 +500,226 @@ torch::Tensor DecoderModel::final_norm(const torch::Tensor& hidden) const {
 torch::Tensor DecoderModel::final_hidden(const torch::Tensor& input_ids, const torch::Tensor& lengths) const {
   SWARM_REQUIRE(input_ids.dim() == 2, ErrorKind::INVALID_ARGUMENT,
                 "forward_full: input_ids must be [B, T], got " + shape_str(input_ids.sizes()));
-  const int64_t B = input_ids.size(0), T = input_ids.size(1);
-  SWARM_REQUIRE(lengths.dim() == 1 && lengths.size(0) == B, ErrorKind::INVALID_ARGUMENT,
+  SWARM_REQUIRE(lengths.dim() == 1 && lengths.size(0) == input_ids.size(0), ErrorKind::INVALID_ARGUMENT,
                 "forward_full: lengths must be [B], got " + shape_str(lengths.sizes()));
-  SWARM_REQUIRE(T <= config_.max_position_embeddings, ErrorKind::INVALID_ARGUMENT,
-                "forward_full: " + std::to_string(T) + " positions exceed max_position_embeddings " +
-                    std::to_string(config_.max_position_embeddings));
-  const int64_t nh = config_.num_attention_heads, kvh = config_.num_key_value_heads, hd = config_.head_dim;
+  return final_hidden(padded_tokens(input_ids, lengths), TrainingForward{TrainingAttention::EAGER, false});
+}
 
-  const torch::Tensor ids = input_ids.to(device_, torch::kLong);
-  const torch::Tensor lens = lengths.to(device_, torch::kLong);
-  // blocked[b, i, j]: key j is in the future, or is padding. A padded query may always see
-  // itself, so no softmax row is empty (finite logits, clean gradients); real queries never see
-  // padding because it only follows them.
-  const auto long_opts = torch::TensorOptions().dtype(torch::kLong).device(device_);
-  const torch::Tensor i = torch::arange(T, long_opts).view({1, T, 1});
-  const torch::Tensor j = torch::arange(T, long_opts).view({1, 1, T});
-  const torch::Tensor allowed = (j <= i).logical_and((j < lens.view({B, 1, 1})).logical_or(j == i));
-  const torch::Tensor blocked = allowed.logical_not().expand({B, T, T});
-  // Windowed layers also block keys `window` or more positions back (never the query itself).
-  torch::Tensor blocked_windowed;
-  if (config_.any_layer_windowed()) {
-    blocked_windowed = allowed.logical_and((i - j) < *config_.sliding_window).logical_not().expand({B, T, T});
+TrainingTokens padded_tokens(const torch::Tensor& ids, const torch::Tensor& lengths) {
+  const torch::Tensor lens = lengths.to(torch::kCPU, torch::kLong).contiguous();
+  return TrainingTokens{
+      ids, std::vector<int64_t>(lens.data_ptr<int64_t>(), lens.data_ptr<int64_t>() + lens.numel()),
+      /*packed=*/false};
+}
+
+// One decoder layer recomputed in the backward (activation checkpointing): the forward runs the
+// layer without autograd and keeps only its input; the backward runs it again under autograd
+// from that input and back-propagates through it, which accumulates the parameters' gradients
+// into their leaves (as the unchecked graph's backward does) and returns the input's. The same
+// ops on the same values: the same gradients, bit for bit. What the layer needs is kept in the
+// node (the layout's tensors and integers) and the model by address: DecoderModel::final_hidden
+// requires it to outlive the backward.
+struct CheckpointedDecoderLayer : public torch::autograd::Function<CheckpointedDecoderLayer> {
+  struct Call {
+    const DecoderModel* model = nullptr;
+    size_t layer = 0;
+    const DecoderModel::TrainingLayout* layout = nullptr;
+  };
+
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                                                const Call& call) {
+    const DecoderModel::TrainingLayout& lay = *call.layout;
+    ctx->save_for_backward({x});
+    ctx->saved_data["model"] = reinterpret_cast<int64_t>(call.model);
+    ctx->saved_data["layer"] = static_cast<int64_t>(call.layer);
+    ctx->saved_data["rows"] = lay.rows;
+    ctx->saved_data["cols"] = lay.cols;
+    ctx->saved_data["attention"] = static_cast<int64_t>(lay.attention);
+    ctx->saved_data["block"] = lay.block;
+    ctx->saved_data["cu_seqlens"] = lay.cu_seqlens;
+    ctx->saved_data["cos"] = lay.cos;
+    ctx->saved_data["sin"] = lay.sin;
+    if (lay.blocked.defined()) ctx->saved_data["blocked"] = lay.blocked;
+    if (lay.blocked_windowed.defined()) ctx->saved_data["blocked_windowed"] = lay.blocked_windowed;
+    return {call.model->training_layer(call.layer, x, lay)};
   }
 
-  const torch::Tensor cos = cos_.narrow(0, 0, T).view({1, T, 1, hd});
-  const torch::Tensor sin = sin_.narrow(0, 0, T).view({1, T, 1, hd});
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::Tensor x = ctx->get_saved_variables()[0];
+    const auto* model = reinterpret_cast<const DecoderModel*>(ctx->saved_data["model"].toInt());
+    DecoderModel::TrainingLayout lay;
+    lay.rows = ctx->saved_data["rows"].toInt();
+    lay.cols = ctx->saved_data["cols"].toInt();
+    lay.attention = static_cast<int>(ctx->saved_data["attention"].toInt());
+    lay.block = ctx->saved_data["block"].toInt();
+    lay.cu_seqlens = ctx->saved_data["cu_seqlens"].toIntVector();
+    lay.cos = ctx->saved_data["cos"].toTensor();
+    lay.sin = ctx->saved_data["sin"].toTensor();
+    if (ctx->saved_data.count("blocked")) lay.blocked = ctx->saved_data["blocked"].toTensor();
+    if (ctx->saved_data.count("blocked_windowed"))
+      lay.blocked_windowed = ctx->saved_data["blocked_windowed"].toTensor();
+    torch::Tensor input = x.detach().requires_grad_(x.requires_grad());
+    torch::Tensor out;
+    {
+      torch::AutoGradMode grad_on(true);
+      out = model->training_layer(static_cast<size_t>(ctx->saved_data["layer"].toInt()), input, lay);
+    }
+    torch::Tensor g = grads[0];
+    if (!g.defined()) g = torch::zeros_like(out);
+    torch::autograd::backward({out}, {g});
+    return {input.requires_grad() ? input.grad() : torch::Tensor(), torch::Tensor()};
+  }
+};
+
+torch::Tensor DecoderModel::final_hidden(const TrainingTokens& tokens, const TrainingForward& how) const {
+  const torch::Tensor& input_ids = tokens.ids;
+  const int64_t hd = config_.head_dim;
+  TrainingLayout lay;
+  torch::Tensor ids;
+  const auto long_opts = torch::TensorOptions().dtype(torch::kLong).device(device_);
+  std::vector<int64_t> positions;  // packed: each token's position within its sample
+  if (tokens.packed) {
+    SWARM_REQUIRE(input_ids.dim() == 1, ErrorKind::INVALID_ARGUMENT,
+                  "final_hidden: packed ids must be [N], got " + shape_str(input_ids.sizes()));
+    lay.rows = 1;
+    lay.cols = input_ids.size(0);
+    lay.cu_seqlens.push_back(0);
+    for (int64_t n : tokens.lengths) {
+      SWARM_REQUIRE(n >= 1 && n <= config_.max_position_embeddings, ErrorKind::INVALID_ARGUMENT,
+                    "final_hidden: a packed sample has " + std::to_string(n) +
+                        " tokens (1 to max_position_embeddings " +
+                        std::to_string(config_.max_position_embeddings) + ")");
+      for (int64_t t = 0; t < n; ++t) positions.push_back(t);
+      lay.cu_seqlens.push_back(lay.cu_seqlens.back() + n);
+    }
+    SWARM_REQUIRE(lay.cu_seqlens.back() == lay.cols, ErrorKind::INVALID_ARGUMENT,
+                  "final_hidden: the packed lengths sum to " + std::to_string(lay.cu_seqlens.back()) +
+                      ", the ids hold " + std::to_string(lay.cols));
+    ids = input_ids.to(device_, torch::kLong).view({1, lay.cols});
+  } else {
+    SWARM_REQUIRE(input_ids.dim() == 2, ErrorKind::INVALID_ARGUMENT,
+                  "forward_full: input_ids must be [B, T], got " + shape_str(input_ids.sizes()));
+    lay.rows = input_ids.size(0);
+    lay.cols = input_ids.size(1);
+    SWARM_REQUIRE(static_cast<int64_t>(tokens.lengths.size()) == lay.rows, ErrorKind::INVALID_ARGUMENT,
+                  "forward_full: lengths must be [B]: " + std::to_string(tokens.lengths.size()) + " for " +
+                      std::to_string(lay.rows) + " rows");
+    SWARM_REQUIRE(lay.cols <= config_.max_position_embeddings, ErrorKind::INVALID_ARGUMENT,
+                  "forward_full: " + std::to_string(lay.cols) + " positions exceed max_position_embeddings " +
+                      std::to_string(config_.max_position_embeddings));
+    // Rows attend within themselves; a padded query may attend to the padding before it (its
+    // output is never read), a real query never does: padding only follows it.
+    for (int64_t r = 0; r <= lay.rows; ++r) lay.cu_seqlens.push_back(r * lay.cols);
+    ids = input_ids.to(device_, torch::kLong);
+  }
+  const int64_t B = lay.rows, T = lay.cols;
+
+  // The attention: eager as asked; scaled_dot_product_attention on a GPU with libtorch 2.x
+  // (auto); the blockwise kernel otherwise (its windowed layers, too).
+  lay.attention = how.attention == TrainingAttention::EAGER ? 0 : 1;
+  lay.block = how.attention_block > 0 ? how.attention_block : kAttentionBlock;
+#if TORCH_VERSION_MAJOR >= 2
+  if (how.attention == TrainingAttention::AUTO && device_.is_cuda()) lay.attention = 2;
+#endif
+  if (lay.attention == 0) {
+    // blocked[b, i, j]: key j is in the future, or padding, or another sample's. A padded query
+    // may always see itself, so no softmax row is empty (finite logits, clean gradients).
+    const torch::Tensor i = torch::arange(T, long_opts).view({1, T, 1});
+    const torch::Tensor j = torch::arange(T, long_opts).view({1, 1, T});
+    torch::Tensor allowed;
+    torch::Tensor qpos = i, kpos = j;  // positions within the sample (windows)
+    if (tokens.packed) {
+      std::vector<int64_t> sample;
+      for (size_t s = 0; s < tokens.lengths.size(); ++s)
+        sample.insert(sample.end(), static_cast<size_t>(tokens.lengths[s]), static_cast<int64_t>(s));
+      const torch::Tensor seg = torch::tensor(sample, torch::kLong).to(device_);
+      allowed = (j <= i).logical_and(seg.view({1, 1, T}) == seg.view({1, T, 1}));
+    } else {
+      const torch::Tensor lens = torch::tensor(tokens.lengths, torch::kLong).to(device_);
+      allowed = (j <= i).logical_and((j < lens.view({B, 1, 1})).logical_or(j == i));
+    }
+    lay.blocked = allowed.logical_not().expand({B, T, T});
+    // Windowed layers also block keys `window` or more positions back (never the query itself).
+    // Within one sample the distance of two packed tokens is their distance in the row.
+    if (config_.any_layer_windowed()) {
+      lay.blocked_windowed =
+          allowed.logical_and((qpos - kpos) < *config_.sliding_window).logical_not().expand({B, T, T});
+    }
+  }
+
+  if (tokens.packed) {
+    const torch::Tensor pos = torch::tensor(positions, torch::kLong).to(device_);
+    lay.cos = cos_.index_select(0, pos).view({1, T, 1, hd});
+    lay.sin = sin_.index_select(0, pos).view({1, T, 1, hd});
+  } else {
+    lay.cos = cos_.narrow(0, 0, T).view({1, T, 1, hd});
+    lay.sin = sin_.narrow(0, 0, T).view({1, T, 1, hd});
+  }
 
   torch::Tensor x = at::embedding(p(embed_), ids);  // [B, T, H]
+  const bool checkpoint = how.checkpoint_layers && torch::GradMode::is_enabled();
   for (size_t l = 0; l < layers_.size(); ++l) {
-    const LayerParams& layer = layers_[l];
-    const torch::Tensor h = rms_norm(x, p(layer.in_norm));
-    torch::Tensor q = model_linear(h, p(layer.q_w), bias(layer.q_b)).view({B, T, nh, hd});
-    torch::Tensor k = model_linear(h, p(layer.k_w), bias(layer.k_b)).view({B, T, kvh, hd});
-    const torch::Tensor v = model_linear(h, p(layer.v_w), bias(layer.v_b)).view({B, T, kvh, hd});
-    if (layer.q_norm >= 0) {
-      q = rms_norm(q, p(layer.q_norm));
-      k = rms_norm(k, p(layer.k_norm));
+    if (checkpoint && x.requires_grad()) {
+      x = CheckpointedDecoderLayer::apply(x, CheckpointedDecoderLayer::Call{this, l, &lay})[0];
+    } else {
+      x = training_layer(l, x, lay);
     }
-    q = apply_rope(q, cos, sin);
-    k = apply_rope(k, cos, sin);
-    const torch::Tensor o =
-        attend(q, k, v, config_.layer_window(static_cast<int64_t>(l)) ? blocked_windowed : blocked);
-    x = x + model_linear(o, p(layer.o_w), bias(layer.o_b));
-    x = x + mlp(layer, rms_norm(x, p(layer.post_norm)));
   }
-  return x;
+  return tokens.packed ? x.view({T, x.size(-1)}) : x;
+}
+
+torch::Tensor DecoderModel::training_layer(size_t l, const torch::Tensor& x,
+                                           const TrainingLayout& lay) const {
+  const int64_t nh = config_.num_attention_heads, kvh = config_.num_key_value_heads, hd = config_.head_dim;
+  const int64_t B = lay.rows, T = lay.cols;
+  const LayerParams& layer = layers_[l];
+  const torch::Tensor h = rms_norm(x, p(layer.in_norm));
+  torch::Tensor q = model_linear(h, p(layer.q_w), bias(layer.q_b)).view({B, T, nh, hd});
+  torch::Tensor k = model_linear(h, p(layer.k_w), bias(layer.k_b)).view({B, T, kvh, hd});
+  const torch::Tensor v = model_linear(h, p(layer.v_w), bias(layer.v_b)).view({B, T, kvh, hd});
+  if (layer.q_norm >= 0) {
+    q = rms_norm(q, p(layer.q_norm));
+    k = rms_norm(k, p(layer.k_norm));
+  }
+  q = apply_rope(q, lay.cos, lay.sin);
+  k = apply_rope(k, lay.cos, lay.sin);
+  const torch::Tensor o = training_attention(l, q, k, v, lay);
+  torch::Tensor y = x + model_linear(o, p(layer.o_w), bias(layer.o_b));
+  return y + mlp(layer, rms_norm(y, p(layer.post_norm)));
+}
+
+torch::Tensor DecoderModel::training_attention(size_t l, const torch::Tensor& q, const torch::Tensor& k,
+                                               const torch::Tensor& v, const TrainingLayout& lay) const {
+  const int64_t nh = config_.num_attention_heads, kvh = config_.num_key_value_heads, hd = config_.head_dim;
+  const int64_t B = lay.rows, T = lay.cols;
+  const bool windowed = config_.layer_window(static_cast<int64_t>(l)).has_value();
+  if (lay.attention == 0) return attend(q, k, v, windowed ? lay.blocked_windowed : lay.blocked);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+#if TORCH_VERSION_MAJOR >= 2
+  if (lay.attention == 2 && !windowed) {
+    // scaled_dot_product_attention per sample (its causal mask is the sample's own, so the
+    // flash and memory-efficient backends apply), the kv heads repeated for GQA.
+    const int64_t rep = nh / kvh;
+    const torch::Tensor qf = q.reshape({B * T, nh, hd}), kf = k.reshape({B * T, kvh, hd}),
+                        vf = v.reshape({B * T, kvh, hd});
+    std::vector<torch::Tensor> parts;
+    for (size_t s = 0; s + 1 < lay.cu_seqlens.size(); ++s) {
+      const int64_t s0 = lay.cu_seqlens[s], n = lay.cu_seqlens[s + 1] - s0;
+      const torch::Tensor qs = qf.narrow(0, s0, n).transpose(0, 1).unsqueeze(0);  // [1, nh, n, hd]
+      torch::Tensor ks = kf.narrow(0, s0, n).transpose(0, 1), vs = vf.narrow(0, s0, n).transpose(0, 1);
+      if (rep > 1) ks = ks.repeat_interleave(rep, 0), vs = vs.repeat_interleave(rep, 0);
+      const torch::Tensor o = at::scaled_dot_product_attention(qs, ks.unsqueeze(0), vs.unsqueeze(0), {}, 0.0,
+                                                               /*is_causal=*/true);
+      parts.push_back(o.squeeze(0).transpose(0, 1));  // [n, nh, hd]
+    }
+    return torch::cat(parts, 0).reshape({B, T, nh * hd});
+  }
+#endif
+  const int64_t window = windowed ? *config_.layer_window(static_cast<int64_t>(l)) : 0;
+  return blockwise_attention(q.reshape({B * T, nh, hd}), k.reshape({B * T, kvh, hd}),
+                             v.reshape({B * T, kvh, hd}), lay.cu_seqlens, window, scale, lay.block)
+      .view({B, T, nh * hd});
 }
 
 // ---------------------------------------------------------------- packed step (serving)

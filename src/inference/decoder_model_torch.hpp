@@ -16,6 +16,7 @@
 
 #include <torch/types.h>
 
+#include "inference/training_forward.hpp"
 #include "model/model_config.hpp"
 #include "model/safetensors.hpp"
 
@@ -61,6 +62,21 @@ struct StepInput {
   std::vector<int32_t> tokens;  // a prefill chunk, or the one token to decode
   int64_t start_pos = 0;        // tokens of this sequence already in the cache
 };
+
+/// The tokens of a training forward pass. Packed: samples laid end to end in one row (`ids` [N]
+/// int64, `lengths` per sample, summing to N); each sample's positions restart at 0 and no
+/// attention crosses a boundary. Padded: right-padded rows (`ids` [B, T], `lengths` the real
+/// tokens of each row, each in [0, T]).
+struct TrainingTokens {
+  torch::Tensor ids;
+  std::vector<int64_t> lengths;
+  bool packed = true;
+};
+
+/// Padded TrainingTokens from ids [B, T] and lengths [B] (any device; int64).
+TrainingTokens padded_tokens(const torch::Tensor& ids, const torch::Tensor& lengths);
+
+struct CheckpointedDecoderLayer;
 
 /// A loaded decoder model. Its weights are owned tensors in the compute dtype on its device.
 /// Math as Hugging Face: RMSNorm statistics in fp32, rotate-half RoPE from tables computed in
@@ -123,6 +139,13 @@ class DecoderModel {
   /// final norm and the LM head to any [..., hidden] tensor and returns fp32 logits.
   /// forward_full(ids, lengths) == head_logits(final_hidden(ids, lengths)).
   torch::Tensor final_hidden(const torch::Tensor& input_ids, const torch::Tensor& lengths) const;
+  /// The trainer's forward to the last layer: [N, hidden] for packed tokens, [B, T, hidden] for
+  /// padded rows (compute dtype), with `how`'s attention (kernels/cpu/blockwise_attention_torch.hpp;
+  /// scaled_dot_product_attention on a GPU) and, under autograd, per-layer activation
+  /// checkpointing (the layer's input kept, its activations recomputed in the backward: the same
+  /// ops, so the same gradients). The plain final_hidden above is this with padded rows and
+  /// eager attention. The model must outlive the backward of what this returns.
+  torch::Tensor final_hidden(const TrainingTokens& tokens, const TrainingForward& how) const;
   torch::Tensor head_logits(const torch::Tensor& hidden) const;
   /// The two parts of head_logits, for a caller that computes the LM head itself (the trainer's
   /// row-chunked log-softmax): the final RMSNorm of `hidden` (compute dtype), and the LM head
@@ -148,6 +171,23 @@ class DecoderModel {
   const torch::Tensor& rope_sin() const noexcept { return sin_f32_; }
 
  private:
+  friend struct CheckpointedDecoderLayer;
+  /// What every layer of one training forward shares (final_hidden(TrainingTokens, ...)).
+  struct TrainingLayout {
+    int64_t rows = 0, cols = 0;               // x is [rows, cols, hidden]: [1, N] packed, [B, T] padded
+    torch::Tensor cos, sin;                   // [1 or rows, cols, 1, head_dim], compute dtype
+    torch::Tensor blocked, blocked_windowed;  // eager attention's masks [rows, cols, cols]
+    std::vector<int64_t> cu_seqlens;          // sample (packed) or row (padded) boundaries in [0, rows·cols]
+    int attention = 0;                        // 0 eager, 1 blockwise, 2 scaled_dot_product_attention
+    int64_t block = 0;                        // the blockwise kernel's block
+  };
+  /// Decoder layer `l` of a training forward: x [rows, cols, hidden] -> the same.
+  torch::Tensor training_layer(size_t l, const torch::Tensor& x, const TrainingLayout& layout) const;
+  /// Attention of layer `l` of a training forward: q [rows, cols, heads, hd], k/v [.., kv_heads,
+  /// hd] -> [rows, cols, heads * hd].
+  torch::Tensor training_attention(size_t l, const torch::Tensor& q, const torch::Tensor& k,
+                                   const torch::Tensor& v, const TrainingLayout& layout) const;
+
   struct LayerParams {  // indices into params_, -1 when absent
     int q_w = -1, q_b = -1, k_w = -1, k_b = -1, v_w = -1, v_b = -1, o_w = -1, o_b = -1;
     int q_norm = -1, k_norm = -1;

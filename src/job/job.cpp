@@ -121,6 +121,19 @@ const std::vector<Field>& field_table() {
        "Tasks per optimizer step within a batch; 0 means the whole batch."},
       {"micro_batch_max_tokens", &Job::micro_batch_max_tokens,
        "Token budget of one forward/backward micro-batch (bounds memory)."},
+      {"sequence_packing", &Job::sequence_packing,
+       "Pack a micro-batch's samples end to end into one row of at most micro_batch_max_tokens tokens "
+       "(no padding; attention and positions stay within each sample; the step's padding_fraction is "
+       "then 0); false pads each micro-batch's rows to its longest sample."},
+      {"training_attention", &Job::training_attention,
+       "Attention of the training forward: auto (scaled_dot_product_attention on a GPU with libtorch "
+       "2.x, the blockwise kernel elsewhere and for windowed layers), blockwise (online softmax over "
+       "blocks of 512 tokens: memory grows with the sequence, not its square), or eager (the plain "
+       "formula: [heads, T, T] scores and probabilities per layer)."},
+      {"gradient_checkpointing", &Job::gradient_checkpointing,
+       "Keep only each decoder layer's input in the forward and recompute its activations in the "
+       "backward (activation memory: about one layer's worth plus the layers' inputs, for about a "
+       "third more compute): auto (true on a GPU, false on the CPU), true or false."},
       {"dtype", &Job::dtype,
        "Compute precision: fp32, bf16, or auto (bf16 on a GPU and on CPUs with AVX512_BF16, fp32 on other "
        "CPUs; the engine log says what it chose and why). bf16 keeps fp32 master weights for training."},
@@ -551,6 +564,8 @@ void Job::validate() const {
   if (ppo_mini_batch_size < 0) bad("ppo_mini_batch_size", "must be >= 0");
   if (micro_batch_max_tokens < 1) bad("micro_batch_max_tokens", "must be >= 1");
   require_one_of("dtype", dtype, {"fp32", "bf16", "auto"});
+  require_one_of("training_attention", training_attention, {"auto", "blockwise", "eager"});
+  require_one_of("gradient_checkpointing", gradient_checkpointing, {"auto", "true", "false"});
   if (total_training_steps < 0) bad("total_training_steps", "must be >= 0");
   if (save_freq < 0) bad("save_freq", "must be >= 0");
   if (max_staleness < 0) bad("max_staleness", "must be >= 0");

@@ -55,18 +55,31 @@ Critic::~Critic() = default;
 
 torch::Tensor Critic::values(const torch::Tensor& ids, const torch::Tensor& lengths,
                              const torch::Tensor& positions) {
-  const torch::Tensor hidden = trunk_->final_hidden(ids, lengths);  // [B, T, H]
-  const torch::Tensor h = hidden.reshape({-1, hidden.size(-1)}).index_select(0, positions);
-  const torch::Tensor x = trunk_->final_norm(h).to(torch::kFloat);
-  return at::matmul(x, head_w_.to(torch::kFloat)) + head_b_.to(torch::kFloat);  // [N]
+  return values(padded_tokens(ids, lengths), positions, TrainingForward{TrainingAttention::EAGER, false});
 }
 
 ValueLossSums Critic::accumulate_gradients(const torch::Tensor& ids, const torch::Tensor& lengths,
                                            const torch::Tensor& positions, const torch::Tensor& returns,
                                            const torch::Tensor& old_values, const torch::Tensor& weight,
                                            double norm, double cliprange) {
+  return accumulate_gradients(padded_tokens(ids, lengths), positions, returns, old_values, weight, norm,
+                              cliprange, TrainingForward{TrainingAttention::EAGER, false});
+}
+
+torch::Tensor Critic::values(const TrainingTokens& tokens, const torch::Tensor& positions,
+                             const TrainingForward& how) {
+  const torch::Tensor hidden = trunk_->final_hidden(tokens, how);  // [N, H] or [B, T, H]
+  const torch::Tensor h = hidden.reshape({-1, hidden.size(-1)}).index_select(0, positions);
+  const torch::Tensor x = trunk_->final_norm(h).to(torch::kFloat);
+  return at::matmul(x, head_w_.to(torch::kFloat)) + head_b_.to(torch::kFloat);  // [N]
+}
+
+ValueLossSums Critic::accumulate_gradients(const TrainingTokens& tokens, const torch::Tensor& positions,
+                                           const torch::Tensor& returns, const torch::Tensor& old_values,
+                                           const torch::Tensor& weight, double norm, double cliprange,
+                                           const TrainingForward& how) {
   SWARM_REQUIRE(norm > 0, ErrorKind::INVALID_ARGUMENT, "value loss normaliser must be > 0");
-  const torch::Tensor v = values(ids, lengths, positions);
+  const torch::Tensor v = values(tokens, positions, how);
   SWARM_CHECK(v.numel() == returns.numel() && v.numel() == old_values.numel(),
               "critic: values, returns and old values differ in length");
   const torch::Tensor clipped_v = old_values + torch::clamp(v - old_values, -cliprange, cliprange);

@@ -19,11 +19,10 @@
 
 #include <torch/types.h>
 
+#include "inference/decoder_model_torch.hpp"
 #include "trainer/flat_parameters_torch.hpp"
 
 namespace swarm {
-
-class DecoderModel;
 
 struct ValueLossSums {
   double loss = 0.0;       // the micro-batch's share of the aggregated loss
@@ -47,12 +46,21 @@ class Critic {
   Critic(const Critic&) = delete;
   Critic& operator=(const Critic&) = delete;
 
-  /// Values [N] fp32 at `positions` (indices into the flattened [B, T] of `ids`), as
-  /// DecoderModel::final_hidden reads `ids` / `lengths`. Under the caller's grad mode.
+  /// Values [N] fp32 at `positions` (indices into the flattened tokens: [N] packed, [B, T]
+  /// padded), as DecoderModel::final_hidden reads `tokens` with `how`. Under the caller's grad
+  /// mode.
+  torch::Tensor values(const TrainingTokens& tokens, const torch::Tensor& positions,
+                       const TrainingForward& how);
+  /// The same for padded rows `ids` [B, T] / `lengths` [B], with eager attention.
   torch::Tensor values(const torch::Tensor& ids, const torch::Tensor& lengths,
                        const torch::Tensor& positions);
   /// Forward + backward of the clipped value loss of one micro-batch; adds the gradient into the
   /// flat gradient. `weight` [N]: each token's weight in the aggregate divided by `norm`.
+  ValueLossSums accumulate_gradients(const TrainingTokens& tokens, const torch::Tensor& positions,
+                                     const torch::Tensor& returns, const torch::Tensor& old_values,
+                                     const torch::Tensor& weight, double norm, double cliprange,
+                                     const TrainingForward& how);
+  /// The same for padded rows, with eager attention.
   ValueLossSums accumulate_gradients(const torch::Tensor& ids, const torch::Tensor& lengths,
                                      const torch::Tensor& positions, const torch::Tensor& returns,
                                      const torch::Tensor& old_values, const torch::Tensor& weight,

@@ -332,6 +332,26 @@ std::vector<std::vector<size_t>> plan_micro_batches(const PreparedBatch& batch,
   return out;
 }
 
+std::vector<std::vector<size_t>> plan_packed_micro_batches(const PreparedBatch& batch,
+                                                           const std::vector<size_t>& seqs,
+                                                           int64_t max_tokens) {
+  SWARM_REQUIRE(max_tokens >= 1, ErrorKind::INVALID_ARGUMENT, "micro-batch token budget must be >= 1");
+  std::vector<std::vector<size_t>> out;
+  std::vector<int64_t> used;  // tokens per micro-batch
+  for (size_t idx : longest_first(batch, seqs)) {
+    const int64_t len = batch.sequences[idx].length;
+    size_t at = 0;
+    while (at < out.size() && used[at] + len > max_tokens) ++at;
+    if (at == out.size()) {
+      out.emplace_back();
+      used.push_back(0);
+    }
+    out[at].push_back(idx);
+    used[at] += len;
+  }
+  return out;
+}
+
 double learning_rate_at(double base_lr, const std::string& schedule, int64_t warmup_steps,
                         int64_t total_steps, int64_t step) {
   SWARM_REQUIRE(schedule == "constant" || schedule == "cosine", ErrorKind::INVALID_ARGUMENT,

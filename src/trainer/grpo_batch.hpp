@@ -97,6 +97,13 @@ std::vector<size_t> shard_for_rank(const PreparedBatch& batch, const std::vector
 std::vector<std::vector<size_t>> plan_micro_batches(const PreparedBatch& batch,
                                                     const std::vector<size_t>& seqs, int64_t max_tokens);
 
+/// Micro-batches of `seqs` for packed forward passes (samples end to end in one row, no
+/// padding): first-fit decreasing, so each micro-batch's total tokens stay within `max_tokens`;
+/// a sequence longer than the budget gets a micro-batch of its own. Deterministic.
+std::vector<std::vector<size_t>> plan_packed_micro_batches(const PreparedBatch& batch,
+                                                           const std::vector<size_t>& seqs,
+                                                           int64_t max_tokens);
+
 /// Learning rate of policy step `step` (0-based): linear warm-up over `warmup_steps`
 /// (lr × (step+1)/warmup), then constant or cosine decay to 0 at `total_steps`.
 /// Cosine needs total_steps > warmup_steps (INVALID_ARGUMENT otherwise).

@@ -15,6 +15,7 @@
 #include "common/error.hpp"
 #include "inference/decoder_model_torch.hpp"
 #include "kernels/cpu/widening_linear_torch.hpp"
+#include "trainer/allocation_tracker_torch.hpp"
 #include "trainer/gae.hpp"
 #include "swarm/job.hpp"
 
@@ -161,21 +162,24 @@ void LossSums::add(const LossSums& o) {
   is_ratio_max = std::max(is_ratio_max, o.is_ratio_max);
   is_capped += o.is_capped;
   tokens += o.tokens;
+  sequence_tokens += o.sequence_tokens;
+  slots += o.slots;
 }
 
-// The tensors of one padded micro-batch, and where its trained tokens are.
+// The tensors of one micro-batch (packed into one row, or right-padded rows), and where its
+// trained tokens are.
 struct PolicyTrainer::MicroBatchInputs {
-  torch::Tensor ids;      // [B, T] int64, right-padded with 0
-  torch::Tensor lengths;  // [B] int64
+  TrainingTokens tokens;  // ids [N] packed or [B, T] padded (0 in the padding)
   torch::Tensor
-      positions;          // [N] int64: b*T + t-1, the position whose logits predict trained token t of row b
+      positions;          // [N] int64: the flattened position whose logits predict each trained token (t - 1)
   torch::Tensor targets;  // [N] int64: the trained tokens
   torch::Tensor advantage;      // [N] fp32
   torch::Tensor rollout;        // [N] fp32: log-probs at sampling time
   torch::Tensor weight;         // [N] fp32: 1 (token-mean) or 1/tokens of its sequence (seq-mean-token-mean)
   torch::Tensor temperature;    // [N] fp32: each token's sampling temperature; undefined when all are 1
-  std::vector<int64_t> counts;  // trained tokens per row
-  int64_t tokens = 0;           // real (unpadded) tokens
+  std::vector<int64_t> counts;  // trained tokens per sequence
+  int64_t tokens_real = 0;      // real tokens
+  int64_t slots = 0;            // token slots computed (real + padding)
 };
 
 PolicyTrainer::PolicyTrainer(std::shared_ptr<DecoderModel> serving_model, TrainerOptions options,
@@ -191,6 +195,7 @@ PolicyTrainer::PolicyTrainer(std::shared_ptr<DecoderModel> serving_model, Traine
                 ErrorKind::INVALID_ARGUMENT,
                 "PPO trains with advantage_estimator gae, and gae needs PPO's critic");
   tune_allocator_for_training();
+  if (serving_->device().is_cpu()) track_cpu_allocations();  // activations_peak_bytes
   torch::NoGradGuard no_grad;
   std::vector<std::pair<std::string, torch::Tensor>> master;
   if (master_source != nullptr) {
@@ -211,6 +216,10 @@ PolicyTrainer::PolicyTrainer(std::shared_ptr<DecoderModel> serving_model, Traine
     spdlog::info(
         "trainer: bf16 model trained in fp32 (fp32 weights = masters, fp32 activations; serving stays bf16): "
         "this CPU has no bf16 dot products, so bf16 matmuls would widen to fp32 GEMMs anyway");
+  spdlog::info("trainer: {} rows, {} attention, activation checkpointing {}",
+               options_.sequence_packing ? "packed" : "padded",
+               training_attention_name(options_.forward.attention),
+               options_.forward.checkpoint_layers ? "on" : "off");
   policy_ = std::make_unique<FlatParameters>(serving_->parameters(), compute, serving_->device(), comm_,
                                              master_source != nullptr ? &master : nullptr);
   policy_->set_master_in_state(fp32_compute);  // the checkpoint's model files hold them rounded
@@ -255,25 +264,28 @@ PolicyTrainer::MicroBatchInputs PolicyTrainer::build_inputs(const PreparedBatch&
                                                             const std::vector<size_t>& micro) const {
   MicroBatchInputs in;
   const auto B = static_cast<int64_t>(micro.size());
-  int64_t T = 0;
-  for (size_t idx : micro) T = std::max(T, batch.sequences[idx].length);
-  std::vector<int64_t> ids(static_cast<size_t>(B * T), 0), lengths, positions, targets;
+  const bool packed = options_.sequence_packing;
+  int64_t T = 0, total = 0;
+  for (size_t idx : micro) T = std::max(T, batch.sequences[idx].length), total += batch.sequences[idx].length;
+  in.slots = packed ? total : B * T;
+  std::vector<int64_t> ids(static_cast<size_t>(in.slots), 0), positions, targets;
   std::vector<float> adv, rollout, weight, temperature;
   bool tempered = false;
+  int64_t row_start = 0;  // where this sequence's tokens start in the flattened ids
   for (int64_t b = 0; b < B; ++b) {
     const TrainSequence& seq = batch.sequences[micro[static_cast<size_t>(b)]];
     const Sample& s = *seq.sample;
-    lengths.push_back(seq.length);
-    in.tokens += seq.length;
+    in.tokens.lengths.push_back(seq.length);
+    in.tokens_real += seq.length;
     for (int64_t t = 0; t < seq.length; ++t)
-      ids[static_cast<size_t>(b * T + t)] = s.token_ids[static_cast<size_t>(t)];
+      ids[static_cast<size_t>(row_start + t)] = s.token_ids[static_cast<size_t>(t)];
     const float w = options_.loss_aggregation == LossAggregation::TOKEN_MEAN
                         ? 1.0f
                         : static_cast<float>(1.0 / static_cast<double>(seq.trained_tokens));
     int64_t count = 0;
     for (int64_t t = 1; t < seq.length; ++t) {
       if (!s.loss_mask[static_cast<size_t>(t)]) continue;
-      positions.push_back(b * T + t - 1);
+      positions.push_back(row_start + t - 1);
       targets.push_back(s.token_ids[static_cast<size_t>(t)]);
       adv.push_back(seq.token_advantage.empty() ? static_cast<float>(seq.advantage)
                                                 : seq.token_advantage[static_cast<size_t>(t)]);
@@ -292,13 +304,16 @@ PolicyTrainer::MicroBatchInputs PolicyTrainer::build_inputs(const PreparedBatch&
       ++count;
     }
     in.counts.push_back(count);
+    row_start += packed ? seq.length : T;
   }
   const auto dev = serving_->device();
   const auto i64 = torch::TensorOptions().dtype(torch::kLong);
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat);
   const auto N = static_cast<int64_t>(positions.size());
-  in.ids = torch::from_blob(ids.data(), {B, T}, i64).to(dev, /*non_blocking=*/false, /*copy=*/true);
-  in.lengths = torch::from_blob(lengths.data(), {B}, i64).to(dev, false, true);
+  in.tokens.packed = packed;
+  in.tokens.ids =
+      packed ? torch::from_blob(ids.data(), {in.slots}, i64).to(dev, /*non_blocking=*/false, /*copy=*/true)
+             : torch::from_blob(ids.data(), {B, T}, i64).to(dev, false, true);
   in.positions = torch::from_blob(positions.data(), {N}, i64).to(dev, false, true);
   in.targets = torch::from_blob(targets.data(), {N}, i64).to(dev, false, true);
   in.advantage = torch::from_blob(adv.data(), {N}, f32).to(dev, false, true);
@@ -308,9 +323,15 @@ PolicyTrainer::MicroBatchInputs PolicyTrainer::build_inputs(const PreparedBatch&
   return in;
 }
 
+std::vector<std::vector<size_t>> PolicyTrainer::plan(const PreparedBatch& batch,
+                                                     const std::vector<size_t>& seqs) const {
+  return options_.sequence_packing ? plan_packed_micro_batches(batch, seqs, options_.micro_batch_max_tokens)
+                                   : plan_micro_batches(batch, seqs, options_.micro_batch_max_tokens);
+}
+
 torch::Tensor PolicyTrainer::selected_logprobs(const DecoderModel& model, const MicroBatchInputs& in,
                                                torch::Tensor* entropy) {
-  const torch::Tensor hidden = model.final_hidden(in.ids, in.lengths);  // [B, T, H]
+  const torch::Tensor hidden = model.final_hidden(in.tokens, options_.forward);  // [N, H] or [B, T, H]
   // The LM head only where a trained token is predicted: prompts can be most of the tokens.
   const torch::Tensor h = hidden.reshape({-1, hidden.size(-1)}).index_select(0, in.positions);
   const torch::Tensor x = model.final_norm(h);
@@ -413,6 +434,8 @@ LossSums PolicyTrainer::accumulate_gradients(const PreparedBatch& batch, const s
     s.is_weight_sum = is_weight.defined() ? is_weight.sum().item<double>() : static_cast<double>(raw.numel());
   }
   s.tokens = static_cast<double>(lp.numel());
+  s.sequence_tokens = static_cast<double>(in.tokens_real);
+  s.slots = static_cast<double>(in.slots);
   return s;
 }
 
@@ -478,12 +501,12 @@ PolicyTrainer::GaeTargets PolicyTrainer::compute_advantages(PreparedBatch& batch
   out.old_values.resize(n);
   std::vector<GaeResult> gae(n);
   std::vector<std::vector<uint8_t>> masks(n);
-  for (const auto& micro : plan_micro_batches(batch, mine, options_.micro_batch_max_tokens)) {
+  for (const auto& micro : plan(batch, mine)) {
     const MicroBatchInputs in = build_inputs(batch, micro);
     torch::Tensor v;
     {
       torch::NoGradGuard no_grad;
-      v = critic_->values(in.ids, in.lengths, in.positions).to(torch::kCPU).contiguous();
+      v = critic_->values(in.tokens, in.positions, options_.forward).to(torch::kCPU).contiguous();
     }
     const float* vp = v.data_ptr<float>();
     int64_t at = 0;
@@ -555,6 +578,9 @@ PolicyTrainer::GaeTargets PolicyTrainer::compute_advantages(PreparedBatch& batch
 std::map<std::string, double> PolicyTrainer::train(const TrainBatch& batch, int64_t step,
                                                    const ExclusiveRunner& exclusive, std::stop_token stop) {
   const auto t_start = std::chrono::steady_clock::now();
+  const torch::Device device = serving_->device();
+  mark_allocation_peak(device);
+  const int64_t held_at_start = allocation_stats(device).current;
   std::map<std::string, double> m;
   PreparedBatch prepared = prepare_batch(batch, options_.advantage_estimator, 1e-6, options_.group_by);
   GaeTargets targets;
@@ -595,8 +621,7 @@ std::map<std::string, double> PolicyTrainer::train(const TrainBatch& batch, int6
   if (!on_policy && policy_trains) {
     const auto t0 = std::chrono::steady_clock::now();
     for (const auto& mb : minis)
-      for (const auto& micro : plan_micro_batches(prepared, shard_for_rank(prepared, mb, rank, world),
-                                                  options_.micro_batch_max_tokens)) {
+      for (const auto& micro : plan(prepared, shard_for_rank(prepared, mb, rank, world))) {
         auto lps = token_logprobs(prepared, micro);
         for (size_t k = 0; k < micro.size(); ++k) old[micro[k]] = std::move(lps[k]);
       }
@@ -616,8 +641,7 @@ std::map<std::string, double> PolicyTrainer::train(const TrainBatch& batch, int6
         norm += options_.loss_aggregation == LossAggregation::TOKEN_MEAN
                     ? static_cast<double>(prepared.sequences[idx].trained_tokens)
                     : 1.0;
-      const auto micros = plan_micro_batches(prepared, shard_for_rank(prepared, mb, rank, world),
-                                             options_.micro_batch_max_tokens);
+      const auto micros = plan(prepared, shard_for_rank(prepared, mb, rank, world));
       if (policy_trains) {
         zero_gradients();
         for (const auto& micro : micros) {
@@ -640,9 +664,9 @@ std::map<std::string, double> PolicyTrainer::train(const TrainBatch& batch, int6
           for (size_t idx : micro)
             returns.push_back(targets.returns[idx]), olds.push_back(targets.old_values[idx]);
           const auto dev = serving_->device();
-          value_sums.add(critic_->accumulate_gradients(in.ids, in.lengths, in.positions,
-                                                       torch::cat(returns).to(dev), torch::cat(olds).to(dev),
-                                                       in.weight, norm, options_.cliprange_value));
+          value_sums.add(critic_->accumulate_gradients(in.tokens, in.positions, torch::cat(returns).to(dev),
+                                                       torch::cat(olds).to(dev), in.weight, norm,
+                                                       options_.cliprange_value, options_.forward));
         }
         critic_grad_norm_sum += critic_->optimizer_step(options_.critic_learning_rate, options_.adamw());
         ++critic_steps;
@@ -650,6 +674,12 @@ std::map<std::string, double> PolicyTrainer::train(const TrainBatch& batch, int6
     }
   }
   const double update_seconds = seconds_since(t_update);
+  // The step's peak above what it started with (forward and backward of every micro-batch, the
+  // critic's, the optimizer's temporaries), before the weight sync.
+  const AllocationStats after = allocation_stats(device);
+  activations_peak_bytes_ = held_at_start >= 0 && after.peak >= 0 ? after.peak - held_at_start : -1;
+  if (activations_peak_bytes_ >= 0)
+    m["activations_peak_bytes"] = static_cast<double>(activations_peak_bytes_);
 
   if (world > 1) {  // every rank computed a share: sum the sums, max the maxima (on the training device)
     const torch::Device dev = serving_->device();
@@ -658,13 +688,14 @@ std::map<std::string, double> PolicyTrainer::train(const TrainBatch& batch, int6
         {sums.loss, sums.pg_loss, sums.kl, sums.entropy, sums.clipped_low, sums.clipped_high,
          sums.mismatch_sum, sums.tokens, tokens_processed, value_sums.loss, value_sums.clipped,
          value_sums.value_sum, value_sums.error_sum, value_sums.tokens, sums.is_weight_sum, sums.is_ratio_sum,
-         sums.is_capped},
+         sums.is_capped, sums.sequence_tokens, sums.slots},
         dev);
     sums.loss = v[0], sums.pg_loss = v[1], sums.kl = v[2], sums.entropy = v[3], sums.clipped_low = v[4];
     sums.clipped_high = v[5], sums.mismatch_sum = v[6], sums.tokens = v[7], tokens_processed = v[8];
     value_sums.loss = v[9], value_sums.clipped = v[10], value_sums.value_sum = v[11],
     value_sums.error_sum = v[12];
     value_sums.tokens = v[13], sums.is_weight_sum = v[14], sums.is_ratio_sum = v[15], sums.is_capped = v[16];
+    sums.sequence_tokens = v[17], sums.slots = v[18];
     const std::vector<double> all = all_gather_values(*comm_, {sums.mismatch_max, sums.is_ratio_max}, dev);
     for (size_t r = 0; r + 1 < all.size(); r += 2)
       sums.mismatch_max = std::max(sums.mismatch_max, all[r]),
@@ -712,6 +743,8 @@ std::map<std::string, double> PolicyTrainer::train(const TrainBatch& batch, int6
   m["old_logprob_seconds"] = old_seconds;
   m["update_seconds"] = update_seconds;
   m["weight_sync_seconds"] = sync_seconds;
+  // The share of computed token positions that were padding (0 when packed).
+  m["padding_fraction"] = sums.slots > 0 ? 1.0 - sums.sequence_tokens / sums.slots : 0.0;
   m["trainer_tokens_per_second"] = update_seconds > 0 ? tokens_processed / update_seconds : 0.0;
   m["trainer_seconds"] = seconds_since(t_start);
   return m;

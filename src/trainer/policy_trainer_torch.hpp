@@ -53,6 +53,8 @@ struct LossSums {
   double is_ratio_max = 0.0;
   double is_capped = 0.0;  // tokens whose ratio exceeds is_cap (truncated or left out when applied)
   double tokens = 0.0;
+  double sequence_tokens = 0.0;  // every token of the micro-batch's sequences (prompt and response)
+  double slots = 0.0;            // token positions computed: sequence_tokens + padding
   void add(const LossSums& o);
 };
 
@@ -133,6 +135,9 @@ class PolicyTrainer {
   /// What this rank's trainer holds, policy and critic together; the frozen KL reference
   /// counts as weights.
   FlatParameters::Memory memory() const;
+  /// The most tensor memory the last train() held above what it started with (activations, their
+  /// gradients, temporaries; allocation_tracker_torch.hpp), or -1 where the device is not tracked.
+  int64_t activations_peak_bytes() const noexcept { return activations_peak_bytes_; }
   /// This rank's optimizer state (master shard, moments, step counter) as named fp32 tensors.
   std::map<std::string, torch::Tensor> optimizer_state() const;
   /// Restores what optimizer_state returned (same world size and model); also refreshes the
@@ -146,6 +151,8 @@ class PolicyTrainer {
  private:
   struct MicroBatchInputs;
   MicroBatchInputs build_inputs(const PreparedBatch& batch, const std::vector<size_t>& micro) const;
+  /// The micro-batches of `seqs`: packed (options.sequence_packing) or padded.
+  std::vector<std::vector<size_t>> plan(const PreparedBatch& batch, const std::vector<size_t>& seqs) const;
   torch::Tensor selected_logprobs(const DecoderModel& model, const MicroBatchInputs& in,
                                   torch::Tensor* entropy);
   void refresh_weights_from_master();
@@ -160,6 +167,7 @@ class PolicyTrainer {
   std::unique_ptr<FlatParameters> policy_;
   std::vector<torch::Tensor> ref_weights_;  // the initial model's weights (KL loss only)
   std::unique_ptr<Critic> critic_;
+  int64_t activations_peak_bytes_ = -1;
 };
 
 }  // namespace swarm

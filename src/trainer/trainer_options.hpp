@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "inference/training_forward.hpp"
 #include "trainer/grpo_batch.hpp"
 
 namespace swarm {
@@ -64,6 +65,12 @@ struct TrainerOptions {
   // way; bf16 compute only added the widening and roundings (0.78-0.90x fp32's step on a 2-core
   // AVX2 EPYC). false keeps bf16 compute (tests of that path).
   bool fp32_compute_without_bf16_dot = true;
+  // The training forward (docs/concepts.md "Memory"): attention, and per-layer activation
+  // checkpointing (job keys training_attention, gradient_checkpointing).
+  TrainingForward forward;
+  // Samples packed end to end into one row per micro-batch of at most micro_batch_max_tokens
+  // tokens (no padding; attention stays within each sample), or right-padded rows (false).
+  bool sequence_packing = true;
 
   AdamWOptions adamw() const { return {weight_decay, grad_clip, adam_beta1, adam_beta2, adam_eps}; }
 };

@@ -209,7 +209,9 @@ StepResult train_one_step(Backend& backend, const Job& job, const TrainBatch& ba
 }
 
 bool timing(const std::string& name) {
-  return name.ends_with("_seconds") || name == "trainer_tokens_per_second";
+  // activations_peak_bytes: what this rank's own step held (each rank trains its share).
+  return name.ends_with("_seconds") || name == "trainer_tokens_per_second" ||
+         name == "activations_peak_bytes";
 }
 
 // One step of `job` on `batch` with 1 rank and with 2 ranks through the channel: the same update.

@@ -132,6 +132,16 @@ torch::Tensor full_logits(const DecoderModel& m, const std::vector<int32_t>& seq
   return m.forward_full(ids, lens)[0];
 }
 
+// The sequences end to end in one row, as the trainer packs a micro-batch.
+TrainingTokens pack_tokens(const std::vector<std::vector<int32_t>>& seqs) {
+  std::vector<int64_t> ids, lengths;
+  for (const auto& s : seqs) {
+    ids.insert(ids.end(), s.begin(), s.end());
+    lengths.push_back(static_cast<int64_t>(s.size()));
+  }
+  return TrainingTokens{torch::tensor(ids, torch::kLong), lengths, /*packed=*/true};
+}
+
 json batch_json(const std::vector<std::vector<int32_t>>& seqs) {
   json b = json::array();
   for (const auto& s : seqs) b.push_back(s);
@@ -438,20 +448,40 @@ void check_random_family(const json& config, const std::string& what) {
   const json ref = run_reference(
       {{"model_dir", dir.string()}, {"batch", batch_json(seqs)}, {"dtype", "fp32"}}, scratch.path());
   auto model = DecoderModel::load(dir, DType::F32);
-  Errors full, padded, cached;
+  Errors full, padded, cached, packed_eager, packed_blockwise, padded_blockwise;
   auto [ids, lens] = pad_batch(seqs);
   const torch::Tensor batched = model->forward_full(ids, lens);
   KvCache cache = KvCache::for_model(cfg, 64, 8, torch::kFloat);
   const auto stepped = run_interleaved(*model, cache, {{seqs[0], 0, 1}, {seqs[1], 1, 1}, {seqs[2], 2, 7}});
+  // The trainer's forwards: the prompts packed end to end in one row (eager attention with a
+  // block-diagonal mask, and the blockwise kernel with blocks of 16 tokens, so the 80-token
+  // prompt spans several query and key blocks and a window of 8 starts inside them), and the
+  // padded batch through the blockwise kernel.
+  const TrainingTokens packed = pack_tokens(seqs);
+  const auto packed_logits = [&](TrainingAttention a) {
+    return model->head_logits(model->final_hidden(packed, TrainingForward{a, false, 16}));
+  };
+  const torch::Tensor by_eager = packed_logits(TrainingAttention::EAGER);
+  const torch::Tensor by_blocks = packed_logits(TrainingAttention::BLOCKWISE);
+  const torch::Tensor padded_blocks = model->head_logits(model->final_hidden(
+      padded_tokens(ids, lens), TrainingForward{TrainingAttention::BLOCKWISE, false, 16}));
+  int64_t at = 0;
   for (size_t b = 0; b < seqs.size(); ++b) {
     const torch::Tensor r = reference_logits(ref, b);
+    const auto n = static_cast<int64_t>(seqs[b].size());
     full.add(full_logits(*model, seqs[b]), r);
-    padded.add(batched[static_cast<int64_t>(b)].narrow(0, 0, static_cast<int64_t>(seqs[b].size())), r);
+    padded.add(batched[static_cast<int64_t>(b)].narrow(0, 0, n), r);
     cached.add(stepped[b], r);
+    packed_eager.add(by_eager.narrow(0, at, n), r);
+    packed_blockwise.add(by_blocks.narrow(0, at, n), r);
+    padded_blockwise.add(padded_blocks[static_cast<int64_t>(b)].narrow(0, 0, n), r);
+    at += n;
   }
   std::cout << "[" << what << " full  ] " << full.str() << "\n[" << what << " padded] " << padded.str()
-            << "\n[" << what << " cached] " << cached.str() << std::endl;
-  for (const Errors* e : {&full, &padded, &cached}) {
+            << "\n[" << what << " cached] " << cached.str() << "\n[" << what << " packed eager] "
+            << packed_eager.str() << "\n[" << what << " packed blockwise] " << packed_blockwise.str() << "\n["
+            << what << " padded blockwise] " << padded_blockwise.str() << std::endl;
+  for (const Errors* e : {&full, &padded, &cached, &packed_eager, &packed_blockwise, &padded_blockwise}) {
     EXPECT_LE(e->max_rel, 1e-4) << what << ": " << e->str();
     EXPECT_EQ(e->top1_agree, e->positions) << what << ": " << e->str();
   }

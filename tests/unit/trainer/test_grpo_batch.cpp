@@ -190,6 +190,35 @@ TEST(GrpoBatch, MicroBatchesRespectTheTokenBudget) {
   EXPECT_THROW(plan_micro_batches(p, all, 0), SwarmError);
 }
 
+// Packed micro-batches: every sequence once, each micro-batch's total tokens within the budget
+// (a longer sequence alone), first-fit longest first: a later short sequence fills an earlier
+// micro-batch's room.
+TEST(GrpoBatch, PackedMicroBatchesStayWithinTheTokenBudget) {
+  TrainBatch b;
+  const std::vector<int> lengths = {12, 30, 7, 9, 3, 15, 4, 11};
+  for (size_t i = 0; i < lengths.size(); ++i)
+    b.episodes.push_back(episode("t" + std::to_string(i % 2), static_cast<int>(i % 3), 1, lengths[i] - 1));
+  const PreparedBatch p = prepare_batch(b, AdvantageEstimator::GRPO);
+  std::vector<size_t> all(p.sequences.size());
+  std::iota(all.begin(), all.end(), 0);
+  const auto micro = plan_packed_micro_batches(p, all, 20);
+  std::multiset<size_t> seen;
+  for (const auto& mb : micro) {
+    int64_t total = 0;
+    for (size_t i : mb) total += p.sequences[i].length, seen.insert(i);
+    if (mb.size() > 1) {
+      EXPECT_LE(total, 20);
+    }
+  }
+  EXPECT_EQ(seen, std::multiset<size_t>(all.begin(), all.end()));
+  ASSERT_FALSE(micro.empty());
+  EXPECT_EQ(micro[0].size(), 1u);  // the 30-token sequence, alone
+  EXPECT_EQ(p.sequences[micro[0][0]].length, 30);
+  // 91 tokens: the 30 alone, the other 61 in as few rows of 20 as first-fit finds (4).
+  EXPECT_EQ(micro.size(), 5u);
+  EXPECT_THROW(plan_packed_micro_batches(p, all, 0), SwarmError);
+}
+
 TEST(GrpoBatch, RankSharesCoverTheMiniBatchOnceAndBalanceTokens) {
   TrainBatch b;
   for (int i = 0; i < 9; ++i) b.episodes.push_back(episode("t", i % 2, 2, 1 + 3 * i));
