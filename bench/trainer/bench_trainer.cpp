@@ -208,7 +208,8 @@ EngineResult run_engine(const fs::path& dir, swarm::DType dtype, const swarm::Tr
     if (dtype != swarm::DType::F32) master = swarm::DecoderModel::load(dir, swarm::DType::F32);
     r.load_s = seconds_since(t0);
     t0 = Clock::now();
-    trainer = std::make_unique<swarm::PolicyTrainer>(serving, opts, nullptr, master.get());
+    trainer = std::make_unique<swarm::PolicyTrainer>(serving, opts, nullptr,
+                                                     master ? &master->parameters() : nullptr);
     r.init_s = seconds_since(t0);
   }
   r.params = trainer->parameter_count();

@@ -126,7 +126,7 @@ int run_case(const json& c) {
     if (dtype != swarm::DType::F32)
       master = swarm::DecoderModel::load(c.at("model").get<std::string>(), swarm::DType::F32);
     swarm::TrainerOptions o = case_options(c);
-    swarm::PolicyTrainer trainer(model, o, nullptr, master.get());
+    swarm::PolicyTrainer trainer(model, o, nullptr, master ? &master->parameters() : nullptr);
     master.reset();
     const auto lengths = c.at("lengths").get<std::vector<int64_t>>();
     swarm::TrainBatch batch = make_batch(lengths, model->config().vocab_size, 7);

@@ -180,15 +180,17 @@ RankModel load_rank_model(const Job& job, const std::filesystem::path& dir, bool
   r.model = DecoderModel::load(dir, dtype, device);
   // bf16 computes in bf16 but keeps fp32 master weights: seed them from the checkpoint's own
   // precision, not from the rounded bf16 copy (a resumed run restores them from its state).
-  std::shared_ptr<DecoderModel> master;
-  if (dtype != DType::F32 && !resuming) master = DecoderModel::load(dir, DType::F32, device);
+  // (The checkpoint's tensors, zero-copy over its files: each rank widens its own shard of them,
+  // so no full fp32 copy of the model is made.)
+  NamedTensors master;
+  if (dtype != DType::F32 && !resuming) master = checkpoint_tensors(dir, *r.model);
   // PPO with critic_model: the critic's trunk is that directory (its layout even when resuming:
   // the checkpoint's trainer state then holds its trained weights).
-  std::shared_ptr<DecoderModel> critic, critic_master;
+  std::shared_ptr<DecoderModel> critic;
+  NamedTensors critic_master;
   if (job.algorithm == "ppo" && !job.critic_model.empty()) {
     critic = DecoderModel::load(model_directory(job, job.critic_model), dtype, device);
-    if (dtype != DType::F32 && !resuming)
-      critic_master = DecoderModel::load(job.critic_model, DType::F32, device);
+    if (dtype != DType::F32 && !resuming) critic_master = checkpoint_tensors(job.critic_model, *critic);
   }
   // The KL reference is the job's initial model, also when resuming: the checkpoint holds the
   // trained weights (and no reference), so the job's model is loaded again (in fp32; the trainer
@@ -205,8 +207,9 @@ RankModel load_rank_model(const Job& job, const std::filesystem::path& dir, bool
   // gradient_checkpointing auto: on a GPU, where activations bound the sequence length; on the
   // CPU the recomputation's third more compute costs more than the memory it frees.
   if (job.gradient_checkpointing == "auto") options.forward.checkpoint_layers = device.is_cuda();
-  r.trainer = std::make_unique<PolicyTrainer>(r.model, options, std::move(comm), master.get(), critic.get(),
-                                              critic_master.get(), reference.get());
+  r.trainer = std::make_unique<PolicyTrainer>(
+      r.model, options, std::move(comm), master.empty() ? nullptr : &master, critic.get(),
+      critic_master.empty() ? nullptr : &critic_master, reference.get());
   if (resuming) load_trainer_state(dir / "trainer_state", *r.trainer);
   return r;
 }

@@ -8,12 +8,9 @@
 namespace swarm {
 namespace {
 
-std::vector<std::pair<std::string, torch::Tensor>> with_value_head(const DecoderModel& model,
-                                                                   torch::ScalarType dtype) {
-  std::vector<std::pair<std::string, torch::Tensor>> out(model.parameters().begin(),
-                                                         model.parameters().end());
-  const int64_t hidden = model.config().hidden_size;
-  const auto opts = torch::TensorOptions().dtype(dtype).device(model.device());
+// `trunk` (a model's parameters) and a zero value head for a model of hidden size `hidden`.
+NamedTensors with_value_head(const NamedTensors& trunk, int64_t hidden, torch::TensorOptions opts) {
+  NamedTensors out(trunk.begin(), trunk.end());
   out.emplace_back("value_head.weight", torch::zeros({hidden}, opts));
   out.emplace_back("value_head.bias", torch::zeros({1}, opts));
   return out;
@@ -30,15 +27,18 @@ void ValueLossSums::add(const ValueLossSums& o) {
 }
 
 Critic::Critic(const DecoderModel& trunk, std::shared_ptr<Collectives> comm,
-               const DecoderModel* master_source, bool fp32_compute)
+               const NamedTensors* master_values, bool fp32_compute)
     : storage_(trunk.scalar_type()) {
   torch::NoGradGuard no_grad;
-  const auto initial = with_value_head(trunk, trunk.scalar_type());
-  std::vector<std::pair<std::string, torch::Tensor>> master;
-  if (master_source != nullptr) master = with_value_head(*master_source, torch::kFloat);
+  const int64_t hidden = trunk.config().hidden_size;
+  const auto on_device = torch::TensorOptions().device(trunk.device());
+  const auto initial = with_value_head(trunk.parameters(), hidden, on_device.dtype(trunk.scalar_type()));
+  NamedTensors master;
+  if (master_values != nullptr)
+    master = with_value_head(*master_values, hidden, on_device.dtype(torch::kFloat));
   const torch::ScalarType compute = fp32_compute ? torch::kFloat : trunk.scalar_type();
   params_ = std::make_unique<FlatParameters>(initial, compute, trunk.device(), std::move(comm),
-                                             master_source != nullptr ? &master : nullptr);
+                                             master_values != nullptr ? &master : nullptr);
   // Trained in fp32 from a bf16 model: the checkpoint's critic file holds the weights rounded,
   // so the optimizer state keeps the masters.
   params_->set_master_in_state(fp32_compute && storage_ != torch::kFloat);

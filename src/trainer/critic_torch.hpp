@@ -36,12 +36,13 @@ struct ValueLossSums {
 class Critic {
  public:
   /// `trunk`: the model whose weights the critic's trunk starts from (copied). `comm` shards the
-  /// optimizer state like the policy's. `master_source` as PolicyTrainer's. `fp32_compute`: a bf16
+  /// optimizer state like the policy's. `master_values` as PolicyTrainer's (the trunk's; the
+  /// value head starts at zero). `fp32_compute`: a bf16
   /// trunk trains in fp32 (as the policy does on a CPU without bf16 dot products): its weights
   /// are the fp32 masters, which the optimizer state then stores; weights() still gives the
   /// trunk's dtype.
   Critic(const DecoderModel& trunk, std::shared_ptr<Collectives> comm,
-         const DecoderModel* master_source = nullptr, bool fp32_compute = false);
+         const NamedTensors* master_values = nullptr, bool fp32_compute = false);
   ~Critic();
   Critic(const Critic&) = delete;
   Critic& operator=(const Critic&) = delete;

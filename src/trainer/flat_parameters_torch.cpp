@@ -70,9 +70,19 @@ FlatParameters::FlatParameters(const std::vector<std::pair<std::string, torch::T
   if (world == 1 && compute == torch::kFloat) {
     master_ = weights_;  // the fp32 weights are their own master copy
   } else if (master_init != nullptr && compute != torch::kFloat) {  // fp32 weights hold the masters already
-    torch::Tensor full = torch::zeros({shard_ * world}, f32);
-    fill(full, *master_init);
-    master_ = full.narrow(0, begin, shard_).clone();
+    // This rank's shard only, parameter slice by parameter slice: no full fp32 temporary.
+    master_ = torch::zeros({shard_}, f32);
+    const int64_t end = begin + shard_;
+    SWARM_REQUIRE(master_init->size() == initial.size(), ErrorKind::INVALID_ARGUMENT,
+                  "master weights have a different parameter list");
+    for (size_t i = 0; i < master_init->size(); ++i) {
+      const auto& [name, t] = (*master_init)[i];
+      SWARM_REQUIRE(name == names_[i] && t.numel() == initial[i].second.numel(), ErrorKind::INVALID_ARGUMENT,
+                    "master weights parameter '" + name + "' does not match");
+      const int64_t lo = std::max(begin, offsets_[i]), hi = std::min(end, offsets_[i] + t.numel());
+      if (lo >= hi) continue;
+      master_.narrow(0, lo - begin, hi - lo).copy_(t.reshape(-1).narrow(0, lo - offsets_[i], hi - lo));
+    }
   } else {
     master_ = weights_.narrow(0, begin, shard_).to(torch::kFloat).clone();
   }

@@ -24,12 +24,16 @@
 
 namespace swarm {
 
+/// Parameters by name, in a model's order.
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
 class FlatParameters {
  public:
   /// `initial`: the parameters (name, value) in order; their values are copied in, converted to
-  /// `compute` on `device`. `master_init`, when given, supplies the fp32 master values (same
-  /// names and sizes: a checkpoint loaded in fp32, so bf16 training does not start from rounded
-  /// weights).
+  /// `compute` on `device`. `master_init`, when given, supplies the master values (same names
+  /// and sizes, any float dtype and device: the checkpoint's own tensors, so bf16 training does
+  /// not start from rounded weights); only this rank's shard of them is read, widened to fp32
+  /// slice by slice.
   FlatParameters(const std::vector<std::pair<std::string, torch::Tensor>>& initial, torch::ScalarType compute,
                  torch::Device device, std::shared_ptr<Collectives> comm,
                  const std::vector<std::pair<std::string, torch::Tensor>>* master_init = nullptr);

@@ -15,6 +15,7 @@
 #include "common/error.hpp"
 #include "inference/decoder_model_torch.hpp"
 #include "kernels/cpu/widening_linear_torch.hpp"
+#include "model/safetensors_torch.hpp"
 #include "trainer/allocation_tracker_torch.hpp"
 #include "trainer/gae.hpp"
 #include "swarm/job.hpp"
@@ -138,6 +139,23 @@ struct ChunkedHeadLogprobs : public torch::autograd::Function<ChunkedHeadLogprob
 
 }  // namespace
 
+NamedTensors checkpoint_tensors(const std::filesystem::path& dir, const DecoderModel& model) {
+  const std::map<std::string, torch::Tensor> state = load_state_dict(SafetensorsModel::open(dir));
+  NamedTensors out;
+  for (const auto& [name, p] : model.parameters()) {
+    auto it = state.find(name);
+    if (it == state.end() && name == "model.embed_tokens.weight" && model.config().tie_word_embeddings)
+      it = state.find("lm_head.weight");
+    SWARM_REQUIRE(it != state.end(), ErrorKind::INVALID_ARGUMENT,
+                  "checkpoint '" + dir.string() + "' has no tensor '" + name + "'");
+    SWARM_REQUIRE(it->second.sizes() == p.sizes() && it->second.is_floating_point(),
+                  ErrorKind::INVALID_ARGUMENT,
+                  "checkpoint '" + dir.string() + "': tensor '" + name + "' does not match the model");
+    out.emplace_back(name, it->second);
+  }
+  return out;
+}
+
 torch::Tensor kl_penalty(const torch::Tensor& logprobs, const torch::Tensor& ref_logprobs,
                          KlEstimator estimator) {
   if (estimator == KlEstimator::K1) return logprobs - ref_logprobs;
@@ -183,8 +201,8 @@ struct PolicyTrainer::MicroBatchInputs {
 };
 
 PolicyTrainer::PolicyTrainer(std::shared_ptr<DecoderModel> serving_model, TrainerOptions options,
-                             std::shared_ptr<Collectives> comm, const DecoderModel* master_source,
-                             const DecoderModel* critic_source, const DecoderModel* critic_master,
+                             std::shared_ptr<Collectives> comm, const NamedTensors* master_values,
+                             const DecoderModel* critic_source, const NamedTensors* critic_master,
                              const DecoderModel* reference_source)
     : serving_(std::move(serving_model)), options_(std::move(options)), comm_(std::move(comm)) {
   SWARM_CHECK(serving_ != nullptr, "PolicyTrainer needs a model");
@@ -197,12 +215,8 @@ PolicyTrainer::PolicyTrainer(std::shared_ptr<DecoderModel> serving_model, Traine
   tune_allocator_for_training();
   if (serving_->device().is_cpu()) track_cpu_allocations();  // activations_peak_bytes
   torch::NoGradGuard no_grad;
-  std::vector<std::pair<std::string, torch::Tensor>> master;
-  if (master_source != nullptr) {
-    SWARM_REQUIRE(master_source->parameters().size() == serving_->parameters().size(),
-                  ErrorKind::INVALID_ARGUMENT, "master_source has a different parameter list");
-    master.assign(master_source->parameters().begin(), master_source->parameters().end());
-  }
+  SWARM_REQUIRE(master_values == nullptr || master_values->size() == serving_->parameters().size(),
+                ErrorKind::INVALID_ARGUMENT, "the master weights have a different parameter list");
   // The training dtype: a model's own, except bf16 on a CPU whose bf16 matmuls widen to fp32
   // anyway (TrainerOptions::fp32_compute_without_bf16_dot); the same rule for the critic.
   const auto trains_in_fp32 = [&](const DecoderModel& m) {
@@ -221,7 +235,7 @@ PolicyTrainer::PolicyTrainer(std::shared_ptr<DecoderModel> serving_model, Traine
                training_attention_name(options_.forward.attention),
                options_.forward.checkpoint_layers ? "on" : "off");
   policy_ = std::make_unique<FlatParameters>(serving_->parameters(), compute, serving_->device(), comm_,
-                                             master_source != nullptr ? &master : nullptr);
+                                             master_values);
   policy_->set_master_in_state(fp32_compute);  // the checkpoint's model files hold them rounded
   train_model_ = serving_->with_parameters(policy_->leaves(), model_dtype);
   if (options_.use_kl_loss) {
@@ -253,7 +267,7 @@ PolicyTrainer::PolicyTrainer(std::shared_ptr<DecoderModel> serving_model, Traine
                         std::to_string(serving_->config().vocab_size) + ") and run on its device");
     const bool critic_fp32 = trains_in_fp32(trunk);  // a bf16 critic_model on this CPU too
     if (critic_fp32) spdlog::info("trainer: the bf16 critic trains in fp32 too (its weights = its masters)");
-    critic_ = std::make_unique<Critic>(trunk, comm_, critic_source != nullptr ? critic_master : master_source,
+    critic_ = std::make_unique<Critic>(trunk, comm_, critic_source != nullptr ? critic_master : master_values,
                                        critic_fp32);
   }
 }

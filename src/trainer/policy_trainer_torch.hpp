@@ -58,6 +58,12 @@ struct LossSums {
   void add(const LossSums& o);
 };
 
+/// The tensors of the checkpoint in `dir` in `model`'s parameter order (a tied embedding stored
+/// as lm_head.weight found under either name), zero-copy over the file mapping, in the files'
+/// dtype, on the CPU: the trainer's master values without loading a full fp32 model.
+/// INVALID_ARGUMENT on a missing or mis-shaped tensor.
+NamedTensors checkpoint_tensors(const std::filesystem::path& dir, const DecoderModel& model);
+
 /// Thread-compatible: one thread (the engine's control thread) drives it.
 class PolicyTrainer {
  public:
@@ -66,18 +72,19 @@ class PolicyTrainer {
   using ExclusiveRunner = std::function<void(const std::function<void()>&)>;
 
   /// Trains the weights of `serving_model`, which keeps serving (its parameters are only written
-  /// during sync). `master_source`, when given, supplies the initial fp32 master weights (a copy
-  /// of the checkpoint loaded in fp32, so bf16 training does not start from rounded weights).
-  /// `comm` defaults to a single process.
-  /// With options.ppo a critic is made from `critic_source` (job key critic_model; its fp32
-  /// master weights from `critic_master` as for the policy), or from the serving model's
-  /// weights when null.
+  /// during sync). `master_values`, when given, supplies the initial master weights in the
+  /// serving model's parameter order (the checkpoint's own tensors, e.g. zero-copy over its
+  /// files: checkpoint_tensors; so bf16 training does not start from rounded weights, and no
+  /// full fp32 copy is made: each rank widens its shard). `comm` defaults to a single process.
+  /// With options.ppo a critic is made from `critic_source` (job key critic_model; its master
+  /// weights from `critic_master` as for the policy), or from the serving model's weights
+  /// (and `master_values`) when null.
   /// With options.use_kl_loss the frozen KL reference is `reference_source`'s weights (the job's
   /// initial model, which a resumed run loads again: the checkpoint holds trained weights and no
   /// reference), in the training dtype; when null, the initial trained weights themselves.
   PolicyTrainer(std::shared_ptr<DecoderModel> serving_model, TrainerOptions options,
-                std::shared_ptr<Collectives> comm = nullptr, const DecoderModel* master_source = nullptr,
-                const DecoderModel* critic_source = nullptr, const DecoderModel* critic_master = nullptr,
+                std::shared_ptr<Collectives> comm = nullptr, const NamedTensors* master_values = nullptr,
+                const DecoderModel* critic_source = nullptr, const NamedTensors* critic_master = nullptr,
                 const DecoderModel* reference_source = nullptr);
   ~PolicyTrainer();
   PolicyTrainer(const PolicyTrainer&) = delete;

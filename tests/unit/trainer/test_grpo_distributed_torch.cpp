@@ -170,7 +170,7 @@ TrainResult train_two_steps(PolicyTrainer& trainer) {
 TrainResult train_one_rank(DType dtype) {
   auto model = load_model(dtype);
   std::shared_ptr<DecoderModel> master = dtype == DType::F32 ? nullptr : load_model(DType::F32);
-  PolicyTrainer trainer(model, options(), nullptr, master.get());
+  PolicyTrainer trainer(model, options(), nullptr, master ? &master->parameters() : nullptr);
   return train_two_steps(trainer);
 }
 
@@ -551,7 +551,8 @@ void training_rank(DType dtype, bool ppo = false) {
   ASSERT_EQ(comm->backend_name(), "gloo");
   auto model = load_model(dtype);
   std::shared_ptr<DecoderModel> master = dtype == DType::F32 ? nullptr : load_model(DType::F32);
-  PolicyTrainer trainer(model, ppo ? ppo_options() : options(), comm, master.get());
+  PolicyTrainer trainer(model, ppo ? ppo_options() : options(), comm,
+                        master ? &master->parameters() : nullptr);
   const TrainResult r = train_two_steps(trainer);
   Tensors out;
   for (const auto& [k, v] : r.weights) out["weight/" + k] = v;

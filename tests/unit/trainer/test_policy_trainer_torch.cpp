@@ -422,7 +422,7 @@ TEST(PolicyTrainer, Bf16TrainsWithFp32MasterWeights) {
     o.fp32_compute_without_bf16_dot = fp32_compute;
     auto master = DecoderModel::load(tinystories(), DType::F32);
     auto model = DecoderModel::load(tinystories(), DType::BF16);
-    PolicyTrainer trainer(model, o, nullptr, master.get());
+    PolicyTrainer trainer(model, o, nullptr, master ? &master->parameters() : nullptr);
     const auto state0 = trainer.optimizer_state();
     const auto m = trainer.train(random_batch(2, 4, 21), 1, nullptr);
     EXPECT_EQ(m.at("weights_updated"), 1);
@@ -446,7 +446,7 @@ TEST(PolicyTrainer, Bf16ModelTrainsInFp32WhereBf16MatmulsWiden) {
   auto master = DecoderModel::load(tinystories(), DType::F32);
   auto fp32_model = DecoderModel::load(tinystories(), DType::F32);
   auto bf16_model = DecoderModel::load(tinystories(), DType::BF16);
-  PolicyTrainer want(fp32_model, o), got(bf16_model, o, nullptr, master.get());
+  PolicyTrainer want(fp32_model, o), got(bf16_model, o, nullptr, master ? &master->parameters() : nullptr);
   for (const TrainBatch* b : {&b1, &b2}) {
     const auto mw = want.train(*b, b == &b1 ? 1 : 2, nullptr), mg = got.train(*b, b == &b1 ? 1 : 2, nullptr);
     EXPECT_EQ(mg.at("loss"), mw.at("loss"));
@@ -475,7 +475,8 @@ TEST(PolicyTrainer, Bf16ModelTrainsInFp32WhereBf16MatmulsWiden) {
     EXPECT_TRUE(torch::equal(w, got.weights().at(name))) << "after a step: " << name;
   // With the option off, the same model trains in bf16: its weights are bf16 views.
   o.fp32_compute_without_bf16_dot = false;
-  PolicyTrainer bf16_compute(DecoderModel::load(tinystories(), DType::BF16), o, nullptr, master.get());
+  PolicyTrainer bf16_compute(DecoderModel::load(tinystories(), DType::BF16), o, nullptr,
+                             master ? &master->parameters() : nullptr);
   for (const auto& [name, w] : bf16_compute.weights()) EXPECT_EQ(w.scalar_type(), torch::kBFloat16) << name;
 }
 

@@ -294,7 +294,7 @@ TEST(Ppo, Bf16CriticTrainsInFp32WhereBf16MatmulsWiden) {
   auto master = DecoderModel::load(tinystories(), DType::F32);
   auto bf16_model = DecoderModel::load(tinystories(), DType::BF16);
   PolicyTrainer want(DecoderModel::load(tinystories(), DType::F32), o),
-      got(bf16_model, o, nullptr, master.get());
+      got(bf16_model, o, nullptr, master ? &master->parameters() : nullptr);
   for (int step = 1; step <= 2; ++step) {
     const auto mw = want.train(batch, step, kInline), mg = got.train(batch, step, kInline);
     for (const char* key : {"loss", "critic_loss", "critic_value_mse", "critic_grad_norm"})
