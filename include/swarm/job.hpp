@@ -78,8 +78,11 @@ struct Job {
   int64_t ppo_mini_batch_size = 0;  // tasks per mini-batch; 0 = the whole batch
   int64_t micro_batch_max_tokens = 8192;
   bool sequence_packing = true;
-  std::string training_attention = "auto";      // auto | blockwise | eager
-  std::string gradient_checkpointing = "auto";  // auto (true on a GPU) | true | false
+  std::string training_attention = "auto";             // auto | blockwise | eager
+  std::string gradient_checkpointing = "auto";         // auto (true on a GPU) | true | false
+  int64_t zero_stage = 2;                              // 1: fp32 gradients whole per rank; 2: sharded
+  double reduce_bucket_mb = 64.0;                      // fp32 MiB of one gradient bucket (zero_stage 2)
+  std::string free_kv_cache_during_training = "auto";  // auto (on a GPU at max_staleness 0) | true | false
   std::string dtype = "fp32";
   int64_t seed = 42;
   int64_t total_training_steps = 0;  // 0 = until stopped

@@ -58,6 +58,9 @@ TrainerOptions trainer_options_from(const Job& job) {
   o.ppo_mini_batch_size = job.ppo_mini_batch_size;
   o.micro_batch_max_tokens = job.micro_batch_max_tokens;
   o.sequence_packing = job.sequence_packing;
+  o.sharding.zero_stage = static_cast<int>(job.zero_stage);
+  o.sharding.bucket_elements =
+      std::max<int64_t>(1, static_cast<int64_t>(job.reduce_bucket_mb * (1 << 20) / 4));
   o.forward.attention = parse_training_attention(job.training_attention);
   // "auto" is resolved where the device is known (the torch backend): false here.
   o.forward.checkpoint_layers = job.gradient_checkpointing == "true";

@@ -234,6 +234,41 @@ ServingConfig rank_serving_config(const Job& job, const DecoderModel& model, con
 // the new version happen together between two generation steps, so every token sampled
 // afterwards is stamped with the version it came from; sequences generating across the swap
 // keep their KV cache or are prefilled again with the new weights (kv_cache_on_swap).
+// free_kv_cache_during_training for this job on `device`: auto means on a GPU when training is
+// synchronous (max_staleness 0), where the cache's memory is worth more to the trainer.
+bool frees_kv_cache_during_training(const Job& job, torch::Device device) {
+  if (job.free_kv_cache_during_training == "auto") return device.is_cuda() && job.max_staleness == 0;
+  return job.free_kv_cache_during_training == "true" && job.max_staleness == 0;
+}
+
+// The serving engine's KV cache freed for one training step (the scope of this object) and
+// allocated again when it ends, after the weight sync, also when the step fails.
+class KvCacheFreedForStep {
+ public:
+  KvCacheFreedForStep(ServingEngine* engine, bool on, int rank) {
+    if (!on || engine == nullptr) return;
+    freed_ = engine->release_kv_cache();
+    engine_ = engine;
+    spdlog::debug("rank {}: KV cache freed for the training step ({:.1f} MiB)", rank,
+                  static_cast<double>(freed_) / (1 << 20));
+  }
+  ~KvCacheFreedForStep() {
+    if (engine_ == nullptr) return;
+    try {
+      engine_->restore_kv_cache();
+    } catch (const std::exception& e) {  // shutting down: nothing left to serve
+      spdlog::warn("KV cache not restored after the training step: {}", e.what());
+    }
+  }
+  KvCacheFreedForStep(const KvCacheFreedForStep&) = delete;
+  KvCacheFreedForStep& operator=(const KvCacheFreedForStep&) = delete;
+  int64_t freed() const noexcept { return freed_; }
+
+ private:
+  ServingEngine* engine_ = nullptr;
+  int64_t freed_ = 0;
+};
+
 void swap_weights(ServingEngine* engine, const Job& job, int64_t version, const std::function<void()>& sync) {
   if (!engine) return sync();
   engine->run_exclusive([&] {
@@ -506,6 +541,8 @@ class TorchBackend final : public Backend {
       }
     } clean_if_untouched{*this, optimizer_steps_before};
     std::vector<nlohmann::json> replies;
+    std::optional<KvCacheFreedForStep> freed;
+    freed.emplace(engine.get(), frees_kv_cache_during_training(job_, model_->device()), 0);
     if (!followers_) {
       report.metrics = trainer_->train(batch, next_global_step, exclusive, stop);
     } else {
@@ -526,6 +563,13 @@ class TorchBackend final : public Backend {
       }
       SWARM_REQUIRE(error.empty(), ErrorKind::UNAVAILABLE, "training step failed: " + error);
     }
+    report.metrics["kv_cache_freed_bytes"] = static_cast<double>(freed->freed());
+    if (freed->freed() > 0 && !first_step_measured_)
+      spdlog::info(
+          "torch engine: the KV cache ({:.1f} MiB per rank) is freed during each training step "
+          "(free_kv_cache_during_training)",
+          static_cast<double>(freed->freed()) / (1 << 20));
+    freed.reset();  // the weights are synced: serve again
     trainer_dirty_ = false;
     record_memory(replies, first_step_measured_ ? "" : "after the first step");
     first_step_measured_ = true;
@@ -798,6 +842,9 @@ int run_torch_follower(const DistConfig& dist) {
         const int64_t step = message->header.at("step").get<int64_t>();
         try {
           on_own_thread([&] {
+            const KvCacheFreedForStep freed(
+                held->engine.get(), frees_kv_cache_during_training(held->job, held->model->model->device()),
+                dist.rank);
             held->model->trainer->train(batch, step, [&](const std::function<void()>& sync) {
               swap_weights(held->engine.get(), held->job, step, sync);
             });

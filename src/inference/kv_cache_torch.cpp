@@ -89,19 +89,35 @@ KvCache::KvCache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int
     : num_layers_(num_layers),
       num_kv_heads_(num_kv_heads),
       head_dim_(head_dim),
-      blocks_(num_blocks, block_size) {
+      blocks_(num_blocks, block_size),
+      dtype_(dtype),
+      device_(device) {
   SWARM_REQUIRE(num_layers > 0 && num_kv_heads > 0 && head_dim > 0, ErrorKind::INVALID_ARGUMENT,
                 "KV cache needs positive layers, kv heads and head_dim");
+  allocate_storage();
+}
+
+void KvCache::allocate_storage() {
+  if (storage_.defined()) return;
   // Zeroed, not just reserved: the pages are committed now (the footprint is real from the
   // start) and a never-written slot can never feed NaN into attention.
-  storage_ = torch::zeros({num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim},
-                          torch::TensorOptions().dtype(dtype).device(device));
-  keys_.reserve(static_cast<size_t>(num_layers));
-  values_.reserve(static_cast<size_t>(num_layers));
-  for (int64_t l = 0; l < num_layers; ++l) {
+  storage_ =
+      torch::zeros({num_layers_, 2, blocks_.num_blocks(), blocks_.block_size(), num_kv_heads_, head_dim_},
+                   torch::TensorOptions().dtype(dtype_).device(device_));
+  keys_.reserve(static_cast<size_t>(num_layers_));
+  values_.reserve(static_cast<size_t>(num_layers_));
+  for (int64_t l = 0; l < num_layers_; ++l) {
     keys_.push_back(storage_[l][0]);
     values_.push_back(storage_[l][1]);
   }
+}
+
+void KvCache::release_storage() {
+  SWARM_CHECK(blocks_.num_sequences() == 0, "the KV cache's storage released while sequences hold blocks");
+  keys_.clear();
+  values_.clear();
+  storage_ = torch::Tensor();
+  step_buffers_ = StepBuffers();
 }
 
 KvCache KvCache::for_model(const ModelConfig& config, int64_t num_blocks, int64_t block_size,

@@ -107,10 +107,18 @@ class KvCache {
   int64_t num_layers() const noexcept { return num_layers_; }
   int64_t num_kv_heads() const noexcept { return num_kv_heads_; }
   int64_t head_dim() const noexcept { return head_dim_; }
-  c10::ScalarType dtype() const noexcept { return storage_.scalar_type(); }
-  torch::Device device() const noexcept { return storage_.device(); }
-  /// Bytes of the pool (all layers, K and V).
-  int64_t bytes() const noexcept { return storage_.numel() * static_cast<int64_t>(storage_.element_size()); }
+  c10::ScalarType dtype() const noexcept { return dtype_; }
+  torch::Device device() const noexcept { return device_; }
+  /// Bytes of the pool (all layers, K and V); 0 while released.
+  int64_t bytes() const noexcept {
+    return storage_.defined() ? storage_.numel() * static_cast<int64_t>(storage_.element_size()) : 0;
+  }
+  /// Frees the pool's memory (and the step buffers') while no sequence holds a block (the
+  /// trainer's step, docs/concepts.md "Memory of a training step"); allocate_storage() makes it
+  /// again, zeroed, with the same blocks. Nothing may read or write the cache in between.
+  void release_storage();
+  void allocate_storage();
+  bool has_storage() const noexcept { return storage_.defined(); }
   /// Layer `layer`'s K or V, [num_blocks, block_size, kv_heads, head_dim] (views of the pool).
   const torch::Tensor& keys(int64_t layer) const { return keys_.at(static_cast<size_t>(layer)); }
   const torch::Tensor& values(int64_t layer) const { return values_.at(static_cast<size_t>(layer)); }
@@ -123,7 +131,10 @@ class KvCache {
   int64_t num_kv_heads_;
   int64_t head_dim_;
   BlockAllocator blocks_;
-  torch::Tensor storage_;  // [layers, 2, num_blocks, block_size, kv_heads, head_dim]
+  c10::ScalarType dtype_;
+  torch::Device device_;
+  torch::Tensor
+      storage_;  // [layers, 2, num_blocks, block_size, kv_heads, head_dim]; undefined while released
   std::vector<torch::Tensor> keys_;
   std::vector<torch::Tensor> values_;
   StepBuffers step_buffers_;

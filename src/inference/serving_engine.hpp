@@ -106,13 +106,21 @@ class ServingEngine {
   /// key kv_cache_on_swap: recompute). Counted as preemptions.
   void recompute_running();
 
+  /// Frees the KV cache's memory for the trainer's step (job key free_kv_cache_during_training):
+  /// running sequences give back their blocks (they are prefilled again later, counted as
+  /// preemptions) and nothing is scheduled until restore_kv_cache(); requests submitted
+  /// meanwhile wait. Returns the bytes freed (0 when already released).
+  int64_t release_kv_cache();
+  /// Allocates the KV cache again (zeroed, the same size) and resumes scheduling.
+  void restore_kv_cache();
+
   /// Fails every pending and running request with UNAVAILABLE(`reason`), frees the cache and
   /// refuses new submissions. Idempotent; the destructor calls it.
   void shutdown(const std::string& reason);
 
   ServingStats stats() const;
   const ServingConfig& config() const;
-  /// Bytes of the KV cache pool.
+  /// Bytes of the KV cache pool (0 while released).
   int64_t kv_cache_bytes() const;
 
  private:

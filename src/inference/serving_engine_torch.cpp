@@ -112,6 +112,7 @@ struct ServingEngine::Impl {
     eos.insert(config.eos_token_ids.begin(), config.eos_token_ids.end());
     stats.kv_blocks_total = cache.num_blocks();
     stats.kv_blocks_free = cache.free_blocks();
+    cache_bytes = cache.bytes();
     thread = std::thread([this] { loop(); });
   }
 
@@ -134,8 +135,11 @@ struct ServingEngine::Impl {
   LatencyWindow step_window{ServingStats::kLatencyWindow};
   std::thread thread;
 
+  std::atomic<int64_t> cache_bytes{0};  // the pool's bytes (0 while released)
+
   // ---- scheduling thread only
   KvCache cache;
+  bool cache_released = false;  // release_kv_cache: requests wait until restore_kv_cache
   std::unordered_set<TokenId> eos;
   std::shared_ptr<const grammar::TokenTrie> trie;  // the vocabulary as bytes, built at first use
   std::map<const grammar::Grammar*, std::shared_ptr<Constrained>> constrained;  // grammars in use
@@ -248,14 +252,15 @@ struct ServingEngine::Impl {
       {
         std::unique_lock lk(mu);
         cv.wait(lk, [&] {
-          return stopping || !incoming.empty() || !exclusive.empty() || !waiting.empty() || !running.empty();
+          return stopping || !incoming.empty() || !exclusive.empty() ||
+                 (!cache_released && (!waiting.empty() || !running.empty()));
         });
         if (stopping) break;
         tasks = take_new_work_locked();
       }
       for (auto& task : tasks) task();  // exceptions land in the caller's future
       drop_cancelled();
-      if (!waiting.empty() || !running.empty()) {
+      if (!cache_released && (!waiting.empty() || !running.empty())) {
         try {
           step();
         } catch (const std::exception& e) {
@@ -841,6 +846,29 @@ void ServingEngine::recompute_running() {
   while (!impl_->running.empty()) impl_->preempt_last();
 }
 
+int64_t ServingEngine::release_kv_cache() {
+  int64_t freed = 0;
+  run_exclusive([&] {
+    if (impl_->cache_released) return;
+    // Running sequences give their blocks back and are prefilled again after the restore.
+    while (!impl_->running.empty()) impl_->preempt_last();
+    freed = impl_->cache.bytes();
+    impl_->cache.release_storage();
+    impl_->cache_released = true;
+    impl_->cache_bytes = 0;
+  });
+  return freed;
+}
+
+void ServingEngine::restore_kv_cache() {
+  run_exclusive([&] {
+    if (!impl_->cache_released) return;
+    impl_->cache.allocate_storage();
+    impl_->cache_released = false;
+    impl_->cache_bytes = impl_->cache.bytes();
+  });
+}
+
 void ServingEngine::shutdown(const std::string& reason) { impl_->shutdown(reason); }
 
 ServingStats ServingEngine::stats() const {
@@ -857,6 +885,6 @@ ServingStats ServingEngine::stats() const {
 }
 
 const ServingConfig& ServingEngine::config() const { return impl_->config; }
-int64_t ServingEngine::kv_cache_bytes() const { return impl_->cache.bytes(); }
+int64_t ServingEngine::kv_cache_bytes() const { return impl_->cache_bytes.load(); }
 
 }  // namespace swarm

@@ -134,6 +134,20 @@ const std::vector<Field>& field_table() {
        "Keep only each decoder layer's input in the forward and recompute its activations in the "
        "backward (activation memory: about one layer's worth plus the layers' inputs, for about a "
        "third more compute): auto (true on a GPU, false on the CPU), true or false."},
+      {"zero_stage", &Job::zero_stage,
+       "How the trainer shards over ranks (--nproc/--nnodes): 1 splits the fp32 master weights and AdamW "
+       "moments, each rank keeping a whole fp32 gradient buffer reduce-scattered at the optimizer step; 2 "
+       "(default) also splits the gradients, reduce-scattered bucket by bucket while the backward runs (a "
+       "rank holds 1/N of them plus one bucket). The same on one rank."},
+      {"reduce_bucket_mb", &Job::reduce_bucket_mb,
+       "zero_stage 2: fp32 MiB of gradient per bucket (all ranks' pieces together); smaller buckets hold "
+       "less memory and cost more collectives. Resuming needs the zero_stage and reduce_bucket_mb a "
+       "checkpoint was saved with."},
+      {"free_kv_cache_during_training", &Job::free_kv_cache_during_training,
+       "Free the serving KV cache's memory for each training step and allocate it again after the weight "
+       "sync (synchronous training only: generation waits meanwhile, and sequences running then are "
+       "prefilled again): auto (true on a GPU when max_staleness is 0), true (needs max_staleness: 0) "
+       "or false."},
       {"dtype", &Job::dtype,
        "Compute precision: fp32, bf16, or auto (bf16 on a GPU and on CPUs with AVX512_BF16, fp32 on other "
        "CPUs; the engine log says what it chose and why). bf16 keeps fp32 master weights for training."},
@@ -566,6 +580,13 @@ void Job::validate() const {
   require_one_of("dtype", dtype, {"fp32", "bf16", "auto"});
   require_one_of("training_attention", training_attention, {"auto", "blockwise", "eager"});
   require_one_of("gradient_checkpointing", gradient_checkpointing, {"auto", "true", "false"});
+  if (zero_stage != 1 && zero_stage != 2) bad("zero_stage", "must be 1 or 2");
+  require_one_of("free_kv_cache_during_training", free_kv_cache_during_training, {"auto", "true", "false"});
+  if (free_kv_cache_during_training == "true" && max_staleness > 0)
+    bad("free_kv_cache_during_training",
+        "true needs max_staleness: 0 (with max_staleness >= 1 generation goes on while the trainer works)");
+  if (!(reduce_bucket_mb > 0) || reduce_bucket_mb > 1 << 20)
+    bad("reduce_bucket_mb", "must be > 0 and <= 1048576");
   if (total_training_steps < 0) bad("total_training_steps", "must be >= 0");
   if (save_freq < 0) bad("save_freq", "must be >= 0");
   if (max_staleness < 0) bad("max_staleness", "must be >= 0");

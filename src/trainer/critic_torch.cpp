@@ -27,7 +27,7 @@ void ValueLossSums::add(const ValueLossSums& o) {
 }
 
 Critic::Critic(const DecoderModel& trunk, std::shared_ptr<Collectives> comm,
-               const NamedTensors* master_values, bool fp32_compute)
+               const NamedTensors* master_values, bool fp32_compute, const ShardingOptions& sharding)
     : storage_(trunk.scalar_type()) {
   torch::NoGradGuard no_grad;
   const int64_t hidden = trunk.config().hidden_size;
@@ -38,7 +38,7 @@ Critic::Critic(const DecoderModel& trunk, std::shared_ptr<Collectives> comm,
     master = with_value_head(*master_values, hidden, on_device.dtype(torch::kFloat));
   const torch::ScalarType compute = fp32_compute ? torch::kFloat : trunk.scalar_type();
   params_ = std::make_unique<FlatParameters>(initial, compute, trunk.device(), std::move(comm),
-                                             master_values != nullptr ? &master : nullptr);
+                                             master_values != nullptr ? &master : nullptr, sharding);
   // Trained in fp32 from a bf16 model: the checkpoint's critic file holds the weights rounded,
   // so the optimizer state keeps the masters.
   params_->set_master_in_state(fp32_compute && storage_ != torch::kFloat);
@@ -68,10 +68,16 @@ ValueLossSums Critic::accumulate_gradients(const torch::Tensor& ids, const torch
 
 torch::Tensor Critic::values(const TrainingTokens& tokens, const torch::Tensor& positions,
                              const TrainingForward& how) {
-  const torch::Tensor hidden = trunk_->final_hidden(tokens, how);  // [N, H] or [B, T, H]
+  return values_of(*trunk_, head_w_, head_b_, tokens, positions, how);
+}
+
+torch::Tensor Critic::values_of(const DecoderModel& trunk, const torch::Tensor& head_w,
+                                const torch::Tensor& head_b, const TrainingTokens& tokens,
+                                const torch::Tensor& positions, const TrainingForward& how) {
+  const torch::Tensor hidden = trunk.final_hidden(tokens, how);  // [N, H] or [B, T, H]
   const torch::Tensor h = hidden.reshape({-1, hidden.size(-1)}).index_select(0, positions);
-  const torch::Tensor x = trunk_->final_norm(h).to(torch::kFloat);
-  return at::matmul(x, head_w_.to(torch::kFloat)) + head_b_.to(torch::kFloat);  // [N]
+  const torch::Tensor x = trunk.final_norm(h).to(torch::kFloat);
+  return at::matmul(x, head_w.to(torch::kFloat)) + head_b.to(torch::kFloat);  // [N]
 }
 
 ValueLossSums Critic::accumulate_gradients(const TrainingTokens& tokens, const torch::Tensor& positions,
@@ -79,7 +85,17 @@ ValueLossSums Critic::accumulate_gradients(const TrainingTokens& tokens, const t
                                            const torch::Tensor& weight, double norm, double cliprange,
                                            const TrainingForward& how) {
   SWARM_REQUIRE(norm > 0, ErrorKind::INVALID_ARGUMENT, "value loss normaliser must be > 0");
-  const torch::Tensor v = values(tokens, positions, how);
+  // The parameters through gradient sinks: their gradients go to the flat buffers (or, sharded,
+  // to the other ranks) as the backward produces them, never to the leaves.
+  std::vector<torch::Tensor> sinks;
+  for (const auto& [name, leaf] : trunk_->parameters()) sinks.push_back(leaf);
+  sinks.push_back(head_w_);
+  sinks.push_back(head_b_);
+  sinks = params_->gradient_sinks(sinks);
+  const torch::Tensor head_w = sinks[trunk_params_], head_b = sinks[trunk_params_ + 1];
+  sinks.resize(trunk_params_);
+  const std::shared_ptr<DecoderModel> trunk = trunk_->with_parameters(std::move(sinks));
+  const torch::Tensor v = values_of(*trunk, head_w, head_b, tokens, positions, how);
   SWARM_CHECK(v.numel() == returns.numel() && v.numel() == old_values.numel(),
               "critic: values, returns and old values differ in length");
   const torch::Tensor clipped_v = old_values + torch::clamp(v - old_values, -cliprange, cliprange);
@@ -88,18 +104,7 @@ ValueLossSums Critic::accumulate_gradients(const TrainingTokens& tokens, const t
   const torch::Tensor per_token = 0.5 * torch::maximum(l1, l2);
   const torch::Tensor loss = (per_token * (weight / norm)).sum();
   loss.backward();
-  {
-    torch::NoGradGuard no_grad;
-    auto& trunk_params = trunk_->parameters();
-    auto take = [&](size_t i, torch::Tensor& leaf) {
-      if (!leaf.grad().defined()) return;
-      params_->accumulate(i, leaf.grad());
-      leaf.mutable_grad().reset();
-    };
-    for (size_t i = 0; i < trunk_params.size(); ++i) take(i, trunk_params[i].second);
-    take(trunk_params_, head_w_);
-    take(trunk_params_ + 1, head_b_);
-  }
+  params_->finish_micro_batch();
   torch::NoGradGuard no_grad;
   ValueLossSums s;
   s.loss = loss.item<double>();

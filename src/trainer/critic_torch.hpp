@@ -42,7 +42,8 @@ class Critic {
   /// are the fp32 masters, which the optimizer state then stores; weights() still gives the
   /// trunk's dtype.
   Critic(const DecoderModel& trunk, std::shared_ptr<Collectives> comm,
-         const NamedTensors* master_values = nullptr, bool fp32_compute = false);
+         const NamedTensors* master_values = nullptr, bool fp32_compute = false,
+         const ShardingOptions& sharding = {});
   ~Critic();
   Critic(const Critic&) = delete;
   Critic& operator=(const Critic&) = delete;
@@ -80,6 +81,10 @@ class Critic {
   const FlatParameters& parameters() const { return *params_; }
 
  private:
+  static torch::Tensor values_of(const DecoderModel& trunk, const torch::Tensor& head_w,
+                                 const torch::Tensor& head_b, const TrainingTokens& tokens,
+                                 const torch::Tensor& positions, const TrainingForward& how);
+
   std::unique_ptr<FlatParameters> params_;
   std::shared_ptr<DecoderModel> trunk_;  // parameters are views into params_
   torch::Tensor head_w_, head_b_;        // leaves: views into params_ ([hidden], [1])

@@ -31,14 +31,38 @@ void add_in_chunks(torch::Tensor dst, const torch::Tensor& src) {
   }
 }
 
+// The identity on a parameter whose backward gives the gradient to its FlatParameters
+// (gradient_sinks): the leaf gets none, so nothing holds a parameter-sized gradient beyond what
+// accumulate() keeps.
+struct GradientSink : public torch::autograd::Function<GradientSink> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               FlatParameters* owner, int64_t index) {
+    ctx->saved_data["owner"] = reinterpret_cast<int64_t>(owner);
+    ctx->saved_data["index"] = index;
+    return x;  // returned unmodified: autograd makes it a view with this node as its grad_fn
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* owner = reinterpret_cast<FlatParameters*>(ctx->saved_data["owner"].toInt());
+    if (grads[0].defined())
+      owner->accumulate(static_cast<size_t>(ctx->saved_data["index"].toInt()), grads[0]);
+    return {torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 }  // namespace
 
 FlatParameters::FlatParameters(const std::vector<std::pair<std::string, torch::Tensor>>& initial,
                                torch::ScalarType compute, torch::Device device,
                                std::shared_ptr<Collectives> comm,
-                               const std::vector<std::pair<std::string, torch::Tensor>>* master_init)
+                               const std::vector<std::pair<std::string, torch::Tensor>>* master_init,
+                               const ShardingOptions& sharding)
     : comm_(std::move(comm)) {
   SWARM_CHECK(comm_ != nullptr, "FlatParameters needs collectives");
+  SWARM_REQUIRE(sharding.zero_stage == 1 || sharding.zero_stage == 2, ErrorKind::INVALID_ARGUMENT,
+                "zero_stage must be 1 or 2");
+  SWARM_REQUIRE(sharding.bucket_elements >= 1, ErrorKind::INVALID_ARGUMENT,
+                "the gradient bucket must be >= 1 element");
   torch::NoGradGuard no_grad;
   for (const auto& [name, t] : initial) {
     names_.push_back(name);
@@ -47,47 +71,67 @@ FlatParameters::FlatParameters(const std::vector<std::pair<std::string, torch::T
     numel_ += t.numel();
   }
   const int64_t world = comm_->world_size();
-  shard_ = (numel_ + world - 1) / world;
+  // One bucket on one rank and at stage 1 (each rank a contiguous shard); at stage 2 as many as
+  // bucket_elements asks, evened out so that the padding stays below buckets × world.
+  zero2_ = sharding.zero_stage == 2 && world > 1;
+  buckets_ =
+      zero2_ ? std::max<int64_t>(1, (numel_ + sharding.bucket_elements - 1) / sharding.bucket_elements) : 1;
+  piece_ = std::max<int64_t>(1, (numel_ + buckets_ * world - 1) / (buckets_ * world));
+  shard_ = buckets_ * piece_;
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat).device(device);
   weights_ = torch::zeros({shard_ * world}, torch::TensorOptions().dtype(compute).device(device));
   // Copies a parameter list (these names and sizes, in order) into a flat buffer.
-  const auto fill = [&](torch::Tensor& flat, const std::vector<std::pair<std::string, torch::Tensor>>& list) {
+  const auto check = [&](const std::vector<std::pair<std::string, torch::Tensor>>& list) {
     SWARM_REQUIRE(list.size() == initial.size(), ErrorKind::INVALID_ARGUMENT,
                   "master weights have a different parameter list");
-    for (size_t i = 0; i < list.size(); ++i) {
-      const auto& [name, t] = list[i];
-      SWARM_REQUIRE(name == names_[i] && t.numel() == initial[i].second.numel(), ErrorKind::INVALID_ARGUMENT,
-                    "master weights parameter '" + name + "' does not match");
-      flat.narrow(0, offsets_[i], t.numel()).copy_(t.reshape(-1));
-    }
+    for (size_t i = 0; i < list.size(); ++i)
+      SWARM_REQUIRE(list[i].first == names_[i] && list[i].second.numel() == initial[i].second.numel(),
+                    ErrorKind::INVALID_ARGUMENT,
+                    "master weights parameter '" + list[i].first + "' does not match");
+  };
+  const auto fill = [&](torch::Tensor& flat, const std::vector<std::pair<std::string, torch::Tensor>>& list) {
+    check(list);
+    for (size_t i = 0; i < list.size(); ++i)
+      flat.narrow(0, offsets_[i], list[i].second.numel()).copy_(list[i].second.reshape(-1));
   };
   // fp32 weights start from the fp32 masters when given (a bf16 model trained in fp32 must not
   // start from its rounded weights), else from the initial values.
   fill(weights_, compute == torch::kFloat && master_init != nullptr ? *master_init : initial);
-  grad_ = torch::zeros({shard_ * world}, f32);
+  grad_ = torch::zeros({zero2_ ? shard_ : shard_ * world}, f32);
+  if (zero2_) {
+    bucket_ = torch::empty({piece_ * world}, f32);
+    received_ = torch::empty({piece_}, f32);
+    pending_.resize(names_.size());
+  }
 
-  const int64_t begin = comm_->rank() * shard_;
   if (world == 1 && compute == torch::kFloat) {
     master_ = weights_;  // the fp32 weights are their own master copy
   } else if (master_init != nullptr && compute != torch::kFloat) {  // fp32 weights hold the masters already
-    // This rank's shard only, parameter slice by parameter slice: no full fp32 temporary.
+    // This rank's pieces only, parameter slice by parameter slice: no full fp32 temporary.
+    check(*master_init);
     master_ = torch::zeros({shard_}, f32);
-    const int64_t end = begin + shard_;
-    SWARM_REQUIRE(master_init->size() == initial.size(), ErrorKind::INVALID_ARGUMENT,
-                  "master weights have a different parameter list");
-    for (size_t i = 0; i < master_init->size(); ++i) {
-      const auto& [name, t] = (*master_init)[i];
-      SWARM_REQUIRE(name == names_[i] && t.numel() == initial[i].second.numel(), ErrorKind::INVALID_ARGUMENT,
-                    "master weights parameter '" + name + "' does not match");
-      const int64_t lo = std::max(begin, offsets_[i]), hi = std::min(end, offsets_[i] + t.numel());
-      if (lo >= hi) continue;
-      master_.narrow(0, lo - begin, hi - lo).copy_(t.reshape(-1).narrow(0, lo - offsets_[i], hi - lo));
-    }
+    for_each_owned([&](int64_t flat, int64_t at, int64_t len) {
+      for (size_t i = 0; i < master_init->size(); ++i) {
+        const torch::Tensor& t = (*master_init)[i].second;
+        const int64_t lo = std::max(flat, offsets_[i]), hi = std::min(flat + len, offsets_[i] + t.numel());
+        if (lo >= hi) continue;
+        master_.narrow(0, at + lo - flat, hi - lo).copy_(t.reshape(-1).narrow(0, lo - offsets_[i], hi - lo));
+      }
+    });
   } else {
-    master_ = weights_.narrow(0, begin, shard_).to(torch::kFloat).clone();
+    master_ = torch::empty({shard_}, f32);
+    for_each_owned([&](int64_t flat, int64_t at, int64_t len) {
+      master_.narrow(0, at, len).copy_(weights_.narrow(0, flat, len));
+    });
   }
   exp_avg_ = torch::zeros({shard_}, f32);
   exp_avg_sq_ = torch::zeros({shard_}, f32);
+}
+
+template <typename Fn>
+void FlatParameters::for_each_owned(Fn&& fn) const {
+  const int64_t world = comm_->world_size(), rank = comm_->rank();
+  for (int64_t k = 0; k < buckets_; ++k) fn((k * world + rank) * piece_, k * piece_, piece_);
 }
 
 torch::Tensor FlatParameters::view(size_t i) const {
@@ -103,14 +147,81 @@ std::vector<torch::Tensor> FlatParameters::leaves() const {
   return out;
 }
 
+std::vector<torch::Tensor> FlatParameters::gradient_sinks(const std::vector<torch::Tensor>& leaves) {
+  SWARM_CHECK(leaves.size() == names_.size(), "gradient_sinks: one tensor per parameter");
+  std::vector<torch::Tensor> out;
+  out.reserve(leaves.size());
+  for (size_t i = 0; i < leaves.size(); ++i)
+    out.push_back(GradientSink::apply(leaves[i], this, static_cast<int64_t>(i)));
+  return out;
+}
+
 void FlatParameters::accumulate(size_t i, const torch::Tensor& grad) {
   torch::NoGradGuard no_grad;
-  add_in_chunks(grad_.narrow(0, offsets_[i], grad.numel()), grad);
+  SWARM_CHECK(i < names_.size() && grad.numel() == view(i).numel(),
+              "accumulate: a gradient of the wrong size");
+  if (!zero2_) {
+    add_in_chunks(grad_.narrow(0, offsets_[i], grad.numel()), grad);
+    return;
+  }
+  const int64_t span = piece_ * comm_->world_size();
+  if (!started_) {  // the micro-batch's first gradient: every bucket waits for its parameters
+    started_ = true;
+    next_bucket_ = buckets_ - 1;
+    waiting_.assign(static_cast<size_t>(buckets_), 0);
+    arrived_.assign(names_.size(), 0);
+    for (size_t p = 0; p < names_.size(); ++p) {
+      const int64_t n = view(p).numel();
+      for (int64_t k = offsets_[p] / span; n > 0 && k <= (offsets_[p] + n - 1) / span; ++k)
+        ++waiting_[static_cast<size_t>(k)];
+    }
+  }
+  const int64_t first_bucket = offsets_[i] / span, last_bucket = (offsets_[i] + grad.numel() - 1) / span;
+  if (arrived_[i] != 0) {  // a second gradient for it (autograd sums a parameter's uses first)
+    SWARM_CHECK(last_bucket <= next_bucket_, "a parameter's gradient came after its bucket was reduced");
+    pending_[i] = pending_[i] + grad;
+    return;
+  }
+  arrived_[i] = 1;
+  pending_[i] = grad;
+  for (int64_t k = first_bucket; k <= last_bucket; ++k) --waiting_[static_cast<size_t>(k)];
+  // Buckets go in a fixed order (last to first, the backward's order) whatever order the
+  // gradients come in, so every rank issues the same collectives in the same order.
+  while (next_bucket_ >= 0 && waiting_[static_cast<size_t>(next_bucket_)] == 0) send_bucket(next_bucket_--);
+}
+
+// Bucket k's gradients (0 for a parameter that has none) summed over ranks into this rank's
+// piece of the shard; the parameters that end in it are done with.
+void FlatParameters::send_bucket(int64_t k) {
+  const int64_t span = piece_ * comm_->world_size();
+  const int64_t lo = k * span, hi = std::min(lo + span, numel_);
+  bucket_.zero_();
+  for (size_t i = 0; i < names_.size(); ++i) {
+    if (!pending_[i].defined()) continue;
+    const int64_t n = pending_[i].numel();
+    const int64_t a = std::max(lo, offsets_[i]), b = std::min(hi, offsets_[i] + n);
+    if (a >= b) continue;
+    bucket_.narrow(0, a - lo, b - a).copy_(pending_[i].reshape(-1).narrow(0, a - offsets_[i], b - a));
+    if (offsets_[i] >= lo) pending_[i] = torch::Tensor();
+  }
+  comm_->reduce_scatter_sum(bucket_, received_);
+  grad_.narrow(0, k * piece_, piece_).add_(received_);
+}
+
+void FlatParameters::finish_micro_batch() {
+  if (!zero2_) return;
+  torch::NoGradGuard no_grad;
+  if (!started_) next_bucket_ = buckets_ - 1;  // no gradient at all: every bucket goes as zeros
+  while (next_bucket_ >= 0) send_bucket(next_bucket_--);
+  for (auto& t : pending_) t = torch::Tensor();
+  started_ = false;
 }
 
 void FlatParameters::zero_gradients() { grad_.zero_(); }
 
 torch::Tensor FlatParameters::gradient(size_t i) const {
+  SWARM_REQUIRE(!zero2_, ErrorKind::CONFLICT,
+                "parameter gradients are sharded over the ranks (zero_stage 2): no rank holds one whole");
   int64_t n = 1;
   for (int64_t d : shapes_[i]) n *= d;
   return grad_.narrow(0, offsets_[i], n).view(shapes_[i]);
@@ -119,8 +230,9 @@ torch::Tensor FlatParameters::gradient(size_t i) const {
 double FlatParameters::step(double lr, const AdamWOptions& o) {
   torch::NoGradGuard no_grad;
   const int world = comm_->world_size();
-  torch::Tensor g = grad_;
-  if (world > 1) {
+  SWARM_CHECK(!started_, "optimizer step inside a micro-batch (finish_micro_batch not called)");
+  torch::Tensor g = grad_;     // stage 2 on several ranks: the shard, summed over ranks already
+  if (world > 1 && !zero2_) {  // stage 1: one bucket, the whole buffer
     g = torch::empty({shard_}, grad_.options());
     comm_->reduce_scatter_sum(grad_, g);
   }
@@ -171,8 +283,12 @@ void FlatParameters::refresh_weights_from_master() {
     if (!master_.is_same(weights_)) weights_.copy_(master_);
     return;
   }
-  const torch::Tensor mine = master_.to(weights_.scalar_type());
-  comm_->all_gather(mine, weights_);
+  const int64_t span = piece_ * comm_->world_size();
+  for (int64_t k = 0; k < buckets_; ++k) {
+    const torch::Tensor mine = master_.narrow(0, k * piece_, piece_).to(weights_.scalar_type());
+    torch::Tensor full = weights_.narrow(0, k * span, span);
+    comm_->all_gather(mine, full);
+  }
 }
 
 std::map<std::string, torch::Tensor> FlatParameters::state() const {
@@ -182,7 +298,7 @@ std::map<std::string, torch::Tensor> FlatParameters::state() const {
       {"exp_avg_sq", exp_avg_sq_.to(torch::kCPU, false, true)},
       {"step", torch::tensor({static_cast<double>(adam_steps_)}, f64)},
       {"layout", torch::tensor({static_cast<double>(numel_), static_cast<double>(comm_->world_size()),
-                                static_cast<double>(comm_->rank())},
+                                static_cast<double>(comm_->rank()), static_cast<double>(piece_)},
                                f64)}};
   // fp32 on one rank: the master weights are the model weights, which a checkpoint stores anyway.
   if (!master_.is_same(weights_) || master_in_state_)
@@ -198,11 +314,21 @@ void FlatParameters::load_state(const std::map<std::string, torch::Tensor>& stat
   SWARM_REQUIRE(!own_master || state.count("master") != 0, ErrorKind::INVALID_ARGUMENT,
                 what + " has no 'master' weights (saved in fp32 on one rank, loaded otherwise?)");
   const torch::Tensor layout = state.at("layout").to(torch::kDouble);
-  SWARM_REQUIRE(layout.numel() == 3 && static_cast<int64_t>(layout[0].item<double>()) == numel_ &&
+  SWARM_REQUIRE((layout.numel() == 3 || layout.numel() == 4) &&
+                    static_cast<int64_t>(layout[0].item<double>()) == numel_ &&
                     static_cast<int>(layout[1].item<double>()) == comm_->world_size() &&
                     static_cast<int>(layout[2].item<double>()) == comm_->rank(),
                 ErrorKind::INVALID_ARGUMENT,
                 what + " was saved for another model or rank layout (parameters, world size, rank)");
+  // Three numbers: saved before gradient buckets, one bucket per rank (a contiguous shard).
+  const int64_t saved_piece =
+      layout.numel() == 4 ? static_cast<int64_t>(layout[3].item<double>()) : state.at("exp_avg").numel();
+  SWARM_REQUIRE(saved_piece == piece_, ErrorKind::INVALID_ARGUMENT,
+                what + " was saved with shards of " + std::to_string(saved_piece) +
+                    "-element pieces, this run cuts them in " + std::to_string(piece_) +
+                    (saved_piece == state.at("exp_avg").numel()
+                         ? " (the checkpoint has one contiguous shard per rank: resume it with zero_stage: 1)"
+                         : " (resume with the zero_stage and reduce_bucket_mb it was saved with)"));
   for (const char* key : {"exp_avg", "exp_avg_sq"})
     SWARM_REQUIRE(state.at(key).numel() == shard_, ErrorKind::INVALID_ARGUMENT,
                   what + " '" + key + "' has the wrong size");
@@ -223,8 +349,24 @@ FlatParameters::Memory FlatParameters::memory() const {
   };
   const bool master_is_weights =
       master_.defined() && weights_.defined() && master_.data_ptr() == weights_.data_ptr();
-  return {bytes(weights_), bytes(grad_), bytes(exp_avg_) + bytes(exp_avg_sq_),
-          master_is_weights ? 0 : bytes(master_)};
+  return {bytes(weights_), bytes(grad_) + bytes(bucket_) + bytes(received_),
+          bytes(exp_avg_) + bytes(exp_avg_sq_), master_is_weights ? 0 : bytes(master_)};
+}
+
+torch::Tensor shards_in_flat_order(const std::vector<torch::Tensor>& shards, int64_t piece) {
+  SWARM_REQUIRE(!shards.empty() && piece >= 1, ErrorKind::INVALID_ARGUMENT,
+                "shards_in_flat_order: no shards");
+  const int64_t shard = shards[0].numel();
+  SWARM_REQUIRE(shard % piece == 0, ErrorKind::INVALID_ARGUMENT,
+                "shards_in_flat_order: a shard is not a whole number of pieces");
+  std::vector<torch::Tensor> parts;
+  for (int64_t k = 0; k < shard / piece; ++k)
+    for (const torch::Tensor& s : shards) {
+      SWARM_REQUIRE(s.numel() == shard, ErrorKind::INVALID_ARGUMENT,
+                    "shards_in_flat_order: shards differ in size");
+      parts.push_back(s.reshape(-1).narrow(0, k * piece, piece));
+    }
+  return torch::cat(parts);
 }
 
 }  // namespace swarm

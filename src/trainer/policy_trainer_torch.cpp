@@ -235,7 +235,7 @@ PolicyTrainer::PolicyTrainer(std::shared_ptr<DecoderModel> serving_model, Traine
                training_attention_name(options_.forward.attention),
                options_.forward.checkpoint_layers ? "on" : "off");
   policy_ = std::make_unique<FlatParameters>(serving_->parameters(), compute, serving_->device(), comm_,
-                                             master_values);
+                                             master_values, options_.sharding);
   policy_->set_master_in_state(fp32_compute);  // the checkpoint's model files hold them rounded
   train_model_ = serving_->with_parameters(policy_->leaves(), model_dtype);
   if (options_.use_kl_loss) {
@@ -268,7 +268,7 @@ PolicyTrainer::PolicyTrainer(std::shared_ptr<DecoderModel> serving_model, Traine
     const bool critic_fp32 = trains_in_fp32(trunk);  // a bf16 critic_model on this CPU too
     if (critic_fp32) spdlog::info("trainer: the bf16 critic trains in fp32 too (its weights = its masters)");
     critic_ = std::make_unique<Critic>(trunk, comm_, critic_source != nullptr ? critic_master : master_values,
-                                       critic_fp32);
+                                       critic_fp32, options_.sharding);
   }
 }
 
@@ -377,8 +377,13 @@ LossSums PolicyTrainer::accumulate_gradients(const PreparedBatch& batch, const s
                                              const std::vector<torch::Tensor>& old_logprobs, double norm) {
   SWARM_REQUIRE(norm > 0, ErrorKind::INVALID_ARGUMENT, "loss normaliser must be > 0");
   const MicroBatchInputs in = build_inputs(batch, micro);
+  // The parameters through gradient sinks: each gradient goes to the flat buffers (or, sharded,
+  // to the other ranks) as the backward produces it, never to the leaves.
+  std::vector<torch::Tensor> sinks;
+  for (const auto& [name, leaf] : train_model_->parameters()) sinks.push_back(leaf);
+  const std::shared_ptr<DecoderModel> model = train_model_->with_parameters(policy_->gradient_sinks(sinks));
   torch::Tensor entropy;
-  const torch::Tensor lp = selected_logprobs(*train_model_, in, &entropy);
+  const torch::Tensor lp = selected_logprobs(*model, in, &entropy);
   const torch::Tensor old = old_logprobs.empty() ? lp.detach() : torch::cat(old_logprobs).to(lp.device());
   SWARM_CHECK(old.numel() == lp.numel(), "old log-probs do not match the micro-batch's trained tokens");
 
@@ -416,17 +421,7 @@ LossSums PolicyTrainer::accumulate_gradients(const PreparedBatch& batch, const s
     loss = loss + options_.kl_coef * (kl * w).sum();
   }
   loss.backward();
-
-  {
-    torch::NoGradGuard no_grad;
-    auto& params = train_model_->parameters();
-    for (size_t i = 0; i < params.size(); ++i) {
-      torch::Tensor& leaf = params[i].second;
-      if (!leaf.grad().defined()) continue;
-      policy_->accumulate(i, leaf.grad());
-      leaf.mutable_grad().reset();
-    }
-  }
+  policy_->finish_micro_batch();
 
   torch::NoGradGuard no_grad;
   LossSums s;
@@ -656,6 +651,14 @@ std::map<std::string, double> PolicyTrainer::train(const TrainBatch& batch, int6
                     ? static_cast<double>(prepared.sequences[idx].trained_tokens)
                     : 1.0;
       const auto micros = plan(prepared, shard_for_rank(prepared, mb, rank, world));
+      // Sharded gradients cross ranks in every micro-batch's backward: a rank with fewer
+      // micro-batches than another finishes empty ones (zero gradients) to match.
+      size_t equal_micros = micros.size();
+      if (world > 1 &&
+          (policy_->reduces_in_backward() || (critic_ && critic_->parameters().reduces_in_backward()))) {
+        for (double n : all_gather_values(*comm_, {static_cast<double>(micros.size())}, serving_->device()))
+          equal_micros = std::max(equal_micros, static_cast<size_t>(n));
+      }
       if (policy_trains) {
         zero_gradients();
         for (const auto& micro : micros) {
@@ -665,6 +668,7 @@ std::map<std::string, double> PolicyTrainer::train(const TrainBatch& batch, int6
           sums.add(accumulate_gradients(prepared, micro, olds, norm));
           for (size_t idx : micro) tokens_processed += static_cast<double>(prepared.sequences[idx].length);
         }
+        for (size_t k = micros.size(); k < equal_micros; ++k) policy_->finish_micro_batch();
         const double gn = optimizer_step(lr);
         grad_norm_sum += gn;
         grad_norm_max = std::max(grad_norm_max, gn);
@@ -682,6 +686,7 @@ std::map<std::string, double> PolicyTrainer::train(const TrainBatch& batch, int6
                                                        torch::cat(olds).to(dev), in.weight, norm,
                                                        options_.cliprange_value, options_.forward));
         }
+        for (size_t k = micros.size(); k < equal_micros; ++k) critic_->parameters().finish_micro_batch();
         critic_grad_norm_sum += critic_->optimizer_step(options_.critic_learning_rate, options_.adamw());
         ++critic_steps;
       }

@@ -29,6 +29,15 @@ enum class OffPolicyCorrection {
 };
 OffPolicyCorrection parse_off_policy_correction(const std::string& name);
 
+// How a model's flat parameters are split over ranks (docs/concepts.md "Memory of a training
+// step"): the fp32 master weights and AdamW moments always per rank (ZeRO-1); at stage 2 the fp32
+// gradients too, reduce-scattered bucket by bucket while the backward runs.
+struct ShardingOptions {
+  int zero_stage = 2;  // 1 or 2 (job key zero_stage)
+  int64_t bucket_elements = int64_t{16}
+                            << 20;  // one gradient bucket, all ranks' pieces (job key reduce_bucket_mb)
+};
+
 struct TrainerOptions {
   double learning_rate = 1e-6;
   std::string lr_schedule = "constant";
@@ -71,6 +80,7 @@ struct TrainerOptions {
   // Samples packed end to end into one row per micro-batch of at most micro_batch_max_tokens
   // tokens (no padding; attention stays within each sample), or right-padded rows (false).
   bool sequence_packing = true;
+  ShardingOptions sharding;
 
   AdamWOptions adamw() const { return {weight_decay, grad_clip, adam_beta1, adam_beta2, adam_eps}; }
 };

@@ -94,6 +94,27 @@ TEST(TorchBackend, APolicyStepChangesTheServedWeightsAndStampsTheVersion) {
   b->release();
 }
 
+// free_kv_cache_during_training: the step frees the serving KV cache (the metric says how much)
+// and the engine has it back afterwards, serving the new weights; off (auto on the CPU), nothing
+// is freed.
+TEST(TorchBackend, TheKvCacheIsFreedDuringTheStepWhenAskedFor) {
+  Job job = tiny_job();
+  job.free_kv_cache_during_training = "true";
+  auto b = booted(job);
+  const int64_t kv = b->memory().at(0).kv_cache_bytes;
+  ASSERT_GT(kv, 0);
+  const TrainStepReport r = b->train_step(random_batch(2, 2, 3), 1, {});
+  EXPECT_EQ(r.metrics.at("kv_cache_freed_bytes"), static_cast<double>(kv));
+  EXPECT_EQ(b->memory().at(0).kv_cache_bytes, kv);
+  b->set_policy_version(1);
+  EXPECT_EQ(generate_greedy(*b, "Once upon a time").policy_version, 1);
+  b->release();
+
+  auto off = booted(tiny_job());
+  EXPECT_EQ(off->train_step(random_batch(2, 2, 3), 1, {}).metrics.at("kv_cache_freed_bytes"), 0.0);
+  off->release();
+}
+
 // fp32 on one rank: the masters are the weights (0 bytes of their own); the serving engine
 // keeps its own copy; the report is there from the boot on.
 TEST(TorchBackend, TheMemoryReportOfOneFp32Rank) {

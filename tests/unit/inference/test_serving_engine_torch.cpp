@@ -289,6 +289,47 @@ TEST_F(ServingEngineTest, AGenerationAcrossASwapRecomputedCarriesBothVersions) {
   check_generation_across_a_swap(model_, tokenizer_, config(), ids, greedy_reference(ids, 160, {}), true);
 }
 
+// The trainer's step frees the KV cache (free_kv_cache_during_training): a sequence running
+// then gives its blocks back, nothing generates while the cache is gone (a request submitted
+// meanwhile waits), and after the restore both finish exactly as they would have.
+TEST_F(ServingEngineTest, AReleasedKvCacheHoldsGenerationUntilRestored) {
+  ServingConfig cfg = config();
+  cfg.eos_token_ids = {};
+  ServingEngine engine(model_, tokenizer_, cfg);
+  const int64_t bytes = engine.kv_cache_bytes();
+  ASSERT_GT(bytes, 0);
+  const auto first_ids = prompt(kPrompts[2]), second_ids = prompt(kPrompts[0]);
+  const Reference first_ref = greedy_reference(first_ids, 120, {}),
+                  second_ref = greedy_reference(second_ids, 20, {});
+  auto first = std::make_shared<Collector>();
+  engine.submit(greedy(first_ids, 120), first);
+  for (int i = 0; i < 2000 && first->text_events < 10; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const int64_t preemptions_before = engine.stats().preemptions;
+  EXPECT_EQ(engine.release_kv_cache(), bytes);
+  EXPECT_EQ(engine.kv_cache_bytes(), 0);
+  EXPECT_EQ(engine.release_kv_cache(), 0);  // released already
+  auto second = std::make_shared<Collector>();
+  engine.submit(greedy(second_ids, 20), second);
+  // No step can run without the cache: whatever the loop does meanwhile, no token comes.
+  const int seen = first->text_events.load();
+  engine.run_exclusive([] {});  // the loop has taken the new request and gone round
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(first->text_events.load(), seen);
+  EXPECT_EQ(second->text_events.load(), 0);
+  EXPECT_FALSE(first->result.has_value()) << "the generation ended before the release; lengthen it";
+  engine.restore_kv_cache();
+  EXPECT_EQ(engine.kv_cache_bytes(), bytes);
+  ASSERT_TRUE(first->wait());
+  ASSERT_TRUE(second->wait());
+  ASSERT_TRUE(first->result) << first->error;
+  ASSERT_TRUE(second->result) << second->error;
+  EXPECT_EQ(first->result->choices[0].ids, first_ref.ids);
+  EXPECT_EQ(second->result->choices[0].ids, second_ref.ids);
+  EXPECT_EQ(engine.stats().preemptions - preemptions_before, 1);  // the running one, prefilled again
+  expect_blocks_all_free(engine);
+}
+
 TEST_F(ServingEngineTest, SameSeedSameTokensWhateverTheBatch) {
   ServingEngine engine(model_, tokenizer_, config());
   GenerationRequest r;

@@ -198,10 +198,18 @@ TEST(JobTest, InvalidEnumNamesKeyAndOptions) {
   EXPECT_NO_THROW(
       swarm::Job::from_yaml("model: m\nalgorithm: ppo\nadvantage_estimator: gae\ngamma: 0.99\nlam: 0.95\n"));
   expect_config_error("model: m\ndtype: fp8\n", {"dtype", "fp32", "bf16"});
+  expect_config_error("model: m\nzero_stage: 3\n", {"zero_stage", "1 or 2"});
+  expect_config_error("model: m\nfree_kv_cache_during_training: yes please\n",
+                      {"free_kv_cache_during_training", "auto", "true", "false"});
+  // Generation goes on during the step when training is asynchronous: the cache cannot go.
+  expect_config_error("model: m\nfree_kv_cache_during_training: true\nmax_staleness: 1\n",
+                      {"free_kv_cache_during_training", "max_staleness: 0"});
+  EXPECT_NO_THROW(swarm::Job::from_yaml("model: m\nfree_kv_cache_during_training: auto\nmax_staleness: 1\n"));
 }
 
 TEST(JobTest, InvalidRangesNameKey) {
   expect_config_error("model: m\nbatch_size: 0\n", {"batch_size"});
+  expect_config_error("model: m\nreduce_bucket_mb: 0\n", {"reduce_bucket_mb"});
   expect_config_error("model: m\ntop_p: 1.5\n", {"top_p"});
   expect_config_error("model: m\ntop_k: 0\n", {"top_k"});
   expect_config_error("model: m\nbatch_size: 4\nnum_repeat: 4\nmax_cached_episodes: 3\n",
