@@ -414,7 +414,25 @@ int main(int argc, char** argv) {
       }
       runs.emplace_back("Qwen2.5-0.5B shape", dir, 4096);
     }
-    if (long_tokens > 0) runs.emplace_back("SmolLM2-135M shape", smol, long_tokens);
+    if (long_tokens > 0) {
+      // SmolLM2-135M allows 8,192 positions: longer samples get the same shape with
+      // max_position_embeddings raised to the sample (random fp32 weights, written once).
+      fs::path dir = smol;
+      if (long_tokens > swarm::ModelConfig::from_directory(smol).max_position_embeddings) {
+        dir = fs::path(common.model_cache) / ("smollm2-135m-shape-random-f32-seed0-pos" + std::to_string(long_tokens));
+        if (!fs::exists(dir / "config.json")) {
+          swarm::InitModelOptions init;
+          init.from = fs::path(common.fixtures) / "models/smollm2-135m-instruct-noweights";
+          init.out = dir;
+          init.dtype = swarm::DType::F32;
+          init.config_overrides = {{"max_position_embeddings", std::to_string(long_tokens)}};
+          progress("writing a SmolLM2-shaped random model with %lld positions into %s (once)",
+                   static_cast<long long>(long_tokens), dir.c_str());
+          swarm::init_random_model(init);
+        }
+      }
+      runs.emplace_back("SmolLM2-135M shape", dir, long_tokens);
+    }
     for (const auto& [name, dir, n] : runs) {
       const bool is_long = name.rfind("SmolLM2", 0) == 0;
       for (const auto& [path, packing, attention, ckpt] :

@@ -152,8 +152,9 @@ RankMemory measure_memory(int rank, const DecoderModel& serving, const PolicyTra
   m.gradients_bytes = t.gradients;
   m.optimizer_bytes = t.optimizer;
   m.master_weights_bytes = t.master;
-  for (const auto& [name, p] : serving.parameters())
-    m.serving_weights_bytes += p.numel() * static_cast<int64_t>(p.element_size());
+  if (!trainer.shares_serving_weights())  // else they are the trainer's weights, counted above
+    for (const auto& [name, p] : serving.parameters())
+      m.serving_weights_bytes += p.numel() * static_cast<int64_t>(p.element_size());
   if (engine) m.kv_cache_bytes = engine->kv_cache_bytes();
   m.peak_bytes = peak_bytes(serving.device());
   m.activations_peak_bytes = trainer.activations_peak_bytes();
@@ -207,9 +208,13 @@ RankModel load_rank_model(const Job& job, const std::filesystem::path& dir, bool
   // gradient_checkpointing auto: on a GPU, where activations bound the sequence length; on the
   // CPU the recomputation's third more compute costs more than the memory it frees.
   if (job.gradient_checkpointing == "auto") options.forward.checkpoint_layers = device.is_cuda();
+  // One weight copy when training is synchronous: generation is paused during each step (no
+  // sequence samples from half-updated weights); asynchronous training keeps a serving copy.
+  options.share_serving_weights = job.max_staleness == 0;
   r.trainer = std::make_unique<PolicyTrainer>(
       r.model, options, std::move(comm), master.empty() ? nullptr : &master, critic.get(),
       critic_master.empty() ? nullptr : &critic_master, reference.get());
+  r.model = r.trainer->serving_model();  // the loaded copy is dropped when the trainer replaced it
   if (resuming) load_trainer_state(dir / "trainer_state", *r.trainer);
   return r;
 }
@@ -241,27 +246,29 @@ bool frees_kv_cache_during_training(const Job& job, torch::Device device) {
   return job.free_kv_cache_during_training == "true" && job.max_staleness == 0;
 }
 
-// The serving engine's KV cache freed for one training step (the scope of this object) and
-// allocated again when it ends, after the weight sync, also when the step fails.
-class KvCacheFreedForStep {
+// The serving engine paused for one training step (the scope of this object) and resumed when
+// it ends, after the weight sync, also when the step fails: where the serving model reads the
+// trainer's weights (one weight copy), and to free the KV cache's memory meanwhile.
+class GenerationPausedForStep {
  public:
-  KvCacheFreedForStep(ServingEngine* engine, bool on, int rank) {
-    if (!on || engine == nullptr) return;
-    freed_ = engine->release_kv_cache();
+  GenerationPausedForStep(ServingEngine* engine, bool shared_weights, bool free_kv_cache, int rank) {
+    if (engine == nullptr || (!shared_weights && !free_kv_cache)) return;
+    freed_ = engine->pause_generation(free_kv_cache);
     engine_ = engine;
-    spdlog::debug("rank {}: KV cache freed for the training step ({:.1f} MiB)", rank,
-                  static_cast<double>(freed_) / (1 << 20));
+    if (free_kv_cache)
+      spdlog::debug("rank {}: KV cache freed for the training step ({:.1f} MiB)", rank,
+                    static_cast<double>(freed_) / (1 << 20));
   }
-  ~KvCacheFreedForStep() {
+  ~GenerationPausedForStep() {
     if (engine_ == nullptr) return;
     try {
-      engine_->restore_kv_cache();
+      engine_->resume_generation();
     } catch (const std::exception& e) {  // shutting down: nothing left to serve
-      spdlog::warn("KV cache not restored after the training step: {}", e.what());
+      spdlog::warn("generation not resumed after the training step: {}", e.what());
     }
   }
-  KvCacheFreedForStep(const KvCacheFreedForStep&) = delete;
-  KvCacheFreedForStep& operator=(const KvCacheFreedForStep&) = delete;
+  GenerationPausedForStep(const GenerationPausedForStep&) = delete;
+  GenerationPausedForStep& operator=(const GenerationPausedForStep&) = delete;
   int64_t freed() const noexcept { return freed_; }
 
  private:
@@ -541,8 +548,9 @@ class TorchBackend final : public Backend {
       }
     } clean_if_untouched{*this, optimizer_steps_before};
     std::vector<nlohmann::json> replies;
-    std::optional<KvCacheFreedForStep> freed;
-    freed.emplace(engine.get(), frees_kv_cache_during_training(job_, model_->device()), 0);
+    std::optional<GenerationPausedForStep> freed;
+    freed.emplace(engine.get(), trainer_->shares_serving_weights(),
+                  frees_kv_cache_during_training(job_, model_->device()), 0);
     if (!followers_) {
       report.metrics = trainer_->train(batch, next_global_step, exclusive, stop);
     } else {
@@ -842,9 +850,9 @@ int run_torch_follower(const DistConfig& dist) {
         const int64_t step = message->header.at("step").get<int64_t>();
         try {
           on_own_thread([&] {
-            const KvCacheFreedForStep freed(
-                held->engine.get(), frees_kv_cache_during_training(held->job, held->model->model->device()),
-                dist.rank);
+            const GenerationPausedForStep paused(
+                held->engine.get(), held->model->trainer->shares_serving_weights(),
+                frees_kv_cache_during_training(held->job, held->model->model->device()), dist.rank);
             held->model->trainer->train(batch, step, [&](const std::function<void()>& sync) {
               swap_weights(held->engine.get(), held->job, step, sync);
             });

@@ -256,7 +256,83 @@ bool is_rows_of(const torch::Tensor& part, const torch::Tensor& stacked, int64_t
          static_cast<const char*>(stacked.data_ptr()) + row * row_elems * stacked.element_size();
 }
 
+// `parts` (contiguous, same dtype and columns) when they lie one after another in memory, as
+// one tensor of their rows over that memory; undefined when they do not.
+torch::Tensor rows_in_place(const std::vector<const torch::Tensor*>& parts) {
+  const torch::Tensor& first = *parts.front();
+  const int64_t row_elems = first.dim() == 2 ? first.size(1) : 1;
+  int64_t rows = 0;
+  for (const torch::Tensor* t : parts) {
+    if (!t->defined() || !t->is_contiguous() || t->dim() != first.dim() ||
+        t->scalar_type() != first.scalar_type() || (t->dim() == 2 && t->size(1) != first.size(1)) ||
+        t->data_ptr() != static_cast<const char*>(first.data_ptr()) + rows * row_elems * first.element_size())
+      return {};
+    rows += t->size(0);
+  }
+  std::vector<int64_t> sizes = first.sizes().vec();
+  sizes[0] = rows;
+  return first.as_strided(sizes, first.strides(), first.storage_offset());
+}
+
 }  // namespace
+
+std::vector<size_t> DecoderModel::merged_order() const {
+  const size_t n = params_.size();
+  std::vector<std::vector<int>> groups;
+  std::vector<int> group_of(n, -1);
+  const auto add = [&](std::vector<int> g) {
+    for (int i : g) group_of[static_cast<size_t>(i)] = static_cast<int>(groups.size());
+    groups.push_back(std::move(g));
+  };
+  for (const LayerParams& lp : layers_) {  // the groups merge_projections stacks
+    if ((lp.q_b >= 0) == (lp.k_b >= 0) && (lp.k_b >= 0) == (lp.v_b >= 0)) {
+      add({lp.q_w, lp.k_w, lp.v_w});
+      if (lp.q_b >= 0) add({lp.q_b, lp.k_b, lp.v_b});
+    }
+    if ((lp.gate_b >= 0) == (lp.up_b >= 0)) {
+      add({lp.gate_w, lp.up_w});
+      if (lp.gate_b >= 0) add({lp.gate_b, lp.up_b});
+    }
+  }
+  std::vector<size_t> order;
+  std::vector<char> done(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    if (done[i] != 0) continue;
+    if (group_of[i] < 0) {
+      order.push_back(i), done[i] = 1;
+      continue;
+    }
+    for (int j : groups[static_cast<size_t>(group_of[i])])
+      order.push_back(static_cast<size_t>(j)), done[static_cast<size_t>(j)] = 1;
+  }
+  return order;
+}
+
+std::shared_ptr<DecoderModel> DecoderModel::with_serving_parameters(
+    std::vector<torch::Tensor> tensors) const {
+  std::shared_ptr<DecoderModel> model = with_parameters(std::move(tensors));
+  model->merged_.assign(layers_.size(), Merged{});
+  const auto p = [&](int i) { return &model->params_[static_cast<size_t>(i)].second; };
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const LayerParams& lp = layers_[l];
+    Merged& m = model->merged_[l];
+    if ((lp.q_b >= 0) == (lp.k_b >= 0) && (lp.k_b >= 0) == (lp.v_b >= 0)) {
+      m.qkv_w = rows_in_place({p(lp.q_w), p(lp.k_w), p(lp.v_w)});
+      if (m.qkv_w.defined() && lp.q_b >= 0) {
+        m.qkv_b = rows_in_place({p(lp.q_b), p(lp.k_b), p(lp.v_b)});
+        if (!m.qkv_b.defined()) m.qkv_w = torch::Tensor();  // weights and biases merge together or not at all
+      }
+    }
+    if ((lp.gate_b >= 0) == (lp.up_b >= 0)) {
+      m.gate_up_w = rows_in_place({p(lp.gate_w), p(lp.up_w)});
+      if (m.gate_up_w.defined() && lp.gate_b >= 0) {
+        m.gate_up_b = rows_in_place({p(lp.gate_b), p(lp.up_b)});
+        if (!m.gate_up_b.defined()) m.gate_up_w = torch::Tensor();
+      }
+    }
+  }
+  return model;
+}
 
 void DecoderModel::merge_projections() {
   torch::NoGradGuard no_grad;

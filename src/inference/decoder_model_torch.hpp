@@ -126,6 +126,15 @@ class DecoderModel {
   /// them as leaves. Throws INVALID_ARGUMENT on a count, shape, dtype or device mismatch.
   std::shared_ptr<DecoderModel> with_parameters(std::vector<torch::Tensor> tensors,
                                                 std::optional<DType> compute = std::nullopt) const;
+  /// A serving model over `tensors` (as with_parameters, this model's dtype): where a layer's
+  /// q/k/v (gate/up) weights and biases lie one after another in memory, as in a flat buffer
+  /// laid out in merged_order(), its merged projections are views of that memory, so the
+  /// serving path runs one GEMM for them without a copy (otherwise that layer runs them apart).
+  std::shared_ptr<DecoderModel> with_serving_parameters(std::vector<torch::Tensor> tensors) const;
+  /// The parameter indices with each layer's q/k/v weights (and biases) and gate/up weights
+  /// (and biases) side by side, in the order the merged projections stack them; every other
+  /// parameter where it is.
+  std::vector<size_t> merged_order() const;
 
   /// Logits [B, T, vocab] (fp32) of a right-padded batch `input_ids` [B, T] (int64) whose rows
   /// hold lengths[b] real tokens (`lengths` [B], int64, each in [0, T]). Attention is causal and

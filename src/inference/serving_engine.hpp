@@ -106,13 +106,14 @@ class ServingEngine {
   /// key kv_cache_on_swap: recompute). Counted as preemptions.
   void recompute_running();
 
-  /// Frees the KV cache's memory for the trainer's step (job key free_kv_cache_during_training):
-  /// running sequences give back their blocks (they are prefilled again later, counted as
-  /// preemptions) and nothing is scheduled until restore_kv_cache(); requests submitted
-  /// meanwhile wait. Returns the bytes freed (0 when already released).
-  int64_t release_kv_cache();
-  /// Allocates the KV cache again (zeroed, the same size) and resumes scheduling.
-  void restore_kv_cache();
+  /// Stops generating for the trainer's step: nothing is scheduled until resume_generation()
+  /// (requests submitted meanwhile wait; run_exclusive still runs). With `free_kv_cache` (job
+  /// key free_kv_cache_during_training) the KV cache's memory is freed too: running sequences
+  /// give back their blocks and are prefilled again after the resume (counted as preemptions).
+  /// Returns the bytes freed (0 without free_kv_cache or when paused already).
+  int64_t pause_generation(bool free_kv_cache);
+  /// Allocates the KV cache again if it was freed (zeroed, the same size) and resumes.
+  void resume_generation();
 
   /// Fails every pending and running request with UNAVAILABLE(`reason`), frees the cache and
   /// refuses new submissions. Idempotent; the destructor calls it.

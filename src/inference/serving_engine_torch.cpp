@@ -139,7 +139,7 @@ struct ServingEngine::Impl {
 
   // ---- scheduling thread only
   KvCache cache;
-  bool cache_released = false;  // release_kv_cache: requests wait until restore_kv_cache
+  bool paused = false;  // pause_generation: nothing is scheduled until resume_generation
   std::unordered_set<TokenId> eos;
   std::shared_ptr<const grammar::TokenTrie> trie;  // the vocabulary as bytes, built at first use
   std::map<const grammar::Grammar*, std::shared_ptr<Constrained>> constrained;  // grammars in use
@@ -253,14 +253,14 @@ struct ServingEngine::Impl {
         std::unique_lock lk(mu);
         cv.wait(lk, [&] {
           return stopping || !incoming.empty() || !exclusive.empty() ||
-                 (!cache_released && (!waiting.empty() || !running.empty()));
+                 (!paused && (!waiting.empty() || !running.empty()));
         });
         if (stopping) break;
         tasks = take_new_work_locked();
       }
       for (auto& task : tasks) task();  // exceptions land in the caller's future
       drop_cancelled();
-      if (!cache_released && (!waiting.empty() || !running.empty())) {
+      if (!paused && (!waiting.empty() || !running.empty())) {
         try {
           step();
         } catch (const std::exception& e) {
@@ -846,26 +846,28 @@ void ServingEngine::recompute_running() {
   while (!impl_->running.empty()) impl_->preempt_last();
 }
 
-int64_t ServingEngine::release_kv_cache() {
+int64_t ServingEngine::pause_generation(bool free_kv_cache) {
   int64_t freed = 0;
   run_exclusive([&] {
-    if (impl_->cache_released) return;
-    // Running sequences give their blocks back and are prefilled again after the restore.
+    if (impl_->paused) return;
+    impl_->paused = true;
+    if (!free_kv_cache) return;
+    // Running sequences give their blocks back and are prefilled again after the resume.
     while (!impl_->running.empty()) impl_->preempt_last();
     freed = impl_->cache.bytes();
     impl_->cache.release_storage();
-    impl_->cache_released = true;
     impl_->cache_bytes = 0;
   });
   return freed;
 }
 
-void ServingEngine::restore_kv_cache() {
+void ServingEngine::resume_generation() {
   run_exclusive([&] {
-    if (!impl_->cache_released) return;
-    impl_->cache.allocate_storage();
-    impl_->cache_released = false;
-    impl_->cache_bytes = impl_->cache.bytes();
+    if (!impl_->cache.has_storage()) {
+      impl_->cache.allocate_storage();
+      impl_->cache_bytes = impl_->cache.bytes();
+    }
+    impl_->paused = false;
   });
 }
 

@@ -11,6 +11,9 @@
 namespace swarm {
 namespace {
 
+int64_t numel_of(const std::pair<std::string, torch::Tensor>& named) { return named.second.numel(); }
+int64_t numel_of(int64_t n) { return n; }
+
 // Elements per chunk of the flat-buffer passes (gradient accumulation, AdamW): 4 MiB in fp32,
 // cache-sized while keeping the number of (OpenMP-parallel) ops per step small.
 constexpr int64_t kFlatChunk = int64_t{1} << 20;
@@ -29,6 +32,29 @@ void add_in_chunks(torch::Tensor dst, const torch::Tensor& src) {
     const int64_t len = std::min(kFlatChunk, n - off);
     dst.narrow(0, off, len).add_(flat.narrow(0, off, len));
   }
+}
+
+// Each parameter's offset in a flat vector holding them in `order` (a permutation of their
+// indices; empty: their own order).
+template <typename List>
+std::vector<int64_t> flat_offsets(const List& sizes_of, const std::vector<size_t>& order) {
+  const size_t n = sizes_of.size();
+  std::vector<size_t> seq = order;
+  if (seq.empty())
+    for (size_t i = 0; i < n; ++i) seq.push_back(i);
+  std::vector<char> seen(n, 0);
+  SWARM_REQUIRE(seq.size() == n, ErrorKind::INVALID_ARGUMENT,
+                "the flat order does not list every parameter once");
+  std::vector<int64_t> offsets(n, 0);
+  int64_t at = 0;
+  for (size_t i : seq) {
+    SWARM_REQUIRE(i < n && seen[i] == 0, ErrorKind::INVALID_ARGUMENT,
+                  "the flat order does not list every parameter once");
+    seen[i] = 1;
+    offsets[i] = at;
+    at += numel_of(sizes_of[i]);
+  }
+  return offsets;
 }
 
 // The identity on a parameter whose backward gives the gradient to its FlatParameters
@@ -56,8 +82,8 @@ FlatParameters::FlatParameters(const std::vector<std::pair<std::string, torch::T
                                torch::ScalarType compute, torch::Device device,
                                std::shared_ptr<Collectives> comm,
                                const std::vector<std::pair<std::string, torch::Tensor>>* master_init,
-                               const ShardingOptions& sharding)
-    : comm_(std::move(comm)) {
+                               const ShardingOptions& sharding, std::vector<size_t> order)
+    : comm_(std::move(comm)), order_(std::move(order)) {
   SWARM_CHECK(comm_ != nullptr, "FlatParameters needs collectives");
   SWARM_REQUIRE(sharding.zero_stage == 1 || sharding.zero_stage == 2, ErrorKind::INVALID_ARGUMENT,
                 "zero_stage must be 1 or 2");
@@ -67,9 +93,12 @@ FlatParameters::FlatParameters(const std::vector<std::pair<std::string, torch::T
   for (const auto& [name, t] : initial) {
     names_.push_back(name);
     shapes_.push_back(t.sizes().vec());
-    offsets_.push_back(numel_);
-    numel_ += t.numel();
   }
+  offsets_ = flat_offsets(initial, order_);
+  bool identity = true;  // the parameters' own order: stored as none (state() writes no "order")
+  for (size_t k = 0; k < order_.size(); ++k) identity = identity && order_[k] == k;
+  if (identity) order_.clear();
+  for (const auto& [name, t] : initial) numel_ += t.numel();
   const int64_t world = comm_->world_size();
   // One bucket on one rank and at stage 1 (each rank a contiguous shard); at stage 2 as many as
   // bucket_elements asks, evened out so that the padding stays below buckets × world.
@@ -300,6 +329,10 @@ std::map<std::string, torch::Tensor> FlatParameters::state() const {
       {"layout", torch::tensor({static_cast<double>(numel_), static_cast<double>(comm_->world_size()),
                                 static_cast<double>(comm_->rank()), static_cast<double>(piece_)},
                                f64)}};
+  if (!order_.empty()) {
+    std::vector<double> order(order_.begin(), order_.end());
+    out["order"] = torch::tensor(order, f64);
+  }
   // fp32 on one rank: the master weights are the model weights, which a checkpoint stores anyway.
   if (!master_.is_same(weights_) || master_in_state_)
     out["master"] = master_.detach().to(torch::kCPU, torch::kFloat, false, true);
@@ -313,32 +346,59 @@ void FlatParameters::load_state(const std::map<std::string, torch::Tensor>& stat
   const bool own_master = !master_.is_same(weights_) || master_in_state_;
   SWARM_REQUIRE(!own_master || state.count("master") != 0, ErrorKind::INVALID_ARGUMENT,
                 what + " has no 'master' weights (saved in fp32 on one rank, loaded otherwise?)");
+  const int64_t world = comm_->world_size();
   const torch::Tensor layout = state.at("layout").to(torch::kDouble);
   SWARM_REQUIRE((layout.numel() == 3 || layout.numel() == 4) &&
                     static_cast<int64_t>(layout[0].item<double>()) == numel_ &&
-                    static_cast<int>(layout[1].item<double>()) == comm_->world_size() &&
+                    static_cast<int>(layout[1].item<double>()) == world &&
                     static_cast<int>(layout[2].item<double>()) == comm_->rank(),
                 ErrorKind::INVALID_ARGUMENT,
                 what + " was saved for another model or rank layout (parameters, world size, rank)");
-  // Three numbers: saved before gradient buckets, one bucket per rank (a contiguous shard).
-  const int64_t saved_piece =
-      layout.numel() == 4 ? static_cast<int64_t>(layout[3].item<double>()) : state.at("exp_avg").numel();
-  SWARM_REQUIRE(saved_piece == piece_, ErrorKind::INVALID_ARGUMENT,
-                what + " was saved with shards of " + std::to_string(saved_piece) +
-                    "-element pieces, this run cuts them in " + std::to_string(piece_) +
-                    (saved_piece == state.at("exp_avg").numel()
-                         ? " (the checkpoint has one contiguous shard per rank: resume it with zero_stage: 1)"
-                         : " (resume with the zero_stage and reduce_bucket_mb it was saved with)"));
-  for (const char* key : {"exp_avg", "exp_avg_sq"})
-    SWARM_REQUIRE(state.at(key).numel() == shard_, ErrorKind::INVALID_ARGUMENT,
-                  what + " '" + key + "' has the wrong size");
-  if (own_master) {
-    SWARM_REQUIRE(state.at("master").numel() == shard_, ErrorKind::INVALID_ARGUMENT,
-                  what + " 'master' has the wrong size");
-    master_.copy_(state.at("master").reshape(-1));
+  // Three numbers: saved before gradient buckets, one contiguous shard per rank.
+  const int64_t saved_shard = state.at("exp_avg").numel();
+  const int64_t saved_piece = layout.numel() == 4 ? static_cast<int64_t>(layout[3].item<double>())
+                                                  : std::max<int64_t>(saved_shard, 1);
+  SWARM_REQUIRE(saved_piece >= 1 && saved_shard % saved_piece == 0 && saved_shard * world >= numel_,
+                ErrorKind::INVALID_ARGUMENT, what + " has a layout that does not fit its shard");
+  std::vector<size_t> saved_order;
+  if (state.count("order") != 0) {
+    const torch::Tensor o = state.at("order").to(torch::kDouble).reshape(-1);
+    for (int64_t i = 0; i < o.numel(); ++i) saved_order.push_back(static_cast<size_t>(o[i].item<double>()));
   }
-  exp_avg_.copy_(state.at("exp_avg").reshape(-1));
-  exp_avg_sq_.copy_(state.at("exp_avg_sq").reshape(-1));
+  std::vector<int64_t> sizes;
+  for (size_t i = 0; i < names_.size(); ++i) sizes.push_back(view(i).numel());
+  const std::vector<int64_t> saved_offsets = flat_offsets(sizes, saved_order);  // validates the permutation
+  const bool same_layout = saved_piece == piece_ && saved_shard == shard_ && saved_offsets == offsets_;
+  for (const char* key : {"exp_avg", "exp_avg_sq", "master"})
+    if (state.count(key) != 0)
+      SWARM_REQUIRE(state.at(key).numel() == saved_shard, ErrorKind::INVALID_ARGUMENT,
+                    what + " '" + key + "' has the wrong size");
+  if (!same_layout)
+    spdlog::info("trainer: {} was saved in {}-element pieces{}; re-cut into this run's {}-element pieces",
+                 what, saved_piece, saved_order == order_ ? "" : " and another parameter order", piece_);
+  // Puts a saved shard into `dst` ([shard_]): as it is, or through the whole vector.
+  const auto place = [&](const torch::Tensor& saved, torch::Tensor& dst) {
+    const torch::Tensor local = saved.reshape(-1).to(dst.device(), torch::kFloat).contiguous();
+    if (same_layout) {
+      dst.copy_(local);
+      return;
+    }
+    torch::Tensor gathered = torch::empty({saved_shard * world}, local.options());
+    if (world > 1) {
+      comm_->all_gather(local, gathered);
+    } else {
+      gathered.copy_(local);
+    }
+    const torch::Tensor saved_flat = shards_in_flat_order(gathered.chunk(world), saved_piece);
+    torch::Tensor flat = torch::zeros({shard_ * world}, local.options());
+    for (size_t i = 0; i < sizes.size(); ++i)
+      flat.narrow(0, offsets_[i], sizes[i]).copy_(saved_flat.narrow(0, saved_offsets[i], sizes[i]));
+    for_each_owned(
+        [&](int64_t f, int64_t at, int64_t len) { dst.narrow(0, at, len).copy_(flat.narrow(0, f, len)); });
+  };
+  if (own_master) place(state.at("master"), master_);
+  place(state.at("exp_avg"), exp_avg_);
+  place(state.at("exp_avg_sq"), exp_avg_sq_);
   adam_steps_ = static_cast<int64_t>(state.at("step").to(torch::kDouble).item<double>());
   refresh_weights_from_master();
 }

@@ -38,10 +38,13 @@ class FlatParameters {
   /// and sizes, any float dtype and device: the checkpoint's own tensors, so bf16 training does
   /// not start from rounded weights); only this rank's shard of them is read, widened to fp32
   /// slice by slice.
+  /// `order`: the parameter indices in the order they lie in the flat buffer (a permutation;
+  /// empty: their own order). DecoderModel::merged_order() puts each layer's q/k/v and gate/up
+  /// side by side, so the serving model's merged projections can be views of the buffer.
   FlatParameters(const std::vector<std::pair<std::string, torch::Tensor>>& initial, torch::ScalarType compute,
                  torch::Device device, std::shared_ptr<Collectives> comm,
                  const std::vector<std::pair<std::string, torch::Tensor>>* master_init = nullptr,
-                 const ShardingOptions& sharding = {});
+                 const ShardingOptions& sharding = {}, std::vector<size_t> order = {});
 
   size_t size() const noexcept { return names_.size(); }
   const std::string& name(size_t i) const { return names_[i]; }
@@ -95,10 +98,13 @@ class FlatParameters {
   torch::TensorOptions grad_options() const { return grad_.options(); }
 
   /// This rank's optimizer state (master shard, moments, step counter, layout: parameters, world
-  /// size, rank, piece) as named tensors.
+  /// size, rank, piece; and the flat order when it is not the parameters' own) as named tensors.
   std::map<std::string, torch::Tensor> state() const;
   /// Restores what state() returned (same world size and parameters); also refreshes the
-  /// compute-dtype weights from the master shard. INVALID_ARGUMENT naming `what` on a mismatch.
+  /// compute-dtype weights from the master shard. State saved with another piece size (ZeRO
+  /// stage, bucket size) or flat order is re-cut: every rank's shards gathered, put in this
+  /// layout, and each rank keeps its own pieces (a collective: every rank calls it).
+  /// INVALID_ARGUMENT naming `what` on a mismatch of parameters, world size or rank.
   void load_state(const std::map<std::string, torch::Tensor>& state, const std::string& what);
 
  private:
@@ -112,6 +118,7 @@ class FlatParameters {
   std::vector<std::string> names_;
   std::vector<std::vector<int64_t>> shapes_;
   std::vector<int64_t> offsets_;  // per parameter, into the flat buffers
+  std::vector<size_t> order_;     // the parameters in flat order (empty: their own order)
   int64_t numel_ = 0;
   int64_t piece_ = 0;      // elements per rank per bucket
   int64_t buckets_ = 1;    // buckets in the flat vector (padded to buckets_ × piece_ × world)

@@ -234,9 +234,26 @@ PolicyTrainer::PolicyTrainer(std::shared_ptr<DecoderModel> serving_model, Traine
                options_.sequence_packing ? "packed" : "padded",
                training_attention_name(options_.forward.attention),
                options_.forward.checkpoint_layers ? "on" : "off");
+  // One weight copy: the flat buffer laid out so that each layer's merged projections are
+  // contiguous, and the serving model rebuilt over views of it (the loaded one is then dropped).
+  const bool share = options_.share_serving_weights && compute == serving_->scalar_type();
+  if (options_.share_serving_weights && !share)
+    spdlog::info(
+        "trainer: the serving engine keeps its own weights: it serves {} and the trainer computes in {}",
+        c10::toString(serving_->scalar_type()), c10::toString(compute));
   policy_ = std::make_unique<FlatParameters>(serving_->parameters(), compute, serving_->device(), comm_,
-                                             master_values, options_.sharding);
+                                             master_values, options_.sharding,
+                                             share ? serving_->merged_order() : std::vector<size_t>{});
   policy_->set_master_in_state(fp32_compute);  // the checkpoint's model files hold them rounded
+  if (share) {
+    std::vector<torch::Tensor> views;
+    for (size_t i = 0; i < policy_->size(); ++i) views.push_back(policy_->view(i));
+    serving_ = serving_->with_serving_parameters(std::move(views));
+    shares_serving_weights_ = true;
+    spdlog::info(
+        "trainer: one weight copy: the serving engine reads the trainer's weights (the weight sync is a "
+        "version change)");
+  }
   train_model_ = serving_->with_parameters(policy_->leaves(), model_dtype);
   if (options_.use_kl_loss) {
     if (reference_source != nullptr) {
@@ -467,6 +484,7 @@ double PolicyTrainer::optimizer_step(double lr) { return policy_->step(lr, optio
 double PolicyTrainer::sync_to_serving(const ExclusiveRunner& exclusive) {
   const auto t0 = std::chrono::steady_clock::now();
   auto copy = [&] {
+    if (shares_serving_weights_) return;  // the serving model reads the trained weights themselves
     torch::NoGradGuard no_grad;
     auto& params = serving_->parameters();
     for (size_t i = 0; i < params.size(); ++i) {

@@ -119,8 +119,15 @@ class PolicyTrainer {
   double optimizer_step(double lr);
   /// The current trained weights by name (views into the flat buffer, compute dtype).
   std::map<std::string, torch::Tensor> weights() const;
-  /// Copies the trained weights into the serving model (the weight sync); returns its seconds.
+  /// Copies the trained weights into the serving model (the weight sync; with shared weights
+  /// only the exclusive section, where the version changes); returns its seconds.
   double sync_to_serving(const ExclusiveRunner& exclusive);
+  /// The model generation should run on: the one given to the constructor, or (shared weights)
+  /// a model over the trainer's own weights that replaces it.
+  const std::shared_ptr<DecoderModel>& serving_model() const noexcept { return serving_; }
+  /// Whether serving_model() reads the trainer's weights (options.share_serving_weights and the
+  /// same dtype): they change during a step, so nothing may generate then.
+  bool shares_serving_weights() const noexcept { return shares_serving_weights_; }
 
   /// GAE over every sequence of `batch` this rank trains (the union of its shards of the
   /// mini-batches): the critic's values, rewards placed where they were earned, advantages
@@ -167,6 +174,7 @@ class PolicyTrainer {
   bool stop_requested_anywhere(const std::stop_token& stop);
 
   std::shared_ptr<DecoderModel> serving_;
+  bool shares_serving_weights_ = false;
   std::shared_ptr<DecoderModel> train_model_;  // parameters are views into policy_
   std::shared_ptr<DecoderModel> ref_model_;    // frozen initial weights (KL loss only)
   TrainerOptions options_;

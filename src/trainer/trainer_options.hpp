@@ -81,6 +81,11 @@ struct TrainerOptions {
   // tokens (no padding; attention stays within each sample), or right-padded rows (false).
   bool sequence_packing = true;
   ShardingOptions sharding;
+  // One weight copy (synchronous training): the serving model becomes views of the trainer's flat
+  // weights (laid out in DecoderModel::merged_order) when their dtypes agree, and the weight sync
+  // a version bump. The caller must keep generation off the weights while a step runs (the torch
+  // backend pauses its serving engine); false keeps a serving copy that only the sync writes.
+  bool share_serving_weights = false;
 
   AdamWOptions adamw() const { return {weight_decay, grad_clip, adam_beta1, adam_beta2, adam_eps}; }
 };

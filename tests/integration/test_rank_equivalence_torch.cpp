@@ -349,6 +349,27 @@ TEST(RankEquivalence, ShardedGradientsResumeBitExactly) {
   }
   std::printf("resume with sharded gradients: %lld tensors in %zu files bit-identical\n",
               static_cast<long long>(compared), straight.size());
+
+  // The "half" checkpoint (64 KiB buckets) resumed at zero_stage 1 (one contiguous shard per
+  // rank) and saved at once: the ranks re-cut the state, which holds the same values.
+  Job stage1 = job;
+  stage1.zero_stage = 1;
+  two->set_resume_checkpoint(scratch.path() / "half");
+  two->boot(stage1, {});
+  two->save_checkpoint(scratch.path() / "recut");
+  two->release();
+  for (const std::string prefix : {"", "critic-"}) {
+    Tensors before, after;
+    read_moments(scratch.path() / "half", 2, prefix, "", before);
+    read_moments(scratch.path() / "recut", 2, prefix, "", after);
+    ASSERT_EQ(before.size(), 2u) << prefix;
+    for (const auto& [key, want] : before) {
+      const torch::Tensor got = after.at(key);
+      const int64_t n = std::min(want.numel(), got.numel());  // each layout pads its own way
+      EXPECT_TRUE(torch::equal(got.narrow(0, 0, n), want.narrow(0, 0, n))) << prefix << key << " re-cut";
+      EXPECT_GT(want.abs().sum().item<double>(), 0.0) << prefix << key;
+    }
+  }
 }
 
 TEST(RankEquivalence, AtGrpoOnTurnRewards) {
@@ -399,8 +420,8 @@ TEST(RankEquivalence, TheMemoryReportCoversEveryRank) {
   EXPECT_EQ(one.rank, 0);
   EXPECT_EQ(one.device, "cpu");
   EXPECT_GT(one.weights_bytes, 0);
-  EXPECT_EQ(one.serving_weights_bytes, one.weights_bytes);  // bf16 both: the two copies
-  EXPECT_EQ(one.gradients_bytes, 2 * one.weights_bytes);    // fp32 gradients of bf16 weights
+  EXPECT_EQ(one.serving_weights_bytes, 0);                // synchronous: one weight copy, the trainer's
+  EXPECT_EQ(one.gradients_bytes, 2 * one.weights_bytes);  // fp32 gradients of bf16 weights
   EXPECT_EQ(one.master_weights_bytes, 2 * one.weights_bytes);
   EXPECT_EQ(one.optimizer_bytes, 4 * one.weights_bytes);  // two fp32 moments
   EXPECT_GT(one.kv_cache_bytes, 0);
@@ -417,6 +438,7 @@ TEST(RankEquivalence, TheMemoryReportCoversEveryRank) {
     const double P = one.weights_bytes / 2.0, N = 2.0, bucket = job.reduce_bucket_mb * (1 << 20);
     const double padding = 4.0 * 2 * (P * 4 / bucket + 1);
     EXPECT_EQ(m.weights_bytes, one.weights_bytes);
+    EXPECT_EQ(m.serving_weights_bytes, 0);
     EXPECT_NEAR(static_cast<double>(m.optimizer_bytes), 8 * P / N, 2 * padding);
     EXPECT_NEAR(static_cast<double>(m.master_weights_bytes), 4 * P / N, padding);
     EXPECT_GE(static_cast<double>(m.gradients_bytes), 4 * P / N);

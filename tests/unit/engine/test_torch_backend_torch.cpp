@@ -17,6 +17,8 @@
 #include "inference/decoder_model_torch.hpp"
 #include "model/model_config.hpp"
 #include "model/model_tools.hpp"
+#include "inference/serving_engine.hpp"
+#include "trainer/policy_trainer_torch.hpp"
 #include "support/scratch_dir.hpp"
 #include "support/train_batches.hpp"
 #include "swarm/job.hpp"
@@ -94,6 +96,141 @@ TEST(TorchBackend, APolicyStepChangesTheServedWeightsAndStampsTheVersion) {
   b->release();
 }
 
+// One weight copy (max_staleness 0): the serving engine reads the trainer's flat buffer (laid
+// out so that the merged q/k/v and gate/up projections are views of it) and holds no weights of
+// its own; it answers exactly as from the loaded copy that asynchronous training keeps, and a
+// checkpoint of one resumes in the other. (Models whose flat order changes:
+// PolicyTrainer.SharedServingWeightsServeAsTheLoadedModelAndReCutTheirState.)
+TEST(TorchBackend, OneWeightCopyWhenSynchronous) {
+  ScratchDir scratch;
+  Job sync = tiny_job();
+  Job async = tiny_job();
+  async.max_staleness = 1;
+  auto shared = booted(sync);
+  auto copied = booted(async);
+  EXPECT_EQ(shared->memory().at(0).serving_weights_bytes, 0);
+  EXPECT_EQ(copied->memory().at(0).serving_weights_bytes, copied->memory().at(0).weights_bytes);
+  for (const char* prompt : {"Once upon a time", "The little dog"}) {
+    const GenerationResult a = generate_greedy(*shared, prompt), b = generate_greedy(*copied, prompt);
+    EXPECT_EQ(a.choices[0].ids, b.choices[0].ids) << prompt;
+    EXPECT_EQ(a.choices[0].logprobs, b.choices[0].logprobs) << prompt;  // the same GEMMs on the same values
+  }
+  copied->release();
+  shared->train_step(random_batch(2, 4, 51), 1, {});
+  const fs::path saved = scratch.path() / "sync", resaved = scratch.path() / "async";
+  fs::create_directories(saved);
+  shared->save_checkpoint(saved);
+  shared->release();
+  // Resumed asynchronously (parameter order) and saved at once: the same state.
+  auto resumed = booted(async, saved);
+  fs::create_directories(resaved);
+  resumed->save_checkpoint(resaved);
+  resumed->release();
+  // TinyStories (Llama) has q/k/v and gate/up side by side already: the same flat layout.
+  EXPECT_EQ(read_file(saved / "trainer_state/optimizer-rank0-of-1.safetensors"),
+            read_file(resaved / "trainer_state/optimizer-rank0-of-1.safetensors"));
+  EXPECT_EQ(read_file(saved / "model.safetensors"), read_file(resaved / "model.safetensors"));
+}
+
+// A Qwen2-layout model (q/k/v biases after each weight, so the merged order differs from the
+// parameters' own): the trainer's shared serving model generates exactly as the loaded one
+// does (merged projections as views of the flat buffer), and its optimizer state, saved in
+// that order, is re-cut into the parameters' own order by a trainer that keeps a copy.
+TEST(PolicyTrainer, SharedServingWeightsServeAsTheLoadedModelAndReCutTheirState) {
+  ScratchDir scratch;
+  const fs::path dir = scratch.path() / "qwen2";
+  InitModelOptions init;
+  init.from = fs::path(SWARM_FIXTURES_DIR) / "models/smollm2-135m-instruct-noweights";
+  init.out = dir;
+  init.dtype = DType::F32;
+  init.seed = 7;
+  init.config_overrides = {{"architectures", "[\"Qwen2ForCausalLM\"]"},
+                           {"model_type", "\"qwen2\""},
+                           {"hidden_size", "64"},
+                           {"intermediate_size", "96"},
+                           {"num_hidden_layers", "2"},
+                           {"num_attention_heads", "4"},
+                           {"num_key_value_heads", "2"},
+                           {"head_dim", "16"},
+                           {"tie_word_embeddings", "true"}};
+  init_random_model(init);
+  auto loaded = DecoderModel::load(dir, DType::F32);
+  const std::vector<size_t> merged = loaded->merged_order();
+  std::vector<size_t> own(merged.size());
+  for (size_t i = 0; i < own.size(); ++i) own[i] = i;
+  ASSERT_NE(merged, own) << "a Qwen2 layout should need another flat order";
+
+  TrainerOptions o;
+  o.learning_rate = 1e-2;
+  o.share_serving_weights = true;
+  PolicyTrainer shared(DecoderModel::load(dir, DType::F32), o);
+  ASSERT_TRUE(shared.shares_serving_weights());
+  // Generation on the serving path: the loaded model (merged copies) and the shared one.
+  const auto tokenizer = std::shared_ptr<const Tokenizer>(Tokenizer::from_directory(dir.string()));
+  const auto greedy = [&](std::shared_ptr<DecoderModel> model) {
+    ServingConfig sc;
+    sc.kv_cache_tokens = 256;
+    ServingEngine engine(std::move(model), tokenizer, sc);
+    GenerationRequest r;
+    r.prompt_ids = {11, 220, 3081, 42, 17};
+    r.params.temperature = 0;
+    r.params.max_tokens = 16;
+    r.params.logprobs = true;
+    auto obs = std::make_shared<Collect>();
+    auto fut = obs->done.get_future();
+    engine.submit(std::move(r), obs);
+    return fut.get();
+  };
+  const GenerationResult a = greedy(loaded), b = greedy(shared.serving_model());
+  EXPECT_EQ(a.choices[0].ids, b.choices[0].ids);
+  EXPECT_EQ(a.choices[0].logprobs, b.choices[0].logprobs);
+
+  // One step; the served weights are the trained ones, with no sync copy.
+  const TrainBatch batch = random_batch(2, 4, 61, static_cast<int>(loaded->config().vocab_size));
+  shared.train(batch, 1, nullptr);
+  for (const auto& [name, w] : shared.weights())
+    EXPECT_TRUE(torch::equal(shared.serving_model()->parameter(name), w)) << name;
+  const auto state = shared.optimizer_state();
+  ASSERT_TRUE(state.contains("order"));
+
+  // A trainer with its own serving copy (parameter order) from the same weights takes that state.
+  std::map<std::string, torch::Tensor> weights;
+  for (const auto& [n, w] : shared.weights()) weights[n] = w.clone();
+  TrainerOptions copy_options = o;
+  copy_options.share_serving_weights = false;
+  PolicyTrainer copied(DecoderModel::from_state_dict(loaded->config(), weights, DType::F32), copy_options);
+  ASSERT_FALSE(copied.shares_serving_weights());
+  copied.load_optimizer_state(state);
+  const auto recut = copied.optimizer_state();
+  EXPECT_FALSE(recut.contains("order"));
+  // Each parameter's moments, found through each layout's offsets.
+  std::vector<int64_t> sizes;
+  for (const auto& [name, t] : loaded->parameters()) sizes.push_back(t.numel());
+  const torch::Tensor order = state.at("order").to(torch::kLong);
+  std::vector<int64_t> at_shared(sizes.size()), at_own(sizes.size());
+  int64_t at = 0;
+  for (int64_t k = 0; k < order.numel(); ++k) {
+    const auto i = static_cast<size_t>(order[k].item<int64_t>());
+    at_shared[i] = at;
+    at += sizes[i];
+  }
+  at = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) at_own[i] = at, at += sizes[i];
+  for (const char* key : {"exp_avg", "exp_avg_sq"}) {
+    ASSERT_GT(state.at(key).abs().sum().item<double>(), 0.0) << key;
+    for (size_t i = 0; i < sizes.size(); ++i)
+      EXPECT_TRUE(torch::equal(state.at(key).narrow(0, at_shared[i], sizes[i]),
+                               recut.at(key).narrow(0, at_own[i], sizes[i])))
+          << key << " of " << loaded->parameters()[i].first;
+  }
+  // Both continue alike: one more step gives the same weights.
+  const TrainBatch next = random_batch(2, 4, 62, static_cast<int>(loaded->config().vocab_size));
+  shared.train(next, 2, nullptr);
+  copied.train(next, 2, nullptr);
+  for (const auto& [name, w] : shared.weights())
+    EXPECT_TRUE(torch::allclose(copied.weights().at(name), w, 1e-5, 1e-6)) << name;
+}
+
 // free_kv_cache_during_training: the step frees the serving KV cache (the metric says how much)
 // and the engine has it back afterwards, serving the new weights; off (auto on the CPU), nothing
 // is freed.
@@ -126,7 +263,7 @@ TEST(TorchBackend, TheMemoryReportOfOneFp32Rank) {
   EXPECT_EQ(m.rank, 0);
   EXPECT_EQ(m.device, "cpu");
   EXPECT_EQ(m.weights_bytes, params * 4);
-  EXPECT_EQ(m.serving_weights_bytes, params * 4);
+  EXPECT_EQ(m.serving_weights_bytes, 0);  // synchronous: the engine serves the trainer's weights
   EXPECT_EQ(m.gradients_bytes, params * 4);
   EXPECT_EQ(m.optimizer_bytes, params * 8);
   EXPECT_EQ(m.master_weights_bytes, 0);

@@ -306,9 +306,9 @@ TEST_F(ServingEngineTest, AReleasedKvCacheHoldsGenerationUntilRestored) {
   for (int i = 0; i < 2000 && first->text_events < 10; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   const int64_t preemptions_before = engine.stats().preemptions;
-  EXPECT_EQ(engine.release_kv_cache(), bytes);
+  EXPECT_EQ(engine.pause_generation(true), bytes);
   EXPECT_EQ(engine.kv_cache_bytes(), 0);
-  EXPECT_EQ(engine.release_kv_cache(), 0);  // released already
+  EXPECT_EQ(engine.pause_generation(true), 0);  // paused already
   auto second = std::make_shared<Collector>();
   engine.submit(greedy(second_ids, 20), second);
   // No step can run without the cache: whatever the loop does meanwhile, no token comes.
@@ -318,7 +318,7 @@ TEST_F(ServingEngineTest, AReleasedKvCacheHoldsGenerationUntilRestored) {
   EXPECT_EQ(first->text_events.load(), seen);
   EXPECT_EQ(second->text_events.load(), 0);
   EXPECT_FALSE(first->result.has_value()) << "the generation ended before the release; lengthen it";
-  engine.restore_kv_cache();
+  engine.resume_generation();
   EXPECT_EQ(engine.kv_cache_bytes(), bytes);
   ASSERT_TRUE(first->wait());
   ASSERT_TRUE(second->wait());
@@ -327,6 +327,33 @@ TEST_F(ServingEngineTest, AReleasedKvCacheHoldsGenerationUntilRestored) {
   EXPECT_EQ(first->result->choices[0].ids, first_ref.ids);
   EXPECT_EQ(second->result->choices[0].ids, second_ref.ids);
   EXPECT_EQ(engine.stats().preemptions - preemptions_before, 1);  // the running one, prefilled again
+  expect_blocks_all_free(engine);
+}
+
+// Paused without freeing (one weight copy: the trainer writes the weights the engine reads), a
+// running sequence keeps its KV blocks and simply waits; resumed, it finishes as it would have.
+TEST_F(ServingEngineTest, APausedEngineKeepsItsSequencesAndFinishesThemAfterTheResume) {
+  ServingConfig cfg = config();
+  cfg.eos_token_ids = {};
+  ServingEngine engine(model_, tokenizer_, cfg);
+  const auto ids = prompt(kPrompts[2]);
+  const Reference ref = greedy_reference(ids, 120, {});
+  auto c = std::make_shared<Collector>();
+  engine.submit(greedy(ids, 120), c);
+  for (int i = 0; i < 2000 && c->text_events < 10; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const int64_t preemptions_before = engine.stats().preemptions;
+  EXPECT_EQ(engine.pause_generation(false), 0);
+  EXPECT_GT(engine.kv_cache_bytes(), 0);
+  const int seen = c->text_events.load();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(c->text_events.load(), seen);
+  EXPECT_LT(engine.stats().kv_blocks_free, engine.stats().kv_blocks_total);  // its blocks stay
+  engine.resume_generation();
+  ASSERT_TRUE(c->wait());
+  ASSERT_TRUE(c->result) << c->error;
+  EXPECT_EQ(c->result->choices[0].ids, ref.ids);
+  EXPECT_EQ(engine.stats().preemptions, preemptions_before);
   expect_blocks_all_free(engine);
 }
 
