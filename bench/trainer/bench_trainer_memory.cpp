@@ -419,7 +419,8 @@ int main(int argc, char** argv) {
       // max_position_embeddings raised to the sample (random fp32 weights, written once).
       fs::path dir = smol;
       if (long_tokens > swarm::ModelConfig::from_directory(smol).max_position_embeddings) {
-        dir = fs::path(common.model_cache) / ("smollm2-135m-shape-random-f32-seed0-pos" + std::to_string(long_tokens));
+        dir = fs::path(common.model_cache) /
+              ("smollm2-135m-shape-random-f32-seed0-pos" + std::to_string(long_tokens));
         if (!fs::exists(dir / "config.json")) {
           swarm::InitModelOptions init;
           init.from = fs::path(common.fixtures) / "models/smollm2-135m-instruct-noweights";
