@@ -63,6 +63,13 @@ void progress_line(const char* bench, const char* fmt, Args... args) {
   std::fflush(stderr);
 }
 
+/// `v` printed with the printf format `f` (one number), as a string for a table cell.
+inline std::string fmt_number(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
 /// `batch` sequences of `length` keys each, sequence s in the cache blocks [s * blocks_per_seq,
 /// (s + 1) * blocks_per_seq): the block tables of the attention benchmarks.
 inline swarm::PagedContext consecutive_blocks_context(int64_t batch, int64_t blocks_per_seq, int64_t length) {

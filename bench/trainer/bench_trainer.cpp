@@ -63,11 +63,7 @@ void progress(const char* fmt, Args... args) {
   sb::progress_line("bench_trainer", fmt, args...);
 }
 
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
-}
+constexpr auto& fmt = sb::fmt_number;
 
 // ------------------------------------------------------------------ workload
 
@@ -180,9 +176,13 @@ struct EngineResult {
   double first_grad_norm = 0;                      // of the warm-up step, from the checkpoint's weights
   double loss = 0;                                 // of the last step
   int64_t rss_peak_kib = 0;
-  std::pair<double, double> cores;      // ours / others during the steps
-  std::vector<sb::OpCost> profile;      // one step's accumulate_gradients, per step
-  std::vector<sb::OpCost> profile_opt;  // optimizer_step + sync_to_serving
+  std::pair<double, double> cores;       // ours / others during the steps
+  std::vector<sb::OpCost> profile;       // one step's accumulate_gradients, per step
+  std::vector<sb::OpCost> profile_opt;   // optimizer_step + sync_to_serving
+  swarm::FlatParameters::Memory memory;  // the trainer's buffers after the steps
+  int64_t serving_bytes = 0;             // the serving copy (0: one weight copy)
+  int64_t activations_peak = -1;         // the last step's activations_peak_bytes
+  int64_t weight_bytes_per_param = 4;    // the compute dtype's size
 
   static double mean(const std::vector<double>& v) {
     double s = 0;
@@ -254,6 +254,12 @@ EngineResult run_engine(const fs::path& dir, swarm::DType dtype, const swarm::Tr
   trainer->sync_to_serving(inline_runner);                    // warm-up
   for (int i = 0; i < 5; ++i) r.sync_s.push_back(trainer->sync_to_serving(inline_runner));
   r.rss_peak_kib = sb::proc_status_kib("VmHWM");
+  r.memory = trainer->memory();
+  r.activations_peak = trainer->activations_peak_bytes();
+  r.weight_bytes_per_param = r.params > 0 ? r.memory.weights / r.params : 0;
+  if (!trainer->shares_serving_weights())
+    for (const auto& [name, p] : trainer->serving_model()->parameters())
+      r.serving_bytes += p.numel() * static_cast<int64_t>(p.element_size());
 
   if (profile) {
     auto f0 = Clock::now();
@@ -433,6 +439,37 @@ void print_report(const std::vector<CaseResult>& cases, const Plan& plan, const 
             : "-");
   }
 
+  // What the rank holds (one rank, synchronous training: one weight copy), against the per-rank
+  // formula of docs/concepts.md "Sharding": weights P x the compute dtype, gradients 4P (all of
+  // them on one rank), fp32 master 4P (none where the fp32 weights are the master), moments 8P,
+  // no serving copy.
+  std::printf("\n== Memory per rank (MiB; N = 1; target from the formula in brackets)\n");
+  std::printf("%-5s %-18s %-18s %-18s %-18s %-18s %-16s %-8s\n", "dtype", "weights", "serving copy",
+              "gradients", "master", "moments", "activations peak", "formula");
+  for (const CaseResult& c : cases) {
+    const EngineResult& e = c.engine;
+    const double P = static_cast<double>(e.params), mib = 1 << 20;
+    const double want_w = P * static_cast<double>(e.weight_bytes_per_param), want_g = 4 * P,
+                 want_m = e.weight_bytes_per_param == 4 ? 0.0 : 4 * P, want_o = 8 * P;
+    const auto cell = [&](int64_t got, double want) {
+      return fmt("%.1f", static_cast<double>(got) / mib) + fmt(" [%.1f]", want / mib);
+    };
+    // Padding of the flat buffers: under one element per bucket and rank.
+    const auto near = [](int64_t got, double want) {
+      return std::abs(static_cast<double>(got) - want) <= 64.0;
+    };
+    const bool met = near(e.memory.weights, want_w) && near(e.serving_bytes, 0) &&
+                     near(e.memory.gradients, want_g) && near(e.memory.master, want_m) &&
+                     near(e.memory.optimizer, want_o);
+    std::printf(
+        "%-5s %-18s %-18s %-18s %-18s %-18s %-16s %-8s\n", c.dtype.c_str(),
+        cell(e.memory.weights, want_w).c_str(), cell(e.serving_bytes, 0).c_str(),
+        cell(e.memory.gradients, want_g).c_str(), cell(e.memory.master, want_m).c_str(),
+        cell(e.memory.optimizer, want_o).c_str(),
+        e.activations_peak >= 0 ? fmt("%.1f", static_cast<double>(e.activations_peak) / mib).c_str() : "n/a",
+        met ? "met" : "MISSED");
+  }
+
   std::printf("\n== Targets (reported, not asserted)\n");
   std::printf("%-5s %-22s %-22s %-22s\n", "dtype", ">= 1.0x Python", "bf16 MFU >= 40%",
               "weight sync <= 50 ms");
@@ -519,7 +556,8 @@ int main(int argc, char** argv) {
     const ModelShape shape{config.num_hidden_layers, config.hidden_size};
     std::printf("model: smollm2-135m shape, random weights (%s)\n", dir.c_str());
 
-    swarm::TrainerOptions topts;  // the defaults, with the token budget of the run
+    swarm::TrainerOptions topts;         // the defaults, with the token budget of the run
+    topts.share_serving_weights = true;  // as the engine trains synchronously: one weight copy
     topts.micro_batch_max_tokens = w.micro_batch_tokens;
     const swarm::TrainBatch batch = make_batch(w, config.vocab_size);
     const Plan plan = make_plan(batch, topts);

@@ -58,11 +58,7 @@ void progress(const char* fmt, Args... args) {
   sb::progress_line("bench_trainer_memory", fmt, args...);
 }
 
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
-}
+constexpr auto& fmt = sb::fmt_number;
 
 // ------------------------------------------------------------------ one case (child process)
 

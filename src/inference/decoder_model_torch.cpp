@@ -627,7 +627,7 @@ struct CheckpointedDecoderLayer : public torch::autograd::Function<CheckpointedD
     DecoderModel::TrainingLayout lay;
     lay.rows = ctx->saved_data["rows"].toInt();
     lay.cols = ctx->saved_data["cols"].toInt();
-    lay.attention = static_cast<int>(ctx->saved_data["attention"].toInt());
+    lay.attention = static_cast<DecoderModel::TrainingLayout::Kernel>(ctx->saved_data["attention"].toInt());
     lay.block = ctx->saved_data["block"].toInt();
     lay.cu_seqlens = ctx->saved_data["cu_seqlens"].toIntVector();
     lay.cos = ctx->saved_data["cos"].toTensor();
@@ -693,12 +693,14 @@ torch::Tensor DecoderModel::final_hidden(const TrainingTokens& tokens, const Tra
 
   // The attention: eager as asked; scaled_dot_product_attention on a GPU with libtorch 2.x
   // (auto); the blockwise kernel otherwise (its windowed layers, too).
-  lay.attention = how.attention == TrainingAttention::EAGER ? 0 : 1;
+  lay.attention = how.attention == TrainingAttention::EAGER ? TrainingLayout::Kernel::EAGER
+                                                            : TrainingLayout::Kernel::BLOCKWISE;
   lay.block = how.attention_block > 0 ? how.attention_block : kAttentionBlock;
 #if TORCH_VERSION_MAJOR >= 2
-  if (how.attention == TrainingAttention::AUTO && device_.is_cuda()) lay.attention = 2;
+  if (how.attention == TrainingAttention::AUTO && device_.is_cuda())
+    lay.attention = TrainingLayout::Kernel::SDPA;
 #endif
-  if (lay.attention == 0) {
+  if (lay.attention == TrainingLayout::Kernel::EAGER) {
     // blocked[b, i, j]: key j is in the future, or padding, or another sample's. A padded query
     // may always see itself, so no softmax row is empty (finite logits, clean gradients).
     const torch::Tensor i = torch::arange(T, long_opts).view({1, T, 1});
@@ -770,10 +772,11 @@ torch::Tensor DecoderModel::training_attention(size_t l, const torch::Tensor& q,
   const int64_t nh = config_.num_attention_heads, kvh = config_.num_key_value_heads, hd = config_.head_dim;
   const int64_t B = lay.rows, T = lay.cols;
   const bool windowed = config_.layer_window(static_cast<int64_t>(l)).has_value();
-  if (lay.attention == 0) return attend(q, k, v, windowed ? lay.blocked_windowed : lay.blocked);
+  if (lay.attention == TrainingLayout::Kernel::EAGER)
+    return attend(q, k, v, windowed ? lay.blocked_windowed : lay.blocked);
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
 #if TORCH_VERSION_MAJOR >= 2
-  if (lay.attention == 2 && !windowed) {
+  if (lay.attention == TrainingLayout::Kernel::SDPA && !windowed) {
     // scaled_dot_product_attention per sample (its causal mask is the sample's own, so the
     // flash and memory-efficient backends apply), the kv heads repeated for GQA.
     const int64_t rep = nh / kvh;

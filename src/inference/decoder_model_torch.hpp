@@ -187,8 +187,9 @@ class DecoderModel {
     torch::Tensor cos, sin;                   // [1 or rows, cols, 1, head_dim], compute dtype
     torch::Tensor blocked, blocked_windowed;  // eager attention's masks [rows, cols, cols]
     std::vector<int64_t> cu_seqlens;          // sample (packed) or row (padded) boundaries in [0, rows·cols]
-    int attention = 0;                        // 0 eager, 1 blockwise, 2 scaled_dot_product_attention
-    int64_t block = 0;                        // the blockwise kernel's block
+    enum class Kernel { EAGER, BLOCKWISE, SDPA };  // SDPA: scaled_dot_product_attention (libtorch 2.x)
+    Kernel attention = Kernel::EAGER;
+    int64_t block = 0;  // the blockwise kernel's block
   };
   /// Decoder layer `l` of a training forward: x [rows, cols, hidden] -> the same.
   torch::Tensor training_layer(size_t l, const torch::Tensor& x, const TrainingLayout& layout) const;

@@ -141,8 +141,8 @@ const std::vector<Field>& field_table() {
        "rank holds 1/N of them plus one bucket). The same on one rank."},
       {"reduce_bucket_mb", &Job::reduce_bucket_mb,
        "zero_stage 2: fp32 MiB of gradient per bucket (all ranks' pieces together); smaller buckets hold "
-       "less memory and cost more collectives. Resuming needs the zero_stage and reduce_bucket_mb a "
-       "checkpoint was saved with."},
+       "less memory and cost more collectives. A checkpoint resumes under other zero_stage and "
+       "reduce_bucket_mb values (its optimizer state is re-cut at boot)."},
       {"free_kv_cache_during_training", &Job::free_kv_cache_during_training,
        "Free the serving KV cache's memory for each training step and allocate it again after the weight "
        "sync (synchronous training only: generation waits meanwhile, and sequences running then are "

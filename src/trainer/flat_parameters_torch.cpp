@@ -246,7 +246,12 @@ void FlatParameters::finish_micro_batch() {
   started_ = false;
 }
 
-void FlatParameters::zero_gradients() { grad_.zero_(); }
+void FlatParameters::zero_gradients() {
+  grad_.zero_();
+  // A micro-batch a failure cut short leaves nothing behind for the next step.
+  for (auto& t : pending_) t = torch::Tensor();
+  started_ = false;
+}
 
 torch::Tensor FlatParameters::gradient(size_t i) const {
   SWARM_REQUIRE(!zero2_, ErrorKind::CONFLICT,

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <sstream>
 
@@ -64,16 +65,25 @@ struct Collect : GenerationObserver {
   }
 };
 
-GenerationResult generate_greedy(Backend& b, const std::string& prompt) {
+// A greedy request with log-probs for `prompt`, handed to `submit` (a backend's generate, an
+// engine's submit), and its result.
+using Submit = std::function<void(GenerationRequest, std::shared_ptr<GenerationObserver>)>;
+GenerationResult greedy_result(std::vector<TokenId> prompt, int64_t max_tokens, const Submit& submit) {
   GenerationRequest req;
-  req.prompt_ids = b.encode(prompt);
+  req.prompt_ids = std::move(prompt);
   req.params.temperature = 0;
-  req.params.max_tokens = 12;
+  req.params.max_tokens = max_tokens;
   req.params.logprobs = true;
   auto obs = std::make_shared<Collect>();
   auto fut = obs->done.get_future();
-  b.generate(std::move(req), obs);
+  submit(std::move(req), obs);
   return fut.get();
+}
+
+GenerationResult generate_greedy(Backend& b, const std::string& prompt) {
+  return greedy_result(b.encode(prompt), 12, [&](GenerationRequest r, std::shared_ptr<GenerationObserver> o) {
+    b.generate(std::move(r), o);
+  });
 }
 
 TEST(TorchBackend, APolicyStepChangesTheServedWeightsAndStampsTheVersion) {
@@ -171,15 +181,9 @@ TEST(PolicyTrainer, SharedServingWeightsServeAsTheLoadedModelAndReCutTheirState)
     ServingConfig sc;
     sc.kv_cache_tokens = 256;
     ServingEngine engine(std::move(model), tokenizer, sc);
-    GenerationRequest r;
-    r.prompt_ids = {11, 220, 3081, 42, 17};
-    r.params.temperature = 0;
-    r.params.max_tokens = 16;
-    r.params.logprobs = true;
-    auto obs = std::make_shared<Collect>();
-    auto fut = obs->done.get_future();
-    engine.submit(std::move(r), obs);
-    return fut.get();
+    return greedy_result(
+        {11, 220, 3081, 42, 17}, 16,
+        [&](GenerationRequest r, std::shared_ptr<GenerationObserver> o) { engine.submit(std::move(r), o); });
   };
   const GenerationResult a = greedy(loaded), b = greedy(shared.serving_model());
   EXPECT_EQ(a.choices[0].ids, b.choices[0].ids);
