@@ -77,8 +77,10 @@ std::string prompt_text(int client, int request, int words) {
 // Each request asks for max_tokens drawn uniformly from [max_tokens - spread, max_tokens +
 // spread] (a seeded generator per client), so answers of different lengths keep the clients
 // from moving in lockstep; spread 0 gives every request the same max_tokens.
+// With `group` > 1, clients c and c' with c / group == c' / group send the same prompts (a GRPO
+// group's episodes of one task), so the prefix cache can share them.
 void run_clients(const std::string& url, int clients, Clock::time_point until, int min_requests,
-                 int prompt_words, int max_tokens, int spread, Latencies& out) {
+                 int prompt_words, int max_tokens, int spread, int group, Latencies& out) {
   std::vector<std::thread> threads;
   for (int c = 0; c < clients; ++c) {
     threads.emplace_back([&, c] {
@@ -94,8 +96,8 @@ void run_clients(const std::string& url, int clients, Clock::time_point until, i
         std::uniform_int_distribution<int> length(std::max(1, max_tokens - spread), max_tokens + spread);
         for (int r = 0; Clock::now() < until || r < min_requests; ++r) {
           params.max_tokens = length(rng);
-          const nlohmann::json messages =
-              nlohmann::json::array({{{"role", "user"}, {"content", prompt_text(c, r, prompt_words)}}});
+          const nlohmann::json messages = nlohmann::json::array(
+              {{{"role", "user"}, {"content", prompt_text(c / group, r, prompt_words)}}});
           const auto t0 = Clock::now();
           std::optional<Clock::time_point> first;
           swarm::ChatResult res = llm.chat_stream(
@@ -128,7 +130,7 @@ int main(int argc, char** argv) {
   std::string server_bin = SWARM_SERVER_BIN, model;
   std::string dtype = "bf16";
   int clients = 64, seconds = 20, prompt_words = 48, max_tokens = 32, max_tokens_spread = 0,
-      single_requests = 30;
+      single_requests = 30, group = 1;
   int64_t max_step_tokens = 512, engine_threads = 0;
   app.add_option("--server-bin", server_bin, "swarm-server binary")->capture_default_str();
   app.add_option("--model", model, "Hugging Face model directory with a chat template")->required();
@@ -145,6 +147,10 @@ int main(int argc, char** argv) {
                  "Draw each request's max_tokens uniformly from max-tokens +- this (0: all the same)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--group", group,
+                 "Clients in groups of this many send the same prompts (GRPO-shaped load; 1: all distinct)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--max-step-tokens", max_step_tokens, "The engine's max_step_tokens")->capture_default_str();
   app.add_option("--engine-threads", engine_threads,
                  "The job's engine_threads (0: the server's default, all cores)")
@@ -176,13 +182,13 @@ int main(int argc, char** argv) {
 
     // Warm-up: a few requests so one-time allocations are out of the way.
     Latencies warm;
-    run_clients(url, 1, Clock::now(), 4, prompt_words, max_tokens, max_tokens_spread, warm);
+    run_clients(url, 1, Clock::now(), 4, prompt_words, max_tokens, max_tokens_spread, 1, warm);
 
     std::fprintf(stderr, "bench_ttft: 1 client, %d requests...\n", single_requests);
     Latencies one;
     const auto one_before = inference_metrics(url);
     auto t0 = Clock::now();
-    run_clients(url, 1, Clock::now(), single_requests, prompt_words, max_tokens, max_tokens_spread, one);
+    run_clients(url, 1, Clock::now(), single_requests, prompt_words, max_tokens, max_tokens_spread, 1, one);
     const double one_s = std::chrono::duration<double>(Clock::now() - t0).count();
     const auto one_engine = inference_metrics(url);
 
@@ -191,13 +197,14 @@ int main(int argc, char** argv) {
     const auto many_before = inference_metrics(url);
     t0 = Clock::now();
     run_clients(url, clients, Clock::now() + std::chrono::seconds(seconds), 1, prompt_words, max_tokens,
-                max_tokens_spread, many);
+                max_tokens_spread, group, many);
     const double many_s = std::chrono::duration<double>(Clock::now() - t0).count();
     const auto many_engine = inference_metrics(url);
 
-    std::printf("\nmodel %s  dtype %s  prompt ~%d words  max_tokens %d +- %d  max_step_tokens %lld\n",
-                model.c_str(), dtype.c_str(), prompt_words, max_tokens, max_tokens_spread,
-                static_cast<long long>(max_step_tokens));
+    std::printf(
+        "\nmodel %s  dtype %s  prompt ~%d words  max_tokens %d +- %d  max_step_tokens %lld  groups of %d\n",
+        model.c_str(), dtype.c_str(), prompt_words, max_tokens, max_tokens_spread,
+        static_cast<long long>(max_step_tokens), group);
     std::printf("%8s %9s %12s %12s %12s %18s %14s %7s\n", "clients", "requests", "TTFT p50 ms", "TTFT p99 ms",
                 "TTFT max ms", "p99 w/o 1st req ms", "gen tokens/s", "errors");
     for (auto* row : {&one, &many}) {
@@ -226,6 +233,17 @@ int main(int argc, char** argv) {
                   1e3 * f("queue_wait_p99_seconds"), 1e3 * f("ttft_p50_seconds"), 1e3 * f("ttft_p99_seconds"),
                   1e3 * f("step_p50_seconds"), 1e3 * f("step_p99_seconds"), steps,
                   steps > 0 ? 1e3 * delta("busy_seconds_total") / steps : 0.0);
+    }
+    // The prefix cache over each phase: prompt tokens found cached / looked up.
+    for (const auto& [before, after] :
+         {std::pair{&one_before, &one_engine}, std::pair{&many_before, &many_engine}}) {
+      const auto delta = [&](const char* k) {
+        return (after->count(k) ? after->at(k) : 0.0) - (before->count(k) ? before->at(k) : 0.0);
+      };
+      const double asked = delta("prefix_cache_queries_tokens_total");
+      std::printf("prefix cache, %d client(s): %.1f%% of %.0f prompt tokens found cached\n",
+                  after == &one_engine ? 1 : clients,
+                  asked > 0 ? 100.0 * delta("prefix_cache_hit_tokens_total") / asked : 0.0, asked);
     }
     const double ratio = percentile(many.ttft_ms, 99) / std::max(1e-9, percentile(one.ttft_ms, 99));
     const double steady = percentile(many.steady_ms, 99) / std::max(1e-9, percentile(one.ttft_ms, 99));

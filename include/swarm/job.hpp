@@ -110,12 +110,14 @@ struct Job {
   std::string exchange_trusted_nodes;            // comma-separated node ids; "" = every node
   int64_t exchange_max_message_bytes = 1048576;  // larger groups are neither published nor accepted
   // --- torch inference engine (ignored by the mock engine)
-  int64_t engine_threads = 0;        // intra-op compute threads; 0 = every online CPU
-  std::string device = "auto";       // auto | cpu | cuda (torch engine)
-  int64_t kv_cache_tokens = 0;       // KV cache size in tokens; 0 = automatic
-  int64_t kv_block_size = 16;        // tokens per KV cache block
-  int64_t max_batch_sequences = 64;  // sequences in one forward step
-  int64_t max_step_tokens = 512;     // tokens in one forward step (decode + prefill chunks)
+  int64_t engine_threads = 0;             // intra-op compute threads; 0 = every online CPU
+  std::string device = "auto";            // auto | cpu | cuda (torch engine)
+  int64_t kv_cache_tokens = 0;            // KV cache size in tokens; 0 = automatic
+  int64_t kv_block_size = 16;             // tokens per KV cache block
+  bool prefix_caching = true;             // share KV blocks of equal prefixes (docs/concepts.md)
+  double kv_cache_memory_fraction = 0.3;  // on a GPU, kv_cache_tokens 0: this share of free memory
+  int64_t max_batch_sequences = 64;       // sequences in one forward step
+  int64_t max_step_tokens = 512;          // tokens in one forward step (decode + prefill chunks)
   // --- mock engine (ignored by the torch engine)
   double mock_boot_seconds = 0.0;
   double mock_train_seconds = 0.0;

@@ -183,6 +183,27 @@ std::string Metrics::render(const EngineSnapshot& st, const PoolSnapshot& pool,
            "The inference engine: sequences running/waiting, KV blocks, steps and tokens (cumulative ones "
            "end in _total).");
     for (const auto& [k, v] : inference) out += fmt::format("swarm_inference{{field=\"{}\"}} {}\n", k, v);
+    // The prefix cache and the KV pool also under names of their own (docs/concepts.md
+    // "Prefix caching"), from the torch engine and the mock alike.
+    const struct {
+      const char* field;
+      const char* name;
+      const char* type;
+      const char* help;
+    } named[] = {
+        {"prefix_cache_queries_tokens_total", "swarm_prefix_cache_queries_tokens_total", "counter",
+         "Prompt tokens looked up in the prefix cache (each sequence once, at admission)."},
+        {"prefix_cache_hit_tokens_total", "swarm_prefix_cache_hit_tokens_total", "counter",
+         "Prompt tokens found in the prefix cache (their KV reused, not prefilled)."},
+        {"kv_blocks_free", "swarm_kv_blocks_free", "gauge",
+         "KV cache blocks a new sequence can take: free, or cached and held by no sequence."},
+    };
+    for (const auto& n : named) {
+      auto it = inference.find(n.field);
+      if (it == inference.end()) continue;
+      header(n.name, n.type, n.help);
+      out += fmt::format("{} {}\n", n.name, it->second);
+    }
   }
 
   std::lock_guard lk(mu_);

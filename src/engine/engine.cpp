@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <limits>
 #include <array>
 #include <filesystem>
 #include <fstream>
@@ -652,6 +653,20 @@ TrainStepReport Engine::train_and_sync(Backend& backend, const TrainBatch& batch
                                        EpisodeStore* store, std::stop_token stop) {
   TrainStepReport report = backend.train_step(batch, next_step, stop);
   report.global_step = next_step;
+  // The share of prompt tokens the prefix cache served since the last step (null: none looked
+  // up); counters that went down belong to a new boot of the backend.
+  const std::map<std::string, double> inference = backend.inference_metrics();
+  const auto queries = inference.find("prefix_cache_queries_tokens_total");
+  const auto hits = inference.find("prefix_cache_hit_tokens_total");
+  if (queries != inference.end() && hits != inference.end()) {
+    if (queries->second < prefix_queries_seen_ || hits->second < prefix_hits_seen_)
+      prefix_queries_seen_ = prefix_hits_seen_ = 0.0;
+    const double asked = queries->second - prefix_queries_seen_;
+    report.metrics["prefix_cache_hit_rate"] =
+        asked > 0 ? (hits->second - prefix_hits_seen_) / asked : std::numeric_limits<double>::quiet_NaN();
+    prefix_queries_seen_ = queries->second;
+    prefix_hits_seen_ = hits->second;
+  }
   backend.set_policy_version(next_step);  // in-process weight sync: new weights now serve
   backend_step_ = next_step;
   if (store) {  // never trained twice: a restart from a later checkpoint does not reload them

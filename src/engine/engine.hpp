@@ -249,6 +249,10 @@ class Engine {
   std::deque<TrainStepReport> steps_;
   int64_t backend_step_ = 0;
   int64_t checkpointed_step_ = 0;
+  // The prefix cache's counters (backend inference_metrics) at the last step, for each step's
+  // prefix_cache_hit_rate (control thread).
+  double prefix_queries_seen_ = 0.0;
+  double prefix_hits_seen_ = 0.0;
   // Asynchronous training (under mu_): η of the run, trainer_step_ (above), the episodes per
   // batch the admission bound counts in, and stale drops since the last step.
   int64_t max_staleness_ = 0;

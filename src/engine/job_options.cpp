@@ -80,6 +80,7 @@ ServingConfig serving_config_from(const Job& job, const ServingModelFacts& model
   sc.block_size = job.kv_block_size;
   sc.max_batch_sequences = job.max_batch_sequences;
   sc.max_step_tokens = job.max_step_tokens;
+  sc.prefix_caching = job.prefix_caching;
   sc.max_context = model.max_context;
   sc.eos_token_ids = model.stop_token_ids;
   if (model.tokenizer_eos && std::find(sc.eos_token_ids.begin(), sc.eos_token_ids.end(),
@@ -87,6 +88,11 @@ ServingConfig serving_config_from(const Job& job, const ServingModelFacts& model
     sc.eos_token_ids.push_back(*model.tokenizer_eos);
   if (job.kv_cache_tokens > 0) {
     sc.kv_cache_tokens = job.kv_cache_tokens;
+  } else if (model.device_free_bytes > 0) {
+    // A GPU: a share of the memory left once the model and the trainer are in.
+    const auto budget =
+        static_cast<int64_t>(job.kv_cache_memory_fraction * static_cast<double>(model.device_free_bytes));
+    sc.kv_cache_tokens = std::max(model.max_context, budget / std::max<int64_t>(1, model.kv_bytes_per_token));
   } else {
     const int64_t seqs = std::min(job.max_batch_sequences, job.effective_max_parallel_episodes());
     sc.kv_cache_tokens = std::max(

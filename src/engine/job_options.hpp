@@ -37,6 +37,7 @@ struct ServingModelFacts {
   std::vector<TokenId> stop_token_ids;   // the model's generation config's stop ids
   std::optional<TokenId> tokenizer_eos;  // the tokenizer's end-of-sequence id
   int64_t kv_bytes_per_token = 0;        // KV cache bytes one token takes (all layers)
+  int64_t device_free_bytes = 0;         // a GPU's free memory after loading; 0 on the CPU
 };
 
 /// The KV cache an automatic size (kv_cache_tokens 0) may take at most: 4 GiB.

@@ -12,6 +12,7 @@
 #include "common/random.hpp"
 #include "common/utf8.hpp"
 #include "grammar/grammar.hpp"
+#include "inference/block_allocator.hpp"
 #include "swarm/job.hpp"
 
 namespace swarm {
@@ -145,16 +146,71 @@ double MockBackend::corruption_rate(int64_t policy_version, double temperature) 
   return base * std::pow(0.7, static_cast<double>(std::max<int64_t>(0, policy_version)));
 }
 
+MockBackend::MockBackend() = default;
+MockBackend::~MockBackend() = default;
+
 void MockBackend::boot(const Job& job, std::stop_token stop) {
   if (!sleep_for(job.mock_boot_seconds, stop)) throw SwarmError(ErrorKind::CONFLICT, "boot cancelled");
   model_id_ = job.model;
   max_context_ = job.max_prompt_length + job.max_response_length;
   train_seconds_ = job.mock_train_seconds;
   policy_version_ = 0;
+  {
+    std::lock_guard lk(kv_mu_);
+    kv_.reset();
+    if (job.prefix_caching) {
+      // The torch engine's automatic size would be model-dependent: 64 full contexts here.
+      const int64_t tokens = job.kv_cache_tokens > 0 ? job.kv_cache_tokens : 64 * max_context_;
+      kv_ = std::make_unique<BlockAllocator>((tokens + job.kv_block_size - 1) / job.kv_block_size,
+                                             job.kv_block_size);
+    }
+    kv_version_ = 0;
+    kv_queries_ = kv_hits_ = 0;
+  }
   if (!resume_checkpoint_.empty())
     SWARM_REQUIRE(
         std::filesystem::exists(resume_checkpoint_ / "mock_checkpoint.json"), ErrorKind::INVALID_ARGUMENT,
         "'" + resume_checkpoint_.string() + "' was not written by the mock engine (no mock_checkpoint.json)");
+}
+
+// One sequence through the prefix cache as the torch engine runs it: the cached full blocks of
+// its prompt reused (at least one token computed), the rest taken, every full block of what it
+// fed (prompt and all but the last generated id) published, then released.
+void MockBackend::simulate_prefix_cache(const std::vector<TokenId>& prompt,
+                                        const std::vector<TokenId>& generated, int64_t version) {
+  std::lock_guard lk(kv_mu_);
+  if (!kv_) return;
+  if (version != kv_version_) {
+    kv_->drop_cached();
+    kv_version_ = version;
+  }
+  std::vector<int32_t> fed(prompt.begin(), prompt.end());
+  if (!generated.empty()) fed.insert(fed.end(), generated.begin(), generated.end() - 1);
+  const int64_t bs = kv_->block_size();
+  const uint64_t root = kv_chain_root(version);
+  std::vector<uint64_t> hashes;
+  for (int64_t i = 0; (i + 1) * bs <= static_cast<int64_t>(fed.size()); ++i)
+    hashes.push_back(kv_block_hash(i == 0 ? root : hashes.back(), fed.data() + i * bs, bs));
+  const int64_t len = static_cast<int64_t>(prompt.size());
+  const std::vector<int64_t> hit = kv_->match(root, hashes, fed.data(), len > 0 ? (len - 1) / bs : 0);
+  kv_queries_ += len;
+  kv_hits_ += static_cast<int64_t>(hit.size()) * bs;
+  const int64_t slot = kv_next_slot_++;
+  if (!kv_->attach(slot, hit, static_cast<int64_t>(fed.size()) + 1)) return;  // larger than the pool
+  for (size_t i = hit.size(); i < hashes.size(); ++i)
+    kv_->publish(slot, static_cast<int64_t>(i), hashes[i], i == 0 ? root : hashes[i - 1],
+                 fed.data() + static_cast<int64_t>(i) * bs);
+  kv_->release(slot);
+}
+
+std::map<std::string, double> MockBackend::inference_metrics() const {
+  std::lock_guard lk(kv_mu_);
+  if (!kv_) return {};
+  return {{"kv_blocks_total", double(kv_->num_blocks())},
+          {"kv_blocks_free", double(kv_->free_blocks())},
+          {"kv_blocks_cached", double(kv_->cached_blocks())},
+          {"prefix_cache_queries_tokens_total", double(kv_queries_)},
+          {"prefix_cache_hit_tokens_total", double(kv_hits_)}};
 }
 
 void MockBackend::save_checkpoint(const std::filesystem::path& dir) {
@@ -330,6 +386,7 @@ void MockBackend::generate(GenerationRequest request, std::shared_ptr<Generation
       choice.text = utf8_sanitize(decode(choice.ids));
       if (cut_by_stop_string && choice.text.size() >= matched.size() && choice.finish_reason == "stop")
         choice.text.resize(choice.text.size() - matched.size());
+      simulate_prefix_cache(request.prompt_ids, choice.ids, version);
       result.choices.push_back(std::move(choice));
     }
     observer->on_complete(std::move(result));

@@ -2,10 +2,14 @@
 #pragma once
 
 #include <atomic>
+#include <memory>
+#include <mutex>
 
 #include "engine/backend.hpp"
 
 namespace swarm {
+
+class BlockAllocator;
 
 /// Deterministic stand-in for a model, used by CI, benchmarks and any build without
 /// libtorch. Tokenizer: ids 0–255 are bytes, 256 <|endoftext|>, 257 <|im_start|>,
@@ -16,6 +20,10 @@ namespace swarm {
 /// faithfulness rise across weight-sync cycles (a simulated learner, nothing more).
 /// Output depends only on (prompt ids, seed, choice index, policy version), so equal
 /// requests give equal completions. Thread-safe after boot.
+///
+/// It also runs the torch engine's prefix cache (BlockAllocator) over the token ids of what it
+/// serves, each choice after the one before, so /metrics shows the same prefix-cache counters
+/// and block gauges without libtorch (job keys prefix_caching, kv_cache_tokens, kv_block_size).
 class MockBackend : public Backend {
  public:
   static constexpr TokenId kEndOfText = 256;
@@ -51,6 +59,10 @@ class MockBackend : public Backend {
                              std::stop_token stop) override;
   void save_checkpoint(const std::filesystem::path& dir) override;
   void set_policy_version(int64_t version) override { policy_version_ = version; }
+  /// The simulated prefix cache's counters (the torch engine's names).
+  std::map<std::string, double> inference_metrics() const override;
+  MockBackend();
+  ~MockBackend() override;
 
   /// Letter replacement probability at a policy version and temperature.
   static double corruption_rate(int64_t policy_version, double temperature);
@@ -60,6 +72,16 @@ class MockBackend : public Backend {
   int64_t max_context_ = 32768;
   double train_seconds_ = 0.0;
   std::atomic<int64_t> policy_version_{0};
+
+  // The simulated prefix cache (under kv_mu_): blocks, the version its content is of, counters.
+  void simulate_prefix_cache(const std::vector<TokenId>& prompt, const std::vector<TokenId>& generated,
+                             int64_t version);
+  mutable std::mutex kv_mu_;
+  std::unique_ptr<BlockAllocator> kv_;
+  int64_t kv_version_ = 0;
+  int64_t kv_next_slot_ = 0;
+  int64_t kv_queries_ = 0;
+  int64_t kv_hits_ = 0;
 };
 
 }  // namespace swarm

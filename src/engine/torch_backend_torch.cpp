@@ -22,6 +22,8 @@
 #include <torch/version.h>
 #ifdef SWARM_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
 #endif
 
 #include "common/openmp_wait.hpp"
@@ -126,6 +128,22 @@ struct RankModel {
   std::shared_ptr<DecoderModel> model;
   std::unique_ptr<PolicyTrainer> trainer;
 };
+
+// The memory a KV cache could still take on `device`: on a GPU what the driver reports free
+// plus what libtorch's caching allocator holds unused; 0 on the CPU (sized otherwise there).
+int64_t device_free_bytes(const torch::Device& device) {
+#ifdef SWARM_WITH_CUDA
+  if (device.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(device.index());
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) return 0;
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    return static_cast<int64_t>(free) + stats.reserved_bytes[0].current - stats.allocated_bytes[0].current;
+  }
+#endif
+  (void)device;
+  return 0;
+}
 
 // The process's peak on `device`: what the CUDA caching allocator reserved at most on a GPU,
 // the peak resident set (VmHWM) on the CPU.
@@ -232,6 +250,7 @@ ServingConfig rank_serving_config(const Job& job, const DecoderModel& model, con
   for (int64_t id : cfg.stop_token_ids()) facts.stop_token_ids.push_back(static_cast<TokenId>(id));
   facts.tokenizer_eos = tokenizer.eos_id();
   facts.kv_bytes_per_token = KvCache::bytes_per_block(cfg, 1, model.scalar_type());
+  facts.device_free_bytes = device_free_bytes(model.device());
   return serving_config_from(job, facts);
 }
 
@@ -635,6 +654,9 @@ class TorchBackend final : public Backend {
             {"waiting_sequences", double(s.waiting)},
             {"kv_blocks_total", double(s.kv_blocks_total)},
             {"kv_blocks_free", double(s.kv_blocks_free)},
+            {"kv_blocks_cached", double(s.kv_blocks_cached)},
+            {"prefix_cache_queries_tokens_total", double(s.prefix_cache_queries_tokens)},
+            {"prefix_cache_hit_tokens_total", double(s.prefix_cache_hit_tokens)},
             {"steps_total", double(s.steps)},
             {"prefill_tokens_total", double(s.prefill_tokens)},
             {"decode_tokens_total", double(s.decode_tokens)},

@@ -7,64 +7,6 @@
 
 namespace swarm {
 
-namespace {
-const std::vector<int64_t> kNoBlocks;
-}  // namespace
-
-BlockAllocator::BlockAllocator(int64_t num_blocks, int64_t block_size)
-    : num_blocks_(num_blocks), block_size_(block_size) {
-  SWARM_REQUIRE(num_blocks > 0 && block_size > 0, ErrorKind::INVALID_ARGUMENT,
-                "KV cache needs num_blocks > 0 and block_size > 0, got " + std::to_string(num_blocks) +
-                    " and " + std::to_string(block_size));
-  free_.reserve(static_cast<size_t>(num_blocks));
-  // Pushed in reverse so that a fresh pool hands out blocks 0, 1, 2, ...
-  for (int64_t b = num_blocks - 1; b >= 0; --b) free_.push_back(b);
-}
-
-bool BlockAllocator::can_fit(int64_t seq_slot, int64_t total_tokens) const noexcept {
-  const int64_t have = static_cast<int64_t>(block_table(seq_slot).size());
-  const int64_t need = blocks_for(total_tokens < 0 ? 0 : total_tokens);
-  return need - have <= free_blocks();
-}
-
-bool BlockAllocator::ensure_capacity(int64_t seq_slot, int64_t total_tokens) {
-  SWARM_REQUIRE(total_tokens >= 0, ErrorKind::INVALID_ARGUMENT,
-                "ensure_capacity: negative token count " + std::to_string(total_tokens));
-  if (!can_fit(seq_slot, total_tokens)) return false;
-  std::vector<int64_t>& table = tables_[seq_slot];
-  const int64_t need = blocks_for(total_tokens);
-  while (static_cast<int64_t>(table.size()) < need) {
-    table.push_back(free_.back());
-    free_.pop_back();
-  }
-  return true;
-}
-
-void BlockAllocator::release(int64_t seq_slot) {
-  auto it = tables_.find(seq_slot);
-  if (it == tables_.end()) return;
-  // Reverse order keeps the stack handing out low block ids first after a full drain.
-  for (auto b = it->second.rbegin(); b != it->second.rend(); ++b) free_.push_back(*b);
-  tables_.erase(it);
-}
-
-int64_t BlockAllocator::capacity(int64_t seq_slot) const noexcept {
-  return static_cast<int64_t>(block_table(seq_slot).size()) * block_size_;
-}
-
-const std::vector<int64_t>& BlockAllocator::block_table(int64_t seq_slot) const noexcept {
-  auto it = tables_.find(seq_slot);
-  return it == tables_.end() ? kNoBlocks : it->second;
-}
-
-int64_t BlockAllocator::slot_of(int64_t seq_slot, int64_t pos) const {
-  const std::vector<int64_t>& table = block_table(seq_slot);
-  SWARM_CHECK(pos >= 0 && pos / block_size_ < static_cast<int64_t>(table.size()),
-              "position " + std::to_string(pos) + " is beyond the KV capacity of sequence " +
-                  std::to_string(seq_slot) + " (" + std::to_string(capacity(seq_slot)) + " tokens)");
-  return table[static_cast<size_t>(pos / block_size_)] * block_size_ + pos % block_size_;
-}
-
 const torch::Tensor& StepBuffers::get(size_t slot, c10::IntArrayRef sizes, c10::ScalarType dtype,
                                       torch::Device device) {
   if (slot >= tensors_.size()) tensors_.resize(slot + 1);
@@ -114,6 +56,7 @@ void KvCache::allocate_storage() {
 
 void KvCache::release_storage() {
   SWARM_CHECK(blocks_.num_sequences() == 0, "the KV cache's storage released while sequences hold blocks");
+  blocks_.drop_cached();  // the contents go with the storage
   keys_.clear();
   values_.clear();
   storage_ = torch::Tensor();

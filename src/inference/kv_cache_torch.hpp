@@ -4,52 +4,15 @@
 #pragma once
 
 #include <cstdint>
-#include <unordered_map>
 #include <vector>
 
 #include <torch/types.h>
 
+#include "inference/block_allocator.hpp"
+
 namespace swarm {
 
 struct ModelConfig;
-
-/// The block bookkeeping of a paged cache, without any tensors: a free list of block ids and a
-/// block table per sequence slot. Thread-compatible (no internal locking): one owner at a time.
-class BlockAllocator {
- public:
-  BlockAllocator(int64_t num_blocks, int64_t block_size);
-
-  int64_t num_blocks() const noexcept { return num_blocks_; }
-  int64_t block_size() const noexcept { return block_size_; }
-  int64_t free_blocks() const noexcept { return static_cast<int64_t>(free_.size()); }
-  /// Blocks needed to hold `tokens` tokens.
-  int64_t blocks_for(int64_t tokens) const noexcept { return (tokens + block_size_ - 1) / block_size_; }
-
-  /// Grows `seq_slot`'s block table so that it holds at least `total_tokens` tokens. Returns
-  /// false, changing nothing, when the pool has too few free blocks (the caller waits for other
-  /// sequences to finish). Never shrinks a table. A new slot is registered on first success.
-  bool ensure_capacity(int64_t seq_slot, int64_t total_tokens);
-  /// True when ensure_capacity(seq_slot, total_tokens) would succeed now.
-  bool can_fit(int64_t seq_slot, int64_t total_tokens) const noexcept;
-  /// Returns every block of `seq_slot` to the pool and forgets the slot (no-op when unknown).
-  void release(int64_t seq_slot);
-
-  bool has_sequence(int64_t seq_slot) const noexcept { return tables_.count(seq_slot) != 0; }
-  int64_t num_sequences() const noexcept { return static_cast<int64_t>(tables_.size()); }
-  /// Tokens `seq_slot`'s blocks can hold (0 when unknown).
-  int64_t capacity(int64_t seq_slot) const noexcept;
-  /// The block ids of `seq_slot`, in position order (empty when unknown).
-  const std::vector<int64_t>& block_table(int64_t seq_slot) const noexcept;
-  /// Row of token `pos` of `seq_slot` in a [num_blocks * block_size, ...] view of the pool.
-  /// `pos` must be below capacity(seq_slot).
-  int64_t slot_of(int64_t seq_slot, int64_t pos) const;
-
- private:
-  int64_t num_blocks_;
-  int64_t block_size_;
-  std::vector<int64_t> free_;  // a stack: the most recently freed block is reused first
-  std::unordered_map<int64_t, std::vector<int64_t>> tables_;
-};
 
 /// Tensors one forward step leaves for the next (DecoderModel::forward_step's activations at
 /// decode sizes): at a few rows, allocating and freeing a tensor per op costs as much as a small
@@ -102,6 +65,8 @@ class KvCache {
     return blocks_.block_table(seq_slot);
   }
   const BlockAllocator& allocator() const noexcept { return blocks_; }
+  /// The blocks, for the prefix cache's calls (match, attach, publish, drop_cached).
+  BlockAllocator& allocator() noexcept { return blocks_; }
 
   // ---- storage
   int64_t num_layers() const noexcept { return num_layers_; }
@@ -115,7 +80,8 @@ class KvCache {
   }
   /// Frees the pool's memory (and the step buffers') while no sequence holds a block (the
   /// trainer's step, docs/concepts.md "Memory of a training step"); allocate_storage() makes it
-  /// again, zeroed, with the same blocks. Nothing may read or write the cache in between.
+  /// again, zeroed, with the same blocks, the prefix cache emptied. Nothing may read or write
+  /// the cache in between.
   void release_storage();
   void allocate_storage();
   bool has_storage() const noexcept { return storage_.defined(); }

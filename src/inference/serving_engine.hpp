@@ -11,9 +11,17 @@
 //   4. admits waiting sequences while the batch, the budget and the KV cache allow (a request
 //      that does not fit waits; when a decoding sequence cannot grow, the most recently
 //      admitted one is preempted: its blocks are freed and it is recomputed later from its
-//      tokens so far — nothing sampled is lost or changed),
-//   5. samples the sequences whose prompt is complete, applies stop ids / stop strings /
+//      tokens so far — nothing sampled is lost or changed). With prefix caching a new sequence
+//      starts from the cached full blocks its tokens begin with and prefills only the rest; one
+//      whose next block another sequence is computing now waits a step for it instead of
+//      computing it too (a GRPO group prefills its prompt once),
+//   5. publishes the blocks the step filled to the prefix cache (prompt and generated tokens),
+//   6. samples the sequences whose prompt is complete, applies stop ids / stop strings /
 //      max_tokens, streams UTF-8-safe text deltas, and completes finished requests.
+//
+// Prefix caching (docs/concepts.md "Prefix caching"): blocks are keyed by a hash chain over
+// their tokens rooted in the weights version, so a block is reused only by requests served by
+// the weights that computed it; when the version changes the cache empties.
 //
 // The header is free of torch so the backend that owns it can be compiled without torch
 // headers; the implementation is serving_engine_torch.cpp.
@@ -47,6 +55,7 @@ struct ServingConfig {
   int64_t max_step_tokens = 512;         // tokens in one forward step
   int64_t max_waiting_sequences = 4096;  // beyond this, submit fails with UNAVAILABLE
   int64_t max_context = 0;               // prompt + completion limit; 0 = max_position_embeddings
+  bool prefix_caching = true;            // share full KV blocks between sequences with equal prefixes
   std::vector<TokenId> eos_token_ids;    // always end a sequence (besides per-request stop ids)
 };
 
@@ -55,7 +64,12 @@ struct ServingStats {
   int64_t running = 0;  // now: sequences admitted (holding KV blocks)
   int64_t waiting = 0;  // now: sequences queued for admission
   int64_t kv_blocks_total = 0;
-  int64_t kv_blocks_free = 0;  // now
+  int64_t kv_blocks_free = 0;    // now: free, or cached and held by no sequence (reclaimable)
+  int64_t kv_blocks_cached = 0;  // now: blocks holding reusable content (held or not)
+  // Prefix cache: prompt tokens looked up at each sequence's first admission, and those found
+  // cached (not prefilled).
+  int64_t prefix_cache_queries_tokens = 0;
+  int64_t prefix_cache_hit_tokens = 0;
   int64_t steps = 0;
   int64_t prefill_tokens = 0;
   int64_t decode_tokens = 0;

@@ -12,6 +12,7 @@
 #include <map>
 #include <optional>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 
 #include <spdlog/spdlog.h>
@@ -65,6 +66,14 @@ struct Sequence {
   GenerationChoice out;
   std::shared_ptr<Constrained> constraint;      // constrained decoding: set at its first sampling step
   grammar::Matcher::StateId grammar_state = 0;  // in constraint->matcher
+  // Prefix cache: the chain keys of the first full blocks of `tokens` (from `root`), the
+  // blocks [0, published) already cached or offered, and [published, inflight_end) the prompt
+  // blocks it is computing that others wait for (Impl::inflight).
+  uint64_t root = 0;
+  std::vector<uint64_t> hashes;
+  int64_t published = 0;
+  int64_t inflight_end = 0;
+  bool looked_up = false;  // its prompt counted in the prefix cache's queries
 };
 
 struct Request {
@@ -147,6 +156,11 @@ struct ServingEngine::Impl {
   std::deque<SeqPtr> waiting;                    // admission order (preempted ones go back to the front)
   std::vector<SeqPtr> running;                   // admission order
   std::vector<std::shared_ptr<Request>> active;  // requests not ended
+  // Prefix cache: the weights version its blocks were computed by, that version's chain root,
+  // and the keys of prompt blocks running sequences are computing now (with how many are).
+  int64_t cache_version = 0;
+  uint64_t cache_root = kv_chain_root(0);
+  std::unordered_map<uint64_t, int64_t> inflight;
 
   // ------------------------------------------------------------------ submission
   void submit(GenerationRequest req, std::shared_ptr<GenerationObserver> observer) {
@@ -298,7 +312,7 @@ struct ServingEngine::Impl {
     }
     for (auto it = running.begin(); it != running.end();) {
       if ((*it)->request == r) {
-        cache.release((*it)->slot);
+        release_blocks(**it);
         it = running.erase(it);
       } else {
         ++it;
@@ -345,12 +359,68 @@ struct ServingEngine::Impl {
       end_request(r, ErrorKind::CONFLICT, "generation cancelled: the client went away or the episode ended");
   }
 
+  // ---- prefix cache (docs/concepts.md "Prefix caching")
+
+  // Follows the weights now serving: the blocks of another version are never matched again.
+  // Running sequences keep the blocks they hold (kv_cache_on_swap keep) but publish no more.
+  void follow_weights_version() {
+    const int64_t v = policy_version.load();
+    if (v == cache_version) return;
+    cache_version = v;
+    cache_root = kv_chain_root(v);
+    cache.allocator().drop_cached();
+    inflight.clear();
+  }
+
+  // The chain keys of s's first `blocks` full blocks under the current root.
+  const std::vector<uint64_t>& chain_of(Sequence& s, int64_t blocks) {
+    if (s.root != cache_root) {
+      s.root = cache_root;
+      s.hashes.clear();
+    }
+    const int64_t bs = cache.block_size();
+    while (static_cast<int64_t>(s.hashes.size()) < blocks) {
+      const int64_t i = static_cast<int64_t>(s.hashes.size());
+      s.hashes.push_back(kv_block_hash(i == 0 ? s.root : s.hashes.back(), s.tokens.data() + i * bs, bs));
+    }
+    return s.hashes;
+  }
+
+  // Offers the full blocks s has computed since the last call to the prefix cache.
+  void publish_blocks(Sequence& s) {
+    if (!config.prefix_caching || s.root != cache_root) return;  // admitted under other weights
+    const int64_t full = s.computed / cache.block_size();
+    if (full <= s.published) return;
+    const std::vector<uint64_t>& h = chain_of(s, full);
+    const int64_t bs = cache.block_size();
+    for (int64_t i = s.published; i < full; ++i) {
+      const auto k = static_cast<size_t>(i);
+      cache.allocator().publish(s.slot, i, h[k], i == 0 ? s.root : h[k - 1], s.tokens.data() + i * bs);
+      if (i < s.inflight_end) forget_inflight(h[k]);
+    }
+    s.published = full;
+  }
+
+  void forget_inflight(uint64_t key) {
+    auto it = inflight.find(key);
+    if (it != inflight.end() && --it->second <= 0) inflight.erase(it);
+  }
+
+  // Gives back s's KV blocks (cached ones stay findable) and what it was computing for others.
+  void release_blocks(Sequence& s) {
+    if (s.root == cache_root)
+      for (int64_t i = s.published; i < s.inflight_end; ++i)
+        forget_inflight(s.hashes[static_cast<size_t>(i)]);
+    s.published = s.inflight_end = 0;
+    cache.release(s.slot);
+  }
+
   // Frees the KV blocks of the most recently admitted running sequence and puts it back at
   // the front of the waiting queue; it will be recomputed from its tokens so far.
   void preempt_last() {
     SeqPtr victim = std::move(running.back());
     running.pop_back();
-    cache.release(victim->slot);
+    release_blocks(*victim);
     victim->computed = 0;
     waiting.push_front(std::move(victim));
     {
@@ -368,6 +438,7 @@ struct ServingEngine::Impl {
 
   void step() {
     const auto t0 = std::chrono::steady_clock::now();
+    follow_weights_version();
     std::vector<Planned> plan;
     int64_t budget = config.max_step_tokens;
     int64_t decode_tokens = 0, prefill_tokens = 0;
@@ -408,21 +479,37 @@ struct ServingEngine::Impl {
       prefill_tokens += chunk;
     }
     // 3. Admission in FIFO order while the batch, the budget and the cache allow. A new
-    //    sequence needs room for its whole prompt plus one token, and leaves one free block
-    //    per running sequence so those can keep growing.
-    while (!waiting.empty() && budget > 0 &&
-           static_cast<int64_t>(running.size()) < config.max_batch_sequences) {
-      Sequence& s = *waiting.front();
-      const int64_t need = static_cast<int64_t>(s.tokens.size()) + 1;
-      const int64_t need_blocks = cache.allocator().blocks_for(need);
-      if (!running.empty() && cache.free_blocks() - need_blocks < static_cast<int64_t>(running.size())) break;
+    //    sequence needs room for its whole context plus one token, and leaves one free block
+    //    per running sequence so those can keep growing. With prefix caching it starts from
+    //    the cached full blocks its tokens begin with (at least one token is always computed,
+    //    for the logits), and one whose next block is being computed by a running sequence
+    //    waits for it (passed over, keeping its place) instead of computing it again.
+    const int64_t bs = cache.block_size();
+    for (auto it = waiting.begin(); it != waiting.end() && budget > 0 &&
+                                    static_cast<int64_t>(running.size()) < config.max_batch_sequences;) {
+      Sequence& s = **it;
+      const int64_t len = static_cast<int64_t>(s.tokens.size());
+      const int64_t need = len + 1;
+      std::vector<int64_t> hit;
+      if (config.prefix_caching) {
+        const int64_t matchable = (len - 1) / bs;
+        const std::vector<uint64_t>& h = chain_of(s, matchable);
+        hit = cache.allocator().match(cache_root, h, s.tokens.data(), matchable);
+        if (static_cast<int64_t>(hit.size()) < matchable && inflight.count(h[hit.size()]) != 0) {
+          ++it;
+          continue;
+        }
+      }
+      const int64_t new_blocks = cache.allocator().blocks_for(need) - static_cast<int64_t>(hit.size());
+      const int64_t available = cache.free_blocks() - cache.allocator().unreferenced(hit);
+      if (!running.empty() && available - new_blocks < static_cast<int64_t>(running.size())) break;
       // The whole context is reserved now, so prefill chunks never wait for blocks.
-      if (!cache.ensure_capacity(s.slot, need)) {
+      if (!cache.allocator().attach(s.slot, hit, need)) {
         if (!running.empty()) break;
         // Nothing else holds blocks and it still does not fit (a preempted sequence that grew
         // to the whole cache): it ends here.
-        running.push_back(std::move(waiting.front()));
-        waiting.pop_front();
+        running.push_back(std::move(*it));
+        it = waiting.erase(it);
         {
           std::lock_guard lk(mu);
           --queued;
@@ -430,20 +517,33 @@ struct ServingEngine::Impl {
         finish(*running.back(), "length", /*flush=*/true);
         continue;
       }
-      const int64_t chunk = std::min(static_cast<int64_t>(s.tokens.size()), budget);
+      s.computed = static_cast<int64_t>(hit.size()) * bs;
+      s.published = static_cast<int64_t>(hit.size());
+      if (config.prefix_caching) {
+        s.inflight_end = len / bs;
+        const std::vector<uint64_t>& h = chain_of(s, s.inflight_end);
+        for (int64_t i = s.published; i < s.inflight_end; ++i) ++inflight[h[static_cast<size_t>(i)]];
+        if (!s.looked_up) {
+          s.looked_up = true;
+          std::lock_guard lk(stats_mu);
+          stats.prefix_cache_queries_tokens += len;
+          stats.prefix_cache_hit_tokens += s.computed;
+        }
+      }
+      const int64_t chunk = std::min(len - s.computed, budget);
       if (!s.request->admitted) {
         s.request->admitted = true;
         record_latency(queue_wait_window, s.request->submitted);
       }
-      running.push_back(std::move(waiting.front()));
-      waiting.pop_front();
+      running.push_back(std::move(*it));
+      it = waiting.erase(it);
       {
         std::lock_guard lk(mu);
         --queued;
       }
       plan.push_back({running.back().get(), chunk});
       budget -= chunk;
-      if (chunk == 1 && s.tokens.size() == 1) {
+      if (chunk == 1 && len == 1) {
         ++decode_tokens;
       } else {
         prefill_tokens += chunk;
@@ -464,7 +564,7 @@ struct ServingEngine::Impl {
     }
     torch::Tensor logits = model->forward_step(inputs, cache);
 
-    // 5. Sample where the whole context is now cached.
+    // 5. Publish the blocks the step filled; sample where the whole context is now cached.
     std::vector<int64_t> rows;
     std::vector<Sequence*> sampled;
     std::vector<SamplingConfig> configs;
@@ -472,6 +572,7 @@ struct ServingEngine::Impl {
     for (size_t r = 0; r < plan.size(); ++r) {
       Sequence* s = plan[r].seq;
       s->computed += plan[r].count;
+      publish_blocks(*s);
       if (s->computed == static_cast<int64_t>(s->tokens.size())) {
         rows.push_back(static_cast<int64_t>(r));
         sampled.push_back(s);
@@ -758,7 +859,7 @@ struct ServingEngine::Impl {
     s.out.text = std::move(s.text);
     s.out.finish_reason = reason;
     r->result.choices[static_cast<size_t>(s.choice)] = std::move(s.out);
-    cache.release(s.slot);
+    release_blocks(s);
     const Sequence* ptr = &s;
     std::erase_if(running, [ptr](const SeqPtr& p) { return p.get() == ptr; });  // destroys s
     if (--r->unfinished > 0) return;
@@ -789,6 +890,7 @@ struct ServingEngine::Impl {
     stats.running = static_cast<int64_t>(running.size());
     stats.waiting = q;
     stats.kv_blocks_free = cache.free_blocks();
+    stats.kv_blocks_cached = cache.allocator().cached_blocks();
   }
 
   void shutdown(const std::string& reason) {

@@ -232,6 +232,13 @@ const std::vector<Field>& field_table() {
        "min(max_batch_sequences, max_parallel_episodes) full contexts, capped at 4 GiB "
        "(never below one full context). A request that does not fit waits."},
       {"kv_block_size", &Job::kv_block_size, "Torch engine: tokens per KV cache block."},
+      {"prefix_caching", &Job::prefix_caching,
+       "Torch engine: share the KV cache's full blocks between sequences whose tokens begin alike (a "
+       "GRPO group's prompt is prefilled once, a conversation's next turn prefills only what is new); a "
+       "block is reused only under the weights version that computed it. docs/concepts.md."},
+      {"kv_cache_memory_fraction", &Job::kv_cache_memory_fraction,
+       "Torch engine on a GPU, kv_cache_tokens 0: the KV cache takes this fraction of the device memory "
+       "free after the model and trainer are loaded (at least one full context). In (0, 0.95]."},
       {"max_batch_sequences", &Job::max_batch_sequences,
        "Torch engine: most sequences decoded together in one forward step."},
       {"max_step_tokens", &Job::max_step_tokens,
@@ -633,6 +640,8 @@ void Job::validate() const {
   require_one_of("device", device, {"auto", "cpu", "cuda"});
   if (kv_cache_tokens < 0) bad("kv_cache_tokens", "must be >= 0");
   if (kv_block_size < 1 || kv_block_size > 1024) bad("kv_block_size", "must be in [1, 1024]");
+  if (!(kv_cache_memory_fraction > 0.0 && kv_cache_memory_fraction <= 0.95))
+    bad("kv_cache_memory_fraction", "must be in (0, 0.95]");
   if (max_batch_sequences < 1) bad("max_batch_sequences", "must be >= 1");
   if (max_step_tokens < 1) bad("max_step_tokens", "must be >= 1");
   if (mock_boot_seconds < 0) bad("mock_boot_seconds", "must be >= 0");

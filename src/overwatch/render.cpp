@@ -516,6 +516,15 @@ std::vector<std::string> traffic_lines(const FrameInput& in, const PoolInfo& p, 
   }
   for (auto& l : pack(items, width, st)) out.push_back(std::move(l));
   if (compact) return out;
+  // The inference engine's prefix cache and KV blocks (a line of their own, dropped first).
+  std::vector<std::string> cache;
+  if (r && r->prefix_queries_tokens > 0 && r->prefix_hit_tokens >= 0)
+    cache.push_back(fmt::format(
+        "prefix cache {:.1f}% of {} prompt tokens",
+        100.0 * static_cast<double>(r->prefix_hit_tokens) / static_cast<double>(r->prefix_queries_tokens),
+        format_count(r->prefix_queries_tokens)));
+  if (r && r->kv_blocks_free >= 0) cache.push_back("kv blocks free " + format_count(r->kv_blocks_free));
+  for (auto& l : pack(cache, width, st)) out.push_back(std::move(l));
   // Every rank of a multi-rank job serves: a line each (rank 0 routes the requests).
   if (p.serving.size() > 1) {
     for (const RankServingInfo& r : p.serving) {

@@ -297,6 +297,12 @@ RequestStats request_stats_from_metrics(std::string_view text) {
       if (kind == s.labels.end()) continue;
       if (kind->second == "prompt") r.prompt_tokens += n;
       if (kind->second == "completion") r.completion_tokens += n;
+    } else if (s.name == "swarm_prefix_cache_queries_tokens_total") {
+      r.prefix_queries_tokens = n;
+    } else if (s.name == "swarm_prefix_cache_hit_tokens_total") {
+      r.prefix_hit_tokens = n;
+    } else if (s.name == "swarm_kv_blocks_free") {
+      r.kv_blocks_free = n;
     }
   }
   return r;

@@ -141,7 +141,8 @@ struct EngineInfo {
   bool config_synced = false;
 };
 
-/// Totals from /metrics (swarm_http_requests_total, swarm_tokens_total).
+/// Totals from /metrics (swarm_http_requests_total, swarm_tokens_total, the prefix cache's
+/// swarm_prefix_cache_*_tokens_total and swarm_kv_blocks_free).
 struct RequestStats {
   int64_t total = 0;
   int64_t client_errors = 0;  // 4xx
@@ -149,6 +150,11 @@ struct RequestStats {
   int64_t openai = 0;         // requests to /v1/* routes
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
+  // The inference engine's prefix cache; -1 when /metrics has no such series (an engine that
+  // serves nothing yet, prefix_caching false).
+  int64_t prefix_queries_tokens = -1;
+  int64_t prefix_hit_tokens = -1;
+  int64_t kv_blocks_free = -1;
 };
 
 /// Everything one poll produced. Only the pool information is required; the other two

@@ -21,6 +21,24 @@ TEST(Metrics, EachRankHasItsSeries) {
     EXPECT_NE(out.find(line), std::string::npos) << line << " missing from\n" << out;
 }
 
+TEST(Metrics, ThePrefixCacheHasSeriesOfItsOwn) {
+  Metrics metrics;
+  const std::string out = metrics.render(EngineSnapshot{}, PoolSnapshot{}, {},
+                                         {{"prefix_cache_queries_tokens_total", 3200},
+                                          {"prefix_cache_hit_tokens_total", 2880},
+                                          {"kv_blocks_free", 250},
+                                          {"kv_blocks_total", 256}});
+  for (const char* line :
+       {"# TYPE swarm_prefix_cache_queries_tokens_total counter\n",
+        "swarm_prefix_cache_queries_tokens_total 3200\n",
+        "# TYPE swarm_prefix_cache_hit_tokens_total counter\n", "swarm_prefix_cache_hit_tokens_total 2880\n",
+        "# TYPE swarm_kv_blocks_free gauge\n", "swarm_kv_blocks_free 250\n",
+        "swarm_inference{field=\"kv_blocks_total\"} 256\n"})
+    EXPECT_NE(out.find(line), std::string::npos) << line << " missing from\n" << out;
+  EXPECT_EQ(metrics.render(EngineSnapshot{}, PoolSnapshot{}, {}).find("swarm_prefix_cache"),
+            std::string::npos);
+}
+
 TEST(Metrics, NoRanksNoRankSeries) {
   Metrics metrics;
   const std::string out = metrics.render(EngineSnapshot{}, PoolSnapshot{}, {});

@@ -2,6 +2,8 @@
 // the interplay with the pool (batch readiness, draining, aborts, timeouts).
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <unistd.h>
 
 #include <atomic>
@@ -773,6 +775,28 @@ TEST_F(EngineTest, LogMetricsAreAggregatedPerStepIntoMetricsJsonl) {
   ASSERT_EQ(history.size(), 1u);
   EXPECT_DOUBLE_EQ(history[0].log_metrics.at("turns").mean, 5.0);
   EXPECT_EQ(lines[0]["trained_nothing"], 0);  // rewards differ within the group
+}
+
+// The backend's prefix-cache counters become each step's hit rate: two episodes asking the same
+// question, the second finding the first's full blocks (the mock runs the engine's cache).
+TEST_F(EngineTest, EachStepRecordsItsPrefixCacheHitRate) {
+  boot(config_yaml(1, 2));
+  const std::string question(150, 'q');
+  for (int i = 0; i < 2; ++i) {
+    const ClaimedEpisode e = claim();
+    call(e.api_key, question);
+    end(e, "task", 0.5 * i);
+  }
+  ASSERT_TRUE(engine->wait_for_step(1, 5s));
+  const auto m = engine->backend()->inference_metrics();
+  const double queries = m.at("prefix_cache_queries_tokens_total");
+  const double hits = m.at("prefix_cache_hit_tokens_total");
+  const double len = queries / 2;  // two equal prompts
+  EXPECT_EQ(hits, std::floor((len - 1) / 16) * 16);
+  const auto lines = read_jsonl(experiment_dir() / "metrics.jsonl");
+  ASSERT_EQ(lines.size(), 1u);
+  ASSERT_TRUE(lines[0].contains("prefix_cache_hit_rate"));
+  EXPECT_DOUBLE_EQ(lines[0]["prefix_cache_hit_rate"].get<double>(), hits / queries);
 }
 
 TEST_F(EngineTest, AStepThatTrainsNothingSaysSoAndKeepsLossAndEntropyKeys) {

@@ -47,6 +47,8 @@ Job job_with_every_key_off_default() {
   j.kv_block_size = 32;
   j.max_batch_sequences = 8;
   j.max_step_tokens = 256;
+  j.prefix_caching = false;
+  j.kv_cache_memory_fraction = 0.5;
   return j;
 }
 
@@ -146,6 +148,8 @@ TEST(JobOptions, ServingAddsTheTokenizersEosOnceAndSizesTheCache) {
   EXPECT_EQ(c.block_size, 32);
   EXPECT_EQ(c.max_batch_sequences, 8);
   EXPECT_EQ(c.max_step_tokens, 256);
+  EXPECT_FALSE(c.prefix_caching);
+  EXPECT_TRUE(serving_config_from(Job{}, m).prefix_caching);  // on by default
   EXPECT_EQ(c.max_context, 1000);
   EXPECT_EQ(c.eos_token_ids, (std::vector<TokenId>{2, 7}));  // 7 is not added twice
   // Automatic: min(8 sequences, 40 parallel episodes) full contexts; 4 GiB allows far more.
@@ -158,6 +162,21 @@ TEST(JobOptions, ServingAddsTheTokenizersEosOnceAndSizesTheCache) {
   m.kv_bytes_per_token = kAutoKvCacheBytes / 10;  // less than one context: one context
   EXPECT_EQ(serving_config_from(j, m).kv_cache_tokens, 1000);
   j.kv_cache_tokens = 4096;  // set by the job: taken as it is
+  EXPECT_EQ(serving_config_from(j, m).kv_cache_tokens, 4096);
+}
+
+// On a GPU (free device memory known) the automatic size is kv_cache_memory_fraction of it,
+// at least one context, and no 4 GiB cap.
+TEST(JobOptions, OnAGpuTheCacheTakesItsShareOfFreeMemory) {
+  Job j = job_with_every_key_off_default();  // fraction 0.5
+  ServingModelFacts m;
+  m.max_context = 1000;
+  m.kv_bytes_per_token = 1024;
+  m.device_free_bytes = int64_t{40} << 30;
+  EXPECT_EQ(serving_config_from(j, m).kv_cache_tokens, (int64_t{20} << 30) / 1024);
+  m.device_free_bytes = 100 * 1024;  // room for 50 tokens: one context instead
+  EXPECT_EQ(serving_config_from(j, m).kv_cache_tokens, 1000);
+  j.kv_cache_tokens = 4096;
   EXPECT_EQ(serving_config_from(j, m).kv_cache_tokens, 4096);
 }
 

@@ -1,6 +1,8 @@
 // The mock backend: deterministic, template-consistent, honours sampling limits.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
 #include "common/utf8.hpp"
@@ -89,6 +91,43 @@ TEST_F(MockBackendTest, BadMessagesAreInvalidArguments) {
       EXPECT_EQ(e.kind(), ErrorKind::INVALID_ARGUMENT) << bad.dump();
     }
   }
+}
+
+// The mock runs the torch engine's prefix cache over the ids it serves, so /metrics shows the
+// same counters without libtorch: the same prompt again finds all its full blocks but the one
+// holding its last token, the choices of one request find the first one's, and a new weights
+// version finds nothing of the old one.
+TEST_F(MockBackendTest, ReportsThePrefixCacheOfTheIdsItServes) {
+  auto prompt_len = [&](const std::string& user) {
+    return static_cast<double>(
+        backend.render_chat(nlohmann::json::array({{{"role", "user"}, {"content", user}}}), nullptr, true)
+            .size());
+  };
+  const std::string user(70, 'p');
+  const double len = prompt_len(user), cached = std::floor((len - 1) / 16) * 16;
+  ASSERT_GE(cached, 64);
+  auto m = backend.inference_metrics();
+  EXPECT_EQ(m.at("prefix_cache_queries_tokens_total"), 0);
+  EXPECT_EQ(m.at("kv_blocks_free"), m.at("kv_blocks_total"));
+  run(user);
+  m = backend.inference_metrics();
+  EXPECT_EQ(m.at("prefix_cache_queries_tokens_total"), len);
+  EXPECT_EQ(m.at("prefix_cache_hit_tokens_total"), 0);
+  EXPECT_GE(m.at("kv_blocks_cached"), cached / 16);
+  run(user);
+  m = backend.inference_metrics();
+  EXPECT_EQ(m.at("prefix_cache_hit_tokens_total"), cached);
+  SamplingParams p;
+  p.n = 4;
+  run(user, p);
+  m = backend.inference_metrics();
+  EXPECT_EQ(m.at("prefix_cache_queries_tokens_total"), 6 * len);
+  EXPECT_EQ(m.at("prefix_cache_hit_tokens_total"), 5 * cached);
+  backend.set_policy_version(1);
+  run(user);
+  EXPECT_EQ(backend.inference_metrics().at("prefix_cache_hit_tokens_total"), 5 * cached);
+  EXPECT_EQ(backend.inference_metrics().at("kv_blocks_free"),
+            backend.inference_metrics().at("kv_blocks_total"));
 }
 
 TEST_F(MockBackendTest, SameRequestSameCompletion) {

@@ -205,6 +205,14 @@ TEST(JobTest, InvalidEnumNamesKeyAndOptions) {
   expect_config_error("model: m\nfree_kv_cache_during_training: true\nmax_staleness: 1\n",
                       {"free_kv_cache_during_training", "max_staleness: 0"});
   EXPECT_NO_THROW(swarm::Job::from_yaml("model: m\nfree_kv_cache_during_training: auto\nmax_staleness: 1\n"));
+  expect_config_error("model: m\nkv_cache_memory_fraction: 0\n", {"kv_cache_memory_fraction", "(0, 0.95]"});
+  expect_config_error("model: m\nkv_cache_memory_fraction: 1.5\n", {"kv_cache_memory_fraction"});
+  expect_config_error("model: m\nprefix_caching: maybe\n", {"prefix_caching"});
+  const swarm::Job j =
+      swarm::Job::from_yaml("model: m\nprefix_caching: false\nkv_cache_memory_fraction: 0.5\n");
+  EXPECT_FALSE(j.prefix_caching);
+  EXPECT_DOUBLE_EQ(j.kv_cache_memory_fraction, 0.5);
+  EXPECT_TRUE(swarm::Job::from_yaml("model: m\n").prefix_caching);
 }
 
 TEST(JobTest, InvalidRangesNameKey) {

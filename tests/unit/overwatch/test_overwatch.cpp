@@ -66,6 +66,10 @@ swarm_http_requests_total{route="/end_episode",status="500"} 1
 swarm_http_request_duration_seconds_bucket{route="/claim_episode",le="+Inf"} 40
 swarm_tokens_total{kind="prompt"} 12345
 swarm_tokens_total{kind="completion"} 678
+# TYPE swarm_prefix_cache_queries_tokens_total counter
+swarm_prefix_cache_queries_tokens_total 12000
+swarm_prefix_cache_hit_tokens_total 8640
+swarm_kv_blocks_free 250
 )";
 
 Snapshot sample_snapshot() {
@@ -265,6 +269,12 @@ TEST(OverwatchParse, Prometheus) {
   EXPECT_EQ(r.openai, 120);
   EXPECT_EQ(r.prompt_tokens, 12345);
   EXPECT_EQ(r.completion_tokens, 678);
+  EXPECT_EQ(r.prefix_queries_tokens, 12000);
+  EXPECT_EQ(r.prefix_hit_tokens, 8640);
+  EXPECT_EQ(r.kv_blocks_free, 250);
+  const RequestStats none = request_stats_from_metrics("swarm_tokens_total{kind=\"prompt\"} 5\n");
+  EXPECT_EQ(none.prefix_queries_tokens, -1);  // an engine without the series: not shown
+  EXPECT_EQ(none.kv_blocks_free, -1);
 }
 
 // ---------------------------------------------------------------- monitor
@@ -397,6 +407,8 @@ TEST(OverwatchRender, DashboardLines) {
   EXPECT_TRUE(has_line(lines, "  eval       eval/episodes 12 · eval/reward_mean 0.7"));
   EXPECT_TRUE(
       has_line(lines, "  requests 161 · openai 120 · errors 3 (4xx 2, 5xx 1) · tokens 12.3k in / 678 out"));
+  EXPECT_NE(all.find("prefix cache 72.0% of 12.0k prompt tokens"), std::string::npos);
+  EXPECT_NE(all.find("kv blocks free 250"), std::string::npos);
   EXPECT_NE(all.find("claimed 40 · ended 36"), std::string::npos);
   EXPECT_NE(all.find("aborted 1"), std::string::npos);
   EXPECT_EQ(all.find("q quit"), std::string::npos);  // --once has no key help
