@@ -15,6 +15,9 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "grammar/json_schema_grammar.hpp"
 #include "inference/decoder_model_torch.hpp"
 #include "inference/serving_engine.hpp"
 #include "support/generation_collector.hpp"
@@ -241,6 +244,60 @@ TEST_P(PrefixCacheTest, EvictionPreemptionAndCancellationKeepAnswersAndCounts) {
   EXPECT_EQ(s.running, 0);
   EXPECT_EQ(s.kv_blocks_free, s.kv_blocks_total);
   EXPECT_GT(s.kv_blocks_cached, 0);
+}
+
+// What is per sequence stays per sequence when the prompt's blocks are shared: a grammar's
+// state, a stop string, the streamed text. Three requests on one prompt land together (two of
+// them attach the first's blocks) and give what the uncached engine gives, text and stream.
+TEST_P(PrefixCacheTest, GrammarsStopStringsAndStreamsStayPerSequence) {
+  std::string story;
+  for (int i = 0; i < 4; ++i)
+    story +=
+        "Once upon a time there was a little girl named Lily. She loved to play in the park with her "
+        "friends. ";
+  const std::vector<TokenId> prompt =
+      tokenizer_->encode(story + "One day she found a shiny red ball and", true);
+  ASSERT_GT(prompt.size(), 33u);  // two full blocks to share
+  auto fresh = engine(false);
+  const std::string plain_text = run_one(*fresh, greedy(prompt, 30)).choices.at(0).text;
+  ASSERT_GE(plain_text.size(), 12u) << plain_text;
+  GenerationRequest constrained = greedy(prompt, 30);
+  constrained.grammar =
+      std::make_shared<const grammar::Grammar>(grammar::json_schema_grammar(nlohmann::ordered_json::parse(
+          R"({"type": "string", "minLength": 3, "maxLength": 12})")));  // the vocabulary has '"', not '{'
+  GenerationRequest stopped = greedy(prompt, 30);
+  stopped.params.stop = {plain_text.substr(6, 4)};
+  const std::vector<GenerationRequest> requests = {greedy(prompt, 30), constrained, stopped};
+
+  auto run_streamed = [&](ServingEngine& e) {
+    e.pause_generation(false);
+    std::vector<std::shared_ptr<GenerationCollector>> cs;
+    for (const GenerationRequest& r : requests) {
+      cs.push_back(std::make_shared<GenerationCollector>());
+      e.submit(r, cs.back());
+    }
+    e.resume_generation();
+    for (auto& c : cs) EXPECT_TRUE(c->wait());
+    return cs;
+  };
+  auto cached = engine(true);
+  const auto a = run_streamed(*cached);
+  const auto b = run_streamed(*fresh);
+  EXPECT_EQ(settled(*cached).prefix_cache_hit_tokens,
+            2 * ((static_cast<int64_t>(prompt.size()) - 1) / 16) * 16);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_TRUE(a[i]->result && b[i]->result) << a[i]->error << b[i]->error;
+    const GenerationChoice &x = a[i]->result->choices.at(0), &y = b[i]->result->choices.at(0);
+    EXPECT_EQ(x.ids, y.ids) << "request " << i;
+    EXPECT_EQ(x.text, y.text) << "request " << i;
+    EXPECT_EQ(x.finish_reason, y.finish_reason) << "request " << i;
+    EXPECT_EQ(a[i]->streamed[0], b[i]->streamed[0]) << "request " << i;
+    ASSERT_EQ(x.logprobs.size(), y.logprobs.size());
+    for (size_t k = 0; k < x.logprobs.size(); ++k) EXPECT_NEAR(x.logprobs[k], y.logprobs[k], tolerance());
+  }
+  EXPECT_EQ(a[1]->result->choices[0].text.front(), '"');  // the grammar held
+  EXPECT_EQ(a[2]->result->choices[0].finish_reason, "stop");
+  EXPECT_EQ(a[2]->result->choices[0].text, plain_text.substr(0, plain_text.find(stopped.params.stop[0])));
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, PrefixCacheTest, ::testing::Values(DType::F32, DType::BF16),
