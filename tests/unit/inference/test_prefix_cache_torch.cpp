@@ -76,18 +76,25 @@ class PrefixCacheTest : public ::testing::TestWithParam<DType> {
   }
 
   // Submits every request while generation is paused, so that they land in one scheduler
-  // step, then waits for all.
-  static Results run_together(ServingEngine& e, const std::vector<GenerationRequest>& requests) {
+  // step, then waits for all; `cancel_on_text[i]` makes request i go away at its first text.
+  static std::vector<std::shared_ptr<GenerationCollector>> submit_together(
+      ServingEngine& e, const std::vector<GenerationRequest>& requests,
+      const std::vector<bool>& cancel_on_text = {}) {
     e.pause_generation(false);
     std::vector<std::shared_ptr<GenerationCollector>> cs;
-    for (const GenerationRequest& r : requests) {
+    for (size_t i = 0; i < requests.size(); ++i) {
       cs.push_back(std::make_shared<GenerationCollector>());
-      e.submit(r, cs.back());
+      cs.back()->cancel_on_text = i < cancel_on_text.size() && cancel_on_text[i];
+      e.submit(requests[i], cs.back());
     }
     e.resume_generation();
+    for (auto& c : cs) EXPECT_TRUE(c->wait());
+    return cs;
+  }
+  // submit_together's results, each expected to succeed.
+  static Results run_together(ServingEngine& e, const std::vector<GenerationRequest>& requests) {
     Results out;
-    for (auto& c : cs) {
-      EXPECT_TRUE(c->wait());
+    for (auto& c : submit_together(e, requests)) {
       EXPECT_FALSE(c->error_kind.has_value()) << c->error;
       out.push_back(c->result.value_or(GenerationResult{}));
     }
@@ -228,18 +235,9 @@ TEST_P(PrefixCacheTest, EvictionPreemptionAndCancellationKeepAnswersAndCounts) {
   EXPECT_EQ(s.kv_blocks_free, s.kv_blocks_total);
 
   // Half the sharers of one prompt go away after their first text.
-  std::vector<std::shared_ptr<GenerationCollector>> cs;
-  cached->pause_generation(false);
-  for (int i = 0; i < 8; ++i) {
-    cs.push_back(std::make_shared<GenerationCollector>());
-    cs.back()->cancel_on_text = i % 2 == 0;
-    cached->submit(greedy(random_ids(120, 77), 30), cs.back());
-  }
-  cached->resume_generation();
-  for (int i = 0; i < 8; ++i) {
-    ASSERT_TRUE(cs[static_cast<size_t>(i)]->wait());
-    EXPECT_EQ(cs[static_cast<size_t>(i)]->error_kind.has_value(), i % 2 == 0);
-  }
+  const std::vector<GenerationRequest> sharers(8, greedy(random_ids(120, 77), 30));
+  const auto cs = submit_together(*cached, sharers, {true, false, true, false, true, false, true, false});
+  for (size_t i = 0; i < cs.size(); ++i) EXPECT_EQ(cs[i]->error_kind.has_value(), i % 2 == 0);
   s = settled(*cached);
   EXPECT_EQ(s.running, 0);
   EXPECT_EQ(s.kv_blocks_free, s.kv_blocks_total);
@@ -269,20 +267,9 @@ TEST_P(PrefixCacheTest, GrammarsStopStringsAndStreamsStayPerSequence) {
   stopped.params.stop = {plain_text.substr(6, 4)};
   const std::vector<GenerationRequest> requests = {greedy(prompt, 30), constrained, stopped};
 
-  auto run_streamed = [&](ServingEngine& e) {
-    e.pause_generation(false);
-    std::vector<std::shared_ptr<GenerationCollector>> cs;
-    for (const GenerationRequest& r : requests) {
-      cs.push_back(std::make_shared<GenerationCollector>());
-      e.submit(r, cs.back());
-    }
-    e.resume_generation();
-    for (auto& c : cs) EXPECT_TRUE(c->wait());
-    return cs;
-  };
   auto cached = engine(true);
-  const auto a = run_streamed(*cached);
-  const auto b = run_streamed(*fresh);
+  const auto a = submit_together(*cached, requests);
+  const auto b = submit_together(*fresh, requests);
   EXPECT_EQ(settled(*cached).prefix_cache_hit_tokens,
             2 * ((static_cast<int64_t>(prompt.size()) - 1) / 16) * 16);
   for (size_t i = 0; i < requests.size(); ++i) {
